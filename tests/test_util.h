@@ -1,0 +1,78 @@
+// Helpers shared by the tests: temporary directories, test data paths,
+// spawning real processes, and bounded polling instead of sleeping.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace wsup::test {
+
+// ../shared/testdata/<name>
+std::string TestData(const std::string& name);
+// build/bin/<name>
+std::string BinPath(const std::string& name);
+// True when the named checkpoint folder exists (CI has ../shared beside the repo).
+bool HaveTestData(const std::string& name);
+
+// A fresh directory under $TMPDIR, removed (recursively) on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Polls cond every few milliseconds until it holds or `limit` passes.
+// Returns whether it held. The only sanctioned way for a test to wait.
+bool WaitFor(const std::function<bool()>& cond, std::chrono::milliseconds limit);
+
+// A child process started with fork/exec; stdout and stderr go to a file.
+// The destructor SIGKILLs and reaps it if it is still running.
+class Child {
+ public:
+  Child() = default;
+  ~Child();
+  Child(Child&& o) noexcept;
+  Child& operator=(Child&& o) noexcept;
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  // argv[0] is the program path. `log_path` receives stdout+stderr (empty: inherit).
+  // extra_fds are dup'ed into the child as fds 3, 4, ... in order.
+  static Child Start(const std::vector<std::string>& argv, const std::string& log_path = "",
+                     const std::vector<int>& extra_fds = {});
+
+  pid_t pid() const { return pid_; }
+  bool running();
+  void Kill(int sig);
+  // Waits up to `limit` for exit; returns the wait status, or -1 on timeout.
+  int Wait(std::chrono::milliseconds limit);
+  // Exit code if exited normally, else 128+signal, or -1 while running.
+  int exit_code() const { return exit_code_; }
+
+ private:
+  pid_t pid_ = -1;
+  int exit_code_ = -1;
+  bool reaped_ = false;
+};
+
+// Runs a program to completion (bounded); returns exit code and combined output.
+struct RunResult {
+  int exit_code = -1;
+  std::string output;
+};
+RunResult Run(const std::vector<std::string>& argv, std::chrono::milliseconds limit = std::chrono::seconds(60));
+
+std::string ReadAll(const std::string& path);
+
+}  // namespace wsup::test
