@@ -1,0 +1,1 @@
+#include "holder/sharding.h"
