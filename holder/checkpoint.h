@@ -8,9 +8,11 @@
 // tensor named in the index present, no duplicates across shards. A bad
 // checkpoint yields an Error naming the file, the tensor and the fix.
 //
-// Only headers are read by Open(); tensor bytes are read on demand with
-// ReadTensor() / ReadRange() (pread, so a Checkpoint may be read from many
-// threads at once after Open() returns).
+// Open() reads config.json, the index, and per shard file one pread of the
+// 8-byte length and one of the header; never tensor data. Tensor bytes are
+// read on demand with ReadTensor() / ReadRange() (pread, so a Checkpoint may
+// be read from many threads at once after Open() returns). Copies share the
+// open files, which close with the last copy.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,15 @@ enum class DType { kF64, kF32, kF16, kBF16, kF8E4M3, kF8E5M2, kI64, kI32, kI16, 
 Result<DType> ParseDType(std::string_view name);
 const char* DTypeName(DType dtype);
 size_t DTypeSize(DType dtype);
+// "float32", "bfloat16", "float8_e4m3fn" (torch names, as in config.json's
+// dtype and in the test data's tensors.json) -> DType.
+Result<DType> DTypeFromTorchName(std::string_view name);
+
+// Bounds applied before anything in a file is trusted. Real headers are a
+// few MiB at most (a 100,000-tensor checkpoint); the bound keeps a corrupt
+// length from making Open() allocate gigabytes.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+inline constexpr size_t kMaxConfigBytes = 16u << 20;  // config.json, index.json
 
 struct TensorInfo {
   std::string name;

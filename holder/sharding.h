@@ -11,6 +11,15 @@
 // with their weights; a split that would cut through a block is refused.
 // When tp exceeds the number of KV heads, k/v are replicated so that each
 // rank holds whole heads (rank r holds head r * kv_heads / tp).
+//
+// At tp_size 1 every tensor is planned kReplicate (held whole), whatever the
+// architecture. A refusal says which tensor, which dimension, why, and the tp
+// sizes the checkpoint can use instead.
+//
+// Pure functions over a Checkpoint; ReadShard only preads, so many threads
+// may read shards of one Checkpoint at once. Row slices are one pread; column
+// slices a few large preads through a bounded bounce buffer (or one per row
+// when each row's part is large).
 #pragma once
 
 #include <string>

@@ -16,8 +16,19 @@
 
 namespace wsup::test {
 
-std::string TestData(const std::string& name) { return std::string(WSUP_TESTDATA_DIR) + "/" + name; }
-std::string BinPath(const std::string& name) { return std::string(WSUP_BIN_DIR) + "/" + name; }
+namespace {
+
+// The build records where the test data and programs are; the environment
+// may say otherwise (a bundle run on another machine).
+std::string FromEnvOr(const char* var, const char* built_in) {
+  const char* v = std::getenv(var);
+  return v && *v ? std::string(v) : std::string(built_in);
+}
+
+}  // namespace
+
+std::string TestData(const std::string& name) { return FromEnvOr("WSUP_TESTDATA_DIR", WSUP_TESTDATA_DIR) + "/" + name; }
+std::string BinPath(const std::string& name) { return FromEnvOr("WSUP_BIN_DIR", WSUP_BIN_DIR) + "/" + name; }
 bool HaveTestData(const std::string& name) { return std::filesystem::exists(TestData(name)); }
 
 TempDir::TempDir() {

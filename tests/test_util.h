@@ -11,9 +11,9 @@
 
 namespace wsup::test {
 
-// ../shared/testdata/<name>
+// ../shared/testdata/<name>, or $WSUP_TESTDATA_DIR/<name> when set.
 std::string TestData(const std::string& name);
-// build/bin/<name>
+// build/bin/<name>, or $WSUP_BIN_DIR/<name> when set.
 std::string BinPath(const std::string& name);
 // True when the named checkpoint folder exists (CI has ../shared beside the repo).
 bool HaveTestData(const std::string& name);

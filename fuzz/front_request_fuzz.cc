@@ -1,0 +1,41 @@
+// Fuzzes what wsup-front parses itself (client HTTP framing is the http
+// fuzzer's): control-socket frames and messages, completion request bodies
+// (the stream-resume planning), and engine event streams (the SSE relay),
+// split at an input-chosen point so that events cut anywhere are covered.
+// The front must neither crash nor throw on any of them.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "front/completion.h"
+#include "front/control_frame.h"
+#include "front/sse_relay.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0) return 0;
+  std::string_view in(reinterpret_cast<const char*>(data + 1), size - 1);
+  size_t split = size > 1 ? data[0] % size : 0;
+  if (split > in.size()) split = in.size();
+
+  wsup::front::ControlFrameDecoder decoder(4096);
+  (void)decoder.Feed(in.data(), split);
+  (void)decoder.Feed(in.data() + split, in.size() - split);
+  while (auto body = decoder.Next()) (void)wsup::front::ParseControlMessage(*body);
+  (void)wsup::front::ParseControlMessage(in);
+
+  wsup::front::CompletionPlan plan;
+  if (wsup::front::PlanCompletion(in, 16, &plan) && plan.resumable) {
+    (void)wsup::front::ResumeBody(plan, {1, 2, 3}, 5);
+  }
+
+  for (bool strip : {false, true}) {
+    wsup::front::CompletionStream stream(strip);
+    std::string out;
+    stream.Feed(in.substr(0, split), &out);
+    stream.BeginContinuation();
+    stream.Feed(in.substr(split), &out);
+    out += stream.SynthesizeEnd("length");
+  }
+  return 0;
+}

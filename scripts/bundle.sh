@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds a Release tree with the cuda backend and collects the programs, the
+# test binaries and the shared libraries a GPU node may lack (libuv, spdlog,
+# toml++, http-parser) into one folder, so the tests and benchmarks can run on
+# a GPU node that has the NVIDIA driver but none of the -dev packages.
+#
+#   scripts/bundle.sh OUTDIR
+#   # on the GPU node:
+#   OUTDIR/run.sh build/tests/holder_test '[gpu]'
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: scripts/bundle.sh OUTDIR}
+cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DWSUP_CUDA=ON \
+  -DWSUP_TESTDATA_DIR="${WSUP_TESTDATA_DIR:-$PWD/../shared/testdata}" >/dev/null
+cmake --build build-release -j"$(nproc)"
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/tests" "$out/lib"
+cp build-release/bin/* "$out/bin/"
+cp build-release/tests/*_test "$out/tests/" 2>/dev/null || true
+find build-release/tests -maxdepth 2 -type f -executable -name '*_main' -exec cp {} "$out/tests/" \; || true
+strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true
+for f in "$out"/bin/* "$out"/tests/*; do
+  ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
+done | sort -u | grep -E 'libuv|libspdlog|libfmt|libtomlplusplus|libhttp_parser' | while read -r lib; do
+  cp -L "$lib" "$out/lib/"
+done
+cat > "$out/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs a bundled program with the bundled libraries first on the search path.
+here=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+exec "$@"
+RUN
+chmod +x "$out/run.sh"
+du -sh "$out"

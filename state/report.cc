@@ -1,0 +1,357 @@
+#include "state/report.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "state/schema.h"
+
+namespace wsup {
+
+Result<int64_t> ParseDuration(std::string_view text) {
+  const std::string allowed = "; write a number and a unit: ms, s, m, h, d or w (e.g. 10m, 2h, 7d)";
+  std::string s(text);
+  size_t i = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+  if (i == 0) return InvalidArgument("duration \"" + s + "\" does not start with a number" + allowed);
+  if (i > 12) return InvalidArgument("duration \"" + s + "\" is too long" + allowed);
+  int64_t n = std::stoll(s.substr(0, i));
+  std::string unit = s.substr(i);
+  int64_t scale = 0;
+  if (unit == "ms") scale = 1;
+  else if (unit == "s") scale = 1000;
+  else if (unit == "m") scale = 60'000;
+  else if (unit == "h") scale = 3'600'000;
+  else if (unit == "d") scale = 86'400'000;
+  else if (unit == "w") scale = 7 * 86'400'000LL;
+  else if (unit.empty()) return InvalidArgument("duration \"" + s + "\" has no unit" + allowed);
+  else return InvalidArgument("duration \"" + s + "\" has the unknown unit \"" + unit + "\"" + allowed);
+  if (n > INT64_MAX / scale) return InvalidArgument("duration \"" + s + "\" is too large" + allowed);
+  return n * scale;
+}
+
+Result<LedgerReader> LedgerReader::Open(const std::string& path) {
+  LedgerReader r;
+  WSUP_ASSIGN_OR_RETURN(r.db_, Db::Open(path, /*create=*/false));
+  WSUP_RETURN_IF_ERROR(r.db_.Exec("PRAGMA busy_timeout = 5000"));
+  WSUP_ASSIGN_OR_RETURN(int version, SchemaVersion(r.db_));
+  if (version == 0)
+    return NotFound(path + ": not a wsup ledger (schema version 0, no tables); point at <state_dir>/wsup.db "
+                           "of a node that has run the supervisor");
+  if (version < kSchemaVersion) WSUP_RETURN_IF_ERROR(Migrate(r.db_));
+  if (version > kSchemaVersion) WSUP_RETURN_IF_ERROR(Migrate(r.db_));  // refuses, naming both versions
+  return r;
+}
+
+Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
+  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+      "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
+      "detect_ms, swap_ms, failover_ms, outage_ms FROM failovers WHERE fault_ms >= ?1 ORDER BY fault_ms, id"));
+  st.Bind(1, since_ms);
+  std::vector<FailoverRecord> out;
+  for (;;) {
+    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    FailoverRecord r;
+    r.id = st.Int(0);
+    r.trigger = st.Text(1);
+    r.reason = st.Text(2);
+    r.drill = st.Int(3) != 0;
+    r.from_slot = st.Text(4);
+    r.to_slot = st.Text(5);
+    r.fault_ms = st.Int(6);
+    r.detected_ms = st.Int(7);
+    r.swapped_ms = st.Int(8);
+    r.first_ok_ms = st.OptInt(9);
+    r.detect_ms = st.Int(10);
+    r.swap_ms = st.Int(11);
+    r.failover_ms = st.Int(12);
+    r.outage_ms = st.OptInt(13);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<std::vector<CacheEventRecord>> LedgerReader::CacheEvents(int64_t since_ms) {
+  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+      "SELECT id, time_ms, slot, rank, result, mode, miss_reason, diff_json, attach_ms, load_ms FROM cache_events "
+      "WHERE time_ms >= ?1 ORDER BY time_ms, id"));
+  st.Bind(1, since_ms);
+  std::vector<CacheEventRecord> out;
+  for (;;) {
+    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    CacheEventRecord r;
+    r.id = st.Int(0);
+    r.time_ms = st.Int(1);
+    r.slot = st.Text(2);
+    r.rank = st.OptInt(3);
+    r.result = st.Text(4);
+    r.mode = st.Text(5);
+    r.miss_reason = st.Text(6);
+    r.diff_json = st.Text(7);
+    r.attach_ms = st.OptInt(8);
+    r.load_ms = st.OptInt(9);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<std::vector<RecoveryRecord>> LedgerReader::Recoveries(int64_t since_ms) {
+  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+      "SELECT id, failover_id, slot, cause, fault_ms, ready_ms, cache_result, cache_reason, phases_json, "
+      "recovery_ms FROM recoveries WHERE fault_ms >= ?1 ORDER BY fault_ms, id"));
+  st.Bind(1, since_ms);
+  std::vector<RecoveryRecord> out;
+  for (;;) {
+    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    RecoveryRecord r;
+    r.id = st.Int(0);
+    r.failover_id = st.OptInt(1);
+    r.slot = st.Text(2);
+    r.cause = st.Text(3);
+    r.fault_ms = st.Int(4);
+    r.ready_ms = st.Int(5);
+    r.cache_result = st.Text(6);
+    r.cache_reason = st.Text(7);
+    r.phases_json = st.Text(8);
+    r.recovery_ms = st.Int(9);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<std::vector<HolderRestartRecord>> LedgerReader::HolderRestarts(int64_t since_ms) {
+  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+      "SELECT id, time_ms, rank, reason, from_fds, restart_ms FROM holder_restarts WHERE time_ms >= ?1 "
+      "ORDER BY time_ms, id"));
+  st.Bind(1, since_ms);
+  std::vector<HolderRestartRecord> out;
+  for (;;) {
+    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    HolderRestartRecord r;
+    r.id = st.Int(0);
+    r.time_ms = st.Int(1);
+    r.rank = static_cast<int>(st.Int(2));
+    r.reason = st.Text(3);
+    r.from_fds = st.Int(4) != 0;
+    r.restart_ms = st.Int(5);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Result<std::vector<ProbeTransitionRecord>> LedgerReader::ProbeTransitions(int64_t since_ms) {
+  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+      "SELECT id, time_ms, slot, from_state, to_state, cause FROM probe_transitions WHERE time_ms >= ?1 "
+      "ORDER BY time_ms, id"));
+  st.Bind(1, since_ms);
+  std::vector<ProbeTransitionRecord> out;
+  for (;;) {
+    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
+    if (!row) break;
+    ProbeTransitionRecord r;
+    r.id = st.Int(0);
+    r.time_ms = st.Int(1);
+    r.slot = st.Text(2);
+    r.from_state = st.Text(3);
+    r.to_state = st.Text(4);
+    r.cause = st.Text(5);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+Distribution Percentiles(std::vector<int64_t> values) {
+  Distribution d;
+  d.count = static_cast<int64_t>(values.size());
+  if (values.empty()) return d;
+  std::sort(values.begin(), values.end());
+  auto rank = [&](int pct) {
+    // Nearest rank: ceil(pct/100 * n), 1-based; integer arithmetic keeps it exact.
+    int64_t r = (pct * d.count + 99) / 100;
+    return values[static_cast<size_t>(std::clamp<int64_t>(r, 1, d.count) - 1)];
+  };
+  d.p50 = rank(50);
+  d.p95 = rank(95);
+  d.p99 = rank(99);
+  d.max = values.back();
+  return d;
+}
+
+Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
+  Report rep;
+  rep.now_ms = options.now_ms;
+  rep.window_ms = options.since_ms;
+  rep.from_ms = options.since_ms ? std::max<int64_t>(0, options.now_ms - *options.since_ms) : 0;
+
+  WSUP_ASSIGN_OR_RETURN(auto cache, reader.CacheEvents(rep.from_ms));
+  std::map<std::string, int64_t> reasons;
+  for (const auto& e : cache) {
+    ++rep.cache.lookups;
+    if (e.result == "hit") {
+      ++rep.cache.hits;
+    } else {
+      ++rep.cache.misses;
+      ++reasons[e.miss_reason.empty() ? "unknown" : e.miss_reason];
+    }
+  }
+  if (rep.cache.lookups) rep.cache.hit_rate = static_cast<double>(rep.cache.hits) / static_cast<double>(rep.cache.lookups);
+  rep.cache.miss_reasons.assign(reasons.begin(), reasons.end());
+  std::stable_sort(rep.cache.miss_reasons.begin(), rep.cache.miss_reasons.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+
+  WSUP_ASSIGN_OR_RETURN(auto failovers, reader.Failovers(rep.from_ms));
+  std::vector<int64_t> detect, swap, failover, outage;
+  for (const auto& f : failovers) {
+    ++rep.failovers.count;
+    if (f.drill) ++rep.failovers.drills;
+    if (f.trigger == "crash") ++rep.failovers.crash;
+    if (f.trigger == "probe") ++rep.failovers.probe;
+    detect.push_back(f.detect_ms);
+    swap.push_back(f.swap_ms);
+    failover.push_back(f.failover_ms);
+    if (f.outage_ms) outage.push_back(*f.outage_ms);
+  }
+  rep.failovers.detect = Percentiles(std::move(detect));
+  rep.failovers.swap = Percentiles(std::move(swap));
+  rep.failovers.failover = Percentiles(std::move(failover));
+  rep.failovers.outage = Percentiles(std::move(outage));
+
+  WSUP_ASSIGN_OR_RETURN(auto recoveries, reader.Recoveries(rep.from_ms));
+  std::vector<int64_t> all, hit, miss;
+  std::vector<RecoveryRecord> misses;
+  for (const auto& r : recoveries) {
+    all.push_back(r.recovery_ms);
+    if (r.cache_result == "hit") hit.push_back(r.recovery_ms);
+    if (r.cache_result == "miss") {
+      miss.push_back(r.recovery_ms);
+      misses.push_back(r);
+    }
+  }
+  rep.recovery = Percentiles(std::move(all));
+  rep.recovery_hit = Percentiles(std::move(hit));
+  rep.recovery_miss = Percentiles(std::move(miss));
+  std::stable_sort(misses.begin(), misses.end(),
+                   [](const RecoveryRecord& a, const RecoveryRecord& b) { return a.recovery_ms > b.recovery_ms; });
+  if (options.miss_tail >= 0 && misses.size() > static_cast<size_t>(options.miss_tail))
+    misses.resize(static_cast<size_t>(options.miss_tail));
+  rep.miss_tail = std::move(misses);
+
+  WSUP_ASSIGN_OR_RETURN(auto restarts, reader.HolderRestarts(rep.from_ms));
+  for (const auto& h : restarts) {
+    ++rep.holder_restarts;
+    if (h.from_fds) ++rep.holder_restarts_from_fds;
+  }
+  return rep;
+}
+
+namespace {
+
+std::string Dist(const Distribution& d) {
+  if (d.count == 0) return "none";
+  std::ostringstream os;
+  os << "p50 " << d.p50 << " ms, p95 " << d.p95 << " ms, p99 " << d.p99 << " ms, max " << d.max << " ms (n="
+     << d.count << ")";
+  return os.str();
+}
+
+nlohmann::json DistJson(const Distribution& d) {
+  if (d.count == 0) return {{"count", 0}};
+  return {{"count", d.count}, {"p50_ms", d.p50}, {"p95_ms", d.p95}, {"p99_ms", d.p99}, {"max_ms", d.max}};
+}
+
+std::string WindowText(const Report& r) {
+  if (!r.window_ms) return "all time";
+  int64_t ms = *r.window_ms;
+  struct Unit {
+    int64_t ms;
+    const char* name;
+  };
+  for (Unit u : {Unit{7 * 86'400'000LL, "w"}, Unit{86'400'000, "d"}, Unit{3'600'000, "h"}, Unit{60'000, "m"},
+                 Unit{1000, "s"}})
+    if (ms >= u.ms && ms % u.ms == 0) return "last " + std::to_string(ms / u.ms) + u.name;
+  return "last " + std::to_string(ms) + "ms";
+}
+
+}  // namespace
+
+std::string RenderReportText(const Report& r) {
+  std::ostringstream os;
+  os << "wsup report (" << WindowText(r) << ")\n";
+  os << "cache: " << r.cache.lookups << " lookups, " << r.cache.hits << " hits, " << r.cache.misses << " misses";
+  if (r.cache.hit_rate) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f%%", *r.cache.hit_rate * 100.0);
+    os << ", hit rate " << buf;
+  } else {
+    os << ", hit rate n/a";
+  }
+  os << "\n";
+  for (const auto& [reason, n] : r.cache.miss_reasons) os << "  miss " << reason << ": " << n << "\n";
+  os << "failovers: " << r.failovers.count << " (crash " << r.failovers.crash << ", probe " << r.failovers.probe
+     << ", drills " << r.failovers.drills << ")\n";
+  if (r.failovers.count) {
+    os << "  detect:   " << Dist(r.failovers.detect) << "\n";
+    os << "  swap:     " << Dist(r.failovers.swap) << "\n";
+    os << "  failover: " << Dist(r.failovers.failover) << "\n";
+    os << "  outage:   " << Dist(r.failovers.outage) << "\n";
+  }
+  os << "recovery: " << Dist(r.recovery) << "\n";
+  os << "  after a hit:  " << Dist(r.recovery_hit) << "\n";
+  os << "  after a miss: " << Dist(r.recovery_miss) << "\n";
+  if (!r.miss_tail.empty()) {
+    os << "slowest recoveries after a miss:\n";
+    for (const auto& m : r.miss_tail) {
+      os << "  #" << m.id << " " << m.recovery_ms << " ms, slot " << m.slot << ", cause " << m.cause
+         << ", miss " << (m.cache_reason.empty() ? "unknown" : m.cache_reason);
+      if (m.failover_id) os << ", failover #" << *m.failover_id;
+      os << "\n";
+    }
+  }
+  os << "holder restarts: " << r.holder_restarts << " (" << r.holder_restarts_from_fds << " from kept fds)\n";
+  return os.str();
+}
+
+std::string RenderReportJson(const Report& r) {
+  nlohmann::json j;
+  j["now_ms"] = r.now_ms;
+  j["from_ms"] = r.from_ms;
+  j["window_ms"] = r.window_ms ? nlohmann::json(*r.window_ms) : nlohmann::json(nullptr);
+  nlohmann::json reasons = nlohmann::json::object();
+  for (const auto& [reason, n] : r.cache.miss_reasons) reasons[reason] = n;
+  j["cache"] = {{"lookups", r.cache.lookups},
+                {"hits", r.cache.hits},
+                {"misses", r.cache.misses},
+                {"hit_rate", r.cache.hit_rate ? nlohmann::json(*r.cache.hit_rate) : nlohmann::json(nullptr)},
+                {"miss_reasons", reasons}};
+  j["failovers"] = {{"count", r.failovers.count},        {"crash", r.failovers.crash},
+                    {"probe", r.failovers.probe},        {"drills", r.failovers.drills},
+                    {"detect", DistJson(r.failovers.detect)}, {"swap", DistJson(r.failovers.swap)},
+                    {"failover", DistJson(r.failovers.failover)}, {"outage", DistJson(r.failovers.outage)}};
+  j["recovery"] = {{"all", DistJson(r.recovery)}, {"hit", DistJson(r.recovery_hit)}, {"miss", DistJson(r.recovery_miss)}};
+  nlohmann::json tail = nlohmann::json::array();
+  for (const auto& m : r.miss_tail) {
+    nlohmann::json phases = nlohmann::json::parse(m.phases_json, nullptr, /*allow_exceptions=*/false);
+    tail.push_back({{"id", m.id},
+                    {"failover_id", m.failover_id ? nlohmann::json(*m.failover_id) : nlohmann::json(nullptr)},
+                    {"slot", m.slot},
+                    {"cause", m.cause},
+                    {"fault_ms", m.fault_ms},
+                    {"ready_ms", m.ready_ms},
+                    {"recovery_ms", m.recovery_ms},
+                    {"miss_reason", m.cache_reason},
+                    {"phases", phases.is_discarded() ? nlohmann::json(m.phases_json) : phases}});
+  }
+  j["miss_tail"] = tail;
+  j["holder_restarts"] = {{"count", r.holder_restarts}, {"from_fds", r.holder_restarts_from_fds}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace wsup

@@ -1,0 +1,186 @@
+// Config: the supervisor's one configuration file (TOML), read and checked
+// once at start, before anything is spawned.
+//
+// LoadConfig() parses the file, applies `--set section.key=value` overrides,
+// checks every key (names, types, ranges, and the rules that tie keys
+// together) and returns a fully defaulted Config with every relative path made
+// absolute against the config file's directory. Nothing is checked later:
+// once a Config exists, the supervisor may trust it.
+//
+// Every error has exactly one form, so that editors and scripts can jump to
+// it:
+//   FILE:LINE:COL: KEY: what is wrong and what is allowed
+// FILE is the path as given to LoadConfig; KEY is the dotted key
+// ("probe.failures"), a section ("front") or, for TOML syntax errors where
+// no key can be named, "syntax". Errors caused by an override name the
+// override instead of the file: `--set:N:COL`, N being the 1-based position
+// of the override among all overrides and COL the column inside its text
+// (1 for the key, the first column of the value for a bad value).
+// docs/config.md lists every key with its type, default and allowed values.
+//
+// Thread-safety: pure functions over values; call from any thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace wsup {
+
+// host:port to listen on. host is an IPv4 literal, a bracketed IPv6 literal
+// ("[::1]") or a host name; port 0 asks the kernel for a free port.
+struct ListenAddress {
+  std::string host;  // without brackets
+  int port = 0;
+  bool ipv6() const { return host.find(':') != std::string::npos; }
+  // "127.0.0.1:8000", "[::1]:8000"
+  std::string ToString() const;
+};
+
+// Parses "HOST:PORT". The error message says what is wrong and what is
+// allowed, without a location (callers prefix it).
+Result<ListenAddress> ParseListenAddress(std::string_view text);
+
+// How engines get their weights (passed to engines as {mode}):
+//   daemon: the supervisor runs one wsup-holder per rank, which loads the
+//           weights once and keeps them resident; engines attach to it.
+//   client: engines attach to a weight cache that the supervisor does not
+//           start (an already running holder); on a miss they load from disk.
+//   off:    no weight cache; every engine loads from disk.
+enum class CacheMode { kDaemon, kClient, kOff };
+// Where resident weights live: host memory (memfd) or GPU memory (CUDA VMM).
+enum class CacheBackend { kHost, kCuda };
+// What a health probe checks (see probes/probe.h).
+enum class ProbeKind { kSemantic, kPort };
+
+const char* CacheModeName(CacheMode m);
+const char* CacheBackendName(CacheBackend b);
+const char* ProbeKindName(ProbeKind k);
+
+struct Config {
+  std::string path;  // absolute path of the config file
+  std::string dir;   // its directory; relative paths in the file are resolved against it
+
+  struct Node {
+    std::string name;
+    std::string state_dir;    // absolute; holds wsup.db (the ledger)
+    std::string runtime_dir;  // absolute; pids, sockets, the control socket
+  } node;
+
+  struct Model {
+    std::string path;      // absolute
+    std::string revision;  // operator label, "" when not set
+  } model;
+
+  struct Parallel {
+    int tp = 1;
+    std::vector<int> devices;  // cuda ordinals, one per rank; may be empty for host
+  } parallel;
+
+  struct WeightCache {
+    CacheMode mode = CacheMode::kDaemon;
+    CacheBackend backend = CacheBackend::kHost;
+    std::string socket;  // absolute; default <runtime_dir>/holder.sock
+  } weight_cache;
+
+  struct Engine {
+    std::vector<std::string> command;  // template with {placeholders}; [0] made absolute if it has a '/'
+    std::string host = "127.0.0.1";    // where engines listen and are probed
+    int primary_port = 0;
+    int standby_port = 0;
+    int64_t ready_timeout_ms = 300'000;
+    int64_t stop_timeout_ms = 10'000;  // SIGTERM to SIGKILL
+    std::vector<std::pair<std::string, std::string>> env;  // sorted by name
+  } engine;
+
+  struct Probe {
+    ProbeKind kind = ProbeKind::kSemantic;
+    std::string prompt;
+    std::optional<std::string> expect;                 // exactly one of these two
+    std::optional<std::vector<int64_t>> expect_token_ids;  // for kind semantic
+    int max_tokens = 16;
+    int64_t interval_ms = 1000;
+    int64_t timeout_ms = 1000;
+    int failures = 3;
+    int successes = 2;
+    int64_t jitter_ms = 0;
+    bool comm = false;               // also check GET /wsup/status comm.warm
+    int64_t comm_max_age_ms = 10'000;  // how old comm.last_keepalive_ms may be
+  } probe;
+
+  struct Front {
+    ListenAddress listen;
+    int64_t queue_timeout_ms = 30'000;
+    int max_queued = 1024;
+  } front;
+
+  struct Admin {
+    ListenAddress listen;
+  } admin;
+
+  struct Supervisor {
+    int64_t restart_backoff_ms = 1000;
+    int64_t restart_backoff_max_ms = 30'000;
+    int max_restarts = 5;
+    int64_t restart_window_ms = 600'000;
+    std::string control_socket;  // absolute; default <runtime_dir>/wsup.sock
+    std::string log_level = "info";
+  } supervisor;
+
+  struct Holder {
+    std::string binary;                // absolute, or "" for wsup-holder beside the wsup binary
+    std::vector<std::string> command;  // overrides binary when not empty
+    int64_t ready_timeout_ms = 600'000;
+  } holder;
+};
+
+// Reads, overrides, checks. `overrides` are "section.key=value" strings as
+// given to --set; each value is parsed as a TOML value and, when that fails,
+// taken as a string (so --set node.name=a and --set probe.failures=5 both
+// work). Unknown keys are refused the same way as in the file.
+Result<Config> LoadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// The same on text already in memory; `path` is used in errors and to
+// resolve relative paths (its directory, made absolute against the cwd).
+Result<Config> ParseConfig(std::string_view text, const std::string& path,
+                           const std::vector<std::string>& overrides = {});
+
+// Placeholders allowed in [engine] command and [holder] command.
+const std::vector<std::string>& EnginePlaceholders();
+const std::vector<std::string>& HolderPlaceholders();
+
+// Replaces every {name} in each argument by vars[name]. Braces that do not
+// enclose a lower-case name ("{\"a\":1}") are left alone. An unknown name is
+// an error naming it and listing `vars`.
+Result<std::vector<std::string>> ExpandPlaceholders(const std::vector<std::string>& argv,
+                                                    const std::map<std::string, std::string>& vars);
+
+// The {devices} value: "0,1,2" for the configured devices, "cpu" when none.
+std::string DevicesArg(const Config& config);
+
+// The argv of one engine listening on `port`, with every placeholder filled.
+Result<std::vector<std::string>> EngineArgv(const Config& config, int port);
+
+// The argv of the holder of `rank` (daemon mode); "" binary means the
+// caller's default holder path, passed as `default_binary`.
+Result<std::vector<std::string>> HolderArgv(const Config& config, int rank,
+                                            const std::string& default_binary);
+
+// One line per section, for logs and `wsup check`.
+std::string DescribeConfig(const Config& config);
+
+// `wsup check CONFIG [--set ...]`: exit code 0 with a summary, or 1 with the
+// error message. The CLI prints `output` (to stdout on 0, stderr on 1).
+struct CheckOutcome {
+  int exit_code = 0;
+  std::string output;  // ends with a newline
+};
+CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+}  // namespace wsup

@@ -1,0 +1,105 @@
+#include "supervisor/metrics.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace wsup {
+namespace {
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+}  // namespace
+
+Metrics::Metrics() {
+  recovery_.bounds = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
+  recovery_.counts.assign(recovery_.bounds.size() + 1, 0);
+}
+
+void Metrics::Histogram::Observe(double v) {
+  size_t i = 0;
+  while (i < bounds.size() && v > bounds[i]) ++i;
+  counts[i]++;
+  sum += v;
+  count++;
+}
+
+void Metrics::ObserveRecovery(double seconds) { recovery_.Observe(seconds); }
+
+void Metrics::ObserveProbe(const std::string& slot, bool ok, int64_t latency_ms) {
+  auto& h = probe_latency_[slot];
+  if (h.bounds.empty()) {
+    h.bounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+    h.counts.assign(h.bounds.size() + 1, 0);
+  }
+  h.Observe(static_cast<double>(latency_ms) / 1000.0);
+  if (!ok) probe_failures_[slot]++;
+}
+
+void Metrics::SetSlots(const std::string& a, const std::string& a_state, bool a_ready, const std::string& b,
+                       const std::string& b_state, bool b_ready) {
+  slots_[a] = {a_state, a_ready};
+  slots_[b] = {b_state, b_ready};
+}
+
+std::string Metrics::Render() const {
+  std::ostringstream o;
+  o << "# HELP wsup_failovers_total Traffic switches from one engine to another, by trigger.\n"
+       "# TYPE wsup_failovers_total counter\n";
+  for (const char* t : {"crash", "probe", "drill"}) {
+    auto it = failovers.find(t);
+    o << "wsup_failovers_total{trigger=\"" << t << "\"} " << (it == failovers.end() ? 0 : it->second) << "\n";
+  }
+  o << "# HELP wsup_cache_lookups_total Weight-cache lookups by engines, by result.\n"
+       "# TYPE wsup_cache_lookups_total counter\n";
+  for (const char* r : {"hit", "miss"}) {
+    auto it = cache_lookups.find(r);
+    o << "wsup_cache_lookups_total{result=\"" << r << "\"} " << (it == cache_lookups.end() ? 0 : it->second)
+      << "\n";
+  }
+  auto hist = [&o](const std::string& name, const std::string& labels, const Histogram& h) {
+    uint64_t cum = 0;
+    std::string sep = labels.empty() ? "" : ",";
+    for (size_t i = 0; i < h.bounds.size(); ++i) {
+      cum += h.counts[i];
+      o << name << "_bucket{" << labels << sep << "le=\"" << Num(h.bounds[i]) << "\"} " << cum << "\n";
+    }
+    cum += h.counts.back();
+    o << name << "_bucket{" << labels << sep << "le=\"+Inf\"} " << cum << "\n";
+    std::string l = labels.empty() ? "" : "{" + labels + "}";
+    o << name << "_sum" << l << " " << Num(h.sum) << "\n" << name << "_count" << l << " " << h.count << "\n";
+  };
+  o << "# HELP wsup_recovery_seconds From a fault to a semantically ready engine again.\n"
+       "# TYPE wsup_recovery_seconds histogram\n";
+  hist("wsup_recovery_seconds", "", recovery_);
+  o << "# HELP wsup_engine_up 1 when the slot's engine is live, by slot and role.\n"
+       "# TYPE wsup_engine_up gauge\n";
+  for (const auto& [slot, v] : slots_) {
+    bool up = v.state == "active" || v.state == "standby" || v.state == "warming" || v.state == "starting" ||
+              v.state == "draining";
+    o << "wsup_engine_up{slot=\"" << slot << "\",role=\"" << v.state << "\"} " << (up ? 1 : 0) << "\n";
+  }
+  o << "# HELP wsup_engine_semantic_ready 1 when the slot's engine passes its semantic probe.\n"
+       "# TYPE wsup_engine_semantic_ready gauge\n";
+  for (const auto& [slot, v] : slots_) {
+    o << "wsup_engine_semantic_ready{slot=\"" << slot << "\"} " << (v.ready ? 1 : 0) << "\n";
+  }
+  o << "# HELP wsup_probe_latency_seconds Latency of semantic probes, by slot.\n"
+       "# TYPE wsup_probe_latency_seconds histogram\n";
+  for (const auto& [slot, h] : probe_latency_) hist("wsup_probe_latency_seconds", "slot=\"" + slot + "\"", h);
+  o << "# HELP wsup_probe_failures_total Failed probes, by slot.\n# TYPE wsup_probe_failures_total counter\n";
+  for (const auto& [slot, n] : probe_failures_) o << "wsup_probe_failures_total{slot=\"" << slot << "\"} " << n << "\n";
+  o << "# HELP wsup_holder_restarts_total Holders restarted.\n# TYPE wsup_holder_restarts_total counter\n"
+    << "wsup_holder_restarts_total " << holder_restarts << "\n";
+  o << "# HELP wsup_front_restarts_total Fronts restarted.\n# TYPE wsup_front_restarts_total counter\n"
+    << "wsup_front_restarts_total " << front_restarts << "\n";
+  o << "# HELP wsup_front_self_switches_total Switches the front made on its own (refused or reset).\n"
+       "# TYPE wsup_front_self_switches_total counter\n"
+    << "wsup_front_self_switches_total " << front_self_switches << "\n";
+  return o.str();
+}
+
+}  // namespace wsup

@@ -1,0 +1,48 @@
+// Metrics: the supervisor's counters and histograms, rendered as Prometheus
+// text on admin.listen /metrics. For dashboards; the ledger is the source of
+// reports (it keeps individual rows, not aggregates).
+//
+// Thread-safety: loop thread only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace wsup {
+
+class Metrics {
+ public:
+  Metrics();
+  std::map<std::string, uint64_t> failovers;       // by trigger
+  std::map<std::string, uint64_t> cache_lookups;   // by result
+  uint64_t holder_restarts = 0;
+  uint64_t front_restarts = 0;
+  uint64_t front_self_switches = 0;
+
+  void ObserveRecovery(double seconds);
+  void ObserveProbe(const std::string& slot, bool ok, int64_t latency_ms);
+  void SetSlots(const std::string& a, const std::string& a_state, bool a_ready, const std::string& b,
+                const std::string& b_state, bool b_ready);
+  std::string Render() const;
+
+ private:
+  struct Histogram {
+    std::vector<double> bounds;
+    std::vector<uint64_t> counts;  // one per bound, plus +Inf
+    double sum = 0;
+    uint64_t count = 0;
+    void Observe(double v);
+  };
+  Histogram recovery_;
+  std::map<std::string, Histogram> probe_latency_;  // by slot, seconds
+  std::map<std::string, uint64_t> probe_failures_;  // by slot
+  struct SlotView {
+    std::string state;
+    bool ready = false;
+  };
+  std::map<std::string, SlotView> slots_;
+};
+
+}  // namespace wsup

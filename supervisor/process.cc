@@ -1,0 +1,191 @@
+#include "supervisor/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "common/unique_fd.h"
+
+extern char** environ;
+
+namespace wsup {
+namespace {
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+}  // namespace
+
+Result<pid_t> SpawnChild(const ChildSpec& spec) {
+  if (spec.argv.empty() || spec.argv[0].empty()) {
+    return InvalidArgument("cannot start a child with an empty command; set the command in the config");
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawnattr_init(&attr);
+  struct Cleanup {
+    posix_spawn_file_actions_t* fa;
+    posix_spawnattr_t* attr;
+    ~Cleanup() {
+      posix_spawn_file_actions_destroy(fa);
+      posix_spawnattr_destroy(attr);
+    }
+  } cleanup{&fa, &attr};
+
+  // A fresh session: own process group, no controlling terminal, not in the
+  // supervisor's group, so neither a terminal's ^C nor the supervisor's death
+  // reaches it. Default signal dispositions and an empty mask.
+  short flags = POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF;
+  posix_spawnattr_setflags(&attr, flags);
+  sigset_t empty, all;
+  sigemptyset(&empty);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setsigdefault(&attr, &all);
+
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  if (!spec.log_path.empty()) {
+    posix_spawn_file_actions_addopen(&fa, 1, spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0640);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  }
+  // dup2 onto 3.. could clobber a source fd that is itself numbered 3..;
+  // move every source above the target range first.
+  std::vector<UniqueFd> staged;
+  int base = 3 + static_cast<int>(spec.pass_fds.size()) + 16;
+  for (int fd : spec.pass_fds) {
+    int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, base);
+    if (moved < 0) return ErrnoError(spec.argv[0] + ": cannot pass fd " + std::to_string(fd), errno);
+    staged.emplace_back(moved);
+  }
+  for (size_t i = 0; i < staged.size(); ++i) {
+    posix_spawn_file_actions_adddup2(&fa, staged[i].get(), 3 + static_cast<int>(i));
+  }
+  if (!spec.cwd.empty()) posix_spawn_file_actions_addchdir_np(&fa, spec.cwd.c_str());
+
+  std::vector<std::string> env_store;
+  for (char** e = environ; *e; ++e) {
+    std::string kv(*e);
+    bool overridden = false;
+    for (const auto& [k, v] : spec.env_set) {
+      if (kv.compare(0, k.size() + 1, k + "=") == 0) overridden = true;
+    }
+    if (!overridden) env_store.push_back(std::move(kv));
+  }
+  for (const auto& [k, v] : spec.env_set) env_store.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  pid_t pid = -1;
+  int rc = ::posix_spawnp(&pid, argv[0], &fa, &attr, argv.data(), envp.data());
+  if (rc != 0) {
+    return ErrnoError("cannot start " + spec.argv[0] + " (check the path in the config and that it is executable)",
+                      rc);
+  }
+  return pid;
+}
+
+std::string ExitInfo::Describe() const {
+  if (!known) return "exited (status unknown: not our child)";
+  if (signal) return std::string("killed by ") + (sigabbrev_np(signal) ? "SIG" : "") +
+                     (sigabbrev_np(signal) ? sigabbrev_np(signal) : std::to_string(signal).c_str());
+  return "exit " + std::to_string(exit_code);
+}
+
+Result<ExitWatch*> ExitWatch::Start(uv_loop_t* loop, pid_t pid, Callback cb) {
+  int fd = PidfdOpen(pid);
+  if (fd < 0) return ErrnoError("pidfd_open(" + std::to_string(pid) + ")", errno);
+  auto* w = new ExitWatch();
+  w->pidfd_ = fd;
+  w->pid_ = pid;
+  w->cb_ = std::move(cb);
+  w->poll_.data = w;
+  int rc = uv_poll_init(loop, &w->poll_, fd);
+  if (rc != 0) {
+    ::close(fd);
+    delete w;
+    return IoError(std::string("uv_poll_init on a pidfd: ") + uv_strerror(rc));
+  }
+  uv_poll_start(&w->poll_, UV_READABLE, &ExitWatch::OnReadable);
+  return w;
+}
+
+void ExitWatch::OnReadable(uv_poll_t* h, int status, int events) {
+  static_cast<ExitWatch*>(h->data)->Fire();
+}
+
+void ExitWatch::Fire() {
+  if (fired_ || closing_) return;
+  fired_ = true;
+  uv_poll_stop(&poll_);
+  ExitInfo info;
+  info.pid = pid_;
+  int st = 0;
+  pid_t r = ::waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    info.known = true;
+    if (WIFEXITED(st)) info.exit_code = WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) info.signal = WTERMSIG(st);
+  }
+  if (cb_) cb_(info);
+}
+
+void ExitWatch::Close() {
+  if (closing_) return;
+  closing_ = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&poll_), [](uv_handle_t* h) {
+    auto* w = static_cast<ExitWatch*>(h->data);
+    ::close(w->pidfd_);
+    delete w;
+  });
+}
+
+Status SignalGroup(pid_t pgid, int sig) {
+  if (pgid <= 1) return InvalidArgument("refusing to signal process group " + std::to_string(pgid));
+  if (::kill(-pgid, sig) != 0 && errno != ESRCH) {
+    return ErrnoError("kill(-" + std::to_string(pgid) + ", " + std::to_string(sig) + ")", errno);
+  }
+  return Status::Ok();
+}
+
+bool ProcessAlive(pid_t pid) {
+  if (pid <= 0) return false;
+  auto st = ProcessStartTime(pid);  // a zombie still has /proc; check its state too
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  auto rp = line.rfind(')');
+  if (rp == std::string::npos || rp + 2 >= line.size()) return false;
+  char state = line[rp + 2];
+  return st.ok() && state != 'Z' && state != 'X';
+}
+
+Result<uint64_t> ProcessStartTime(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return NotFound("process " + std::to_string(pid) + " does not exist");
+  // The command name (field 2) may hold spaces and parentheses: fields after
+  // the last ')' are plain.
+  auto rp = line.rfind(')');
+  if (rp == std::string::npos) return Corrupt("/proc/" + std::to_string(pid) + "/stat: unexpected format");
+  std::istringstream rest(line.substr(rp + 2));
+  std::string field;
+  // rest starts at field 3 (state); start time is field 22.
+  for (int i = 3; i <= 22; ++i) {
+    if (!(rest >> field)) return Corrupt("/proc/" + std::to_string(pid) + "/stat: too few fields");
+  }
+  return std::stoull(field);
+}
+
+}  // namespace wsup

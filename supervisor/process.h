@@ -1,0 +1,88 @@
+// Child processes of the supervisor: spawning, watching for exit, signalling.
+//
+// Every supervised program (holder, engines, front) is started in its own
+// session and process group, so that
+//   - a signal to the group reaches an engine's helpers too (a hung engine is
+//     killed whole), and
+//   - the supervisor's own death (or a restart of its systemd unit with
+//     KillMode=process) leaves them running, to be re-adopted.
+//
+// Exit is watched through a pidfd on the loop (pidfd_open, Linux >= 5.3), the
+// same way for children we spawned and for processes a restarted supervisor
+// adopts (which are not its children and cannot be waited for). For our own
+// children the watcher also reaps them and reports the exit status.
+//
+// Ownership: an ExitWatch owns its uv_poll_t and pidfd; Close() starts
+// uv_close and the memory is freed in the close callback. Loop thread only.
+#pragma once
+
+#include <sys/types.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace wsup {
+
+struct ChildSpec {
+  std::vector<std::string> argv;                             // argv[0]: a path or a name on PATH
+  std::vector<std::pair<std::string, std::string>> env_set;  // added to the supervisor's environment
+  std::string log_path;         // stdout+stderr appended here; empty: inherit
+  std::vector<int> pass_fds;    // become fds 3, 4, ... in the child, in order
+  std::string cwd;              // empty: inherit
+};
+
+// Starts the child in a new session (setsid). Returns its pid, which is also
+// its process group id. Fails with an Error naming argv[0] and the cause.
+Result<pid_t> SpawnChild(const ChildSpec& spec);
+
+struct ExitInfo {
+  pid_t pid = -1;
+  bool known = false;   // false for adopted processes: no status is available
+  int exit_code = -1;   // when exited normally
+  int signal = 0;       // when killed by a signal
+  std::string Describe() const;  // "exit 3", "killed by SIGKILL", "exited (status unknown)"
+};
+
+class ExitWatch {
+ public:
+  using Callback = std::function<void(const ExitInfo&)>;
+
+  // Watches pid; cb runs once on the loop thread when it exits. If the
+  // process is already gone, cb runs on the next loop iteration.
+  static Result<ExitWatch*> Start(uv_loop_t* loop, pid_t pid, Callback cb);
+
+  // Stops watching (cb will not run) and frees this object after uv_close.
+  void Close();
+  pid_t pid() const { return pid_; }
+
+ private:
+  ExitWatch() = default;
+  static void OnReadable(uv_poll_t* h, int status, int events);
+  void Fire();
+
+  uv_poll_t poll_{};
+  int pidfd_ = -1;
+  pid_t pid_ = -1;
+  Callback cb_;
+  bool fired_ = false;
+  bool closing_ = false;
+};
+
+// Signals a whole process group (the pid of a session leader we spawned).
+Status SignalGroup(pid_t pgid, int sig);
+
+// True while a process with this pid exists (and is not a zombie of ours).
+bool ProcessAlive(pid_t pid);
+
+// The process's start time in clock ticks since boot (field 22 of
+// /proc/PID/stat). With the pid it identifies a process across pid reuse,
+// which re-adoption relies on.
+Result<uint64_t> ProcessStartTime(pid_t pid);
+
+}  // namespace wsup

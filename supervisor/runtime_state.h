@@ -1,0 +1,79 @@
+// RuntimeState: what a running supervisor has started, written to
+// <runtime_dir>/state.json after every change, so that a supervisor started
+// after a crash finds the front, the holders and the engines and re-adopts
+// them instead of starting new ones.
+//
+// A process is identified by its pid AND its start time (from /proc), so a
+// recycled pid is never mistaken for the engine it once was. Adoption then
+// asks each process (holder info, engine status, front status) before it is
+// trusted: the file says where to look, the processes say what is true.
+//
+// The file is written with WriteFileAtomic (temporary name, fsync, rename):
+// a reader sees the old or the new state, never half of one.
+//
+// Thread-safety: plain values; Save/Load on any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace wsup {
+
+struct ProcessRef {
+  pid_t pid = 0;
+  uint64_t start_time = 0;  // /proc/PID/stat field 22
+  // True when a process with this pid exists and started at start_time.
+  bool StillRunning() const;
+  // Reference to a live process (reads its start time).
+  static Result<ProcessRef> Of(pid_t pid);
+};
+
+struct RuntimeState {
+  static constexpr int kVersion = 1;
+
+  std::string config_path;
+  std::string node_name;
+  ProcessRef supervisor;
+  int64_t epoch = 0;  // route epoch last sent to the front
+
+  struct Front {
+    ProcessRef proc;
+    std::string control_socket;
+    std::string listen;  // "host:port" actually bound
+  };
+  std::optional<Front> front;
+
+  struct Holder {
+    int rank = 0;
+    ProcessRef proc;
+    std::string socket;
+    std::string record_path;  // the keeper's arena record (manifest + fingerprint)
+  };
+  std::vector<Holder> holders;
+
+  struct Engine {
+    std::string slot;  // "a" | "b"
+    ProcessRef proc;
+    int port = 0;
+    std::string role;  // "active" | "standby" | "starting"
+    int64_t started_ms = 0;
+    std::string cache_result;  // "hit" | "miss" | "off" | ""
+  };
+  std::vector<Engine> engines;
+
+  std::string ToJson() const;
+  static Result<RuntimeState> FromJson(const std::string& text, const std::string& path);
+
+  static std::string PathIn(const std::string& runtime_dir);
+  Status Save(const std::string& path) const;
+  // nullopt when there is no file (a clean start).
+  static Result<std::optional<RuntimeState>> Load(const std::string& path);
+};
+
+}  // namespace wsup

@@ -1,0 +1,321 @@
+// Ledger: schema and migrations, rows round-trip, validation, bad paths.
+#include "state/ledger.h"
+
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+
+#include "common/fs.h"
+#include "state/report.h"
+#include "state/schema.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+std::unique_ptr<Ledger> MustOpen(const std::string& path, const LedgerOptions& opts = {}) {
+  auto l = Ledger::Open(path, opts);
+  INFO((l.ok() ? "" : l.error().ToString()));
+  REQUIRE(l.ok());
+  return std::move(*l);
+}
+
+FailoverRecord Failover(int64_t fault_ms, const std::string& trigger = "crash") {
+  FailoverRecord f;
+  f.trigger = trigger;
+  f.drill = trigger == "drill";
+  f.reason = "engine a exited on signal 9";
+  f.from_slot = "a";
+  f.to_slot = "b";
+  f.fault_ms = fault_ms;
+  f.detected_ms = fault_ms + 2;
+  f.swapped_ms = fault_ms + 5;
+  return f;
+}
+
+std::vector<std::string> Tables(Db& db) {
+  std::vector<std::string> names;
+  auto st = db.Prepare("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name");
+  REQUIRE(st.ok());
+  while (true) {
+    auto row = st->Step();
+    REQUIRE(row.ok());
+    if (!*row) break;
+    names.push_back(st->Text(0));
+  }
+  return names;
+}
+
+TEST_CASE("ledger: a new ledger gets the latest schema in WAL mode", "[state]") {
+  test::TempDir dir;
+  std::string path = Ledger::PathIn(dir.path());
+  CHECK(path == dir.Join("wsup.db"));
+  { auto l = MustOpen(path); }
+  auto db = Db::Open(path, false);
+  REQUIRE(db.ok());
+  CHECK(*SchemaVersion(*db) == kSchemaVersion);
+  CHECK(*db->QueryText("PRAGMA journal_mode") == "wal");
+  CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "holder_restarts", "probe_transitions",
+                                                "recoveries"});
+  CHECK(*db->QueryText("PRAGMA integrity_check") == "ok");
+}
+
+TEST_CASE("ledger: migrates a version 1 ledger forward and keeps its rows", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  {
+    auto db = Db::Open(path, true);
+    REQUIRE(db.ok());
+    REQUIRE(ConfigureConnection(*db, 1000).ok());
+    REQUIRE(Migrate(*db, 1).ok());
+    CHECK(*SchemaVersion(*db) == 1);
+    CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "recoveries"});
+    REQUIRE(db->Exec("INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, "
+                     "swapped_ms) VALUES (7, 'probe', 'old row', 0, 'a', 'b', 100, 130, 131)")
+                .ok());
+  }
+  {
+    auto l = MustOpen(path);
+    auto id = l->RecordFailover(Failover(1000));
+    REQUIRE(id.ok());
+    CHECK(*id == 8);  // continues after the old rows
+    REQUIRE(l->RecordHolderRestart({0, 1000, 3, "exit code 1", true, 12}).ok());
+    REQUIRE(l->Flush().ok());
+  }
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  CHECK(*SchemaVersion(reader->db()) == kSchemaVersion);
+  auto rows = reader->Failovers();
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 2);
+  CHECK((*rows)[0].reason == "old row");
+  CHECK((*rows)[0].detect_ms == 30);
+  CHECK((*rows)[1].id == 8);
+  auto restarts = reader->HolderRestarts();
+  REQUIRE(restarts.ok());
+  CHECK(restarts->size() == 1);
+}
+
+TEST_CASE("ledger: migrating twice is a no-op, a newer schema is refused", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  { auto l = MustOpen(path); }
+  { auto l = MustOpen(path); }
+  {
+    auto db = Db::Open(path, false);
+    REQUIRE(db.ok());
+    REQUIRE(db->Exec("PRAGMA user_version = 99").ok());
+  }
+  auto l = Ledger::Open(path);
+  REQUIRE_FALSE(l.ok());
+  CHECK(l.error().code() == Code::kRefused);
+  CHECK(l.error().message().find("99") != std::string::npos);
+  CHECK(l.error().message().find(path) != std::string::npos);
+  auto r = LedgerReader::Open(path);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.error().code() == Code::kRefused);
+}
+
+TEST_CASE("ledger: every kind of row round-trips", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  auto l = MustOpen(path);
+  FailoverRecord f = Failover(1'700'000'000'000);
+  f.trigger = "probe";
+  f.reason = "3 probe failures: timeout after 800 ms";
+  auto fid = l->RecordFailover(f);
+  REQUIRE(fid.ok());
+  CHECK(*fid == 1);
+  REQUIRE(l->SetFailoverFirstOk(*fid, f.fault_ms + 40).ok());
+
+  CacheEventRecord hit{0, f.fault_ms + 10, "b", 0, "hit", "daemon", "", "", 3, std::nullopt};
+  CacheEventRecord miss{0, f.fault_ms + 11, "a", 1, "miss", "client", "fingerprint",
+                        R"([{"field":"tp_rank","ours":"1","theirs":"0"}])", std::nullopt, 5400};
+  REQUIRE(*l->RecordCacheEvent(hit) == 1);
+  REQUIRE(*l->RecordCacheEvent(miss) == 2);
+
+  RecoveryRecord rec;
+  rec.failover_id = *fid;
+  rec.slot = "a";
+  rec.cause = "probe";
+  rec.fault_ms = f.fault_ms;
+  rec.ready_ms = f.fault_ms + 5500;
+  rec.cache_result = "miss";
+  rec.cache_reason = "fingerprint";
+  rec.phases_json = R"({"attach_ms":0,"load_ms":5400,"graphs_ms":90})";
+  REQUIRE(*l->RecordRecovery(rec) == 1);
+  RecoveryRecord bare = rec;
+  bare.failover_id.reset();
+  bare.cause = "cold start";
+  bare.cache_result = "off";
+  bare.cache_reason = "";
+  bare.phases_json = "";
+  REQUIRE(*l->RecordRecovery(bare) == 2);
+  REQUIRE(*l->RecordHolderRestart({0, f.fault_ms, 2, "killed by signal 9", true, 7}) == 1);
+  REQUIRE(*l->RecordProbeTransition({0, f.fault_ms + 1, "a", "healthy", "unhealthy", "3 failures"}) == 1);
+  REQUIRE(l->Flush().ok());
+  auto stats = l->stats();
+  CHECK(stats.queued == 8);
+  CHECK(stats.committed == 8);
+  CHECK(stats.failed == 0);
+  CHECK(stats.waiting == 0);
+
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  auto fo = reader->Failovers();
+  REQUIRE(fo.ok());
+  REQUIRE(fo->size() == 1);
+  const auto& g = (*fo)[0];
+  CHECK(g.id == 1);
+  CHECK(g.trigger == "probe");
+  CHECK(g.reason == f.reason);
+  CHECK_FALSE(g.drill);
+  CHECK(g.from_slot == "a");
+  CHECK(g.to_slot == "b");
+  CHECK(g.fault_ms == f.fault_ms);
+  CHECK(g.detected_ms == f.detected_ms);
+  CHECK(g.swapped_ms == f.swapped_ms);
+  CHECK(g.first_ok_ms == f.fault_ms + 40);
+  CHECK(g.detect_ms == 2);
+  CHECK(g.swap_ms == 3);
+  CHECK(g.failover_ms == 5);
+  CHECK(g.outage_ms == 40);
+
+  auto ce = reader->CacheEvents();
+  REQUIRE(ce.ok());
+  REQUIRE(ce->size() == 2);
+  CHECK((*ce)[0].result == "hit");
+  CHECK((*ce)[0].rank == 0);
+  CHECK((*ce)[0].attach_ms == 3);
+  CHECK_FALSE((*ce)[0].load_ms.has_value());
+  CHECK((*ce)[0].miss_reason.empty());
+  CHECK((*ce)[1].miss_reason == "fingerprint");
+  CHECK((*ce)[1].diff_json == miss.diff_json);
+  CHECK((*ce)[1].mode == "client");
+  CHECK((*ce)[1].load_ms == 5400);
+
+  auto rc = reader->Recoveries();
+  REQUIRE(rc.ok());
+  REQUIRE(rc->size() == 2);
+  CHECK((*rc)[0].failover_id == 1);
+  CHECK((*rc)[0].recovery_ms == 5500);
+  CHECK((*rc)[0].cache_reason == "fingerprint");
+  CHECK((*rc)[0].phases_json == rec.phases_json);
+  CHECK_FALSE((*rc)[1].failover_id.has_value());
+  CHECK((*rc)[1].phases_json == "{}");
+  CHECK((*rc)[1].cache_result == "off");
+
+  auto hr = reader->HolderRestarts();
+  REQUIRE(hr.ok());
+  REQUIRE(hr->size() == 1);
+  CHECK((*hr)[0].rank == 2);
+  CHECK((*hr)[0].from_fds);
+  CHECK((*hr)[0].restart_ms == 7);
+  auto pt = reader->ProbeTransitions();
+  REQUIRE(pt.ok());
+  REQUIRE(pt->size() == 1);
+  CHECK((*pt)[0].to_state == "unhealthy");
+  CHECK((*pt)[0].cause == "3 failures");
+
+  // Ids keep counting after a reopen.
+  l->Close();
+  auto again = MustOpen(path);
+  CHECK(*again->RecordFailover(Failover(5)) == 2);
+  CHECK(*again->RecordRecovery(bare) == 3);
+}
+
+TEST_CASE("ledger: rows outside the allowed values are refused at once", "[state]") {
+  test::TempDir dir;
+  auto l = MustOpen(dir.Join("wsup.db"));
+  auto bad = l->RecordFailover(Failover(1, "panic"));
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().code() == Code::kInvalidArgument);
+  CHECK(bad.error().message().find("crash, probe, drill") != std::string::npos);
+  CacheEventRecord ce{0, 1, "a", std::nullopt, "maybe", "daemon", "", "", std::nullopt, std::nullopt};
+  CHECK_FALSE(l->RecordCacheEvent(ce).ok());
+  ce.result = "miss";  // a miss needs its reason
+  CHECK_FALSE(l->RecordCacheEvent(ce).ok());
+  ce.miss_reason = "cold";
+  ce.diff_json = "{not json";
+  CHECK_FALSE(l->RecordCacheEvent(ce).ok());
+  RecoveryRecord r;
+  r.slot = "a";
+  r.cause = "crash";
+  r.cache_result = "hit";
+  r.phases_json = "[1, 2]";  // not an object
+  CHECK_FALSE(l->RecordRecovery(r).ok());
+  CHECK_FALSE(l->RecordProbeTransition({0, 1, "a", "healthy", "sick", "x"}).ok());
+  CHECK_FALSE(l->SetFailoverFirstOk(42, 5).ok());
+  CHECK(l->Flush().ok());
+  CHECK(l->stats().queued == 0);
+  l->Close();
+  auto after = l->RecordFailover(Failover(1));
+  REQUIRE_FALSE(after.ok());
+  CHECK(after.error().code() == Code::kUnavailable);
+}
+
+TEST_CASE("ledger: a bad path gives a clear error", "[state]") {
+  test::TempDir dir;
+  auto missing_dir = Ledger::Open(dir.Join("no/such/folder/wsup.db"));
+  REQUIRE_FALSE(missing_dir.ok());
+  CHECK(missing_dir.error().code() == Code::kNotFound);
+  CHECK(missing_dir.error().message().find("state_dir") != std::string::npos);
+
+  auto is_dir = Ledger::Open(dir.path());
+  REQUIRE_FALSE(is_dir.ok());
+  CHECK(is_dir.error().message().find(dir.path()) == 0);
+
+  std::string garbage = dir.Join("garbage.db");
+  REQUIRE(WriteFileAtomic(garbage, std::string(4096, 'x')).ok());
+  auto corrupt = Ledger::Open(garbage);
+  REQUIRE_FALSE(corrupt.ok());
+  CHECK(corrupt.error().code() == Code::kCorrupt);
+  CHECK(corrupt.error().message().find("move it aside") != std::string::npos);
+
+  auto no_reader = LedgerReader::Open(dir.Join("absent.db"));
+  REQUIRE_FALSE(no_reader.ok());
+  CHECK(no_reader.error().code() == Code::kNotFound);
+  CHECK(no_reader.error().message().find("absent.db") != std::string::npos);
+
+  if (::geteuid() != 0) {  // root ignores permissions
+    std::string ro = dir.Join("ro");
+    REQUIRE(::mkdir(ro.c_str(), 0500) == 0);
+    auto denied = Ledger::Open(ro + "/wsup.db");
+    REQUIRE_FALSE(denied.ok());
+    CHECK(denied.error().message().find("state_dir") != std::string::npos);
+  }
+}
+
+TEST_CASE("ledger: writes wait out another connection's lock; a full queue drops and counts", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  LedgerOptions opts;
+  opts.max_queue = 2;
+  opts.busy_timeout_ms = 20'000;
+  auto l = MustOpen(path, opts);
+  auto other = Db::Open(path, false);
+  REQUIRE(other.ok());
+  REQUIRE(other->Exec("BEGIN IMMEDIATE").ok());  // the writer must wait
+  int accepted = 0, refused = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto id = l->RecordFailover(Failover(i));
+    if (id.ok()) {
+      ++accepted;
+    } else {
+      ++refused;
+      CHECK(id.error().code() == Code::kUnavailable);
+      CHECK(id.error().message().find("queue full") != std::string::npos);
+    }
+  }
+  CHECK(accepted <= 3);  // at most one batch taken by the writer, plus a full queue
+  CHECK(refused >= 7);
+  REQUIRE(other->Exec("COMMIT").ok());
+  REQUIRE(l->Flush().ok());
+  auto s = l->stats();
+  CHECK(s.committed == static_cast<uint64_t>(accepted));
+  CHECK(s.dropped == static_cast<uint64_t>(refused));
+}
+
+}  // namespace
+}  // namespace wsup

@@ -1,0 +1,393 @@
+// Config: the shipped configs load; every malformed config gives one error of
+// the form FILE:LINE:COL: KEY: ..., naming the key, and nothing crashes.
+#include "supervisor/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/fs.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+const char* kBase = R"([node]
+name = "t"
+state_dir = "state"
+runtime_dir = "run"
+
+[model]
+path = "model"
+
+[engine]
+command = ["eng", "--port", "{port}"]
+primary_port = 8001
+standby_port = 8002
+
+[probe]
+prompt = "Hello"
+expect = "world"
+max_tokens = 4
+interval_ms = 1000
+timeout_ms = 500
+failures = 3
+
+[front]
+listen = "127.0.0.1:8000"
+
+[admin]
+listen = "127.0.0.1:9090"
+)";
+
+// kBase with the first occurrence of `from` replaced by `to`.
+std::string Edit(const std::string& from, const std::string& to) {
+  std::string s = kBase;
+  size_t at = s.find(from);
+  REQUIRE(at != std::string::npos);
+  return s.replace(at, from.size(), to);
+}
+
+std::string Add(const std::string& after, const std::string& line) { return Edit(after, after + "\n" + line); }
+
+struct ErrorForm {
+  std::string file;
+  int line = 0;
+  int col = 0;
+  std::string key;
+  std::string what;
+};
+
+// Splits a message of the contract form; fails the test when it has another form.
+ErrorForm Split(const std::string& message) {
+  static const std::regex form(R"(^([^:\n]+):([0-9]+):([0-9]+): ([A-Za-z0-9_.\-]+): (.+)$)");
+  std::smatch m;
+  INFO(message);
+  REQUIRE(std::regex_match(message, m, form));
+  return {m[1], std::stoi(m[2]), std::stoi(m[3]), m[4], m[5]};
+}
+
+struct BadCase {
+  const char* name;
+  std::string text;
+  std::vector<std::string> overrides;
+  std::string key;    // the key the error must name
+  int line;           // expected line, 0: do not check
+  std::string words;  // a phrase the explanation must contain
+};
+
+std::vector<BadCase> BadCases() {
+  return {
+      // TOML syntax
+      {"value missing", Edit("failures = 3", "failures = "), {}, "probe.failures", 20, "TOML syntax error"},
+      {"unterminated header", Edit("[probe]", "[probe"), {}, "probe", 14, "TOML syntax error"},
+      {"unterminated string", Edit("name = \"t\"", "name = \"t"), {}, "node.name", 2, "TOML syntax error"},
+      {"duplicate key", Add("failures = 3", "failures = 4"), {}, "probe.failures", 21, "redefine"},
+      {"duplicate section", Add("listen = \"127.0.0.1:9090\"", "[front]"), {}, "front", 27, "TOML syntax error"},
+      {"not toml at all", std::string("\x01\x02 binary\xff\xfe", 12), {}, "syntax", 1, "TOML syntax error"},
+      // unknown names
+      {"unknown section", Edit("[probe]", "[prbe]"), {}, "prbe", 14, "did you mean [probe]"},
+      {"unknown key", Edit("failures = 3", "failurs = 3"), {}, "probe.failurs", 20, "did you mean failures"},
+      {"key outside a section", "failures = 3\n" + std::string(kBase), {}, "failures", 1, "probe.failures"},
+      {"array of tables", Edit("[probe]", "[[probe]]"), {}, "probe", 14, "not [[probe]]"},
+      {"section as a value", Edit("[node]\nname = \"t\"\nstate_dir = \"state\"\nruntime_dir = \"run\"", "node = 5"), {},
+       "node", 1, "expected a section"},
+      // types
+      {"quoted integer", Edit("failures = 3", "failures = \"3\""), {}, "probe.failures", 20, "without quotes"},
+      {"float for ms", Edit("interval_ms = 1000", "interval_ms = 1.5"), {}, "probe.interval_ms", 18, "got a float"},
+      {"command as a string", Edit("command = [\"eng\", \"--port\", \"{port}\"]", "command = \"eng --port {port}\""), {},
+       "engine.command", 10, "an array of strings"},
+      {"command element not a string", Edit("[\"eng\", \"--port\", \"{port}\"]", "[\"eng\", \"--port\", 8001]"), {},
+       "engine.command", 10, "element 3"},
+      {"env value not a string", Add("standby_port = 8002", "env = { A = 1 }"), {}, "engine.env.A", 13, "quote it"},
+      {"boolean as string", Add("failures = 3", "comm = \"true\""), {}, "probe.comm", 21, "without quotes"},
+      // missing
+      {"missing section", Edit("[front]\nlisten = \"127.0.0.1:8000\"\n", ""), {}, "front", 1, "missing required section"},
+      {"empty file", "", {}, "node", 1, "missing required section"},
+      {"missing key", Edit("name = \"t\"\n", ""), {}, "node.name", 1, "missing"},
+      {"missing model path", Edit("path = \"model\"", "revision = \"r\""), {}, "model.path", 6, "missing"},
+      {"missing answer", Edit("expect = \"world\"\n", ""), {}, "probe.expect", 14, "expect_token_ids"},
+      // addresses
+      {"listen without port", Edit("127.0.0.1:8000", "127.0.0.1"), {}, "front.listen", 23, "no :PORT"},
+      {"listen port too big", Edit("127.0.0.1:8000", "127.0.0.1:70000"), {}, "front.listen", 23, "out of range"},
+      {"ipv6 without brackets", Edit("127.0.0.1:8000", "::1:8000"), {}, "front.listen", 23, "without brackets"},
+      {"bad ipv4", Edit("127.0.0.1:9090", "300.1.1.1:9090"), {}, "admin.listen", 26, "not an IPv4 address"},
+      {"bracket without colon", Edit("127.0.0.1:9090", "[::1]9090"), {}, "admin.listen", 26, "no :PORT"},
+      {"bad ipv6 in brackets", Edit("127.0.0.1:9090", "[::zz]:9090"), {}, "admin.listen", 26, "not an IPv6"},
+      {"port not a number", Edit("127.0.0.1:9090", "127.0.0.1:http"), {}, "admin.listen", 26, "not a number"},
+      // impossible values
+      {"tp zero", Add("path = \"model\"", "[parallel]\ntp = 0"), {}, "parallel.tp", 9, "out of range"},
+      {"cuda devices != tp",
+       Add("path = \"model\"", "[parallel]\ntp = 2\ndevices = [0]\n[weight_cache]\nbackend = \"cuda\""), {},
+       "parallel.devices", 10, "one device per rank"},
+      {"duplicate device", Add("path = \"model\"", "[parallel]\ntp = 2\ndevices = [1, 1]"), {}, "parallel.devices", 10,
+       "twice"},
+      {"failures zero", Edit("failures = 3", "failures = 0"), {}, "probe.failures", 20, "out of range"},
+      {"timeout above interval", Edit("timeout_ms = 500", "timeout_ms = 1500"), {}, "probe.timeout_ms", 19,
+       "never overlap"},
+      {"jitter negative", Add("failures = 3", "jitter_ms = -5"), {}, "probe.jitter_ms", 21, "out of range"},
+      {"same engine ports", Edit("standby_port = 8002", "standby_port = 8001"), {}, "engine.standby_port", 12,
+       "different ports"},
+      {"engine port zero", Edit("primary_port = 8001", "primary_port = 0"), {}, "engine.primary_port", 11,
+       "out of range"},
+      {"front on an engine port", Edit("127.0.0.1:8000", "127.0.0.1:8002"), {}, "front.listen", 23, "an engine uses"},
+      {"admin on the front port", Edit("127.0.0.1:9090", "127.0.0.1:8000"), {}, "admin.listen", 26, "same port"},
+      {"empty command", Edit("[\"eng\", \"--port\", \"{port}\"]", "[]"), {}, "engine.command", 10, "is empty"},
+      {"command without port", Edit("[\"eng\", \"--port\", \"{port}\"]", "[\"eng\"]"), {}, "engine.command", 10,
+       "no {port}"},
+      {"unknown placeholder", Edit("\"{port}\"]", "\"{port}\", \"{prot}\"]"), {}, "engine.command", 10,
+       "unknown placeholder {prot}"},
+      {"mode not allowed", Add("path = \"model\"", "[weight_cache]\nmode = \"deamon\""), {}, "weight_cache.mode", 9,
+       "did you mean daemon"},
+      {"backend not allowed", Add("path = \"model\"", "[weight_cache]\nbackend = \"gpu\""), {}, "weight_cache.backend",
+       9, "allowed: host, cuda"},
+      {"both answers", Add("expect = \"world\"", "expect_token_ids = [1, 2]"), {}, "probe.expect_token_ids", 17,
+       "exactly one"},
+      {"ids longer than max_tokens", Edit("expect = \"world\"", "expect_token_ids = [1, 2, 3, 4, 5]"), {},
+       "probe.expect_token_ids", 16, "never match"},
+      {"negative token id", Edit("expect = \"world\"", "expect_token_ids = [1, -2]"), {}, "probe.expect_token_ids",
+       16, "element 2"},
+      {"bad log level", Add("listen = \"127.0.0.1:9090\"", "[supervisor]\nlog_level = \"verbose\""), {},
+       "supervisor.log_level", 28, "allowed: trace"},
+      {"backoff max below min",
+       Add("listen = \"127.0.0.1:9090\"", "[supervisor]\nrestart_backoff_ms = 5000\nrestart_backoff_max_ms = 10"), {},
+       "supervisor.restart_backoff_max_ms", 29, "at least restart_backoff_ms"},
+      {"holder binary and command",
+       Add("listen = \"127.0.0.1:9090\"", "[holder]\nbinary = \"h\"\ncommand = [\"h\", \"{rank}\"]"), {},
+       "holder.command", 29, "set one"},
+      {"same state and runtime dir", Edit("runtime_dir = \"run\"", "runtime_dir = \"state\""), {}, "node.runtime_dir", 4,
+       "two folders"},
+      {"bad node name", Edit("name = \"t\"", "name = \"a b\""), {}, "node.name", 2, "plain name"},
+      {"newline in a value stays one line", Edit("name = \"t\"", "name = \"a\\nb\""), {}, "node.name", 2,
+       "\"a\\x0ab\""},
+      {"mode with a newline", Add("path = \"model\"", "[weight_cache]\nmode = \"off\\n\""), {}, "weight_cache.mode",
+       9, "\"off\\x0a\" is not allowed"},
+      // --set
+      {"set without =", kBase, {"probe.failures"}, "probe.failures", 1, "has no '='"},
+      {"set unknown key", kBase, {"probe.failurs=3"}, "probe.failurs", 1, "did you mean failures"},
+      {"set wrong type", kBase, {"probe.failures=abc"}, "probe.failures", 1, "an integer"},
+      {"set without section", kBase, {"failures=3"}, "failures", 1, "probe.failures"},
+      {"set unknown section", kBase, {"prob.failures=2"}, "prob", 1, "did you mean [probe]"},
+      {"set second bad", kBase, {"probe.failures=4", "front.listen=nowhere"}, "front.listen", 2, "no :PORT"},
+      {"set into a value", kBase, {"probe.failures.x=1"}, "probe.failures.x", 1, "not a section"},
+      {"set empty value", kBase, {"node.name="}, "node.name", 1, "no value"},
+      {"set impossible value", kBase, {"probe.timeout_ms=5000"}, "probe.timeout_ms", 1, "never overlap"},
+  };
+}
+
+TEST_CASE("config: malformed configs give FILE:LINE:COL: KEY errors", "[config]") {
+  auto cases = BadCases();
+  REQUIRE(cases.size() >= 30);
+  for (const auto& c : cases) {
+    SECTION(c.name) {
+      auto r = ParseConfig(c.text, "/etc/wsup/bad.toml", c.overrides);
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.error().code() == Code::kInvalidArgument);
+      ErrorForm e = Split(r.error().message());
+      INFO(r.error().message());
+      CHECK(e.key == c.key);
+      if (c.overrides.empty()) {
+        CHECK(e.file == "/etc/wsup/bad.toml");
+      } else {
+        CHECK(e.file == "--set");
+      }
+      if (c.line) CHECK(e.line == c.line);
+      CHECK(e.what.find(c.words) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("config: --set columns point at the key or at the value", "[config]") {
+  auto r = ParseConfig(kBase, "c.toml", {"node.name=a", "probe.failures=abc"});
+  REQUIRE_FALSE(r.ok());
+  ErrorForm e = Split(r.error().message());
+  CHECK(e.file == "--set");
+  CHECK(e.line == 2);
+  CHECK(e.col == 16);  // the 'a' of abc
+  r = ParseConfig(kBase, "c.toml", {"probe.failurs=3"});
+  REQUIRE_FALSE(r.ok());
+  CHECK(Split(r.error().message()).col == 1);
+}
+
+TEST_CASE("config: a file error is reported at its line and column", "[config]") {
+  auto r = ParseConfig(Edit("failures = 3", "failures = 0"), "c.toml");
+  REQUIRE_FALSE(r.ok());
+  ErrorForm e = Split(r.error().message());
+  CHECK(e.line == 20);
+  CHECK(e.col == 12);
+  // An unknown key points at the key itself.
+  r = ParseConfig(Edit("failures = 3", "  failurs = 3"), "c.toml");
+  REQUIRE_FALSE(r.ok());
+  e = Split(r.error().message());
+  CHECK(e.line == 20);
+  CHECK(e.col == 3);
+}
+
+TEST_CASE("config: a missing or unreadable file names the path", "[config]") {
+  test::TempDir dir;
+  auto r = LoadConfig(dir.Join("nope.toml"));
+  REQUIRE_FALSE(r.ok());
+  ErrorForm e = Split(r.error().message());
+  CHECK(e.file == dir.Join("nope.toml"));
+  CHECK(e.key == "file");
+  r = LoadConfig(dir.path());  // a directory
+  REQUIRE_FALSE(r.ok());
+  Split(r.error().message());
+}
+
+TEST_CASE("config: every prefix of demo.toml gives a config or a well-formed error", "[config]") {
+  auto text = ReadFile(std::string(WSUP_SOURCE_DIR) + "/config/demo.toml");
+  REQUIRE(text.ok());
+  int errors = 0;
+  for (size_t n = 0; n <= text->size(); n += 3) {
+    auto r = ParseConfig(std::string_view(*text).substr(0, n), "demo.toml");
+    if (!r.ok()) {
+      ++errors;
+      Split(r.error().message());
+    }
+  }
+  CHECK(errors > 0);
+}
+
+TEST_CASE("config: demo.toml loads and matches the golden answer", "[config]") {
+  std::string path = std::string(WSUP_SOURCE_DIR) + "/config/demo.toml";
+  auto r = LoadConfig(path);
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  const Config& c = *r;
+  namespace fs = std::filesystem;
+  CHECK(fs::weakly_canonical(c.model.path) == fs::weakly_canonical(test::TestData("llama-tiny-f32")));
+  CHECK(c.weight_cache.mode == CacheMode::kDaemon);
+  CHECK(c.weight_cache.backend == CacheBackend::kHost);
+  CHECK(c.parallel.tp == 1);
+  CHECK(c.probe.prompt == "Hello, world");
+  CHECK(c.probe.max_tokens == 16);
+  REQUIRE(c.probe.expect_token_ids.has_value());
+  CHECK_FALSE(c.probe.expect.has_value());
+  CHECK(c.front.listen.host == "127.0.0.1");
+  CHECK(c.admin.listen.host == "127.0.0.1");
+  CHECK(c.engine.host == "127.0.0.1");
+  CHECK(c.engine.command[0] == fs::path(WSUP_SOURCE_DIR).lexically_normal().string() + "/build/bin/wsup-engine");
+  if (test::HaveTestData("llama-tiny-f32")) {
+    auto golden = ReadFile(test::TestData("llama-tiny-f32/golden.json"));
+    REQUIRE(golden.ok());
+    auto j = nlohmann::json::parse(*golden);
+    CHECK(j["cases"][0]["prompt"].get<std::string>() == c.probe.prompt);
+    CHECK(j["cases"][0]["output_ids"].get<std::vector<int64_t>>() == *c.probe.expect_token_ids);
+  }
+  auto argv = EngineArgv(c, 18001);
+  REQUIRE(argv.ok());
+  std::vector<std::string> want = {c.engine.command[0], "--model", c.model.path, "--port", "18001", "--weight-cache",
+                                   "daemon", "--socket", c.weight_cache.socket, "--device", "cpu"};
+  CHECK(*argv == want);
+}
+
+TEST_CASE("config: ling.toml loads", "[config]") {
+  auto r = LoadConfig(std::string(WSUP_SOURCE_DIR) + "/config/ling.toml");
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  CHECK(r->parallel.tp == 8);
+  CHECK(r->parallel.devices == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(r->weight_cache.mode == CacheMode::kClient);
+  CHECK(r->weight_cache.backend == CacheBackend::kCuda);
+  CHECK(r->model.path.front() == '/');
+  CHECK(r->probe.expect.has_value());
+  CHECK(r->probe.comm);
+  CHECK(DevicesArg(*r) == "0,1,2,3,4,5,6,7");
+  CHECK(r->engine.env.size() == 2);
+}
+
+TEST_CASE("config: defaults, relative paths and overrides", "[config]") {
+  auto r = ParseConfig(kBase, "/srv/wsup/conf/node.toml",
+                       {"probe.failures=5", "node.name=other", "engine.command=[\"./bin/e\", \"-p\", \"{port}\"]",
+                        "probe.comm=true", "engine.env.FOO=bar"});
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  const Config& c = *r;
+  CHECK(c.path == "/srv/wsup/conf/node.toml");
+  CHECK(c.node.state_dir == "/srv/wsup/conf/state");
+  CHECK(c.node.runtime_dir == "/srv/wsup/conf/run");
+  CHECK(c.model.path == "/srv/wsup/conf/model");
+  CHECK(c.weight_cache.socket == "/srv/wsup/conf/run/holder.sock");
+  CHECK(c.supervisor.control_socket == "/srv/wsup/conf/run/wsup.sock");
+  CHECK(c.probe.failures == 5);
+  CHECK(c.probe.successes == 2);
+  CHECK(c.probe.comm);
+  CHECK(c.node.name == "other");
+  CHECK(c.engine.command == std::vector<std::string>{"/srv/wsup/conf/bin/e", "-p", "{port}"});
+  CHECK(c.engine.env == std::vector<std::pair<std::string, std::string>>{{"FOO", "bar"}});
+  CHECK(c.parallel.tp == 1);
+  CHECK(c.weight_cache.mode == CacheMode::kDaemon);
+  CHECK(c.weight_cache.backend == CacheBackend::kHost);
+  CHECK(c.probe.kind == ProbeKind::kSemantic);
+  CHECK(c.probe.expect == std::optional<std::string>("world"));
+  CHECK(c.supervisor.max_restarts == 5);
+  CHECK(c.holder.binary.empty());
+  auto h = HolderArgv(c, 0, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(h.ok());
+  CHECK(h->front() == "/opt/wsup/bin/wsup-holder");
+  CHECK(std::find(h->begin(), h->end(), "{rank}") == h->end());
+  CHECK_FALSE(HolderArgv(c, 1, "x").ok());
+}
+
+TEST_CASE("config: port probe needs no answer, and refuses one", "[config]") {
+  std::string text = Edit("prompt = \"Hello\"\nexpect = \"world\"\n", "kind = \"port\"\n");
+  auto r = ParseConfig(text, "c.toml");
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  CHECK(r->probe.kind == ProbeKind::kPort);
+  r = ParseConfig(text, "c.toml", {"probe.prompt=hi"});
+  REQUIRE_FALSE(r.ok());
+  CHECK(Split(r.error().message()).key == "probe.prompt");
+}
+
+TEST_CASE("config: listen addresses", "[config]") {
+  auto a = ParseListenAddress("[::1]:8080");
+  REQUIRE(a.ok());
+  CHECK(a->host == "::1");
+  CHECK(a->port == 8080);
+  CHECK(a->ToString() == "[::1]:8080");
+  a = ParseListenAddress("0.0.0.0:0");
+  REQUIRE(a.ok());
+  CHECK(a->port == 0);
+  a = ParseListenAddress("localhost:65535");
+  REQUIRE(a.ok());
+  CHECK(a->ToString() == "localhost:65535");
+  for (const char* bad : {"", ":80", "1.2.3.4:", "1.2.3.4:-1", "1.2.3.4:65536", "[::1", "[]:80", "a b:80",
+                          "1.2.3:80", "-host:80", "[1.2.3.4]:80", "1.2.3.4:123456"}) {
+    INFO(bad);
+    CHECK_FALSE(ParseListenAddress(bad).ok());
+  }
+}
+
+TEST_CASE("config: placeholders expand, unknown ones are refused", "[config]") {
+  auto r = ExpandPlaceholders({"--port={port}", "{\"json\":1}", "{port}{port}", "{}"}, {{"port", "7"}});
+  REQUIRE(r.ok());
+  CHECK(*r == std::vector<std::string>{"--port=7", "{\"json\":1}", "77", "{}"});
+  auto bad = ExpandPlaceholders({"{nope}"}, {{"port", "7"}});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message().find("{nope}") != std::string::npos);
+  CHECK(bad.error().message().find("{port}") != std::string::npos);
+}
+
+TEST_CASE("config: check returns 0 with a summary or 1 with the error", "[config]") {
+  test::TempDir dir;
+  std::string good = dir.Join("good.toml");
+  REQUIRE(WriteFileAtomic(good, kBase).ok());
+  auto ok = CheckConfig(good);
+  CHECK(ok.exit_code == 0);
+  CHECK(ok.output.find("ok") != std::string::npos);
+  CHECK(ok.output.back() == '\n');
+  auto bad = CheckConfig(good, {"probe.failures=0"});
+  CHECK(bad.exit_code == 1);
+  CHECK(bad.output.rfind("--set:1:16: probe.failures: ", 0) == 0);
+  CHECK(bad.output.back() == '\n');
+}
+
+}  // namespace
+}  // namespace wsup

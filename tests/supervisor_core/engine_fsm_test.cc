@@ -1,0 +1,82 @@
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <utility>
+
+#include "supervisor/engine_fsm.h"
+
+namespace wsup {
+namespace {
+
+TEST_CASE("each (state, event) pair appears at most once in the table") {
+  size_t n = 0;
+  const SlotTransition* t = SlotTable(&n);
+  REQUIRE(n > 20);
+  std::set<std::pair<int, int>> seen;
+  for (size_t i = 0; i < n; ++i) {
+    INFO(SlotStateName(t[i].from) << " x " << SlotEventName(t[i].event));
+    CHECK(seen.insert({static_cast<int>(t[i].from), static_cast<int>(t[i].event)}).second);
+  }
+}
+
+TEST_CASE("the happy path: spawn, ready, proven, promoted") {
+  SlotState s = SlotState::kIdle;
+  auto step = [&](SlotEvent e, SlotState want, SlotAction act) {
+    auto t = NextTransition(s, e);
+    REQUIRE(t.has_value());
+    CHECK(t->to == want);
+    CHECK(t->action == act);
+    s = t->to;
+  };
+  step(SlotEvent::kSpawn, SlotState::kStarting, SlotAction::kNone);
+  step(SlotEvent::kEngineReady, SlotState::kWarming, SlotAction::kStartProbing);
+  step(SlotEvent::kProbePass, SlotState::kStandby, SlotAction::kNone);
+  step(SlotEvent::kPromote, SlotState::kActive, SlotAction::kRouteHere);
+  step(SlotEvent::kDemote, SlotState::kDraining, SlotAction::kRouteAway);
+  step(SlotEvent::kDrained, SlotState::kStandby, SlotAction::kNone);
+}
+
+TEST_CASE("spawned is not ready: nothing but a passed probe makes a standby") {
+  for (SlotState from : {SlotState::kStarting, SlotState::kWarming}) {
+    CHECK_FALSE(NextTransition(from, SlotEvent::kPromote).has_value());
+  }
+  // A warming engine that answers wrongly is failed, never promoted.
+  auto t = NextTransition(SlotState::kWarming, SlotEvent::kProbeTrip);
+  REQUIRE(t);
+  CHECK(t->to == SlotState::kFailed);
+  CHECK(t->action == SlotAction::kKillGroup);
+}
+
+TEST_CASE("losing the active slot asks for a failover, losing a standby for a restart") {
+  auto crash = NextTransition(SlotState::kActive, SlotEvent::kExited);
+  REQUIRE(crash);
+  CHECK(crash->action == SlotAction::kFailover);
+  auto hang = NextTransition(SlotState::kActive, SlotEvent::kProbeTrip);
+  REQUIRE(hang);
+  CHECK(hang->action == SlotAction::kFailover);
+  auto standby = NextTransition(SlotState::kStandby, SlotEvent::kExited);
+  REQUIRE(standby);
+  CHECK(standby->action == SlotAction::kScheduleRestart);
+}
+
+TEST_CASE("every live state can be stopped and every stop ends in stopped") {
+  for (SlotState s : {SlotState::kStarting, SlotState::kWarming, SlotState::kStandby, SlotState::kActive,
+                      SlotState::kDraining}) {
+    auto t = NextTransition(s, SlotEvent::kStop);
+    REQUIRE(t);
+    CHECK(t->to == SlotState::kStopping);
+    CHECK(t->action == SlotAction::kTerminate);
+  }
+  auto done = NextTransition(SlotState::kStopping, SlotEvent::kExited);
+  REQUIRE(done);
+  CHECK(done->to == SlotState::kStopped);
+}
+
+TEST_CASE("names are defined for every state") {
+  for (int i = 0; i <= static_cast<int>(SlotState::kStopped); ++i) {
+    CHECK(std::string(SlotStateName(static_cast<SlotState>(i))) != "?");
+  }
+}
+
+}  // namespace
+}  // namespace wsup

@@ -1,0 +1,165 @@
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "supervisor/process.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs the loop until done() or the bound passes; returns done().
+bool RunUntil(uv_loop_t* loop, const std::function<bool()>& done, std::chrono::milliseconds limit) {
+  return test::WaitFor(
+      [&] {
+        uv_run(loop, UV_RUN_NOWAIT);
+        return done();
+      },
+      limit);
+}
+
+void CloseLoop(uv_loop_t* loop) {
+  uv_walk(loop, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); }, nullptr);
+  uv_run(loop, UV_RUN_DEFAULT);
+  REQUIRE(uv_loop_close(loop) == 0);
+}
+
+TEST_CASE("a spawned child runs in its own session and its exit status is reported") {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  test::TempDir dir;
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo sid=$(ps -o sid= -p $$ | tr -d ' ') pid=$$; exit 7"};
+  spec.log_path = dir.Join("child.log");
+  auto pid = SpawnChild(spec);
+  REQUIRE(pid.ok());
+  bool got = false;
+  ExitInfo info;
+  auto w = ExitWatch::Start(&loop, *pid, [&](const ExitInfo& i) {
+    got = true;
+    info = i;
+  });
+  REQUIRE(w.ok());
+  REQUIRE(RunUntil(&loop, [&] { return got; }, 10s));
+  CHECK(info.known);
+  CHECK(info.exit_code == 7);
+  CHECK(info.Describe() == "exit 7");
+  std::string log = test::ReadAll(spec.log_path);
+  std::string want = "sid=" + std::to_string(*pid) + " pid=" + std::to_string(*pid);
+  CHECK(log.find(want) != std::string::npos);
+  (*w)->Close();
+  CloseLoop(&loop);
+}
+
+TEST_CASE("SignalGroup kills the child and its own children") {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  test::TempDir dir;
+  ChildSpec spec;
+  // The grandchild writes its pid; both block until killed.
+  spec.argv = {"/bin/sh", "-c", "sleep 600 & echo $! > " + dir.Join("gc.pid") + "; wait"};
+  auto pid = SpawnChild(spec);
+  REQUIRE(pid.ok());
+  bool got = false;
+  ExitInfo info;
+  auto w = ExitWatch::Start(&loop, *pid, [&](const ExitInfo& i) {
+    got = true;
+    info = i;
+  });
+  REQUIRE(w.ok());
+  REQUIRE(test::WaitFor([&] { return test::ReadAll(dir.Join("gc.pid")).find('\n') != std::string::npos; }, 10s));
+  pid_t gc = std::stoi(test::ReadAll(dir.Join("gc.pid")));
+  REQUIRE(ProcessAlive(gc));
+  REQUIRE(SignalGroup(*pid, SIGKILL).ok());
+  REQUIRE(RunUntil(&loop, [&] { return got; }, 10s));
+  CHECK(info.signal == SIGKILL);
+  CHECK(info.Describe() == "killed by SIGKILL");
+  // The grandchild is reparented and reaped by init (or a subreaper); it must be gone.
+  CHECK(test::WaitFor([&] { return !ProcessAlive(gc); }, 10s));
+  (*w)->Close();
+  CloseLoop(&loop);
+}
+
+TEST_CASE("passed fds arrive as 3, 4 in order") {
+  test::TempDir dir;
+  int p1[2], p2[2];
+  REQUIRE(::pipe(p1) == 0);
+  REQUIRE(::pipe(p2) == 0);
+  ChildSpec spec;
+  spec.argv = {"/bin/sh", "-c", "echo one >&3; echo two >&4"};
+  spec.pass_fds = {p1[1], p2[1]};
+  auto pid = SpawnChild(spec);
+  REQUIRE(pid.ok());
+  ::close(p1[1]);
+  ::close(p2[1]);
+  char buf[16] = {};
+  CHECK(::read(p1[0], buf, sizeof buf) == 4);
+  CHECK(std::string(buf, 3) == "one");
+  CHECK(::read(p2[0], buf, sizeof buf) == 4);
+  CHECK(std::string(buf, 3) == "two");
+  ::close(p1[0]);
+  ::close(p2[0]);
+  int st;
+  ::waitpid(*pid, &st, 0);
+}
+
+TEST_CASE("a missing program gives an error naming it") {
+  ChildSpec spec;
+  spec.argv = {"/nonexistent/wsup-engine"};
+  auto pid = SpawnChild(spec);
+  REQUIRE_FALSE(pid.ok());
+  CHECK(pid.error().message().find("/nonexistent/wsup-engine") != std::string::npos);
+  ChildSpec empty;
+  CHECK_FALSE(SpawnChild(empty).ok());
+}
+
+TEST_CASE("an adopted process (not our child) is watched too, with status unknown") {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  // A grandchild: our child forks it and exits at once, so it is not ours.
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  pid_t mid = ::fork();
+  if (mid == 0) {
+    pid_t gc = ::fork();
+    if (gc == 0) {
+      ::close(p[0]);
+      ::close(p[1]);
+      for (;;) ::pause();  // until the test's SIGTERM
+    }
+    ::dprintf(p[1], "%d\n", gc);
+    ::_exit(0);
+  }
+  ::close(p[1]);
+  int st;
+  ::waitpid(mid, &st, 0);
+  char buf[32] = {};
+  REQUIRE(::read(p[0], buf, sizeof buf - 1) > 0);
+  ::close(p[0]);
+  pid_t gc = std::atoi(buf);
+  REQUIRE(gc > 1);
+  REQUIRE(ProcessAlive(gc));
+  REQUIRE(ProcessStartTime(gc).ok());
+  bool got = false;
+  ExitInfo info;
+  auto w = ExitWatch::Start(&loop, gc, [&](const ExitInfo& i) {
+    got = true;
+    info = i;
+  });
+  REQUIRE(w.ok());
+  uv_run(&loop, UV_RUN_NOWAIT);
+  CHECK_FALSE(got);
+  ::kill(gc, SIGTERM);
+  REQUIRE(RunUntil(&loop, [&] { return got; }, 10s));
+  CHECK_FALSE(info.known);
+  (*w)->Close();
+  CloseLoop(&loop);
+}
+
+}  // namespace
+}  // namespace wsup
