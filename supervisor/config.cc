@@ -596,8 +596,8 @@ Status Loader::Read(const toml::table& root, Config* c) {
                                     "\" is not an IP address or host name; write e.g. \"127.0.0.1\" or \"::1\" "
                                     "(no brackets, no port)");
   }
-  WSUP_RETURN_IF_ERROR(Int(eng, "engine", "primary_port", &c->engine.primary_port, 1, 65535, true, "primary_port = 8001"));
-  WSUP_RETURN_IF_ERROR(Int(eng, "engine", "standby_port", &c->engine.standby_port, 1, 65535, true, "standby_port = 8002"));
+  WSUP_RETURN_IF_ERROR(Int(eng, "engine", "primary_port", &c->engine.primary_port, 0, 65535, true, "primary_port = 8001"));
+  WSUP_RETURN_IF_ERROR(Int(eng, "engine", "standby_port", &c->engine.standby_port, 0, 65535, true, "standby_port = 8002"));
   WSUP_RETURN_IF_ERROR(Int(eng, "engine", "ready_timeout_ms", &c->engine.ready_timeout_ms, 1, kMaxMs));
   WSUP_RETURN_IF_ERROR(Int(eng, "engine", "stop_timeout_ms", &c->engine.stop_timeout_ms, 0, kMaxMs));
   if (const toml::node* env = Get(eng, "engine", "env")) {
@@ -708,13 +708,14 @@ Status Loader::CheckRules(Config* c) {
                                        "; give one device per rank, or leave devices out for the host backend");
 
   // engine
-  if (c->engine.primary_port == c->engine.standby_port)
+  // Port 0: the supervisor picks a free port at each start (tests, ad-hoc runs).
+  if (c->engine.primary_port != 0 && c->engine.primary_port == c->engine.standby_port)
     return Err("engine.standby_port", "equals engine.primary_port (" + std::to_string(c->engine.primary_port) +
                                           "); the two engines run at once and need different ports");
   for (const auto* l : {&c->front.listen, &c->admin.listen}) {
     const char* key = l == &c->front.listen ? "front.listen" : "admin.listen";
     for (int port : {c->engine.primary_port, c->engine.standby_port})
-      if (l->port == port)
+      if (port != 0 && l->port == port)
         return Err(key, "uses port " + std::to_string(port) +
                             ", which an engine uses (engine.primary_port / engine.standby_port); pick another port");
   }
@@ -914,9 +915,20 @@ Result<std::vector<std::string>> ExpandPlaceholders(const std::vector<std::strin
 
 std::string DevicesArg(const Config& config) {
   if (config.parallel.devices.empty()) return "cpu";
-  std::string s;
+  std::string s = "cuda:";
   for (size_t i = 0; i < config.parallel.devices.size(); ++i)
     s += (i ? "," : "") + std::to_string(config.parallel.devices[i]);
+  return s;
+}
+
+std::string HolderSocket(const Config& config, int rank) {
+  if (config.parallel.tp <= 1) return config.weight_cache.socket;
+  return config.weight_cache.socket + "." + std::to_string(rank);
+}
+
+std::string EngineSocketsArg(const Config& config) {
+  std::string s;
+  for (int r = 0; r < std::max(1, config.parallel.tp); ++r) s += (r ? "," : "") + HolderSocket(config, r);
   return s;
 }
 
@@ -936,6 +948,7 @@ Result<std::vector<std::string>> EngineArgv(const Config& config, int port) {
   auto vars = CommonVars(config);
   vars["port"] = std::to_string(port);
   vars["devices"] = DevicesArg(config);
+  vars["socket"] = EngineSocketsArg(config);
   auto r = ExpandPlaceholders(config.engine.command, vars);
   if (!r.ok()) return r.error().With("engine.command");
   return r;
@@ -947,12 +960,22 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
                            std::to_string(config.parallel.tp - 1) + " (parallel.tp); this is a bug in the caller");
   auto vars = CommonVars(config);
   vars["rank"] = std::to_string(rank);
+  vars["socket"] = HolderSocket(config, rank);
   vars["device"] = config.parallel.devices.empty() ? "cpu" : std::to_string(config.parallel.devices[rank]);
   std::vector<std::string> tmpl = config.holder.command;
   if (tmpl.empty()) {
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
-            "--model", "{model}", "--socket", "{socket}", "--rank", "{rank}", "--tp", "{tp}",
-            "--backend", "{backend}", "--device", "{device}"};
+            "--model", "{model}", "--socket", "{socket}", "--tp-size", "{tp}", "--tp-rank", "{rank}",
+            "--backend", "{backend}", "--deployment", config.node.name};
+    if (!config.model.revision.empty()) {
+      tmpl.push_back("--revision");
+      tmpl.push_back("{revision}");
+    }
+    // The host backend has no device; the cuda one takes the rank's ordinal.
+    if (!config.parallel.devices.empty()) {
+      tmpl.push_back("--device");
+      tmpl.push_back("{device}");
+    }
   }
   auto r = ExpandPlaceholders(tmpl, vars);
   if (!r.ok()) return r.error().With("holder.command");

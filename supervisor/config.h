@@ -161,8 +161,14 @@ const std::vector<std::string>& HolderPlaceholders();
 Result<std::vector<std::string>> ExpandPlaceholders(const std::vector<std::string>& argv,
                                                     const std::map<std::string, std::string>& vars);
 
-// The {devices} value: "0,1,2" for the configured devices, "cpu" when none.
+// The {devices} value: "cuda:0,1,2" for the configured devices, "cpu" when none.
 std::string DevicesArg(const Config& config);
+
+// The socket of rank's holder: weight_cache.socket for tp = 1, else
+// weight_cache.socket + "." + rank. An engine's {socket} lists every rank's,
+// comma-separated, in rank order.
+std::string HolderSocket(const Config& config, int rank);
+std::string EngineSocketsArg(const Config& config);
 
 // The argv of one engine listening on `port`, with every placeholder filled.
 Result<std::vector<std::string>> EngineArgv(const Config& config, int port);

@@ -96,11 +96,13 @@ void JsonConn::Close(const std::string& why) {
   if (closing_ || !pipe_) return;
   closing_ = true;
   auto cb = std::move(on_close_);
-  on_message_ = nullptr;
+  // on_message_ may be running right now (Close() from inside a handler):
+  // it is released in the close callback, not here.
   uv_close(reinterpret_cast<uv_handle_t*>(pipe_), [](uv_handle_t* h) {
     auto* c = static_cast<JsonConn*>(h->data);
     delete reinterpret_cast<uv_pipe_t*>(h);
     c->pipe_ = nullptr;
+    c->on_message_ = nullptr;
     c->self_.reset();  // may delete c
   });
   if (cb) cb(why);
@@ -212,7 +214,11 @@ void JsonServer::Close() {
 
 Result<json> JsonCall(const std::string& path, const json& request, int timeout_ms) {
   auto ch = Channel::Connect(path, timeout_ms);
-  if (!ch.ok()) return ch.error();
+  if (!ch.ok()) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) return Unavailable(path + ": no such control socket");
+    return Unavailable(path + ": nothing accepts connections there");
+  }
   auto reply = ch->Call(request, timeout_ms);
   if (!reply.ok()) return reply.error();
   return std::move(reply->msg);

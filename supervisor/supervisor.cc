@@ -206,6 +206,8 @@ class Supervisor::Impl {
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
   void CompletePending(int64_t first_ok_ms);
   void SaveState();
+  void WriteStateAsync();
+  RuntimeState BuildState();
   void UpdateStatusLine();
   std::string NodeState() const;
 
@@ -247,6 +249,7 @@ class Supervisor::Impl {
   Slot a_, b_;
   std::vector<std::unique_ptr<HolderSlot>> holders_;
   bool engines_started_ = false;
+  bool adopting_ = false;
 
   // Front.
   UniqueFd front_listen_;
@@ -261,6 +264,9 @@ class Supervisor::Impl {
   int64_t epoch_ = 0;
   std::string routed_active_, routed_standby_;
 
+  std::optional<std::string> pending_state_;  // runtime state not yet written
+  bool state_write_in_flight_ = false;
+  bool state_removed_ = false;
   std::optional<PendingFailover> pending_;
   bool ready_notified_ = false;
   bool degraded_ = false;
@@ -407,7 +413,7 @@ Status Supervisor::Impl::AdoptOrStart() {
     for (int r = 0; r < std::max(1, cfg_.parallel.tp); ++r) {
       auto h = std::make_unique<HolderSlot>(&loop_);
       h->rank = r;
-      h->socket = cfg_.weight_cache.socket + (cfg_.parallel.tp > 1 ? "." + std::to_string(r) : "");
+      h->socket = HolderSocket(cfg_, r);
       h->record_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".arena.json");
       holders_.push_back(std::move(h));
     }
@@ -445,6 +451,13 @@ Status Supervisor::Impl::AdoptOrStart() {
   // Engines: adopt those that still run and answer; the one the front routes
   // to as active stays active.
   if (prev) {
+    // The engine the front routed to stays active: adopt it first, and keep
+    // MaybePromote() from choosing while the others are adopted.
+    std::stable_sort(prev->engines.begin(), prev->engines.end(),
+                     [](const RuntimeState::Engine& x, const RuntimeState::Engine& y) {
+                       return (x.role == "active") > (y.role == "active");
+                     });
+    adopting_ = true;
     for (const auto& pe : prev->engines) {
       Slot* s = SlotByName(pe.slot);
       if (!s || !pe.proc.StillRunning()) continue;
@@ -462,6 +475,8 @@ Status Supervisor::Impl::AdoptOrStart() {
       if (pe.role == "active") Fire(*s, SlotEvent::kPromote, "was active before the supervisor restart");
       spdlog::info("adopted engine {} pid {} port {} as {}", s->name, s->pid, s->port, pe.role);
     }
+    adopting_ = false;
+    MaybePromote();
     ready_notified_ = Active() != nullptr;
     if (ready_notified_) notifier_.Ready("serving (re-adopted)");
   }
@@ -1012,8 +1027,8 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
                        " (configuration cannot work); see " +
                        JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
   }
-  Fire(s, SlotEvent::kExited, why);
   s.pid = 0;
+  Fire(s, SlotEvent::kExited, why);
   SaveState();
   if (stopping_) MaybeFinishStop();
 }
@@ -1085,6 +1100,9 @@ void Supervisor::Impl::Failover(Slot& failed, const std::string& trigger, const 
   if (to_name.empty()) {
     spdlog::error("no proven standby to take over; requests wait in the front until an engine is ready");
   }
+  // Re-arm: a new standby in the failed slot. A hung engine is being killed;
+  // its exit event schedules the restart instead.
+  if (failed.pid == 0) ScheduleRestart(failed);
   std::vector<std::shared_ptr<JsonConn>> waiters;
   if (pending_) waiters = std::move(pending_->waiters);
   pending_ = PendingFailover{id.ok() ? *id : 0, failed.name, to_name, fault_ms, detected, swapped, std::move(waiters),
@@ -1155,7 +1173,7 @@ void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done
 }
 
 void Supervisor::Impl::MaybePromote() {
-  if (stopping_ || Active()) return;
+  if (stopping_ || adopting_ || Active()) return;
   // Pending failovers promote in Failover(); here: the first proven engine
   // at start, or the re-armed one after a failover that had no standby.
   for (Slot* s : {&a_, &b_}) {
@@ -1188,6 +1206,46 @@ void Supervisor::Impl::MaybePromote() {
 // ------------------------------------------------------------------ state
 
 void Supervisor::Impl::SaveState() {
+  // The file is for a restarted supervisor; writing it (with an fsync) must
+  // never sit between a fault and the swap. Snapshot now, write on the
+  // thread pool, one write at a time, the latest snapshot winning.
+  pending_state_ = BuildState().ToJson();
+  if (state_write_in_flight_) return;
+  WriteStateAsync();
+}
+
+void Supervisor::Impl::WriteStateAsync() {
+  if (!pending_state_) return;
+  struct Work {
+    uv_work_t req;
+    Impl* self;
+    std::string path;
+    std::string text;
+    Status status;
+  };
+  auto* w = new Work{{}, this, RuntimeState::PathIn(cfg_.node.runtime_dir), std::move(*pending_state_), {}};
+  pending_state_.reset();
+  state_write_in_flight_ = true;
+  w->req.data = w;
+  uv_queue_work(
+      &loop_, &w->req,
+      [](uv_work_t* r) {
+        auto* w = static_cast<Work*>(r->data);
+        w->status = WriteFileAtomic(w->path, w->text, 0600);
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+        if (!w->status.ok()) spdlog::error("{}", w->status.error().message());
+        w->self->state_write_in_flight_ = false;
+        if (w->self->stopping_ && w->self->state_removed_) {
+          ::unlink(w->path.c_str());
+          return;
+        }
+        w->self->WriteStateAsync();
+      });
+}
+
+RuntimeState Supervisor::Impl::BuildState() {
   RuntimeState st;
   st.config_path = cfg_.path;
   st.node_name = cfg_.node.name;
@@ -1207,8 +1265,7 @@ void Supervisor::Impl::SaveState() {
                                                          : SlotStateName(s->state);
     st.engines.push_back({s->name, ProcessRef{s->pid, s->start_time}, s->port, role, s->spawned_ms, s->cache_result});
   }
-  Status ok = st.Save(RuntimeState::PathIn(cfg_.node.runtime_dir));
-  if (!ok.ok()) spdlog::error("{}", ok.error().message());
+  return st;
 }
 
 void Supervisor::Impl::UpdateStatusLine() {
@@ -1421,6 +1478,9 @@ void Supervisor::Impl::MaybeFinishStop() {
   for (auto& h : holders_) {
     if (h->pid > 0) return;
   }
+  // A clean stop leaves nothing to adopt.
+  state_removed_ = true;
+  pending_state_.reset();
   ::unlink(RuntimeState::PathIn(cfg_.node.runtime_dir).c_str());
   for (auto& c : stop_waiters_) {
     if (c->alive()) c->Send(json{{"type", "stop"}, {"ok", true}});

@@ -133,7 +133,9 @@ std::vector<BadCase> BadCases() {
       {"jitter negative", Add("failures = 3", "jitter_ms = -5"), {}, "probe.jitter_ms", 21, "out of range"},
       {"same engine ports", Edit("standby_port = 8002", "standby_port = 8001"), {}, "engine.standby_port", 12,
        "different ports"},
-      {"engine port zero", Edit("primary_port = 8001", "primary_port = 0"), {}, "engine.primary_port", 11,
+      {"engine port negative", Edit("primary_port = 8001", "primary_port = -1"), {}, "engine.primary_port", 11,
+       "out of range"},
+      {"engine port too large", Edit("primary_port = 8001", "primary_port = 70000"), {}, "engine.primary_port", 11,
        "out of range"},
       {"front on an engine port", Edit("127.0.0.1:8000", "127.0.0.1:8002"), {}, "front.listen", 23, "an engine uses"},
       {"admin on the front port", Edit("127.0.0.1:9090", "127.0.0.1:8000"), {}, "admin.listen", 26, "same port"},
@@ -298,7 +300,7 @@ TEST_CASE("config: ling.toml loads", "[config]") {
   CHECK(r->model.path.front() == '/');
   CHECK(r->probe.expect.has_value());
   CHECK(r->probe.comm);
-  CHECK(DevicesArg(*r) == "0,1,2,3,4,5,6,7");
+  CHECK(DevicesArg(*r) == "cuda:0,1,2,3,4,5,6,7");
   CHECK(r->engine.env.size() == 2);
 }
 
