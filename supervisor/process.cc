@@ -151,6 +151,19 @@ void ExitWatch::Close() {
   });
 }
 
+Result<UniqueFd> TakeFdFrom(pid_t pid, int target_fd) {
+  UniqueFd pidfd(PidfdOpen(pid));
+  if (!pidfd.valid()) return ErrnoError("pidfd_open(" + std::to_string(pid) + ")", errno);
+  int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target_fd, 0));
+  if (fd < 0) {
+    return ErrnoError("cannot take fd " + std::to_string(target_fd) + " of process " + std::to_string(pid) +
+                          " (pidfd_getfd; run the supervisor as the same user with ptrace allowed, or under "
+                          "systemd with its fd store)",
+                      errno);
+  }
+  return UniqueFd(fd);
+}
+
 Status SignalGroup(pid_t pgid, int sig) {
   if (pgid <= 1) return InvalidArgument("refusing to signal process group " + std::to_string(pgid));
   if (::kill(-pgid, sig) != 0 && errno != ESRCH) {

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace wsup {
 
@@ -76,6 +77,12 @@ class ExitWatch {
 
 // Signals a whole process group (the pid of a session leader we spawned).
 Status SignalGroup(pid_t pgid, int sig);
+
+// A duplicate of another process's fd `target_fd` (pidfd_getfd, Linux >= 5.6;
+// needs the right to ptrace it: same user without Yama restrictions, or
+// CAP_SYS_PTRACE). A restarted supervisor takes the front's listening socket
+// back this way when no service manager kept it.
+Result<UniqueFd> TakeFdFrom(pid_t pid, int target_fd);
 
 // True while a process with this pid exists (and is not a zombie of ours).
 bool ProcessAlive(pid_t pid);

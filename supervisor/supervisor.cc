@@ -380,14 +380,23 @@ Status Supervisor::Impl::AdoptOrStart() {
     front_start_time_ = prev->front->proc.start_time;
     front_control_path_ = prev->front->control_socket;
     epoch_ = prev->epoch;
-    auto st = JsonCall(front_control_path_, json{{"type", "listen_fd"}}, 2000);
-    auto ch = Channel::Connect(front_control_path_, 2000);
+    // Take the listening socket back for the next front restart: from the
+    // service manager's fd store, else from the front itself (it serves on
+    // fd 3, as this supervisor's predecessor started it).
     bool got_fd = false;
-    if (ch.ok()) {
-      auto reply = ch->Call(json{{"type", "listen_fd"}}, 2000);
-      if (reply.ok() && reply->fds.size() == 1) {
-        front_listen_ = std::move(reply->fds[0]);
+    for (auto& [name, fd] : Notifier::ReceivedFds()) {
+      if (name == "front-listen" && !got_fd) {
+        front_listen_.Reset(fd);
         got_fd = true;
+      }
+    }
+    if (!got_fd) {
+      auto fd = TakeFdFrom(front_pid_, 3);
+      if (fd.ok()) {
+        front_listen_ = std::move(*fd);
+        got_fd = true;
+      } else {
+        spdlog::warn("{}", fd.error().message());
       }
     }
     auto port_pos = prev->front->listen.rfind(':');
@@ -511,6 +520,7 @@ void Supervisor::Impl::StartFront(bool restart) {
     spec.argv.push_back(routed_standby_);
   }
   spec.pass_fds = {front_listen_.get()};
+  if (!restart) notifier_.StoreFds("front-listen", {front_listen_.get()}).ok();
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/front.log");
   auto pid = SpawnChild(spec);
   if (!pid.ok()) {

@@ -1,0 +1,287 @@
+#include "client/client.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "client/cuda_driver.h"
+#include "holder/checkpoint.h"
+
+#ifndef WSUP_CUDA_RUNTIME_VERSION
+#define WSUP_CUDA_RUNTIME_VERSION "none"
+#endif
+
+namespace wsup {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Sends hello and waits for the reply on a fresh connection.
+Result<Frame> Hello(Channel& ch, const std::string& client_name, ClientRole role, const Fingerprint* fp,
+                    int timeout_ms) {
+  HelloMsg hello;
+  hello.client = client_name;
+  hello.role = role;
+  if (fp != nullptr) hello.fingerprint = *fp;
+  return ch.Call(EncodeHello(hello), timeout_ms);
+}
+
+Error UnexpectedReply(const std::string& socket_path, const Frame& f, const char* wanted) {
+  std::string type = f.type();
+  return Corrupt(socket_path + ": the holder replied '" + (type.empty() ? "(no type)" : type.substr(0, 64)) +
+                 "' where " + wanted +
+                 " was expected; run the same wsup version for the holder and its clients");
+}
+
+// The local ordinal of the device an arena lives on (cuda), so that an
+// inspector maps it where it is.
+int DeviceForManifest(const Manifest& m) {
+  if (m.backend != "cuda" || m.device_uuid.empty()) return 0;
+  auto d = cuda::FindDeviceByUuid(m.device_uuid);
+  return d.ok() ? *d : (m.device >= 0 ? m.device : 0);
+}
+
+}  // namespace
+
+const char* AttachModeName(AttachMode mode) {
+  switch (mode) {
+    case AttachMode::kDaemon: return "daemon";
+    case AttachMode::kClient: return "client";
+    case AttachMode::kOff: return "off";
+  }
+  return "unknown";
+}
+
+Result<AttachMode> ParseAttachMode(std::string_view name) {
+  if (name == "daemon") return AttachMode::kDaemon;
+  if (name == "client") return AttachMode::kClient;
+  if (name == "off") return AttachMode::kOff;
+  return InvalidArgument("weight-cache mode '" + std::string(name.substr(0, 64)) +
+                         "' is not one of daemon, client, off");
+}
+
+const char* WeightSourceName(WeightSource source) {
+  return source == WeightSource::kHolder ? "holder" : "disk";
+}
+
+// ---------------------------------------------------------------- Attachment
+
+Attachment::Attachment(Channel channel, MappedArena arena, Fingerprint holder_fp,
+                       std::vector<FingerprintDiff> diffs)
+    : channel_(std::move(channel)),
+      arena_(std::move(arena)),
+      holder_fp_(std::move(holder_fp)),
+      diffs_(std::move(diffs)) {}
+
+Attachment::~Attachment() { Detach(); }
+
+void Attachment::Detach() {
+  if (detached_) return;
+  detached_ = true;
+  if (channel_.connected()) {
+    // A courtesy: the holder would notice the close anyway.
+    (void)channel_.Send(EncodeBye(), {}, 1000);
+    channel_.Close();
+  }
+  arena_ = MappedArena();
+}
+
+// ---------------------------------------------------------------- attach
+
+Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) {
+  auto t0 = Clock::now();
+  AttachResult result;
+  if (opts.mode == AttachMode::kOff) {
+    result.outcome.reason = "mode off";
+    result.outcome.ms = MsSince(t0);
+    return result;
+  }
+  if (opts.socket_path.empty()) {
+    return InvalidArgument("weight-cache mode " + std::string(AttachModeName(opts.mode)) +
+                           " needs the holder's socket path; set it, or use mode off");
+  }
+  const bool daemon = opts.mode == AttachMode::kDaemon;
+  // In client mode every failure becomes "load from disk", with its reason.
+  auto to_disk = [&](const std::string& reason, std::vector<FingerprintDiff> diffs = {}) -> Result<AttachResult> {
+    result.outcome.source = WeightSource::kDisk;
+    result.outcome.reason = reason;
+    result.outcome.diffs = std::move(diffs);
+    result.outcome.ms = MsSince(t0);
+    return std::move(result);
+  };
+
+  auto ch = Channel::Connect(opts.socket_path, opts.timeout_ms);
+  if (!ch.ok()) {
+    if (daemon) return ch.error();
+    return to_disk("holder unavailable: " + ch.error().message());
+  }
+  auto reply = Hello(*ch, opts.client_name, ClientRole::kEngine, &ours, opts.timeout_ms);
+  if (!reply.ok()) {
+    if (daemon) return reply.error();
+    return to_disk("holder unavailable: " + reply.error().message());
+  }
+  std::string type = reply->type();
+  if (type == "mismatch") {
+    auto m = DecodeMismatch(reply->msg);
+    if (!m.ok()) return daemon ? Result<AttachResult>(m.error().With(opts.socket_path)) : to_disk(m.error().message());
+    std::string described = Fingerprint::DescribeDiffs(m->diffs);
+    if (daemon) {
+      return Mismatch(opts.socket_path + ": the holder's weights differ from this engine's in: " + described +
+                      "; start the holder with the same model and deployment settings, or use weight-cache "
+                      "mode `client` to load from disk on a mismatch");
+    }
+    return to_disk("fingerprint mismatch: " + described, std::move(m->diffs));
+  }
+  if (type == "error") {
+    auto m = DecodeError(reply->msg);
+    Error e = m.ok() ? ErrorFromReply(*m, opts.socket_path) : m.error().With(opts.socket_path);
+    if (daemon) return e;
+    return to_disk("holder refused: " + e.message());
+  }
+  if (type != "attach") {
+    Error e = UnexpectedReply(opts.socket_path, *reply, "attach, mismatch or error");
+    if (daemon) return e;
+    return to_disk("holder protocol error: " + e.message());
+  }
+  auto attach = DecodeAttach(reply->msg);
+  if (!attach.ok()) {
+    Error e = attach.error().With(opts.socket_path);
+    if (daemon) return e;
+    return to_disk("holder protocol error: " + e.message());
+  }
+  // The holder compared already; compare again so that a holder bug cannot
+  // hand an engine the wrong weights silently.
+  auto diffs = ours.Compare(attach->fingerprint);
+  if (!diffs.empty()) {
+    std::string described = Fingerprint::DescribeDiffs(diffs);
+    if (daemon) {
+      return Mismatch(opts.socket_path + ": the holder attached weights that differ in: " + described +
+                      "; this is a holder bug: restart the holder");
+    }
+    return to_disk("fingerprint mismatch: " + described, std::move(diffs));
+  }
+  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply->fds), opts.device);
+  if (!mapped.ok()) {
+    Error e = mapped.error().With(opts.socket_path + ": cannot map the holder's arena");
+    if (daemon) return e;
+    return to_disk(e.message());
+  }
+  result.outcome.source = WeightSource::kHolder;
+  result.outcome.ms = MsSince(t0);
+  result.attachment = std::make_unique<Attachment>(std::move(ch).value(), std::move(mapped).value(),
+                                                   std::move(attach->fingerprint), std::vector<FingerprintDiff>{});
+  return result;
+}
+
+Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path, const std::string& client_name,
+                                                  int timeout_ms, const Fingerprint* ours) {
+  WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));
+  WSUP_ASSIGN_OR_RETURN(Frame reply, Hello(ch, client_name, ClientRole::kInspect, ours, timeout_ms));
+  std::string type = reply.type();
+  if (type == "error") {
+    WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply.msg));
+    return ErrorFromReply(m, socket_path);
+  }
+  if (type != "attach") return UnexpectedReply(socket_path, reply, "attach");
+  auto attach = DecodeAttach(reply.msg);
+  if (!attach.ok()) return attach.error().With(socket_path);
+  int device = DeviceForManifest(attach->manifest);
+  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), device);
+  if (!mapped.ok()) return mapped.error().With(socket_path + ": cannot map the holder's arena");
+  return std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(), std::move(attach->fingerprint),
+                                      std::move(attach->diffs));
+}
+
+Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string& client_name, int timeout_ms,
+                               const Fingerprint* expected) {
+  WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));
+  WSUP_ASSIGN_OR_RETURN(Frame reply, Hello(ch, client_name, ClientRole::kKeeper, expected, timeout_ms));
+  std::string type = reply.type();
+  if (type == "mismatch") {
+    WSUP_ASSIGN_OR_RETURN(MismatchMsg m, DecodeMismatch(reply.msg));
+    return Mismatch(socket_path + ": the holder's weights differ from the expected ones in: " +
+                    Fingerprint::DescribeDiffs(m.diffs) + "; restart the holder with the deployment's settings");
+  }
+  if (type == "error") {
+    WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply.msg));
+    return ErrorFromReply(m, socket_path);
+  }
+  if (type != "attach") return UnexpectedReply(socket_path, reply, "attach");
+  auto attach = DecodeAttach(reply.msg);
+  if (!attach.ok()) return attach.error().With(socket_path);
+  if (reply.fds.size() != attach->manifest.allocations.size()) {
+    return Corrupt(socket_path + ": the holder sent " + std::to_string(reply.fds.size()) + " fds for " +
+                   std::to_string(attach->manifest.allocations.size()) +
+                   " allocations; restart the holder and attach again");
+  }
+  KeptArena kept;
+  kept.record.manifest = std::move(attach->manifest);
+  kept.record.fingerprint = std::move(attach->fingerprint);
+  kept.fds = std::move(reply.fds);
+  kept.channel = std::move(ch);
+  return kept;
+}
+
+Result<InfoMsg> QueryHolderInfo(const std::string& socket_path, int timeout_ms) {
+  WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));
+  WSUP_ASSIGN_OR_RETURN(Frame reply, ch.Call(EncodeInfoRequest(), timeout_ms));
+  std::string type = reply.type();
+  if (type == "error") {
+    WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply.msg));
+    return ErrorFromReply(m, socket_path);
+  }
+  if (type != "info") return UnexpectedReply(socket_path, reply, "info");
+  auto info = DecodeInfo(reply.msg);
+  if (!info.ok()) return info.error().With(socket_path);
+  (void)ch.Send(EncodeBye(), {}, 1000);
+  return info;
+}
+
+// ---------------------------------------------------------------- fingerprints
+
+std::string AbsoluteModelPath(const std::string& model_dir) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(model_dir, ec);
+  if (ec) p = model_dir;
+  std::string s = p.lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+Result<FingerprintInputs> LocalFingerprintInputs(const std::string& model_dir, const std::string& revision,
+                                                 const ShardSpec& shard, const std::string& backend,
+                                                 int device) {
+  FingerprintInputs in;
+  in.model_path = AbsoluteModelPath(model_dir);
+  in.revision = revision;
+  in.shard = shard;
+  in.backend = backend;
+  if (backend == "host") {
+    in.device_capability = "cpu";
+    in.cuda_driver = "none";
+    in.cuda_runtime = "none";
+    return in;
+  }
+  if (backend != "cuda") {
+    return InvalidArgument("backend '" + backend + "' is not one of host, cuda");
+  }
+  auto info = cuda::GetDeviceInfo(device);
+  if (!info.ok()) return info.error().With("cuda device " + std::to_string(device));
+  auto driver = cuda::DriverVersion();
+  if (!driver.ok()) return driver.error();
+  in.device_capability = std::to_string(info->cc_major) + "." + std::to_string(info->cc_minor);
+  in.cuda_driver = std::to_string(*driver);
+  in.cuda_runtime = WSUP_CUDA_RUNTIME_VERSION;
+  return in;
+}
+
+Result<Fingerprint> ComputeFingerprint(const std::string& model_dir, const FingerprintInputs& inputs) {
+  WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
+  return Fingerprint::Compute(ckpt, inputs);
+}
+
+}  // namespace wsup

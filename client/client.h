@@ -1,0 +1,137 @@
+// The client side of the weight holder: connect, present a fingerprint,
+// attach (map the arena), look tensors up in O(1), detach.
+//
+// Weight-cache modes (decided here, so every engine behaves the same):
+//   daemon: the holder must serve these weights. A missing holder is an
+//           Error with Code::kUnavailable, a fingerprint mismatch one with
+//           Code::kMismatch whose message lists the differing fields.
+//   client: use the holder when it has exactly these weights; otherwise the
+//           outcome says "load from disk instead", with the reason and the
+//           differing fields, for the caller to load and to record the miss.
+//   off:    never attach; the outcome says disk, reason "mode off".
+// Every attempt returns an AttachOutcome {source, reason, diffs, ms}.
+//
+// Roles: engines attach through Attach() with a fingerprint computed from
+// their checkpoint's headers and their deployment (ComputeFingerprint, which
+// reads no tensor bytes). The supervisor's fd keeper uses AttachKeeper():
+// manifest and raw fds, nothing mapped, no CUDA. `wsup cache verify` uses
+// AttachInspect(), which takes the holder's fingerprint as given.
+//
+// Ownership: an Attachment owns its mapping and its connection. The mapping
+// stays readable after the holder dies; the open connection only lets the
+// holder count the client. Not thread-safe to mutate (Detach); const lookups
+// may be made from any thread once Attach() has returned.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "client/mapping.h"
+#include "client/protocol.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "holder/fingerprint.h"
+#include "holder/sharding.h"
+
+namespace wsup {
+
+enum class AttachMode { kDaemon, kClient, kOff };
+const char* AttachModeName(AttachMode mode);
+// "daemon", "client" or "off"; the error lists the three.
+Result<AttachMode> ParseAttachMode(std::string_view name);
+
+enum class WeightSource { kHolder, kDisk };
+const char* WeightSourceName(WeightSource source);  // "holder", "disk"
+
+struct AttachOutcome {
+  WeightSource source = WeightSource::kDisk;
+  // Empty when attached; otherwise why the caller must load from disk
+  // ("mode off", "holder unavailable: ...", "fingerprint mismatch: ...").
+  std::string reason;
+  std::vector<FingerprintDiff> diffs;
+  double ms = 0;  // connect + handshake + mapping
+};
+
+struct AttachOptions {
+  std::string socket_path;
+  AttachMode mode = AttachMode::kDaemon;
+  std::string client_name = "engine";
+  int device = 0;  // cuda ordinal to map on (ignored for host arenas)
+  int timeout_ms = 10'000;
+};
+
+// A mapped arena from a holder, with the connection it came over.
+class Attachment {
+ public:
+  Attachment(Channel channel, MappedArena arena, Fingerprint holder_fp, std::vector<FingerprintDiff> diffs);
+  ~Attachment();
+  Attachment(const Attachment&) = delete;
+  Attachment& operator=(const Attachment&) = delete;
+
+  const MappedArena& arena() const { return arena_; }
+  const Manifest& manifest() const { return arena_.manifest(); }
+  TensorView Find(std::string_view name) const { return arena_.Find(name); }
+  size_t size() const { return arena_.size(); }
+  const Fingerprint& holder_fingerprint() const { return holder_fp_; }
+  // Inspection only: how the presented fingerprint differs from the holder's.
+  const std::vector<FingerprintDiff>& diffs() const { return diffs_; }
+  bool connected() const { return channel_.connected(); }
+
+  // Says bye, closes the connection and unmaps. Pointers from Find() are
+  // invalid afterwards. Also done by the destructor.
+  void Detach();
+
+ private:
+  Channel channel_;
+  MappedArena arena_;
+  Fingerprint holder_fp_;
+  std::vector<FingerprintDiff> diffs_;
+  bool detached_ = false;
+};
+
+struct AttachResult {
+  AttachOutcome outcome;
+  std::unique_ptr<Attachment> attachment;  // set exactly when outcome.source == kHolder
+};
+
+// An engine's attach, with the mode's semantics (see the top of this file).
+// Errors only in daemon mode, or for misuse (an empty socket path).
+Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours);
+
+// Inspection: attaches whatever the holder serves. When `ours` is given the
+// differences are reported in Attachment::diffs(), never refused. A cuda
+// arena is mapped on the local device with the manifest's UUID.
+Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path, const std::string& client_name,
+                                                  int timeout_ms, const Fingerprint* ours = nullptr);
+
+// What a keeper holds: the arena's record and its fds (in allocation order),
+// plus the open connection (its EOF tells the keeper the holder died).
+struct KeptArena {
+  ArenaRecord record;
+  std::vector<UniqueFd> fds;
+  Channel channel;
+};
+// The keeper's attach: nothing is mapped and no CUDA is touched. With
+// `expected`, a differing holder is refused (Code::kMismatch).
+Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string& client_name, int timeout_ms,
+                               const Fingerprint* expected = nullptr);
+
+// The holder's `info` reply.
+Result<InfoMsg> QueryHolderInfo(const std::string& socket_path, int timeout_ms);
+
+// The deployment- and device-dependent fingerprint inputs of this process:
+// the model path made absolute, and for the cuda backend the device's
+// capability and the driver version (through the dlopen'ed driver). The
+// holder and its engines compute them the same way.
+Result<FingerprintInputs> LocalFingerprintInputs(const std::string& model_dir, const std::string& revision,
+                                                 const ShardSpec& shard, const std::string& backend,
+                                                 int device);
+// Opens the checkpoint's headers (no tensor bytes) and computes the fingerprint.
+Result<Fingerprint> ComputeFingerprint(const std::string& model_dir, const FingerprintInputs& inputs);
+
+// Absolute, normalized form of a model path, as fingerprints record it.
+std::string AbsoluteModelPath(const std::string& model_dir);
+
+}  // namespace wsup

@@ -1,0 +1,281 @@
+// The holder protocol: how a weight holder and its clients (engines, the
+// supervisor's fd keeper, `wsup cache` inspection) talk over a Unix stream
+// socket.
+//
+// Wire format: every message is a 4-byte little-endian length followed by
+// that many bytes of one JSON object with a "type" key. The length is checked
+// against a bound (kMaxMessageBytes) before a byte of the body is buffered, so
+// a hostile length prefix costs nothing. JSON nesting is bounded too, so a
+// message cannot exhaust the parser's stack. File descriptors travel with
+// SCM_RIGHTS on the bytes of the message that carries them; the message says
+// how many ("fds": N) so the receiver can tell a complete set from a lost one.
+// More than kMaxFdsPerSend fds are spread over several sendmsg calls, each on
+// its own slice of the message bytes.
+//
+// Conversation (the client speaks first; one reply per request):
+//   hello {version, client, role: engine|keeper|inspect, fingerprint?}
+//     -> attach {manifest, fingerprint, diffs, fds: N}   (+ N arena fds)
+//      | mismatch {diffs: [{field, ours, holder}], message}
+//      | error {code, message}
+//   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, ...}
+//   bye  -> (the holder closes the connection)
+// An engine must present a fingerprint and gets `attach` only when every
+// field matches. A keeper or an inspector may omit it and takes the holder's
+// fingerprint as given; when an inspector presents one, the differences come
+// back in `attach.diffs` instead of a refusal.
+//
+// This file holds the pieces both sides share: framing (FrameDecoder,
+// OutgoingFrame, FrameReader), a blocking client channel with deadlines
+// (Channel), the typed messages with their encoders and validating decoders,
+// the arena record a keeper stores next to its fds, and the socket naming
+// rule. Decoders never throw: every malformed input becomes an Error naming
+// the message and the field.
+//
+// Thread-safety: values and single-owner objects; no shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "client/manifest.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "holder/fingerprint.h"
+
+namespace wsup {
+
+inline constexpr int kProtocolVersion = 1;
+// Largest message either side accepts. A manifest of 20,000 tensors is about
+// 2 MiB of JSON, so this leaves room without letting a peer claim gigabytes.
+inline constexpr uint32_t kMaxMessageBytes = 16u << 20;
+// Linux accepts at most 253 fds per sendmsg (SCM_MAX_FD); stay below it.
+inline constexpr size_t kMaxFdsPerSend = 250;
+// Deepest JSON nesting accepted; real messages nest 4 levels.
+inline constexpr int kMaxJsonDepth = 64;
+// Longest client name accepted in a hello (it ends up in logs).
+inline constexpr size_t kMaxClientNameBytes = 256;
+
+enum class ClientRole { kEngine, kKeeper, kInspect };
+const char* ClientRoleName(ClientRole role);
+Result<ClientRole> ParseClientRole(std::string_view name);
+
+// ---------------------------------------------------------------- framing
+
+// One received message and the fds that came with it.
+struct Frame {
+  nlohmann::json msg;
+  std::vector<UniqueFd> fds;
+  std::string type() const;  // msg["type"] when a string, else ""
+};
+
+// Serializes msg into a frame (length prefix + compact JSON). Refuses a body
+// larger than max_bytes.
+Result<std::string> EncodeFrame(const nlohmann::json& msg, uint32_t max_bytes = kMaxMessageBytes);
+
+// Parses one frame body: a JSON object within the nesting bound. `what`
+// names the peer in errors.
+Result<nlohmann::json> ParseMessageBody(std::string_view body, const std::string& what);
+
+// Splits a byte stream into message bodies. Pure: no sockets, no fds, so the
+// fuzz target drives it directly. Feed() refuses an oversized or empty length
+// prefix as soon as its 4 bytes are known, before buffering the body.
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(uint32_t max_bytes = kMaxMessageBytes) : max_bytes_(max_bytes) {}
+
+  Status Feed(const void* data, size_t len);
+  // The next complete message, or nullopt when more bytes are needed.
+  Result<std::optional<nlohmann::json>> Next();
+  // True when bytes of an unfinished message are buffered.
+  bool mid_message() const { return pos_ < buf_.size(); }
+  size_t buffered() const { return buf_.size() - pos_; }
+  // Length announced by the unfinished message's prefix, 0 when unknown.
+  uint32_t announced() const;
+
+ private:
+  Status CheckHeader() const;
+  uint32_t max_bytes_;
+  std::string buf_;
+  size_t pos_ = 0;
+};
+
+// A message on its way out: its frame bytes and the fds that travel with it.
+// SendSome() works on blocking and non-blocking sockets alike and may be
+// called again after it reports that the socket would block.
+class OutgoingFrame {
+ public:
+  OutgoingFrame() = default;
+  // Sets msg["fds"] to fds.size() when fds are given.
+  static Result<OutgoingFrame> Make(nlohmann::json msg, std::vector<UniqueFd> fds,
+                                    uint32_t max_bytes = kMaxMessageBytes);
+
+  // Sends as much as the socket takes now: true when everything went,
+  // false when the socket would block. The fds are closed here once sent.
+  Result<bool> SendSome(int sock);
+  bool done() const { return sent_ == bytes_.size() && fds_sent_ == fds_.size(); }
+  size_t remaining_bytes() const { return bytes_.size() - sent_; }
+
+ private:
+  std::string bytes_;
+  size_t sent_ = 0;
+  std::vector<UniqueFd> fds_;
+  size_t fds_sent_ = 0;
+};
+
+// Reads bytes (and, when accept_fds, SCM_RIGHTS fds) from a socket into a
+// FrameDecoder, and pairs each completed message with the fds it announced.
+// A side that accepts no fds reads without a control buffer, so fds a peer
+// pushes at it are dropped by the kernel and never enter this process.
+class FrameReader {
+ public:
+  FrameReader(uint32_t max_bytes, bool accept_fds) : decoder_(max_bytes), accept_fds_(accept_fds) {}
+
+  enum class ReadState { kData, kWouldBlock, kEof };
+  // One recvmsg of at most `budget` bytes.
+  Result<ReadState> ReadSome(int sock, size_t budget);
+  Result<std::optional<Frame>> Next();
+  bool mid_message() const { return decoder_.mid_message(); }
+  size_t buffered() const { return decoder_.buffered(); }
+  uint32_t announced() const { return decoder_.announced(); }
+
+ private:
+  FrameDecoder decoder_;
+  std::deque<UniqueFd> fds_;
+  bool accept_fds_;
+};
+
+// The client's side of a connection: blocking calls, each with a deadline.
+class Channel {
+ public:
+  Channel() = default;
+  // Connects to the holder's socket. Errors say whether nothing listens
+  // there (kUnavailable) or the socket is not ours to use (kRefused).
+  static Result<Channel> Connect(const std::string& socket_path, int timeout_ms);
+
+  Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms);
+  Result<Frame> Receive(int timeout_ms);
+  // Sends a request and waits for its reply.
+  Result<Frame> Call(const nlohmann::json& msg, int timeout_ms);
+
+  bool connected() const { return fd_.valid(); }
+  int fd() const { return fd_.get(); }
+  const std::string& socket_path() const { return path_; }
+  void Close() { fd_.Reset(); }
+
+ private:
+  UniqueFd fd_;
+  std::string path_;
+  FrameReader reader_{kMaxMessageBytes, true};
+};
+
+// ---------------------------------------------------------------- messages
+
+struct HelloMsg {
+  int version = kProtocolVersion;
+  std::string client;  // a name for logs, e.g. "engine-a"
+  ClientRole role = ClientRole::kEngine;
+  std::optional<Fingerprint> fingerprint;  // required for engines
+};
+
+struct AttachMsg {
+  Manifest manifest;
+  Fingerprint fingerprint;                // the holder's
+  std::vector<FingerprintDiff> diffs;     // inspect only: how the asker's differs
+};
+
+struct MismatchMsg {
+  std::vector<FingerprintDiff> diffs;
+  std::string message;
+};
+
+struct ErrorMsg {
+  std::string code;  // CodeName() of the holder's Error
+  std::string message;
+};
+
+struct ClientEntry {
+  std::string name;
+  std::string role;
+  int64_t pid = 0;
+  int64_t uid = 0;
+  bool attached = false;  // received an attach reply
+};
+
+struct InfoMsg {
+  Fingerprint fingerprint;
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;        // sum of tensor sizes
+  uint64_t arena_bytes = 0;  // sum of allocation sizes
+  uint64_t allocations = 0;
+  std::string backend;
+  int device = -1;
+  std::string device_uuid;
+  std::string deployment;
+  std::string revision;
+  bool adopted = false;      // started from kept fds, not from disk
+  int64_t holder_pid = 0;
+  std::string socket;
+  uint64_t clients = 0;      // connections that attached and are still open
+  uint64_t connections = 0;  // all open connections
+  std::vector<ClientEntry> client_list;
+};
+
+nlohmann::json EncodeHello(const HelloMsg& m);
+nlohmann::json EncodeAttach(const AttachMsg& m);  // the fds go to OutgoingFrame::Make
+nlohmann::json EncodeMismatch(const MismatchMsg& m);
+nlohmann::json EncodeError(const ErrorMsg& m);
+nlohmann::json EncodeError(const Error& e);
+nlohmann::json EncodeInfoRequest();
+nlohmann::json EncodeInfo(const InfoMsg& m);
+nlohmann::json EncodeBye();
+
+Result<HelloMsg> DecodeHello(const nlohmann::json& j);
+Result<AttachMsg> DecodeAttach(const nlohmann::json& j);
+Result<MismatchMsg> DecodeMismatch(const nlohmann::json& j);
+Result<ErrorMsg> DecodeError(const nlohmann::json& j);
+Result<InfoMsg> DecodeInfo(const nlohmann::json& j);
+
+nlohmann::json DiffsToJson(const std::vector<FingerprintDiff>& diffs);
+Result<std::vector<FingerprintDiff>> DiffsFromJson(const nlohmann::json& j);
+
+// An `error` reply turned back into an Error (code by name, kRefused when
+// unknown), prefixed with where it came from.
+Error ErrorFromReply(const ErrorMsg& m, const std::string& socket_path);
+
+// ---------------------------------------------------------------- arena record
+
+// What a keeper stores beside the fds it keeps, and what a holder restarted
+// from those fds reads (--adopt-manifest): the manifest and the fingerprint
+// of the arena, so the new holder serves the same answer without the disk.
+struct ArenaRecord {
+  Manifest manifest;
+  Fingerprint fingerprint;
+};
+nlohmann::json ArenaRecordToJson(const ArenaRecord& r);
+Result<ArenaRecord> ArenaRecordFromJson(const nlohmann::json& j);
+// Written atomically (mode 0600: it names the model and the device).
+Status WriteArenaRecord(const std::string& path, const ArenaRecord& r);
+Result<ArenaRecord> ReadArenaRecord(const std::string& path);
+
+// ---------------------------------------------------------------- naming
+
+// The holder socket for a deployment on a device: keyed by deployment name
+// and device UUID (not rank), so two deployments on one host, or two ranks
+// on two GPUs, never collide: "<dir>/holder-<deployment>@<uuid>.sock". Names
+// are reduced to [A-Za-z0-9._-]; when that changes a name, or the path would
+// not fit in sun_path, a short hash of the original names keeps the result
+// unique.
+std::string DefaultSocketPath(const std::string& runtime_dir, const std::string& deployment,
+                              const std::string& device_uuid);
+
+// Longest socket path that fits in sockaddr_un.sun_path (with its NUL).
+size_t MaxSocketPathLength();
+
+}  // namespace wsup

@@ -1,0 +1,39 @@
+// wsup-engine: the reference inference engine. Flags only; the program is
+// engine/engine_server.h.
+#include <CLI/CLI.hpp>
+
+#include "common/log.h"
+#include "engine/engine_server.h"
+
+int main(int argc, char** argv) {
+  wsup::engine::EngineOptions o;
+  std::string log_level = "info";
+  CLI::App app{"wsup-engine: serves a Llama-family model over an OpenAI-compatible HTTP API"};
+  app.add_option("--model", o.model_dir, "Hugging Face model folder")->required();
+  app.add_option("--model-name", o.model_name, "name served as 'model' (default: the folder's name)");
+  app.add_option("--host", o.host, "address to listen on");
+  app.add_option("--port", o.port, "port to listen on; 0 picks a free one (printed as 'listening on HOST:PORT')");
+  app.add_option("--weight-cache", o.weight_cache, "daemon | client | off");
+  app.add_option("--socket", o.socket, "holder socket path, one per rank, comma-separated");
+  app.add_option("--revision", o.revision, "revision label, as given to the holder");
+  app.add_option("--device", o.device, "cpu | cuda:N[,M...]");
+  app.add_option("--tp", o.tp, "tensor-parallel ranks (threads) for --device cpu");
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV cache per rank, MiB, allocated at startup");
+  app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");
+  app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
+  app.add_option("--max-batch", o.max_batch, "sequences decoded together in one step");
+  app.add_option("--threads", o.threads, "compute threads per rank (0: hardware threads / tp)");
+  app.add_option("--kv-block-size", o.block_size, "tokens per KV cache block");
+  app.add_option("--max-body-bytes", o.max_body_bytes, "largest request body accepted");
+  app.add_option("--header-timeout-ms", o.header_timeout_ms, "time a client has to send a request's headers");
+  app.add_option("--idle-timeout-ms", o.idle_timeout_ms, "keep-alive connections idle longer are closed");
+  app.add_option("--log-level", log_level, "trace | debug | info | warn | error");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : wsup::engine::kEngineExitUsage;
+  }
+  wsup::InitLogging("wsup-engine", log_level);
+  return wsup::engine::RunEngine(o);
+}

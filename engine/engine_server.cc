@@ -1,0 +1,642 @@
+#include "engine/engine_server.h"
+
+#include <signal.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/fs.h"
+#include "engine/api.h"
+#include "engine/runner.h"
+#include "engine/scheduler.h"
+#include "engine/weight_cache.h"
+#include "http/server.h"
+#include "holder/checkpoint.h"
+
+namespace wsup::engine {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+int64_t MonoMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now().time_since_epoch()).count();
+}
+
+int ExitCodeFor(const Error& e) {
+  switch (e.code()) {
+    case Code::kInvalidArgument: return kEngineExitUsage;
+    case Code::kMismatch:
+    case Code::kRefused:
+    case Code::kCorrupt:
+    case Code::kNotFound: return kEngineExitRefused;
+    default: return kEngineExitFailure;
+  }
+}
+
+// "cpu" -> {}, "cuda:0,1" -> {0, 1}.
+Result<std::vector<int>> ParseDevice(const std::string& d) {
+  if (d == "cpu") return std::vector<int>{};
+  if (d.rfind("cuda:", 0) != 0) {
+    return InvalidArgument("--device '" + d + "' is not one of cpu, cuda:N[,M...]");
+  }
+  std::vector<int> out;
+  std::string rest = d.substr(5);
+  size_t pos = 0;
+  while (pos <= rest.size()) {
+    size_t comma = rest.find(',', pos);
+    if (comma == std::string::npos) comma = rest.size();
+    std::string n = rest.substr(pos, comma - pos);
+    if (n.empty() || n.size() > 3 || n.find_first_not_of("0123456789") != std::string::npos) {
+      return InvalidArgument("--device '" + d + "': '" + n + "' is not a GPU ordinal; write cuda:0 or cuda:0,1");
+    }
+    out.push_back(std::stoi(n));
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// End-of-sequence ids from config.json (an integer or a list; absent: none).
+std::vector<int32_t> EosTokens(const std::string& model_dir) {
+  std::vector<int32_t> out;
+  auto text = ReadFile(JoinPath(model_dir, "config.json"));
+  if (!text.ok()) return out;
+  json j = json::parse(*text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return out;
+  auto it = j.find("eos_token_id");
+  if (it == j.end()) return out;
+  if (it->is_number_integer()) out.push_back(it->get<int32_t>());
+  if (it->is_array()) {
+    for (const auto& v : *it) {
+      if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+    }
+  }
+  return out;
+}
+
+std::string DefaultModelName(const std::string& dir) {
+  std::string d = dir;
+  while (d.size() > 1 && d.back() == '/') d.pop_back();
+  return BaseName(d);
+}
+
+// One completion in flight, on the loop thread.
+struct Pending {
+  std::shared_ptr<http::ResponseWriter> writer;
+  CompletionText text;
+  bool stream = false;
+  bool token_ids = false;
+  bool include_usage = false;
+  int64_t prompt_tokens = 0;
+  std::vector<int32_t> tokens;
+};
+
+class Engine {
+ public:
+  explicit Engine(EngineOptions opts) : opts_(std::move(opts)) {
+    if (opts_.model_name.empty()) opts_.model_name = DefaultModelName(opts_.model_dir);
+  }
+
+  int Run();
+
+ private:
+  // ---- loop thread ----
+  void OnAsync();
+  void OnStartupDone();
+  void OnEvents();
+  void Shutdown(int code);
+  void Route(std::shared_ptr<http::ResponseWriter> w);
+  void HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleStatus(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleHealth(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleModels(const std::shared_ptr<http::ResponseWriter>& w);
+  void SendError(const std::shared_ptr<http::ResponseWriter>& w, int status, const std::string& message,
+                 const std::string& type, std::vector<http::Header> extra = {});
+  void FinishPending(uint64_t id, Pending& p, const GenEvent& ev);
+  void PrintPhases();
+  void NotifyReady();
+
+  // ---- startup thread ----
+  void Startup();
+  Status StartupPhases();
+  void Phase(const std::string& name, double ms, const std::string& note = "");
+
+  EngineOptions opts_;
+  uv_loop_t loop_;
+  uv_async_t async_;
+  uv_signal_t sigterm_, sigint_;
+  std::unique_ptr<http::HttpServer> http_;
+  std::thread startup_thread_;
+  int exit_code_ = kEngineExitOk;
+  bool shutting_down_ = false;
+  Clock::time_point t_start_ = Clock::now();
+
+  // Shared between the loop, startup and scheduler threads.
+  std::mutex mu_;
+  bool async_closed_ = false;
+  bool startup_finished_ = false;
+  bool startup_handled_ = false;
+  std::atomic<bool> cancel_startup_{false};
+  Status startup_status_;
+  std::vector<std::pair<std::string, double>> phases_;
+  std::map<std::string, std::string> phase_notes_;
+  WeightsReport weights_;
+  std::vector<GenEvent> outbox_;
+
+  // Set by the startup thread before it finishes; read by the loop after.
+  std::unique_ptr<ModelRunner> runner_;
+  std::vector<int32_t> eos_;
+  std::string comm_kind_;
+
+  // Loop thread only.
+  std::string state_ = "starting";
+  std::unique_ptr<Scheduler> scheduler_;
+  std::map<uint64_t, Pending> pending_;
+  uint64_t next_id_ = 0;
+  std::mt19937_64 seed_rng_{std::random_device{}()};
+  double listen_ms_ = 0;
+};
+
+// ---------------------------------------------------------------- startup
+
+void Engine::Phase(const std::string& name, double ms, const std::string& note) {
+  std::lock_guard<std::mutex> lk(mu_);
+  phases_.emplace_back(name, ms);
+  if (!note.empty()) phase_notes_[name] = note;
+}
+
+Status Engine::StartupPhases() {
+  // Context: the checkpoint's headers and config, the device.
+  auto t0 = Clock::now();
+  WSUP_ASSIGN_OR_RETURN(std::vector<int> devices, ParseDevice(opts_.device));
+  if (!devices.empty()) {
+    return InvalidArgument("--device " + opts_.device + ": this build of the reference engine computes on the CPU only; "
+                           "use --device cpu (with --tp N for tensor parallelism over threads)");
+  }
+  WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(opts_.model_dir));
+  WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), opts_.tp, 0).status());
+  eos_ = EosTokens(opts_.model_dir);
+  Phase("context", MsSince(t0), "cpu");
+  if (cancel_startup_) return Status::Ok();
+
+  // Weights: holder or disk, then bound to the model on every rank.
+  t0 = Clock::now();
+  WeightCacheOptions wc;
+  wc.model_dir = opts_.model_dir;
+  wc.mode = opts_.weight_cache;
+  wc.tp = opts_.tp;
+  wc.revision = opts_.revision;
+  if (opts_.weight_cache != "off") {
+    WSUP_ASSIGN_OR_RETURN(wc.sockets, RankSockets(opts_.socket, opts_.tp));
+  }
+  WeightsReport report;
+  auto weights = AcquireWeights(ckpt, wc, &report);
+  if (!weights.ok()) {
+    std::lock_guard<std::mutex> lk(mu_);
+    weights_ = report;
+    return weights.error();
+  }
+  RunnerOptions ro;
+  ro.threads_per_rank = opts_.threads;
+  WSUP_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(ckpt.config(), std::move(*weights), ro));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    weights_ = report;
+  }
+  Phase("weights", MsSince(t0), report.source + ", mode " + report.mode);
+  if (cancel_startup_) return Status::Ok();
+
+  t0 = Clock::now();
+  WSUP_RETURN_IF_ERROR(runner->InitCommunicator());
+  Phase("communicator", MsSince(t0),
+        std::string(runner->comm_kind()) + ", " + std::to_string(runner->tp()) + " rank" + (runner->tp() > 1 ? "s" : ""));
+
+  t0 = Clock::now();
+  WSUP_RETURN_IF_ERROR(runner->AllocateKv(static_cast<uint64_t>(opts_.kv_cache_mib) << 20, opts_.block_size));
+  Phase("kv_cache", MsSince(t0),
+        std::to_string(runner->num_blocks()) + " blocks of " + std::to_string(runner->block_size()) + " tokens per rank");
+
+  // CUDA graphs do not exist on the CPU path.
+  Phase("graph_capture", 0, "cpu");
+
+  t0 = Clock::now();
+  WSUP_RETURN_IF_ERROR(runner->Warmup());
+  Phase("warmup", MsSince(t0));
+
+  comm_kind_ = runner->comm_kind();
+  runner_ = std::move(runner);
+  return Status::Ok();
+}
+
+void Engine::Startup() {
+  Status st = StartupPhases();
+  std::lock_guard<std::mutex> lk(mu_);
+  startup_status_ = st;
+  startup_finished_ = true;
+  if (!async_closed_) uv_async_send(&async_);
+}
+
+// ---------------------------------------------------------------- loop
+
+int Engine::Run() {
+  uv_loop_init(&loop_);
+  async_.data = this;
+  uv_async_init(&loop_, &async_, [](uv_async_t* a) { static_cast<Engine*>(a->data)->OnAsync(); });
+  sigterm_.data = this;
+  sigint_.data = this;
+  uv_signal_init(&loop_, &sigterm_);
+  uv_signal_init(&loop_, &sigint_);
+  auto on_signal = [](uv_signal_t* s, int signum) {
+    spdlog::info("signal {}: shutting down", signum);
+    static_cast<Engine*>(s->data)->Shutdown(kEngineExitOk);
+  };
+  uv_signal_start(&sigterm_, on_signal, SIGTERM);
+  uv_signal_start(&sigint_, on_signal, SIGINT);
+
+  http::ServerOptions so;
+  so.host = opts_.host;
+  so.port = opts_.port;
+  so.limits.max_body_bytes = opts_.max_body_bytes;
+  so.header_timeout_ms = opts_.header_timeout_ms;
+  so.idle_timeout_ms = opts_.idle_timeout_ms;
+  so.server_name = "wsup-engine";
+  http_ = std::make_unique<http::HttpServer>(&loop_, so, [this](std::shared_ptr<http::ResponseWriter> w) { Route(std::move(w)); });
+  auto t0 = Clock::now();
+  Status st = http_->Listen();
+  listen_ms_ = MsSince(t0);
+  if (!st.ok()) {
+    spdlog::error("{}", st.ToString());
+    std::fprintf(stderr, "wsup-engine: %s\n", st.error().message().c_str());
+    exit_code_ = kEngineExitFailure;
+    Shutdown(kEngineExitFailure);
+  } else {
+    std::printf("listening on %s:%d\n", opts_.host.c_str(), http_->port());
+    std::fflush(stdout);
+    spdlog::info("model {} from {}: loading (weight cache {}, device {}, tp {})", opts_.model_name, opts_.model_dir,
+                 opts_.weight_cache, opts_.device, opts_.tp);
+    startup_thread_ = std::thread([this] { Startup(); });
+  }
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  if (startup_thread_.joinable()) startup_thread_.join();
+  scheduler_.reset();
+  runner_.reset();
+  http_.reset();
+  int rc = uv_loop_close(&loop_);
+  if (rc != 0) spdlog::warn("event loop closed with handles open: {}", uv_strerror(rc));
+  return exit_code_;
+}
+
+void Engine::OnAsync() {
+  bool startup_ready;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    startup_ready = startup_finished_ && !startup_handled_;
+    if (startup_ready) startup_handled_ = true;
+  }
+  if (startup_ready) OnStartupDone();
+  OnEvents();
+}
+
+void Engine::OnStartupDone() {
+  Status st;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    st = startup_status_;
+  }
+  if (shutting_down_) return;
+  if (!st.ok()) {
+    const int code = ExitCodeFor(st.error());
+    spdlog::error("startup failed: {}", st.ToString());
+    std::fprintf(stderr, "wsup-engine: startup failed: %s\n", st.error().message().c_str());
+    Shutdown(code);
+    return;
+  }
+  SchedulerOptions so;
+  so.max_batch = opts_.max_batch;
+  so.keepalive_ms = opts_.comm_keepalive_ms;
+  scheduler_ = std::make_unique<Scheduler>(runner_.get(), so, [this](std::vector<GenEvent> events) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto& e : events) outbox_.push_back(std::move(e));
+    if (!async_closed_) uv_async_send(&async_);
+  });
+  scheduler_->Start();
+  state_ = "ready";
+  Phase("listening", listen_ms_, std::string(opts_.host) + ":" + std::to_string(http_->port()));
+  PrintPhases();
+  NotifyReady();
+}
+
+void Engine::PrintPhases() {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string table = "startup phases:\n";
+  double total = 0;
+  for (const auto& [name, ms] : phases_) {
+    char line[256];
+    auto note = phase_notes_.find(name);
+    std::string n = note == phase_notes_.end() ? "" : note->second;
+    if (name == "graph_capture") {
+      std::snprintf(line, sizeof(line), "  %-14s %10s  %s\n", name.c_str(), "skipped", n.c_str());
+    } else {
+      std::snprintf(line, sizeof(line), "  %-14s %8.1f ms  %s\n", name.c_str(), ms, n.c_str());
+    }
+    table += line;
+    total += ms;
+  }
+  char line[128];
+  std::snprintf(line, sizeof(line), "  %-14s %8.1f ms  (wall %.1f ms)\n", "total", total, MsSince(t_start_));
+  table += line;
+  std::printf("%s", table.c_str());
+  std::printf("ready: serving %s\n", opts_.model_name.c_str());
+  std::fflush(stdout);
+}
+
+void Engine::NotifyReady() {
+  if (opts_.ready_fd < 0) return;
+  std::string line = "listening on " + opts_.host + ":" + std::to_string(http_->port()) + "\n";
+  ssize_t n = ::write(opts_.ready_fd, line.data(), line.size());
+  if (n != static_cast<ssize_t>(line.size())) spdlog::warn("--ready-fd {}: short write", opts_.ready_fd);
+  ::close(opts_.ready_fd);
+  opts_.ready_fd = -1;
+}
+
+void Engine::Shutdown(int code) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  exit_code_ = code;
+  state_ = "stopping";
+  cancel_startup_ = true;
+  // No more events: the scheduler is joined before the async handle goes.
+  if (scheduler_) scheduler_->Stop();
+  pending_.clear();
+  auto close_rest = [this] {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      async_closed_ = true;
+    }
+    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+  };
+  http_->Close(close_rest);
+}
+
+void Engine::OnEvents() {
+  std::vector<GenEvent> events;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    events.swap(outbox_);
+  }
+  for (auto& ev : events) {
+    auto it = pending_.find(ev.id);
+    if (it == pending_.end()) continue;  // its client went away
+    Pending& p = it->second;
+    if (!ev.done) {
+      p.tokens.insert(p.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      if (p.stream) p.writer->Write(http::SseEvent(StreamChunkJson(p.text, ev.tokens, "", p.token_ids)));
+      continue;
+    }
+    FinishPending(ev.id, p, ev);
+    pending_.erase(ev.id);
+  }
+}
+
+void Engine::FinishPending(uint64_t id, Pending& p, const GenEvent& ev) {
+  p.tokens.insert(p.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+  auto& w = p.writer;
+  w->OnClose(nullptr);
+  if (ev.error) {
+    const std::string msg = "generation failed: " + ev.error->message();
+    if (p.stream) {
+      w->Write(http::SseEvent(http::ErrorJson(msg, "server_error")));
+      w->Write(http::SseEvent("[DONE]"));
+      w->End();
+    } else {
+      SendError(w, 500, msg, "server_error");
+    }
+    return;
+  }
+  const int64_t n = static_cast<int64_t>(p.tokens.size());
+  if (p.stream) {
+    w->Write(http::SseEvent(StreamChunkJson(p.text, ev.tokens, ev.finish_reason, p.token_ids)));
+    if (p.include_usage) w->Write(http::SseEvent(UsageChunkJson(p.text, p.prompt_tokens, n)));
+    w->Write(http::SseEvent("[DONE]"));
+    w->End();
+  } else {
+    w->Send(http::HttpResponse::Json(200, CompletionJson(p.text, p.tokens, ev.finish_reason, p.token_ids, p.prompt_tokens)));
+  }
+}
+
+void Engine::SendError(const std::shared_ptr<http::ResponseWriter>& w, int status, const std::string& message,
+                       const std::string& type, std::vector<http::Header> extra) {
+  http::HttpResponse r = http::HttpResponse::Json(status, http::ErrorJson(message, type));
+  for (auto& h : extra) r.headers.push_back(std::move(h));
+  w->Send(std::move(r));
+}
+
+void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
+  const auto& r = w->request();
+  auto only = [&](const char* method) {
+    if (r.method == method || (std::string(method) == "GET" && r.method == "HEAD")) return true;
+    SendError(w, 405, "method " + r.method + " is not allowed on " + r.path + "; use " + method, "invalid_request_error",
+              {{"Allow", method}});
+    return false;
+  };
+  if (r.path == "/v1/completions") {
+    if (only("POST")) HandleCompletion(w);
+  } else if (r.path == "/health") {
+    if (only("GET")) HandleHealth(w);
+  } else if (r.path == "/wsup/status") {
+    if (only("GET")) HandleStatus(w);
+  } else if (r.path == "/v1/models") {
+    if (only("GET")) HandleModels(w);
+  } else {
+    SendError(w, 404, "no route " + r.path.substr(0, 200) +
+                          "; the engine serves POST /v1/completions, GET /v1/models, /health and /wsup/status",
+              "not_found_error");
+  }
+}
+
+void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
+  if (state_ != "ready" || !scheduler_) {
+    SendError(w, 503, "the engine is " + state_ + " (loading the model); retry when GET /wsup/status says ready",
+              "unavailable_error", {{"Retry-After", "1"}});
+    return;
+  }
+  ApiLimits limits;
+  limits.vocab = runner_->dims().vocab;
+  limits.context = runner_->dims().max_pos;
+  auto req = ParseCompletionRequest(w->request().body, limits);
+  if (!req.ok()) {
+    SendError(w, 400, req.error().message(), "invalid_request_error");
+    return;
+  }
+  GenRequest g;
+  g.id = ++next_id_;
+  g.prompt = req->prompt;
+  g.max_tokens = req->max_tokens;
+  g.temperature = req->temperature;
+  g.seed = req->seed ? *req->seed : seed_rng_();
+  g.stop_tokens = eos_;
+  const uint64_t id = g.id;
+  Status st = scheduler_->Submit(std::move(g));
+  if (!st.ok()) {
+    if (st.code() == Code::kInvalidArgument) {
+      SendError(w, 400, st.error().message(), "invalid_request_error");
+    } else {
+      SendError(w, 503, st.error().message(), "unavailable_error", {{"Retry-After", "1"}});
+    }
+    return;
+  }
+  Pending p;
+  p.writer = w;
+  p.text.id = "cmpl-" + w->request().request_id;
+  p.text.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  p.text.model = opts_.model_name;
+  p.stream = req->stream;
+  p.token_ids = req->return_token_ids;
+  p.include_usage = req->include_usage;
+  p.prompt_tokens = static_cast<int64_t>(req->prompt.size());
+  if (p.stream) {
+    w->StartStream(200, {{"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}});
+  }
+  // A client that goes away stops its generation and frees its KV blocks.
+  w->OnClose([this, id] {
+    if (scheduler_) scheduler_->Cancel(id);
+    pending_.erase(id);
+  });
+  pending_.emplace(id, std::move(p));
+}
+
+void Engine::HandleHealth(const std::shared_ptr<http::ResponseWriter>& w) {
+  // Liveness: this loop answers; the scheduler thread runs; the communicator
+  // passes its keepalive. While starting, the loop alone is the answer.
+  if (scheduler_) {
+    SchedulerStats s = scheduler_->stats();
+    if (!s.running) {
+      SendError(w, 503, "the scheduler is not running", "unavailable_error");
+      return;
+    }
+    if (!s.comm_ok) {
+      SendError(w, 503, "the communicator failed its keepalive: " + s.comm_error, "unavailable_error");
+      return;
+    }
+  }
+  w->Send(http::HttpResponse::Json(200, json{{"status", "ok"}, {"state", state_}}.dump()));
+}
+
+void Engine::HandleModels(const std::shared_ptr<http::ResponseWriter>& w) {
+  json m = {{"id", opts_.model_name}, {"object", "model"}, {"owned_by", "wsup"}, {"root", opts_.model_dir}};
+  if (runner_ && state_ == "ready") m["max_model_len"] = runner_->dims().max_pos;
+  json j = {{"object", "list"}, {"data", json::array({m})}};
+  w->Send(http::HttpResponse::Json(200, j.dump(-1, ' ', false, json::error_handler_t::replace)));
+}
+
+void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
+  json j;
+  j["state"] = state_;
+  j["model"] = opts_.model_name;
+  j["model_dir"] = opts_.model_dir;
+  j["device"] = opts_.device;
+  j["tp"] = opts_.tp;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    json wj = {{"mode", opts_.weight_cache}};
+    if (!weights_.source.empty()) {
+      wj["source"] = weights_.source;
+      wj["ms"] = weights_.attach_ms + weights_.load_ms;
+      wj["attach_ms"] = weights_.attach_ms;
+      wj["load_ms"] = weights_.load_ms;
+      wj["bytes"] = weights_.bytes;
+    }
+    if (!weights_.miss_reason.empty()) wj["miss_reason"] = weights_.miss_reason;
+    if (!weights_.diffs.empty()) {
+      json diffs = json::array();
+      for (const auto& d : weights_.diffs) diffs.push_back({{"field", d.field}, {"ours", d.ours}, {"holder", d.theirs}});
+      wj["diffs"] = diffs;
+    }
+    j["weights"] = wj;
+    json phases = json::object();
+    for (const auto& [name, ms] : phases_) phases[name] = ms;
+    j["phases"] = phases;
+    json notes = json::object();
+    for (const auto& [name, note] : phase_notes_) notes[name] = note;
+    j["phase_notes"] = notes;
+  }
+  // comm_kind_ is written by the startup thread; read it only once ready.
+  json comm = {{"kind", scheduler_ ? comm_kind_ : std::string("threads")}, {"ranks", opts_.tp}, {"warm", false}};
+  if (scheduler_) {
+    SchedulerStats s = scheduler_->stats();
+    comm["warm"] = s.comm_ok;
+    comm["last_keepalive_ms"] = MonoMs() - s.last_keepalive_mono_ms;
+    comm["keepalive_latency_us"] = s.last_keepalive_us;
+    comm["keepalives"] = s.keepalives;
+    comm["keepalive_failures"] = s.keepalive_failures;
+    comm["keepalive_interval_ms"] = opts_.comm_keepalive_ms;
+    if (!s.comm_ok) comm["error"] = s.comm_error;
+    j["kv_cache"] = {{"mib_per_rank", opts_.kv_cache_mib},
+                     {"block_size", runner_->block_size()},
+                     {"blocks", s.total_blocks},
+                     {"free_blocks", s.free_blocks}};
+    j["requests"] = {{"active", s.active},
+                     {"waiting", s.waiting},
+                     {"steps", s.steps},
+                     {"generated_tokens", s.generated_tokens}};
+  }
+  j["comm"] = comm;
+  w->Send(http::HttpResponse::Json(200, j.dump(-1, ' ', false, json::error_handler_t::replace)));
+}
+
+}  // namespace
+
+Status ValidateEngineOptions(const EngineOptions& o) {
+  if (o.model_dir.empty()) return InvalidArgument("--model is required: the Hugging Face model folder");
+  if (o.port < 0 || o.port > 65535) return InvalidArgument("--port " + std::to_string(o.port) + " is out of range; pass 0 to 65535 (0 picks a free port)");
+  if (o.weight_cache != "daemon" && o.weight_cache != "client" && o.weight_cache != "off") {
+    return InvalidArgument("--weight-cache '" + o.weight_cache + "' is not one of daemon, client, off");
+  }
+  if (o.weight_cache != "off" && o.socket.empty()) {
+    return InvalidArgument("--weight-cache " + o.weight_cache + " needs --socket PATH (the holder's socket, one per rank)");
+  }
+  auto devices = ParseDevice(o.device);
+  if (!devices.ok()) return devices.error();
+  if (o.tp < 1 || o.tp > 64) return InvalidArgument("--tp " + std::to_string(o.tp) + " is out of range; pass 1 to 64");
+  if (o.kv_cache_mib < 1 || o.kv_cache_mib > (1 << 22)) {
+    return InvalidArgument("--kv-cache-mib " + std::to_string(o.kv_cache_mib) + " is out of range; pass 1 to 4194304");
+  }
+  if (o.comm_keepalive_ms < 1) return InvalidArgument("--comm-keepalive-ms must be at least 1");
+  if (o.max_batch < 1) return InvalidArgument("--max-batch must be at least 1");
+  if (o.threads < 0) return InvalidArgument("--threads must be 0 (automatic) or more");
+  if (o.block_size < 1 || o.block_size > 1024) return InvalidArgument("--kv-block-size must be 1 to 1024");
+  if (o.header_timeout_ms < 1 || o.idle_timeout_ms < 1) return InvalidArgument("HTTP timeouts must be at least 1 ms");
+  return Status::Ok();
+}
+
+int RunEngine(const EngineOptions& opts) {
+  Status st = ValidateEngineOptions(opts);
+  if (!st.ok()) {
+    std::fprintf(stderr, "wsup-engine: %s\n", st.error().message().c_str());
+    return kEngineExitUsage;
+  }
+  // A peer that closes mid-response must not kill the process.
+  ::signal(SIGPIPE, SIG_IGN);
+  Engine engine(opts);
+  return engine.Run();
+}
+
+}  // namespace wsup::engine

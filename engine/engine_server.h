@@ -1,0 +1,72 @@
+// The wsup-engine program as a library: starts the HTTP API at once (so
+// /health and /wsup/status answer while loading, state "starting"), loads
+// the model on a startup thread through timed phases, then serves
+// completions from the scheduler (state "ready").
+//
+// Threads: the libuv loop runs on the caller of RunEngine() and owns every
+// handle and HTTP connection; the startup thread loads; the scheduler thread
+// computes. Both hand results to the loop through one uv_async.
+//
+// Routes: POST /v1/completions, GET /v1/models, GET /health (liveness: the
+// loop, the scheduler and the communicator are alive), GET /wsup/status.
+//
+// Readiness: stdout gets "listening on HOST:PORT" as soon as the socket is
+// bound; --ready-fd gets the same line, and is closed, once the engine is
+// ready to serve (weights loaded, communicator warm, KV allocated, warmed up).
+//
+// /wsup/status: state ("starting", "ready", "stopping"); weights {mode,
+// source "holder"|"disk", miss_reason (client mode that fell back), diffs,
+// ms}; phases {name: ms} for context, weights, communicator, kv_cache,
+// graph_capture (0: skipped on the CPU), warmup, listening; comm {kind,
+// ranks, warm, last_keepalive_ms (since the last keepalive succeeded),
+// keepalive_latency_us, keepalives, keepalive_failures, error}; kv_cache
+// and requests counters.
+//
+// Exit codes: 0 after SIGTERM/SIGINT; 1 a failure a retry may cure (I/O,
+// holder unavailable in daemon mode); 2 a usage error; 3 a permanent
+// refusal (fingerprint mismatch in daemon mode, bad or unsupported
+// checkpoint): restarting unchanged will not help.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace wsup::engine {
+
+inline constexpr int kEngineExitOk = 0;
+inline constexpr int kEngineExitFailure = 1;
+inline constexpr int kEngineExitUsage = 2;
+inline constexpr int kEngineExitRefused = 3;
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string model_name;  // served as "model"; default: the model folder's name
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string weight_cache = "off";  // daemon | client | off
+  std::string socket;                // holder socket(s), one per rank, comma-separated
+  std::string revision;              // fingerprint revision label (as given to the holder)
+  std::string device = "cpu";        // cpu | cuda:N[,M...]
+  int tp = 1;                        // ranks (threads) for --device cpu
+  int64_t kv_cache_mib = 64;         // per rank
+  int64_t comm_keepalive_ms = 1000;
+  int ready_fd = -1;
+  int max_batch = 64;
+  int threads = 0;  // compute threads per rank; 0: hardware threads / tp
+  int block_size = 16;
+  // HTTP limits and timeouts.
+  size_t max_body_bytes = 1 << 20;
+  int64_t header_timeout_ms = 10'000;
+  int64_t idle_timeout_ms = 60'000;
+};
+
+// Usage errors, each naming the flag and what to pass instead.
+Status ValidateEngineOptions(const EngineOptions& opts);
+
+// Serves until SIGTERM/SIGINT or a fatal startup error; returns the exit code.
+int RunEngine(const EngineOptions& opts);
+
+}  // namespace wsup::engine

@@ -1,0 +1,116 @@
+// The Llama-family model, as one tensor-parallel rank computes it: RMSNorm,
+// rotary embeddings (HF "default" rope, rotate_half), grouped-query
+// attention over a paged KV cache, SwiGLU MLP, tied or untied lm_head.
+// Compute is float32; weights stay where the WeightSource keeps them and
+// are converted row by row inside the kernels.
+//
+// A rank holds (holder/sharding.h): q/k/v/gate/up rows, o/down columns,
+// a vocabulary slice of embed_tokens and lm_head; norms whole. It sums
+// partial results over ranks with its Communicator after o_proj, down_proj
+// and the embedding lookup, and gathers the logits. When tp exceeds the KV
+// heads, each rank holds the one KV head its query heads use.
+//
+// One forward step takes a flat batch of tokens from any number of
+// sequences (prompt tokens of new sequences and the next token of running
+// ones), so each weight row is read once per step.
+//
+// Ownership: a RankModel borrows its WeightSource and KvStorage. Threads:
+// one rank's thread calls Forward(); it uses the rank's ThreadPool.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/communicator.h"
+#include "engine/kernels.h"
+#include "engine/thread_pool.h"
+#include "engine/weights.h"
+#include "holder/checkpoint.h"
+
+namespace wsup::engine {
+
+struct ModelDims {
+  int64_t vocab = 0, hidden = 0, inter = 0, layers = 0;
+  int64_t heads = 0, kv_heads = 0, head_dim = 0, max_pos = 0;
+  float eps = 1e-6f;
+  double theta = 10000.0;
+  bool tied = false;
+  int64_t block_rows = 128, block_cols = 128;  // FP8 scale blocks
+  // This rank's slice.
+  int tp = 1, rank = 0;
+  int64_t local_heads = 0, head_start = 0;
+  int64_t local_kv_heads = 0, kv_head_start = 0;
+  int64_t local_inter = 0, local_vocab = 0, vocab_start = 0;
+
+  // Checks the config (architecture, sizes) and that tp splits it the way
+  // holder/sharding.h does.
+  static Result<ModelDims> From(const ModelConfig& cfg, int tp, int rank);
+};
+
+// One rank's KV cache: num_blocks blocks of block_size positions, each
+// holding K and V for every layer and local KV head. Allocated (and
+// touched) once at startup; the scheduler hands out block ids.
+class KvStorage {
+ public:
+  static uint64_t BlockBytes(const ModelDims& d, int block_size);
+  Status Allocate(const ModelDims& d, int num_blocks, int block_size);
+  int num_blocks() const { return num_blocks_; }
+  int block_size() const { return block_size_; }
+  // K (kv = 0) or V (kv = 1) of `head` in `layer` at block offset 0; the
+  // block's positions follow at head_dim strides.
+  float* At(int block, int64_t layer, int kv, int64_t head) {
+    return data_.data() + ((((static_cast<size_t>(block) * layers_ + layer) * 2 + kv) * heads_ + head) *
+                               block_size_) * head_dim_;
+  }
+
+ private:
+  std::vector<float> data_;
+  int num_blocks_ = 0;
+  int block_size_ = 0;
+  size_t layers_ = 0, heads_ = 0, head_dim_ = 0;
+};
+
+// What one step computes. Per token: its id, position and sequence (an
+// index into block_tables). logit_rows: tokens whose next-token logits
+// are wanted (the last token of each sequence that samples this step).
+struct StepBatch {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> positions;
+  std::vector<int32_t> seq;
+  std::vector<const std::vector<int32_t>*> block_tables;
+  std::vector<int32_t> logit_rows;
+};
+
+class RankModel {
+ public:
+  // Finds and checks every tensor this rank needs (names, local shapes,
+  // dtypes, FP8 scales), naming the tensor and the fix on a mismatch.
+  static Result<std::unique_ptr<RankModel>> Bind(const ModelDims& dims, const WeightSource& weights, int threads);
+
+  const ModelDims& dims() const { return dims_; }
+
+  // Runs the step on this rank. logits gets logit_rows.size() x vocab
+  // floats (all of the vocabulary, gathered from every rank).
+  Status Forward(const StepBatch& batch, KvStorage& kv, Communicator& comm, std::vector<float>* logits);
+
+ private:
+  struct Layer {
+    MatrixRef in_norm, post_norm;
+    MatrixRef q, k, v, o, gate, up, down;
+  };
+  explicit RankModel(const ModelDims& d, int threads) : dims_(d), pool_(threads) {}
+  void Attention(const StepBatch& batch, KvStorage& kv, int64_t layer, const float* q, float* out);
+
+  ModelDims dims_;
+  ThreadPool pool_;
+  MatrixRef embed_, lm_head_, final_norm_;
+  std::vector<Layer> layers_;
+  std::vector<float> inv_freq_;
+  // Scratch reused across steps (grown, never shrunk).
+  std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_, norm_w_, head_in_, local_logits_, gathered_;
+};
+
+}  // namespace wsup::engine

@@ -1,0 +1,284 @@
+#include "engine/scheduler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+namespace wsup::engine {
+
+namespace {
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
+    : runner_(runner), opts_(opts), sink_(std::move(sink)) {
+  opts_.max_batch = std::max(1, opts_.max_batch);
+  opts_.max_step_tokens = std::max(1, opts_.max_step_tokens);
+  opts_.keepalive_ms = std::max<int64_t>(1, opts_.keepalive_ms);
+  for (int b = runner_->num_blocks() - 1; b >= 0; --b) free_blocks_.push_back(b);
+  stats_.total_blocks = runner_->num_blocks();
+  stats_.free_blocks = stats_.total_blocks;
+  // The runner's communicator was proven at startup.
+  stats_.last_keepalive_mono_ms = NowMs();
+  next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
+}
+
+Scheduler::~Scheduler() { Stop(); }
+
+void Scheduler::Start() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.running = true;
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Scheduler::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lk(mu_);
+  stats_.running = false;
+}
+
+int Scheduler::BlocksFor(int64_t tokens) const {
+  const int bs = runner_->block_size();
+  return static_cast<int>((tokens + bs - 1) / bs);
+}
+
+int64_t Scheduler::max_sequence_tokens() const {
+  return std::min<int64_t>(runner_->dims().max_pos,
+                           static_cast<int64_t>(runner_->num_blocks()) * runner_->block_size());
+}
+
+Status Scheduler::Submit(GenRequest req) {
+  const int64_t need = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
+  if (req.prompt.empty()) return InvalidArgument("the prompt is empty; send at least one token");
+  if (need > runner_->dims().max_pos) {
+    return InvalidArgument("prompt (" + std::to_string(req.prompt.size()) + " tokens) plus max_tokens (" +
+                           std::to_string(req.max_tokens) + ") exceeds the model's context of " +
+                           std::to_string(runner_->dims().max_pos) + " tokens; shorten the prompt or lower max_tokens");
+  }
+  const int64_t kv_tokens = static_cast<int64_t>(runner_->num_blocks()) * runner_->block_size();
+  if (need > kv_tokens) {
+    return InvalidArgument("prompt plus max_tokens needs " + std::to_string(need) + " positions of KV cache but the "
+                           "engine's whole cache holds " + std::to_string(kv_tokens) +
+                           "; lower max_tokens, or restart the engine with a larger --kv-cache-mib");
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!stats_.comm_ok) {
+    return Unavailable("the engine's communicator failed (" + stats_.comm_error + "); restart the engine");
+  }
+  if (stop_) return Unavailable("the engine is shutting down; retry on another engine");
+  if (stats_.waiting + static_cast<int>(incoming_.size()) >= opts_.max_waiting) {
+    return Unavailable("the engine has " + std::to_string(opts_.max_waiting) +
+                       " requests waiting for KV cache; retry later");
+  }
+  incoming_.push_back(std::move(req));
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void Scheduler::Cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  cancels_.insert(id);
+  cv_.notify_all();
+}
+
+SchedulerStats Scheduler::stats() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  SchedulerStats s = stats_;
+  s.waiting += static_cast<int>(incoming_.size());
+  return s;
+}
+
+void Scheduler::Loop() {
+  for (;;) {
+    std::unordered_set<uint64_t> cancels;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      for (;;) {
+        if (stop_) return;
+        if (!active_.empty() || !waiting_.empty() || !incoming_.empty() || !cancels_.empty()) break;
+        const int64_t now = NowMs();
+        if (now >= next_keepalive_ms_) break;
+        cv_.wait_for(lk, std::chrono::milliseconds(next_keepalive_ms_ - now));
+      }
+      while (!incoming_.empty()) {
+        Seq s;
+        s.req = std::move(incoming_.front());
+        incoming_.pop_front();
+        s.rng.seed(s.req.seed);
+        waiting_.push_back(std::move(s));
+      }
+      cancels.swap(cancels_);
+    }
+    if (!cancels.empty()) {
+      std::erase_if(waiting_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
+      for (auto& s : active_) {
+        if (cancels.count(s.req.id)) {
+          free_blocks_.insert(free_blocks_.end(), s.blocks.begin(), s.blocks.end());
+          s.blocks.clear();
+          s.req.id = 0;  // marks it for removal
+        }
+      }
+      std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
+    }
+    if (NowMs() >= next_keepalive_ms_) RunKeepalive();
+    Admit();
+    if (!active_.empty()) StepOnce();
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.active = static_cast<int>(active_.size());
+    stats_.waiting = static_cast<int>(waiting_.size());
+    stats_.free_blocks = static_cast<int>(free_blocks_.size());
+  }
+}
+
+void Scheduler::RunKeepalive() {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = runner_->Keepalive();
+  const int64_t us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+  next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
+  std::lock_guard<std::mutex> lk(mu_);
+  ++stats_.keepalives;
+  if (st.ok()) {
+    stats_.last_keepalive_mono_ms = NowMs();
+    stats_.last_keepalive_us = us;
+  } else {
+    ++stats_.keepalive_failures;
+    if (stats_.comm_ok) spdlog::error("communicator keepalive failed: {}", st.ToString());
+    stats_.comm_ok = false;
+    stats_.comm_error = st.error().message();
+  }
+}
+
+void Scheduler::Admit() {
+  while (!waiting_.empty() && static_cast<int>(active_.size()) < opts_.max_batch) {
+    Seq& s = waiting_.front();
+    const int need = BlocksFor(static_cast<int64_t>(s.req.prompt.size()) + s.req.max_tokens);
+    if (need > static_cast<int>(free_blocks_.size())) break;  // first come, first served
+    s.blocks.assign(free_blocks_.end() - need, free_blocks_.end());
+    free_blocks_.resize(free_blocks_.size() - static_cast<size_t>(need));
+    active_.push_back(std::move(s));
+    waiting_.pop_front();
+  }
+}
+
+void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error) {
+  GenEvent& e = events->back();
+  e.done = true;
+  e.finish_reason = std::move(reason);
+  e.error = std::move(error);
+  free_blocks_.insert(free_blocks_.end(), s.blocks.begin(), s.blocks.end());
+  s.blocks.clear();
+  s.req.id = 0;
+}
+
+int32_t Scheduler::Sample(Seq& s, const float* logits) {
+  const int64_t vocab = runner_->dims().vocab;
+  int64_t best = 0;
+  for (int64_t i = 1; i < vocab; ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  if (s.req.temperature <= 0) return static_cast<int32_t>(best);
+  // Softmax at the temperature, in double; one uniform draw from the
+  // request's own generator, so a seed reproduces the same text.
+  thread_local std::vector<double> p;
+  p.resize(static_cast<size_t>(vocab));
+  double sum = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    double v = std::exp((static_cast<double>(logits[i]) - logits[best]) / s.req.temperature);
+    if (!std::isfinite(v)) v = 0;
+    p[static_cast<size_t>(i)] = v;
+    sum += v;
+  }
+  const double u = static_cast<double>(s.rng() >> 11) * 0x1.0p-53 * sum;
+  double acc = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    acc += p[static_cast<size_t>(i)];
+    if (u < acc) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(best);
+}
+
+void Scheduler::StepOnce() {
+  StepBatch b;
+  std::vector<size_t> row_seq;
+  int budget = opts_.max_step_tokens;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Seq& s = active_[i];
+    b.block_tables.push_back(&s.blocks);
+    const int32_t si = static_cast<int32_t>(i);
+    const size_t plen = s.req.prompt.size();
+    if (s.prefilled < plen) {
+      if (budget <= 0) continue;
+      const size_t k = std::min(plen - s.prefilled, static_cast<size_t>(budget));
+      for (size_t j = 0; j < k; ++j) {
+        b.tokens.push_back(s.req.prompt[s.prefilled + j]);
+        b.positions.push_back(static_cast<int32_t>(s.prefilled + j));
+        b.seq.push_back(si);
+      }
+      s.prefilled += k;
+      budget -= static_cast<int>(k);
+      if (s.prefilled < plen) continue;  // the rest of the prompt next step
+    } else {
+      b.tokens.push_back(s.generated.back());
+      b.positions.push_back(static_cast<int32_t>(plen + s.generated.size() - 1));
+      b.seq.push_back(si);
+    }
+    b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size() - 1));
+    row_seq.push_back(i);
+  }
+  if (b.tokens.empty()) return;
+
+  std::vector<GenEvent> events;
+  Status st = runner_->Step(b, &logits_);
+  if (!st.ok()) {
+    spdlog::error("forward step failed: {}", st.ToString());
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stats_.comm_ok = false;
+      stats_.comm_error = st.error().message();
+    }
+    for (auto& s : active_) {
+      events.push_back(GenEvent{s.req.id});
+      Finish(s, &events, "error", st.error());
+    }
+    active_.clear();
+    sink_(std::move(events));
+    return;
+  }
+  const int64_t vocab = runner_->dims().vocab;
+  uint64_t produced = 0;
+  for (size_t r = 0; r < row_seq.size(); ++r) {
+    Seq& s = active_[row_seq[r]];
+    const int32_t tok = Sample(s, logits_.data() + static_cast<int64_t>(r) * vocab);
+    s.generated.push_back(tok);
+    ++produced;
+    events.push_back(GenEvent{s.req.id, {tok}});
+    const auto& stops = s.req.stop_tokens;
+    if (std::find(stops.begin(), stops.end(), tok) != stops.end()) {
+      Finish(s, &events, "stop");
+    } else if (static_cast<int>(s.generated.size()) >= s.req.max_tokens) {
+      Finish(s, &events, "length");
+    }
+  }
+  std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.steps;
+    stats_.generated_tokens += produced;
+  }
+  sink_(std::move(events));
+}
+
+}  // namespace wsup::engine

@@ -1,0 +1,106 @@
+#include "engine/weight_cache.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+
+#include "client/client.h"
+
+namespace wsup::engine {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double MsSince(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+}  // namespace
+
+Result<std::vector<std::string>> RankSockets(const std::string& flag, int tp) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= flag.size() && !flag.empty()) {
+    size_t comma = flag.find(',', pos);
+    if (comma == std::string::npos) comma = flag.size();
+    std::string s = flag.substr(pos, comma - pos);
+    if (s.empty()) return InvalidArgument("--socket '" + flag + "' has an empty path; give one path per rank, comma-separated");
+    out.push_back(s);
+    pos = comma + 1;
+  }
+  if (out.size() != static_cast<size_t>(tp)) {
+    return InvalidArgument("--socket names " + std::to_string(out.size()) + " holder socket(s) for " + std::to_string(tp) +
+                           " tensor-parallel rank(s); give one per rank, comma-separated in rank order");
+  }
+  return out;
+}
+
+Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoint& ckpt,
+                                                                  const WeightCacheOptions& opts,
+                                                                  WeightsReport* report) {
+  WSUP_ASSIGN_OR_RETURN(AttachMode mode, ParseAttachMode(opts.mode));
+  report->mode = AttachModeName(mode);
+  std::vector<std::unique_ptr<WeightSource>> ranks;
+
+  auto load_disk = [&]() -> Status {
+    auto t0 = Clock::now();
+    ranks.clear();
+    for (int r = 0; r < opts.tp; ++r) {
+      auto w = LoadWeightsFromDisk(ckpt, ShardSpec{opts.tp, r}, opts.read_threads);
+      if (!w.ok()) return w.error();
+      ranks.push_back(std::move(*w));
+    }
+    report->source = "disk";
+    report->load_ms = MsSince(t0);
+    return Status::Ok();
+  };
+
+  if (mode == AttachMode::kOff) {
+    WSUP_RETURN_IF_ERROR(load_disk());
+  } else {
+    if (opts.sockets.size() != static_cast<size_t>(opts.tp)) {
+      return InvalidArgument("weight-cache mode " + opts.mode + " needs one holder socket per rank (" +
+                             std::to_string(opts.tp) + "); pass --socket PATH[,PATH...] or use --weight-cache off");
+    }
+    std::string miss;
+    for (int r = 0; r < opts.tp && miss.empty(); ++r) {
+      ShardSpec shard{opts.tp, r};
+      WSUP_ASSIGN_OR_RETURN(FingerprintInputs in,
+                            LocalFingerprintInputs(opts.model_dir, opts.revision, shard, "host", 0));
+      Fingerprint ours = Fingerprint::Compute(ckpt, in);
+      AttachOptions ao;
+      ao.socket_path = opts.sockets[static_cast<size_t>(r)];
+      ao.mode = mode;
+      ao.client_name = opts.client_name + (opts.tp > 1 ? "/rank" + std::to_string(r) : "");
+      ao.timeout_ms = opts.timeout_ms;
+      auto res = Attach(ao, ours);
+      if (!res.ok()) {
+        // Daemon mode: the caller exits with this message.
+        std::string rank = opts.tp > 1 ? " (rank " + std::to_string(r) + ")" : "";
+        return res.error().With("weight-cache daemon" + rank);
+      }
+      report->attach_ms += res->outcome.ms;
+      if (res->outcome.source != wsup::WeightSource::kHolder) {
+        miss = res->outcome.reason;
+        if (opts.tp > 1) miss = "rank " + std::to_string(r) + ": " + miss;
+        report->diffs = res->outcome.diffs;
+        break;
+      }
+      auto w = WeightsFromAttachment(std::move(res->attachment));
+      if (!w.ok()) {
+        if (mode == AttachMode::kDaemon) return w.error().With("weight-cache daemon");
+        miss = "holder arena unusable: " + w.error().message();
+        break;
+      }
+      ranks.push_back(std::move(*w));
+    }
+    if (!miss.empty()) {
+      // Client mode only (daemon returned above): every rank goes to disk.
+      spdlog::warn("weight cache miss, loading from disk: {}", miss);
+      report->miss_reason = miss;
+      WSUP_RETURN_IF_ERROR(load_disk());
+    } else {
+      report->source = "holder";
+    }
+  }
+  for (const auto& w : ranks) report->bytes += w->total_bytes();
+  return ranks;
+}
+
+}  // namespace wsup::engine

@@ -1,0 +1,55 @@
+// Acquiring an engine's weights in one of the three weight-cache modes:
+//   daemon: attach to the holder (one per rank); a missing holder or a
+//           fingerprint mismatch is fatal, the message lists the fields;
+//   client: attach; on a miss or a missing holder load from disk, and say
+//           why in the report (shown in /wsup/status);
+//   off:    load from disk.
+// The disk load is the holder's own loader (engine/weights.h). With tensor
+// parallelism every rank attaches to its own holder socket; in client mode
+// a miss on any rank sends every rank to disk, so ranks never mix sources.
+//
+// Called once at startup, from the startup thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/weights.h"
+#include "holder/checkpoint.h"
+#include "holder/fingerprint.h"
+
+namespace wsup::engine {
+
+struct WeightCacheOptions {
+  std::string model_dir;
+  std::string mode = "off";           // daemon | client | off
+  std::vector<std::string> sockets;   // one per rank (daemon, client)
+  int tp = 1;
+  std::string revision;
+  int read_threads = 4;
+  int timeout_ms = 10'000;
+  std::string client_name = "wsup-engine";
+};
+
+struct WeightsReport {
+  std::string mode;
+  std::string source;       // "holder" or "disk"
+  std::string miss_reason;  // client mode that fell back to disk; "" otherwise
+  std::vector<FingerprintDiff> diffs;
+  double attach_ms = 0;     // connect, handshake and mapping (all ranks)
+  double load_ms = 0;       // disk reading (all ranks)
+  uint64_t bytes = 0;       // weight bytes over all ranks
+};
+
+// Sockets for `tp` ranks from a comma-separated flag: exactly one path per
+// rank, in rank order.
+Result<std::vector<std::string>> RankSockets(const std::string& flag, int tp);
+
+// One WeightSource per rank.
+Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoint& ckpt,
+                                                                  const WeightCacheOptions& opts,
+                                                                  WeightsReport* report);
+
+}  // namespace wsup::engine

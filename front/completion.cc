@@ -1,0 +1,99 @@
+#include "front/completion.h"
+
+namespace wsup::front {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+std::string Dump(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace); }
+
+}  // namespace
+
+bool MayRequestStream(std::string_view body) { return body.find("\"stream\"") != std::string_view::npos; }
+
+bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
+  *plan = CompletionPlan();
+  ordered_json j = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  auto stream = j.find("stream");
+  plan->stream = stream != j.end() && stream->is_boolean() && stream->get<bool>();
+  if (!plan->stream) {
+    plan->upstream_body = std::string(body);
+    return true;
+  }
+  auto wants = j.find("return_token_ids");
+  plan->client_wants_token_ids = wants != j.end() && wants->is_boolean() && wants->get<bool>();
+
+  auto fail = [&](std::string why) {
+    plan->resumable = false;
+    plan->not_resumable = std::move(why);
+  };
+  plan->resumable = true;
+  auto prompt = j.find("prompt");
+  if (prompt == j.end()) {
+    fail("no prompt");
+  } else if (prompt->is_string()) {
+    const std::string& s = prompt->get_ref<const std::string&>();
+    plan->prompt_ids.reserve(s.size());
+    for (unsigned char c : s) plan->prompt_ids.push_back(c);
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number_integer()) {
+    for (const auto& t : *prompt) {
+      if (!t.is_number_integer()) {
+        fail("prompt mixes token ids and other values");
+        break;
+      }
+      plan->prompt_ids.push_back(t.get<int64_t>());
+    }
+  } else {
+    fail("prompt is neither a string nor a list of token ids (batched prompts are not resumed)");
+  }
+  for (const char* key : {"n", "best_of"}) {
+    auto it = j.find(key);
+    if (it != j.end() && !(it->is_number_integer() && it->get<int64_t>() == 1) && !it->is_null()) {
+      fail(std::string("'") + key + "' asks for several choices");
+    }
+  }
+  auto echo = j.find("echo");
+  if (echo != j.end() && echo->is_boolean() && echo->get<bool>()) fail("'echo' would repeat the prompt");
+
+  auto max_tokens = j.find("max_tokens");
+  if (max_tokens == j.end() || max_tokens->is_null()) {
+    plan->max_tokens = default_max_tokens;
+    j["max_tokens"] = default_max_tokens;
+  } else if (max_tokens->is_number_integer()) {
+    plan->max_tokens = max_tokens->get<int64_t>();
+  } else {
+    fail("max_tokens is not an integer");
+  }
+  // Only a resumable stream needs token ids; otherwise the client gets
+  // exactly what it asked for.
+  if (plan->resumable) j["return_token_ids"] = true;
+  plan->upstream_body = Dump(j);
+  plan->request = std::move(j);
+  return true;
+}
+
+std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& delivered, int64_t remaining) {
+  ordered_json j = plan.request;
+  ordered_json ids = ordered_json::array();
+  for (int64_t t : plan.prompt_ids) ids.push_back(t);
+  for (int64_t t : delivered) ids.push_back(t);
+  j["prompt"] = std::move(ids);
+  j["max_tokens"] = remaining;
+  j["return_token_ids"] = true;
+  j["stream"] = true;
+  auto temp = j.find("temperature");
+  bool sampling = temp != j.end() && temp->is_number() && temp->get<double>() > 0;
+  auto seed = j.find("seed");
+  if (sampling && seed != j.end() && seed->is_number_integer()) {
+    // A different, reproducible seed for the continuation: replaying the
+    // original seed would draw the same random numbers for other positions.
+    uint64_t s = static_cast<uint64_t>(seed->get<int64_t>());
+    s = s * 0x9E3779B97F4A7C15ull + delivered.size();
+    *seed = static_cast<int64_t>(s & 0x7fffffffffffull);
+  }
+  return Dump(j);
+}
+
+}  // namespace wsup::front

@@ -1,0 +1,56 @@
+// What the front needs to know about a `POST /v1/completions` request to
+// resume its stream on another engine, and the request bodies it sends.
+//
+// PlanCompletion reads the client's JSON body once. For a streamed request
+// it rewrites the body the engine receives: `return_token_ids: true` (so the
+// front learns which tokens it has delivered) and an explicit `max_tokens`
+// (so "how many remain" is exact even when the client relied on a default).
+// It also records the prompt as token ids: a token id list as given, or a
+// string prompt as its UTF-8 bytes (the engines' tokenizer is one token per
+// byte), which is what a resumed request needs.
+//
+// ResumeBody builds the request that continues a stream cut after some
+// tokens: prompt = prompt ids + delivered ids, max_tokens = what remains.
+// With temperature > 0 and a client-given seed, the seed is derived from the
+// number of delivered tokens so the continuation is not a replay of the
+// sampling sequence; sampled output is then not bit-identical to an
+// uninterrupted run (greedy output is).
+//
+// Non-streamed completions are not rewritten: a cut-off one is retried as
+// sent. Plain values; any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace wsup::front {
+
+struct CompletionPlan {
+  bool stream = false;           // the client asked for server-sent events
+  bool resumable = false;        // a cut stream can be continued elsewhere
+  std::string not_resumable;     // why not, for logs (empty when resumable)
+  bool client_wants_token_ids = false;
+  std::vector<int64_t> prompt_ids;
+  int64_t max_tokens = 0;        // as sent to the engine
+  std::string upstream_body;     // the body the engine receives (rewritten for streams)
+  nlohmann::ordered_json request;  // the rewritten request (streams only)
+};
+
+// Returns false when the body is not a JSON object (the front then forwards
+// it unchanged and lets the engine answer 400). `default_max_tokens` is the
+// engines' default, made explicit in streamed requests.
+bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan);
+
+// The body that continues a stream after `delivered` tokens; `remaining`
+// (> 0) new tokens are asked for.
+std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& delivered, int64_t remaining);
+
+// Cheap test used before any JSON parsing: false means the body cannot ask
+// for streaming, so a non-streamed completion costs no parse at all.
+bool MayRequestStream(std::string_view body);
+
+}  // namespace wsup::front

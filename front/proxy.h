@@ -1,0 +1,148 @@
+// Proxy: the front's request path. Every client request is forwarded to the
+// active engine and the answer streamed back; the supervisor steers where
+// "active" is (SetRoutes), and the front moves on its own when the active
+// engine refuses or drops connections.
+//
+// Per request (a ProxyCall, internal to proxy.cc):
+//   - routing: the active backend when it is up; otherwise the call waits
+//     in a bounded queue until a route appears (served at once) or the queue
+//     timeout passes (503 with Retry-After and the cause);
+//   - failures before any byte reached the client: a refused connect never
+//     reached an engine and is simply tried again; a request that was sent
+//     and got no complete answer is sent again ONCE (max_retries); a reused
+//     keep-alive connection that turns out closed is retried on a fresh one
+//     first, without counting;
+//   - the active engine refusing, resetting or closing a connection marks it
+//     down (with a short backoff) and, when a standby is routed, makes the
+//     standby active in one step and pushes a `switched` event;
+//   - streamed completions are resumed after a cut (see completion.h,
+//     sse_relay.h): the client sees one stream, no gap, no repeated token;
+//   - any other cut after bytes reached the client closes the client's
+//     connection, so a truncated answer is never presented as complete.
+// Responses announcing a Content-Length up to buffer_limit_bytes are
+// relayed in one piece (one write; a cut before the end is retried
+// invisibly); others, and all event streams, are relayed as they arrive.
+//
+// Ownership: the Proxy owns its calls, its UpstreamPool and two timers; it
+// never owns a client connection (the HttpServer does). Close() ends every
+// call and closes the pool and timers; `done` runs when all are freed.
+// Threads: the loop thread only.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "front/address.h"
+#include "front/upstream.h"
+#include "http/server.h"
+
+namespace wsup::front {
+
+struct ProxyOptions {
+  int64_t queue_timeout_ms = 5'000;
+  size_t max_queued = 1024;
+  size_t buffer_limit_bytes = 256 * 1024;
+  int max_retries = 1;               // re-sends of a request (or resumes of a stream) after a failure
+  int64_t default_max_tokens = 16;   // the engines' default, made explicit in streamed requests
+  int64_t down_backoff_ms = 100;     // a failed backend is not tried for this long, doubling per failure
+  int64_t down_backoff_max_ms = 2'000;
+  size_t client_buffer_high = 4 << 20;  // unsent client bytes that pause reading from the engine
+  size_t client_buffer_low = 1 << 20;   // ... and resume it
+  UpstreamOptions upstream;
+};
+
+struct ProxyCounters {
+  uint64_t requests = 0;       // client requests handed to the proxy
+  uint64_t ok = 0;             // engine answers relayed completely (any status)
+  uint64_t failed = 0;         // answered 502 by the front, or cut off after an engine failure
+  uint64_t retried = 0;        // requests sent again after an engine failure
+  uint64_t resumed = 0;        // streams continued on another attempt
+  uint64_t switched_self = 0;  // times the front made the standby active by itself
+  uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full
+  uint64_t client_closed = 0;  // clients that went away before their answer was complete
+};
+
+class ProxyCall;
+
+class Proxy {
+ public:
+  using EventSink = std::function<void(const nlohmann::json& event)>;
+
+  Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, Clock* clock = &RealClock());
+  ~Proxy();
+  Proxy(const Proxy&) = delete;
+  Proxy& operator=(const Proxy&) = delete;
+
+  // The HttpServer handler.
+  void Handle(std::shared_ptr<http::ResponseWriter> writer);
+
+  // Routes new requests to `active` from now on (one step: calls in flight
+  // on the previous active finish there). A standby is used when the active
+  // fails. An epoch lower than the current one is refused (a stale sender).
+  Status SetRoutes(const std::optional<HostPort>& active, const std::optional<HostPort>& standby, int64_t epoch);
+
+  // active, standby, epoch, inflight per backend, queued, down, counters.
+  nlohmann::json StatusJson() const;
+  const ProxyCounters& counters() const { return counters_; }
+  size_t call_count() const { return calls_.size(); }
+
+  void Close(std::function<void()> done = {});
+
+  // Internal: used by ProxyCall.
+  void Dispatch(ProxyCall* call);
+  void Dequeue(ProxyCall* call);
+  void Forget(ProxyCall* call);
+  void BackendFailed(Backend* b, const std::string& why);
+  void BackendAnswered(Backend* b);
+  void WatchFlow(ProxyCall* call);
+  std::string NoRouteCause() const;
+  UpstreamPool& pool() { return pool_; }
+  const ProxyOptions& options() const { return options_; }
+  ProxyCounters& mutable_counters() { return counters_; }
+  int64_t now_ms() const { return static_cast<int64_t>(uv_now(loop_)); }
+
+ private:
+  Backend* Pick() const;
+  void WakeQueue();
+  void ArmQueueTimer();
+  void OnQueueTimer();
+  void OnFlowTimer();
+  void SetRouted(Backend* b, bool routed);
+  void Emit(nlohmann::json event);
+  void MaybeDone();
+
+  uv_loop_t* loop_;
+  ProxyOptions options_;
+  EventSink events_;
+  Clock* clock_;
+  UpstreamPool pool_;
+  uv_timer_t queue_timer_;
+  uv_timer_t flow_timer_;
+  int open_timers_ = 0;
+  bool closing_ = false;
+  bool pool_closed_ = false;
+  std::function<void()> done_;
+
+  Backend* active_ = nullptr;
+  Backend* standby_ = nullptr;
+  int64_t epoch_ = 0;
+  std::string first_ok_pending_;  // the backend whose first good answer is still to be reported
+
+  std::unordered_set<ProxyCall*> calls_;
+  std::list<ProxyCall*> queue_;
+  std::unordered_set<ProxyCall*> flow_paused_;
+  ProxyCounters counters_;
+};
+
+}  // namespace wsup::front

@@ -1,0 +1,160 @@
+#include "front/sse_relay.h"
+
+#include <nlohmann/json.hpp>
+
+namespace wsup::front {
+
+using nlohmann::ordered_json;
+
+void CompletionStream::Feed(std::string_view data, std::string* out) {
+  if (done_) return;  // nothing follows [DONE] in a well-formed stream
+  if (passthrough_) {
+    out->append(data);
+    return;
+  }
+  buf_.append(data);
+  size_t start = 0;  // first byte of the event being gathered
+  size_t line = 0;   // first byte of the next line to look at
+  for (;;) {
+    size_t nl = buf_.find('\n', line);
+    if (nl == std::string::npos) break;
+    size_t line_start = line;
+    bool blank = nl == line_start || (nl == line_start + 1 && buf_[line_start] == '\r');
+    line = nl + 1;
+    if (!blank) continue;
+    if (line_start == start) {
+      out->append(buf_, start, line - start);  // a blank line with no event before it
+    } else {
+      OnEvent(std::string_view(buf_).substr(start, line - start), out);
+    }
+    start = line;
+    if (done_) break;
+  }
+  buf_.erase(0, start);
+  if (buf_.size() > kMaxEventBytes) {
+    trackable_ = false;
+    passthrough_ = true;
+    out->append(buf_);
+    buf_.clear();
+  }
+}
+
+void CompletionStream::OnEvent(std::string_view raw, std::string* out) {
+  ++events_;
+  // Gather the data lines ("data:" plus an optional space); other fields
+  // (comments, event:, id:) are kept as they are.
+  std::string payload;
+  int data_lines = 0;
+  size_t pos = 0;
+  while (pos < raw.size()) {
+    size_t nl = raw.find('\n', pos);
+    if (nl == std::string_view::npos) nl = raw.size();
+    std::string_view l = raw.substr(pos, nl - pos);
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    if (l.substr(0, 5) == "data:") {
+      l.remove_prefix(5);
+      if (!l.empty() && l.front() == ' ') l.remove_prefix(1);
+      if (data_lines++ > 0) payload += '\n';
+      payload.append(l);
+    }
+    pos = nl + 1;
+  }
+  if (data_lines == 0) {
+    out->append(raw);
+    return;
+  }
+  if (payload == "[DONE]") {
+    done_ = true;
+    out->append(raw);
+    return;
+  }
+  ordered_json j = ordered_json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    trackable_ = false;
+    out->append(raw);
+    return;
+  }
+  bool changed = false;
+  if (j.contains("error")) error_seen_ = true;
+  auto id = j.find("id");
+  if (id != j.end() && id->is_string()) {
+    if (first_id_.empty()) {
+      first_id_ = id->get<std::string>();
+    } else if (continuation_ && id->get_ref<const std::string&>() != first_id_) {
+      *id = first_id_;
+      changed = true;
+    }
+  }
+  auto choices = j.find("choices");
+  if (choices != j.end() && choices->is_array()) {
+    for (auto& c : *choices) {
+      if (!c.is_object()) continue;
+      auto ids = c.find("token_ids");
+      bool have_ids = false;
+      if (ids != c.end() && ids->is_array()) {
+        have_ids = true;
+        for (const auto& t : *ids) {
+          if (t.is_number_integer()) {
+            delivered_.push_back(t.get<int64_t>());
+          } else {
+            trackable_ = false;
+          }
+        }
+      }
+      if (!have_ids) {
+        auto text = c.find("text");
+        if (text != c.end() && text->is_string() && !text->get_ref<const std::string&>().empty()) trackable_ = false;
+      }
+      auto fr = c.find("finish_reason");
+      if (fr != c.end() && !fr->is_null()) finished_ = true;
+      if (strip_ && ids != c.end()) {
+        c.erase(ids);
+        changed = true;
+      }
+    }
+  }
+  if (continuation_ && resume_offset_ > 0) {
+    auto usage = j.find("usage");
+    if (usage != j.end() && usage->is_object()) {
+      auto p = usage->find("prompt_tokens");
+      auto ct = usage->find("completion_tokens");
+      if (p != usage->end() && ct != usage->end() && p->is_number_integer() && ct->is_number_integer()) {
+        auto off = static_cast<int64_t>(resume_offset_);
+        *p = p->get<int64_t>() - off;
+        *ct = ct->get<int64_t>() + off;
+        changed = true;
+      }
+    }
+  }
+  if (!changed) {
+    out->append(raw);
+    return;
+  }
+  out->append("data: ");
+  out->append(j.dump(-1, ' ', false, ordered_json::error_handler_t::replace));
+  out->append("\n\n");
+}
+
+void CompletionStream::BeginContinuation() {
+  buf_.clear();
+  continuation_ = true;
+  resume_offset_ = delivered_.size();
+}
+
+std::string CompletionStream::SynthesizeEnd(std::string_view finish_reason) {
+  std::string out;
+  if (!finished_) {
+    ordered_json ev;
+    if (!first_id_.empty()) ev["id"] = first_id_;
+    ev["object"] = "text_completion";
+    ev["choices"] = ordered_json::array(
+        {ordered_json{{"index", 0}, {"text", ""}, {"finish_reason", std::string(finish_reason)}}});
+    out += "data: " + ev.dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n";
+    finished_ = true;
+  }
+  out += "data: [DONE]\n\n";
+  done_ = true;
+  return out;
+}
+
+}  // namespace wsup::front

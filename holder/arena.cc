@@ -1,0 +1,396 @@
+#include "holder/arena.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <memory>
+
+#include "client/cuda_driver.h"
+#include "holder/loader.h"
+
+namespace wsup {
+namespace {
+
+constexpr uint64_t kHostGranularity = 4096;
+constexpr int kSealsAll = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+Status CheckOptions(const LoadOptions& o) {
+  if (o.backend != "host" && o.backend != "cuda") {
+    return InvalidArgument("arena: backend '" + o.backend + "' is unknown: use 'host' or 'cuda'");
+  }
+  if (o.read_threads < 1 || o.read_threads > 64) {
+    return InvalidArgument("arena: read_threads = " + std::to_string(o.read_threads) + ": use 1..64");
+  }
+  if (o.staging_buffers < 1 || o.staging_buffers > 64) {
+    return InvalidArgument("arena: staging_buffers = " + std::to_string(o.staging_buffers) + ": use 1..64");
+  }
+  if (o.staging_bytes < (1ull << 20) || o.staging_bytes > (4ull << 30)) {
+    return InvalidArgument("arena: staging_bytes = " + std::to_string(o.staging_bytes) +
+                           ": use 1 MiB..4 GiB (64 MiB reads keep a disk busy)");
+  }
+  if (o.backend == "cuda" && o.device < 0) {
+    return InvalidArgument("arena: device = " + std::to_string(o.device) + ": use a cuda ordinal >= 0");
+  }
+  return {};
+}
+
+std::string AllocName(size_t i) { return "arena allocation " + std::to_string(i); }
+
+}  // namespace
+
+// A freshly allocated arena, writable until Finish(). On destruction before
+// Finish() every resource is released (the load failed).
+class ArenaBuilder {
+ public:
+  ArenaBuilder() = default;
+  ArenaBuilder(const ArenaBuilder&) = delete;
+  ArenaBuilder& operator=(const ArenaBuilder&) = delete;
+  ~ArenaBuilder() { Release(); }
+
+  static Result<std::unique_ptr<ArenaBuilder>> Create(Manifest m, const LoadOptions& opts) {
+    auto b = std::make_unique<ArenaBuilder>();
+    b->m_ = std::move(m);
+    if (b->m_.backend == "host") {
+      WSUP_RETURN_IF_ERROR(b->CreateHost());
+    } else {
+      WSUP_RETURN_IF_ERROR(b->CreateCuda(opts.device));
+    }
+    return b;
+  }
+
+  const Manifest& manifest() const { return m_; }
+
+  FillDest dest() const {
+    FillDest d;
+    d.cuda = m_.backend == "cuda";
+    if (d.cuda) {
+      uint64_t off = 0;
+      for (const auto& a : m_.allocations) {
+        d.device_bases.push_back(va_ + off);
+        off += a.size;
+      }
+      d.context = &ctx_;
+    } else {
+      d.host_bases.push_back(host_map_);
+    }
+    return d;
+  }
+
+  // Makes the arena immutable and hands its fds to an Arena.
+  Result<Arena> Finish() {
+    if (m_.backend == "host") {
+      // F_SEAL_WRITE needs every writable shared mapping gone first.
+      ::munmap(host_map_, m_.allocations[0].size);
+      host_map_ = nullptr;
+      if (::fcntl(fds_[0].get(), F_ADD_SEALS, kSealsAll) != 0) {
+        return ErrnoError("arena: sealing the host memfd read-only (needs Linux >= 3.17 memfd sealing)",
+                          errno);
+      }
+    } else {
+      WSUP_RETURN_IF_ERROR(ctx_.MakeCurrent());
+      // Every fill must have landed before the temporary mapping goes away
+      // (an access through an unmapped range poisons the context).
+      WSUP_RETURN_IF_ERROR(cuda::ContextSynchronize());
+      UnmapCuda();
+      // The exported fds keep the memory alive from here on.
+      for (auto h : handles_) (void)cuda::VmmRelease(h);
+      handles_.clear();
+    }
+    return Arena(std::move(m_), std::move(fds_));
+  }
+
+ private:
+  Status CreateHost() {
+    const uint64_t size = m_.allocations[0].size;
+    int fd = ::memfd_create("wsup-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return ErrnoError("arena: memfd_create (needs Linux >= 3.17)", errno);
+    fds_.emplace_back(fd);
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      return ErrnoError("arena: sizing the host memfd to " + std::to_string(size) + " bytes", errno);
+    }
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoError("arena: mapping the host memfd of " + std::to_string(size) +
+                            " bytes (check free memory and ulimit -v)",
+                        errno);
+    }
+    host_map_ = static_cast<uint8_t*>(p);
+    return {};
+  }
+
+  Status CreateCuda(int device) {
+    WSUP_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::GetDeviceInfo(device));
+    if (!info.vmm_supported || !info.posix_fd_supported) {
+      return Unavailable(
+          "arena: CUDA device " + std::to_string(device) + " (" + info.name +
+          ") does not support VMM allocations exportable as POSIX fds: use backend "
+          "host, or a GPU and driver that do (compute capability >= 6.0, Linux driver >= 450)");
+    }
+    m_.device = device;
+    m_.device_uuid = info.uuid;
+    WSUP_ASSIGN_OR_RETURN(ctx_, cuda::PrimaryContext::Retain(device));
+    WSUP_RETURN_IF_ERROR(ctx_.MakeCurrent());
+    WSUP_ASSIGN_OR_RETURN(uint64_t gran, cuda::VmmGranularity(device));
+    for (size_t i = 0; i < m_.allocations.size(); ++i) {
+      auto h = cuda::VmmCreate(device, m_.allocations[i].size);
+      if (!h.ok()) return h.error().With(AllocName(i));
+      handles_.push_back(*h);
+      auto fd = cuda::VmmExport(*h);
+      if (!fd.ok()) return fd.error().With(AllocName(i));
+      fds_.push_back(std::move(*fd));
+    }
+    // A temporary mapping of the whole arena, only for filling it.
+    const uint64_t total = m_.arena_bytes();
+    WSUP_ASSIGN_OR_RETURN(va_, cuda::VmmReserve(total, gran));
+    va_size_ = total;
+    uint64_t off = 0;
+    for (size_t i = 0; i < handles_.size(); ++i) {
+      Status st = cuda::VmmMap(va_ + off, m_.allocations[i].size, handles_[i]);
+      if (!st.ok()) return st.error().With(AllocName(i));
+      ++mapped_;
+      off += m_.allocations[i].size;
+    }
+    WSUP_RETURN_IF_ERROR(cuda::VmmSetAccess(va_, total, device));
+    // New device memory holds whatever was there before; zero it so that
+    // padding between tensors is deterministic. The memset runs on the
+    // legacy stream, which the loader's non-blocking streams do not wait
+    // for: finish it before any copy starts.
+    WSUP_RETURN_IF_ERROR(cuda::MemsetD8(va_, 0, total));
+    WSUP_RETURN_IF_ERROR(cuda::ContextSynchronize());
+    return {};
+  }
+
+  void UnmapCuda() {
+    uint64_t off = 0;
+    for (size_t i = 0; i < mapped_; ++i) {
+      (void)cuda::VmmUnmap(va_ + off, m_.allocations[i].size);
+      off += m_.allocations[i].size;
+    }
+    mapped_ = 0;
+    if (va_) (void)cuda::VmmFree(va_, va_size_);
+    va_ = 0;
+    va_size_ = 0;
+  }
+
+  void Release() {
+    if (host_map_) ::munmap(host_map_, m_.allocations[0].size);
+    host_map_ = nullptr;
+    if (ctx_.valid()) {
+      (void)ctx_.MakeCurrent();
+      (void)cuda::ContextSynchronize();
+      UnmapCuda();
+      for (auto h : handles_) (void)cuda::VmmRelease(h);
+      handles_.clear();
+    }
+    fds_.clear();
+  }
+
+  Manifest m_;
+  std::vector<UniqueFd> fds_;
+  uint8_t* host_map_ = nullptr;
+  cuda::PrimaryContext ctx_;
+  std::vector<cuda::MemHandle> handles_;
+  cuda::DevicePtr va_ = 0;
+  uint64_t va_size_ = 0;
+  size_t mapped_ = 0;
+};
+
+namespace {
+
+// Granularity and allocation cap for a backend.
+Status LayoutParams(const LoadOptions& opts, uint64_t* gran, uint64_t* max_alloc) {
+  if (opts.backend == "host") {
+    *gran = kHostGranularity;
+    *max_alloc = std::numeric_limits<uint64_t>::max();
+    return {};
+  }
+  WSUP_RETURN_IF_ERROR(cuda::Init());
+  WSUP_ASSIGN_OR_RETURN(*gran, cuda::VmmGranularity(opts.device));
+  *max_alloc = RoundUp(opts.max_alloc_bytes ? opts.max_alloc_bytes : kDefaultCudaMaxAlloc, *gran);
+  return {};
+}
+
+}  // namespace
+
+Arena::Arena(Arena&&) noexcept = default;
+Arena& Arena::operator=(Arena&&) noexcept = default;
+Arena::~Arena() = default;
+
+Result<Arena> Arena::Load(const Checkpoint& ckpt, const std::vector<ShardedTensor>& shards,
+                          const LoadOptions& opts, LoadStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  WSUP_RETURN_IF_ERROR(CheckOptions(opts));
+  uint64_t gran = 0, max_alloc = 0;
+  WSUP_RETURN_IF_ERROR(LayoutParams(opts, &gran, &max_alloc));
+  Manifest plan = PlanLayout(shards, opts.backend, gran, max_alloc);
+  WSUP_ASSIGN_OR_RETURN(auto builder, ArenaBuilder::Create(std::move(plan), opts));
+  LoadStats local;
+  local.alloc_seconds = Since(t0);
+  Status filled = FillArena(ckpt, shards, builder->manifest(), builder->dest(), opts, &local);
+  if (!filled.ok()) return filled.error().With("loading " + ckpt.dir());
+  WSUP_ASSIGN_OR_RETURN(Arena arena, builder->Finish());
+  local.seconds = Since(t0);
+  local.arena_bytes = arena.manifest().arena_bytes();
+  local.read_gbps = local.seconds > 0 ? static_cast<double>(local.bytes_read) / local.seconds / 1e9 : 0;
+  if (stats) *stats = local;
+  return arena;
+}
+
+Result<Arena> Arena::Synthesize(const std::vector<ShardedTensor>& tensors, const LoadOptions& opts,
+                                LoadStats* stats) {
+  const auto t0 = std::chrono::steady_clock::now();
+  WSUP_RETURN_IF_ERROR(CheckOptions(opts));
+  uint64_t gran = 0, max_alloc = 0;
+  WSUP_RETURN_IF_ERROR(LayoutParams(opts, &gran, &max_alloc));
+  Manifest plan = PlanLayout(tensors, opts.backend, gran, max_alloc);
+  WSUP_ASSIGN_OR_RETURN(auto builder, ArenaBuilder::Create(std::move(plan), opts));
+  LoadStats local;
+  local.alloc_seconds = Since(t0);
+  const FillDest dest = builder->dest();
+  const auto& entries = builder->manifest().entries;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& e = entries[i];
+    if (e.nbytes == 0) continue;
+    if (dest.cuda) {
+      WSUP_RETURN_IF_ERROR(cuda::MemsetD8(dest.device_bases[e.alloc] + e.offset, SyntheticByte(i), e.nbytes));
+    } else {
+      std::memset(dest.host_bases[e.alloc] + e.offset, SyntheticByte(i), e.nbytes);
+    }
+  }
+  WSUP_ASSIGN_OR_RETURN(Arena arena, builder->Finish());
+  local.seconds = Since(t0);
+  local.arena_bytes = arena.manifest().arena_bytes();
+  if (stats) *stats = local;
+  return arena;
+}
+
+Result<Arena> Arena::Adopt(Manifest manifest, std::vector<UniqueFd> fds) {
+  WSUP_RETURN_IF_ERROR(manifest.Validate());
+  if (fds.size() != manifest.allocations.size()) {
+    return InvalidArgument("arena: adopting " + std::to_string(fds.size()) + " fds for " +
+                           std::to_string(manifest.allocations.size()) +
+                           " allocations in the manifest: keep and pass one fd per allocation, in "
+                           "allocation order");
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!fds[i].valid())
+      return InvalidArgument(AllocName(i) + ": no fd to adopt: pass one fd per allocation");
+  }
+  if (manifest.backend == "host") {
+    for (size_t i = 0; i < fds.size(); ++i) {
+      const uint64_t size = manifest.allocations[i].size;
+      struct stat st;
+      if (::fstat(fds[i].get(), &st) != 0) return ErrnoError(AllocName(i) + ": fstat of the kept fd", errno);
+      if (static_cast<uint64_t>(st.st_size) != size) {
+        return Mismatch(AllocName(i) + ": the kept fd holds " + std::to_string(st.st_size) +
+                        " bytes but the manifest says " + std::to_string(size) +
+                        ": the fds and the manifest belong to different arenas; load from the "
+                        "checkpoint instead");
+      }
+      int seals = ::fcntl(fds[i].get(), F_GET_SEALS);
+      if (seals < 0 || (seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK)) {
+        return Refused(AllocName(i) +
+                       ": the kept fd is not a memfd sealed read-only, so its bytes "
+                       "cannot be trusted: load from the checkpoint instead");
+      }
+    }
+    return Arena(std::move(manifest), std::move(fds));
+  }
+
+  // cuda: import each allocation and map it at its manifest size, which
+  // fails when the memory is smaller than the manifest says.
+  WSUP_RETURN_IF_ERROR(cuda::Init());
+  WSUP_ASSIGN_OR_RETURN(int device, cuda::FindDeviceByUuid(manifest.device_uuid));
+  manifest.device = device;
+  WSUP_ASSIGN_OR_RETURN(cuda::PrimaryContext ctx, cuda::PrimaryContext::Retain(device));
+  WSUP_RETURN_IF_ERROR(ctx.MakeCurrent());
+  WSUP_ASSIGN_OR_RETURN(uint64_t gran, cuda::VmmGranularity(device));
+  for (size_t i = 0; i < fds.size(); ++i) {
+    const uint64_t size = manifest.allocations[i].size;
+    if (size % gran != 0) {
+      return Corrupt(AllocName(i) + ": size " + std::to_string(size) + " is not a multiple of the device's " +
+                     std::to_string(gran) +
+                     "-byte granularity: the manifest is not of a cuda arena here; "
+                     "load from the checkpoint instead");
+    }
+    auto h = cuda::VmmImport(fds[i].get());
+    if (!h.ok()) return h.error().With(AllocName(i));
+    Status st = [&]() -> Status {
+      WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(*h));
+      if (props.device != device) {
+        return Mismatch(AllocName(i) + ": the kept memory is on device " + std::to_string(props.device) +
+                        ", not on " + manifest.device_uuid + " (device " + std::to_string(device) +
+                        "): the fds and the manifest belong to different arenas");
+      }
+      WSUP_ASSIGN_OR_RETURN(cuda::DevicePtr va, cuda::VmmReserve(size, gran));
+      Status mapped = cuda::VmmMap(va, size, *h);
+      if (mapped.ok()) (void)cuda::VmmUnmap(va, size);
+      (void)cuda::VmmFree(va, size);
+      return mapped;
+    }();
+    (void)cuda::VmmRelease(*h);
+    if (!st.ok()) return st.error().With(AllocName(i) + " (adopting a kept fd)");
+  }
+  return Arena(std::move(manifest), std::move(fds));
+}
+
+Result<std::vector<UniqueFd>> Arena::DupFds() const {
+  std::vector<UniqueFd> out;
+  out.reserve(fds_.size());
+  for (const auto& fd : fds_) {
+    WSUP_ASSIGN_OR_RETURN(UniqueFd d, fd.Dup());
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+Manifest PlanLayout(const std::vector<ShardedTensor>& shards, const std::string& backend,
+                    uint64_t granularity, uint64_t max_alloc_bytes) {
+  const uint64_t gran = std::max<uint64_t>(granularity, kHostGranularity);
+  Manifest m;
+  m.backend = backend;
+  m.device = -1;
+  m.device_uuid = backend == "host" ? "host" : "";
+  m.entries.reserve(shards.size());
+  uint64_t cursor = 0;
+  bool open = false;
+  auto close = [&]() {
+    m.allocations.push_back({std::max(RoundUp(cursor, gran), gran)});
+    cursor = 0;
+    open = false;
+  };
+  for (const auto& t : shards) {
+    uint64_t off = RoundUp(cursor, Manifest::kTensorAlignment);
+    if (open && cursor > 0 && (off > max_alloc_bytes || t.nbytes > max_alloc_bytes - off)) {
+      close();
+      off = 0;
+    }
+    open = true;
+    ManifestEntry e;
+    e.name = t.name;
+    e.dtype = DTypeName(t.dtype);
+    e.shape = t.shape;
+    e.alloc = static_cast<uint32_t>(m.allocations.size());
+    e.offset = off;
+    e.nbytes = t.nbytes;
+    m.entries.push_back(std::move(e));
+    cursor = off + t.nbytes;
+  }
+  if (open || m.allocations.empty()) close();
+  return m;
+}
+
+}  // namespace wsup

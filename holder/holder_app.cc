@@ -1,0 +1,295 @@
+#include "holder/holder_app.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "client/client.h"
+#include "client/protocol.h"
+#include "holder/arena.h"
+#include "holder/checkpoint.h"
+#include "holder/quant.h"
+#include "holder/server.h"
+#include "holder/sharding.h"
+
+namespace wsup {
+
+namespace {
+
+int ExitCodeFor(const Error& e) {
+  switch (e.code()) {
+    case Code::kInvalidArgument:
+    case Code::kNotFound:
+    case Code::kCorrupt:
+    case Code::kRefused:
+    case Code::kMismatch:
+      return kHolderExitRefused;
+    default:
+      return kHolderExitFailure;
+  }
+}
+
+bool FdIsOpen(int fd) { return ::fcntl(fd, F_GETFD) != -1; }
+
+// Many clients at once (and many arena fds) need more than the common
+// soft limit of 1024 open files; the hard limit is ours to take.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+      spdlog::warn("cannot raise the open-file limit: {}", std::strerror(errno));
+    }
+  }
+}
+
+struct Loaded {
+  Arena arena;
+  Fingerprint fingerprint;
+};
+
+Result<Loaded> LoadFromDisk(const HolderConfig& cfg) {
+  std::string backend = cfg.backend.empty() ? "host" : cfg.backend;
+  ShardSpec spec{cfg.tp_size.value_or(1), cfg.tp_rank.value_or(0)};
+  WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(cfg.model_dir));
+  WSUP_RETURN_IF_ERROR(CheckZeroCopyAllowed(ckpt));
+  auto shards = PlanShards(ckpt, spec);
+  if (!shards.ok()) {
+    return shards.error().With(cfg.model_dir + " (tp rank " + std::to_string(spec.tp_rank) + " of " +
+                               std::to_string(spec.tp_size) + ")");
+  }
+  WSUP_ASSIGN_OR_RETURN(FingerprintInputs in,
+                        LocalFingerprintInputs(cfg.model_dir, cfg.revision, spec, backend, cfg.device));
+  Loaded out;
+  out.fingerprint = Fingerprint::Compute(ckpt, in);
+  LoadOptions lo;
+  lo.backend = backend;
+  lo.device = cfg.device;
+  lo.read_threads = cfg.read_threads;
+  LoadStats stats;
+  WSUP_ASSIGN_OR_RETURN(out.arena, Arena::Load(ckpt, *shards, lo, &stats));
+  spdlog::info("loaded {} tensors ({} bytes, tp rank {} of {}) from {} into {} allocations ({} backend) in "
+               "{:.3f} s ({:.2f} GB/s)",
+               out.arena.manifest().entries.size(), out.arena.manifest().total_bytes(), spec.tp_rank,
+               spec.tp_size, cfg.model_dir, out.arena.manifest().allocations.size(), backend, stats.seconds,
+               stats.read_gbps);
+  return out;
+}
+
+Result<Loaded> Adopt(const HolderConfig& cfg) {
+  WSUP_ASSIGN_OR_RETURN(ArenaRecord record, ReadArenaRecord(cfg.adopt_manifest));
+  WSUP_ASSIGN_OR_RETURN(std::vector<int> fd_numbers, ParseFdList(cfg.adopt_fds));
+  const Manifest& m = record.manifest;
+  if (fd_numbers.size() != m.allocations.size()) {
+    return InvalidArgument("--adopt-fds names " + std::to_string(fd_numbers.size()) + " fds but " +
+                           cfg.adopt_manifest + " describes " + std::to_string(m.allocations.size()) +
+                           " allocations; pass one inherited fd per allocation, in allocation order");
+  }
+  if (record.fingerprint.Get("backend") != m.backend) {
+    return Corrupt(cfg.adopt_manifest + ": the fingerprint says backend '" + record.fingerprint.Get("backend") +
+                   "' but the manifest '" + m.backend + "'; the record is damaged: write it again from a keeper");
+  }
+  if (!cfg.backend.empty() && cfg.backend != m.backend) {
+    return InvalidArgument("--backend " + cfg.backend + " differs from the adopted arena's backend " + m.backend +
+                           " (" + cfg.adopt_manifest + "); drop --backend or adopt a matching arena");
+  }
+  struct Given {
+    const char* flag;
+    const char* field;
+    std::optional<int> value;
+  };
+  for (const Given& g : {Given{"--tp-size", "tp_size", cfg.tp_size}, Given{"--tp-rank", "tp_rank", cfg.tp_rank}}) {
+    std::string held = record.fingerprint.Get(g.field);
+    if (g.value && std::to_string(*g.value) != held) {
+      return InvalidArgument(std::string(g.flag) + " " + std::to_string(*g.value) +
+                             " differs from the adopted arena's " + g.field + " " + held + " (" +
+                             cfg.adopt_manifest + "); drop the flag or adopt a matching arena");
+    }
+  }
+  std::vector<UniqueFd> fds;
+  for (int n : fd_numbers) {
+    if (!FdIsOpen(n)) {
+      return InvalidArgument("--adopt-fds: fd " + std::to_string(n) +
+                             " is not open in this process; the parent must pass the kept arena fds as "
+                             "these numbers");
+    }
+    ::fcntl(n, F_SETFD, FD_CLOEXEC);  // never leak the arena into a child
+    fds.emplace_back(n);
+  }
+  Loaded out;
+  out.fingerprint = std::move(record.fingerprint);
+  auto arena = Arena::Adopt(std::move(record.manifest), std::move(fds));
+  if (!arena.ok()) return arena.error().With("adopting " + cfg.adopt_manifest);
+  out.arena = std::move(arena).value();
+  spdlog::info("adopted an arena of {} tensors ({} bytes, {} allocations, {} backend) from {} inherited fds and "
+               "{}; the checkpoint was not read{}",
+               out.arena.manifest().entries.size(), out.arena.manifest().total_bytes(),
+               out.arena.manifest().allocations.size(), out.arena.manifest().backend, fd_numbers.size(),
+               cfg.adopt_manifest,
+               cfg.model_dir.empty() ? "" : " (--model " + cfg.model_dir + " is ignored when adopting)");
+  return out;
+}
+
+// Signal watchers and the server's shutdown, on the loop thread.
+struct Shutdown {
+  HolderServer* server = nullptr;
+  uv_signal_t term{};
+  uv_signal_t intr{};
+  bool started = false;
+
+  static void OnSignal(uv_signal_t* h, int signum) {
+    auto* self = static_cast<Shutdown*>(h->data);
+    if (self->started) return;
+    self->started = true;
+    spdlog::info("received {}; closing the socket and every connection", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    uv_signal_stop(&self->term);
+    uv_signal_stop(&self->intr);
+    self->server->Close([self] {
+      uv_close(reinterpret_cast<uv_handle_t*>(&self->term), nullptr);
+      uv_close(reinterpret_cast<uv_handle_t*>(&self->intr), nullptr);
+    });
+  }
+};
+
+void AnnounceReady(int fd, const std::string& socket_path) {
+  std::string line = "ready " + socket_path + "\n";
+  size_t done = 0;
+  while (done < line.size()) {
+    ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      spdlog::warn("--ready-fd {}: cannot write the ready line ({}); serving anyway", fd, std::strerror(errno));
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+Result<std::vector<int>> ParseFdList(const std::string& text) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    bool digits = !item.empty() && item.size() <= 9 &&
+                  item.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits || std::stoi(item) < 3) {
+      return InvalidArgument("--adopt-fds '" + text.substr(0, 200) +
+                             "': expected a comma-separated list of inherited fd numbers (3 or more), e.g. 3,4");
+    }
+    out.push_back(std::stoi(item));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+Status ValidateHolderConfig(const HolderConfig& cfg) {
+  bool adopting = !cfg.adopt_manifest.empty() || !cfg.adopt_fds.empty();
+  if (cfg.socket_path.empty()) {
+    return InvalidArgument("--socket is required: the path of the holder socket, in a private directory");
+  }
+  if (adopting && (cfg.adopt_manifest.empty() || cfg.adopt_fds.empty())) {
+    return InvalidArgument("--adopt-manifest and --adopt-fds go together: the arena record and the inherited "
+                           "fds it describes");
+  }
+  if (!adopting) {
+    if (cfg.model_dir.empty()) {
+      return InvalidArgument("--model is required: the checkpoint folder (config.json and *.safetensors), "
+                             "unless the holder adopts kept fds (--adopt-manifest, --adopt-fds)");
+    }
+    if (::access(cfg.model_dir.c_str(), F_OK) != 0) {
+      return NotFound("--model " + cfg.model_dir + ": no such directory; pass the checkpoint folder");
+    }
+  }
+  if (!cfg.backend.empty() && cfg.backend != "host" && cfg.backend != "cuda") {
+    return InvalidArgument("--backend " + cfg.backend + ": expected host or cuda");
+  }
+  if (cfg.device < 0) return InvalidArgument("--device must be 0 or more (a cuda ordinal)");
+  int tp_size = cfg.tp_size.value_or(1);
+  int tp_rank = cfg.tp_rank.value_or(0);
+  if (tp_size < 1) return InvalidArgument("--tp-size " + std::to_string(tp_size) + ": must be 1 or more");
+  if (tp_rank < 0 || tp_rank >= tp_size) {
+    return InvalidArgument("--tp-rank " + std::to_string(tp_rank) + " is out of range for --tp-size " +
+                           std::to_string(tp_size) + "; ranks count from 0 to tp-size - 1");
+  }
+  if (cfg.read_threads < 1 || cfg.read_threads > 256) {
+    return InvalidArgument("--read-threads " + std::to_string(cfg.read_threads) + ": expected 1 to 256");
+  }
+  if (cfg.handshake_timeout_ms < 1) {
+    return InvalidArgument("--handshake-timeout-ms must be positive");
+  }
+  if (cfg.ready_fd >= 0 && (cfg.ready_fd <= 2 || !FdIsOpen(cfg.ready_fd))) {
+    return InvalidArgument("--ready-fd " + std::to_string(cfg.ready_fd) +
+                           ": not an inherited open fd (3 or more); pass the write end of a pipe");
+  }
+  if (adopting) WSUP_RETURN_IF_ERROR(ParseFdList(cfg.adopt_fds).status());
+  return Status::Ok();
+}
+
+int RunHolder(const HolderConfig& cfg) {
+  Status valid = ValidateHolderConfig(cfg);
+  if (!valid.ok()) {
+    spdlog::error("{}", valid.error().message());
+    return kHolderExitUsage;
+  }
+  if (cfg.ready_fd >= 0) ::fcntl(cfg.ready_fd, F_SETFD, FD_CLOEXEC);
+  ::signal(SIGPIPE, SIG_IGN);
+  RaiseOpenFileLimit();
+
+  bool adopting = !cfg.adopt_manifest.empty();
+  auto loaded = adopting ? Adopt(cfg) : LoadFromDisk(cfg);
+  if (!loaded.ok()) {
+    spdlog::error("{}", loaded.error().ToString());
+    return ExitCodeFor(loaded.error());
+  }
+
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  int exit_code = kHolderExitOk;
+  {
+    ServerOptions so;
+    so.socket_path = cfg.socket_path;
+    so.handshake_timeout_ms = cfg.handshake_timeout_ms;
+    so.deployment = cfg.deployment;
+    so.revision = cfg.revision;
+    so.adopted = adopting;
+    HolderServer server(&loop, loaded->arena, loaded->fingerprint, so);
+    Status started = server.Start();
+    if (!started.ok()) {
+      spdlog::error("{}", started.error().ToString());
+      exit_code = kHolderExitFailure;  // a busy socket or a fixed directory may do on the next try
+      server.Close();
+      uv_run(&loop, UV_RUN_DEFAULT);
+    } else {
+      Shutdown shutdown;
+      shutdown.server = &server;
+      uv_signal_init(&loop, &shutdown.term);
+      uv_signal_init(&loop, &shutdown.intr);
+      shutdown.term.data = &shutdown;
+      shutdown.intr.data = &shutdown;
+      uv_signal_start(&shutdown.term, &Shutdown::OnSignal, SIGTERM);
+      uv_signal_start(&shutdown.intr, &Shutdown::OnSignal, SIGINT);
+      if (cfg.ready_fd >= 0) AnnounceReady(cfg.ready_fd, cfg.socket_path);
+      spdlog::info("ready on {}{}{}", cfg.socket_path,
+                   cfg.deployment.empty() ? "" : " (deployment " + cfg.deployment + ")",
+                   adopting ? " from adopted fds" : "");
+      uv_run(&loop, UV_RUN_DEFAULT);
+    }
+  }
+  int rc = uv_loop_close(&loop);
+  if (rc != 0) spdlog::error("event loop closed with handles still open ({}); this is a bug", uv_strerror(rc));
+  if (exit_code == kHolderExitOk) spdlog::info("stopped");
+  return exit_code;
+}
+
+}  // namespace wsup

@@ -1,0 +1,58 @@
+// The wsup-holder program as a library: validates its configuration, builds
+// the arena (from the checkpoint on disk, or adopted from inherited fds plus
+// an arena record, reading nothing from disk), serves it on the holder
+// socket until SIGTERM or SIGINT, and exits cleanly. holder_main.cc only
+// parses flags into a HolderConfig.
+//
+// Readiness is proven, not assumed: with --ready-fd N the holder writes
+// "ready <socket>\n" to fd N and closes it once the socket accepts, which a
+// supervisor (or a test) tells apart from "spawned".
+//
+// Exit codes: 0 after SIGTERM/SIGINT; 1 a failure that may pass on a retry
+// (I/O, no device, socket busy); 2 a usage error; 3 a permanent refusal (bad
+// or refused checkpoint, inconsistent arena record): restarting will not help.
+//
+// RunHolder runs the libuv loop on the calling thread and installs signal
+// watchers for SIGTERM and SIGINT; call it once per process.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace wsup {
+
+inline constexpr int kHolderExitOk = 0;
+inline constexpr int kHolderExitFailure = 1;
+inline constexpr int kHolderExitUsage = 2;
+inline constexpr int kHolderExitRefused = 3;
+
+struct HolderConfig {
+  std::string model_dir;    // required unless adopting
+  std::string socket_path;  // required
+  std::string backend;      // "host" or "cuda"; empty: host (or the adopted arena's)
+  int device = 0;
+  std::optional<int> tp_size;  // empty: 1 (or the adopted arena's)
+  std::optional<int> tp_rank;
+  int ready_fd = -1;
+  std::string deployment;
+  std::string revision;
+  std::string adopt_manifest;  // arena record (client/protocol.h ArenaRecord)
+  std::string adopt_fds;       // "3,4,...": inherited fds, one per allocation in order
+  int read_threads = 4;
+  int handshake_timeout_ms = 10'000;
+};
+
+// Usage errors (exit 2), each naming the flag and what to pass instead.
+Status ValidateHolderConfig(const HolderConfig& cfg);
+
+// "3,4,5" -> {3, 4, 5}; refuses anything but a list of fds >= 3.
+Result<std::vector<int>> ParseFdList(const std::string& text);
+
+// Serves until SIGTERM/SIGINT; returns the exit code. Logs every failure
+// with the thing it concerns and the fix.
+int RunHolder(const HolderConfig& cfg);
+
+}  // namespace wsup

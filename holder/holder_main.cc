@@ -1,0 +1,43 @@
+// wsup-holder: keeps one rank's model weights resident and hands them to
+// engines as file descriptors. Flags only; the program is holder/holder_app.h.
+
+#include <CLI/CLI.hpp>
+
+#include "common/log.h"
+#include "holder/holder_app.h"
+
+int main(int argc, char** argv) {
+  wsup::HolderConfig cfg;
+  std::string log_level = "info";
+  int tp_size = 1, tp_rank = 0;
+  CLI::App app{"wsup-holder: keeps one rank's model weights resident (host memory or CUDA VMM) and hands them "
+               "to engines over a Unix socket as file descriptors."};
+  app.add_option("--model", cfg.model_dir, "checkpoint folder (config.json and *.safetensors)");
+  app.add_option("--socket", cfg.socket_path, "holder socket path, in a private directory (mode 0700)")->required();
+  app.add_option("--backend", cfg.backend, "where the weights live: host or cuda (default host)")
+      ->check(CLI::IsMember({"host", "cuda"}));
+  app.add_option("--device", cfg.device, "cuda device ordinal (default 0)");
+  auto* tp_size_opt = app.add_option("--tp-size", tp_size, "tensor-parallel size (default 1)");
+  auto* tp_rank_opt = app.add_option("--tp-rank", tp_rank, "this holder's tensor-parallel rank (default 0)");
+  app.add_option("--ready-fd", cfg.ready_fd, "inherited fd to write \"ready <socket>\\n\" to once serving");
+  app.add_option("--deployment", cfg.deployment, "deployment name, shown by 'wsup cache info'");
+  app.add_option("--revision", cfg.revision, "revision label of the model; part of the fingerprint");
+  app.add_option("--adopt-manifest", cfg.adopt_manifest,
+                 "arena record (manifest + fingerprint) of kept fds: start from them, reading no checkpoint");
+  app.add_option("--adopt-fds", cfg.adopt_fds, "inherited arena fds, one per allocation in order, e.g. 3,4");
+  app.add_option("--read-threads", cfg.read_threads, "parallel checkpoint readers (default 4)");
+  app.add_option("--handshake-timeout-ms", cfg.handshake_timeout_ms,
+                 "time a client has to send its first request (default 10000)");
+  app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : wsup::kHolderExitUsage;
+  }
+  if (tp_size_opt->count() > 0) cfg.tp_size = tp_size;
+  if (tp_rank_opt->count() > 0) cfg.tp_rank = tp_rank;
+  wsup::InitLogging("wsup-holder", log_level);
+  return wsup::RunHolder(cfg);
+}

@@ -1,0 +1,594 @@
+#include "holder/server.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "common/fs.h"
+
+namespace wsup {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kReadsPerEvent = 4;       // x 64 KiB: bounds one client's share of a loop turn
+constexpr int kAcceptsPerEvent = 128;
+constexpr int kAcceptPauseMs = 100;
+
+std::string Octal(unsigned mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0%03o", mode & 07777);
+  return buf;
+}
+
+// Sends one message without waiting, on a socket that is about to be closed,
+// so the peer learns why. Whatever does not fit is lost; that is fine.
+void TellOnce(int fd, const Error& e) {
+  auto frame = OutgoingFrame::Make(EncodeError(e), {});
+  if (frame.ok()) (void)frame->SendSome(fd);
+}
+
+}  // namespace
+
+struct HolderServer::Conn {
+  Conn(HolderServer* s, uint64_t i, UniqueFd f, uint32_t max_request)
+      : server(s), id(i), fd(std::move(f)), reader(max_request, /*accept_fds=*/false) {}
+
+  HolderServer* server;
+  uint64_t id;
+  UniqueFd fd;
+  uv_poll_t poll{};
+  uv_timer_t timer{};
+  int open_handles = 0;
+  int poll_events = -1;  // what the poll watches now; -1: not started
+  FrameReader reader;
+  std::deque<OutgoingFrame> out;
+  pid_t pid = 0;
+  uid_t uid = 0;
+  std::string name;
+  std::string role = "pending";
+  bool greeted = false;   // its first request was handled
+  bool attached = false;  // it received the fds
+  bool close_after_flush = false;
+  bool peer_eof = false;
+  bool closing = false;
+};
+
+// ---------------------------------------------------------------- socket path
+
+Status PrepareSocketPath(const std::string& socket_path) {
+  if (socket_path.empty()) {
+    return InvalidArgument("no socket path given; pass --socket PATH in a private directory (mode 0700)");
+  }
+  if (socket_path.size() > MaxSocketPathLength()) {
+    return InvalidArgument(socket_path + ": socket path is " + std::to_string(socket_path.size()) +
+                           " bytes, longer than the " + std::to_string(MaxSocketPathLength()) +
+                           " a Unix socket allows; choose a shorter --socket path");
+  }
+  std::string dir = DirName(socket_path);
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) return ErrnoError(dir + ": cannot inspect the socket directory", errno);
+    WSUP_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+    // The umask may have trimmed the mode; it must be exactly private.
+    if (::chmod(dir.c_str(), 0700) != 0) return ErrnoError(dir + ": cannot set mode 0700", errno);
+    spdlog::info("created socket directory {} (mode 0700)", dir);
+    if (::stat(dir.c_str(), &st) != 0) return ErrnoError(dir + ": cannot inspect the socket directory", errno);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return InvalidArgument(dir + ": the socket's directory is not a directory; choose another --socket");
+  }
+  if (st.st_uid != ::geteuid()) {
+    return Refused(dir + ": the socket directory belongs to uid " + std::to_string(st.st_uid) +
+                   ", not to uid " + std::to_string(::geteuid()) +
+                   " that runs this holder; use a directory of your own (mode 0700) for --socket");
+  }
+  if (st.st_mode & S_IRWXO) {
+    return Refused(dir + ": the socket directory has mode " + Octal(st.st_mode) +
+                   ", so every user on the host could reach the holder socket; run 'chmod 700 " + dir +
+                   "' or choose --socket in a private directory");
+  }
+  if (st.st_mode & S_IRWXG) {
+    spdlog::warn("{}: the socket directory is group-accessible (mode {}); connections from other uids "
+                 "are still refused, but 'chmod 700 {}' is safer",
+                 dir, Octal(st.st_mode), dir);
+  }
+  if (::lstat(socket_path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoError(socket_path + ": cannot inspect", errno);
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return InvalidArgument(socket_path + ": exists and is not a socket; remove it or choose another --socket");
+  }
+  // A socket file is left behind when a holder dies; one that nobody
+  // accepts on is stale. One that accepts belongs to a live holder.
+  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!probe.valid()) return ErrnoError(socket_path + ": cannot create a socket", errno);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
+  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EAGAIN) {
+    return Refused(socket_path + ": another holder is serving on this socket; stop it first, or give this "
+                   "holder another --socket");
+  }
+  if (errno != ECONNREFUSED) return ErrnoError(socket_path + ": cannot probe the existing socket", errno);
+  if (::unlink(socket_path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoError(socket_path + ": cannot remove the stale socket", errno);
+  }
+  spdlog::info("removed stale socket {} (no process was listening on it)", socket_path);
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- lifecycle
+
+HolderServer::HolderServer(uv_loop_t* loop, const Arena& arena, Fingerprint fingerprint, ServerOptions opts)
+    : loop_(loop), arena_(arena), fingerprint_(std::move(fingerprint)), opts_(std::move(opts)) {}
+
+HolderServer::~HolderServer() {
+  if (!conns_.empty() || closing_conns_ > 0 || open_server_handles_ > 0) {
+    spdlog::error("holder server destroyed with {} connections and {} handles open; Close() it and run the "
+                  "loop until its callback fires first",
+                  conns_.size() + closing_conns_, open_server_handles_);
+  }
+}
+
+Status HolderServer::Start() {
+  if (started_ || closing_) return Internal("HolderServer::Start called twice");
+  const std::string& path = opts_.socket_path;
+  WSUP_RETURN_IF_ERROR(PrepareSocketPath(path));
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoError(path + ": cannot create a socket", errno);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  // The socket file must never exist with a wider mode, not even briefly.
+  mode_t old_mask = ::umask(0177);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int bind_errno = errno;
+  ::umask(old_mask);
+  if (rc != 0) {
+    if (bind_errno == EADDRINUSE) {
+      return Refused(path + ": another process bound this socket just now; stop the other holder or give "
+                     "this one another --socket");
+    }
+    return ErrnoError(path + ": cannot bind the holder socket", bind_errno);
+  }
+  struct stat st{};
+  if (::chmod(path.c_str(), 0600) != 0 || ::stat(path.c_str(), &st) != 0) {
+    int e = errno;
+    ::unlink(path.c_str());
+    return ErrnoError(path + ": cannot set mode 0600 on the holder socket", e);
+  }
+  sock_dev_ = st.st_dev;
+  sock_ino_ = st.st_ino;
+  if (::listen(fd.get(), SOMAXCONN) != 0) {
+    int e = errno;
+    ::unlink(path.c_str());
+    return ErrnoError(path + ": cannot listen", e);
+  }
+  int uv_rc = uv_poll_init(loop_, &listen_poll_, fd.get());
+  if (uv_rc != 0) {
+    ::unlink(path.c_str());
+    return IoError(path + ": cannot watch the socket: " + uv_strerror(uv_rc));
+  }
+  listen_poll_.data = this;
+  uv_timer_init(loop_, &resume_timer_);
+  resume_timer_.data = this;
+  open_server_handles_ = 2;
+  started_ = true;
+  listen_fd_ = std::move(fd);
+  uv_poll_start(&listen_poll_, UV_READABLE, &HolderServer::OnListenEvent);
+  const Manifest& m = arena_.manifest();
+  spdlog::info("serving {} tensors ({} bytes in {} allocations, backend {}) on {}", m.entries.size(),
+               m.total_bytes(), m.allocations.size(), m.backend, path);
+  return Status::Ok();
+}
+
+void HolderServer::Close(std::function<void()> on_closed) {
+  if (closing_) return;
+  closing_ = true;
+  on_closed_ = std::move(on_closed);
+  if (started_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(&listen_poll_), &HolderServer::OnServerHandleClosed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&resume_timer_), &HolderServer::OnServerHandleClosed);
+    // Unlink only the socket this server bound, not one a successor bound since.
+    struct stat st{};
+    if (::lstat(opts_.socket_path.c_str(), &st) == 0 && st.st_dev == sock_dev_ && st.st_ino == sock_ino_) {
+      ::unlink(opts_.socket_path.c_str());
+    }
+  }
+  std::vector<Conn*> all;
+  for (auto& [id, c] : conns_) all.push_back(c);
+  for (Conn* c : all) CloseConn(c);
+  MaybeFinishClose();
+}
+
+void HolderServer::OnServerHandleClosed(uv_handle_t* h) {
+  auto* self = static_cast<HolderServer*>(h->data);
+  --self->open_server_handles_;
+  self->MaybeFinishClose();
+}
+
+void HolderServer::MaybeFinishClose() {
+  if (!closing_ || open_server_handles_ > 0 || closing_conns_ > 0 || !conns_.empty()) return;
+  if (listen_fd_.valid()) listen_fd_.Reset();
+  if (on_closed_) {
+    auto cb = std::move(on_closed_);
+    on_closed_ = nullptr;
+    cb();
+  }
+}
+
+// ---------------------------------------------------------------- accepting
+
+void HolderServer::OnListenEvent(uv_poll_t* h, int status, int events) {
+  auto* self = static_cast<HolderServer*>(h->data);
+  if (self->closing_) return;
+  if (status < 0) {
+    spdlog::error("{}: error on the listening socket: {}", self->opts_.socket_path, uv_strerror(status));
+    return;
+  }
+  self->AcceptAll();
+}
+
+void HolderServer::OnResumeAccept(uv_timer_t* t) {
+  auto* self = static_cast<HolderServer*>(t->data);
+  if (self->closing_) return;
+  uv_poll_start(&self->listen_poll_, UV_READABLE, &HolderServer::OnListenEvent);
+}
+
+void HolderServer::AcceptAll() {
+  for (int i = 0; i < kAcceptsPerEvent; ++i) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      Admit(UniqueFd(fd));
+      continue;
+    }
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+    if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+      // Level-triggered: retrying at once would spin. Pause, then resume.
+      spdlog::warn("{}: cannot accept a connection ({}); pausing accepts for {} ms: raise the open-file "
+                   "limit (ulimit -n) of the holder",
+                   opts_.socket_path, std::strerror(errno), kAcceptPauseMs);
+      uv_poll_stop(&listen_poll_);
+      uv_timer_start(&resume_timer_, &HolderServer::OnResumeAccept, kAcceptPauseMs, 0);
+      return;
+    }
+    spdlog::error("{}: accept failed: {}", opts_.socket_path, std::strerror(errno));
+    return;
+  }
+}
+
+void HolderServer::Admit(UniqueFd fd) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    spdlog::warn("{}: cannot read the peer credentials of a new connection ({}); closed it",
+                 opts_.socket_path, std::strerror(errno));
+    return;
+  }
+  if (cred.uid != ::geteuid()) {
+    spdlog::warn("refused a connection from pid {} uid {}: only uid {} (the holder's user) may use {}",
+                 cred.pid, cred.uid, ::geteuid(), opts_.socket_path);
+    TellOnce(fd.get(), Refused("uid " + std::to_string(cred.uid) + " may not use this holder; connect as uid " +
+                               std::to_string(::geteuid()) + " (the holder's user)"));
+    return;
+  }
+  if (conns_.size() >= opts_.max_connections) {
+    spdlog::warn("refused a connection from pid {}: {} connections are open, the limit", cred.pid,
+                 conns_.size());
+    TellOnce(fd.get(), Unavailable("the holder has " + std::to_string(conns_.size()) +
+                                   " connections open, its limit; retry later, or find the client that "
+                                   "leaks connections in 'wsup cache info'"));
+    return;
+  }
+  int raw = fd.get();
+  auto* c = new Conn(this, next_id_++, std::move(fd), opts_.max_request_bytes);
+  c->pid = cred.pid;
+  c->uid = cred.uid;
+  int rc = uv_poll_init(loop_, &c->poll, raw);
+  if (rc != 0) {
+    spdlog::error("{}: cannot watch a connection from pid {}: {}; closed it", opts_.socket_path, cred.pid,
+                  uv_strerror(rc));
+    delete c;
+    return;
+  }
+  uv_timer_init(loop_, &c->timer);
+  c->poll.data = c;
+  c->timer.data = c;
+  c->open_handles = 2;
+  conns_[c->id] = c;
+  uv_timer_start(&c->timer, &HolderServer::OnConnTimer, static_cast<uint64_t>(opts_.handshake_timeout_ms), 0);
+  spdlog::debug("accepted a connection from pid {} ({} open)", cred.pid, conns_.size());
+  UpdatePoll(c);
+}
+
+// ---------------------------------------------------------------- per client
+
+std::string HolderServer::Describe(const Conn* c) const {
+  if (c->name.empty() && c->role == "pending") {
+    return "connection from pid " + std::to_string(c->pid) + " (uid " + std::to_string(c->uid) + ")";
+  }
+  return "client '" + c->name + "' (" + c->role + ", pid " + std::to_string(c->pid) + ")";
+}
+
+void HolderServer::OnConnEvent(uv_poll_t* h, int status, int events) {
+  auto* c = static_cast<Conn*>(h->data);
+  if (c->closing) return;
+  HolderServer* self = c->server;
+  if (status < 0) {
+    self->Drop(c, std::string("socket error: ") + uv_strerror(status));
+    return;
+  }
+  if (events & UV_WRITABLE) {
+    self->Flush(c);
+    if (c->closing) return;
+  }
+  if (events & (UV_READABLE | UV_DISCONNECT)) self->ReadFrom(c);
+}
+
+void HolderServer::OnConnTimer(uv_timer_t* t) {
+  auto* c = static_cast<Conn*>(t->data);
+  if (c->closing) return;
+  HolderServer* self = c->server;
+  int ms = self->opts_.handshake_timeout_ms;
+  if (!c->greeted) {
+    Error e = Timeout("no complete request within " + std::to_string(ms) +
+                      " ms of connecting; send 'hello' or 'info' right after connecting");
+    self->Drop(c,
+               "sent no complete request within " + std::to_string(ms) + " ms (" +
+                   std::to_string(c->reader.buffered()) + " bytes received)",
+               &e);
+  } else {
+    self->Drop(c, "did not read its final reply within " + std::to_string(ms) + " ms");
+  }
+}
+
+void HolderServer::ReadFrom(Conn* c) {
+  for (int i = 0; i < kReadsPerEvent && !c->peer_eof; ++i) {
+    // Backpressure: a client with a reply pending is not read from.
+    if (!c->out.empty() || c->close_after_flush) break;
+    auto state = c->reader.ReadSome(c->fd.get(), 64 << 10);
+    if (!state.ok()) {
+      Drop(c, "sent a bad message: " + state.error().message(), &state.error());
+      return;
+    }
+    if (*state == FrameReader::ReadState::kWouldBlock) break;
+    if (*state == FrameReader::ReadState::kEof) {
+      c->peer_eof = true;
+      break;
+    }
+    Flush(c);  // handles the requests now complete
+    if (c->closing) return;
+  }
+  Flush(c);
+}
+
+// Sends pending replies, then handles buffered requests one at a time, until
+// the socket would block or nothing is left. Iterative on purpose: a client
+// may pipeline thousands of tiny requests.
+void HolderServer::Flush(Conn* c) {
+  for (;;) {
+    if (c->closing) return;
+    while (!c->out.empty()) {
+      auto sent = c->out.front().SendSome(c->fd.get());
+      if (!sent.ok()) {
+        Drop(c, "cannot send to it: " + sent.error().message());
+        return;
+      }
+      if (!*sent) break;
+      c->out.pop_front();
+    }
+    if (!c->out.empty()) break;
+    if (c->close_after_flush) {
+      spdlog::debug("{}: replied, closing", Describe(c));
+      CloseConn(c);
+      return;
+    }
+    auto next = c->reader.Next();
+    if (!next.ok()) {
+      Drop(c, "sent a bad message: " + next.error().message(), &next.error());
+      return;
+    }
+    if (!next->has_value()) {
+      if (c->peer_eof) {
+        if (c->reader.mid_message()) {
+          Drop(c, "disconnected in the middle of a message (" + std::to_string(c->reader.buffered()) +
+                      " bytes received" +
+                      (c->reader.announced() ? " of " + std::to_string(c->reader.announced() + 4) : "") +
+                      ")");
+        } else {
+          spdlog::debug("{}: disconnected", Describe(c));
+          CloseConn(c);
+        }
+        return;
+      }
+      break;
+    }
+    Handle(c, std::move(**next));
+  }
+  UpdatePoll(c);
+}
+
+void HolderServer::UpdatePoll(Conn* c) {
+  if (c->closing) return;
+  int events = 0;
+  if (!c->out.empty()) {
+    events |= UV_WRITABLE;
+  } else if (!c->peer_eof && !c->close_after_flush) {
+    events |= UV_READABLE | UV_DISCONNECT;
+  }
+  if (events == c->poll_events) return;
+  c->poll_events = events;
+  if (events == 0) {
+    uv_poll_stop(&c->poll);
+  } else {
+    int rc = uv_poll_start(&c->poll, events, &HolderServer::OnConnEvent);
+    if (rc != 0) Drop(c, std::string("cannot watch its socket: ") + uv_strerror(rc));
+  }
+}
+
+void HolderServer::Reply(Conn* c, json msg, std::vector<UniqueFd> fds) {
+  auto frame = OutgoingFrame::Make(std::move(msg), std::move(fds));
+  if (!frame.ok()) {
+    spdlog::error("{}: cannot build a reply: {}", Describe(c), frame.error().message());
+    TellOnce(c->fd.get(), frame.error());
+    CloseConn(c);
+    return;
+  }
+  c->out.push_back(std::move(frame).value());
+}
+
+void HolderServer::Drop(Conn* c, const std::string& why, const Error* tell) {
+  if (c->closing) return;
+  spdlog::warn("{}: {}; dropped it", Describe(c), why);
+  // Only between frames: half a reply followed by an error would be garbage.
+  if (tell != nullptr && c->out.empty()) TellOnce(c->fd.get(), *tell);
+  CloseConn(c);
+}
+
+void HolderServer::CloseConn(Conn* c) {
+  if (c->closing) return;
+  c->closing = true;
+  conns_.erase(c->id);
+  ++closing_conns_;
+  uv_close(reinterpret_cast<uv_handle_t*>(&c->poll), &HolderServer::OnConnHandleClosed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&c->timer), &HolderServer::OnConnHandleClosed);
+}
+
+void HolderServer::OnConnHandleClosed(uv_handle_t* h) {
+  auto* c = static_cast<Conn*>(h->data);
+  if (--c->open_handles > 0) return;
+  HolderServer* self = c->server;
+  delete c;  // closes the socket
+  --self->closing_conns_;
+  self->MaybeFinishClose();
+}
+
+// ---------------------------------------------------------------- requests
+
+void HolderServer::Handle(Conn* c, Frame frame) {
+  std::string type = frame.type();
+  if (type == "hello") {
+    if (c->greeted) {
+      Error e = Corrupt("a second 'hello' on one connection; open a new connection to attach again");
+      Drop(c, "sent a second hello", &e);
+      return;
+    }
+    HandleHello(c, frame);
+    return;
+  }
+  if (type == "info") {
+    if (!c->greeted) {
+      c->greeted = true;
+      c->role = "info";
+      uv_timer_stop(&c->timer);
+    }
+    Reply(c, EncodeInfo(Info()));
+    return;
+  }
+  if (type == "bye") {
+    spdlog::debug("{}: said bye", Describe(c));
+    CloseConn(c);
+    return;
+  }
+  std::string shown = type.empty() ? "(none)" : "'" + type.substr(0, 64) + "'";
+  Error e = Corrupt("unknown message type " + shown + "; expected hello, info or bye");
+  Drop(c, "sent a message of unknown type " + shown, &e);
+}
+
+void HolderServer::HandleHello(Conn* c, const Frame& frame) {
+  auto hello = DecodeHello(frame.msg);
+  if (!hello.ok()) {
+    Drop(c, "sent a bad hello: " + hello.error().message(), &hello.error());
+    return;
+  }
+  c->greeted = true;
+  uv_timer_stop(&c->timer);
+  c->name = hello->client;
+  c->role = ClientRoleName(hello->role);
+  auto finish_with = [&](json reply) {
+    Reply(c, std::move(reply));
+    if (c->closing) return;
+    c->close_after_flush = true;
+    // Bound the time a client may leave its final reply unread.
+    uv_timer_start(&c->timer, &HolderServer::OnConnTimer, static_cast<uint64_t>(opts_.handshake_timeout_ms), 0);
+  };
+  if (hello->version != kProtocolVersion) {
+    Error e = Refused("this holder speaks protocol version " + std::to_string(kProtocolVersion) +
+                      ", the client " + std::to_string(hello->version) +
+                      "; run the same wsup version for the holder and its clients");
+    spdlog::warn("{}: {}", Describe(c), e.message());
+    finish_with(EncodeError(e));
+    return;
+  }
+  std::vector<FingerprintDiff> diffs;
+  if (hello->fingerprint) diffs = hello->fingerprint->Compare(fingerprint_);
+  if (hello->role == ClientRole::kEngine && !hello->fingerprint) {
+    Error e = InvalidArgument("an engine must present the fingerprint of the weights it expects; compute it "
+                              "from its checkpoint (Fingerprint::Compute) and send it in 'hello'");
+    spdlog::warn("{}: {}", Describe(c), e.message());
+    finish_with(EncodeError(e));
+    return;
+  }
+  if (hello->role != ClientRole::kInspect && !diffs.empty()) {
+    std::string described = Fingerprint::DescribeDiffs(diffs);
+    spdlog::info("{}: fingerprint mismatch, not attached: {}", Describe(c), described);
+    finish_with(EncodeMismatch(MismatchMsg{
+        diffs, "the holder's weights differ from the client's in: " + described +
+                   "; start a holder for this configuration, or load from disk"}));
+    return;
+  }
+  auto fds = arena_.DupFds();
+  if (!fds.ok()) {
+    spdlog::error("{}: cannot duplicate the arena fds: {}", Describe(c), fds.error().message());
+    finish_with(EncodeError(fds.error()));
+    return;
+  }
+  AttachMsg m;
+  m.manifest = arena_.manifest();
+  m.fingerprint = fingerprint_;
+  if (hello->role == ClientRole::kInspect) m.diffs = diffs;
+  size_t nfds = fds->size();
+  Reply(c, EncodeAttach(m), std::move(fds).value());
+  if (c->closing) return;
+  c->attached = true;
+  spdlog::info("attached {}: {} allocations, {} tensors{}", Describe(c), nfds, m.manifest.entries.size(),
+               diffs.empty() ? "" : " (inspection; fingerprint differs in " +
+                                        std::to_string(diffs.size()) + " fields)");
+}
+
+InfoMsg HolderServer::Info() const {
+  InfoMsg m;
+  const Manifest& man = arena_.manifest();
+  m.fingerprint = fingerprint_;
+  m.tensors = man.entries.size();
+  m.bytes = man.total_bytes();
+  m.arena_bytes = man.arena_bytes();
+  m.allocations = man.allocations.size();
+  m.backend = man.backend;
+  m.device = man.device;
+  m.device_uuid = man.device_uuid;
+  m.deployment = opts_.deployment;
+  m.revision = opts_.revision;
+  m.adopted = opts_.adopted;
+  m.holder_pid = ::getpid();
+  m.socket = opts_.socket_path;
+  m.connections = conns_.size();
+  for (const auto& [id, c] : conns_) {
+    if (c->attached) ++m.clients;
+    m.client_list.push_back(ClientEntry{c->name, c->role, c->pid, c->uid, c->attached});
+  }
+  return m;
+}
+
+}  // namespace wsup

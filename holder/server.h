@@ -1,0 +1,123 @@
+// HolderServer: the holder's side of the holder protocol (client/protocol.h).
+// It hands the arena's fds and manifest to clients whose fingerprint
+// matches, answers `info`, and keeps track of who is attached.
+//
+// Security: the socket lives in a directory of mode 0700 (created when
+// missing; an existing directory that other users can enter is refused) and
+// is itself mode 0600; on top of that every connection's peer uid
+// (SO_PEERCRED) must equal the holder's, so a misconfigured directory still
+// does not hand weights to another user. Refusals are logged with the
+// peer's pid and uid.
+//
+// Robustness: one libuv loop, one thread, every client socket non-blocking
+// with its own buffers, so a slow or hostile client never blocks another.
+// Requests are bounded in size (the length prefix is checked before the
+// body is buffered), the first request must arrive within a time limit, and
+// a client that sends garbage, an oversized prefix, or disconnects in the
+// middle of a message is dropped with a log line while the server keeps
+// serving. A client with an unread reply is not read from (backpressure),
+// and one that never reads its final reply is dropped after the same limit.
+//
+// Ownership: the server owns the listening socket, every connection and
+// their libuv handles (uv_poll_t for sockets, uv_timer_t for deadlines); each
+// connection is freed in the close callback of its last handle. The arena is
+// borrowed and must outlive the server. Close() starts closing everything;
+// the loop then runs until the close callbacks have fired, and only after
+// that may the server be destroyed. Loop thread only.
+#pragma once
+
+#include <sys/types.h>
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "client/protocol.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "holder/arena.h"
+#include "holder/fingerprint.h"
+
+namespace wsup {
+
+struct ServerOptions {
+  std::string socket_path;
+  // Time a new connection has to send its first complete request, and a
+  // client has to read its final reply before it is dropped.
+  int handshake_timeout_ms = 10'000;
+  // Requests (hello, info, bye) are small; replies may be up to kMaxMessageBytes.
+  uint32_t max_request_bytes = 1u << 20;
+  size_t max_connections = 1000;
+  // Shown by `info`.
+  std::string deployment;
+  std::string revision;
+  bool adopted = false;
+};
+
+// Makes sure the socket's directory exists with mode 0700 and belongs to this
+// user, and that no other holder serves on the path (a stale socket file
+// from a dead holder is removed). Errors name the path and the fix.
+Status PrepareSocketPath(const std::string& socket_path);
+
+class HolderServer {
+ public:
+  HolderServer(uv_loop_t* loop, const Arena& arena, Fingerprint fingerprint, ServerOptions opts);
+  ~HolderServer();
+  HolderServer(const HolderServer&) = delete;
+  HolderServer& operator=(const HolderServer&) = delete;
+
+  // Prepares the path, binds (mode 0600), listens and starts accepting.
+  Status Start();
+  // Stops accepting, drops every client, unlinks the socket, and closes
+  // every handle; on_closed runs on the loop once the last close callback
+  // has fired (the server may be destroyed from then on).
+  void Close(std::function<void()> on_closed = nullptr);
+
+  InfoMsg Info() const;
+  size_t connections() const { return conns_.size(); }
+  const std::string& socket_path() const { return opts_.socket_path; }
+
+ private:
+  struct Conn;
+  static void OnListenEvent(uv_poll_t* h, int status, int events);
+  static void OnConnEvent(uv_poll_t* h, int status, int events);
+  static void OnConnTimer(uv_timer_t* t);
+  static void OnConnHandleClosed(uv_handle_t* h);
+  static void OnServerHandleClosed(uv_handle_t* h);
+  static void OnResumeAccept(uv_timer_t* t);
+
+  void AcceptAll();
+  void Admit(UniqueFd fd);
+  void ReadFrom(Conn* c);
+  void Handle(Conn* c, Frame frame);
+  void HandleHello(Conn* c, const Frame& frame);
+  void Reply(Conn* c, nlohmann::json msg, std::vector<UniqueFd> fds = {});
+  void Flush(Conn* c);
+  void UpdatePoll(Conn* c);
+  // Logs why, tries once to tell the client, and closes it.
+  void Drop(Conn* c, const std::string& why, const Error* tell = nullptr);
+  void CloseConn(Conn* c);
+  void MaybeFinishClose();
+  std::string Describe(const Conn* c) const;
+
+  uv_loop_t* loop_;
+  const Arena& arena_;
+  Fingerprint fingerprint_;
+  ServerOptions opts_;
+  UniqueFd listen_fd_;
+  dev_t sock_dev_ = 0;
+  ino_t sock_ino_ = 0;
+  uv_poll_t listen_poll_{};
+  uv_timer_t resume_timer_{};
+  bool started_ = false;
+  bool closing_ = false;
+  int open_server_handles_ = 0;
+  size_t closing_conns_ = 0;
+  std::function<void()> on_closed_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Conn*> conns_;
+};
+
+}  // namespace wsup

@@ -1,0 +1,496 @@
+// The holder protocol's pieces (framing, fd passing, message decoding, the
+// arena record, socket naming), the client's modes without a holder, and the
+// C ABI's argument handling, including the shared library as ctypes loads it.
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "client/client.h"
+#include "client/protocol.h"
+#include "client/wsup_client.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+using nlohmann::json;
+
+std::string Prefix(uint32_t n) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+Fingerprint SomeFingerprint() {
+  auto fp = Fingerprint::FromJson(json{{"model_path", "/m"}, {"tp_size", "1"}, {"tp_rank", "0"}, {"backend", "host"}});
+  REQUIRE(fp.ok());
+  return *fp;
+}
+
+TEST_CASE("frames round-trip, whole or one byte at a time", "[client][protocol]") {
+  json a = {{"type", "info"}};
+  json b = {{"type", "hello"}, {"client", "x\xc3\xa9"}, {"list", {1, 2, 3}}};
+  auto fa = EncodeFrame(a);
+  auto fb = EncodeFrame(b);
+  REQUIRE(fa.ok());
+  REQUIRE(fb.ok());
+  std::string stream = *fa + *fb;
+  CHECK(stream.substr(0, 4) == Prefix(static_cast<uint32_t>(fa->size() - 4)));
+
+  FrameDecoder whole;
+  REQUIRE(whole.Feed(stream.data(), stream.size()).ok());
+  auto m1 = whole.Next();
+  auto m2 = whole.Next();
+  auto m3 = whole.Next();
+  REQUIRE((m1.ok() && m2.ok() && m3.ok()));
+  CHECK(**m1 == a);
+  CHECK(**m2 == b);
+  CHECK_FALSE(m3->has_value());
+  CHECK_FALSE(whole.mid_message());
+
+  FrameDecoder bytewise;
+  std::vector<json> got;
+  for (char c : stream) {
+    REQUIRE(bytewise.Feed(&c, 1).ok());
+    auto m = bytewise.Next();
+    REQUIRE(m.ok());
+    if (m->has_value()) got.push_back(**m);
+  }
+  REQUIRE(got.size() == 2);
+  CHECK(got[1] == b);
+}
+
+TEST_CASE("the decoder refuses bad frames, and bad prefixes before their body", "[client][protocol]") {
+  SECTION("oversized prefix: refused as soon as its 4 bytes are known") {
+    FrameDecoder d(1024);
+    std::string p = Prefix(1025);
+    REQUIRE(d.Feed(p.data(), 3).ok());
+    Status s = d.Feed(p.data() + 3, 1);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.code() == Code::kCorrupt);
+    CHECK_THAT(s.error().message(), Catch::Contains("1025 bytes") && Catch::Contains("1024 allowed"));
+    CHECK(d.buffered() == 4);  // nothing of a body was taken in
+  }
+  SECTION("a prefix of exactly the limit is fine") {
+    FrameDecoder d(16);
+    std::string f = Prefix(16) + R"({"type":"xxxxx"})";
+    REQUIRE(d.Feed(f.data(), f.size()).ok());
+    auto m = d.Next();
+    REQUIRE(m.ok());
+    CHECK(m->has_value());
+  }
+  SECTION("a bad prefix after a good message") {
+    FrameDecoder d(64);
+    std::string f = Prefix(2) + "{}" + Prefix(100000);
+    Status s = d.Feed(f.data(), f.size());
+    CHECK(s.ok());  // the first frame is fine; the second is checked when reached
+    auto m = d.Next();
+    CHECK_FALSE(m.ok());
+  }
+  SECTION("zero length, not JSON, not an object, too deep") {
+    for (std::string body : {std::string(), std::string("nope"), std::string("[1]"), std::string("\"s\""),
+                             std::string(100, '[') + std::string(100, ']'),
+                             std::string("{\"a\":") + std::string(70, '{') + std::string(71, '}')}) {
+      INFO(body.substr(0, 20));
+      FrameDecoder d;
+      std::string f = Prefix(static_cast<uint32_t>(body.size())) + body;
+      Status fed = d.Feed(f.data(), f.size());
+      if (!fed.ok()) {
+        CHECK(fed.code() == Code::kCorrupt);
+        continue;
+      }
+      auto m = d.Next();
+      REQUIRE_FALSE(m.ok());
+      CHECK(m.error().code() == Code::kCorrupt);
+    }
+  }
+  SECTION("brackets inside strings do not count as nesting") {
+    FrameDecoder d;
+    std::string body = "{\"s\":\"" + std::string(500, '[') + "\\\"\"}";
+    std::string f = Prefix(static_cast<uint32_t>(body.size())) + body;
+    REQUIRE(d.Feed(f.data(), f.size()).ok());
+    auto m = d.Next();
+    REQUIRE(m.ok());
+    REQUIRE(m->has_value());
+  }
+  SECTION("EncodeFrame refuses a message over the limit") {
+    auto f = EncodeFrame(json{{"x", std::string(100, 'a')}}, 50);
+    REQUIRE_FALSE(f.ok());
+    CHECK_THAT(f.error().message(), Catch::Contains("exceeds"));
+  }
+}
+
+// Sends `frame` on a and reads one message on b, driving both non-blocking.
+Result<Frame> Transfer(OutgoingFrame frame, int a, int b) {
+  FrameReader reader(kMaxMessageBytes, true);
+  for (int i = 0; i < 100000; ++i) {
+    if (!frame.done()) {
+      auto sent = frame.SendSome(a);
+      if (!sent.ok()) return sent.error();
+    }
+    auto state = reader.ReadSome(b, 1 << 16);
+    if (!state.ok()) return state.error();
+    auto next = reader.Next();
+    if (!next.ok()) return next.error();
+    if (next->has_value()) return std::move(**next);
+    pollfd p[2] = {{a, POLLOUT, 0}, {b, POLLIN, 0}};
+    ::poll(p, 2, 100);
+  }
+  return Timeout("transfer did not finish");
+}
+
+TEST_CASE("more fds than one sendmsg carries arrive complete and in order", "[client][protocol]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  // 300 distinct open files (memfds), so identity can be checked by inode.
+  std::vector<UniqueFd> fds;
+  std::vector<ino_t> inodes;
+  for (int i = 0; i < 300; ++i) {
+    UniqueFd fd(::memfd_create("wsup-test", MFD_CLOEXEC));
+    REQUIRE(fd.valid());
+    struct stat st{};
+    REQUIRE(::fstat(fd.get(), &st) == 0);
+    inodes.push_back(st.st_ino);
+    fds.push_back(std::move(fd));
+  }
+  auto frame = OutgoingFrame::Make(json{{"type", "attach"}, {"pad", std::string(1000, 'p')}}, std::move(fds));
+  REQUIRE(frame.ok());
+  auto got = Transfer(std::move(frame).value(), a.get(), b.get());
+  REQUIRE(got.ok());
+  CHECK(got->msg["fds"] == 300);
+  REQUIRE(got->fds.size() == 300);
+  for (size_t i = 0; i < 300; ++i) {
+    struct stat st{};
+    REQUIRE(::fstat(got->fds[i].get(), &st) == 0);
+    CHECK(st.st_ino == inodes[i]);
+    CHECK((::fcntl(got->fds[i].get(), F_GETFD) & FD_CLOEXEC) != 0);
+  }
+}
+
+TEST_CASE("a message that announces more fds than arrived is refused", "[client][protocol]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  auto f = EncodeFrame(json{{"type", "attach"}, {"fds", 2}});
+  REQUIRE(f.ok());
+  REQUIRE(::send(a.get(), f->data(), f->size(), 0) == static_cast<ssize_t>(f->size()));
+  FrameReader r(kMaxMessageBytes, true);
+  REQUIRE(r.ReadSome(b.get(), 4096).ok());
+  auto m = r.Next();
+  REQUIRE_FALSE(m.ok());
+  CHECK_THAT(m.error().message(), Catch::Contains("announces 2 file descriptors but 0 arrived"));
+
+  FrameReader no_fds(kMaxMessageBytes, false);
+  REQUIRE(::send(a.get(), f->data(), f->size(), 0) == static_cast<ssize_t>(f->size()));
+  REQUIRE(no_fds.ReadSome(b.get(), 4096).ok());
+  auto m2 = no_fds.Next();
+  REQUIRE_FALSE(m2.ok());
+  CHECK_THAT(m2.error().message(), Catch::Contains("accepts none"));
+}
+
+TEST_CASE("messages round-trip and decoders refuse malformed ones naming the field", "[client][protocol]") {
+  Fingerprint fp = SomeFingerprint();
+  HelloMsg hello{kProtocolVersion, "engine-a", ClientRole::kInspect, fp};
+  auto h = DecodeHello(EncodeHello(hello));
+  REQUIRE(h.ok());
+  CHECK(h->client == "engine-a");
+  CHECK(h->role == ClientRole::kInspect);
+  REQUIRE(h->fingerprint);
+  CHECK(h->fingerprint->Compare(fp).empty());
+  auto no_fp = DecodeHello(EncodeHello(HelloMsg{1, "k", ClientRole::kKeeper, std::nullopt}));
+  REQUIRE(no_fp.ok());
+  CHECK_FALSE(no_fp->fingerprint);
+
+  MismatchMsg mm{{{"tp_rank", "1", "0"}, {"dtype", "bf16", "f32"}}, "differs"};
+  auto m = DecodeMismatch(EncodeMismatch(mm));
+  REQUIRE(m.ok());
+  REQUIRE(m->diffs.size() == 2);
+  CHECK(m->diffs[1].field == "dtype");
+  CHECK(m->diffs[1].ours == "bf16");
+  CHECK(m->diffs[1].theirs == "f32");
+  CHECK(EncodeMismatch(mm)["diffs"][0]["holder"] == "0");
+
+  auto e = DecodeError(EncodeError(Refused("no")));
+  REQUIRE(e.ok());
+  CHECK(e->code == "refused");
+  Error back = ErrorFromReply(*e, "/s");
+  CHECK(back.code() == Code::kRefused);
+  CHECK_THAT(back.message(), Catch::Contains("/s: the holder answered: no"));
+  CHECK(ErrorFromReply(ErrorMsg{"timeout", "t"}, "/s").code() == Code::kTimeout);
+  CHECK(ErrorFromReply(ErrorMsg{"martian", "t"}, "/s").code() == Code::kRefused);
+
+  InfoMsg info;
+  info.fingerprint = fp;
+  info.tensors = 21;
+  info.bytes = 5641216;
+  info.backend = "host";
+  info.client_list.push_back(ClientEntry{"e", "engine", 42, 0, true});
+  auto i = DecodeInfo(EncodeInfo(info));
+  REQUIRE(i.ok());
+  CHECK(i->tensors == 21);
+  CHECK(i->bytes == 5641216);
+  REQUIRE(i->client_list.size() == 1);
+  CHECK(i->client_list[0].pid == 42);
+  CHECK(i->client_list[0].attached);
+
+  struct Bad {
+    json msg;
+    const char* says;
+  };
+  std::vector<Bad> bad_hellos = {
+      {{{"type", "hello"}, {"client", "x"}, {"role", "engine"}}, "'version'"},
+      {{{"type", "hello"}, {"version", "1"}, {"client", "x"}, {"role", "engine"}}, "'version'"},
+      {{{"type", "hello"}, {"version", 1}, {"role", "engine"}}, "'client'"},
+      {{{"type", "hello"}, {"version", 1}, {"client", std::string(300, 'x')}, {"role", "engine"}}, "client name"},
+      {{{"type", "hello"}, {"version", 1}, {"client", "a\nb"}, {"role", "engine"}}, "control characters"},
+      {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "god"}}, "role 'god'"},
+      {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "engine"}, {"fingerprint", {{"a", 1}}}},
+       "fingerprint"},
+      {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "engine"}, {"fingerprint", "x"}},
+       "fingerprint"},
+  };
+  for (const Bad& b : bad_hellos) {
+    auto r = DecodeHello(b.msg);
+    INFO(b.msg.dump());
+    REQUIRE_FALSE(r.ok());
+    CHECK_THAT(r.error().message(), Catch::Contains(b.says));
+  }
+  CHECK_FALSE(DecodeAttach(json{{"type", "attach"}}).ok());
+  CHECK_FALSE(DecodeAttach(json{{"type", "attach"}, {"manifest", 1}, {"fingerprint", json::object()}}).ok());
+  CHECK_FALSE(DecodeMismatch(json{{"type", "mismatch"}, {"diffs", {{{"field", 1}}}}}).ok());
+  CHECK_FALSE(DecodeInfo(json{{"type", "info"}}).ok());
+  CHECK_FALSE(DecodeError(json{{"type", "error"}}).ok());
+}
+
+TEST_CASE("arena records round-trip through a file, bad ones name the file", "[client][protocol]") {
+  test::TempDir dir;
+  ArenaRecord r;
+  r.manifest.backend = "host";
+  r.manifest.device = -1;
+  r.manifest.device_uuid = "host";
+  r.manifest.allocations.push_back(ManifestAllocation{4096});
+  r.manifest.entries.push_back(ManifestEntry{"w", "F32", {4, 4}, 0, 0, 64});
+  r.fingerprint = SomeFingerprint();
+  std::string path = dir.Join("arena.json");
+  REQUIRE(WriteArenaRecord(path, r).ok());
+  struct stat st{};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  auto back = ReadArenaRecord(path);
+  REQUIRE(back.ok());
+  CHECK(back->manifest.entries.size() == 1);
+  CHECK(back->manifest.entries[0].shape == std::vector<int64_t>{4, 4});
+  CHECK(back->fingerprint.Compare(r.fingerprint).empty());
+
+  std::string bad = dir.Join("bad.json");
+  for (std::string text : {std::string("not json"), std::string("{}"),
+                           std::string(R"({"format":"wsup-arena-record","manifest":{},"fingerprint":{}})")}) {
+    std::ofstream(bad, std::ios::trunc) << text;
+    auto rr = ReadArenaRecord(bad);
+    REQUIRE_FALSE(rr.ok());
+    CHECK_THAT(rr.error().message(), Catch::Contains("bad.json"));
+  }
+  CHECK_FALSE(ReadArenaRecord(dir.Join("missing.json")).ok());
+}
+
+TEST_CASE("socket names are keyed by deployment and device, never collide, and fit", "[client][protocol]") {
+  std::string a = DefaultSocketPath("/run/wsup", "chat", "GPU-1111");
+  CHECK(a == "/run/wsup/holder-chat@GPU-1111.sock");
+  CHECK(DefaultSocketPath("/run/wsup", "chat", "GPU-1111") == a);
+  std::set<std::string> all = {a,
+                               DefaultSocketPath("/run/wsup", "chat", "GPU-2222"),
+                               DefaultSocketPath("/run/wsup", "code", "GPU-1111"),
+                               DefaultSocketPath("/run/wsup", "chat/x", "GPU-1111"),
+                               DefaultSocketPath("/run/wsup", "chat_x", "GPU-1111"),
+                               DefaultSocketPath("/run/wsup", "chat-GPU", "1111"),
+                               DefaultSocketPath("/run/wsup", "", "GPU-1111"),
+                               DefaultSocketPath("/run/wsup", "..", "GPU-1111")};
+  CHECK(all.size() == 8);
+  for (const std::string& p : all) {
+    CHECK(p.rfind("/run/wsup/holder-", 0) == 0);
+    CHECK(p.find('/', 10) == std::string::npos);  // one file name inside the runtime dir
+  }
+  std::string long_dir = "/var/run/" + std::string(60, 'd');
+  std::string l1 = DefaultSocketPath(long_dir, std::string(80, 'x'), "GPU-1");
+  std::string l2 = DefaultSocketPath(long_dir, std::string(80, 'x'), "GPU-2");
+  CHECK(l1.size() <= MaxSocketPathLength());
+  CHECK(l1 != l2);
+}
+
+TEST_CASE("modes without a holder: off never connects, client loads from disk, daemon fails",
+          "[client][modes]") {
+  test::TempDir dir;
+  Fingerprint fp = SomeFingerprint();
+  AttachOptions o;
+  o.socket_path = dir.Join("absent.sock");
+
+  o.mode = AttachMode::kOff;
+  auto off = Attach(o, fp);
+  REQUIRE(off.ok());
+  CHECK(off->outcome.source == WeightSource::kDisk);
+  CHECK(off->outcome.reason == "mode off");
+  CHECK_FALSE(off->attachment);
+
+  o.mode = AttachMode::kClient;
+  auto client = Attach(o, fp);
+  REQUIRE(client.ok());
+  CHECK(client->outcome.source == WeightSource::kDisk);
+  CHECK_THAT(client->outcome.reason, Catch::Contains("holder unavailable") && Catch::Contains("absent.sock"));
+  CHECK(client->outcome.diffs.empty());
+
+  o.mode = AttachMode::kDaemon;
+  auto daemon = Attach(o, fp);
+  REQUIRE_FALSE(daemon.ok());
+  CHECK(daemon.error().code() == Code::kUnavailable);
+  CHECK_THAT(daemon.error().message(), Catch::Contains("absent.sock") && Catch::Contains("start wsup-holder"));
+
+  o.socket_path.clear();
+  CHECK(Attach(o, fp).error().code() == Code::kInvalidArgument);
+
+  CHECK(ParseAttachMode("daemon").value() == AttachMode::kDaemon);
+  CHECK(ParseAttachMode("client").value() == AttachMode::kClient);
+  CHECK(ParseAttachMode("off").value() == AttachMode::kOff);
+  auto bad = ParseAttachMode("sometimes");
+  REQUIRE_FALSE(bad.ok());
+  CHECK_THAT(bad.error().message(), Catch::Contains("daemon, client, off"));
+
+  CHECK(QueryHolderInfo(dir.Join("absent.sock"), 1000).error().code() == Code::kUnavailable);
+  CHECK(AttachKeeper(dir.Join("absent.sock"), "k", 1000).error().code() == Code::kUnavailable);
+}
+
+TEST_CASE("a peer that is not a holder: the client gives up within its bound", "[client][modes]") {
+  test::TempDir dir;
+  std::string path = dir.Join("mute.sock");
+  // A listener that accepts (the kernel does, through the backlog) but never answers.
+  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(l.get(), 8) == 0);
+  AttachOptions o;
+  o.socket_path = path;
+  o.timeout_ms = 200;
+  o.mode = AttachMode::kDaemon;
+  auto d = Attach(o, SomeFingerprint());
+  REQUIRE_FALSE(d.ok());
+  CHECK(d.error().code() == Code::kTimeout);
+  o.mode = AttachMode::kClient;
+  auto c = Attach(o, SomeFingerprint());
+  REQUIRE(c.ok());
+  CHECK(c->outcome.source == WeightSource::kDisk);
+  CHECK_THAT(c->outcome.reason, Catch::Contains("no reply from the holder within 200 ms"));
+}
+
+TEST_CASE("the C ABI checks its arguments and reports without a holder", "[client][capi]") {
+  test::TempDir dir;
+  std::string sock = dir.Join("absent.sock");
+  std::string model = test::TestData("llama-tiny-f32");
+
+  wsup_attachment* off = wsup_attach(sock.c_str(), "off", nullptr, nullptr, nullptr);
+  REQUIRE(off != nullptr);
+  CHECK(wsup_status(off) == WSUP_OK);
+  CHECK(wsup_from_holder(off) == 0);
+  CHECK(std::string(wsup_reason(off)) == "mode off");
+  CHECK(wsup_num_tensors(off) == 0);
+  CHECK(wsup_tensor_data(off, "x") == nullptr);
+  CHECK(std::string(wsup_diffs_json(off)) == "[]");
+  wsup_detach(off);
+
+  wsup_attachment* client = wsup_attach(sock.c_str(), "client", nullptr, model.c_str(), R"({"timeout_ms": 500})");
+  CHECK(wsup_status(client) == WSUP_OK);
+  CHECK(std::string(wsup_source(client)) == "disk");
+  CHECK_THAT(std::string(wsup_reason(client)), Catch::Contains("holder unavailable"));
+  wsup_detach(client);
+
+  wsup_attachment* daemon = wsup_attach(sock.c_str(), "daemon", nullptr, model.c_str(), nullptr);
+  CHECK(wsup_status(daemon) == WSUP_ERR_UNAVAILABLE);
+  CHECK_THAT(std::string(wsup_error(daemon)), Catch::Contains("absent.sock"));
+  wsup_detach(daemon);
+
+  struct Bad {
+    const char* mode;
+    const char* fp;
+    const char* dir;
+    const char* opts;
+    int status;
+    const char* says;
+  };
+  std::string bad_dir = dir.Join("no-model");
+  std::vector<Bad> bad = {
+      {"sometimes", nullptr, model.c_str(), nullptr, WSUP_ERR_INVALID_ARGUMENT, "sometimes"},
+      {nullptr, nullptr, model.c_str(), nullptr, WSUP_ERR_INVALID_ARGUMENT, "mode"},
+      {"client", "{}", model.c_str(), nullptr, WSUP_ERR_INVALID_ARGUMENT, "exactly one"},
+      {"client", nullptr, nullptr, nullptr, WSUP_ERR_INVALID_ARGUMENT, "exactly one"},
+      {"client", "not json", nullptr, nullptr, WSUP_ERR_CORRUPT, "fingerprint_json"},
+      {"client", R"({"a": 1})", nullptr, nullptr, WSUP_ERR_INVALID_ARGUMENT, "'a'"},
+      {"client", nullptr, model.c_str(), "[1]", WSUP_ERR_CORRUPT, "options_json"},
+      {"client", nullptr, model.c_str(), R"({"tp_size": "two"})", WSUP_ERR_INVALID_ARGUMENT, "tp_size"},
+      {"client", nullptr, model.c_str(), R"({"backend": "tpu"})", WSUP_ERR_INVALID_ARGUMENT, "tpu"},
+      {"client", nullptr, model.c_str(), R"({"timeout_ms": 0})", WSUP_ERR_INVALID_ARGUMENT, "timeout_ms"},
+      {"client", nullptr, bad_dir.c_str(), nullptr, -1, "no-model"},
+  };
+  for (const Bad& b : bad) {
+    wsup_attachment* a = wsup_attach(sock.c_str(), b.mode, b.fp, b.dir, b.opts);
+    REQUIRE(a != nullptr);
+    INFO(wsup_error(a));
+    if (b.status >= 0) {
+      CHECK(wsup_status(a) == b.status);
+    } else {
+      CHECK(wsup_status(a) != WSUP_OK);
+    }
+    CHECK_THAT(std::string(wsup_error(a)), Catch::Contains(b.says));
+    CHECK(wsup_from_holder(a) == 0);
+    wsup_detach(a);
+  }
+  // NULL handles are harmless.
+  CHECK(wsup_status(nullptr) != WSUP_OK);
+  CHECK(wsup_num_tensors(nullptr) == 0);
+  CHECK(wsup_tensor_name(nullptr, 0) == nullptr);
+  wsup_detach(nullptr);
+}
+
+TEST_CASE("libwsup_client.so exports the C ABI and nothing of C++", "[client][capi]") {
+  std::string lib = std::string(WSUP_BIN_DIR) + "/../lib/libwsup_client.so";
+  void* h = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
+  INFO((h ? "" : ::dlerror()));
+  REQUIRE(h != nullptr);
+  for (const char* sym : {"wsup_attach", "wsup_status", "wsup_error", "wsup_from_holder", "wsup_reason",
+                          "wsup_num_tensors", "wsup_tensor_name", "wsup_tensor_data", "wsup_tensor_dtype",
+                          "wsup_tensor_ndim", "wsup_tensor_dim", "wsup_tensor_nbytes", "wsup_detach",
+                          "wsup_client_version"}) {
+    INFO(sym);
+    CHECK(::dlsym(h, sym) != nullptr);
+  }
+  // The C++ insides stay hidden, so they cannot clash with the host program's.
+  CHECK(::dlsym(h, "_ZN4wsup6AttachERKNS_13AttachOptionsERKNS_11FingerprintE") == nullptr);
+  using VersionFn = const char* (*)();
+  auto version = reinterpret_cast<VersionFn>(::dlsym(h, "wsup_client_version"));
+  REQUIRE(version);
+  CHECK(std::string(version()).find('.') != std::string::npos);
+  using AttachFn = wsup_attachment* (*)(const char*, const char*, const char*, const char*, const char*);
+  using StatusFn = int (*)(const wsup_attachment*);
+  using DetachFn = void (*)(wsup_attachment*);
+  auto attach = reinterpret_cast<AttachFn>(::dlsym(h, "wsup_attach"));
+  auto status = reinterpret_cast<StatusFn>(::dlsym(h, "wsup_status"));
+  auto detach = reinterpret_cast<DetachFn>(::dlsym(h, "wsup_detach"));
+  wsup_attachment* a = attach("/nonexistent/x.sock", "off", nullptr, nullptr, nullptr);
+  CHECK(status(a) == WSUP_OK);
+  detach(a);
+  ::dlclose(h);
+}
+
+}  // namespace
+}  // namespace wsup

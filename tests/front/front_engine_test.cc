@@ -1,0 +1,300 @@
+// End to end: the front between a client and two real engines
+// (build/bin/wsup-engine serving the llama-tiny-f32 test checkpoint). The
+// active engine is SIGKILLed in the middle of a greedy stream; the client's
+// stream must equal the golden output of transformers exactly.
+//
+// A tiny model on a CPU writes all 16 tokens within a few milliseconds, so a
+// kill "after the first token" would land anywhere, most often after the
+// last one. To make the kill land mid-stream every time, the front reaches
+// the active engine through a relay that passes the engine's first N events
+// and holds the rest back; the engine is then SIGKILLed and the relay drops
+// its connections (the port refuses from then on), which is what the front
+// sees when an engine dies after N tokens.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/front/front_harness.h"
+#include "tests/http/http_test_client.h"
+#include "tests/test_util.h"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using wsup::test::Child;
+using wsup::test::ControlClient;
+using wsup::test::FrontProcess;
+using wsup::test::HttpResult;
+using wsup::test::WaitFor;
+
+namespace {
+
+const char* kModel = "llama-tiny-f32";
+
+struct Engine {
+  Child child;
+  int port = 0;
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
+};
+
+// Starts wsup-engine on port 0 and waits until it says it is ready (--ready-fd).
+Engine StartEngine(const wsup::test::TempDir& dir, const std::string& name) {
+  int p[2];
+  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
+  Engine e;
+  std::string log = dir.Join(name + ".log");
+  e.child = Child::Start({wsup::test::BinPath("wsup-engine"), "--model", wsup::test::TestData(kModel), "--port", "0",
+                          "--weight-cache", "off", "--device", "cpu", "--ready-fd", "3"},
+                         log, {p[1]});
+  ::close(p[1]);
+  std::string line;
+  bool ready = WaitFor(
+      [&] {
+        char buf[256];
+        pollfd pf{p[0], POLLIN, 0};
+        if (::poll(&pf, 1, 0) == 1) {
+          ssize_t n = ::read(p[0], buf, sizeof(buf));
+          if (n > 0) line.append(buf, static_cast<size_t>(n));
+        }
+        return line.find('\n') != std::string::npos;
+      },
+      120s);
+  ::close(p[0]);
+  INFO(wsup::test::ReadAll(log));
+  REQUIRE(ready);
+  size_t colon = line.rfind(':');
+  e.port = std::atoi(line.c_str() + colon + 1);
+  REQUIRE(e.port > 0);
+  return e;
+}
+
+// A TCP relay on 127.0.0.1:0 in front of one engine. Engine-to-front bytes
+// pass until `pass_events` server-sent events went through; later bytes are
+// held back. Cut() drops every connection and stops listening.
+class HoldingRelay {
+ public:
+  HoldingRelay(int target_port, int pass_events) : target_(target_port), pass_(pass_events) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(listen_fd_, 16) == 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    REQUIRE(::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) == 0);
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~HoldingRelay() {
+    Cut();
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  int port() const { return port_; }
+  std::string addr() const { return "127.0.0.1:" + std::to_string(port_); }
+  int events_passed() const { return passed_.load(); }
+  void Cut() {
+    if (!thread_.joinable()) return;
+    stop_ = true;
+    (void)!::write(wake_[1], "x", 1);
+    thread_.join();
+  }
+
+ private:
+  struct Pair {
+    int front = -1;
+    int engine = -1;
+  };
+
+  void Loop() {
+    std::vector<Pair> pairs;
+    char last = 0, buf[16384];
+    while (!stop_) {
+      std::vector<pollfd> fds = {{wake_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+      for (const auto& p : pairs) {
+        fds.push_back({p.front, POLLIN, 0});
+        fds.push_back({p.engine, POLLIN, 0});
+      }
+      if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
+      if (fds[1].revents & POLLIN) {
+        int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) {
+          int e = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          sockaddr_in a{};
+          a.sin_family = AF_INET;
+          a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+          a.sin_port = htons(static_cast<uint16_t>(target_));
+          if (::connect(e, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+            pairs.push_back({c, e});
+          } else {
+            ::close(c);
+            ::close(e);
+          }
+        }
+      }
+      for (size_t i = 0; i < pairs.size(); ++i) {
+        Pair& p = pairs[i];
+        short front_ev = fds[2 + 2 * i].revents, engine_ev = fds[3 + 2 * i].revents;
+        bool dead = false;
+        if (front_ev & (POLLIN | POLLHUP | POLLERR)) {
+          ssize_t n = ::recv(p.front, buf, sizeof(buf), 0);
+          if (n <= 0 || ::send(p.engine, buf, static_cast<size_t>(n), MSG_NOSIGNAL) != n) dead = true;
+        }
+        if (!dead && (engine_ev & (POLLIN | POLLHUP | POLLERR))) {
+          ssize_t n = ::recv(p.engine, buf, sizeof(buf), 0);
+          if (n <= 0) {
+            dead = true;
+          } else {
+            // Forward up to the end of the pass_-th event; hold the rest.
+            size_t upto = 0;
+            while (upto < static_cast<size_t>(n) && passed_.load() < pass_) {
+              if (buf[upto] == '\n' && last == '\n') ++passed_;
+              last = buf[upto];
+              ++upto;
+            }
+            if (passed_.load() < pass_) upto = static_cast<size_t>(n);
+            if (upto > 0 && ::send(p.front, buf, upto, MSG_NOSIGNAL) != static_cast<ssize_t>(upto)) dead = true;
+          }
+        }
+        if (dead) {
+          ::close(p.front);
+          ::close(p.engine);
+          pairs.erase(pairs.begin() + static_cast<std::ptrdiff_t>(i));
+          break;  // the poll set no longer matches; poll again
+        }
+      }
+    }
+    for (auto& p : pairs) {
+      ::close(p.front);
+      ::close(p.engine);
+    }
+    ::close(listen_fd_);
+  }
+
+  int target_;
+  int pass_;
+  int port_ = 0;
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};
+  std::atomic<int> passed_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+bool Prerequisites() {
+  if (!wsup::test::HaveTestData(kModel) || !std::filesystem::exists(wsup::test::BinPath("wsup-engine"))) {
+    WARN("skipped: needs " << wsup::test::TestData(kModel) << " and " << wsup::test::BinPath("wsup-engine"));
+    return false;
+  }
+  return true;
+}
+
+json Golden() {
+  std::ifstream in(wsup::test::TestData(kModel) + "/golden.json");
+  return json::parse(in);
+}
+
+}  // namespace
+
+TEST_CASE("a stream survives a SIGKILL of the active engine and equals the golden output", "[front][engine]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  HoldingRelay relay(a.port, 5);
+  auto front = FrontProcess::Start({"--active", relay.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  const json& c = golden["cases"][0];
+  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  HttpResult r;
+  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  REQUIRE(WaitFor([&] { return relay.events_passed() >= 5; }, 60s));
+  a.child.Kill(SIGKILL);
+  REQUIRE(a.child.Wait(10s) >= 0);
+  relay.Cut();
+  client.join();
+
+  REQUIRE(r.status == 200);
+  std::string text;
+  bool done = false;
+  int events = 0;
+  for (const auto& d : wsup::test::SseData(r.body)) {
+    if (d == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json e = json::parse(d);
+    if (e["choices"].empty()) continue;
+    CHECK_FALSE(e["choices"][0].contains("token_ids"));
+    text += e["choices"][0]["text"].get<std::string>();
+    ++events;
+  }
+  CHECK(done);
+  CHECK(text == c["output_text_latin1"].get<std::string>());
+  json st = ctl.Call({{"type", "status"}}).value_or(json::object());
+  CHECK(st["counters"]["resumed"] == 1);
+  CHECK(st["counters"]["switched_self"] == 1);
+  CHECK(st["active"] == b.addr());
+
+  // With token ids asked for and given as the prompt, the ids match too.
+  const json& c2 = golden["cases"][2];
+  json req2 = {{"prompt", c2["prompt_ids"]}, {"max_tokens", 16}, {"stream", true}, {"return_token_ids", true}};
+  r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req2.dump(), 60s);
+  REQUIRE(r.status == 200);
+  std::vector<int64_t> ids;
+  for (const auto& d : wsup::test::SseData(r.body)) {
+    if (d == "[DONE]") continue;
+    json e = json::parse(d);
+    if (e["choices"].empty()) continue;
+    for (const auto& t : e["choices"][0]["token_ids"]) ids.push_back(t.get<int64_t>());
+  }
+  CHECK(json(ids) == c2["output_ids"]);
+}
+
+TEST_CASE("a request caught by the SIGKILL of a frozen engine is answered by the standby", "[front][engine]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  // Frozen, the engine cannot answer: the request is surely in flight, with
+  // no response byte, when the kill comes.
+  a.child.Kill(SIGSTOP);
+  const json& c = golden["cases"][1];
+  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}};
+  HttpResult r;
+  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  REQUIRE(WaitFor(
+      [&] {
+        auto st = ctl.Call({{"type", "status"}});
+        return st && (*st)["inflight"][a.addr()] == 1;
+      },
+      10s));
+  a.child.Kill(SIGKILL);
+  client.join();
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["choices"][0]["text"] == c["output_text_latin1"]);
+  json st = ctl.Call({{"type", "status"}}).value_or(json::object());
+  CHECK(st["counters"]["retried"] == 1);
+  CHECK(st["active"] == b.addr());
+}

@@ -1,0 +1,543 @@
+// The front as a real process (build/bin/wsup-front) between test clients
+// and in-test fake engines: routing, failover, retry, stream resume,
+// queueing, hostile clients and hostile control messages.
+#include <catch2/catch.hpp>
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/front/fake_engine.h"
+#include "tests/front/front_harness.h"
+#include "tests/http/http_test_client.h"
+#include "tests/test_util.h"
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using wsup::test::BytesToIds;
+using wsup::test::ControlClient;
+using wsup::test::FakeEngine;
+using wsup::test::FakeGenerate;
+using wsup::test::FakeText;
+using wsup::test::FrontProcess;
+using wsup::test::HttpConn;
+using wsup::test::HttpRequestOnce;
+using wsup::test::HttpResult;
+using wsup::test::RefusingPort;
+using wsup::test::SetRoutes;
+using wsup::test::WaitFor;
+
+namespace {
+
+json Status(ControlClient& ctl) {
+  auto st = ctl.Call({{"type", "status"}});
+  REQUIRE(st.has_value());
+  REQUIRE((*st)["ok"] == true);
+  return *st;
+}
+
+HttpResult Post(int port, const std::string& body, const std::vector<std::pair<std::string, std::string>>& headers = {}) {
+  return HttpRequestOnce(port, "POST", "/v1/completions", body, 30s, headers);
+}
+
+// The JSON events of an SSE body, without [DONE]; `done` says whether it came.
+std::vector<json> Events(const std::string& body, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  for (const auto& d : wsup::test::SseData(body)) {
+    if (d == "[DONE]") {
+      *done = true;
+      continue;
+    }
+    out.push_back(json::parse(d));
+  }
+  return out;
+}
+
+std::string StreamText(const std::vector<json>& events) {
+  std::string s;
+  for (const auto& e : events) s += e["choices"][0]["text"].get<std::string>();
+  return s;
+}
+
+std::string Le32(uint32_t n) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+// Reads from a raw connection until `needle` shows up (bounded).
+bool ReadUntil(int fd, const std::string& needle, std::string* got, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (got->find(needle) == std::string::npos) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
+    char buf[4096];
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    got->append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("set_routes takes effect for the next request while in-flight ones finish", "[front][process]") {
+  FakeEngine a("A"), b("B");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  HttpResult r = HttpRequestOnce(front->port(), "GET", "/whoami", "", 10s, {{"X-Request-Id", "trace-123"}});
+  REQUIRE(r.status == 200);
+  CHECK(r.body == "A");
+  CHECK(r.Header("X-Engine") == "A");
+  CHECK(r.Header("X-Request-Id") == "trace-123");
+  CHECK(a.last_request_id() == "trace-123");
+  r = HttpRequestOnce(front->port(), "GET", "/whoami");
+  CHECK(r.status == 200);
+  CHECK_FALSE(r.Header("X-Request-Id").empty());
+  CHECK(a.last_request_id() == r.Header("X-Request-Id"));
+
+  // A slow stream in flight on A while the route moves to B.
+  a.token_delay_ms = 15;
+  HttpResult streamed;
+  std::thread t([&] { streamed = Post(front->port(), R"({"prompt":"hi","stream":true,"max_tokens":10})"); });
+  REQUIRE(WaitFor([&] { return a.streams_active.load() == 1; }, 10s));
+  json st = Status(ctl);
+  CHECK(st["inflight"][a.addr()] == 1);
+  CHECK(st["inflight"][b.addr()] == 0);
+  CHECK(st["active"] == a.addr());
+
+  auto reply = ctl.Call(SetRoutes(b.addr(), a.addr(), 1));
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == true);
+  CHECK((*reply)["epoch"] == 1);
+  r = HttpRequestOnce(front->port(), "GET", "/whoami");
+  CHECK(r.body == "B");  // the very next request
+  CHECK(a.streams_active.load() == 1);  // the old one is still streaming from A
+  t.join();
+
+  REQUIRE(streamed.status == 200);
+  CHECK(streamed.Header("X-Engine") == "A");
+  bool done = false;
+  auto events = Events(streamed.body, &done);
+  CHECK(done);
+  CHECK(events.size() == 10);
+  CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("hi"), 10)));
+
+  auto first_ok = ctl.WaitEvent("first_ok", "backend", b.addr());
+  REQUIRE(first_ok.has_value());
+  CHECK((*first_ok)["backend"] == b.addr());
+  CHECK((*first_ok)["at_ms"].is_number_integer());
+
+  st = Status(ctl);
+  CHECK(st["active"] == b.addr());
+  CHECK(st["standby"] == a.addr());
+  CHECK(st["epoch"] == 1);
+  CHECK(st["inflight"][a.addr()] == 0);
+  CHECK(st["counters"]["requests"] == 4);
+  CHECK(st["counters"]["ok"] == 4);
+  CHECK(st["counters"]["failed"] == 0);
+  CHECK(st["counters"]["switched_self"] == 0);
+
+  // A stale epoch is refused and changes nothing.
+  reply = ctl.Call(SetRoutes(a.addr(), "", 0));
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == false);
+  CHECK((*reply)["error"].get<std::string>().find("epoch") != std::string::npos);
+  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "B");
+}
+
+TEST_CASE("an active engine that refuses connections is replaced by the standby", "[front][process]") {
+  RefusingPort dead;
+  FakeEngine b("B");
+  auto front = FrontProcess::Start({"--active", dead.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  ControlClient watcher;  // events go to every control client
+  REQUIRE(watcher.Connect(front->control_path()));
+  CHECK(Status(watcher)["active"] == dead.addr());
+
+  HttpResult r = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
+  REQUIRE(r.status == 200);
+  CHECK(r.Header("X-Engine") == "B");
+  CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("abc"), 4)));
+  CHECK(watcher.WaitEvent("switched").has_value());
+
+  auto ev = ctl.WaitEvent("switched");
+  REQUIRE(ev.has_value());
+  CHECK((*ev)["from"] == dead.addr());
+  CHECK((*ev)["to"] == b.addr());
+  CHECK((*ev)["reason"].get<std::string>().find("refused") != std::string::npos);
+  auto ok = ctl.WaitEvent("first_ok", "backend", b.addr());
+  REQUIRE(ok.has_value());
+  CHECK((*ok)["backend"] == b.addr());
+
+  json st = Status(ctl);
+  CHECK(st["active"] == b.addr());
+  CHECK(st["standby"].is_null());
+  CHECK(st["counters"]["switched_self"] == 1);
+  CHECK(st["counters"]["ok"] == 1);
+}
+
+TEST_CASE("an engine that dies before answering: the request is sent again once", "[front][process]") {
+  FakeEngine a("A"), b("B");
+  SECTION("to the standby, which answers") {
+    a.mode = FakeEngine::kCloseOnRequest;
+    auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+    ControlClient ctl;
+    REQUIRE(ctl.Connect(front->control_path()));
+    HttpResult r = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
+    REQUIRE(r.status == 200);
+    CHECK(r.Header("X-Engine") == "B");
+    CHECK(a.requests.load() == 1);
+    CHECK(b.completions.load() == 1);
+    json st = Status(ctl);
+    CHECK(st["counters"]["retried"] == 1);
+    CHECK(st["counters"]["switched_self"] == 1);
+    CHECK(st["active"] == b.addr());
+    auto ev = ctl.WaitEvent("switched");
+    REQUIRE(ev.has_value());
+    CHECK((*ev)["reason"].get<std::string>().find("before answering") != std::string::npos);
+  }
+  SECTION("and no more than once") {
+    a.mode = FakeEngine::kCloseOnRequest;
+    auto front = FrontProcess::Start({"--active", a.addr()});
+    ControlClient ctl;
+    REQUIRE(ctl.Connect(front->control_path()));
+    HttpResult r = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
+    REQUIRE(r.status == 502);
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("sent again") != std::string::npos);
+    CHECK(a.requests.load() == 2);
+    json st = Status(ctl);
+    CHECK(st["counters"]["retried"] == 1);
+    CHECK(st["counters"]["failed"] == 1);
+  }
+  SECTION("after part of the answer reached the client, the client's connection is closed") {
+    a.mode = FakeEngine::kPartialBody;
+    auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+    ControlClient ctl;
+    REQUIRE(ctl.Connect(front->control_path()));
+    HttpResult r = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
+    CHECK(r.status == 0);  // not a complete response
+    CHECK_FALSE(r.error.empty());
+    CHECK(b.completions.load() == 0);  // not replayed once bytes were out
+    json st = Status(ctl);
+    CHECK(st["counters"]["failed"] == 1);
+    CHECK(st["counters"]["ok"] == 0);
+    // The front goes on serving, now from the standby.
+    r = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
+    CHECK(r.status == 200);
+    CHECK(r.Header("X-Engine") == "B");
+  }
+}
+
+TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repeat", "[front][process]") {
+  FakeEngine a("A"), b("B");
+  a.mode = FakeEngine::kDieAfterTokens;
+  a.die_after = 5;
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  SECTION("string prompt, client did not ask for token ids") {
+    HttpResult r = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})");
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    REQUIRE(events.size() == 12);
+    CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("Hello"), 12)));
+    for (const auto& e : events) {
+      CHECK_FALSE(e["choices"][0].contains("token_ids"));
+      CHECK(e["id"] == events[0]["id"]);
+    }
+    CHECK(events.back()["usage"]["prompt_tokens"] == 5);
+    CHECK(events.back()["usage"]["completion_tokens"] == 12);
+    // B continued from the prompt plus the 5 delivered tokens.
+    json resumed = json::parse(b.last_body());
+    auto expect_prompt = BytesToIds("Hello");
+    auto first5 = FakeGenerate(BytesToIds("Hello"), 5);
+    expect_prompt.insert(expect_prompt.end(), first5.begin(), first5.end());
+    CHECK(resumed["prompt"] == json(expect_prompt));
+    CHECK(resumed["max_tokens"] == 7);
+
+    // The same request uninterrupted (B only) gives the same stream.
+    HttpResult plain = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})");
+    REQUIRE(plain.status == 200);
+    auto plain_events = Events(plain.body, &done);
+    CHECK(StreamText(plain_events) == StreamText(events));
+
+    json st = Status(ctl);
+    CHECK(st["counters"]["resumed"] == 1);
+    CHECK(st["counters"]["ok"] == 2);
+    CHECK(st["counters"]["switched_self"] == 1);
+  }
+  SECTION("token id prompt, client asked for token ids") {
+    HttpResult r = Post(front->port(), R"({"prompt":[1,2,3],"stream":true,"max_tokens":9,"return_token_ids":true})");
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    std::vector<int64_t> ids;
+    for (const auto& e : events) {
+      for (const auto& t : e["choices"][0]["token_ids"]) ids.push_back(t.get<int64_t>());
+    }
+    CHECK(ids == FakeGenerate({1, 2, 3}, 9));
+  }
+  SECTION("the stream dies after its last token") {
+    a.die_after = 6;
+    HttpResult r = Post(front->port(), R"({"prompt":"Hi","stream":true,"max_tokens":6})");
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("Hi"), 6)));
+    CHECK(b.completions.load() == 0);  // nothing left to ask for
+  }
+}
+
+TEST_CASE("with no engine, requests wait for a route up to the queue timeout, then 503", "[front][process]") {
+  SECTION("no route at all") {
+    auto front = FrontProcess::Start({"--queue-timeout-ms", "300"});
+    ControlClient ctl;
+    REQUIRE(ctl.Connect(front->control_path()));
+    auto t0 = std::chrono::steady_clock::now();
+    HttpResult r = Post(front->port(), R"({"prompt":"a"})");
+    auto waited = std::chrono::steady_clock::now() - t0;
+    REQUIRE(r.status == 503);
+    CHECK_FALSE(r.Header("Retry-After").empty());
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("no engine is routed") != std::string::npos);
+    CHECK(waited >= 250ms);
+    CHECK(Status(ctl)["counters"]["rejected_503"] == 1);
+  }
+  SECTION("the only engine refuses") {
+    RefusingPort dead;
+    auto front = FrontProcess::Start({"--active", dead.addr(), "--queue-timeout-ms", "300"});
+    HttpResult r = Post(front->port(), R"({"prompt":"a"})");
+    REQUIRE(r.status == 503);
+    CHECK(json::parse(r.body)["error"]["message"].get<std::string>().find("refused") != std::string::npos);
+  }
+  SECTION("a route that appears within the timeout serves the waiting request") {
+    FakeEngine a("A");
+    auto front = FrontProcess::Start({"--queue-timeout-ms", "20000"});
+    ControlClient ctl;
+    REQUIRE(ctl.Connect(front->control_path()));
+    HttpResult r;
+    std::thread t([&] { r = HttpRequestOnce(front->port(), "GET", "/whoami"); });
+    REQUIRE(WaitFor([&] { return Status(ctl)["queued"] == 1; }, 10s));
+    auto t0 = std::chrono::steady_clock::now();
+    auto reply = ctl.Call(SetRoutes(a.addr(), "", 1));
+    REQUIRE(reply.has_value());
+    CHECK((*reply)["ok"] == true);
+    t.join();
+    CHECK(r.status == 200);
+    CHECK(r.body == "A");
+    CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  }
+}
+
+TEST_CASE("hostile clients never stop the front from serving others", "[front][process]") {
+  FakeEngine a("A");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--header-timeout-ms", "300"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  auto served = [&] { return HttpRequestOnce(front->port(), "GET", "/whoami").body == "A"; };
+
+  SECTION("a bad request line gets 400") {
+    HttpConn c;
+    REQUIRE(c.Connect(front->port()));
+    REQUIRE(c.Send("BLAH\r\n\r\n"));
+    CHECK(c.Read(5s).status == 400);
+    CHECK(served());
+  }
+  SECTION("huge headers get 431") {
+    HttpConn c;
+    REQUIRE(c.Connect(front->port()));
+    REQUIRE(c.Send("GET /whoami HTTP/1.1\r\nX-Big: " + std::string(40000, 'x') + "\r\n\r\n"));
+    CHECK(c.Read(5s).status == 431);
+    CHECK(served());
+  }
+  SECTION("a slow client is cut off by the header timeout") {
+    HttpConn slow;
+    REQUIRE(slow.Connect(front->port()));
+    REQUIRE(slow.Send("GET /whoami HTTP/1.1\r\nHost: x\r\n"));
+    CHECK(served());
+    CHECK(slow.WaitClosed(5s));
+    CHECK(served());
+  }
+  SECTION("a client that disconnects mid-stream") {
+    a.token_delay_ms = 20;
+    HttpConn c;
+    REQUIRE(c.Connect(front->port()));
+    REQUIRE(c.Send(wsup::test::FormatRequest("POST", "/v1/completions",
+                                             R"({"prompt":"x","stream":true,"max_tokens":200})")));
+    std::string got;
+    REQUIRE(ReadUntil(c.fd(), "data: ", &got, 10s));
+    c.Close();
+    // The front drops the engine's connection, so the engine stops generating.
+    CHECK(WaitFor([&] { return a.client_closed.load() == 1; }, 10s));
+    CHECK(WaitFor([&] { return Status(ctl)["counters"]["client_closed"] == 1; }, 10s));
+    CHECK(Status(ctl)["inflight"][a.addr()] == 0);
+    CHECK(served());
+  }
+  SECTION("pipelined requests are answered in order") {
+    HttpConn c;
+    REQUIRE(c.Connect(front->port()));
+    std::string body = R"({"prompt":"p","max_tokens":3})";
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/whoami", "") +
+                   wsup::test::FormatRequest("POST", "/v1/completions", body) +
+                   wsup::test::FormatRequest("GET", "/health", "")));
+    HttpResult r1 = c.Read(10s), r2 = c.Read(10s), r3 = c.Read(10s);
+    CHECK(r1.status == 200);
+    CHECK(r1.body == "A");
+    CHECK(r2.status == 200);
+    CHECK(json::parse(r2.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("p"), 3)));
+    CHECK(r3.status == 200);
+    CHECK(r3.body == "{\"ok\":true}");
+  }
+  SECTION("a body that is not JSON is the engine's to refuse") {
+    HttpResult r = Post(front->port(), "{\"stream\": true, broken");
+    CHECK(r.status == 400);
+    CHECK(served());
+  }
+  SECTION("a large answer is relayed as it comes") {
+    HttpResult r = HttpRequestOnce(front->port(), "GET", "/big");
+    CHECK(r.status == 200);
+    CHECK(r.body.size() == (1u << 20));
+    CHECK(served());
+  }
+}
+
+TEST_CASE("bad control messages get an error or drop only their sender", "[front][process]") {
+  FakeEngine a("A");
+  auto front = FrontProcess::Start({"--active", a.addr()});
+  struct stat st {};
+  REQUIRE(::stat(front->control_path().c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+
+  ControlClient good;
+  REQUIRE(good.Connect(front->control_path()));
+  CHECK(Status(good)["active"] == a.addr());
+
+  ControlClient garbage;
+  REQUIRE(garbage.Connect(front->control_path()));
+  REQUIRE(garbage.SendRaw(Le32(5) + "hello"));
+  auto reply = garbage.Reply();
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == false);
+  CHECK((*reply)["error"].get<std::string>().find("JSON") != std::string::npos);
+  CHECK(Status(garbage)["ok"] == true);  // still usable
+
+  for (const json& bad : {json{{"type", "set_routes"}, {"active", 5}, {"epoch", 1}},
+                          json{{"type", "set_routes"}, {"active", "nowhere"}, {"epoch", 1}},
+                          json{{"type", "set_routes"}, {"active", a.addr()}, {"epoch", "1"}},
+                          json{{"type", "set_routes"}, {"active", a.addr()}, {"standby", a.addr()}, {"epoch", 1}},
+                          json{{"type", "set_routes"}, {"epoch", 1}}, json{{"type", 7}}, json{{"type", "bogus"}},
+                          json::array({1, 2}), json{{"no_type", true}}}) {
+    INFO(bad.dump());
+    auto r = garbage.Call(bad);
+    REQUIRE(r.has_value());
+    CHECK((*r)["ok"] == false);
+    CHECK_FALSE((*r)["error"].get<std::string>().empty());
+  }
+
+  ControlClient oversized;
+  REQUIRE(oversized.Connect(front->control_path()));
+  REQUIRE(oversized.SendRaw(Le32(1u << 30) + "xxxx"));
+  reply = oversized.Reply();
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == false);
+  CHECK(oversized.WaitClosed());
+
+  ControlClient zero;
+  REQUIRE(zero.Connect(front->control_path()));
+  REQUIRE(zero.SendRaw(Le32(0)));
+  CHECK(zero.WaitClosed());
+
+  // Nothing of that touched the others, the routes or the traffic.
+  json s = Status(good);
+  CHECK(s["active"] == a.addr());
+  CHECK(Status(garbage)["ok"] == true);
+  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  CHECK(front->child().running());
+}
+
+TEST_CASE("a front restarted on the kept listening socket refuses no connection", "[front][process]") {
+  FakeEngine a("A");
+  int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(lfd, 64) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  int port = ntohs(addr.sin_port);
+
+  auto first = FrontProcess::Start({"--listen-fd", "3", "--active", a.addr()}, {lfd});
+  CHECK(first->port() == port);
+  CHECK(HttpRequestOnce(port, "GET", "/whoami").body == "A");
+  first->child().Kill(SIGKILL);
+  REQUIRE(first->child().Wait(10s) >= 0);
+
+  // Nobody accepts now, but the connection is not refused: it waits in the backlog.
+  HttpConn waiting;
+  REQUIRE(waiting.Connect(port));
+  REQUIRE(waiting.Send(wsup::test::FormatRequest("GET", "/whoami", "")));
+  auto second = FrontProcess::Start({"--listen-fd", "3", "--active", a.addr()}, {lfd});
+  HttpResult r = waiting.Read(10s);
+  CHECK(r.status == 200);
+  CHECK(r.body == "A");
+  ::close(lfd);
+}
+
+TEST_CASE("SIGTERM lets streams in flight finish, then stops cleanly", "[front][process]") {
+  FakeEngine a("A");
+  auto front = FrontProcess::Start({"--active", a.addr()});
+  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  a.token_delay_ms = 10;
+  HttpResult streamed;
+  std::thread t([&] { streamed = Post(front->port(), R"({"prompt":"bye","stream":true,"max_tokens":20})"); });
+  REQUIRE(WaitFor([&] { return a.streams_active.load() == 1; }, 10s));
+  front->child().Kill(SIGTERM);
+  t.join();
+  REQUIRE(streamed.status == 200);
+  bool done = false;
+  auto events = Events(streamed.body, &done);
+  CHECK(done);
+  CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("bye"), 20)));
+  REQUIRE(front->child().Wait(10s) == 0);
+  CHECK_FALSE(std::filesystem::exists(front->control_path()));
+}
+
+TEST_CASE("bad flags are refused with a message naming the fix", "[front][process]") {
+  wsup::test::TempDir dir;
+  auto r = wsup::test::Run({wsup::test::BinPath("wsup-front"), "--listen", "127.0.0.1:0", "--active", "localhost:1"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--active") != std::string::npos);
+  CHECK(r.output.find("127.0.0.1:8001") != std::string::npos);
+  r = wsup::test::Run({wsup::test::BinPath("wsup-front"), "--active", "127.0.0.1:1"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--listen") != std::string::npos);
+  // A control path held by a live front is not stolen.
+  auto front = FrontProcess::Start({});
+  r = wsup::test::Run({wsup::test::BinPath("wsup-front"), "--listen", "127.0.0.1:0", "--control", front->control_path()});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("in use") != std::string::npos);
+  CHECK(front->child().running());
+}

@@ -1,0 +1,176 @@
+// HolderServer inside the test process: its loop runs on a second thread,
+// clients run on the test thread, and the test ends by closing the server and
+// asserting that the loop closes clean (every handle closed, nothing leaked).
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <uv.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "client/client.h"
+#include "holder/arena.h"
+#include "holder/checkpoint.h"
+#include "holder/server.h"
+#include "holder/sharding.h"
+#include "tests/holder/holder_fixture.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+
+Arena LoadArena(const std::string& model) {
+  auto ckpt = Checkpoint::Open(test::TestData(model));
+  REQUIRE(ckpt.ok());
+  auto shards = PlanShards(*ckpt, ShardSpec{});
+  REQUIRE(shards.ok());
+  auto arena = Arena::Load(*ckpt, *shards, LoadOptions{});
+  REQUIRE(arena.ok());
+  return std::move(arena).value();
+}
+
+// Runs a HolderServer on its own loop thread until Stop().
+class LoopThread {
+ public:
+  LoopThread(const Arena& arena, Fingerprint fp, ServerOptions so) : server_(&loop_, arena, std::move(fp), so) {
+    uv_loop_init(&loop_);
+  }
+  ~LoopThread() {
+    if (thread_.joinable()) Stop();
+  }
+  Status Start() {
+    Status s = server_.Start();
+    if (!s.ok()) return s;
+    uv_async_init(&loop_, &stop_, &LoopThread::OnStop);
+    stop_.data = this;
+    thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
+    return s;
+  }
+  // Returns uv_loop_close's result: 0 when every handle was closed.
+  int Stop() {
+    uv_async_send(&stop_);
+    thread_.join();
+    return uv_loop_close(&loop_);
+  }
+
+ private:
+  static void OnStop(uv_async_t* a) {
+    auto* self = static_cast<LoopThread*>(a->data);
+    self->server_.Close([a] { uv_close(reinterpret_cast<uv_handle_t*>(a), nullptr); });
+  }
+  uv_loop_t loop_{};
+  HolderServer server_;
+  uv_async_t stop_{};
+  std::thread thread_;
+};
+
+TEST_CASE("HolderServer serves on its loop and closes every handle on Close()", "[holder][server][inprocess]") {
+  const std::string model = "llama-tiny-f32";
+  Arena arena = LoadArena(model);
+  Fingerprint fp = test::EngineFingerprint(test::TestData(model));
+  test::TempDir dir;
+  ServerOptions so;
+  so.socket_path = dir.Join("sock/h.sock");
+  so.handshake_timeout_ms = 200;
+  so.deployment = "inproc";
+  LoopThread lt(arena, fp, so);
+  REQUIRE(lt.Start().ok());
+
+  AttachOptions o;
+  o.socket_path = so.socket_path;
+  auto a = Attach(o, fp);
+  REQUIRE(a.ok());
+  REQUIRE(a->attachment);
+  for (const auto& [name, want] : test::ReadTensorsJson(model)) {
+    TensorView v = a->attachment->Find(name);
+    REQUIRE(v.entry);
+    CHECK(Sha256Hex(v.data, v.entry->nbytes) == want.sha256);
+  }
+
+  // A silent client is dropped by its timer.
+  auto silent = Channel::Connect(so.socket_path, 5000);
+  REQUIRE(silent.ok());
+  auto r = silent->Receive(5000);
+  REQUIRE(r.ok());
+  CHECK(r->type() == "error");
+  CHECK(r->msg["code"] == "timeout");
+
+  // A keeper and a half-sent request are still open when the server closes.
+  auto kept = AttachKeeper(so.socket_path, "keeper", 5000);
+  REQUIRE(kept.ok());
+  auto half = Channel::Connect(so.socket_path, 5000);
+  REQUIRE(half.ok());
+  REQUIRE(::send(half->fd(), "\x40\x00\x00\x00{", 5, MSG_NOSIGNAL) == 5);
+  auto info = QueryHolderInfo(so.socket_path, 5000);
+  REQUIRE(info.ok());
+  CHECK(info->clients == 2);
+  CHECK(info->deployment == "inproc");
+
+  CHECK(lt.Stop() == 0);
+  CHECK_FALSE(std::filesystem::exists(so.socket_path));
+  // Its clients see the end.
+  auto eof = kept->channel.Receive(5000);
+  REQUIRE_FALSE(eof.ok());
+  CHECK(eof.error().code() == Code::kUnavailable);
+  // The mapping does not depend on the server.
+  TensorView v = a->attachment->Find("lm_head.weight");
+  REQUIRE(v.entry);
+  CHECK(Sha256Hex(v.data, v.entry->nbytes) == test::ReadTensorsJson(model)["lm_head.weight"].sha256);
+}
+
+TEST_CASE("HolderServer: Close() without Start() and a failed Start() leave the loop clean",
+          "[holder][server][inprocess]") {
+  Arena arena = LoadArena("llama-tiny-f32");
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  {
+    ServerOptions so;
+    so.socket_path = "/tmp/h.sock";  // /tmp is world-writable: refused
+    HolderServer s(&loop, arena, Fingerprint(), so);
+    Status st = s.Start();
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == Code::kRefused);
+    CHECK_THAT(st.error().message(), Catch::Contains("chmod 700 /tmp"));
+    bool closed = false;
+    s.Close([&] { closed = true; });
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK(closed);
+  }
+  CHECK(uv_loop_close(&loop) == 0);
+}
+
+TEST_CASE("PrepareSocketPath removes a stale socket and refuses what is not one", "[holder][server][inprocess]") {
+  test::TempDir dir;
+  std::string path = dir.Join("stale.sock");
+  {
+    // A socket file whose listener is gone.
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    ::close(fd);
+  }
+  REQUIRE(std::filesystem::exists(path));
+  CHECK(PrepareSocketPath(path).ok());
+  CHECK_FALSE(std::filesystem::exists(path));
+
+  std::string plain = dir.Join("plain");
+  std::ofstream(plain) << "x";
+  Status s = PrepareSocketPath(plain);
+  CHECK(s.code() == Code::kInvalidArgument);
+  CHECK_THAT(s.error().message(), Catch::Contains("not a socket"));
+  CHECK(std::filesystem::exists(plain));
+
+  CHECK(PrepareSocketPath("").code() == Code::kInvalidArgument);
+  CHECK(PrepareSocketPath(dir.Join(std::string(200, 'a'))).code() == Code::kInvalidArgument);
+  CHECK(PrepareSocketPath(plain + "/under-a-file.sock").code() == Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace wsup

@@ -1,0 +1,508 @@
+// End-to-end tests of a node: the real `wsup start` with the real holder,
+// engines and front on the tiny checkpoint, on the CPU. Each test starts its
+// own node in a temporary directory with kernel-chosen ports, drives it with
+// signals and the CLI, and checks what clients see and what the ledger says.
+#include <catch2/catch.hpp>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "supervisor/json_socket.h"
+#include "tests/http/http_test_client.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+const std::vector<int> kGolden = {92, 16, 97, 246, 28, 201, 169, 207, 160, 234, 48, 216, 188, 48, 232, 118};
+
+std::vector<int> GoldenIds() {
+  auto g = json::parse(test::ReadAll(test::TestData("llama-tiny-f32/golden.json")));
+  return g["cases"][0]["output_ids"].get<std::vector<int>>();
+}
+
+// One node under test.
+class Node {
+ public:
+  explicit Node(std::vector<std::string> extra_sets = {}, std::string model = "")
+      : sets_(std::move(extra_sets)), model_(std::move(model)) {}
+
+  std::string Sock() const { return dir_.Join("run/wsup.sock"); }
+  std::string Db() const { return dir_.Join("state/wsup.db"); }
+  const test::TempDir& dir() const { return dir_; }
+
+  std::vector<std::string> Argv(const std::string& cmd) const {
+    std::string eng = test::BinPath("wsup-engine");
+    std::vector<std::string> a = {test::BinPath("wsup"), cmd, std::string(WSUP_SOURCE_DIR) + "/config/demo.toml"};
+    std::vector<std::string> sets = {
+        "node.state_dir=" + dir_.Join("state"),
+        "node.runtime_dir=" + dir_.Join("run"),
+        "engine.command=[\"" + eng +
+            "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+            "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"]",
+        "engine.primary_port=0",
+        "engine.standby_port=0",
+        "front.listen=127.0.0.1:0",
+        "admin.listen=127.0.0.1:0",
+        "model.path=" + (model_.empty() ? test::TestData("llama-tiny-f32") : model_),
+        "probe.interval_ms=100",
+        "probe.timeout_ms=100",
+        "probe.failures=3",
+        "probe.jitter_ms=0",
+    };
+    sets.insert(sets.end(), sets_.begin(), sets_.end());
+    for (const auto& s : sets) {
+      a.push_back("--set");
+      a.push_back(s);
+    }
+    return a;
+  }
+
+  void Start() {
+    sup_ = test::Child::Start(Argv("start"), dir_.Join("supervisor.log"));
+  }
+  test::Child& sup() { return sup_; }
+  std::string Log() const { return test::ReadAll(dir_.Join("supervisor.log")); }
+
+  std::optional<json> Status() const {
+    auto r = JsonCall(Sock(), json{{"type", "status"}}, 2000);
+    if (!r.ok()) return std::nullopt;
+    return *r;
+  }
+  // Waits until pred(status) holds.
+  bool WaitStatus(const std::function<bool(const json&)>& pred, std::chrono::milliseconds limit) const {
+    return test::WaitFor(
+        [&] {
+          auto s = Status();
+          return s && pred(*s);
+        },
+        limit);
+  }
+  bool WaitServing(std::chrono::milliseconds limit = 30s) const {
+    return WaitStatus(
+        [](const json& s) {
+          if (s.value("state", "") != "serving") return false;
+          int ready = 0;
+          for (const auto& e : s["engines"]) ready += e.value("semantic_ready", false) && e.value("role", "") != "none";
+          return ready == 2;
+        },
+        limit);
+  }
+  int FrontPort() const {
+    auto s = Status();
+    if (!s) return 0;
+    std::string l = (*s)["front"].value("listen", "");
+    return std::atoi(l.c_str() + l.rfind(':') + 1);
+  }
+  json Engine(const json& s, const std::string& role) const {
+    for (const auto& e : s["engines"]) {
+      if (e.value("role", "") == role) return e;
+    }
+    return json();
+  }
+
+  // Runs `wsup ARGS... --socket SOCK`.
+  test::RunResult Cli(std::vector<std::string> args) const {
+    std::vector<std::string> a = {test::BinPath("wsup")};
+    a.insert(a.end(), args.begin(), args.end());
+    a.push_back("--socket");
+    a.push_back(Sock());
+    return test::Run(a, 60s);
+  }
+
+  void Stop() {
+    if (sup_.running()) {
+      auto r = Cli({"stop"});
+      sup_.Wait(30s);
+    }
+  }
+  ~Node() {
+    Stop();
+    // Anything still running from this node (a test that killed the
+    // supervisor) is ended by its recorded pids.
+    auto st = test::ReadAll(dir_.Join("run/state.json"));
+    if (!st.empty()) {
+      try {
+        auto j = json::parse(st);
+        auto kill = [](const json& p) { ::kill(-p.value("pid", 0), SIGKILL); };
+        if (!j["front"].is_null()) kill(j["front"]["proc"]);
+        for (const auto& h : j["holders"]) kill(h["proc"]);
+        for (const auto& e : j["engines"]) kill(e["proc"]);
+      } catch (...) {
+      }
+    }
+  }
+
+ private:
+  test::TempDir dir_;
+  std::vector<std::string> sets_;
+  std::string model_;
+  test::Child sup_;
+};
+
+// A greedy completion through the front: the generated ids, or empty.
+std::vector<int> Complete(int port, const std::string& prompt = "Hello, world") {
+  json req{{"prompt", prompt}, {"max_tokens", 16}, {"temperature", 0}, {"return_token_ids", true}};
+  auto r = test::HttpRequestOnce(port, "POST", "/v1/completions", req.dump(), 20s,
+                                 {{"Content-Type", "application/json"}});
+  if (r.status != 200) return {};
+  try {
+    return json::parse(r.body)["choices"][0]["token_ids"].get<std::vector<int>>();
+  } catch (...) {
+    return {};
+  }
+}
+
+struct Rows {
+  std::vector<std::map<std::string, std::string>> rows;
+};
+
+Rows Query(const std::string& db, const std::string& sql) {
+  Rows out;
+  sqlite3* h = nullptr;
+  if (sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr) != SQLITE_OK) return out;
+  sqlite3_busy_timeout(h, 2000);
+  sqlite3_stmt* st = nullptr;
+  if (sqlite3_prepare_v2(h, sql.c_str(), -1, &st, nullptr) == SQLITE_OK) {
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      std::map<std::string, std::string> row;
+      for (int i = 0; i < sqlite3_column_count(st); ++i) {
+        auto* t = sqlite3_column_text(st, i);
+        row[sqlite3_column_name(st, i)] = t ? reinterpret_cast<const char*>(t) : "";
+      }
+      out.rows.push_back(row);
+    }
+  }
+  sqlite3_finalize(st);
+  sqlite3_close(h);
+  return out;
+}
+
+bool Have() {
+  if (!test::HaveTestData("llama-tiny-f32")) {
+    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    return false;
+  }
+  return true;
+}
+
+TEST_CASE("node: serves correct completions through the front with a proven standby", "[node]") {
+  if (!Have()) return;
+  REQUIRE(GoldenIds() == kGolden);
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto s = *n.Status();
+  CHECK(s["engines"].size() == 2);
+  CHECK(!n.Engine(s, "active").is_null());
+  CHECK(n.Engine(s, "standby").value("semantic_ready", false));
+  CHECK(s["holders"].size() == 1);
+  CHECK(s["holders"][0].value("kept_fds", 0) >= 1);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  auto status = n.Cli({"status", "--json"});
+  CHECK(status.exit_code == 0);
+  auto sj = json::parse(status.output);
+  for (const char* k : {"state", "active", "engines", "holders", "front"}) CHECK(sj.contains(k));
+  for (const auto& e : sj["engines"]) {
+    for (const char* k : {"slot", "role", "pid", "port", "semantic_ready", "comm_warm"}) CHECK(e.contains(k));
+  }
+  // Both engines attached to the holder: two cache hits.
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == 2; }, 5s));
+}
+
+TEST_CASE("node: SIGKILL of the active engine fails over, records it, and re-arms from the holder", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  int port = n.FrontPort();
+  auto s = *n.Status();
+  auto active = n.Engine(s, "active");
+  std::string from = active.value("slot", "");
+  pid_t pid = active.value("pid", 0);
+  REQUIRE(pid > 0);
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  // The front serves from the standby.
+  CHECK(Complete(port) == kGolden);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from failovers").rows.size() == 1; }, 10s));
+  auto f = Query(n.Db(), "select * from failovers").rows[0];
+  CHECK(f["trigger"] == "crash");
+  CHECK(f["from_slot"] == from);
+  CHECK(f["to_slot"] != from);
+  CHECK(std::stoll(f["detected_ms"]) >= std::stoll(f["fault_ms"]));
+  CHECK(std::stoll(f["swapped_ms"]) >= std::stoll(f["detected_ms"]));
+  REQUIRE(test::WaitFor([&] { return !Query(n.Db(), "select first_ok_ms from failovers where first_ok_ms is not null").rows.empty(); }, 10s));
+  // Re-armed: a new engine in the failed slot, proven, from the holder (a hit).
+  REQUIRE(n.WaitServing());
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == 3; }, 10s));
+  REQUIRE(test::WaitFor([&] { return !Query(n.Db(), "select * from recoveries where failover_id is not null").rows.empty(); }, 10s));
+  auto rec = Query(n.Db(), "select * from recoveries where failover_id is not null").rows[0];
+  CHECK(rec["cache_result"] == "hit");
+  CHECK(rec["slot"] == from);
+}
+
+TEST_CASE("node: a hung (SIGSTOPped) active engine is failed over within interval x failures + timeout", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto active = n.Engine(*n.Status(), "active");
+  pid_t pid = active.value("pid", 0);
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(::kill(pid, SIGSTOP) == 0);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from failovers").rows.size() == 1; }, 15s));
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  auto f = Query(n.Db(), "select * from failovers").rows[0];
+  CHECK(f["trigger"] == "probe");
+  // interval 100 ms x 3 failures + 100 ms timeout = 400 ms; the margin covers
+  // a probe already in flight and a loaded CI machine.
+  INFO("stop to failover row: " << ms << " ms; detect " << f["detect_ms"]);
+  CHECK(ms < 400 + 1600);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  ::kill(pid, SIGCONT);
+}
+
+TEST_CASE("node: an engine on a corrupted checkpoint is never promoted", "[node]") {
+  if (!Have()) return;
+  // A copy of the checkpoint with one tensor's bytes altered.
+  test::TempDir bad;
+  std::string src = test::TestData("llama-tiny-f32");
+  for (const auto& f : std::filesystem::directory_iterator(src)) {
+    std::filesystem::copy_file(f.path(), bad.Join(f.path().filename()));
+  }
+  {
+    std::fstream fs(bad.Join("model.safetensors"), std::ios::in | std::ios::out | std::ios::binary);
+    fs.seekp(-4096, std::ios::end);
+    std::string junk(2048, '\x7f');
+    fs.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  Node n({"engine.ready_timeout_ms=20000"}, bad.path());
+  n.Start();
+  // Both engines come up and answer, wrongly: neither is ever promoted.
+  REQUIRE(n.WaitStatus(
+      [](const json& s) {
+        int failed = 0;
+        for (const auto& e : s["engines"]) failed += e.value("restarts", 0) >= 1;
+        return failed >= 1;
+      },
+      20s));
+  auto s = *n.Status();
+  CHECK(s["active"].is_null());
+  CHECK(s.value("state", "") != "serving");
+  CHECK(n.Log().find("wrong answer") != std::string::npos);
+}
+
+TEST_CASE("node: SIGKILL of the holder: engines keep answering, the holder returns from kept fds", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto s = *n.Status();
+  pid_t hpid = s["holders"][0].value("pid", 0);
+  REQUIRE(hpid > 0);
+  REQUIRE(::kill(hpid, SIGKILL) == 0);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from holder_restarts").rows.size() == 1; }, 10s));
+  auto hr = Query(n.Db(), "select * from holder_restarts").rows[0];
+  CHECK(hr["from_fds"] == "1");
+  REQUIRE(n.WaitStatus([&](const json& s) { return s["holders"][0].value("pid", 0) != hpid &&
+                                                   s["holders"][0].value("pid", 0) > 0; }, 10s));
+  CHECK(test::ReadAll(n.dir().Join("state/logs/holder-0.log")).find("adopt") != std::string::npos);
+  // The next re-arm attaches to the restarted holder: a cache hit.
+  auto standby = n.Engine(*n.Status(), "standby");
+  REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == 3; }, 15s));
+  CHECK(Complete(n.FrontPort()) == kGolden);
+}
+
+TEST_CASE("node: SIGKILL of the supervisor under load fails no request; a restart re-adopts everything", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto before = *n.Status();
+  int port = n.FrontPort();
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, bad{0};
+  std::thread load([&] {
+    while (!stop) {
+      (Complete(port) == kGolden ? ok : bad)++;
+    }
+  });
+  REQUIRE(test::WaitFor([&] { return ok.load() >= 3; }, 10s));
+  n.sup().Kill(SIGKILL);
+  REQUIRE(n.sup().Wait(5s) >= 0);
+  int at_kill = ok.load();
+  REQUIRE(test::WaitFor([&] { return ok.load() >= at_kill + 5; }, 10s));
+  n.Start();
+  REQUIRE(n.WaitServing());
+  REQUIRE(test::WaitFor([&] { return ok.load() >= at_kill + 10; }, 10s));
+  stop = true;
+  load.join();
+  CHECK(bad.load() == 0);
+  auto after = *n.Status();
+  // Same processes: adopted, not restarted.
+  CHECK(after["front"]["pid"] == before["front"]["pid"]);
+  CHECK(after["holders"][0]["pid"] == before["holders"][0]["pid"]);
+  std::set<int> pb, pa;
+  for (const auto& e : before["engines"]) pb.insert(e.value("pid", 0));
+  for (const auto& e : after["engines"]) pa.insert(e.value("pid", 0));
+  CHECK(pa == pb);
+  CHECK(n.Log().find("adopted") != std::string::npos);
+}
+
+TEST_CASE("node: SIGKILL of the front: restarted on the same socket, no connection refused", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  int port = n.FrontPort();
+  pid_t fpid = (*n.Status())["front"].value("pid", 0);
+  REQUIRE(fpid > 0);
+  REQUIRE(::kill(fpid, SIGKILL) == 0);
+  // Connections made while no front runs wait in the kept socket's backlog.
+  int refused = 0, good = 0;
+  for (int i = 0; i < 10; ++i) {
+    test::HttpConn c;
+    if (!c.Connect(port, 2s)) {
+      ++refused;
+      continue;
+    }
+    good += Complete(port) == kGolden;
+  }
+  CHECK(refused == 0);
+  CHECK(good == 10);
+  REQUIRE(n.WaitStatus([&](const json& s) { return s["front"].value("pid", 0) != fpid; }, 10s));
+}
+
+TEST_CASE("node: client mode with a fingerprint mismatch loads from disk and records the miss", "[node]") {
+  if (!Have()) return;
+  test::TempDir hd;
+  std::string hsock = hd.Join("holder.sock");
+  // An operator's holder of another revision.
+  int p[2];
+  REQUIRE(::pipe(p) == 0);
+  auto holder = test::Child::Start({test::BinPath("wsup-holder"), "--model", test::TestData("llama-tiny-f32"),
+                                    "--socket", hsock, "--revision", "other-rev", "--ready-fd", "3"},
+                                   hd.Join("holder.log"), {p[1]});
+  ::close(p[1]);
+  char buf[64];
+  REQUIRE(::read(p[0], buf, sizeof buf) > 0);
+  ::close(p[0]);
+  Node n({"weight_cache.mode=\"client\"", "weight_cache.socket=\"" + hsock + "\""});
+  n.Start();
+  REQUIRE(n.WaitServing());
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='miss'").rows.size() == 2; }, 10s));
+  auto miss = Query(n.Db(), "select * from cache_events where result='miss'").rows[0];
+  CHECK(miss["diff_json"].find("revision") != std::string::npos);
+  auto rep = n.Cli({"report", "--miss-tail"});
+  CHECK(rep.exit_code == 0);
+  CHECK(rep.output.find("miss") != std::string::npos);
+  auto repj = n.Cli({"report", "--miss-tail", "--json"});
+  REQUIRE(repj.exit_code == 0);
+  auto rj = json::parse(repj.output);
+  INFO(repj.output);
+  CHECK(rj.dump().find("revision") != std::string::npos);
+}
+
+TEST_CASE("node: daemon mode with a mismatch: clear error, bounded retries, degraded", "[node]") {
+  if (!Have()) return;
+  std::string eng = test::BinPath("wsup-engine");
+  Node n({"engine.command=[\"" + eng +
+              "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"daemon\", \"--socket\", "
+              "\"{socket}\", \"--device\", \"cpu\", \"--revision\", \"not-the-holders\"]",
+          "supervisor.max_restarts=2", "supervisor.restart_backoff_ms=50"});
+  n.Start();
+  REQUIRE(n.WaitStatus([](const json& s) { return s.value("state", "") == "degraded"; }, 30s));
+  auto s = *n.Status();
+  CHECK(s.value("degraded_reason", "").size() > 0);
+  // Bounded: no restart loop.
+  auto r1 = s["engines"][0].value("restarts", 0) + s["engines"][1].value("restarts", 0);
+  CHECK(r1 <= 4);
+  CHECK(test::ReadAll(n.dir().Join("state/logs/engine-a.log")).find("revision") != std::string::npos);
+}
+
+TEST_CASE("node: failover drills through the CLI, planned and with --kill", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  for (bool kill : {false, true}) {
+    REQUIRE(n.WaitServing());
+    std::vector<std::string> args = {"failover", "--drill", "--json"};
+    if (kill) args.push_back("--kill");
+    auto r = n.Cli(args);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    auto j = json::parse(r.output);
+    CHECK(j.value("ok", false));
+    CHECK(j.value("from_slot", "") != j.value("to_slot", ""));
+    CHECK(j.contains("swap_ms"));
+    CHECK(j.contains("first_ok_ms"));
+    CHECK(Complete(n.FrontPort()) == kGolden);
+  }
+  CHECK(Query(n.Db(), "select * from failovers where drill=1").rows.size() == 2);
+  auto no = n.Cli({"failover"});
+  CHECK(no.exit_code != 0);
+}
+
+TEST_CASE("node: the control socket refuses another uid", "[node]") {
+  if (!Have()) return;
+  if (::geteuid() != 0) {
+    WARN("SKIP: needs root to act as another uid");
+    return;
+  }
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    auto r = JsonCall(n.Sock(), json{{"type", "status"}}, 2000);
+    // Either the connect is refused (the socket is 0600 in a 0700 dir) or
+    // the supervisor answers with a refusal.
+    bool refused = !r.ok() || r->value("type", "") == "error";
+    ::_exit(refused ? 0 : 1);
+  }
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 0);
+  CHECK(n.Status().has_value());
+}
+
+TEST_CASE("node: systemd-analyze verify passes on the unit", "[node]") {
+  if (::system("command -v systemd-analyze >/dev/null 2>&1") != 0) {
+    WARN("SKIP: systemd-analyze is not installed");
+    return;
+  }
+  test::TempDir d;
+  std::string unit = test::ReadAll(std::string(WSUP_SOURCE_DIR) + "/systemd/wsup@.service");
+  REQUIRE(!unit.empty());
+  // Point the unit at the built binary so the verifier can check it exists.
+  std::string bin = test::BinPath("wsup");
+  for (size_t pos; (pos = unit.find("/usr/local/bin/wsup")) != std::string::npos;) unit.replace(pos, 19, bin);
+  std::ofstream(d.Join("wsup@.service")) << unit;
+  auto r = test::Run({"/bin/sh", "-c", "systemd-analyze verify " + d.Join("wsup@demo.service") + " 2>&1"}, 60s);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("wsup@.service") == std::string::npos);
+}
+
+}  // namespace
+}  // namespace wsup
