@@ -281,7 +281,6 @@ int Engine::Run() {
   Status st = http_->Listen();
   listen_ms_ = MsSince(t0);
   if (!st.ok()) {
-    spdlog::error("{}", st.ToString());
     std::fprintf(stderr, "wsup-engine: %s\n", st.error().message().c_str());
     exit_code_ = kEngineExitFailure;
     Shutdown(kEngineExitFailure);
@@ -322,7 +321,6 @@ void Engine::OnStartupDone() {
   if (shutting_down_) return;
   if (!st.ok()) {
     const int code = ExitCodeFor(st.error());
-    spdlog::error("startup failed: {}", st.ToString());
     std::fprintf(stderr, "wsup-engine: startup failed: %s\n", st.error().message().c_str());
     Shutdown(code);
     return;

@@ -23,9 +23,10 @@
 // and requests counters.
 //
 // Exit codes: 0 after SIGTERM/SIGINT; 1 a failure a retry may cure (I/O,
-// holder unavailable in daemon mode); 2 a usage error; 3 a permanent
-// refusal (fingerprint mismatch in daemon mode, bad or unsupported
-// checkpoint): restarting unchanged will not help.
+// holder unavailable in daemon mode); 2 a usage error; 78 (EX_CONFIG) a
+// permanent refusal (fingerprint mismatch in daemon mode, bad or unsupported
+// checkpoint): restarting unchanged will not help, and the supervisor does
+// not restart an engine that exits with it.
 #pragma once
 
 #include <cstddef>
@@ -39,7 +40,7 @@ namespace wsup::engine {
 inline constexpr int kEngineExitOk = 0;
 inline constexpr int kEngineExitFailure = 1;
 inline constexpr int kEngineExitUsage = 2;
-inline constexpr int kEngineExitRefused = 3;
+inline constexpr int kEngineExitRefused = 78;
 
 struct EngineOptions {
   std::string model_dir;

@@ -6,7 +6,9 @@
 #
 #   scripts/bundle.sh OUTDIR
 #   # on the GPU node:
-#   OUTDIR/run.sh build/tests/holder_test '[gpu]'
+#   OUTDIR/run.sh OUTDIR/tests/mapping_test '[gpu]'
+# Tests find the test checkpoints through WSUP_TESTDATA_DIR (default: the
+# ../shared/testdata this build saw).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/bundle.sh OUTDIR}
@@ -17,11 +19,10 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/tests" "$out/lib"
 cp build-release/bin/* "$out/bin/"
 cp build-release/tests/*_test "$out/tests/" 2>/dev/null || true
-find build-release/tests -maxdepth 2 -type f -executable -name '*_main' -exec cp {} "$out/tests/" \; || true
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
-done | sort -u | grep -E 'libuv|libspdlog|libfmt|libtomlplusplus|libhttp_parser' | while read -r lib; do
+done | sort -u | grep -E 'libuv|libspdlog|libfmt|libtomlplusplus|libhttp_parser|libcrypto' | while read -r lib; do
   cp -L "$lib" "$out/lib/"
 done
 cat > "$out/run.sh" <<'RUN'
@@ -29,6 +30,7 @@ cat > "$out/run.sh" <<'RUN'
 # Runs a bundled program with the bundled libraries first on the search path.
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export WSUP_BIN_DIR="${WSUP_BIN_DIR:-$here/bin}"
 exec "$@"
 RUN
 chmod +x "$out/run.sh"

@@ -185,6 +185,7 @@ class Supervisor::Impl {
   Status AdoptOrStart();
   void StartFront(bool restart);
   void ConnectFront();
+  void OnFrontExit(const ExitInfo& info);
   void StartHolders();
   void SpawnHolder(HolderSlot& h);
   void OnHolderReadyLine(HolderSlot& h);
@@ -401,14 +402,7 @@ Status Supervisor::Impl::AdoptOrStart() {
     }
     auto port_pos = prev->front->listen.rfind(':');
     front_port_ = port_pos == std::string::npos ? 0 : std::atoi(prev->front->listen.c_str() + port_pos + 1);
-    auto w = ExitWatch::Start(&loop_, front_pid_, [this](const ExitInfo& info) {
-      spdlog::error("front (pid {}) {}", front_pid_, info.Describe());
-      front_watch_->Close();
-      front_watch_ = nullptr;
-      if (front_link_) front_link_->Close("front exited");
-      front_link_.reset();
-      if (!stopping_) StartFront(true);
-    });
+    auto w = ExitWatch::Start(&loop_, front_pid_, [this](const ExitInfo& info) { OnFrontExit(info); });
     if (w.ok()) front_watch_ = *w;
     spdlog::info("adopted front pid {} on {}{}", front_pid_, prev->front->listen,
                  got_fd ? "" : " (its listening socket could not be taken back; a front crash will rebind)");
@@ -534,22 +528,28 @@ void Supervisor::Impl::StartFront(bool restart) {
   metrics_.front_restarts = front_restarts_;
   spdlog::info("{} front pid {} on {}", restart ? "restarted" : "started", front_pid_,
                Addr(cfg_.front.listen.host, front_port_));
-  auto w = ExitWatch::Start(&loop_, front_pid_, [this](const ExitInfo& info) {
-    spdlog::error("front (pid {}) {}", front_pid_, info.Describe());
-    if (front_watch_) front_watch_->Close();
-    front_watch_ = nullptr;
-    if (front_link_) front_link_->Close("front exited");
-    front_link_.reset();
-    if (!stopping_) {
-      StartFront(true);
-    } else {
-      front_pid_ = 0;
-      MaybeFinishStop();
-    }
-  });
+  auto w = ExitWatch::Start(&loop_, front_pid_, [this](const ExitInfo& info) { OnFrontExit(info); });
   if (w.ok()) front_watch_ = *w;
   SaveState();
   ConnectFront();
+}
+
+void Supervisor::Impl::OnFrontExit(const ExitInfo& info) {
+  if (stopping_) {
+    spdlog::info("front (pid {}) {}", front_pid_, info.Describe());
+  } else {
+    spdlog::error("front (pid {}) {}", front_pid_, info.Describe());
+  }
+  if (front_watch_) front_watch_->Close();
+  front_watch_ = nullptr;
+  if (front_link_) front_link_->Close("front exited");
+  front_link_.reset();
+  front_pid_ = 0;
+  if (!stopping_) {
+    StartFront(true);
+  } else {
+    MaybeFinishStop();
+  }
 }
 
 void Supervisor::Impl::ConnectFront() {
@@ -746,7 +746,7 @@ void Supervisor::Impl::OnHolderReadyLine(HolderSlot& h) {
 void Supervisor::Impl::OnHolderExit(HolderSlot& h, const ExitInfo& info) {
   if (h.watch) h.watch->Close();
   h.watch = nullptr;
-  spdlog::error("holder rank {} (pid {}) {}", h.rank, h.pid, info.Describe());
+  if (!stopping_) spdlog::error("holder rank {} (pid {}) {}", h.rank, h.pid, info.Describe());
   h.pid = 0;
   h.ready = false;
   if (stopping_) {
@@ -758,6 +758,16 @@ void Supervisor::Impl::OnHolderExit(HolderSlot& h, const ExitInfo& info) {
   // loads again, throttled.
   h.restart_reason = info.Describe();
   ++h.restarts;
+  if (!h.kept && info.known && (info.exit_code == 3 || info.exit_code == kExitConfig)) {
+    // The holder refused the checkpoint or its configuration: retrying the
+    // same command cannot help.
+    degraded_ = true;
+    degraded_reason_ = "holder rank " + std::to_string(h.rank) + " refused to serve (" + info.Describe() +
+                       "); see " + JoinPath(cfg_.node.state_dir, "logs/holder-" + std::to_string(h.rank) + ".log");
+    spdlog::error("{}", degraded_reason_);
+    UpdateStatusLine();
+    return;
+  }
   int64_t delay = h.kept ? 0 : std::min<int64_t>(cfg_.supervisor.restart_backoff_ms * h.restarts,
                                                  cfg_.supervisor.restart_backoff_max_ms);
   if (!h.kept && h.restarts > cfg_.supervisor.max_restarts) {

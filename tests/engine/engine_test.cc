@@ -98,6 +98,13 @@ TEST_CASE("engine: f32 goldens over HTTP, response shape, status and clean exit"
   CHECK(st["comm"]["warm"] == true);
   CHECK(st["comm"]["last_keepalive_ms"].is_number());
 
+  // The caller's X-Request-Id is echoed and names the completion.
+  r = wsup::test::HttpRequestOnce(e.port, "POST", "/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(),
+                                  30s, {{"X-Request-Id", "probe-7"}});
+  REQUIRE(r.status == 200);
+  CHECK(r.Header("X-Request-Id") == "probe-7");
+  CHECK(json::parse(r.body)["id"] == "cmpl-probe-7");
+
   json models = wsup::test::GetJson(e.port, "/v1/models");
   CHECK(models["data"][0]["id"] == "llama-tiny-f32");
   HttpResult h = wsup::test::HttpRequestOnce(e.port, "GET", "/health");
@@ -320,7 +327,7 @@ TEST_CASE("engine: bad requests get a 4xx naming the problem, and the engine kee
   StopClean(e);
 }
 
-TEST_CASE("engine: a request the KV cache can never hold is refused; a cache too small to start says so") {
+TEST_CASE("engine: a request the KV cache can never hold is refused - a cache too small to start says so") {
   TempDir dir;
   // One block of 384 positions: less than the 512-token context.
   Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32", {"--kv-cache-mib", "1", "--kv-block-size", "384"});

@@ -178,7 +178,7 @@ struct Collector {
 
 }  // namespace
 
-TEST_CASE("scheduler: concurrent requests are batched; seeds reproduce samples") {
+TEST_CASE("scheduler: concurrent requests are batched - seeds reproduce samples") {
   auto runner = TinyRunner();
   Collector c;
   SchedulerOptions so;
@@ -222,7 +222,7 @@ TEST_CASE("scheduler: concurrent requests are batched; seeds reproduce samples")
   CHECK(st.generated_tokens == 8 * 16 + 3 * 12);
 }
 
-TEST_CASE("scheduler: requests that can never fit are refused; cancelled ones free their blocks") {
+TEST_CASE("scheduler: requests that can never fit are refused - cancelled ones free their blocks") {
   auto runner = TinyRunner();
   Collector c;
   Scheduler s(runner.get(), SchedulerOptions{}, c.Sink());

@@ -77,11 +77,11 @@ TEST_CASE("weight cache: tensor parallel engine attaches one holder per rank") {
                                   "--kv-cache-mib", "4", "--weight-cache", "daemon", "--socket",
                                   dir.Join("r1.sock") + "," + dir.Join("r0.sock")},
                                  60s);
-  CHECK(swapped.exit_code == 3);
+  CHECK(swapped.exit_code == 78);
   CHECK(swapped.output.find("tp_rank") != std::string::npos);
 }
 
-TEST_CASE("weight cache: client mode without a holder loads from disk and says why; daemon mode exits") {
+TEST_CASE("weight cache: client mode without a holder loads from disk and says why - daemon mode exits") {
   TempDir dir;
   const std::string sock = dir.Join("absent.sock");
   Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32", {"--weight-cache", "client", "--socket", sock});
@@ -111,7 +111,7 @@ TEST_CASE("weight cache: a fingerprint mismatch is fatal in daemon mode and a mi
                             "4", "--weight-cache", "daemon", "--socket", sock, "--revision", "r2"},
                            60s);
   INFO(d.output);
-  CHECK(d.exit_code == 3);
+  CHECK(d.exit_code == 78);
   CHECK(d.output.find("revision") != std::string::npos);
 
   Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32",

@@ -108,7 +108,7 @@ TEST_CASE("a field one side lacks is a diff too") {
   CHECK(Fingerprint::DescribeDiffs(d) == "x: ours=1 holder=(absent); z: ours=(absent) holder=3");
 }
 
-TEST_CASE("a rewritten header changes the checkpoint field; the same bytes do not") {
+TEST_CASE("a rewritten header changes the checkpoint field - the same bytes do not") {
   test::TempDir tmp;
   REQUIRE(WriteFileAtomic(tmp.Join("config.json"), R"({"vocab_size": 8, "hidden_size": 8,
       "num_hidden_layers": 1, "num_attention_heads": 2, "torch_dtype": "float32"})")

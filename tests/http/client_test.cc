@@ -81,7 +81,7 @@ TEST_CASE("http client: GET with Content-Length", "[http][client]") {
   CHECK(f.client->in_flight() == 0);
 }
 
-TEST_CASE("http client: POST sends its body; 5xx is a response, not an error", "[http][client]") {
+TEST_CASE("http client: POST sends its body - 5xx is a response, not an error", "[http][client]") {
   Fixture f([](const HttpRequest& r) { return ScriptedReply{{RawResponse(503, "{\"echo\":" + r.body + "}")}}; });
   ClientRequest req;
   req.method = "POST";

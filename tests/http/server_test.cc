@@ -253,7 +253,7 @@ TEST_CASE("server: idle keep-alive connections and silent connections are closed
   CHECK(silent.WaitClosed(3s));
 }
 
-TEST_CASE("server: a client that vanishes mid-stream is noticed; closing with open connections is clean") {
+TEST_CASE("server: a client that vanishes mid-stream is noticed - closing with open connections is clean") {
   auto f = std::make_unique<ServerFixture>();
   {
     HttpConn c;

@@ -60,7 +60,7 @@ TEST_CASE("hysteresis: failures == 1 trips on the first failure", "[probes]") {
   CHECK(back->to == Health::kHealthy);
 }
 
-TEST_CASE("hysteresis: M consecutive successes recover; a failure restarts the count", "[probes]") {
+TEST_CASE("hysteresis: M consecutive successes recover - a failure restarts the count", "[probes]") {
   FakeClock clock;
   HealthTracker t(Opts(1, 3, Health::kUnhealthy), clock);
   CHECK_FALSE(t.Record(Ok()));

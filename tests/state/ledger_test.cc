@@ -287,7 +287,7 @@ TEST_CASE("ledger: a bad path gives a clear error", "[state]") {
   }
 }
 
-TEST_CASE("ledger: writes wait out another connection's lock; a full queue drops and counts", "[state]") {
+TEST_CASE("ledger: writes wait out another connection's lock - a full queue drops and counts", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
   LedgerOptions opts;

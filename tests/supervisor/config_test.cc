@@ -285,7 +285,8 @@ TEST_CASE("config: demo.toml loads and matches the golden answer", "[config]") {
   auto argv = EngineArgv(c, 18001);
   REQUIRE(argv.ok());
   std::vector<std::string> want = {c.engine.command[0], "--model", c.model.path, "--port", "18001", "--weight-cache",
-                                   "daemon", "--socket", c.weight_cache.socket, "--device", "cpu"};
+                                   "daemon", "--socket", c.weight_cache.socket, "--device", "cpu",
+                                   "--revision", "llama-tiny-f32", "--kv-cache-mib", "16"};
   CHECK(*argv == want);
 }
 
