@@ -26,7 +26,7 @@ for _ in $(seq 1 300); do
   sleep 0.1
 done
 for _ in $(seq 1 100); do  # the standby proves itself a moment later
-  [ "$($W status --config $CFG --json | grep -c '"semantic_ready": true')" = 2 ] && break
+  [ "$($W status --config $CFG --json 2>/dev/null | grep -c '"semantic_ready": true')" = 2 ] && break
   sleep 0.1
 done
 $W status --config $CFG
@@ -44,7 +44,7 @@ $W failover --config $CFG --drill --kill
 echo "== the same completion, now served by the standby"
 complete; echo
 for _ in $(seq 1 100); do
-  [ "$($W status --config $CFG --json | grep -c '"semantic_ready": true')" = 2 ] && break
+  [ "$($W status --config $CFG --json 2>/dev/null | grep -c '"semantic_ready": true')" = 2 ] && break
   sleep 0.1
 done
 echo "== re-armed: a new standby, attached to the holder's weights"

@@ -48,7 +48,9 @@ struct Target {
     if (!path.empty()) {
       auto cfg = LoadConfig(path, sets);
       if (!cfg.ok()) return cfg.error();
-      return std::make_pair(cfg->supervisor.control_socket, std::optional<Config>(std::move(*cfg)));
+      // The socket is copied before the config is moved from.
+      std::string sock = cfg->supervisor.control_socket;
+      return std::make_pair(std::move(sock), std::optional<Config>(std::move(*cfg)));
     }
     return std::make_pair(JoinPath(kDefaultRuntimeDir, "wsup.sock"), std::optional<Config>());
   }
