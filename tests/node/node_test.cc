@@ -461,6 +461,35 @@ TEST_CASE("node: failover drills through the CLI, planned and with --kill", "[no
   CHECK(no.exit_code != 0);
 }
 
+TEST_CASE("node: status, report and stop find the node through --config and --set", "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  // The same config and overrides as `start`, minus the command itself.
+  auto args = n.Argv("status");
+  args.erase(args.begin() + 2);  // the config path goes after --config
+  std::vector<std::string> status = {args[0], "status", "--json", "--config",
+                                     std::string(WSUP_SOURCE_DIR) + "/config/demo.toml"};
+  status.insert(status.end(), args.begin() + 2, args.end());
+  auto r = test::Run(status, 30s);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(json::parse(r.output).value("state", "") == "serving");
+  std::vector<std::string> report = status;
+  report[1] = "report";
+  report[2] = "--miss-tail";
+  auto rep = test::Run(report, 30s);
+  INFO(rep.output);
+  CHECK(rep.exit_code == 0);
+  CHECK(rep.output.find("hit rate") != std::string::npos);
+  std::vector<std::string> stop = status;
+  stop[1] = "stop";
+  stop.erase(stop.begin() + 2);
+  CHECK(test::Run(stop, 60s).exit_code == 0);
+  CHECK(n.sup().Wait(30s) == 0);
+}
+
 TEST_CASE("node: the control socket refuses another uid", "[node]") {
   if (!Have()) return;
   if (::geteuid() != 0) {
