@@ -230,6 +230,13 @@ class Supervisor::Impl {
       uv_loop_init(&loop);
       loop.data = owner;
     }
+    // Destroyed last: every member declared after it has closed its handles
+    // by now; run their close callbacks, then close the loop.
+    ~LoopBox() {
+      uv_walk(&loop, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); }, nullptr);
+      uv_run(&loop, UV_RUN_DEFAULT);
+      if (uv_loop_close(&loop) != 0) spdlog::warn("the supervisor's loop closed with handles still open");
+    }
     uv_loop_t loop{};
   };
 
@@ -287,7 +294,38 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       b_(&loop_, "b"),
       front_retry_(&loop_) {}
 
-Supervisor::Impl::~Impl() = default;
+Supervisor::Impl::~Impl() {
+  // Stop watching processes (they keep running: stop or crash, that is the
+  // contract) and release every handle owner while the loop can still run
+  // their close callbacks.
+  for (Slot* s : {&a_, &b_}) {
+    if (s->watch) s->watch->Close();
+    s->watch = nullptr;
+    s->monitor.reset();
+  }
+  for (auto& h : holders_) {
+    if (h->watch) h->watch->Close();
+    h->watch = nullptr;
+    if (h->ready_pipe) {
+      uv_close(reinterpret_cast<uv_handle_t*>(h->ready_pipe),
+               [](uv_handle_t* p) { delete reinterpret_cast<uv_pipe_t*>(p); });
+      h->ready_pipe = nullptr;
+    }
+  }
+  if (front_watch_) front_watch_->Close();
+  front_watch_ = nullptr;
+  if (front_link_) front_link_->Close("supervisor exiting");
+  front_link_.reset();
+  if (control_) control_->Close();
+  if (admin_) admin_->Close();
+  if (http_) http_->CancelAll();
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  control_.reset();
+  admin_.reset();
+  http_.reset();
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  if (ledger_) ledger_->Close();
+}
 
 Supervisor::Impl::Slot* Supervisor::Impl::SlotByName(const std::string& name) {
   if (name == "a") return &a_;

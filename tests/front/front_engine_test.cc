@@ -129,6 +129,9 @@ class HoldingRelay {
         fds.push_back({p.engine, POLLIN, 0});
       }
       if (::poll(fds.data(), fds.size(), 1000) <= 0) continue;
+      // Only the pairs that were polled have revents; one accepted below
+      // waits for the next round.
+      const size_t polled = pairs.size();
       if (fds[1].revents & POLLIN) {
         int c = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (c >= 0) {
@@ -145,7 +148,7 @@ class HoldingRelay {
           }
         }
       }
-      for (size_t i = 0; i < pairs.size(); ++i) {
+      for (size_t i = 0; i < polled; ++i) {
         Pair& p = pairs[i];
         short front_ev = fds[2 + 2 * i].revents, engine_ev = fds[3 + 2 * i].revents;
         bool dead = false;
