@@ -186,7 +186,6 @@ class Supervisor::Impl {
   void StartFront(bool restart);
   void ConnectFront();
   void OnFrontExit(const ExitInfo& info);
-  void StartHolders();
   void SpawnHolder(HolderSlot& h);
   void OnHolderReadyLine(HolderSlot& h);
   void OnHolderExit(HolderSlot& h, const ExitInfo& info);
@@ -343,8 +342,8 @@ std::string Supervisor::Impl::NodeState() const {
   if (stopping_) return "stopping";
   if (degraded_) return "degraded";
   bool active = a_.state == SlotState::kActive || b_.state == SlotState::kActive;
-  if (active && ready_notified_) return "serving";
   if (active) return "serving";
+  // Served before and has no active engine now: degraded until one is proven.
   return ready_notified_ ? "degraded" : "starting";
 }
 
@@ -648,8 +647,6 @@ void Supervisor::Impl::PushRoutes() {
 }
 
 // ------------------------------------------------------------------ holders
-
-void Supervisor::Impl::StartHolders() {}
 
 bool Supervisor::Impl::AllHoldersReady() const {
   for (const auto& h : holders_) {
