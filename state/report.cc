@@ -47,125 +47,110 @@ Result<LedgerReader> LedgerReader::Open(const std::string& path) {
   return r;
 }
 
-Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
-  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
-      "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
-      "detect_ms, swap_ms, failover_ms, outage_ms FROM failovers WHERE fault_ms >= ?1 ORDER BY fault_ms, id"));
+namespace {
+
+// Runs a `... WHERE <time> >= ?1` query and turns each row into a T.
+template <typename T, typename Fill>
+Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill fill) {
+  WSUP_ASSIGN_OR_RETURN(Stmt st, db.Prepare(sql));
   st.Bind(1, since_ms);
-  std::vector<FailoverRecord> out;
+  std::vector<T> out;
   for (;;) {
     WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
     if (!row) break;
-    FailoverRecord r;
-    r.id = st.Int(0);
-    r.trigger = st.Text(1);
-    r.reason = st.Text(2);
-    r.drill = st.Int(3) != 0;
-    r.from_slot = st.Text(4);
-    r.to_slot = st.Text(5);
-    r.fault_ms = st.Int(6);
-    r.detected_ms = st.Int(7);
-    r.swapped_ms = st.Int(8);
-    r.first_ok_ms = st.OptInt(9);
-    r.detect_ms = st.Int(10);
-    r.swap_ms = st.Int(11);
-    r.failover_ms = st.Int(12);
-    r.outage_ms = st.OptInt(13);
+    T r;
+    fill(st, r);
     out.push_back(std::move(r));
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
+  return ReadRows<FailoverRecord>(db_,
+      "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
+      "detect_ms, swap_ms, failover_ms, outage_ms FROM failovers WHERE fault_ms >= ?1 ORDER BY fault_ms, id",
+      since_ms, [](Stmt& st, FailoverRecord& r) {
+      r.id = st.Int(0);
+      r.trigger = st.Text(1);
+      r.reason = st.Text(2);
+      r.drill = st.Int(3) != 0;
+      r.from_slot = st.Text(4);
+      r.to_slot = st.Text(5);
+      r.fault_ms = st.Int(6);
+      r.detected_ms = st.Int(7);
+      r.swapped_ms = st.Int(8);
+      r.first_ok_ms = st.OptInt(9);
+      r.detect_ms = st.Int(10);
+      r.swap_ms = st.Int(11);
+      r.failover_ms = st.Int(12);
+      r.outage_ms = st.OptInt(13);
+      });
 }
 
 Result<std::vector<CacheEventRecord>> LedgerReader::CacheEvents(int64_t since_ms) {
-  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+  return ReadRows<CacheEventRecord>(db_,
       "SELECT id, time_ms, slot, rank, result, mode, miss_reason, diff_json, attach_ms, load_ms FROM cache_events "
-      "WHERE time_ms >= ?1 ORDER BY time_ms, id"));
-  st.Bind(1, since_ms);
-  std::vector<CacheEventRecord> out;
-  for (;;) {
-    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
-    if (!row) break;
-    CacheEventRecord r;
-    r.id = st.Int(0);
-    r.time_ms = st.Int(1);
-    r.slot = st.Text(2);
-    r.rank = st.OptInt(3);
-    r.result = st.Text(4);
-    r.mode = st.Text(5);
-    r.miss_reason = st.Text(6);
-    r.diff_json = st.Text(7);
-    r.attach_ms = st.OptInt(8);
-    r.load_ms = st.OptInt(9);
-    out.push_back(std::move(r));
-  }
-  return out;
+      "WHERE time_ms >= ?1 ORDER BY time_ms, id",
+      since_ms, [](Stmt& st, CacheEventRecord& r) {
+      r.id = st.Int(0);
+      r.time_ms = st.Int(1);
+      r.slot = st.Text(2);
+      r.rank = st.OptInt(3);
+      r.result = st.Text(4);
+      r.mode = st.Text(5);
+      r.miss_reason = st.Text(6);
+      r.diff_json = st.Text(7);
+      r.attach_ms = st.OptInt(8);
+      r.load_ms = st.OptInt(9);
+      });
 }
 
 Result<std::vector<RecoveryRecord>> LedgerReader::Recoveries(int64_t since_ms) {
-  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+  return ReadRows<RecoveryRecord>(db_,
       "SELECT id, failover_id, slot, cause, fault_ms, ready_ms, cache_result, cache_reason, phases_json, "
-      "recovery_ms FROM recoveries WHERE fault_ms >= ?1 ORDER BY fault_ms, id"));
-  st.Bind(1, since_ms);
-  std::vector<RecoveryRecord> out;
-  for (;;) {
-    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
-    if (!row) break;
-    RecoveryRecord r;
-    r.id = st.Int(0);
-    r.failover_id = st.OptInt(1);
-    r.slot = st.Text(2);
-    r.cause = st.Text(3);
-    r.fault_ms = st.Int(4);
-    r.ready_ms = st.Int(5);
-    r.cache_result = st.Text(6);
-    r.cache_reason = st.Text(7);
-    r.phases_json = st.Text(8);
-    r.recovery_ms = st.Int(9);
-    out.push_back(std::move(r));
-  }
-  return out;
+      "recovery_ms FROM recoveries WHERE fault_ms >= ?1 ORDER BY fault_ms, id",
+      since_ms, [](Stmt& st, RecoveryRecord& r) {
+      r.id = st.Int(0);
+      r.failover_id = st.OptInt(1);
+      r.slot = st.Text(2);
+      r.cause = st.Text(3);
+      r.fault_ms = st.Int(4);
+      r.ready_ms = st.Int(5);
+      r.cache_result = st.Text(6);
+      r.cache_reason = st.Text(7);
+      r.phases_json = st.Text(8);
+      r.recovery_ms = st.Int(9);
+      });
 }
 
 Result<std::vector<HolderRestartRecord>> LedgerReader::HolderRestarts(int64_t since_ms) {
-  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+  return ReadRows<HolderRestartRecord>(db_,
       "SELECT id, time_ms, rank, reason, from_fds, restart_ms FROM holder_restarts WHERE time_ms >= ?1 "
-      "ORDER BY time_ms, id"));
-  st.Bind(1, since_ms);
-  std::vector<HolderRestartRecord> out;
-  for (;;) {
-    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
-    if (!row) break;
-    HolderRestartRecord r;
-    r.id = st.Int(0);
-    r.time_ms = st.Int(1);
-    r.rank = static_cast<int>(st.Int(2));
-    r.reason = st.Text(3);
-    r.from_fds = st.Int(4) != 0;
-    r.restart_ms = st.Int(5);
-    out.push_back(std::move(r));
-  }
-  return out;
+      "ORDER BY time_ms, id",
+      since_ms, [](Stmt& st, HolderRestartRecord& r) {
+      r.id = st.Int(0);
+      r.time_ms = st.Int(1);
+      r.rank = static_cast<int>(st.Int(2));
+      r.reason = st.Text(3);
+      r.from_fds = st.Int(4) != 0;
+      r.restart_ms = st.Int(5);
+      });
 }
 
 Result<std::vector<ProbeTransitionRecord>> LedgerReader::ProbeTransitions(int64_t since_ms) {
-  WSUP_ASSIGN_OR_RETURN(Stmt st, db_.Prepare(
+  return ReadRows<ProbeTransitionRecord>(db_,
       "SELECT id, time_ms, slot, from_state, to_state, cause FROM probe_transitions WHERE time_ms >= ?1 "
-      "ORDER BY time_ms, id"));
-  st.Bind(1, since_ms);
-  std::vector<ProbeTransitionRecord> out;
-  for (;;) {
-    WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
-    if (!row) break;
-    ProbeTransitionRecord r;
-    r.id = st.Int(0);
-    r.time_ms = st.Int(1);
-    r.slot = st.Text(2);
-    r.from_state = st.Text(3);
-    r.to_state = st.Text(4);
-    r.cause = st.Text(5);
-    out.push_back(std::move(r));
-  }
-  return out;
+      "ORDER BY time_ms, id",
+      since_ms, [](Stmt& st, ProbeTransitionRecord& r) {
+      r.id = st.Int(0);
+      r.time_ms = st.Int(1);
+      r.slot = st.Text(2);
+      r.from_state = st.Text(3);
+      r.to_state = st.Text(4);
+      r.cause = st.Text(5);
+      });
 }
 
 Distribution Percentiles(std::vector<int64_t> values) {
