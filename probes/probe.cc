@@ -1,5 +1,7 @@
 #include "probes/probe.h"
 
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "supervisor/config.h"
@@ -322,15 +324,22 @@ std::string FailureReason(const Error& error, int64_t timeout_ms) {
   return at == std::string::npos ? m : m.substr(at + 2);
 }
 
-ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http::HttpResponse>& response,
-                                int64_t latency_ms) {
-  if (!response.ok()) return Fail(FailureReason(response.error(), spec.timeout_ms), latency_ms);
-  const http::HttpResponse& r = *response;
-  if (r.status != 200) return Fail(HttpFailure(r), latency_ms);
-  if (latency_ms > spec.timeout_ms)
-    return Fail("timeout after " + std::to_string(spec.timeout_ms) + " ms (answered after " +
+// The failures both probes share: no answer, a non-200 answer, a late one.
+static std::optional<ProbeOutcome> FailedExchange(const Result<http::HttpResponse>& response, int64_t timeout_ms,
+                                                  int64_t latency_ms) {
+  if (!response.ok()) return Fail(FailureReason(response.error(), timeout_ms), latency_ms);
+  if (response->status != 200) return Fail(HttpFailure(*response), latency_ms);
+  if (latency_ms > timeout_ms)
+    return Fail("timeout after " + std::to_string(timeout_ms) + " ms (answered after " +
                     std::to_string(latency_ms) + " ms)",
                 latency_ms);
+  return std::nullopt;
+}
+
+ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http::HttpResponse>& response,
+                                int64_t latency_ms) {
+  if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
+  const http::HttpResponse& r = *response;
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Fail("bad response: not a JSON object: " + Excerpt(r.body, 80), latency_ms);
@@ -364,13 +373,8 @@ ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http
 
 ProbeOutcome EvaluateStatus(const CommProbeSpec& spec, const Result<http::HttpResponse>& response,
                             int64_t latency_ms, int64_t now_ms) {
-  if (!response.ok()) return Fail(FailureReason(response.error(), spec.timeout_ms), latency_ms);
+  if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
   const http::HttpResponse& r = *response;
-  if (r.status != 200) return Fail(HttpFailure(r), latency_ms);
-  if (latency_ms > spec.timeout_ms)
-    return Fail("timeout after " + std::to_string(spec.timeout_ms) + " ms (answered after " +
-                    std::to_string(latency_ms) + " ms)",
-                latency_ms);
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Fail("bad status: not a JSON object: " + Excerpt(r.body, 80), latency_ms);
