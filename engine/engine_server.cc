@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,7 @@
 
 #include "common/fs.h"
 #include "engine/api.h"
+#include "engine/cuda/cuda_engine.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/weight_cache.h"
@@ -49,6 +51,10 @@ int ExitCodeFor(const Error& e) {
     default: return kEngineExitFailure;
   }
 }
+
+// Prompt tokens one step takes (longer prompts are split over steps); GPU
+// step buffers are sized for it.
+constexpr int kMaxStepTokens = 2048;
 
 // "cpu" -> {}, "cuda:0,1" -> {0, 1}.
 Result<std::vector<int>> ParseDevice(const std::string& d) {
@@ -185,14 +191,17 @@ Status Engine::StartupPhases() {
   // Context: the checkpoint's headers and config, the device.
   auto t0 = Clock::now();
   WSUP_ASSIGN_OR_RETURN(std::vector<int> devices, ParseDevice(opts_.device));
+  const int tp = devices.empty() ? opts_.tp : static_cast<int>(devices.size());
+  std::string context_note = "cpu";
   if (!devices.empty()) {
-    return InvalidArgument("--device " + opts_.device + ": this build of the reference engine computes on the CPU only; "
-                           "use --device cpu (with --tp N for tensor parallelism over threads)");
+    WSUP_ASSIGN_OR_RETURN(std::vector<std::string> names, InitCudaDevices(devices));
+    context_note.clear();
+    for (const auto& n : names) context_note += (context_note.empty() ? "" : ", ") + n;
   }
   WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(opts_.model_dir));
-  WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), opts_.tp, 0).status());
+  WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), tp, 0).status());
   eos_ = EosTokens(opts_.model_dir);
-  Phase("context", MsSince(t0), "cpu");
+  Phase("context", MsSince(t0), context_note);
   if (cancel_startup_) return Status::Ok();
 
   // Weights: holder or disk, then bound to the model on every rank.
@@ -200,10 +209,11 @@ Status Engine::StartupPhases() {
   WeightCacheOptions wc;
   wc.model_dir = opts_.model_dir;
   wc.mode = opts_.weight_cache;
-  wc.tp = opts_.tp;
+  wc.tp = tp;
+  wc.devices = devices;
   wc.revision = opts_.revision;
   if (opts_.weight_cache != "off") {
-    WSUP_ASSIGN_OR_RETURN(wc.sockets, RankSockets(opts_.socket, opts_.tp));
+    WSUP_ASSIGN_OR_RETURN(wc.sockets, RankSockets(opts_.socket, tp));
   }
   WeightsReport report;
   auto weights = AcquireWeights(ckpt, wc, &report);
@@ -214,6 +224,9 @@ Status Engine::StartupPhases() {
   }
   RunnerOptions ro;
   ro.threads_per_rank = opts_.threads;
+  ro.devices = devices;
+  ro.max_batch = opts_.max_batch;
+  ro.max_step_tokens = kMaxStepTokens;
   WSUP_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(ckpt.config(), std::move(*weights), ro));
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -232,8 +245,12 @@ Status Engine::StartupPhases() {
   Phase("kv_cache", MsSince(t0),
         std::to_string(runner->num_blocks()) + " blocks of " + std::to_string(runner->block_size()) + " tokens per rank");
 
-  // CUDA graphs do not exist on the CPU path.
-  Phase("graph_capture", 0, "cpu");
+  t0 = Clock::now();
+  WSUP_ASSIGN_OR_RETURN(int graphs, runner->CaptureGraphs());
+  Phase("graph_capture", graphs ? MsSince(t0) : 0,
+        graphs ? std::to_string(graphs) + " decode graphs, batch 1 to " + std::to_string(opts_.max_batch)
+               : std::string("cpu: none"));
+  if (cancel_startup_) return Status::Ok();
 
   t0 = Clock::now();
   WSUP_RETURN_IF_ERROR(runner->Warmup());
@@ -327,6 +344,7 @@ void Engine::OnStartupDone() {
   }
   SchedulerOptions so;
   so.max_batch = opts_.max_batch;
+  so.max_step_tokens = kMaxStepTokens;
   so.keepalive_ms = opts_.comm_keepalive_ms;
   scheduler_ = std::make_unique<Scheduler>(runner_.get(), so, [this](std::vector<GenEvent> events) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -551,7 +569,10 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
   j["model"] = opts_.model_name;
   j["model_dir"] = opts_.model_dir;
   j["device"] = opts_.device;
-  j["tp"] = opts_.tp;
+  {
+    auto devices = ParseDevice(opts_.device);
+    j["tp"] = devices.ok() && !devices->empty() ? static_cast<int>(devices->size()) : opts_.tp;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     json wj = {{"mode", opts_.weight_cache}};
@@ -577,7 +598,7 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
     j["phase_notes"] = notes;
   }
   // comm_kind_ is written by the startup thread; read it only once ready.
-  json comm = {{"kind", scheduler_ ? comm_kind_ : std::string("threads")}, {"ranks", opts_.tp}, {"warm", false}};
+  json comm = {{"kind", scheduler_ ? comm_kind_ : std::string("none")}, {"ranks", j["tp"]}, {"warm", false}};
   if (scheduler_) {
     SchedulerStats s = scheduler_->stats();
     comm["warm"] = s.comm_ok;
@@ -595,6 +616,8 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
                      {"waiting", s.waiting},
                      {"steps", s.steps},
                      {"generated_tokens", s.generated_tokens}};
+    // Steps of rank 0 replayed from a CUDA graph and run eagerly (both 0 on the CPU).
+    j["steps"] = {{"graph", runner_->graph_steps()}, {"eager", runner_->eager_steps()}};
   }
   j["comm"] = comm;
   w->Send(http::HttpResponse::Json(200, j.dump(-1, ' ', false, json::error_handler_t::replace)));
@@ -614,6 +637,18 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   auto devices = ParseDevice(o.device);
   if (!devices.ok()) return devices.error();
   if (o.tp < 1 || o.tp > 64) return InvalidArgument("--tp " + std::to_string(o.tp) + " is out of range; pass 1 to 64");
+  if (!devices->empty()) {
+    if (o.tp != 1 && static_cast<size_t>(o.tp) != devices->size()) {
+      return InvalidArgument("--tp " + std::to_string(o.tp) + " with --device " + o.device +
+                             ": on GPUs there is one rank per listed device; drop --tp or list " + std::to_string(o.tp) +
+                             " devices");
+    }
+    std::vector<int> sorted = *devices;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+      return InvalidArgument("--device " + o.device + " lists a GPU twice; each rank needs its own GPU");
+    }
+  }
   if (o.kv_cache_mib < 1 || o.kv_cache_mib > (1 << 22)) {
     return InvalidArgument("--kv-cache-mib " + std::to_string(o.kv_cache_mib) + " is out of range; pass 1 to 4194304");
   }

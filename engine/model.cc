@@ -117,8 +117,9 @@ Status KvStorage::Allocate(const ModelDims& d, int num_blocks, int block_size) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<RankModel>> RankModel::Bind(const ModelDims& d, const WeightSource& w, int threads) {
-  std::unique_ptr<RankModel> m(new RankModel(d, threads));
+Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {
+  ModelWeights mw;
+  ModelWeights* m = &mw;
   const std::string rank_note = d.tp > 1 ? " (rank " + std::to_string(d.rank) + " of " + std::to_string(d.tp) + ")" : "";
 
   auto get = [&](const std::string& name, std::vector<int64_t> shape, MatrixRef* out) -> Status {
@@ -166,12 +167,12 @@ Result<std::unique_ptr<RankModel>> RankModel::Bind(const ModelDims& d, const Wei
   };
 
   const int64_t H = d.hidden, hd = d.head_dim;
-  WSUP_RETURN_IF_ERROR(get("model.embed_tokens.weight", {d.local_vocab, H}, &m->embed_));
-  WSUP_RETURN_IF_ERROR(get("model.norm.weight", {H}, &m->final_norm_));
+  WSUP_RETURN_IF_ERROR(get("model.embed_tokens.weight", {d.local_vocab, H}, &m->embed));
+  WSUP_RETURN_IF_ERROR(get("model.norm.weight", {H}, &m->final_norm));
   if (w.Find("lm_head.weight")) {
-    WSUP_RETURN_IF_ERROR(get("lm_head.weight", {d.local_vocab, H}, &m->lm_head_));
+    WSUP_RETURN_IF_ERROR(get("lm_head.weight", {d.local_vocab, H}, &m->lm_head));
   } else if (d.tied) {
-    m->lm_head_ = m->embed_;
+    m->lm_head = m->embed;
   } else {
     return NotFound("weights: tensor 'lm_head.weight' is missing and config.json says tie_word_embeddings is false; "
                     "restore the tensor or the matching config.json");
@@ -182,7 +183,7 @@ Result<std::unique_ptr<RankModel>> RankModel::Bind(const ModelDims& d, const Wei
       return Refused("weights: '" + p + "' has projection biases; the reference engine serves Llama models "
                      "without biases (attention_bias and mlp_bias false)");
     }
-    Layer L;
+    LayerWeights L;
     WSUP_RETURN_IF_ERROR(get(p + "input_layernorm.weight", {H}, &L.in_norm));
     WSUP_RETURN_IF_ERROR(get(p + "post_attention_layernorm.weight", {H}, &L.post_norm));
     WSUP_RETURN_IF_ERROR(get(p + "self_attn.q_proj.weight", {d.local_heads * hd, H}, &L.q));
@@ -192,9 +193,23 @@ Result<std::unique_ptr<RankModel>> RankModel::Bind(const ModelDims& d, const Wei
     WSUP_RETURN_IF_ERROR(get(p + "mlp.gate_proj.weight", {d.local_inter, H}, &L.gate));
     WSUP_RETURN_IF_ERROR(get(p + "mlp.up_proj.weight", {d.local_inter, H}, &L.up));
     WSUP_RETURN_IF_ERROR(get(p + "mlp.down_proj.weight", {H, d.local_inter}, &L.down));
-    m->layers_.push_back(L);
+    m->layers.push_back(L);
   }
-  m->inv_freq_ = RopeInvFreq(hd, d.theta);
+  return mw;
+}
+
+Result<std::unique_ptr<RankModel>> RankModel::Bind(const ModelDims& d, const WeightSource& w, int threads) {
+  if (w.device() >= 0) {
+    return Refused("weights are in GPU memory (cuda:" + std::to_string(w.device()) +
+                   ") but this rank computes on the CPU; use --device cuda:N or a host-backend holder");
+  }
+  WSUP_ASSIGN_OR_RETURN(ModelWeights mw, BindWeights(d, w));
+  std::unique_ptr<RankModel> m(new RankModel(d, threads));
+  m->embed_ = mw.embed;
+  m->lm_head_ = mw.lm_head;
+  m->final_norm_ = mw.final_norm;
+  m->layers_ = std::move(mw.layers);
+  m->inv_freq_ = RopeInvFreq(d.head_dim, d.theta);
   return m;
 }
 

@@ -84,6 +84,20 @@ struct StepBatch {
   std::vector<int32_t> logit_rows;
 };
 
+// A rank's weights, found and checked (names, local shapes, dtypes, FP8
+// block scales), as the kernels read them. The CPU model and the CUDA rank
+// bind through this one function, so both refuse the same checkpoints with
+// the same words.
+struct LayerWeights {
+  MatrixRef in_norm, post_norm;
+  MatrixRef q, k, v, o, gate, up, down;
+};
+struct ModelWeights {
+  MatrixRef embed, lm_head, final_norm;
+  std::vector<LayerWeights> layers;
+};
+Result<ModelWeights> BindWeights(const ModelDims& dims, const WeightSource& weights);
+
 class RankModel {
  public:
   // Finds and checks every tensor this rank needs (names, local shapes,
@@ -97,10 +111,7 @@ class RankModel {
   Status Forward(const StepBatch& batch, KvStorage& kv, Communicator& comm, std::vector<float>* logits);
 
  private:
-  struct Layer {
-    MatrixRef in_norm, post_norm;
-    MatrixRef q, k, v, o, gate, up, down;
-  };
+  using Layer = LayerWeights;
   explicit RankModel(const ModelDims& d, int threads) : dims_(d), pool_(threads) {}
   void Attention(const StepBatch& batch, KvStorage& kv, int64_t layer, const float* q, float* out);
 

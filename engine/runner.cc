@@ -2,7 +2,41 @@
 
 #include <algorithm>
 
+#include "engine/cuda/cuda_engine.h"
+
 namespace wsup::engine {
+
+namespace {
+
+// A CPU rank: the reference kernels over host weights, a host KV cache and
+// an in-process communicator.
+class CpuRank : public RankEngine {
+ public:
+  explicit CpuRank(std::unique_ptr<RankModel> m) : model_(std::move(m)) {}
+  const ModelDims& dims() const override { return model_->dims(); }
+  std::string device_name() const override { return "cpu"; }
+  uint64_t KvBlockBytes(int block_size) const override { return KvStorage::BlockBytes(dims(), block_size); }
+  Status AllocateKv(int num_blocks, int block_size, int, int) override {
+    return kv_.Allocate(dims(), num_blocks, block_size);
+  }
+  Status Forward(const StepBatch& batch, std::vector<float>* logits) override {
+    if (!comm_) return Internal("Forward() before the communicator exists");
+    return model_->Forward(batch, kv_, *comm_, logits);
+  }
+  Status AllReduceHost(float* v, size_t n) override {
+    if (!comm_) return Internal("keepalive before the communicator exists");
+    return comm_->AllReduceSum(v, n);
+  }
+  void SetComm(std::unique_ptr<Communicator> c) { comm_ = std::move(c); }
+  const char* comm_kind() const { return comm_ ? comm_->kind() : "none"; }
+
+ private:
+  std::unique_ptr<RankModel> model_;
+  KvStorage kv_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+}  // namespace
 
 Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
                                                          std::vector<std::unique_ptr<WeightSource>> weights,
@@ -11,11 +45,21 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
   std::unique_ptr<ModelRunner> r(new ModelRunner());
   r->opts_ = opts;
   const int tp = static_cast<int>(weights.size());
+  if (!opts.devices.empty() && opts.devices.size() != weights.size()) {
+    return InvalidArgument(std::to_string(opts.devices.size()) + " devices for " + std::to_string(tp) +
+                           " ranks; give one GPU per rank");
+  }
   const int threads = opts.threads_per_rank > 0 ? opts.threads_per_rank : ThreadPool::DefaultThreads(tp);
   for (int rank = 0; rank < tp; ++rank) {
     WSUP_ASSIGN_OR_RETURN(ModelDims dims, ModelDims::From(cfg, tp, rank));
-    WSUP_ASSIGN_OR_RETURN(auto model, RankModel::Bind(dims, *weights[static_cast<size_t>(rank)], threads));
-    r->models_.push_back(std::move(model));
+    const WeightSource& w = *weights[static_cast<size_t>(rank)];
+    if (opts.devices.empty()) {
+      WSUP_ASSIGN_OR_RETURN(auto model, RankModel::Bind(dims, w, threads));
+      r->ranks_.push_back(std::make_unique<CpuRank>(std::move(model)));
+    } else {
+      WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)]));
+      r->ranks_.push_back(std::move(rank_engine));
+    }
   }
   r->weights_ = std::move(weights);
   r->rank_logits_.resize(static_cast<size_t>(tp));
@@ -74,9 +118,25 @@ Status ModelRunner::OnAllRanks(const std::function<Status(int)>& fn) {
   return first;
 }
 
-Status ModelRunner::InitCommunicator() { return InitCommunicator(MakeInProcessGroup(tp(), opts_.comm_timeout)); }
+const char* ModelRunner::comm_kind() const {
+  if (!comm_ready_) return "none";
+  if (on_gpu()) return "nccl";
+  return static_cast<const CpuRank*>(ranks_[0].get())->comm_kind();
+}
+
+Status ModelRunner::InitCommunicator() {
+  if (on_gpu()) {
+    std::vector<RankEngine*> raw;
+    for (auto& r : ranks_) raw.push_back(r.get());
+    WSUP_RETURN_IF_ERROR(InitCudaCommunicators(raw));
+    comm_ready_ = true;
+    return Keepalive();
+  }
+  return InitCommunicator(MakeInProcessGroup(tp(), opts_.comm_timeout));
+}
 
 Status ModelRunner::InitCommunicator(std::vector<std::unique_ptr<Communicator>> comms) {
+  if (on_gpu()) return Internal("InitCommunicator(comms): GPU ranks use NCCL");
   if (static_cast<int>(comms.size()) != tp()) {
     return Internal("InitCommunicator: " + std::to_string(comms.size()) + " communicators for " +
                     std::to_string(tp()) + " ranks");
@@ -87,12 +147,15 @@ Status ModelRunner::InitCommunicator(std::vector<std::unique_ptr<Communicator>> 
                       " of " + std::to_string(tp()));
     }
   }
-  comms_ = std::move(comms);
+  for (int r = 0; r < tp(); ++r) {
+    static_cast<CpuRank*>(ranks_[static_cast<size_t>(r)].get())->SetComm(std::move(comms[static_cast<size_t>(r)]));
+  }
+  comm_ready_ = true;
   return Keepalive();
 }
 
 Status ModelRunner::AllocateKv(uint64_t bytes_per_rank, int block_size) {
-  const uint64_t per_block = KvStorage::BlockBytes(dims(), block_size);
+  const uint64_t per_block = ranks_[0]->KvBlockBytes(block_size);
   const uint64_t blocks = bytes_per_rank / per_block;
   if (blocks == 0) {
     return InvalidArgument("--kv-cache-mib gives each rank " + std::to_string(bytes_per_rank) +
@@ -100,15 +163,30 @@ Status ModelRunner::AllocateKv(uint64_t bytes_per_rank, int block_size) {
                            std::to_string(per_block) + " bytes); raise --kv-cache-mib");
   }
   const int nb = static_cast<int>(std::min<uint64_t>(blocks, 1u << 30));
-  kv_.clear();
-  for (int r = 0; r < tp(); ++r) kv_.push_back(std::make_unique<KvStorage>());
+  const int max_tokens = std::max(1, opts_.max_step_tokens) + std::max(1, opts_.max_batch);
+  // Each rank allocates and touches its own cache, on its own thread.
+  WSUP_RETURN_IF_ERROR(OnAllRanks([&](int rank) {
+    return ranks_[static_cast<size_t>(rank)]->AllocateKv(nb, block_size, max_tokens, std::max(1, opts_.max_batch));
+  }));
+  num_blocks_ = nb;
+  block_size_ = block_size;
   kv_bytes_ = per_block * static_cast<uint64_t>(nb);
-  // Each rank touches its own cache, on its own thread.
-  return OnAllRanks([&](int rank) { return kv_[static_cast<size_t>(rank)]->Allocate(models_[static_cast<size_t>(rank)]->dims(), nb, block_size); });
+  return Status::Ok();
+}
+
+Result<int> ModelRunner::CaptureGraphs() {
+  if (num_blocks_ == 0) return Internal("CaptureGraphs() before AllocateKv()");
+  std::vector<int> counts(static_cast<size_t>(tp()), 0);
+  WSUP_RETURN_IF_ERROR(OnAllRanks([&](int rank) -> Status {
+    WSUP_ASSIGN_OR_RETURN(counts[static_cast<size_t>(rank)],
+                          ranks_[static_cast<size_t>(rank)]->CaptureGraphs(std::max(1, opts_.max_batch)));
+    return Status::Ok();
+  }));
+  return counts[0];
 }
 
 Status ModelRunner::Warmup() {
-  if (kv_.empty()) return Internal("Warmup() before AllocateKv()");
+  if (num_blocks_ == 0) return Internal("Warmup() before AllocateKv()");
   const int bs = block_size();
   const int n = std::min<int>(4, num_blocks() * bs);
   std::vector<int32_t> table;
@@ -126,21 +204,19 @@ Status ModelRunner::Warmup() {
 }
 
 Status ModelRunner::Step(const StepBatch& batch, std::vector<float>* logits) {
-  if (comms_.empty() || kv_.empty()) return Internal("Step() before InitCommunicator() and AllocateKv()");
-  Status st = OnAllRanks([&](int rank) {
+  if (!comm_ready_ || num_blocks_ == 0) return Internal("Step() before InitCommunicator() and AllocateKv()");
+  return OnAllRanks([&](int rank) {
     std::vector<float>* out = rank == 0 ? logits : &rank_logits_[static_cast<size_t>(rank)];
-    return models_[static_cast<size_t>(rank)]->Forward(batch, *kv_[static_cast<size_t>(rank)],
-                                                       *comms_[static_cast<size_t>(rank)], out);
+    return ranks_[static_cast<size_t>(rank)]->Forward(batch, out);
   });
-  return st;
 }
 
 Status ModelRunner::Keepalive() {
-  if (comms_.empty()) return Internal("Keepalive() before InitCommunicator()");
+  if (!comm_ready_) return Internal("Keepalive() before InitCommunicator()");
   const int n = tp();
   return OnAllRanks([&](int rank) -> Status {
     float v[2] = {static_cast<float>(rank + 1), 1.0f};
-    WSUP_RETURN_IF_ERROR(comms_[static_cast<size_t>(rank)]->AllReduceSum(v, 2));
+    WSUP_RETURN_IF_ERROR(ranks_[static_cast<size_t>(rank)]->AllReduceHost(v, 2));
     const float want = static_cast<float>(n * (n + 1) / 2);
     if (v[0] != want || v[1] != static_cast<float>(n)) {
       return Internal("communicator keepalive on rank " + std::to_string(rank) + ": the all-reduce gave " +

@@ -3,14 +3,18 @@
 // 1..N-1 each have a thread that waits for the next job. A step runs the
 // same StepBatch on every rank; rank 0's logits are returned.
 //
+// Ranks compute on the CPU (RankModel, an in-process communicator) or on
+// GPUs, one per rank (engine/cuda/, NCCL); RunnerOptions::devices decides.
+//
 // Startup is split into the phases the engine times and reports:
 // Create() binds weights, InitCommunicator() builds the group and proves it
 // with one all-reduce, AllocateKv() sizes and touches the KV cache,
-// Warmup() runs one forward pass.
+// CaptureGraphs() records the decode steps (CUDA), Warmup() runs one
+// forward pass.
 //
-// Ownership: the runner owns the weight sources, models, KV storage,
-// communicators and rank threads. Threads: one thread (the scheduler) calls
-// every method after Create().
+// Ownership: the runner owns the weight sources, ranks, communicators and
+// rank threads. Threads: one thread (the scheduler) calls every method after
+// Create().
 #pragma once
 
 #include <chrono>
@@ -24,13 +28,20 @@
 #include "common/status.h"
 #include "engine/communicator.h"
 #include "engine/model.h"
+#include "engine/rank_engine.h"
 #include "engine/weights.h"
 
 namespace wsup::engine {
 
 struct RunnerOptions {
-  int threads_per_rank = 0;  // 0: hardware threads / ranks
+  int threads_per_rank = 0;  // 0: hardware threads / ranks (CPU)
   std::chrono::milliseconds comm_timeout{30'000};
+  // Cuda ordinal of each rank; empty: every rank on the CPU.
+  std::vector<int> devices;
+  // The largest step the scheduler makes: GPU step buffers are sized for
+  // max_step_tokens + max_batch tokens of up to max_batch sequences.
+  int max_step_tokens = 2048;
+  int max_batch = 64;
 };
 
 class ModelRunner {
@@ -43,11 +54,13 @@ class ModelRunner {
 
   Status InitCommunicator();
   // Same with communicators made elsewhere (one per rank, in rank order):
-  // another transport, or a fault-injecting one in tests.
+  // another transport, or a fault-injecting one in tests (CPU ranks only).
   Status InitCommunicator(std::vector<std::unique_ptr<Communicator>> comms);
   // Sizes the cache from the bytes each rank may use; refuses a budget that
   // holds no block.
   Status AllocateKv(uint64_t bytes_per_rank, int block_size);
+  // Captures the decode steps as CUDA graphs; returns how many (0 on the CPU).
+  Result<int> CaptureGraphs();
   // One forward pass over a short dummy sequence (blocks 0.. of the cache).
   Status Warmup();
 
@@ -57,12 +70,16 @@ class ModelRunner {
   // ranks and the communicator are alive.
   Status Keepalive();
 
-  int tp() const { return static_cast<int>(models_.size()); }
-  const ModelDims& dims() const { return models_[0]->dims(); }
-  int num_blocks() const { return kv_.empty() ? 0 : kv_[0]->num_blocks(); }
-  int block_size() const { return kv_.empty() ? 0 : kv_[0]->block_size(); }
+  int tp() const { return static_cast<int>(ranks_.size()); }
+  bool on_gpu() const { return !opts_.devices.empty(); }
+  const ModelDims& dims() const { return ranks_[0]->dims(); }
+  int num_blocks() const { return num_blocks_; }
+  int block_size() const { return block_size_; }
   uint64_t kv_bytes_per_rank() const { return kv_bytes_; }
-  const char* comm_kind() const { return comms_.empty() ? "none" : comms_[0]->kind(); }
+  const char* comm_kind() const;
+  // Rank 0's step counts: replayed from a graph, and eager.
+  uint64_t graph_steps() const { return ranks_[0]->graph_steps(); }
+  uint64_t eager_steps() const { return ranks_[0]->eager_steps(); }
   const WeightSource& weights(int rank) const { return *weights_[static_cast<size_t>(rank)]; }
 
  private:
@@ -73,10 +90,10 @@ class ModelRunner {
 
   RunnerOptions opts_;
   std::vector<std::unique_ptr<WeightSource>> weights_;
-  std::vector<std::unique_ptr<RankModel>> models_;
-  std::vector<std::unique_ptr<Communicator>> comms_;
-  std::vector<std::unique_ptr<KvStorage>> kv_;
+  std::vector<std::unique_ptr<RankEngine>> ranks_;
+  bool comm_ready_ = false;
   std::vector<std::vector<float>> rank_logits_;
+  int num_blocks_ = 0, block_size_ = 0;
   uint64_t kv_bytes_ = 0;
 
   // Rank threads (1..N-1) and their job hand-off.

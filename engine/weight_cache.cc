@@ -2,9 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "client/client.h"
+#include "engine/cuda/cuda_engine.h"
 
 namespace wsup::engine {
 
@@ -37,6 +39,11 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
   WSUP_ASSIGN_OR_RETURN(AttachMode mode, ParseAttachMode(opts.mode));
   report->mode = AttachModeName(mode);
   std::vector<std::unique_ptr<WeightSource>> ranks;
+  if (!opts.devices.empty() && opts.devices.size() != static_cast<size_t>(opts.tp)) {
+    return InvalidArgument("weight cache: " + std::to_string(opts.devices.size()) + " devices for " +
+                           std::to_string(opts.tp) + " ranks; give one GPU per rank");
+  }
+  auto device_of = [&](int r) { return opts.devices.empty() ? -1 : opts.devices[static_cast<size_t>(r)]; };
 
   auto load_disk = [&]() -> Status {
     auto t0 = Clock::now();
@@ -44,6 +51,10 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
     for (int r = 0; r < opts.tp; ++r) {
       auto w = LoadWeightsFromDisk(ckpt, ShardSpec{opts.tp, r}, opts.read_threads);
       if (!w.ok()) return w.error();
+      if (!opts.devices.empty()) {
+        w = UploadWeights(std::move(*w), opts.devices[static_cast<size_t>(r)]);
+        if (!w.ok()) return w.error();
+      }
       ranks.push_back(std::move(*w));
     }
     report->source = "disk";
@@ -61,14 +72,16 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
     std::string miss;
     for (int r = 0; r < opts.tp && miss.empty(); ++r) {
       ShardSpec shard{opts.tp, r};
-      WSUP_ASSIGN_OR_RETURN(FingerprintInputs in,
-                            LocalFingerprintInputs(opts.model_dir, opts.revision, shard, "host", 0));
+      const int dev = device_of(r);
+      WSUP_ASSIGN_OR_RETURN(FingerprintInputs in, LocalFingerprintInputs(opts.model_dir, opts.revision, shard,
+                                                                         dev < 0 ? "host" : "cuda", std::max(dev, 0)));
       Fingerprint ours = Fingerprint::Compute(ckpt, in);
       AttachOptions ao;
       ao.socket_path = opts.sockets[static_cast<size_t>(r)];
       ao.mode = mode;
       ao.client_name = opts.client_name + (opts.tp > 1 ? "/rank" + std::to_string(r) : "");
       ao.timeout_ms = opts.timeout_ms;
+      ao.device = std::max(dev, 0);
       auto res = Attach(ao, ours);
       if (!res.ok()) {
         // Daemon mode: the caller exits with this message.
@@ -82,7 +95,11 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
         report->diffs = res->outcome.diffs;
         break;
       }
-      auto w = WeightsFromAttachment(std::move(res->attachment));
+      auto w = WeightsFromAttachment(std::move(res->attachment), std::max(dev, 0));
+      if (w.ok()) {
+        Status where = CheckWeightsDevice(**w, dev);
+        if (!where.ok()) w = where.error();
+      }
       if (!w.ok()) {
         if (mode == AttachMode::kDaemon) return w.error().With("weight-cache daemon");
         miss = "holder arena unusable: " + w.error().message();

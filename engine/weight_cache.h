@@ -27,6 +27,8 @@ struct WeightCacheOptions {
   std::string mode = "off";           // daemon | client | off
   std::vector<std::string> sockets;   // one per rank (daemon, client)
   int tp = 1;
+  // Cuda ordinal of each rank; empty: the CPU (host-backend holders).
+  std::vector<int> devices;
   std::string revision;
   int read_threads = 4;
   int timeout_ms = 10'000;
@@ -39,7 +41,7 @@ struct WeightsReport {
   std::string miss_reason;  // client mode that fell back to disk; "" otherwise
   std::vector<FingerprintDiff> diffs;
   double attach_ms = 0;     // connect, handshake and mapping (all ranks)
-  double load_ms = 0;       // disk reading (all ranks)
+  double load_ms = 0;       // disk reading (all ranks), and the copy to the GPUs
   uint64_t bytes = 0;       // weight bytes over all ranks
 };
 

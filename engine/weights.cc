@@ -27,17 +27,16 @@ class DiskWeights : public WeightSource {
 class ArenaWeights : public WeightSource {
  public:
   const char* source() const override { return "holder"; }
+  int device() const override { return device_; }
+  int device_ = -1;
   MappedArena arena;
   std::unique_ptr<Attachment> attachment;
   using WeightSource::Index;
   using WeightSource::tensors_;
 
   // Builds the table from the mapping, without copying a byte.
-  Status Build(const MappedArena& a) {
-    if (a.is_cuda()) {
-      return Refused("the holder's arena is in GPU memory (backend cuda), but this engine computes on the CPU; "
-                     "start the holder with --backend host, or the engine with --device cuda:N");
-    }
+  Status Build(const MappedArena& a, int device) {
+    device_ = a.is_cuda() ? device : -1;
     for (const auto& e : a.manifest().entries) {
       auto dtype = ParseDType(e.dtype);
       if (!dtype.ok()) return dtype.error().With("holder manifest: tensor '" + e.name + "'");
@@ -131,19 +130,33 @@ Result<std::unique_ptr<WeightSource>> LoadWeightsFromDisk(const Checkpoint& ckpt
   return std::unique_ptr<WeightSource>(std::move(w));
 }
 
-Result<std::unique_ptr<WeightSource>> WeightsFromArena(MappedArena arena) {
+Result<std::unique_ptr<WeightSource>> WeightsFromArena(MappedArena arena, int device) {
   auto w = std::make_unique<ArenaWeights>();
   w->arena = std::move(arena);
-  WSUP_RETURN_IF_ERROR(w->Build(w->arena));
+  WSUP_RETURN_IF_ERROR(w->Build(w->arena, device));
   return std::unique_ptr<WeightSource>(std::move(w));
 }
 
-Result<std::unique_ptr<WeightSource>> WeightsFromAttachment(std::unique_ptr<Attachment> attachment) {
+Result<std::unique_ptr<WeightSource>> WeightsFromAttachment(std::unique_ptr<Attachment> attachment, int device) {
   if (!attachment) return Internal("WeightsFromAttachment: no attachment");
   auto w = std::make_unique<ArenaWeights>();
   w->attachment = std::move(attachment);
-  WSUP_RETURN_IF_ERROR(w->Build(w->attachment->arena()));
+  WSUP_RETURN_IF_ERROR(w->Build(w->attachment->arena(), device));
   return std::unique_ptr<WeightSource>(std::move(w));
+}
+
+Status CheckWeightsDevice(const WeightSource& w, int device) {
+  if (w.device() == device) return Status::Ok();
+  if (device < 0) {
+    return Refused("the holder's arena is in GPU memory (backend cuda), but this engine computes on the CPU; "
+                   "start the holder with --backend host, or the engine with --device cuda:N");
+  }
+  if (w.device() < 0) {
+    return Refused("the holder's arena is in host memory (backend host), but this engine computes on cuda:" +
+                   std::to_string(device) + "; start the holder with --backend cuda, or the engine with --device cpu");
+  }
+  return Refused("the holder's arena is on cuda:" + std::to_string(w.device()) + " but this rank computes on cuda:" +
+                 std::to_string(device) + "; give each rank the holder of its own GPU (--socket in --device order)");
 }
 
 }  // namespace wsup::engine

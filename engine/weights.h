@@ -27,7 +27,8 @@
 
 namespace wsup::engine {
 
-// One tensor as this rank holds it (its local shape), in host memory.
+// One tensor as this rank holds it (its local shape): in host memory, or in
+// device memory when the source's device() is a cuda ordinal.
 struct WeightTensor {
   std::string name;
   DType dtype = DType::kF32;
@@ -44,6 +45,8 @@ class WeightSource {
   const std::vector<WeightTensor>& tensors() const { return tensors_; }
   // "holder" or "disk".
   virtual const char* source() const = 0;
+  // -1: tensors are host pointers; N: device pointers on cuda ordinal N.
+  virtual int device() const { return -1; }
   uint64_t total_bytes() const;
 
  protected:
@@ -59,11 +62,15 @@ class WeightSource {
 Result<std::unique_ptr<WeightSource>> LoadWeightsFromDisk(const Checkpoint& ckpt, const ShardSpec& spec,
                                                           int threads);
 
-// Uses a holder's arena as it is mapped. Refuses a cuda arena (the CPU
-// kernels need host memory) and dtypes it cannot name.
-Result<std::unique_ptr<WeightSource>> WeightsFromArena(MappedArena arena);
+// Uses a holder's arena as it is mapped, host or cuda (then `device` is the
+// ordinal it was mapped on). Refuses dtypes it cannot name.
+Result<std::unique_ptr<WeightSource>> WeightsFromArena(MappedArena arena, int device = 0);
 // Same, for an attachment made through the holder protocol (kept open so
 // the holder counts this engine as a client).
-Result<std::unique_ptr<WeightSource>> WeightsFromAttachment(std::unique_ptr<Attachment> attachment);
+Result<std::unique_ptr<WeightSource>> WeightsFromAttachment(std::unique_ptr<Attachment> attachment, int device = 0);
+
+// Names the place a rank's weights must be for `device` (-1: host) and
+// refuses the others with the fix.
+Status CheckWeightsDevice(const WeightSource& w, int device);
 
 }  // namespace wsup::engine

@@ -1,0 +1,42 @@
+// The CUDA path of the reference engine, as the rest of the engine sees it:
+// ranks that compute on a GPU (RankEngine), their NCCL communicators, and a
+// disk load copied to the GPU. Built when the CUDA Toolkit is found;
+// otherwise every function here refuses with a message saying so, and the
+// engine still runs on the CPU.
+//
+// A CUDA rank reads its weights where they lie: the holder's arena mapped
+// into this process (zero-copy), or device memory filled from disk. Its
+// decode steps (one token for each of up to max_batch sequences) replay
+// CUDA graphs captured at startup; other steps (prompts) run eagerly.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/model.h"
+#include "engine/rank_engine.h"
+#include "engine/weights.h"
+
+namespace wsup::engine {
+
+// True when this build has the CUDA path.
+bool CudaEngineBuilt();
+
+// Makes each device's context current once (the startup's "context"
+// phase) and describes them: "cuda:0 NVIDIA H200 (sm 9.0)".
+Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>& devices);
+
+// Binds one rank to weights already on `device` (a cuda arena or
+// UploadWeights), naming any tensor that does not fit.
+Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device);
+
+// Copies host weights (a disk load) into one device allocation.
+Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource> host, int device);
+
+// Creates the NCCL communicators of the group (one per rank, on the ranks'
+// devices; also with a single rank), made by MakeCudaRank.
+Status InitCudaCommunicators(const std::vector<RankEngine*>& ranks);
+
+}  // namespace wsup::engine

@@ -1,0 +1,383 @@
+#include "engine/cuda/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace wsup::engine::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+
+cudaStream_t S(Stream s) { return static_cast<cudaStream_t>(s); }
+
+__device__ __forceinline__ float Bf16Bits(uint16_t v) { return __uint_as_float(static_cast<uint32_t>(v) << 16); }
+__device__ __forceinline__ float F16Bits(uint16_t v) { return __half2float(__ushort_as_half(v)); }
+__device__ __forceinline__ float Fp8Bits(uint8_t v) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(v), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Element (r, c) of a matrix as float32 (scalar path; used where a row is
+// read once per step, not in the hot products).
+__device__ __forceinline__ float LoadElem(const DevMatrix& m, int64_t r, int64_t c) {
+  const int64_t i = r * m.cols + c;
+  switch (m.dtype) {
+    case kDevBf16:
+      return Bf16Bits(static_cast<const uint16_t*>(m.data)[i]);
+    case kDevF16:
+      return F16Bits(static_cast<const uint16_t*>(m.data)[i]);
+    case kDevFp8E4M3:
+      return Fp8Bits(static_cast<const uint8_t*>(m.data)[i]) *
+             m.scale[(r / m.block_rows) * m.scale_cols + c / m.block_cols];
+    default:
+      return static_cast<const float*>(m.data)[i];
+  }
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// ---- embedding, norms, elementwise ----
+
+__global__ void EmbedKernel(DevMatrix emb, DevStepMeta meta, int64_t vocab_start, float* x) {
+  const int t = blockIdx.x;
+  const int64_t id = static_cast<int64_t>(meta.tokens[t]) - vocab_start;
+  float* row = x + static_cast<int64_t>(t) * emb.cols;
+  const bool mine = id >= 0 && id < emb.rows;
+  for (int64_t c = threadIdx.x; c < emb.cols; c += blockDim.x) row[c] = mine ? LoadElem(emb, id, c) : 0.0f;
+}
+
+__global__ void RmsNormKernel(const float* x, DevMatrix w, const int32_t* rows_index, int64_t n, float eps,
+                              float* out) {
+  __shared__ float partial[32];
+  const int r = blockIdx.x;
+  const int64_t src = rows_index ? rows_index[r] : r;
+  const float* in = x + src * n;
+  float ss = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
+  ss = WarpSum(ss);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) partial[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    float v = lane < static_cast<int>(blockDim.x / kWarp) ? partial[lane] : 0.0f;
+    v = WarpSum(v);
+    if (lane == 0) partial[0] = v;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(partial[0] / static_cast<float>(n) + eps);
+  float* o = out + static_cast<int64_t>(r) * n;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) o[i] = LoadElem(w, 0, i) * (in[i] * inv);
+}
+
+__global__ void SiluMulKernel(float* gate, const float* up, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    gate[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void AddKernel(float* x, const float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] += y[i];
+  }
+}
+
+__global__ void DequantKernel(DevMatrix w, float* out) {
+  const int64_t total = w.rows * w.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = LoadElem(w, i / w.cols, i % w.cols);
+  }
+}
+
+// ---- the small-batch product: one warp per output row ----
+
+// Loads kVec consecutive weights of row r starting at column c (16 bytes).
+template <int DT>
+struct VecLoad;
+
+template <>
+struct VecLoad<kDevF32> {
+  static constexpr int kVec = 4;
+  __device__ static void Load(const DevMatrix& m, int64_t r, int64_t c, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(m.data) + r * m.cols + c);
+    out[0] = v.x, out[1] = v.y, out[2] = v.z, out[3] = v.w;
+  }
+};
+
+template <>
+struct VecLoad<kDevBf16> {
+  static constexpr int kVec = 8;
+  __device__ static void Load(const DevMatrix& m, int64_t r, int64_t c, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(m.data) + r * m.cols + c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[2 * k] = __uint_as_float(w[k] << 16);
+      out[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  }
+};
+
+template <>
+struct VecLoad<kDevF16> {
+  static constexpr int kVec = 8;
+  __device__ static void Load(const DevMatrix& m, int64_t r, int64_t c, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(m.data) + r * m.cols + c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      out[2 * k] = F16Bits(static_cast<uint16_t>(w[k] & 0xffffu));
+      out[2 * k + 1] = F16Bits(static_cast<uint16_t>(w[k] >> 16));
+    }
+  }
+};
+
+template <>
+struct VecLoad<kDevFp8E4M3> {
+  static constexpr int kVec = 16;
+  __device__ static void Load(const DevMatrix& m, int64_t r, int64_t c, float* out) {
+    const uint4 v = *reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(m.data) + r * m.cols + c);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    const float* srow = m.scale + (r / m.block_rows) * m.scale_cols;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int64_t col = c + k;
+      out[k] = Fp8Bits(static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4)))) * srow[col / m.block_cols];
+    }
+  }
+};
+
+constexpr int kGemvWarps = 8;
+
+// Vector path: cols % kVec == 0 and rows 16-byte aligned (checked by the
+// launcher). Scalar path otherwise.
+template <int DT, bool kVecPath>
+__global__ void __launch_bounds__(kGemvWarps* kWarp) GemvSmallKernel(DevMatrix w, const float* x, int T, float* y) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
+  if (row >= w.rows) return;
+  float acc[kSmallBatch];
+#pragma unroll
+  for (int t = 0; t < kSmallBatch; ++t) acc[t] = 0.0f;
+  if constexpr (kVecPath) {
+    constexpr int V = VecLoad<DT>::kVec;
+    float wv[V];
+    for (int64_t c = static_cast<int64_t>(lane) * V; c < w.cols; c += kWarp * V) {
+      VecLoad<DT>::Load(w, row, c, wv);
+#pragma unroll
+      for (int t = 0; t < kSmallBatch; ++t) {
+        if (t < T) {
+          const float* xr = x + static_cast<int64_t>(t) * w.cols + c;
+#pragma unroll
+          for (int k = 0; k < V; k += 4) {
+            const float4 xv = *reinterpret_cast<const float4*>(xr + k);
+            acc[t] += wv[k] * xv.x + wv[k + 1] * xv.y + wv[k + 2] * xv.z + wv[k + 3] * xv.w;
+          }
+        }
+      }
+    }
+  } else {
+    for (int64_t c = lane; c < w.cols; c += kWarp) {
+      const float wv = LoadElem(w, row, c);
+#pragma unroll
+      for (int t = 0; t < kSmallBatch; ++t) {
+        if (t < T) acc[t] += wv * x[static_cast<int64_t>(t) * w.cols + c];
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kSmallBatch; ++t) {
+    if (t < T) {
+      const float v = WarpSum(acc[t]);
+      if (lane == 0) y[static_cast<int64_t>(t) * w.rows + row] = v;
+    }
+  }
+}
+
+template <int DT>
+void GemvSmallFor(const DevMatrix& w, const float* x, int T, float* y, cudaStream_t s) {
+  constexpr int V = VecLoad<DT>::kVec;
+  constexpr int64_t kBytes = DT == kDevF32 ? 4 : (DT == kDevFp8E4M3 ? 1 : 2);
+  const bool aligned = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       w.cols % V == 0 && (w.cols * kBytes) % 16 == 0 &&
+                       (DT != kDevFp8E4M3 || w.block_cols % 16 == 0);
+  const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
+  if (aligned) {
+    GemvSmallKernel<DT, true><<<grid, kGemvWarps * kWarp, 0, s>>>(w, x, T, y);
+  } else {
+    GemvSmallKernel<DT, false><<<grid, kGemvWarps * kWarp, 0, s>>>(w, x, T, y);
+  }
+}
+
+// ---- rotary embedding and the KV cache ----
+
+__device__ __forceinline__ float* KvAt(const DevKvLayout& kv, int32_t block, int64_t layer, int which, int64_t head,
+                                       int64_t off) {
+  return kv.base + ((((static_cast<int64_t>(block) * kv.layers + layer) * 2 + which) * kv.kv_heads + head) *
+                        kv.block_size +
+                    off) *
+                       kv.head_dim;
+}
+
+__global__ void RopeStoreKernel(float* q, float* k, const float* v, int64_t q_heads, const float* inv_freq,
+                                DevStepMeta meta, DevKvLayout kv, int64_t layer) {
+  const int t = blockIdx.x;
+  const int64_t hd = kv.head_dim, half = hd / 2;
+  const int64_t pos = meta.positions[t];
+  const int64_t heads = q_heads + kv.kv_heads;
+  for (int64_t i = threadIdx.x; i < heads * half; i += blockDim.x) {
+    const int64_t h = i / half, j = i % half;
+    float* head = h < q_heads ? q + (static_cast<int64_t>(t) * q_heads + h) * hd
+                              : k + (static_cast<int64_t>(t) * kv.kv_heads + (h - q_heads)) * hd;
+    const float angle = static_cast<float>(pos) * inv_freq[j];
+    const float c = cosf(angle), sn = sinf(angle);
+    const float a = head[j], b = head[j + half];
+    head[j] = a * c - b * sn;
+    head[j + half] = b * c + a * sn;
+  }
+  __syncthreads();
+  const int32_t block = meta.block_table[static_cast<int64_t>(meta.seq[t]) * meta.max_blocks + pos / kv.block_size];
+  const int64_t off = pos % kv.block_size;
+  for (int64_t i = threadIdx.x; i < kv.kv_heads * hd; i += blockDim.x) {
+    const int64_t h = i / hd, d = i % hd;
+    const int64_t src = (static_cast<int64_t>(t) * kv.kv_heads + h) * hd + d;
+    KvAt(kv, block, layer, 0, h, off)[d] = k[src];
+    KvAt(kv, block, layer, 1, h, off)[d] = v[src];
+  }
+}
+
+// One block per (token, query head); each warp walks every kAttnWarps-th
+// position with an online softmax, then the warps merge.
+constexpr int kAttnWarps = 4;
+constexpr int kPerLane = static_cast<int>(kMaxHeadDim / kWarp);
+
+__global__ void __launch_bounds__(kAttnWarps* kWarp)
+    AttentionKernel(const float* q, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
+                    DevStepMeta meta, DevKvLayout kv, int64_t layer, float* out) {
+  __shared__ float qs[kMaxHeadDim];
+  __shared__ float wm[kAttnWarps], wl[kAttnWarps];
+  __shared__ float wacc[kAttnWarps][kMaxHeadDim];
+  const int t = blockIdx.x;
+  const int64_t j = blockIdx.y;
+  const int64_t hd = kv.head_dim;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+  const float* qh = q + (static_cast<int64_t>(t) * q_heads + j) * hd;
+  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
+  __syncthreads();
+
+  const int64_t kvh = (head_start + j) / group - kv_head_start;
+  const int64_t pos = meta.positions[t];
+  const int32_t* table = meta.block_table + static_cast<int64_t>(meta.seq[t]) * meta.max_blocks;
+  float m = -INFINITY, l = 0.0f;
+  float acc[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) acc[k] = 0.0f;
+  for (int64_t p = warp; p <= pos; p += kAttnWarps) {
+    const int32_t block = table[p / kv.block_size];
+    const float* kp = KvAt(kv, block, layer, 0, kvh, p % kv.block_size);
+    const float* vp = KvAt(kv, block, layer, 1, kvh, p % kv.block_size);
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int64_t i = lane + static_cast<int64_t>(k) * kWarp;
+      if (i < hd) dot += qs[i] * kp[i];
+    }
+    const float s = WarpSum(dot) * scale;
+    const float m2 = fmaxf(m, s);
+    const float corr = expf(m - m2), e = expf(s - m2);
+    l = l * corr + e;
+#pragma unroll
+    for (int k = 0; k < kPerLane; ++k) {
+      const int64_t i = lane + static_cast<int64_t>(k) * kWarp;
+      if (i < hd) acc[k] = acc[k] * corr + e * vp[i];
+    }
+    m = m2;
+  }
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int64_t i = lane + static_cast<int64_t>(k) * kWarp;
+    if (i < hd) wacc[warp][i] = acc[k];
+  }
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, wm[w]);
+  float total = 0.0f;
+  for (int w = 0; w < kAttnWarps; ++w) total += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - mx);
+  float* o = out + (static_cast<int64_t>(t) * q_heads + j) * hd;
+  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) {
+    float v = 0.0f;
+    for (int w = 0; w < kAttnWarps; ++w) {
+      if (wm[w] != -INFINITY) v += wacc[w][i] * expf(wm[w] - mx);
+    }
+    o[i] = v / total;
+  }
+}
+
+unsigned GridFor(int64_t n, int threads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return static_cast<unsigned>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+}  // namespace
+
+void LaunchEmbed(const DevMatrix& emb, const DevStepMeta& meta, int T, int64_t vocab_start, float* x, Stream s) {
+  EmbedKernel<<<T, 256, 0, S(s)>>>(emb, meta, vocab_start, x);
+}
+
+void LaunchRmsNorm(const float* x, const DevMatrix& w, const int32_t* rows_index, int rows, int64_t n, float eps,
+                   float* out, Stream s) {
+  RmsNormKernel<<<rows, 256, 0, S(s)>>>(x, w, rows_index, n, eps, out);
+}
+
+void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream s) {
+  switch (w.dtype) {
+    case kDevBf16:
+      return GemvSmallFor<kDevBf16>(w, x, T, y, S(s));
+    case kDevF16:
+      return GemvSmallFor<kDevF16>(w, x, T, y, S(s));
+    case kDevFp8E4M3:
+      return GemvSmallFor<kDevFp8E4M3>(w, x, T, y, S(s));
+    default:
+      return GemvSmallFor<kDevF32>(w, x, T, y, S(s));
+  }
+}
+
+void LaunchDequant(const DevMatrix& w, float* out, Stream s) {
+  DequantKernel<<<GridFor(w.rows * w.cols, 256), 256, 0, S(s)>>>(w, out);
+}
+
+void LaunchRopeAndStore(float* q, float* k, const float* v, int T, int64_t q_heads, const float* inv_freq,
+                        const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, Stream s) {
+  RopeStoreKernel<<<T, 128, 0, S(s)>>>(q, k, v, q_heads, inv_freq, meta, kv, layer);
+}
+
+void LaunchAttention(const float* q, int T, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
+                     const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, float* out, Stream s) {
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(q_heads));
+  AttentionKernel<<<grid, kAttnWarps * kWarp, 0, S(s)>>>(q, q_heads, head_start, group, kv_head_start, meta, kv, layer,
+                                                          out);
+}
+
+void LaunchSiluMul(float* gate, const float* up, int64_t n, Stream s) {
+  SiluMulKernel<<<GridFor(n, 256), 256, 0, S(s)>>>(gate, up, n);
+}
+
+void LaunchAdd(float* x, const float* y, int64_t n, Stream s) { AddKernel<<<GridFor(n, 256), 256, 0, S(s)>>>(x, y, n); }
+
+}  // namespace wsup::engine::cuda
