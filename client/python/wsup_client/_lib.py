@@ -1,0 +1,119 @@
+"""Finding and loading libwsup_client.so, and the C ABI's prototypes.
+
+The library is the C ABI of client/wsup_client.h. It is looked for, in order:
+  1. the path given to load_library(), or $WSUP_CLIENT_LIB (a file, or a
+     folder that holds libwsup_client.so);
+  2. beside this package (a copy installed next to wsup_client/);
+  3. the build folders of the source tree this package sits in
+     (build/lib, build-release/lib, ...);
+  4. the dynamic linker's search path (LD_LIBRARY_PATH, ldconfig).
+The first one that exists is loaded; a file that exists but does not load is
+an error of its own (it is never skipped silently).
+"""
+
+import ctypes
+import os
+import threading
+
+from ._errors import LibraryNotFoundError
+
+LIB_NAME = "libwsup_client.so"
+ENV_VAR = "WSUP_CLIENT_LIB"
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# client/python/wsup_client -> the repository root.
+_SOURCE_ROOT = os.path.normpath(os.path.join(_PACKAGE_DIR, "..", "..", ".."))
+_BUILD_DIRS = ("build", "build-release", "build-py")
+
+_lock = threading.Lock()
+_loaded = None  # (path, ctypes.CDLL)
+
+
+def candidate_paths(path=None):
+    """The paths load_library() tries, in order, as (path, where) pairs."""
+    out = []
+    explicit = path if path is not None else os.environ.get(ENV_VAR) or None
+    if explicit:
+        where = "the path given" if path is not None else "$" + ENV_VAR
+        if os.path.isdir(explicit):
+            explicit = os.path.join(explicit, LIB_NAME)
+        out.append((explicit, where))
+        return out  # an explicit choice is never second-guessed
+    out.append((os.path.join(_PACKAGE_DIR, LIB_NAME), "beside the package"))
+    if os.path.isfile(os.path.join(_SOURCE_ROOT, "client", "wsup_client.h")):
+        for b in _BUILD_DIRS:
+            out.append((os.path.join(_SOURCE_ROOT, b, "lib", LIB_NAME), "the source tree's " + b + "/"))
+    out.append((LIB_NAME, "the dynamic linker's path (LD_LIBRARY_PATH)"))
+    return out
+
+
+def _declare(lib):
+    c = ctypes
+    p = c.c_void_p
+    s = c.c_char_p
+    protos = {
+        "wsup_attach": (p, [s, s, s, s, s]),
+        "wsup_status": (c.c_int, [p]),
+        "wsup_error": (s, [p]),
+        "wsup_from_holder": (c.c_int, [p]),
+        "wsup_source": (s, [p]),
+        "wsup_reason": (s, [p]),
+        "wsup_diffs_json": (s, [p]),
+        "wsup_attach_ms": (c.c_double, [p]),
+        "wsup_holder_fingerprint_json": (s, [p]),
+        "wsup_is_cuda": (c.c_int, [p]),
+        "wsup_num_tensors": (c.c_size_t, [p]),
+        "wsup_tensor_name": (s, [p, c.c_size_t]),
+        "wsup_tensor_data": (p, [p, s]),
+        "wsup_tensor_dtype": (s, [p, s]),
+        "wsup_tensor_ndim": (c.c_int, [p, s]),
+        "wsup_tensor_dim": (c.c_int64, [p, s, c.c_int]),
+        "wsup_tensor_nbytes": (c.c_uint64, [p, s]),
+        "wsup_tensor_copy_to_host": (c.c_int, [p, s, p, c.c_uint64]),
+        "wsup_detach": (None, [p]),
+        "wsup_client_version": (s, []),
+    }
+    for name, (res, args) in protos.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def load_library(path=None):
+    """Loads libwsup_client.so (once per process) and returns (path, CDLL).
+
+    Raises LibraryNotFoundError naming every place looked at and the fix.
+    """
+    global _loaded
+    with _lock:
+        if _loaded is not None and path is None:
+            return _loaded
+        tried = []
+        for cand, where in candidate_paths(path):
+            is_bare_name = os.sep not in cand
+            if not is_bare_name and not os.path.isfile(cand):
+                tried.append("%s (%s): no such file" % (cand, where))
+                continue
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                if is_bare_name:
+                    tried.append("%s (%s): %s" % (cand, where, e))
+                    continue
+                raise LibraryNotFoundError(
+                    "%s (%s) exists but does not load: %s; rebuild it with "
+                    "`ninja -C build wsup_client_shared` on this machine" % (cand, where, e)) from e
+            try:
+                _declare(lib)
+            except AttributeError as e:
+                raise LibraryNotFoundError(
+                    "%s (%s) is not the wsup client library or is too old (%s); point $%s at the "
+                    "libwsup_client.so of this wsup version" % (cand, where, e, ENV_VAR)) from e
+            result = (os.path.abspath(cand) if not is_bare_name else cand, lib)
+            if path is None:
+                _loaded = result
+            return result
+        raise LibraryNotFoundError(
+            "cannot find %s; looked at: %s. Build it with `ninja -C build wsup_client_shared` "
+            "(it lands in build/lib/) and set %s=/path/to/%s, or put its folder on LD_LIBRARY_PATH"
+            % (LIB_NAME, "; ".join(tried), ENV_VAR, LIB_NAME))
