@@ -5,10 +5,7 @@ outputs. Needs torch; skipped with a message where torch is not installed
 (the GPU path is tests/python/gpu_torch_check.py)."""
 
 import gc
-import json
-import math
 import os
-import types
 
 import numpy as np
 import pytest
@@ -26,131 +23,15 @@ except ImportError:
                 "tests/python/gpu_torch_check.py runs them with torch on a GPU machine",
                 allow_module_level=True)
 
+from tiny_llama import Rotary, TinyLlama, read_config  # noqa: E402 (needs torch)
+
 F32 = "llama-tiny-f32"
 BF16 = "llama-tiny-bf16-sharded"
 
 
 def load_config(name, **overrides):
-    with open(os.path.join(model_dir(name), "config.json")) as f:
-        c = json.load(f)
-    rope = c.get("rope_parameters") or {}
-    c["rope_theta"] = rope.get("rope_theta", c.get("rope_theta", 10000.0))
-    c.update(overrides)
-    return types.SimpleNamespace(**c)
+    return read_config(os.path.join(model_dir(name), "config.json"), **overrides)
 
-
-# ---------------------------------------------------------------- a small Llama
-# The Hugging Face module layout (and so the checkpoint's names), written out
-# so that these tests need torch only. Every constructor takes `device`, so
-# the model can be built on the meta device with torch 1.x as well.
-
-class RMSNorm(nn.Module):
-    def __init__(self, n, eps, device):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(n, device=device))
-        self.eps = eps
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
-class Rotary(nn.Module):
-    def __init__(self, config, device=None):
-        super().__init__()
-        self.config = config
-        hd = config.head_dim
-        inv = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def forward(self, t):
-        f = torch.outer(torch.arange(t, dtype=torch.float32, device=self.inv_freq.device), self.inv_freq)
-        e = torch.cat((f, f), -1)
-        return e.cos(), e.sin()
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), -1)
-
-
-class Attention(nn.Module):
-    def __init__(self, c, device):
-        super().__init__()
-        self.nh, self.nkv, self.hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        lin = lambda i, o: nn.Linear(i, o, bias=False, device=device)  # noqa: E731
-        self.q_proj = lin(c.hidden_size, self.nh * self.hd)
-        self.k_proj = lin(c.hidden_size, self.nkv * self.hd)
-        self.v_proj = lin(c.hidden_size, self.nkv * self.hd)
-        self.o_proj = lin(self.nh * self.hd, c.hidden_size)
-
-    def forward(self, x, cos, sin):
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.nh, self.hd).transpose(0, 1)
-        k = self.k_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
-        v = self.v_proj(x).view(t, self.nkv, self.hd).transpose(0, 1)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        k = k.repeat_interleave(self.nh // self.nkv, 0)
-        v = v.repeat_interleave(self.nh // self.nkv, 0)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
-        s = s.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        return self.o_proj((s.softmax(-1) @ v).transpose(0, 1).reshape(t, self.nh * self.hd))
-
-
-class MLP(nn.Module):
-    def __init__(self, c, device):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False, device=device)
-        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False, device=device)
-        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False, device=device)
-
-    def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class Layer(nn.Module):
-    def __init__(self, c, device):
-        super().__init__()
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
-        self.self_attn = Attention(c, device)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
-        self.mlp = MLP(c, device)
-
-    def forward(self, x, cos, sin):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class Model(nn.Module):
-    def __init__(self, c, device):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, device=device)
-        self.layers = nn.ModuleList(Layer(c, device) for _ in range(c.num_hidden_layers))
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, device)
-        self.rotary_emb = Rotary(c, device=device)
-
-
-class TinyLlama(nn.Module):
-    def __init__(self, c, device="meta"):
-        super().__init__()
-        self.model = Model(c, device)
-        self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False, device=device)
-        if c.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, ids):
-        x = self.model.embed_tokens(ids)
-        cos, sin = self.model.rotary_emb(ids.shape[0])
-        for layer in self.model.layers:
-            x = layer(x, cos, sin)
-        return self.lm_head(self.model.norm(x))
-
-    @torch.no_grad()
-    def greedy(self, prompt, n):
-        ids = list(prompt)
-        for _ in range(n):
-            ids.append(int(self(torch.tensor(ids)).argmax(-1)[-1]))
-        return ids[len(prompt):]
 
 
 # ---------------------------------------------------------------- tests
@@ -275,3 +156,28 @@ def test_buffers_without_a_config_need_materialize(holder):
     assert calls == [torch.device("cpu")]
     assert sorted(report.materialized) == ["model.rotary_emb.cache", "model.rotary_emb.inv_freq"]
     assert torch.equal(model.model.rotary_emb.cache, torch.ones(3))
+
+
+class NormWithBuffer(nn.Module):
+    """A submodule with parameters and a meta non-persistent buffer."""
+
+    def __init__(self, config, device="meta"):
+        super().__init__()
+        self.config = config
+        self.weight = nn.Parameter(torch.empty(config.hidden_size, device=device))
+        self.register_buffer("scale", torch.ones(1, device=device), persistent=False)
+
+
+def test_submodules_with_parameters_are_not_re_initialised(holder):
+    h = holder(F32)
+    att = wc.attach(h.socket, "daemon", checkpoint_dir=model_dir(F32))
+    model = TinyLlama(load_config(F32))
+    model.model.norm = NormWithBuffer(load_config(F32))
+    with pytest.raises(wc.WsupError) as e:
+        wc.bind_module(model, att.tensors("torch"))
+    assert "model.norm (NormWithBuffer)" in str(e.value) and "256 parameter values" in str(e.value)
+    report = wc.bind_module(model, att.tensors("torch"),
+                            materialize={"model.norm": lambda mod, dev: {"scale": torch.full((1,), 2.0)}})
+    assert "model.norm.scale" in report.materialized
+    assert model.model.norm.weight.data_ptr() == att.data_ptr("model.norm.weight")
+    assert float(model.model.norm.scale) == 2.0

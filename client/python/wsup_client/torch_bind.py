@@ -24,8 +24,9 @@ Rules:
   as a rotary embedding's inv_freq, are computed by running the owning
   submodule's own __init__ again (on `init_device`, default CPU, as a model
   built normally computes them) with its `config` attribute, and then moved
-  to the weights' device. A submodule without `config` needs an entry in
-  `materialize`.
+  to the weights' device, in the dtype that __init__ gives them. A
+  submodule without `config`, or with parameters of its own (which a re-run
+  would allocate), needs an entry in `materialize`.
 - Missing names, extra names, and shape or dtype differences are collected
   and raised together as one BindError listing them; the module is changed
   only when everything checks.
@@ -113,6 +114,13 @@ def _reinit_buffers(torch, mod, qualname, device, init_device, materialize):
         raise LookupError("%s (%s) has meta buffers but no `config` attribute to re-run its __init__ with; "
                           "pass materialize={%r: fn(module, device) -> {buffer name: tensor}}" %
                           (qualname or "(root)", type(mod).__name__, qualname))
+    held = sum(p.numel() for p in mod.parameters())
+    if held:
+        # Re-running it would allocate all of its parameters (the whole model,
+        # for a top-level module) just to compute a buffer.
+        raise LookupError("%s (%s) has meta buffers but also %d parameter values, which re-running its "
+                          "__init__ would allocate; pass materialize={%r: fn(module, device)}" %
+                          (qualname or "(root)", type(mod).__name__, held, qualname))
     with torch.no_grad(), _default_device(torch, init_device):
         try:
             fresh = type(mod)(config)
@@ -122,10 +130,12 @@ def _reinit_buffers(torch, mod, qualname, device, init_device, materialize):
     out = {}
     moved = {}  # id of a fresh tensor -> its moved copy, so aliases stay aliases
 
-    def move(t, like):
+    def move(t):
+        # The dtype __init__ gives (a blanket .to(dtype) of the meta model does
+        # not reach it, as it does not in a model built normally).
         key = id(t)
         if key not in moved:
-            moved[key] = t.to(device=device, dtype=like.dtype)
+            moved[key] = t.to(device=device)
         return moved[key]
 
     for leaf, b in mod._buffers.items():
@@ -134,12 +144,12 @@ def _reinit_buffers(torch, mod, qualname, device, init_device, materialize):
             if nb is None or nb.is_meta:
                 raise LookupError("%s(config) did not make buffer %r; pass materialize={%r: fn(module, device)}"
                                   % (type(mod).__name__, leaf, qualname))
-            out[leaf] = move(nb, b)
+            out[leaf] = move(nb)
     for attr, v in list(vars(mod).items()):
         if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter) and v.is_meta:
             nv = vars(fresh).get(attr)
             if isinstance(nv, torch.Tensor) and not nv.is_meta:
-                out["@" + attr] = move(nv, v)
+                out["@" + attr] = move(nv)
     return out
 
 
