@@ -92,7 +92,10 @@ def build_model(impl, model_dir):
     config = AutoConfig.from_pretrained(model_dir)
     # The engine dequantizes block FP8 itself (see --help): build the plain model.
     if getattr(config, "quantization_config", None) is not None:
-        delattr(config, "quantization_config")
+        try:
+            delattr(config, "quantization_config")
+        except AttributeError:
+            config.quantization_config = None
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     return model.eval()
