@@ -118,7 +118,7 @@ class CommProbe : public HttpProbe {
     req.max_body_bytes = 1 << 20;
     Send(std::move(req),
          [this](const Result<http::HttpResponse>& r, int64_t ms) {
-           return EvaluateStatus(spec_, r, ms, clock_.WallMs());
+           return EvaluateStatus(spec_, r, ms);
          },
          std::move(done));
   }
@@ -372,7 +372,7 @@ ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http
 }
 
 ProbeOutcome EvaluateStatus(const CommProbeSpec& spec, const Result<http::HttpResponse>& response,
-                            int64_t latency_ms, int64_t now_ms) {
+                            int64_t latency_ms) {
   if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
   const http::HttpResponse& r = *response;
   auto j = nlohmann::json::parse(r.body, nullptr, false);
@@ -384,9 +384,9 @@ ProbeOutcome EvaluateStatus(const CommProbeSpec& spec, const Result<http::HttpRe
   if (!comm["warm"].get<bool>()) return Fail("comm not warm", latency_ms);
   if (!comm.contains("last_keepalive_ms") || !comm["last_keepalive_ms"].is_number())
     return Fail("bad status: no comm.last_keepalive_ms", latency_ms);
-  int64_t last = comm["last_keepalive_ms"].is_number_integer() ? comm["last_keepalive_ms"].get<int64_t>()
-                                                               : static_cast<int64_t>(comm["last_keepalive_ms"].get<double>());
-  int64_t age = now_ms - last;
+  const int64_t age = comm["last_keepalive_ms"].is_number_integer()
+                          ? comm["last_keepalive_ms"].get<int64_t>()
+                          : static_cast<int64_t>(comm["last_keepalive_ms"].get<double>());
   if (age > spec.max_age_ms)
     return Fail("comm keepalive stale: last one " + std::to_string(age) + " ms ago (limit " +
                     std::to_string(spec.max_age_ms) + " ms)",

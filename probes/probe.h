@@ -68,9 +68,12 @@ std::string SemanticRequestBody(const SemanticProbeSpec& spec);
 // Judges a /v1/completions answer (or the client's error).
 ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http::HttpResponse>& response,
                                 int64_t latency_ms);
-// Judges a /wsup/status answer at wall time now_ms.
+// Judges a /wsup/status answer: comm.warm must be true and
+// comm.last_keepalive_ms, the age of the engine's last successful keepalive
+// (milliseconds ago, by the engine's own clock, so no two clocks need to
+// agree), at most max_age_ms.
 ProbeOutcome EvaluateStatus(const CommProbeSpec& spec, const Result<http::HttpResponse>& response,
-                            int64_t latency_ms, int64_t now_ms);
+                            int64_t latency_ms);
 // The reason for a failed exchange: "timeout after N ms", "connection refused", ...
 std::string FailureReason(const Error& error, int64_t timeout_ms);
 
