@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# A whole wsup node on a GPU: `wsup start` with the cuda backend (one holder
+# keeping the weights in GPU memory, a primary and a standby wsup-engine on
+# --device cuda:N both mapping them), then, in one run:
+#   1. nvidia-smi's per-process GPU memory: the weights are held once (by
+#      the holder) and the two engines add only their own caches;
+#   2. the supervisor's CPU time and peak RSS while clients stream through
+#      the front for LOAD_SECS seconds;
+#   3. DRILLS crash drills (`wsup failover --drill --kill`): kill to swap and
+#      kill to the first correct answer through the front, each followed by
+#      the re-armed standby proving itself again (a cache hit).
+# The model is a generated Llama (wsup-gen-llama, about 1.1B parameters,
+# 2.1 GiB of bf16) so that a weight copy is visible in nvidia-smi; the probe's
+# expected answer is recorded from it first with a plain engine.
+#
+#   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10
+# Prints a table and writes it to OUTDIR/node.md.
+set -euo pipefail
+out=${1:?usage: bench/node.sh OUTDIR [BIN_DIR]}
+bin=$(cd "${2:-build/bin}" && pwd)
+device=${DEVICE:-cuda:0}
+dev=${device#cuda:}
+if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else backend=cuda; devices_line="tp = 1
+devices = [$dev]"; fi
+# HTTP through python3 (present wherever the benchmarks run).
+post() {  # post PORT_OR_HOSTPORT JSON -> response body
+  python3 - "$1" "$2" <<'PY'
+import sys, urllib.request
+addr = sys.argv[1] if ":" in sys.argv[1] else "127.0.0.1:" + sys.argv[1]
+req = urllib.request.Request(f"http://{addr}/v1/completions", data=sys.argv[2].encode(), headers={"Content-Type": "application/json"})
+print(urllib.request.urlopen(req, timeout=30).read().decode())
+PY
+}
+engine_ready() {
+  python3 - "$1" <<'PY'
+import sys, json, urllib.request
+try:
+    s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/wsup/status", timeout=2))
+    sys.exit(0 if s.get("state") == "ready" else 1)
+except Exception:
+    sys.exit(1)
+PY
+}
+model=${MODEL_DIR:-/tmp/wsup-bench-llama}
+drills=${DRILLS:-10}
+load_secs=${LOAD_SECS:-10}
+kv_mib=2048; [ "$device" = cpu ] && kv_mib=64
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+W="$bin/wsup"
+
+[ -f "$model/config.json" ] || "$bin/wsup-gen-llama" --out "$model" | tee "$out/gen.txt"
+
+# The probe's answer: 8 greedy tokens of a plain engine on the same model.
+"$bin/wsup-engine" --model "$model" --port 0 --device "$device" --weight-cache off --kv-cache-mib 256 \
+  > "$out/record.log" 2>&1 &
+rec=$!
+port=""
+for _ in $(seq 1 600); do
+  port=$(sed -n 's/.*listening on [0-9.]*:\([0-9]*\).*/\1/p' "$out/record.log" | head -1)
+  if [ -n "$port" ] && engine_ready "$port"; then break; fi
+  sleep 0.1
+done
+expect=$(post "$port" '{"prompt": "Hello, world", "max_tokens": 8, "temperature": 0, "return_token_ids": true}' |
+  python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["token_ids"])')
+kill "$rec"; wait "$rec" || true
+echo "probe answer: $expect"
+
+node="$out/node"
+rm -rf "$node"; mkdir -p "$node/state" "$node/run"; chmod 700 "$node/run"
+cfg="$node/node.toml"
+cat > "$cfg" <<EOF
+[node]
+name = "bench-gpu"
+state_dir = "$node/state"
+runtime_dir = "$node/run"
+
+[model]
+path = "$model"
+revision = "bench"
+
+[parallel]
+$devices_line
+
+[weight_cache]
+mode = "daemon"
+backend = "$backend"
+
+[engine]
+command = ["$bin/wsup-engine", "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
+           "--socket", "{socket}", "--device", "{devices}", "--revision", "{revision}", "--kv-cache-mib", "$kv_mib"]
+host = "127.0.0.1"
+primary_port = 0
+standby_port = 0
+ready_timeout_ms = 120000
+
+[probe]
+kind = "semantic"
+prompt = "Hello, world"
+expect_token_ids = $expect
+max_tokens = 8
+interval_ms = 250
+timeout_ms = 250
+failures = 3
+successes = 2
+jitter_ms = 20
+comm = true
+comm_max_age_ms = 5000
+
+[front]
+listen = "127.0.0.1:0"
+queue_timeout_ms = 10000
+
+[admin]
+listen = "127.0.0.1:0"
+EOF
+"$W" check "$cfg"
+setsid "$W" start "$cfg" > "$out/wsup.log" 2>&1 < /dev/null &
+sup=$!
+ready2() { [ "$("$W" status --config "$cfg" --json 2>/dev/null | grep -c '"semantic_ready": true')" = 2 ]; }
+for _ in $(seq 1 1200); do ready2 && break; sleep 0.1; done
+"$W" status --config "$cfg" | tee "$out/status.txt"
+"$W" status --config "$cfg" --json > "$out/status.json"
+front=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["front"]["listen"])' "$out/status.json")
+
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$out/gpu_apps.csv" || true
+nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$dev" > "$out/gpu_used.txt" || true
+
+# Load through the front while the supervisor's CPU is measured.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+t0=$(cpu_ticks "$sup"); s0=$(date +%s.%N)
+python3 - "$front" "$load_secs" > "$out/load.txt" <<'PY'
+import sys, time, threading, urllib.request
+front, secs = sys.argv[1], float(sys.argv[2])
+body = b'{"prompt": "Hello, world", "max_tokens": 32, "temperature": 0, "stream": true}'
+done, failed, end = [0], [0], time.time() + secs
+def client():
+    while time.time() < end:
+        try:
+            req = urllib.request.Request(f"http://{front}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            r = urllib.request.urlopen(req, timeout=30).read()
+            if b"[DONE]" in r: done[0] += 1
+            else: failed[0] += 1
+        except Exception:
+            failed[0] += 1
+ts = [threading.Thread(target=client) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(done[0], failed[0])
+PY
+t1=$(cpu_ticks "$sup"); s1=$(date +%s.%N)
+hwm=$(awk '/VmHWM/{print $2}' "/proc/$sup/status")
+rss=$(awk '/VmRSS/{print $2}' "/proc/$sup/status")
+reqs=$(awk '{print $1 " ok, " $2 " failed"}' "$out/load.txt")
+
+# Crash drills.
+: > "$out/drills.jsonl"
+for i in $(seq 1 "$drills"); do
+  for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
+  "$W" failover --config "$cfg" --drill --kill --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >> "$out/drills.jsonl"
+done
+for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
+"$W" report --config "$cfg" > "$out/report.txt" || true
+"$W" stop --config "$cfg" || kill "$sup"
+wait "$sup" || true
+
+python3 - "$out" "$t0" "$t1" "$s0" "$s1" "$hwm" "$rss" "$reqs" "$(getconf CLK_TCK)" "$device" <<'PY'
+import json, sys, statistics, datetime, subprocess
+out, t0, t1, s0, s1, hwm, rss, reqs, hz, device = sys.argv[1:]
+st = json.load(open(f"{out}/status.json"))
+pids = {e["pid"]: f"engine {e['slot']} ({e['role']})" for e in st["engines"]}
+pids.update({h["pid"]: "holder" for h in st["holders"]})
+apps = []
+import os
+for line in (open(f"{out}/gpu_apps.csv") if os.path.exists(f"{out}/gpu_apps.csv") else []):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[0].isdigit():
+        apps.append((pids.get(int(parts[0]), f"pid {parts[0]}"), int(parts[1])))
+used = open(f"{out}/gpu_used.txt").read().strip() if os.path.exists(f"{out}/gpu_used.txt") else "n/a"
+d = [json.loads(l) for l in open(f"{out}/drills.jsonl") if l.strip()]
+ok = [x for x in d if x.get("ok")]
+def pct(v, p):
+    v = sorted(v); return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))] if v else float("nan")
+swap = [x["swap_ms"] for x in ok]; first = [x["first_ok_ms"] for x in ok]
+cpu_s = (float(t1) - float(t0)) / float(hz); wall = float(s1) - float(s0)
+try:
+    gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip().splitlines()
+except OSError:
+    gpu = []
+md = [f"Machine: {gpu[0] if gpu else 'unknown'}; device {device}; {datetime.date.today().isoformat()}", "",
+      "| GPU memory (nvidia-smi, per process) | MiB |", "|---|---:|"]
+md += [f"| {name} | {mib} |" for name, mib in apps]
+md += [f"| whole GPU (memory.used) | {used} |", "",
+       "| supervisor while serving | measured |", "|---|---|",
+       f"| load | 4 clients streaming 32-token completions through the front for {wall:.1f} s: {reqs} requests |",
+       f"| supervisor CPU | {cpu_s:.2f} s over {wall:.1f} s = {100 * cpu_s / wall:.1f}% of one core |",
+       f"| supervisor RSS | {int(rss) / 1024:.1f} MiB now, peak {int(hwm) / 1024:.1f} MiB |", "",
+       f"| crash drills (`wsup failover --drill --kill`), n = {len(ok)} of {len(d)} | p50 | p99 | max |", "|---|---:|---:|---:|",
+       f"| kill to swap (ms) | {pct(swap, 50)} | {pct(swap, 99)} | {max(swap) if swap else 'nan'} |",
+       f"| kill to first correct answer through the front (ms) | {pct(first, 50)} | {pct(first, 99)} | {max(first) if first else 'nan'} |"]
+open(f"{out}/node.md", "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+PY
