@@ -1,5 +1,7 @@
 #include "engine/model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -107,14 +109,25 @@ Status KvStorage::Allocate(const ModelDims& d, int num_blocks, int block_size) {
   head_dim_ = static_cast<size_t>(d.head_dim);
   block_size_ = block_size;
   num_blocks_ = num_blocks;
-  const size_t n = static_cast<size_t>(BlockBytes(d, block_size) / sizeof(float)) * static_cast<size_t>(num_blocks);
-  try {
-    data_.assign(n, 0.0f);  // zero-filled: the pages are really there from now on
-  } catch (const std::bad_alloc&) {
-    return Unavailable("KV cache: cannot allocate " + std::to_string(n * sizeof(float)) +
+  const size_t bytes = static_cast<size_t>(BlockBytes(d, block_size)) * static_cast<size_t>(num_blocks);
+  if (data_) ::munmap(data_, bytes_);
+  data_ = nullptr;
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    return Unavailable("KV cache: cannot allocate " + std::to_string(bytes) +
                        " bytes; lower --kv-cache-mib or free memory");
   }
+  ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages it still works
+  // Touch every page now: the memory is really there from startup on.
+  auto* bytes_p = static_cast<volatile char*>(p);
+  for (size_t off = 0; off < bytes; off += 4096) bytes_p[off] = 0;
+  data_ = static_cast<float*>(p);
+  bytes_ = bytes;
   return Status::Ok();
+}
+
+KvStorage::~KvStorage() {
+  if (data_) ::munmap(data_, bytes_);
 }
 
 Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {

@@ -53,8 +53,17 @@ struct ModelDims {
 // One rank's KV cache: num_blocks blocks of block_size positions, each
 // holding K and V for every layer and local KV head. Allocated (and
 // touched) once at startup; the scheduler hands out block ids.
+//
+// The memory is an anonymous mapping advised to use huge pages: a killed
+// engine's exit frees it in a few hundred page-table entries instead of a
+// quarter million 4 KiB pages per GiB, and that teardown is what delays
+// everyone who waits for the process to die (the supervisor, the front).
 class KvStorage {
  public:
+  KvStorage() = default;
+  ~KvStorage();
+  KvStorage(const KvStorage&) = delete;
+  KvStorage& operator=(const KvStorage&) = delete;
   static uint64_t BlockBytes(const ModelDims& d, int block_size);
   Status Allocate(const ModelDims& d, int num_blocks, int block_size);
   int num_blocks() const { return num_blocks_; }
@@ -62,12 +71,13 @@ class KvStorage {
   // K (kv = 0) or V (kv = 1) of `head` in `layer` at block offset 0; the
   // block's positions follow at head_dim strides.
   float* At(int block, int64_t layer, int kv, int64_t head) {
-    return data_.data() + ((((static_cast<size_t>(block) * layers_ + layer) * 2 + kv) * heads_ + head) *
+    return data_ + ((((static_cast<size_t>(block) * layers_ + layer) * 2 + kv) * heads_ + head) *
                                block_size_) * head_dim_;
   }
 
  private:
-  std::vector<float> data_;
+  float* data_ = nullptr;
+  size_t bytes_ = 0;
   int num_blocks_ = 0;
   int block_size_ = 0;
   size_t layers_ = 0, heads_ = 0, head_dim_ = 0;

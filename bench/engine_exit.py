@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""How soon a SIGKILLed engine's death can be seen, three ways.
+
+A killed process is torn down by the kernel in order: its memory first, then
+its file descriptors from the lowest number up, then it becomes a zombie
+that its parent can reap. For an engine that holds large host mappings or
+a GPU context, each step can take tens of milliseconds, and where a watcher
+looks decides how soon it knows:
+  - pipe: the write end of a pipe inherited at a low fd (opened before the
+    engine touched the GPU): EOF when that fd is closed;
+  - conn: an idle keep-alive HTTP connection the engine accepted after it
+    was ready (a higher fd): EOF or reset when it is closed;
+  - exit: pidfd readable / waitpid, once the process has exited.
+Repeats N times and prints the medians, in ms after the kill.
+
+  bench/engine_exit.py --engine build/bin/wsup-engine --model DIR [--device cuda:0] [--runs 5]
+"""
+import argparse
+import json
+import os
+import select
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+
+def start(engine, model, device, kv_mib):
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    proc = subprocess.Popen(
+        [engine, "--model", model, "--port", "0", "--device", device, "--weight-cache", "off",
+         "--kv-cache-mib", str(kv_mib), "--ready-fd", str(ready_w)],
+        pass_fds=(w, ready_w), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(w)
+    os.close(ready_w)
+    line = b""
+    deadline = time.time() + 300
+    while not line.endswith(b"\n"):
+        if time.time() > deadline or not select.select([ready_r], [], [], deadline - time.time())[0]:
+            sys.exit("engine not ready in time")
+        chunk = os.read(ready_r, 256)
+        if not chunk:
+            sys.exit("engine exited before it was ready")
+        line += chunk
+    os.close(ready_r)
+    port = int(line.decode().strip().rsplit(":", 1)[1])
+    return proc, r, port
+
+
+def one(args):
+    proc, pipe_r, port = start(args.engine, args.model, args.device, args.kv_cache_mib)
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    conn.recv(65536)  # the answer; the connection stays open (keep-alive)
+    pidfd = os.pidfd_open(proc.pid)
+    seen = {}
+    poller = select.poll()
+    poller.register(pipe_r, select.POLLIN | select.POLLHUP)
+    poller.register(conn.fileno(), select.POLLIN | select.POLLHUP)
+    poller.register(pidfd, select.POLLIN)
+    names = {pipe_r: "pipe", conn.fileno(): "conn", pidfd: "exit"}
+    t0 = time.monotonic()
+    os.kill(proc.pid, signal.SIGKILL)
+    while len(seen) < 3:
+        for fd, _ in poller.poll(10000):
+            if names[fd] not in seen:
+                seen[names[fd]] = (time.monotonic() - t0) * 1000
+                poller.unregister(fd)
+    proc.wait()
+    os.close(pipe_r)
+    os.close(pidfd)
+    conn.close()
+    return seen
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kv-cache-mib", type=int, default=64)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--json", help="write the raw runs here")
+    args = p.parse_args()
+    runs = [one(args) for _ in range(args.runs)]
+    print(f"engine death seen after SIGKILL, device {args.device}, KV cache {args.kv_cache_mib} MiB, "
+          f"median of {args.runs} (min..max), ms")
+    print("| watcher | ms |\n|---|---:|")
+    for k, label in (("pipe", "inherited pipe at a low fd: EOF"), ("conn", "accepted keep-alive connection: EOF"),
+                     ("exit", "process exit (pidfd)")):
+        v = [r[k] for r in runs]
+        print(f"| {label} | {statistics.median(v):.1f} ({min(v):.1f}..{max(v):.1f}) |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(runs, f)
+
+
+if __name__ == "__main__":
+    main()
