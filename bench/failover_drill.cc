@@ -1,0 +1,539 @@
+#include "bench/failover_drill.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+namespace wsup::bench {
+
+using nlohmann::json;
+using Steady = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+namespace {
+
+int RemainingMs(Steady::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Steady::now()).count();
+  return left < 0 ? 0 : static_cast<int>(left);
+}
+
+Result<int> ConnectUnix(const std::string& path) {
+  sockaddr_un a{};
+  if (path.size() >= sizeof(a.sun_path)) return InvalidArgument(path + ": socket path too long");
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return IoError("socket: " + std::string(std::strerror(errno)));
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    int e = errno;
+    ::close(fd);
+    return Unavailable(path + ": cannot connect: " + std::strerror(e) + "; is the process running?");
+  }
+  return fd;
+}
+
+Status SendAll(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return IoError(std::string("send: ") + std::strerror(errno));
+    off += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+void Log(bool verbose, const std::string& line) {
+  if (verbose) std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+// Kills an engine's process group (engines lead their own), or the process.
+void KillEngine(pid_t pid) {
+  if (::kill(-pid, SIGKILL) != 0) ::kill(pid, SIGKILL);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// ControlLink
+
+ControlLink::~ControlLink() { Close(); }
+
+void ControlLink::Close() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  buf_.clear();
+}
+
+Status ControlLink::Connect(const std::string& path) {
+  Close();
+  path_ = path;
+  auto fd = ConnectUnix(path);
+  if (!fd.ok()) return fd.status();
+  fd_ = *fd;
+  return Status::Ok();
+}
+
+Result<json> ControlLink::Read(Steady::time_point deadline) {
+  for (;;) {
+    if (buf_.size() >= 4) {
+      uint32_t len = static_cast<uint8_t>(buf_[0]) | static_cast<uint8_t>(buf_[1]) << 8 |
+                     static_cast<uint8_t>(buf_[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(buf_[3])) << 24;
+      if (len > (16u << 20)) return Corrupt(path_ + ": a frame of " + std::to_string(len) + " bytes");
+      if (buf_.size() >= 4 + len) {
+        json j = json::parse(buf_.substr(4, len), nullptr, false);
+        buf_.erase(0, 4 + len);
+        if (j.is_discarded()) return Corrupt(path_ + ": a frame that is not JSON");
+        return j;
+      }
+    }
+    pollfd p{fd_, POLLIN, 0};
+    int left = RemainingMs(deadline);
+    if (left == 0 || ::poll(&p, 1, left) != 1) return Timeout(path_ + ": no reply in time");
+    char tmp[65536];
+    ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return IoError(path_ + ": the peer closed the connection");
+    buf_.append(tmp, static_cast<size_t>(n));
+  }
+}
+
+Result<json> ControlLink::Call(const json& msg, int timeout_ms) {
+  if (fd_ < 0) {
+    Status s = Connect(path_);
+    if (!s.ok()) return s.error();
+  }
+  std::string body = msg.dump();
+  std::string frame(4, '\0');
+  uint32_t len = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
+  frame += body;
+  if (Status s = SendAll(fd_, frame); !s.ok()) {
+    Close();
+    return s.error();
+  }
+  auto deadline = Steady::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    auto m = Read(deadline);
+    if (!m.ok()) {
+      Close();  // the next call reconnects
+      return m.error();
+    }
+    if (m->is_object() && m->value("type", "") == "event") {
+      events_.push_back(std::move(*m));
+      continue;
+    }
+    return m;
+  }
+}
+
+std::vector<json> ControlLink::TakeEvents() {
+  std::vector<json> e = std::move(events_);
+  events_.clear();
+  return e;
+}
+
+Result<std::string> HaproxyCommand(const std::string& socket, const std::string& command, int timeout_ms) {
+  auto fd = ConnectUnix(socket);
+  if (!fd.ok()) return fd.error();
+  std::string out;
+  Status s = SendAll(*fd, command + "\n");
+  auto deadline = Steady::now() + std::chrono::milliseconds(timeout_ms);
+  while (s.ok()) {
+    pollfd p{*fd, POLLIN, 0};
+    int left = RemainingMs(deadline);
+    if (left == 0 || ::poll(&p, 1, left) != 1) {
+      s = Timeout(socket + ": '" + command + "' got no complete answer in time");
+      break;
+    }
+    char tmp[65536];
+    ssize_t n = ::recv(*fd, tmp, sizeof(tmp), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // HAProxy closes after one command
+    out.append(tmp, static_cast<size_t>(n));
+  }
+  ::close(*fd);
+  if (!s.ok()) return s.error();
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// wsup
+
+namespace {
+
+class WsupTarget final : public DrillTarget {
+ public:
+  explicit WsupTarget(WsupTargetOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "wsup"; }
+
+  Status WaitReady(std::chrono::milliseconds limit) override {
+    auto deadline = Steady::now() + limit;
+    std::string why = "no answer yet";
+    for (;;) {
+      auto r = Ready();
+      if (r.ok() && r->empty()) return Status::Ok();
+      why = r.ok() ? *r : r.error().message();
+      if (Steady::now() >= deadline) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    return Timeout("wsup: not ready for a drill within " + std::to_string(limit.count()) + " ms: " + why);
+  }
+
+  Status Crash(DrillRecord* d) override {
+    auto st = SupStatus();
+    if (!st.ok()) return st.status();
+    json act = Engine(*st, "active");
+    pid_t pid = act.value("pid", 0);
+    if (pid <= 0) return Unavailable("wsup: no active engine to kill");
+    std::string from = Addr(act.value("port", 0));
+    front_.TakeEvents();
+    d->t0_us = NowUs();
+    KillEngine(pid);
+    return WaitSwap(from, d);
+  }
+
+  Status Planned(DrillRecord* d) override {
+    auto st = SupStatus();
+    if (!st.ok()) return st.status();
+    std::string from = Addr(Engine(*st, "active").value("port", 0));
+    front_.TakeEvents();
+    Result<json> reply = Internal("no reply");
+    d->t0_us = NowUs();
+    std::thread caller([&] {
+      ControlLink link;
+      Status s = link.Connect(o_.supervisor_socket);
+      reply = s.ok() ? link.Call({{"type", "failover"}, {"drill", true}, {"kill", false}}, 60'000) : Result<json>(s.error());
+    });
+    Status swapped = WaitSwap(from, d);
+    caller.join();
+    if (!reply.ok()) return reply.error();
+    if (!reply->value("ok", false)) return Refused("wsup: the planned drill was refused: " + reply->value("error", reply->dump()));
+    std::ostringstream note;
+    note << "supervisor: swap " << reply->value("swap_ms", -1) << " ms, first ok through the front "
+         << reply->value("first_ok_ms", -1) << " ms";
+    d->note = note.str();
+    return swapped;
+  }
+
+  Status Counters(int64_t* resumed, int64_t* retried) override {
+    auto f = FrontStatus();
+    if (!f.ok()) return f.status();
+    *resumed = (*f)["counters"].value("resumed", 0);
+    *retried = (*f)["counters"].value("retried", 0);
+    return Status::Ok();
+  }
+
+ private:
+  Result<json> SupStatus() {
+    if (!sup_linked_) {
+      WSUP_RETURN_IF_ERROR(sup_.Connect(o_.supervisor_socket));
+      sup_linked_ = true;
+    }
+    return sup_.Call({{"type", "status"}});
+  }
+  Result<json> FrontStatus() {
+    if (!front_linked_) {
+      WSUP_RETURN_IF_ERROR(front_.Connect(o_.front_socket));
+      front_linked_ = true;
+    }
+    return front_.Call({{"type", "status"}});
+  }
+  static json Engine(const json& st, const std::string& role) {
+    for (const auto& e : st.value("engines", json::array())) {
+      if (e.value("role", "") == role) return e;
+    }
+    return json::object();
+  }
+
+  // Empty when ready; otherwise what is missing.
+  Result<std::string> Ready() {
+    auto st = SupStatus();
+    if (!st.ok()) return st.error();
+    if (st->value("state", "") != "serving") return "node state " + st->value("state", "?");
+    json act = Engine(*st, "active"), stby = Engine(*st, "standby");
+    if (!act.value("semantic_ready", false)) return std::string("no proven active engine");
+    if (!stby.value("semantic_ready", false)) return std::string("no proven standby engine");
+    auto f = FrontStatus();
+    if (!f.ok()) return f.error();
+    std::string fa = (*f)["active"].is_string() ? (*f)["active"].get<std::string>() : "";
+    std::string fs = (*f)["standby"].is_string() ? (*f)["standby"].get<std::string>() : "";
+    if (fa != Addr(act.value("port", 0)) || fs != Addr(stby.value("port", 0))) {
+      return "front routes " + fa + " / " + fs + " not yet the supervisor's";
+    }
+    return std::string();
+  }
+
+  // The swap: the front's own `switched` event, or its routes moving away
+  // from `from` (set by the supervisor), whichever is seen first.
+  Status WaitSwap(const std::string& from, DrillRecord* d) {
+    auto deadline = Steady::now() + 30s;
+    while (Steady::now() < deadline) {
+      auto f = FrontStatus();
+      int64_t seen = NowUs();
+      for (const auto& e : front_.TakeEvents()) {
+        if (e.value("kind", "") == "switched" && e.value("from", "") == from) {
+          d->swap_us = std::max<int64_t>(d->t0_us, e.value("at_ms", int64_t{0}) * 1000);
+          d->swap_source = "front switched by itself";
+          return Status::Ok();
+        }
+      }
+      if (f.ok() && (*f)["active"].is_string() && (*f)["active"].get<std::string>() != from) {
+        d->swap_us = seen;
+        d->swap_source = "route set by the supervisor";
+        return Status::Ok();
+      }
+      std::this_thread::sleep_for(500us);
+    }
+    return Timeout("wsup: the front still routes to " + from + " 30 s after the drill");
+  }
+
+  WsupTargetOptions o_;
+  ControlLink sup_, front_;
+  bool sup_linked_ = false, front_linked_ = false;
+};
+
+// ---------------------------------------------------------------------------
+// HAProxy
+
+struct ServerStat {
+  std::string status;  // UP, DOWN, DRAIN, MAINT, "UP 1/2", ...
+  int64_t retries = 0;
+  int64_t redispatches = 0;
+};
+
+class HaproxyTarget final : public DrillTarget {
+ public:
+  explicit HaproxyTarget(HaproxyTargetOptions o) : o_(std::move(o)) {}
+  std::string name() const override { return "haproxy"; }
+
+  Status WaitReady(std::chrono::milliseconds limit) override {
+    auto deadline = Steady::now() + limit;
+    std::string why;
+    for (;;) {
+      auto r = Ready();
+      if (r.ok() && r->empty()) return Status::Ok();
+      why = r.ok() ? *r : r.error().message();
+      if (Steady::now() >= deadline) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    return Timeout("haproxy: not ready for a drill within " + std::to_string(limit.count()) + " ms: " + why);
+  }
+
+  Status Crash(DrillRecord* d) override {
+    auto pid = EnginePid(o_.primary_port);
+    if (!pid.ok()) return pid.status();
+    d->t0_us = NowUs();
+    KillEngine(*pid);
+    auto deadline = Steady::now() + 30s;
+    while (Steady::now() < deadline) {
+      auto s = Stats();
+      int64_t seen = NowUs();
+      if (s.ok()) {
+        const std::string& st = (*s)[o_.primary].status;
+        if (st.rfind("DOWN", 0) == 0 || st.rfind("MAINT", 0) == 0 || st.rfind("NOLB", 0) == 0) {
+          d->swap_us = seen;
+          d->swap_source = "primary " + st + " in the stats";
+          return Status::Ok();
+        }
+      }
+      std::this_thread::sleep_for(500us);
+    }
+    return Timeout("haproxy: the primary is still UP 30 s after its engine was killed");
+  }
+
+  Status Planned(DrillRecord* d) override {
+    d->t0_us = NowUs();
+    auto r = HaproxyCommand(o_.stats_socket, "set server " + o_.backend + "/" + o_.primary + " state drain");
+    if (!r.ok()) return r.status();
+    d->swap_us = NowUs();
+    d->swap_source = "runtime API: primary drained";
+    return Status::Ok();
+  }
+
+  Status AfterDrill(const DrillRecord& d) override {
+    if (d.kind != "planned") return Status::Ok();
+    auto r = HaproxyCommand(o_.stats_socket, "set server " + o_.backend + "/" + o_.primary + " state ready");
+    return r.status();
+  }
+
+  Status Counters(int64_t* resumed, int64_t* retried) override {
+    auto s = Stats();
+    if (!s.ok()) return s.status();
+    *resumed = 0;  // HAProxy cannot continue a cut answer
+    const ServerStat& b = (*s)["BACKEND"];
+    *retried = b.retries + b.redispatches;
+    return Status::Ok();
+  }
+
+ private:
+  Result<std::map<std::string, ServerStat>> Stats() {
+    auto out = HaproxyCommand(o_.stats_socket, "show stat");
+    if (!out.ok()) return out.error();
+    std::istringstream in(*out);
+    std::string line;
+    std::vector<std::string> cols;
+    std::map<std::string, ServerStat> m;
+    auto split = [](const std::string& l) {
+      std::vector<std::string> f;
+      std::string cur;
+      for (char c : l) {
+        if (c == ',') {
+          f.push_back(cur);
+          cur.clear();
+        } else {
+          cur += c;
+        }
+      }
+      f.push_back(cur);
+      return f;
+    };
+    while (std::getline(in, line)) {
+      if (line.rfind("# ", 0) == 0) {
+        cols = split(line.substr(2));
+        continue;
+      }
+      if (line.empty() || cols.empty()) continue;
+      auto f = split(line);
+      auto col = [&](const std::string& name) -> std::string {
+        for (size_t i = 0; i < cols.size() && i < f.size(); ++i) {
+          if (cols[i] == name) return f[i];
+        }
+        return "";
+      };
+      if (col("pxname") != o_.backend) continue;
+      ServerStat s;
+      s.status = col("status");
+      s.retries = std::atoll(col("wretr").c_str());
+      s.redispatches = std::atoll(col("wredis").c_str());
+      m[col("svname")] = s;
+    }
+    if (!m.count(o_.primary) || !m.count(o_.backup)) {
+      return NotFound("haproxy: backend " + o_.backend + " with servers " + o_.primary + " and " + o_.backup +
+                      " not in the stats; check the config");
+    }
+    return m;
+  }
+
+  Result<pid_t> EnginePid(int port) {
+    ControlLink sup;
+    WSUP_RETURN_IF_ERROR(sup.Connect(o_.supervisor_socket));
+    auto st = sup.Call({{"type", "status"}});
+    if (!st.ok()) return st.error();
+    for (const auto& e : st->value("engines", json::array())) {
+      if (e.value("port", 0) == port && e.value("pid", 0) > 0) return static_cast<pid_t>(e.value("pid", 0));
+    }
+    return NotFound("haproxy: no engine of the wsup node runs on port " + std::to_string(port));
+  }
+
+  Result<std::string> Ready() {
+    auto s = Stats();
+    if (!s.ok()) return s.error();
+    for (const std::string& n : {o_.primary, o_.backup}) {
+      if ((*s)[n].status != "UP") return n + " is " + (*s)[n].status;
+    }
+    ControlLink sup;
+    WSUP_RETURN_IF_ERROR(sup.Connect(o_.supervisor_socket));
+    auto st = sup.Call({{"type", "status"}});
+    if (!st.ok()) return st.error();
+    for (int port : {o_.primary_port, o_.backup_port}) {
+      bool ok = false;
+      for (const auto& e : st->value("engines", json::array())) {
+        ok = ok || (e.value("port", 0) == port && e.value("semantic_ready", false));
+      }
+      if (!ok) return "the engine on port " + std::to_string(port) + " is not proven ready";
+    }
+    return std::string();
+  }
+
+  HaproxyTargetOptions o_;
+};
+
+}  // namespace
+
+std::unique_ptr<DrillTarget> MakeWsupTarget(WsupTargetOptions o) { return std::make_unique<WsupTarget>(std::move(o)); }
+std::unique_ptr<DrillTarget> MakeHaproxyTarget(HaproxyTargetOptions o) {
+  return std::make_unique<HaproxyTarget>(std::move(o));
+}
+
+// ---------------------------------------------------------------------------
+
+Status RunDrills(DrillTarget& target, LoadGenerator& load, const DrillPlan& plan, std::vector<DrillRecord>* out) {
+  int n = plan.crash + plan.planned;
+  auto gap = plan.gap;
+  if (plan.total.count() > 0 && n > 0) gap = std::max(gap, plan.total / (n + 1));
+  int crash_left = plan.crash, planned_left = plan.planned;
+  int64_t resumed0 = 0, retried0 = 0;
+  auto last = Steady::now();
+  uint64_t last_completed = load.completed();
+  for (int i = 0; i < n; ++i) {
+    bool crash = (i % 2 == 0 && crash_left > 0) || planned_left == 0;
+    DrillRecord d;
+    d.kind = crash ? "crash" : "planned";
+    Status ready = target.WaitReady(plan.ready_limit);
+    if (!ready.ok()) return ready;
+    // Undisturbed load between drills, bounded.
+    auto deadline = Steady::now() + plan.gap + 60s;
+    while ((Steady::now() < last + gap || load.completed() < last_completed + plan.min_requests_between) &&
+           Steady::now() < deadline) {
+      std::this_thread::sleep_for(5ms);
+    }
+    if (load.completed() < last_completed + plan.min_requests_between) {
+      return Timeout(target.name() + ": the load completed only " + std::to_string(load.completed() - last_completed) +
+                     " requests in the minute before drill " + std::to_string(i));
+    }
+    WSUP_RETURN_IF_ERROR(target.WaitReady(plan.ready_limit));
+    int64_t resumed = 0, retried = 0;
+    WSUP_RETURN_IF_ERROR(target.Counters(&resumed, &retried));
+    if (!out->empty()) {
+      out->back().resumed = resumed - resumed0;
+      out->back().retried = retried - retried0;
+    }
+    resumed0 = resumed;
+    retried0 = retried;
+    Status s = crash ? target.Crash(&d) : target.Planned(&d);
+    if (!s.ok()) return Status(Error(s.code(), target.name() + " drill " + std::to_string(i) + " (" + d.kind + "): " +
+                                                   s.error().message()));
+    crash ? --crash_left : --planned_left;
+    last = Steady::now();
+    last_completed = load.completed();
+    // The service answers correctly again before the next drill.
+    auto rdeadline = Steady::now() + plan.recover_limit;
+    int64_t first_ok = 0;
+    while ((first_ok = load.FirstOkSince(d.t0_us)) == 0 && Steady::now() < rdeadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, "%s drill %d/%d %-7s swap %7.1f ms  first correct answer %7.1f ms  (%s)",
+                  target.name().c_str(), i + 1, n, d.kind.c_str(), d.swap_us < 0 ? -1.0 : (d.swap_us - d.t0_us) / 1e3,
+                  first_ok == 0 ? -1.0 : (first_ok - d.t0_us) / 1e3, d.swap_source.c_str());
+    Log(plan.verbose, line);
+    WSUP_RETURN_IF_ERROR(target.AfterDrill(d));
+    out->push_back(d);
+  }
+  // The last drill's window: undisturbed load, then its counters.
+  auto deadline = Steady::now() + gap + 60s;
+  while ((Steady::now() < last + gap || load.completed() < last_completed + plan.min_requests_between) &&
+         Steady::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  if (!out->empty()) {
+    int64_t resumed = 0, retried = 0;
+    WSUP_RETURN_IF_ERROR(target.Counters(&resumed, &retried));
+    out->back().resumed = resumed - resumed0;
+    out->back().retried = retried - retried0;
+  }
+  return Status::Ok();
+}
+
+}  // namespace wsup::bench

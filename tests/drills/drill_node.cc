@@ -1,0 +1,87 @@
+#include "tests/drills/drill_node.h"
+
+#include <signal.h>
+
+#include "supervisor/json_socket.h"
+
+namespace wsup::test {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+DrillNode::DrillNode(std::vector<std::string> extra_sets) : sets_(std::move(extra_sets)) {}
+
+void DrillNode::Start() {
+  std::string eng = BinPath("wsup-engine");
+  std::vector<std::string> a = {BinPath("wsup"), "start", std::string(WSUP_SOURCE_DIR) + "/config/demo.toml"};
+  std::vector<std::string> sets = {
+      "node.state_dir=" + dir_.Join("state"),
+      "node.runtime_dir=" + dir_.Join("run"),
+      "engine.command=[\"" + eng +
+          "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+          "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"]",
+      "engine.primary_port=0",
+      "engine.standby_port=0",
+      "front.listen=127.0.0.1:0",
+      "admin.listen=127.0.0.1:0",
+      "model.path=" + TestData("llama-tiny-f32"),
+      "probe.interval_ms=" + std::to_string(kDrillProbeMs),
+      "probe.timeout_ms=" + std::to_string(kDrillProbeMs),
+      "probe.jitter_ms=0",
+      "supervisor.restart_backoff_ms=0",
+      // Every crash drill is a restart; the drills must not exhaust the budget.
+      "supervisor.max_restarts=1000",
+  };
+  sets.insert(sets.end(), sets_.begin(), sets_.end());
+  for (const auto& s : sets) {
+    a.push_back("--set");
+    a.push_back(s);
+  }
+  sup_ = Child::Start(a, dir_.Join("supervisor.log"));
+}
+
+std::optional<json> DrillNode::Status() const {
+  auto r = JsonCall(SupervisorSocket(), json{{"type", "status"}}, 2000);
+  if (!r.ok()) return std::nullopt;
+  return *r;
+}
+
+bool DrillNode::WaitServing(std::chrono::milliseconds limit) const {
+  return WaitFor(
+      [&] {
+        auto s = Status();
+        if (!s || s->value("state", "") != "serving") return false;
+        int ready = 0;
+        for (const auto& e : (*s)["engines"]) ready += e.value("semantic_ready", false) && e.value("role", "") != "none";
+        return ready == 2;
+      },
+      limit);
+}
+
+int DrillNode::FrontPort() const {
+  auto s = Status();
+  if (!s) return 0;
+  std::string l = (*s)["front"].value("listen", "");
+  return std::atoi(l.c_str() + l.rfind(':') + 1);
+}
+
+DrillNode::~DrillNode() {
+  if (sup_.running()) {
+    Run({BinPath("wsup"), "stop", "--socket", SupervisorSocket()}, 60s);
+    sup_.Wait(30s);
+  }
+  // Whatever is still running from this node, by its recorded pids.
+  std::string st = ReadAll(dir_.Join("run/state.json"));
+  if (st.empty()) return;
+  json j = json::parse(st, nullptr, false);
+  if (j.is_discarded()) return;
+  auto kill = [](const json& p) {
+    int pid = p.value("pid", 0);
+    if (pid > 0) ::kill(-pid, SIGKILL);
+  };
+  if (j.contains("front") && j["front"].is_object()) kill(j["front"]["proc"]);
+  for (const auto& h : j.value("holders", json::array())) kill(h["proc"]);
+  for (const auto& e : j.value("engines", json::array())) kill(e["proc"]);
+}
+
+}  // namespace wsup::test

@@ -1,0 +1,54 @@
+// A wsup node for the drill tests: `wsup start config/demo.toml` with the
+// test checkpoint, every port chosen by the kernel and every path in a
+// temporary directory. The destructor stops it (`wsup stop`) and kills
+// whatever it left behind by the pids in its state.json.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace wsup::test {
+
+// The supervisor's probe interval and timeout. The probes share the
+// engines with 16 busy clients on a small machine: a tight timeout would
+// trip a healthy, loaded engine and add failovers the test did not ask for.
+// Sanitizer builds run the engines several times slower.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+inline constexpr int kDrillProbeMs = 3000;
+#else
+inline constexpr bool kSanitized = false;
+inline constexpr int kDrillProbeMs = 1000;
+#endif
+
+class DrillNode {
+ public:
+  explicit DrillNode(std::vector<std::string> extra_sets = {});
+  ~DrillNode();
+  DrillNode(const DrillNode&) = delete;
+  DrillNode& operator=(const DrillNode&) = delete;
+
+  void Start();
+  // Serving with two semantically ready engines, within `limit`.
+  bool WaitServing(std::chrono::milliseconds limit = std::chrono::seconds(120)) const;
+  std::optional<nlohmann::json> Status() const;
+  int FrontPort() const;
+
+  std::string SupervisorSocket() const { return dir_.Join("run/wsup.sock"); }
+  std::string FrontSocket() const { return dir_.Join("run/front.sock"); }
+  std::string Log() const { return ReadAll(dir_.Join("supervisor.log")); }
+  const TempDir& dir() const { return dir_; }
+
+ private:
+  TempDir dir_;
+  std::vector<std::string> sets_;
+  Child sup_;
+};
+
+}  // namespace wsup::test
