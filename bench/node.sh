@@ -117,7 +117,7 @@ EOF
 "$W" check "$cfg"
 setsid "$W" start "$cfg" > "$out/wsup.log" 2>&1 < /dev/null &
 sup=$!
-ready2() { [ "$("$W" status --config "$cfg" --json 2>/dev/null | grep -c '"semantic_ready": true')" = 2 ]; }
+ready2() { "$W" status --config "$cfg" --json 2>/dev/null | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if sorted(e["role"] for e in s["engines"] if e["semantic_ready"]) == ["active", "standby"] else 1)'; }
 for _ in $(seq 1 1200); do ready2 && break; sleep 0.1; done
 "$W" status --config "$cfg" | tee "$out/status.txt"
 "$W" status --config "$cfg" --json > "$out/status.json"

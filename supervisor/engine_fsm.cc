@@ -26,16 +26,21 @@ constexpr SlotTransition kTable[] = {
     {S::kWarming, E::kProbeTrip, S::kFailed, A::kKillGroup},
     {S::kWarming, E::kStartTimeout, S::kFailed, A::kKillGroup},
     {S::kWarming, E::kExited, S::kFailed, A::kScheduleRestart},
+    {S::kWarming, E::kDying, S::kFailed, A::kKillGroup},
     {S::kWarming, E::kStop, S::kStopping, A::kTerminate},
 
     {S::kStandby, E::kPromote, S::kActive, A::kRouteHere},
     {S::kStandby, E::kProbeTrip, S::kFailed, A::kKillGroup},
     {S::kStandby, E::kExited, S::kFailed, A::kScheduleRestart},
+    {S::kStandby, E::kDying, S::kFailed, A::kKillGroup},
     {S::kStandby, E::kStop, S::kStopping, A::kTerminate},
     {S::kStandby, E::kProbePass, S::kStandby, A::kNone},
     {S::kStandby, E::kEngineReady, S::kStandby, A::kNone},
 
     {S::kActive, E::kExited, S::kFailed, A::kFailover},
+    // The lifeline closes before the exit completes (a killed GPU process
+    // takes tens of ms more to be reaped): fail over at once.
+    {S::kActive, E::kDying, S::kFailed, A::kFailover},
     {S::kActive, E::kProbeTrip, S::kFailed, A::kFailover},
     {S::kActive, E::kDemote, S::kDraining, A::kRouteAway},
     {S::kActive, E::kStop, S::kStopping, A::kTerminate},
@@ -44,6 +49,7 @@ constexpr SlotTransition kTable[] = {
 
     {S::kDraining, E::kDrained, S::kStandby, A::kNone},
     {S::kDraining, E::kExited, S::kFailed, A::kScheduleRestart},
+    {S::kDraining, E::kDying, S::kFailed, A::kKillGroup},
     {S::kDraining, E::kProbeTrip, S::kFailed, A::kKillGroup},
     {S::kDraining, E::kStop, S::kStopping, A::kTerminate},
     {S::kDraining, E::kProbePass, S::kDraining, A::kNone},
@@ -53,11 +59,13 @@ constexpr SlotTransition kTable[] = {
     {S::kFailed, E::kSpawn, S::kStarting, A::kNone},
     {S::kFailed, E::kStop, S::kStopped, A::kNone},
     {S::kFailed, E::kProbeTrip, S::kFailed, A::kNone},
+    {S::kFailed, E::kDying, S::kFailed, A::kNone},
     {S::kFailed, E::kProbePass, S::kFailed, A::kNone},
 
     {S::kStopping, E::kExited, S::kStopped, A::kNone},
     {S::kStopping, E::kStop, S::kStopping, A::kNone},
     {S::kStopping, E::kProbeTrip, S::kStopping, A::kNone},
+    {S::kStopping, E::kDying, S::kStopping, A::kNone},
     {S::kStopping, E::kProbePass, S::kStopping, A::kNone},
 
     {S::kStopped, E::kSpawn, S::kStarting, A::kNone},
@@ -92,6 +100,7 @@ const char* SlotEventName(SlotEvent e) {
     case E::kDemote: return "demote";
     case E::kDrained: return "drained";
     case E::kExited: return "exited";
+    case E::kDying: return "dying";
     case E::kStop: return "stop";
     case E::kAdopt: return "adopt";
   }

@@ -9,7 +9,7 @@
 //
 //   idle --spawn--> starting --engine_ready--> warming --probe_pass--> standby
 //   standby --promote--> active --demote--> draining --drained--> standby
-//   any live state --exited / probe_trip / start_timeout--> failed
+//   any live state --exited / dying / probe_trip / start_timeout--> failed
 //   failed --restart--> starting (after backoff; the supervisor decides when)
 //   any state --stop--> stopping --exited--> stopped
 //
@@ -44,6 +44,7 @@ enum class SlotEvent {
   kDemote,        // planned swap away from this slot
   kDrained,       // no request in flight any more (or the drain budget ran out)
   kExited,        // the process exited (any cause)
+  kDying,         // its lifeline closed after it was ready: the kernel is tearing it down
   kStop,          // the supervisor is shutting the slot down
   kAdopt,         // a restarted supervisor found this engine running and proven
 };

@@ -151,6 +151,49 @@ void ExitWatch::Close() {
   });
 }
 
+Result<Lifeline> Lifeline::Make() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2 for an engine lifeline", errno);
+  Lifeline l;
+  l.read_end = UniqueFd(fds[0]);
+  l.write_end = UniqueFd(fds[1]);
+  return l;
+}
+
+Result<HangupWatch*> HangupWatch::Start(uv_loop_t* loop, UniqueFd fd, std::function<void()> cb) {
+  auto* w = new HangupWatch();
+  w->fd_ = std::move(fd);
+  w->cb_ = std::move(cb);
+  w->poll_.data = w;
+  int rc = uv_poll_init(loop, &w->poll_, w->fd_.get());
+  if (rc != 0) {
+    delete w;
+    return IoError(std::string("uv_poll_init on a lifeline: ") + uv_strerror(rc));
+  }
+  uv_poll_start(&w->poll_, UV_READABLE | UV_DISCONNECT, &HangupWatch::OnReadable);
+  return w;
+}
+
+void HangupWatch::OnReadable(uv_poll_t* h, int status, int events) {
+  auto* w = static_cast<HangupWatch*>(h->data);
+  if (w->fired_ || w->closing_) return;
+  if (status == 0 && !(events & UV_DISCONNECT)) {
+    // Nobody writes to a lifeline; anything readable that is not EOF is drained.
+    char buf[256];
+    ssize_t n = ::read(w->fd_.get(), buf, sizeof buf);
+    if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR))) return;
+  }
+  w->fired_ = true;
+  uv_poll_stop(&w->poll_);
+  if (w->cb_) w->cb_();
+}
+
+void HangupWatch::Close() {
+  if (closing_) return;
+  closing_ = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&poll_), [](uv_handle_t* h) { delete static_cast<HangupWatch*>(h->data); });
+}
+
 Result<UniqueFd> TakeFdFrom(pid_t pid, int target_fd) {
   UniqueFd pidfd(PidfdOpen(pid));
   if (!pidfd.valid()) return ErrnoError("pidfd_open(" + std::to_string(pid) + ")", errno);

@@ -117,6 +117,7 @@ class Supervisor::Impl {
     pid_t pid = 0;
     uint64_t start_time = 0;
     ExitWatch* watch = nullptr;
+    HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
     int port = 0;
     int64_t spawned_ms = 0;      // wall
     int64_t spawned_mono = 0;    // monotonic, for the start budget
@@ -199,6 +200,7 @@ class Supervisor::Impl {
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
   void Apply(Slot& s, SlotAction action, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
+  void OnEngineDying(Slot& s, pid_t pid);
   void Failover(Slot& failed, const std::string& trigger, const std::string& reason, int64_t fault_ms, bool drill);
   void ScheduleRestart(Slot& s);
   void MaybePromote();
@@ -300,6 +302,8 @@ Supervisor::Impl::~Impl() {
   for (Slot* s : {&a_, &b_}) {
     if (s->watch) s->watch->Close();
     s->watch = nullptr;
+    if (s->lifeline) s->lifeline->Close();
+    s->lifeline = nullptr;
     s->monitor.reset();
   }
   for (auto& h : holders_) {
@@ -853,7 +857,13 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   spec.argv = std::move(*argv);
   spec.env_set = cfg_.engine.env;
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
+  // The engine inherits the write end of its lifeline as fd 3 (before it
+  // opens anything of its own, so it is among the first files closed when
+  // it dies). Without a pipe the pidfd alone still sees the exit.
+  auto line = Lifeline::Make();
+  if (line.ok()) spec.pass_fds.push_back(line->write_end.get());
   auto pid = SpawnChild(spec);
+  if (line.ok()) line->write_end.Reset();
   if (!pid.ok()) {
     spdlog::error("engine {}: {}", s.name, pid.error().message());
     s.permanent_failure = true;
@@ -879,6 +889,13 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   Slot* sp = &s;
   auto w = ExitWatch::Start(&loop_, s.pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
   if (w.ok()) s.watch = *w;
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  if (line.ok()) {
+    const pid_t child = s.pid;
+    auto hw = HangupWatch::Start(&loop_, std::move(line->read_end), [this, sp, child] { OnEngineDying(*sp, child); });
+    if (hw.ok()) s.lifeline = *hw;
+  }
   Fire(s, SlotEvent::kSpawn, "started pid " + std::to_string(s.pid) + " on port " + std::to_string(port));
   s.poll.Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
   SaveState();
@@ -1069,9 +1086,29 @@ void Supervisor::Impl::Apply(Slot& s, SlotAction action, const std::string& caus
   }
 }
 
+void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid) {
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  if (s.pid != pid) return;
+  if (s.state == SlotState::kStarting) {
+    // Not ready yet: the engine may have closed inherited fds itself. Its
+    // exit, when it comes, is still seen through the pidfd.
+    spdlog::info("engine {}: pid {} closed its lifeline while starting; its exit will be seen when it is reaped",
+                 s.name, pid);
+    return;
+  }
+  s.semantic_ready = false;
+  s.comm_warm = false;
+  Fire(s, SlotEvent::kDying, "pid " + std::to_string(pid) + " is exiting (its lifeline closed)");
+}
+
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   if (s.watch) s.watch->Close();
   s.watch = nullptr;
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  s.semantic_ready = false;
+  s.comm_warm = false;
   s.poll.Stop();
   s.stop_timer.Stop();
   if (s.monitor) s.monitor->Stop();

@@ -47,6 +47,25 @@ TEST_CASE("spawned is not ready: nothing but a passed probe makes a standby") {
   CHECK(t->action == SlotAction::kKillGroup);
 }
 
+TEST_CASE("a dying active slot (its lifeline closed) fails over at once; the exit then asks for a restart") {
+  auto dying = NextTransition(SlotState::kActive, SlotEvent::kDying);
+  REQUIRE(dying);
+  CHECK(dying->to == SlotState::kFailed);
+  CHECK(dying->action == SlotAction::kFailover);
+  auto exit = NextTransition(dying->to, SlotEvent::kExited);
+  REQUIRE(exit);
+  CHECK(exit->action == SlotAction::kScheduleRestart);
+  for (SlotState from : {SlotState::kWarming, SlotState::kStandby, SlotState::kDraining}) {
+    auto t = NextTransition(from, SlotEvent::kDying);
+    REQUIRE(t);
+    CHECK(t->to == SlotState::kFailed);
+    CHECK(t->action == SlotAction::kKillGroup);
+  }
+  // Before it is ready an engine may close inherited fds itself: the
+  // supervisor does not send kDying then, and the table has no row for it.
+  CHECK_FALSE(NextTransition(SlotState::kStarting, SlotEvent::kDying).has_value());
+}
+
 TEST_CASE("losing the active slot asks for a failover, losing a standby for a restart") {
   auto crash = NextTransition(SlotState::kActive, SlotEvent::kExited);
   REQUIRE(crash);
