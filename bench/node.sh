@@ -156,7 +156,7 @@ reqs=$(awk '{print $1 " ok, " $2 " failed"}' "$out/load.txt")
 : > "$out/drills.jsonl"
 for i in $(seq 1 "$drills"); do
   for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
-  "$W" failover --config "$cfg" --drill --kill --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >> "$out/drills.jsonl"
+  "$W" failover --config "$cfg" --drill --kill --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >> "$out/drills.jsonl" || true
 done
 for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
 "$W" report --config "$cfg" > "$out/report.txt" || true
