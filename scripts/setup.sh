@@ -20,6 +20,10 @@ for p in "${pkgs[@]}"; do
     missing+=("$p")
   fi
 done
+# node.js and npm (Debian's) for the openai client check in tests/openai; a
+# node.js already on the PATH (another packaging of it) is used as it is.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
@@ -30,4 +34,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "setup: all packages present"
+fi
+
+# The official openai npm package, at the version package-lock.json pins
+# (not vendored; node_modules is ignored by git). Installed again only when
+# the lock file changed.
+openai_dir="$(dirname "$0")/../tests/openai"
+if [ ! -f "$openai_dir/node_modules/openai/package.json" ] ||
+   [ "$openai_dir/package-lock.json" -nt "$openai_dir/node_modules/.package-lock.json" ]; then
+  echo "setup: npm ci in tests/openai"
+  (cd "$openai_dir" && npm ci --no-audit --no-fund --loglevel=error)
+else
+  echo "setup: tests/openai/node_modules present"
 fi

@@ -1,0 +1,117 @@
+// The official `openai` npm client through the front while crash drills run
+// (acceptance 2 of the failover issue). A real node (tests/drills/drill_node.h)
+// serves; tests/openai/stream_check.mjs streams greedy completions with the
+// openai package (installed by scripts/setup.sh with `npm ci`, client
+// retries off) from 8 concurrent loops and checks each against the golden
+// output; meanwhile the active engine is SIGKILLed, drill after drill, until
+// at least 3 drills ran and the front has resumed a cut stream (at most 20
+// drills). Then the script is stopped and must report every completion
+// complete and correct.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/failover_drill.h"
+#include "tests/drills/drill_node.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+std::string FindOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream ss(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    std::string p = dir + "/" + name;
+    if (!dir.empty() && ::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return "";
+}
+
+// The last "progress OK BAD" line of the script's output.
+std::pair<int64_t, int64_t> Progress(const std::string& log) {
+  size_t pos = log.rfind("progress ");
+  if (pos == std::string::npos) return {0, 0};
+  std::istringstream in(log.substr(pos + 9));
+  int64_t ok = 0, bad = 0;
+  in >> ok >> bad;
+  return {ok, bad};
+}
+
+TEST_CASE("openai: the official npm client streams through crash drills, every stream complete and golden",
+          "[openai][drills]") {
+  if (!test::HaveTestData("llama-tiny-f32")) {
+    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    return;
+  }
+  std::string dir = std::string(WSUP_SOURCE_DIR) + "/tests/openai";
+  std::string node = FindOnPath("node");
+  INFO("node.js and the openai package come from scripts/setup.sh (apt nodejs npm; npm ci in tests/openai)");
+  REQUIRE(!node.empty());
+  REQUIRE(std::filesystem::exists(dir + "/node_modules/openai/package.json"));
+
+  test::DrillNode n;
+  n.Start();
+  INFO(n.Log());
+  REQUIRE(n.WaitServing());
+  int port = n.FrontPort();
+  REQUIRE(port > 0);
+
+  std::string log = n.dir().Join("stream_check.log");
+  test::Child script = test::Child::Start({node, dir + "/stream_check.mjs", "--base-url",
+                                           "http://127.0.0.1:" + std::to_string(port) + "/v1", "--golden",
+                                           test::TestData("llama-tiny-f32/golden.json"), "--clients", "8"},
+                                          log);
+  auto progress = [&] { return Progress(test::ReadAll(log)); };
+  INFO(test::ReadAll(log));
+  REQUIRE(test::WaitFor([&] { return progress().first >= 20 || !script.running(); }, 60s));
+  REQUIRE(script.running());
+
+  auto target = bench::MakeWsupTarget({n.SupervisorSocket(), n.FrontSocket()});
+  int drills = 0;
+  int64_t resumed = 0, retried = 0;
+  while (drills < 20 && (drills < 3 || resumed == 0)) {
+    Status ready = target->WaitReady(120s);
+    REQUIRE(ready.ok());
+    // Streams are in flight when the kill comes: the loops never pause.
+    int64_t before = progress().first;
+    REQUIRE(test::WaitFor([&] { return progress().first >= before + 8; }, 30s));
+    bench::DrillRecord d;
+    Status crashed = target->Crash(&d);
+    REQUIRE(crashed.ok());
+    ++drills;
+    int64_t at_kill = progress().first;
+    // The clients go on succeeding after the kill.
+    REQUIRE(test::WaitFor([&] { return progress().first >= at_kill + 16; }, 60s));
+    REQUIRE(target->Counters(&resumed, &retried).ok());
+  }
+  CHECK(resumed > 0);
+
+  script.Kill(SIGTERM);
+  REQUIRE(script.Wait(60s) >= 0);
+  std::string out = test::ReadAll(log);
+  size_t s = out.rfind("summary ");
+  REQUIRE(s != std::string::npos);
+  json summary = json::parse(out.substr(s + 8, out.find('\n', s) - s - 8));
+  INFO(summary.dump(1));
+  CHECK(summary["bad"] == 0);
+  CHECK(summary["streams"].get<int64_t>() > 0);
+  CHECK(summary["plain"].get<int64_t>() > 0);
+  CHECK(script.exit_code() == 0);
+  WARN(drills << " crash drills; the front resumed " << resumed << " streams and retried " << retried
+              << " requests; the client saw " << summary["ok"] << " correct completions");
+}
+
+}  // namespace
+}  // namespace wsup

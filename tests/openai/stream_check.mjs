@@ -1,0 +1,94 @@
+// The official `openai` npm client against a wsup front: CLIENTS concurrent
+// loops stream greedy completions of the golden cases until SIGTERM, and
+// every stream must be complete (a finish_reason, then the end of the
+// stream) and equal to the golden output. The client's own retries are off
+// (maxRetries: 0), so any failure the front let through is seen here.
+//
+//   node stream_check.mjs --base-url http://127.0.0.1:PORT/v1 --golden golden.json
+//        [--clients 8] [--model NAME]
+//
+// Prints "progress OK BAD" after each completion and, at the end,
+// "summary {json}"; exits 0 when every completion was correct, 1 otherwise.
+// Driven by tests/openai/openai_test.cc, which kills engines meanwhile.
+import { readFileSync } from "node:fs";
+import OpenAI from "openai";
+
+function arg(name, fallback) {
+  const i = process.argv.indexOf(`--${name}`);
+  return i >= 0 && i + 1 < process.argv.length ? process.argv[i + 1] : fallback;
+}
+
+const baseURL = arg("base-url");
+const goldenPath = arg("golden");
+const clients = Number(arg("clients", "8"));
+const model = arg("model", "llama-tiny-f32");
+if (!baseURL || !goldenPath) {
+  console.error("usage: node stream_check.mjs --base-url URL --golden golden.json [--clients N] [--model NAME]");
+  process.exit(2);
+}
+const cases = JSON.parse(readFileSync(goldenPath, "utf8")).cases;
+const client = new OpenAI({ baseURL, apiKey: "not-needed", maxRetries: 0, timeout: 60_000 });
+
+let stopping = false;
+const counts = { ok: 0, bad: 0, streams: 0, plain: 0 };
+const failures = [];
+process.on("SIGTERM", () => { stopping = true; });
+
+function record(ok, what) {
+  if (ok) counts.ok++;
+  else {
+    counts.bad++;
+    if (failures.length < 20) failures.push(what);
+  }
+  console.log(`progress ${counts.ok} ${counts.bad}`);
+}
+
+// One streamed completion: complete and equal to the golden text.
+async function streamOnce(c) {
+  const stream = await client.completions.create({
+    model, prompt: c.prompt, max_tokens: c.output_ids.length, temperature: 0, stream: true,
+  });
+  let text = "";
+  let finish = null;
+  let afterFinish = 0;
+  for await (const chunk of stream) {
+    const choice = chunk.choices?.[0];
+    if (!choice) continue;
+    if (finish !== null) afterFinish++;
+    text += choice.text ?? "";
+    if (choice.finish_reason) finish = choice.finish_reason;
+  }
+  counts.streams++;
+  if (finish === null) return `stream of "${c.prompt}" ended without a finish_reason after ${text.length} characters`;
+  if (afterFinish > 0) return `stream of "${c.prompt}" went on after its finish_reason`;
+  if (text !== c.output_text_latin1) {
+    return `stream of "${c.prompt}" differs from the golden output: ${JSON.stringify(text)} vs ${JSON.stringify(c.output_text_latin1)}`;
+  }
+  return null;
+}
+
+// One plain completion, the same check.
+async function plainOnce(c) {
+  const r = await client.completions.create({ model, prompt: c.prompt, max_tokens: c.output_ids.length, temperature: 0 });
+  counts.plain++;
+  const text = r.choices?.[0]?.text;
+  if (text !== c.output_text_latin1) return `completion of "${c.prompt}" differs from the golden output: ${JSON.stringify(text)}`;
+  return null;
+}
+
+async function loop(id) {
+  for (let n = 0; !stopping; n++) {
+    const c = cases[(id + n) % cases.length];
+    const plain = id === 1 && n % 4 === 0;  // mostly streams; some plain answers too
+    try {
+      const why = plain ? await plainOnce(c) : await streamOnce(c);
+      record(why === null, why);
+    } catch (e) {
+      record(false, `${plain ? "completion" : "stream"} of "${c.prompt}" threw ${e?.constructor?.name}: ${e?.message}`);
+    }
+  }
+}
+
+await Promise.all(Array.from({ length: clients }, (_, i) => loop(i)));
+console.log(`summary ${JSON.stringify({ ...counts, failures })}`);
+process.exit(counts.bad === 0 && counts.ok > 0 ? 0 : 1);
