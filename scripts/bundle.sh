@@ -19,7 +19,8 @@ rm -rf "$out"
 mkdir -p "$out/bin" "$out/tests" "$out/lib"
 cp build-release/bin/* "$out/bin/"
 cp build-release/tests/*_test "$out/tests/" 2>/dev/null || true
-strip --strip-unneeded "$out"/bin/* "$out"/tests/* 2>/dev/null || true
+cp build-release/lib/libwsup_client.so "$out/lib/" 2>/dev/null || true
+strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/lib/libwsup_client.so 2>/dev/null || true
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
 done | sort -u | grep -E 'libuv|libspdlog|libfmt|libtomlplusplus|libhttp_parser|libcrypto' | while read -r lib; do
