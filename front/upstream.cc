@@ -117,6 +117,20 @@ void UpstreamConn::StartWrite() {
   unsigned n = 0;
   bufs[n++] = uv_buf_init(const_cast<char*>(head_.data()), static_cast<unsigned>(head_.size()));
   if (!body_.empty()) bufs[n++] = uv_buf_init(const_cast<char*>(body_.data()), static_cast<unsigned>(body_.size()));
+  // Most requests fit the socket buffer: written now, with no write request
+  // and no epoll_ctl. What the socket did not take (or an error) goes
+  // through uv_write, which reports it.
+  int wrote = uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp_), bufs, n);
+  if (wrote > 0) {
+    size_t skip = static_cast<size_t>(wrote);
+    unsigned first = 0;
+    while (first < n && skip >= bufs[first].len) skip -= bufs[first++].len;
+    if (first == n) return;  // all of it
+    bufs[first].base += skip;
+    bufs[first].len -= skip;
+    for (unsigned i = first; i < n; ++i) bufs[i - first] = bufs[i];
+    n -= first;
+  }
   int rc = uv_write(&write_req_, reinterpret_cast<uv_stream_t*>(&tcp_), bufs, n, &UpstreamConn::OnWritten);
   if (rc < 0) {
     Fail(rc);

@@ -78,6 +78,20 @@ class Connection {
   // Called by the writer with response bytes.
   void Write(std::string data) {
     if (phase_ == Phase::kClosed || data.empty()) return;
+    if (queued_bytes_ == 0) {
+      // Nothing queued before it: hand the bytes to the socket now. A write
+      // the socket takes whole needs no request and no completion, and
+      // leaves libuv's watcher alone (no epoll_ctl per response). Errors
+      // and the rest of a partial write go the queued way below.
+      uv_buf_t now = uv_buf_init(data.data(), static_cast<unsigned>(data.size()));
+      int n = uv_try_write(reinterpret_cast<uv_stream_t*>(&tcp_), &now, 1);
+      if (n == static_cast<int>(data.size())) {
+        last_write_progress_ms_ = Now();
+        UpdateTimer();
+        return;
+      }
+      if (n > 0) data.erase(0, static_cast<size_t>(n));
+    }
     auto* w = new WriteReq;
     w->conn = this;
     w->data = std::move(data);

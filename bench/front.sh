@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Proxy overhead with wrk, in one run: the same engine reached directly,
+# through wsup-front and through HAProxy (Debian's; plain reverse proxy,
+# keep-alive to the engine), with its default threads (one per CPU) and with
+# one thread (wsup-front runs one event loop). Two requests: GET /health (the
+# proxy's own cost dominates) and a one-token greedy completion (POST,
+# bench/front_post.lua); each at 1 connection (latency) and at CONNS
+# connections (throughput). requests/s and p50/p99 latency from
+# `wrk --latency`; the paths take turns, ROUNDS times, and each cell is the
+# median of its rounds (a shared machine drifts; turns spread the drift).
+#
+# Prints the table, writes OUTDIR/front.md and replaces its section of
+# docs/benchmarks.md (DOC=path for another file, DOC=none for none).
+#
+#   bench/front.sh OUTDIR [BIN_DIR]
+#
+# Environment: DURATION [5] seconds per wrk run, ROUNDS [3], CONNS [32], THREADS [2]
+#   (wrk threads), WSUP_BENCH_DEVICE [cpu] the engine's --device,
+#   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32].
+set -euo pipefail
+usage="usage: bench/front.sh OUTDIR [BIN_DIR]"
+out=${1:?$usage}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bin=$(cd "${2:-$repo/build/bin}" && pwd)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+duration=${DURATION:-5}
+rounds=${ROUNDS:-3}
+conns=${CONNS:-32}
+threads=${THREADS:-2}
+device=${WSUP_BENCH_DEVICE:-cpu}
+model=$(cd "${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}" && pwd)
+doc=${DOC:-$repo/docs/benchmarks.md}
+for p in wsup-engine wsup-front; do
+  [ -x "$bin/$p" ] || { echo "front.sh: $bin/$p is missing; build it" >&2; exit 1; }
+done
+for p in wrk haproxy; do
+  command -v $p >/dev/null || { echo "front.sh: $p is missing; run scripts/setup.sh" >&2; exit 1; }
+done
+
+read -r p_eng p_front p_ha p_ha1 < <(python3 -c '
+import socket
+ss = [socket.socket() for _ in range(4)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+wait_port() {  # $1 port, $2 name
+  for _ in $(seq 1 600); do
+    if curl -s -o /dev/null "http://127.0.0.1:$1/health"; then return 0; fi
+    sleep 0.1
+  done
+  echo "front.sh: $2 did not answer on port $1" >&2; exit 1
+}
+
+"$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \
+  > "$out/engine.log" 2>&1 &
+pids+=($!)
+wait_port "$p_eng" "the engine"
+"$bin/wsup-front" --listen "127.0.0.1:$p_front" --active "127.0.0.1:$p_eng" > "$out/front.log" 2>&1 &
+pids+=($!)
+wait_port "$p_front" "wsup-front"
+haproxy_cfg() {  # $1 port, $2 "nbthread N" or ""
+  cat <<CFG
+global
+  maxconn 4096
+  $2
+
+defaults
+  mode http
+  timeout connect 1s
+  timeout client 60s
+  timeout server 60s
+  option http-keep-alive
+  http-reuse always
+
+frontend clients
+  bind 127.0.0.1:$1
+  default_backend engine
+
+backend engine
+  server engine 127.0.0.1:$p_eng
+CFG
+}
+haproxy_cfg "$p_ha" "" > "$out/haproxy.cfg"
+haproxy_cfg "$p_ha1" "nbthread 1" > "$out/haproxy-1thread.cfg"
+for cfg in haproxy haproxy-1thread; do
+  haproxy -c -q -f "$out/$cfg.cfg"
+  haproxy -db -f "$out/$cfg.cfg" > "$out/$cfg.log" 2>&1 &
+  pids+=($!)
+done
+wait_port "$p_ha" "HAProxy"
+wait_port "$p_ha1" "HAProxy (1 thread)"
+
+# One wrk run -> "rps p50_us p99_us".
+run_wrk() {  # $1 port, $2 conns, $3 threads, $4 path, $5 lua or ""
+  local args=(-t"$3" -c"$2" -d"${duration}s" --latency)
+  [ -n "$5" ] && args+=(-s "$5")
+  wrk "${args[@]}" "http://127.0.0.1:$1$4" > "$out/wrk.txt" 2>&1
+  cat "$out/wrk.txt" >> "$out/wrk-all.txt"
+  python3 - "$out/wrk.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+def us(v, unit):
+    return float(v) * {"us": 1, "ms": 1e3, "s": 1e6}[unit]
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+lat = {m.group(1): us(m.group(2), m.group(3)) for m in re.finditer(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", t, re.M)}
+errs = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", t)
+print(f"{rps:.0f} {lat['50']:.0f} {lat['99']:.0f} {'errors' if errs else 'ok'}")
+PY
+}
+
+: > "$out/wrk-all.txt"
+targets=(direct wsup haproxy haproxy1)
+declare -A port=([direct]=$p_eng [wsup]=$p_front [haproxy]=$p_ha [haproxy1]=$p_ha1)
+declare -A label=([direct]="direct to the engine" [wsup]="wsup-front" [haproxy]="HAProxy"
+                  [haproxy1]="HAProxy, 1 thread")
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+rows=()
+for req in "GET /health" "POST /v1/completions (1 token)"; do
+  if [ "$req" = "GET /health" ]; then path=/health; lua=""; else path=/; lua="$repo/bench/front_post.lua"; fi
+  for c in 1 "$conns"; do
+    t=1; [ "$c" != 1 ] && t=$threads
+    declare -A rps=() p50=() p99=() err=()
+    for round in $(seq 1 "$rounds"); do
+      for target in "${targets[@]}"; do
+        echo "== $req, $c connection(s), ${label[$target]}, round $round" >&2
+        read -r a b d e <<< "$(run_wrk "${port[$target]}" "$c" "$t" "$path" "$lua")"
+        rps[$target]+="$a "; p50[$target]+="$b "; p99[$target]+="$d "
+        [ "$e" = ok ] || err[$target]=1
+      done
+    done
+    d50=$(median ${p50[direct]})
+    for target in "${targets[@]}"; do
+      m50=$(median ${p50[$target]})
+      added="-"; [ "$target" != direct ] && added=$((m50 - d50))
+      rows+=("| $req | $c | ${label[$target]} | $(median ${rps[$target]}) | $m50 | $(median ${p99[$target]}) | $added |$( [ -z "${err[$target]:-}" ] || echo " wrk reported errors")")
+    done
+    unset rps p50 p99 err
+  done
+done
+cleanup
+trap - EXIT
+
+cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+{
+  echo "Machine: $cpu, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
+  echo "servers on the same machine; ${duration} s per run, median of $rounds rounds; $(date -u +%Y-%m-%d)."
+  echo "HAProxy $(haproxy -v | head -1 | awk '{print $3}'); wsup-front runs one event loop (one thread)."
+  echo
+  echo '```sh'
+  echo "DURATION=$duration ROUNDS=$rounds CONNS=$conns THREADS=$threads WSUP_BENCH_DEVICE=$device bench/front.sh OUTDIR BIN_DIR"
+  echo '```'
+  echo
+  echo "| request | connections | path | requests/s | p50 (us) | p99 (us) | added p50 vs direct (us) |"
+  echo "|---|---|---|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+} > "$out/front.md"
+cat "$out/front.md"
+if [ "$doc" != none ]; then
+  python3 "$repo/bench/doc_section.py" "$doc" \
+    "## Proxy overhead, wsup-front beside HAProxy, engine on $device (\`bench/front.sh\`)" "$out/front.md"
+  echo "wrote the section to $doc"
+fi
