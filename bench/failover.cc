@@ -70,11 +70,13 @@ std::string Table(const std::vector<json>& runs) {
     const json& b = r["analysis"]["before_drills"];
     const json& l = r["analysis"]["latency_before_drills"];
     o << "- " << r.value("label", "?") << ": " << t["requests"] << " requests in " << r.value("seconds", 0.0)
-      << " s (" << t["streams"] << " streamed), " << t["ok"] << " ok; before the first drill: " << b["requests"]
+      << " s (" << t["streams"] << " client streams, " << t["probes"] << " probes), " << t["ok"]
+      << " ok; before the first drill: " << b["requests"]
       << " requests, " << (b["requests"].get<int64_t>() - b["ok"].get<int64_t>()) << " not ok; undisturbed latency "
       << "p50 / p99: answer " << Ms(l["plain_ms_p50"]) << " / " << Ms(l["plain_ms_p99"]) << " ms, stream's first token "
       << Ms(l["stream_first_token_ms_p50"]) << " / " << Ms(l["stream_first_token_ms_p99"]) << " ms, whole stream "
-      << Ms(l["stream_ms_p50"]) << " / " << Ms(l["stream_ms_p99"]) << " ms.\n";
+      << Ms(l["stream_ms_p50"]) << " / " << Ms(l["stream_ms_p99"]) << " ms, probe's first token "
+      << Ms(l["probe_first_token_ms_p50"]) << " / " << Ms(l["probe_first_token_ms_p99"]) << " ms.\n";
   }
   // The goals, against the first run (wsup) and each other run.
   if (!runs.empty() && runs[0]["analysis"]["by_kind"].contains("crash")) {
@@ -105,7 +107,7 @@ std::string Table(const std::vector<json>& runs) {
 int Main(int argc, char** argv) {
   CLI::App app{"wsup-bench-failover: failover drills under load, wsup beside HAProxy"};
   std::string target = "wsup", label, url, golden, out, records, sup_socket, front_socket, stats;
-  int clients = 16, crash = 10, planned = 10, primary_port = 0, backup_port = 0;
+  int clients = 16, crash = 10, planned = 10, primary_port = 0, backup_port = 0, probe_ms = 50;
   double seconds = 60;
   std::vector<std::string> table;
   app.add_option("--target", target, "wsup | haproxy")->check(CLI::IsMember({"wsup", "haproxy"}));
@@ -114,6 +116,7 @@ int Main(int argc, char** argv) {
   app.add_option("--golden", golden, "the checkpoint's golden.json");
   app.add_option("--clients", clients, "concurrent clients; even-numbered ones stream");
   app.add_option("--seconds", seconds, "the drills are spread over at least this long");
+  app.add_option("--probe-ms", probe_ms, "a short probe stream every this many ms, open loop (0: none)");
   app.add_option("--crash", crash, "crash drills (SIGKILL of the active engine)");
   app.add_option("--planned", planned, "planned drills");
   app.add_option("--supervisor-socket", sup_socket, "the wsup node's control socket (RUNTIME_DIR/wsup.sock)");
@@ -154,6 +157,7 @@ int Main(int argc, char** argv) {
   lo.host = url.substr(0, colon);
   lo.port = std::atoi(url.c_str() + colon + 1);
   lo.clients = clients;
+  lo.probe_interval_ms = probe_ms;
   std::unique_ptr<DrillTarget> t;
   if (target == "wsup") {
     if (front_socket.empty()) {
@@ -196,6 +200,7 @@ int Main(int argc, char** argv) {
            {"target", target},
            {"url", url},
            {"clients", clients},
+           {"probe_ms", probe_ms},
            {"seconds", (t1 - t0) / 1e6},
            {"crash", crash},
            {"planned", planned},

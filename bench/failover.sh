@@ -25,6 +25,7 @@
 #
 # Environment (defaults in brackets):
 #   CLIENTS [16]  DURATION [60] seconds  DRILLS [10] of each kind
+#   PROBE_MS [50]  an open-loop 2-token probe stream every PROBE_MS (0: none)
 #   WSUP_BENCH_DEVICE [cpu]    the engines' --device (cuda:0 on a GPU node)
 #   WSUP_BENCH_BACKEND [host]  the weight cache (holder) backend: host | cuda
 #   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32]  a checkpoint folder with golden.json
@@ -39,6 +40,7 @@ bin=$(cd "${2:-$repo/build/bin}" && pwd)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 clients=${CLIENTS:-16}
+probe_every=${PROBE_MS:-50}
 duration=${DURATION:-60}
 drills=${DRILLS:-10}
 device=${WSUP_BENCH_DEVICE:-cpu}
@@ -163,7 +165,7 @@ run_haproxy() {  # $1: port, $2: label, $3: file stem, $4: extra default-server 
   ha_pid=$!
   echo "== $2 (127.0.0.1:$1, $out/$3.cfg)"
   "$bin/wsup-bench-failover" --target haproxy --label "$2" --url "127.0.0.1:$1" --golden "$model/golden.json" \
-    --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" \
+    --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" --probe-ms "$probe_every" \
     --haproxy-stats "$out/haproxy-$1.sock" --primary-port "$p_a" --backup-port "$p_b" \
     --supervisor-socket "$sock" --out "$out/$3.json" --records "$out/$3-requests.json" || true
   kill "$ha_pid"; wait "$ha_pid" 2>/dev/null || true
@@ -173,7 +175,7 @@ run_haproxy() {  # $1: port, $2: label, $3: file stem, $4: extra default-server 
 if [[ $targets == *" wsup "* ]]; then
 echo "== wsup front (127.0.0.1:$p_front)"
 "$bin/wsup-bench-failover" --target wsup --label wsup --url "127.0.0.1:$p_front" --golden "$model/golden.json" \
-  --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" \
+  --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" --probe-ms "$probe_every" \
   --supervisor-socket "$sock" --front-socket "$node/run/front.sock" --out "$out/wsup.json" \
   --records "$out/wsup-requests.json" || true
 fi
@@ -190,11 +192,12 @@ runs=()
 for f in wsup haproxy haproxy-observe; do [ -f "$out/$f.json" ] && runs+=("$out/$f.json"); done
 {
   echo "Machine: $cpu, $(nproc) CPUs${gpu:+, $gpu}; engines --device $device, $backend weight cache;"
-  echo "model $(basename "$model"); $clients clients (half streaming), $drills crash + $drills planned drills per proxy;"
+  echo "model $(basename "$model"); $clients clients (half streaming) and a 2-token probe stream every $probe_every ms;"
+  echo "$drills crash + $drills planned drills per proxy;"
   echo "$(date -u +%Y-%m-%d). HAProxy $(haproxy -v | head -1 | awk '{print $3}')."
   echo
   echo '```sh'
-  echo "CLIENTS=$clients DURATION=$duration DRILLS=$drills WSUP_BENCH_DEVICE=$device WSUP_BENCH_BACKEND=$backend bench/failover.sh OUTDIR BIN_DIR"
+  echo "CLIENTS=$clients DURATION=$duration DRILLS=$drills PROBE_MS=$probe_every WSUP_BENCH_DEVICE=$device WSUP_BENCH_BACKEND=$backend bench/failover.sh OUTDIR BIN_DIR"
   echo '```'
   echo
   "$bin/wsup-bench-failover" --table "${runs[@]}"

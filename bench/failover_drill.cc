@@ -6,9 +6,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -204,26 +206,42 @@ class WsupTarget final : public DrillTarget {
   }
 
   Status Planned(DrillRecord* d) override {
-    auto st = SupStatus();
-    if (!st.ok()) return st.status();
-    std::string from = Addr(Engine(*st, "active").value("port", 0));
-    front_.TakeEvents();
-    Result<json> reply = Internal("no reply");
-    d->t0_us = NowUs();
-    std::thread caller([&] {
-      ControlLink link;
-      Status s = link.Connect(o_.supervisor_socket);
-      reply = s.ok() ? link.Call({{"type", "failover"}, {"drill", true}, {"kill", false}}, 60'000) : Result<json>(s.error());
-    });
-    Status swapped = WaitSwap(from, d);
-    caller.join();
-    if (!reply.ok()) return reply.error();
-    if (!reply->value("ok", false)) return Refused("wsup: the planned drill was refused: " + reply->value("error", reply->dump()));
-    std::ostringstream note;
-    note << "supervisor: swap " << reply->value("swap_ms", -1) << " ms, first ok through the front "
-         << reply->value("first_ok_ms", -1) << " ms";
-    d->note = note.str();
-    return swapped;
+    // The supervisor refuses a drill while an earlier failover still waits
+    // for its first answer through the front: wait and ask again (bounded).
+    auto deadline = Steady::now() + 60s;
+    for (;;) {
+      auto st = SupStatus();
+      if (!st.ok()) return st.status();
+      std::string from = Addr(Engine(*st, "active").value("port", 0));
+      front_.TakeEvents();
+      Result<json> reply = Internal("no reply");
+      std::atomic<bool> answered{false};
+      d->t0_us = NowUs();
+      std::thread caller([&] {
+        ControlLink link;
+        Status s = link.Connect(o_.supervisor_socket);
+        reply = s.ok() ? link.Call({{"type", "failover"}, {"drill", true}, {"kill", false}}, 60'000)
+                       : Result<json>(s.error());
+        answered = true;
+      });
+      Status swapped = WaitSwap(from, d, [&] { return answered.load() && !(reply.ok() && reply->value("ok", false)); });
+      caller.join();
+      if (!reply.ok()) return reply.error();
+      if (!reply->value("ok", false)) {
+        std::string why = reply->value("error", reply->dump());
+        if (Steady::now() < deadline && why.find("try again") != std::string::npos) {
+          std::this_thread::sleep_for(20ms);
+          WSUP_RETURN_IF_ERROR(WaitReady(60s));
+          continue;
+        }
+        return Refused("wsup: the planned drill was refused: " + why);
+      }
+      std::ostringstream note;
+      note << "supervisor: swap " << reply->value("swap_ms", -1) << " ms, first ok through the front "
+           << reply->value("first_ok_ms", -1) << " ms";
+      d->note = note.str();
+      return swapped;
+    }
   }
 
   Status Counters(int64_t* resumed, int64_t* retried) override {
@@ -276,9 +294,10 @@ class WsupTarget final : public DrillTarget {
 
   // The swap: the front's own `switched` event, or its routes moving away
   // from `from` (set by the supervisor), whichever is seen first.
-  Status WaitSwap(const std::string& from, DrillRecord* d) {
+  Status WaitSwap(const std::string& from, DrillRecord* d, const std::function<bool()>& give_up = nullptr) {
     auto deadline = Steady::now() + 30s;
     while (Steady::now() < deadline) {
+      if (give_up && give_up()) return Refused("wsup: no swap: the drill was refused");
       auto f = FrontStatus();
       int64_t seen = NowUs();
       for (const auto& e : front_.TakeEvents()) {

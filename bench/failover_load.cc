@@ -31,6 +31,20 @@ const char* OutcomeName(Outcome o) {
   return "?";
 }
 
+namespace {
+
+// The first `n` code points of UTF-8 `s` (each token is one code point).
+std::string Utf8Prefix(const std::string& s, int n) {
+  size_t i = 0;
+  for (int k = 0; k < n && i < s.size(); ++k) {
+    ++i;
+    while (i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) ++i;
+  }
+  return s.substr(0, i);
+}
+
+}  // namespace
+
 Result<std::vector<GoldenCase>> LoadGolden(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound(path + ": cannot open the golden outputs; pass the checkpoint's golden.json");
@@ -69,6 +83,14 @@ class LoadGenerator::Impl {
     int n = owner_->options_.clients;
     seq_.assign(static_cast<size_t>(n), 0);
     for (int i = 0; i < n; ++i) Next(i);
+    if (owner_->options_.probe_interval_ms > 0) {
+      uv_timer_init(&loop_, &probe_timer_);
+      probe_timer_.data = this;
+      uint64_t every = static_cast<uint64_t>(owner_->options_.probe_interval_ms);
+      uv_timer_start(
+          &probe_timer_, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->Probe(); }, every, every);
+      probing_ = true;
+    }
     uv_run(&loop_, UV_RUN_DEFAULT);
     client_.reset();
     uv_run(&loop_, UV_RUN_DEFAULT);  // close callbacks
@@ -89,7 +111,19 @@ class LoadGenerator::Impl {
 
   void OnStop() {
     stopping_ = true;
+    if (probing_) {
+      probing_ = false;
+      uv_close(reinterpret_cast<uv_handle_t*>(&probe_timer_), nullptr);
+    }
     MaybeEnd();
+  }
+
+  void Probe() {
+    if (stopping_) return;
+    const auto& golden = owner_->golden_;
+    int g = static_cast<int>(probe_seq_++ % golden.size());
+    Send(-1, g, true, owner_->options_.probe_tokens,
+         Utf8Prefix(golden[static_cast<size_t>(g)].text, owner_->options_.probe_tokens));
   }
 
   void MaybeEnd() {
@@ -105,11 +139,16 @@ class LoadGenerator::Impl {
       return;
     }
     const auto& golden = owner_->golden_;
-    const LoadOptions& o = owner_->options_;
     int g = static_cast<int>((static_cast<size_t>(client) + seq_[static_cast<size_t>(client)]++) % golden.size());
-    bool stream = client % 2 == 0;
+    Send(client, g, client % 2 == 0, owner_->options_.max_tokens, golden[static_cast<size_t>(g)].text);
+  }
+
+  // One request; `want` is the text a correct answer has.
+  void Send(int client, int g, bool stream, int max_tokens, std::string want_text) {
+    const auto& golden = owner_->golden_;
+    const LoadOptions& o = owner_->options_;
     json body{{"prompt", golden[static_cast<size_t>(g)].prompt},
-              {"max_tokens", o.max_tokens},
+              {"max_tokens", max_tokens},
               {"temperature", 0},
               {"stream", stream}};
     http::ClientRequest req;
@@ -119,7 +158,7 @@ class LoadGenerator::Impl {
     req.body = body.dump();
     req.timeout_ms = o.request_timeout_ms;
     auto st = std::make_shared<Stream>();
-    const std::string* want = &golden[static_cast<size_t>(g)].text;
+    auto want = std::make_shared<const std::string>(std::move(want_text));
     if (stream) {
       req.on_event = [st, want](const http::ServerSentEvent& ev) {
         if (ev.data == "[DONE]") {
@@ -147,9 +186,9 @@ class LoadGenerator::Impl {
     rec->golden = g;
     rec->start_us = NowUs();
     ++in_flight_;
-    client_->Send(o.host, o.port, std::move(req), [this, rec, st, client](Result<http::HttpResponse> r) {
+    client_->Send(o.host, o.port, std::move(req), [this, rec, st, client, want](Result<http::HttpResponse> r) {
       rec->end_us = NowUs();
-      Classify(r, *st, rec.get());
+      Classify(r, *st, *want, rec.get());
       --in_flight_;
       owner_->completed_.fetch_add(1);
       if (rec->outcome != Outcome::kOk) owner_->not_ok_.fetch_add(1);
@@ -157,12 +196,15 @@ class LoadGenerator::Impl {
         std::lock_guard<std::mutex> lock(owner_->mu_);
         owner_->records_.push_back(std::move(*rec));
       }
-      Next(client);
+      if (client >= 0) {
+        Next(client);
+      } else {
+        MaybeEnd();
+      }
     });
   }
 
-  void Classify(const Result<http::HttpResponse>& r, const Stream& st, RequestRecord* rec) {
-    const GoldenCase& g = owner_->golden_[static_cast<size_t>(rec->golden)];
+  void Classify(const Result<http::HttpResponse>& r, const Stream& st, const std::string& want, RequestRecord* rec) {
     if (!r.ok()) {
       const std::string& m = r.error().message();
       // A refused connect never reached the proxy: an error the client sees
@@ -208,19 +250,22 @@ class LoadGenerator::Impl {
       }
       text = j["choices"][0]["text"].get<std::string>();
     }
-    if (text == g.text) {
+    if (text == want) {
       rec->outcome = Outcome::kOk;
       rec->first_correct_us = rec->stream ? st.first_correct_us : rec->end_us;
       return;
     }
-    rec->outcome = text.size() > g.text.size() ? Outcome::kDuplicated : Outcome::kWrong;
+    rec->outcome = text.size() > want.size() ? Outcome::kDuplicated : Outcome::kWrong;
     rec->detail = "text differs from the golden output (" + std::to_string(text.size()) + " bytes, expected " +
-                  std::to_string(g.text.size()) + ")";
+                  std::to_string(want.size()) + ")";
   }
 
   LoadGenerator* owner_;
   uv_loop_t loop_;
   uv_async_t stop_async_;
+  uv_timer_t probe_timer_;
+  bool probing_ = false;
+  uint64_t probe_seq_ = 0;
   std::unique_ptr<http::HttpClient> client_;
   std::vector<uint64_t> seq_;
   int in_flight_ = 0;
@@ -272,7 +317,7 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
     int64_t first_ok_us = -1;       // first complete correct answer
     int64_t first_correct_us = -1;  // first correct token or answer
   };
-  std::vector<double> lat_plain, lat_stream_first, lat_stream_end;
+  std::vector<double> lat_plain, lat_stream_first, lat_stream_end, lat_probe;
   std::vector<Window> win(drills.size());
   Window before;
   std::map<std::string, int64_t> total;
@@ -289,7 +334,7 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
     ++w.counts[o];
     ++total["requests"];
     ++total[o];
-    if (r.stream) ++total["streams"];
+    if (r.stream && r.client >= 0) ++total["streams"];
     if (r.outcome != Outcome::kOk && failures.size() < 50) {
       failures.push_back({{"drill", idx},
                           {"outcome", o},
@@ -299,12 +344,15 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
                           {"ms_after_drill", idx < 0 ? 0.0 : (r.end_us - drills[static_cast<size_t>(idx)].t0_us) / 1e3}});
     }
     if (idx >= 0 && r.outcome == Outcome::kOk && r.start_us >= drills[static_cast<size_t>(idx)].t0_us) {
-      if (w.first_ok_us < 0 || r.end_us < w.first_ok_us) w.first_ok_us = r.end_us;
+      if (r.client >= 0 && (w.first_ok_us < 0 || r.end_us < w.first_ok_us)) w.first_ok_us = r.end_us;
       if (r.first_correct_us > 0 && (w.first_correct_us < 0 || r.first_correct_us < w.first_correct_us)) {
         w.first_correct_us = r.first_correct_us;
       }
     }
-    if (idx < 0 && r.outcome == Outcome::kOk) {
+    if (r.client < 0) ++total["probes"];
+    if (idx < 0 && r.outcome == Outcome::kOk && r.client < 0) {
+      lat_probe.push_back((r.first_correct_us - r.start_us) / 1e3);
+    } else if (idx < 0 && r.outcome == Outcome::kOk) {
       if (r.stream) {
         lat_stream_first.push_back((r.first_correct_us - r.start_us) / 1e3);
         lat_stream_end.push_back((r.end_us - r.start_us) / 1e3);
@@ -315,7 +363,7 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
   }
   auto counts_json = [](const std::map<std::string, int64_t>& c) {
     json j = json::object();
-    for (const char* k : {"requests", "ok", "failed", "lost", "duplicated", "wrong", "streams"}) {
+    for (const char* k : {"requests", "ok", "failed", "lost", "duplicated", "wrong", "streams", "probes"}) {
       auto it = c.find(k);
       j[k] = it == c.end() ? 0 : it->second;
     }
@@ -367,7 +415,9 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
                   {"stream_first_token_ms_p50", Percentile(lat_stream_first, 50)},
                   {"stream_first_token_ms_p99", Percentile(lat_stream_first, 99)},
                   {"stream_ms_p50", Percentile(lat_stream_end, 50)},
-                  {"stream_ms_p99", Percentile(lat_stream_end, 99)}};
+                  {"stream_ms_p99", Percentile(lat_stream_end, 99)},
+                  {"probe_first_token_ms_p50", Percentile(lat_probe, 50)},
+                  {"probe_first_token_ms_p99", Percentile(lat_probe, 99)}};
   return {{"drills", per},
           {"latency_before_drills", latency},
           {"by_kind", summary},

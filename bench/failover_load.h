@@ -22,6 +22,14 @@
 //               or [DONE] twice);
 //   wrong       complete, but different from the golden output otherwise.
 //
+// Besides the clients, an open-loop prober (probe_interval_ms > 0) sends a
+// short stream (probe_tokens tokens, checked against the start of the
+// golden output; greedy answers are prefix-consistent) every interval,
+// whatever the clients are doing. The clients are closed loops: at a kill
+// all of them are usually waiting on requests in flight, so the first
+// request any of them sends after it starts only when one of those ends.
+// The probes are what measures how soon a new request is answered.
+//
 // Times are wall-clock microseconds (system_clock), the clock of the
 // control sockets' `at_ms` as well.
 //
@@ -58,7 +66,7 @@ enum class Outcome { kOk, kFailed, kLost, kDuplicated, kWrong };
 const char* OutcomeName(Outcome o);
 
 struct RequestRecord {
-  int client = 0;
+  int client = 0;       // -1: the prober
   bool stream = false;
   int golden = 0;       // index into the golden cases
   int64_t start_us = 0;
@@ -78,6 +86,8 @@ struct LoadOptions {
   int clients = 16;
   int max_tokens = 16;             // the goldens have 16 tokens
   int64_t request_timeout_ms = 30'000;
+  int64_t probe_interval_ms = 0;   // 0: no prober
+  int probe_tokens = 2;
 };
 
 class LoadGenerator {
@@ -129,9 +139,10 @@ struct DrillRecord {
 // the latest drill whose t0 is at or before its end (earlier ones in
 // "before"). Among the ok answers to requests sent at or after t0, within
 // the window: kill to first correct response is the earliest
-// first_correct_us (a stream's first token, or a whole answer), kill to
-// first complete correct answer the earliest end. Latencies of ok answers
-// before the first drill are the undisturbed reference.
+// first_correct_us (a stream's first token, or a whole answer; probes
+// included), kill to first complete correct answer the earliest end of a
+// client's (full-length) answer. Latencies of ok answers before the first
+// drill are the undisturbed reference.
 nlohmann::json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRecord>& records);
 
 // Every request as a JSON array (times relative to `origin_us`), for a look
