@@ -617,7 +617,10 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
                      {"steps", s.steps},
                      {"generated_tokens", s.generated_tokens}};
     // Steps of rank 0 replayed from a CUDA graph and run eagerly (both 0 on the CPU).
-    j["steps"] = {{"graph", runner_->graph_steps()}, {"eager", runner_->eager_steps()}};
+    j["steps"] = {{"graph", runner_->graph_steps()},
+                  {"eager", runner_->eager_steps()},
+                  {"total", runner_->steps()},
+                  {"forward_ms_total", runner_->step_ms_total()}};
   }
   j["comm"] = comm;
   w->Send(http::HttpResponse::Json(200, j.dump(-1, ' ', false, json::error_handler_t::replace)));

@@ -205,10 +205,16 @@ Status ModelRunner::Warmup() {
 
 Status ModelRunner::Step(const StepBatch& batch, std::vector<float>* logits) {
   if (!comm_ready_ || num_blocks_ == 0) return Internal("Step() before InitCommunicator() and AllocateKv()");
-  return OnAllRanks([&](int rank) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = OnAllRanks([&](int rank) {
     std::vector<float>* out = rank == 0 ? logits : &rank_logits_[static_cast<size_t>(rank)];
     return ranks_[static_cast<size_t>(rank)]->Forward(batch, out);
   });
+  // One writer (the scheduler thread): load and store, no read-modify-write race.
+  step_ms_total_.store(step_ms_total_.load() +
+                       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  steps_.store(steps_.load() + 1);
+  return st;
 }
 
 Status ModelRunner::Keepalive() {

@@ -17,6 +17,7 @@
 // Create().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -80,6 +81,11 @@ class ModelRunner {
   // Rank 0's step counts: replayed from a graph, and eager.
   uint64_t graph_steps() const { return ranks_[0]->graph_steps(); }
   uint64_t eager_steps() const { return ranks_[0]->eager_steps(); }
+  // Wall time spent inside Step() (all ranks, until the logits are on the
+  // host), and the number of steps: the rest of a request's time is the
+  // scheduler's and the HTTP server's.
+  double step_ms_total() const { return step_ms_total_.load(); }
+  uint64_t steps() const { return steps_.load(); }
   const WeightSource& weights(int rank) const { return *weights_[static_cast<size_t>(rank)]; }
 
  private:
@@ -95,6 +101,8 @@ class ModelRunner {
   std::vector<std::vector<float>> rank_logits_;
   int num_blocks_ = 0, block_size_ = 0;
   uint64_t kv_bytes_ = 0;
+  std::atomic<double> step_ms_total_{0};
+  std::atomic<uint64_t> steps_{0};
 
   // Rank threads (1..N-1) and their job hand-off.
   std::vector<std::thread> threads_;
