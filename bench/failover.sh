@@ -25,7 +25,8 @@
 #
 # Environment (defaults in brackets):
 #   CLIENTS [16]  DURATION [60] seconds  DRILLS [10] of each kind
-#   PROBE_MS [50]  an open-loop 2-token probe stream every PROBE_MS (0: none)
+#   PROBE_MS [50]  an open-loop 2-token probe stream every PROBE_MS (0: none), and
+#                  every 5 ms for 150 ms from each drill
 #   WSUP_BENCH_DEVICE [cpu]    the engines' --device (cuda:0 on a GPU node)
 #   WSUP_BENCH_BACKEND [host]  the weight cache (holder) backend: host | cuda
 #   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32]  a checkpoint folder with golden.json
@@ -192,7 +193,8 @@ runs=()
 for f in wsup haproxy haproxy-observe; do [ -f "$out/$f.json" ] && runs+=("$out/$f.json"); done
 {
   echo "Machine: $cpu, $(nproc) CPUs${gpu:+, $gpu}; engines --device $device, $backend weight cache;"
-  echo "model $(basename "$model"); $clients clients (half streaming) and a 2-token probe stream every $probe_every ms;"
+  echo "model $(basename "$model"); $clients clients (half streaming) and a 2-token probe stream every $probe_every ms"
+  echo "(every 5 ms for 150 ms from each drill);"
   echo "$drills crash + $drills planned drills per proxy;"
   echo "$(date -u +%Y-%m-%d). HAProxy $(haproxy -v | head -1 | awk '{print $3}')."
   echo
@@ -209,6 +211,7 @@ for f in "${runs[@]}"; do
 done
 if [ "$doc" != none ]; then
   python3 "$repo/bench/doc_section.py" "$doc" \
-    "## Failover under load, wsup beside HAProxy, engines on $device (\`bench/failover.sh\`)" "$out/failover.md"
+    "## Failover under load, wsup beside HAProxy: engines on $device, $clients clients (\`bench/failover.sh\`)" \
+    "$out/failover.md"
   echo "wrote the section to $doc"
 fi

@@ -520,6 +520,7 @@ Status RunDrills(DrillTarget& target, LoadGenerator& load, const DrillPlan& plan
     }
     resumed0 = resumed;
     retried0 = retried;
+    load.BurstProbes();  // dense probes from just before the drill
     Status s = crash ? target.Crash(&d) : target.Planned(&d);
     if (!s.ok()) return Status(Error(s.code(), target.name() + " drill " + std::to_string(i) + " (" + d.kind + "): " +
                                                    s.error().message()));

@@ -86,9 +86,11 @@ class LoadGenerator::Impl {
     if (owner_->options_.probe_interval_ms > 0) {
       uv_timer_init(&loop_, &probe_timer_);
       probe_timer_.data = this;
-      uint64_t every = static_cast<uint64_t>(owner_->options_.probe_interval_ms);
+      // Ticks at the burst spacing; steady probes go out every probe_interval_ms.
+      uint64_t tick = static_cast<uint64_t>(
+          std::max<int64_t>(1, std::min(owner_->options_.probe_burst_interval_ms, owner_->options_.probe_interval_ms)));
       uv_timer_start(
-          &probe_timer_, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->Probe(); }, every, every);
+          &probe_timer_, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->Tick(); }, tick, tick);
       probing_ = true;
     }
     uv_run(&loop_, UV_RUN_DEFAULT);
@@ -116,6 +118,14 @@ class LoadGenerator::Impl {
       uv_close(reinterpret_cast<uv_handle_t*>(&probe_timer_), nullptr);
     }
     MaybeEnd();
+  }
+
+  void Tick() {
+    int64_t now = NowUs();
+    bool burst = now < owner_->burst_until_us_.load();
+    if (!burst && now - last_probe_us_ < owner_->options_.probe_interval_ms * 1000) return;
+    last_probe_us_ = now;
+    Probe();
   }
 
   void Probe() {
@@ -266,6 +276,7 @@ class LoadGenerator::Impl {
   uv_timer_t probe_timer_;
   bool probing_ = false;
   uint64_t probe_seq_ = 0;
+  int64_t last_probe_us_ = 0;
   std::unique_ptr<http::HttpClient> client_;
   std::vector<uint64_t> seq_;
   int in_flight_ = 0;
@@ -289,6 +300,8 @@ void LoadGenerator::Stop() {
   impl_->RequestStop();
   thread_.join();
 }
+
+void LoadGenerator::BurstProbes() { burst_until_us_ = NowUs() + options_.probe_burst_ms * 1000; }
 
 int64_t LoadGenerator::FirstOkSince(int64_t since_us) const {
   std::lock_guard<std::mutex> lock(mu_);

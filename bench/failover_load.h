@@ -28,7 +28,10 @@
 // whatever the clients are doing. The clients are closed loops: at a kill
 // all of them are usually waiting on requests in flight, so the first
 // request any of them sends after it starts only when one of those ends.
-// The probes are what measures how soon a new request is answered.
+// The probes are what measures how soon a new request is answered; around
+// a drill (BurstProbes) they come every probe_burst_interval_ms for
+// probe_burst_ms, so the measure is not bounded below by the steady
+// interval.
 //
 // Times are wall-clock microseconds (system_clock), the clock of the
 // control sockets' `at_ms` as well.
@@ -88,6 +91,8 @@ struct LoadOptions {
   int64_t request_timeout_ms = 30'000;
   int64_t probe_interval_ms = 0;   // 0: no prober
   int probe_tokens = 2;
+  int64_t probe_burst_interval_ms = 5;
+  int64_t probe_burst_ms = 150;
 };
 
 class LoadGenerator {
@@ -100,6 +105,10 @@ class LoadGenerator {
   void Start();
   // Sends no new request, waits for those in flight, ends the thread.
   void Stop();
+
+  // Probes every probe_burst_interval_ms from now for probe_burst_ms (no-op
+  // without a prober). Any thread.
+  void BurstProbes();
 
   // Progress, readable while running.
   uint64_t completed() const { return completed_.load(); }
@@ -119,6 +128,7 @@ class LoadGenerator {
   std::thread thread_;
   std::atomic<uint64_t> completed_{0};
   std::atomic<uint64_t> not_ok_{0};
+  std::atomic<int64_t> burst_until_us_{0};
   mutable std::mutex mu_;
   std::vector<RequestRecord> records_;  // guarded by mu_ while running
   friend class Impl;
