@@ -94,8 +94,11 @@ sets=(
   "probe.jitter_ms=0"
   "supervisor.max_restarts=100000"
 )
-# A GPU: one device per rank (cuda:0 -> [0]).
-if [ "$device" != cpu ]; then sets+=("parallel.devices=[${device#cuda:}]"); fi
+# GPUs: one device per tensor-parallel rank (cuda:0 -> [0]; cuda:0,1 -> [0,1], tp 2).
+if [ "$device" != cpu ]; then
+  gpus=${device#cuda:}
+  sets+=("parallel.devices=[$gpus]" "parallel.tp=$(echo "$gpus" | tr ',' '\n' | wc -l)")
+fi
 args=()
 for s in "${sets[@]}"; do args+=(--set "$s"); done
 W=("$bin/wsup")
