@@ -22,10 +22,11 @@ double MsSince(Clock::time_point t0) {
 
 // Sends hello and waits for the reply on a fresh connection.
 Result<Frame> Hello(Channel& ch, const std::string& client_name, ClientRole role, const Fingerprint* fp,
-                    int timeout_ms) {
+                    int timeout_ms, bool tensor_table = true) {
   HelloMsg hello;
   hello.client = client_name;
   hello.role = role;
+  hello.tensor_table = tensor_table ? kTensorTableVersion : 0;
   if (fp != nullptr) hello.fingerprint = *fp;
   return ch.Call(EncodeHello(hello), timeout_ms);
 }
@@ -114,12 +115,21 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     return std::move(result);
   };
 
+  AttachPhases& phases = result.outcome.phases;
+  auto t_step = Clock::now();
+  auto lap = [&t_step](double* ms) {
+    auto now = Clock::now();
+    *ms = std::chrono::duration<double, std::milli>(now - t_step).count();
+    t_step = now;
+  };
   auto ch = Channel::Connect(opts.socket_path, opts.timeout_ms);
+  lap(&phases.connect_ms);
   if (!ch.ok()) {
     if (daemon) return ch.error();
     return to_disk("holder unavailable: " + ch.error().message());
   }
-  auto reply = Hello(*ch, opts.client_name, ClientRole::kEngine, &ours, opts.timeout_ms);
+  auto reply = Hello(*ch, opts.client_name, ClientRole::kEngine, &ours, opts.timeout_ms, opts.tensor_table);
+  lap(&phases.handshake_ms);
   if (!reply.ok()) {
     if (daemon) return reply.error();
     return to_disk("holder unavailable: " + reply.error().message());
@@ -147,7 +157,9 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     if (daemon) return e;
     return to_disk("holder protocol error: " + e.message());
   }
-  auto attach = DecodeAttach(reply->msg);
+  // Map() decodes the table's entries (while it maps) and validates them.
+  auto attach = DecodeAttach(reply->msg, reply->blob, ManifestDecoding::kHeaderOnly);
+  lap(&phases.decode_ms);
   if (!attach.ok()) {
     Error e = attach.error().With(opts.socket_path);
     if (daemon) return e;
@@ -164,7 +176,14 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     }
     return to_disk("fingerprint mismatch: " + described, std::move(diffs));
   }
-  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply->fds), opts.device);
+  MapStats map_stats;
+  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply->fds), opts.device, &map_stats,
+                                 reply->blob);
+  phases.decode_ms += map_stats.decode_ms;
+  phases.checks_ms = map_stats.checks_ms;
+  phases.index_ms = map_stats.index_ms;
+  phases.map_ms = map_stats.map_ms;
+  phases.overlapped = map_stats.overlapped;
   if (!mapped.ok()) {
     Error e = mapped.error().With(opts.socket_path + ": cannot map the holder's arena");
     if (daemon) return e;
@@ -187,10 +206,12 @@ Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path
     return ErrorFromReply(m, socket_path);
   }
   if (type != "attach") return UnexpectedReply(socket_path, reply, "attach");
-  auto attach = DecodeAttach(reply.msg);
+  // Map() decodes the table's entries (while it maps) and validates them.
+  auto attach = DecodeAttach(reply.msg, reply.blob, ManifestDecoding::kHeaderOnly);
   if (!attach.ok()) return attach.error().With(socket_path);
   int device = DeviceForManifest(attach->manifest);
-  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), device);
+  auto mapped =
+      MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), device, nullptr, reply.blob);
   if (!mapped.ok()) return mapped.error().With(socket_path + ": cannot map the holder's arena");
   return std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(), std::move(attach->fingerprint),
                                       std::move(attach->diffs));
@@ -211,7 +232,7 @@ Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string
     return ErrorFromReply(m, socket_path);
   }
   if (type != "attach") return UnexpectedReply(socket_path, reply, "attach");
-  auto attach = DecodeAttach(reply.msg);
+  auto attach = DecodeAttach(reply.msg, reply.blob);
   if (!attach.ok()) return attach.error().With(socket_path);
   if (reply.fds.size() != attach->manifest.allocations.size()) {
     return Corrupt(socket_path + ": the holder sent " + std::to_string(reply.fds.size()) + " fds for " +

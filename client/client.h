@@ -9,7 +9,11 @@
 //           outcome says "load from disk instead", with the reason and the
 //           differing fields, for the caller to load and to record the miss.
 //   off:    never attach; the outcome says disk, reason "mode off".
-// Every attempt returns an AttachOutcome {source, reason, diffs, ms}.
+// Every attempt returns an AttachOutcome {source, reason, diffs, ms, phases}.
+//
+// Every attach asks the holder for the binary tensor table
+// (client/manifest.h) unless told not to; a holder that does not send one
+// sends JSON entries, which are read just the same.
 //
 // Roles: engines attach through Attach() with a fingerprint computed from
 // their checkpoint's headers and their deployment (ComputeFingerprint, which
@@ -45,6 +49,20 @@ Result<AttachMode> ParseAttachMode(std::string_view name);
 enum class WeightSource { kHolder, kDisk };
 const char* WeightSourceName(WeightSource source);  // "holder", "disk"
 
+// Where an attach spent its time, in milliseconds; steps not reached stay 0.
+struct AttachPhases {
+  double connect_ms = 0;    // connect() to the holder's socket
+  double handshake_ms = 0;  // hello sent to the whole reply received (manifest, table, fds)
+  double decode_ms = 0;     // the reply's fields, the manifest's header and its tensor table
+  double checks_ms = 0;     // Manifest::ValidateLayout()
+  double index_ms = 0;      // the name index (and duplicate check)
+  double map_ms = 0;        // mmap (host) or import + reserve + map + set access (cuda)
+  // True when map_ms ran on a second thread beside the table's decode,
+  // checks and index (MappedArena::Map): then the phases add up to more
+  // than the attach took.
+  bool overlapped = false;
+};
+
 struct AttachOutcome {
   WeightSource source = WeightSource::kDisk;
   // Empty when attached; otherwise why the caller must load from disk
@@ -52,6 +70,7 @@ struct AttachOutcome {
   std::string reason;
   std::vector<FingerprintDiff> diffs;
   double ms = 0;  // connect + handshake + mapping
+  AttachPhases phases;
 };
 
 struct AttachOptions {
@@ -60,6 +79,9 @@ struct AttachOptions {
   std::string client_name = "engine";
   int device = 0;  // cuda ordinal to map on (ignored for host arenas)
   int timeout_ms = 10'000;
+  // Ask for the binary tensor table. false: JSON entries, as clients older
+  // than the table get them (for comparisons and tests).
+  bool tensor_table = true;
 };
 
 // A mapped arena from a holder, with the connection it came over.

@@ -187,9 +187,15 @@ Result<json> ParseMessageBody(std::string_view body, const std::string& what) {
 
 uint32_t FrameDecoder::announced() const { return buffered() >= 4 ? ReadLe32(buf_.data() + pos_) : 0; }
 
-Status FrameDecoder::CheckHeader() const {
-  if (buffered() < 4) return Status::Ok();
-  uint32_t len = ReadLe32(buf_.data() + pos_);
+Status FrameDecoder::CheckPrefix(uint32_t len) const {
+  if (pending_) {
+    if (len != pending_blob_) {
+      return Corrupt("a message announced a binary part of " + std::to_string(pending_blob_) +
+                     " bytes but the frame after it holds " + std::to_string(len) +
+                     "; the peer does not speak this version of the holder protocol or sent a corrupt frame");
+    }
+    return Status::Ok();
+  }
   if (len == 0) {
     return Corrupt("message length prefix is 0; the peer does not speak the holder protocol");
   }
@@ -201,32 +207,46 @@ Status FrameDecoder::CheckHeader() const {
   return Status::Ok();
 }
 
+Status FrameDecoder::CheckHeader() const {
+  if (buffered() < 4) return Status::Ok();
+  return CheckPrefix(ReadLe32(buf_.data() + pos_));
+}
+
 Status FrameDecoder::Feed(const void* data, size_t len) {
   // Refuse a bad prefix before its body is buffered: check the prefix as
   // soon as its 4 bytes are present, whether they came in this call or not.
-  if (buffered() < 4 && buffered() + len >= 4) {
+  uint32_t frame = 0;  // the length of the frame being received, once known
+  if (buffered() >= 4) {
+    frame = ReadLe32(buf_.data() + pos_);
+  } else if (buffered() + len >= 4) {
     char head[4];
     size_t have = buffered();
     std::memcpy(head, buf_.data() + pos_, have);
     std::memcpy(head + have, data, 4 - have);
-    uint32_t n = ReadLe32(head);
-    if (n == 0 || n > max_bytes_) {
+    frame = ReadLe32(head);
+    if (!CheckPrefix(frame).ok()) {
       buf_.append(static_cast<const char*>(data), 4 - have);
       return CheckHeader();
     }
+  }
+  // A large frame (a manifest, a tensor table) gets its whole size at once
+  // rather than growing by doubling, which would copy it and touch fresh
+  // memory several times over. Its prefix passed the bound, so this is at
+  // most the bound.
+  const size_t need = 4 + static_cast<size_t>(frame);
+  if (frame > 0 && need > buffered() + len && buf_.capacity() - pos_ < need && CheckPrefix(frame).ok()) {
+    if (pos_ > 0) {
+      buf_.erase(0, pos_);
+      pos_ = 0;
+    }
+    buf_.reserve(need);
   }
   buf_.append(static_cast<const char*>(data), len);
   return CheckHeader();
 }
 
-Result<std::optional<json>> FrameDecoder::Next() {
-  if (buffered() < 4) return std::optional<json>();
-  WSUP_RETURN_IF_ERROR(CheckHeader());
-  uint32_t len = ReadLe32(buf_.data() + pos_);
-  if (buffered() < 4 + static_cast<size_t>(len)) return std::optional<json>();
-  std::string_view body(buf_.data() + pos_ + 4, len);
-  auto parsed = ParseMessageBody(body, "holder protocol");
-  pos_ += 4 + static_cast<size_t>(len);
+void FrameDecoder::Consume(size_t n) {
+  pos_ += n;
   if (pos_ == buf_.size()) {
     buf_.clear();
     pos_ = 0;
@@ -234,16 +254,83 @@ Result<std::optional<json>> FrameDecoder::Next() {
     buf_.erase(0, pos_);
     pos_ = 0;
   }
-  if (!parsed.ok()) return parsed.error();
-  // Check the next prefix now too, so a bad one is refused before its body.
-  WSUP_RETURN_IF_ERROR(CheckHeader());
-  return std::optional<json>(std::move(parsed).value());
 }
 
-Result<OutgoingFrame> OutgoingFrame::Make(json msg, std::vector<UniqueFd> fds, uint32_t max_bytes) {
+Result<std::optional<DecodedMessage>> FrameDecoder::NextMessage() {
+  for (;;) {
+    if (buffered() < 4) return std::optional<DecodedMessage>();
+    WSUP_RETURN_IF_ERROR(CheckHeader());
+    uint32_t len = ReadLe32(buf_.data() + pos_);
+    if (buffered() < 4 + static_cast<size_t>(len)) return std::optional<DecodedMessage>();
+    std::string_view body(buf_.data() + pos_ + 4, len);
+    if (pending_) {
+      DecodedMessage m{std::move(*pending_), {}};
+      pending_.reset();
+      pending_blob_ = 0;
+      if (pos_ == 0 && buf_.size() == 4 + static_cast<size_t>(len)) {
+        // The usual case: the binary part fills the buffer. Take the buffer
+        // itself (moving the bytes down) instead of copying into fresh memory.
+        m.blob = std::move(buf_);
+        m.blob.erase(0, 4);
+        buf_.clear();
+        pos_ = 0;
+      } else {
+        m.blob.assign(body.data(), body.size());
+        Consume(4 + static_cast<size_t>(len));
+      }
+      WSUP_RETURN_IF_ERROR(CheckHeader());
+      return std::optional<DecodedMessage>(std::move(m));
+    }
+    auto parsed = ParseMessageBody(body, "holder protocol");
+    Consume(4 + static_cast<size_t>(len));
+    if (!parsed.ok()) return parsed.error();
+    if (max_blob_bytes_ > 0) {
+      auto it = parsed->find("blob");
+      if (it != parsed->end()) {
+        if (!it->is_number_unsigned() || it->get<uint64_t>() == 0 || it->get<uint64_t>() > max_blob_bytes_) {
+          return Corrupt("a message announces a binary part of " + it->dump().substr(0, 40) +
+                         " bytes; this side accepts 1 to " + std::to_string(max_blob_bytes_) +
+                         "; the peer does not speak this version of the holder protocol or sent a corrupt "
+                         "frame");
+        }
+        pending_blob_ = static_cast<uint32_t>(it->get<uint64_t>());
+        pending_ = std::move(parsed).value();
+        // Its prefix is checked as soon as it is there, like any other.
+        WSUP_RETURN_IF_ERROR(CheckHeader());
+        continue;
+      }
+    }
+    // Check the next prefix now too, so a bad one is refused before its body.
+    WSUP_RETURN_IF_ERROR(CheckHeader());
+    return std::optional<DecodedMessage>(DecodedMessage{std::move(parsed).value(), {}});
+  }
+}
+
+Result<std::optional<json>> FrameDecoder::Next() {
+  WSUP_ASSIGN_OR_RETURN(std::optional<DecodedMessage> m, NextMessage());
+  if (!m) return std::optional<json>();
+  return std::optional<json>(std::move(m->msg));
+}
+
+Result<OutgoingFrame> OutgoingFrame::Make(json msg, std::vector<UniqueFd> fds, uint32_t max_bytes,
+                                          std::shared_ptr<const std::string> blob) {
   if (!fds.empty()) msg["fds"] = fds.size();
+  if (blob && blob->empty()) blob.reset();
+  if (blob) {
+    if (blob->size() > kMaxBlobBytes) {
+      return InvalidArgument("a binary part of " + std::to_string(blob->size()) + " bytes exceeds the " +
+                             std::to_string(kMaxBlobBytes) +
+                             "-byte limit; the tensor table is too large to send: use fewer, larger tensors");
+    }
+    msg["blob"] = blob->size();
+  }
   OutgoingFrame f;
   WSUP_ASSIGN_OR_RETURN(f.bytes_, EncodeFrame(msg, max_bytes));
+  if (blob) {
+    auto n = static_cast<uint32_t>(blob->size());
+    for (int i = 0; i < 4; ++i) f.bytes_.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+    f.blob_ = std::move(blob);
+  }
   size_t chunks = (fds.size() + kMaxFdsPerSend - 1) / kMaxFdsPerSend;
   if (chunks > f.bytes_.size()) {
     return Internal("a message of " + std::to_string(f.bytes_.size()) + " bytes cannot carry " +
@@ -258,13 +345,22 @@ Result<bool> OutgoingFrame::SendSome(int sock) {
   while (!done()) {
     size_t fds_left = fds_.size() - fds_sent_;
     size_t batch = std::min(fds_left, kMaxFdsPerSend);
-    size_t len = bytes_.size() - sent_;
-    // Every batch of fds rides on its own byte; all bytes go with the last.
-    if (fds_left > batch) len = 1;
-    iovec iov{const_cast<char*>(bytes_.data() + sent_), len};
+    // Every batch of fds rides on its own byte of the message (Make() made
+    // sure there are enough); all the other bytes go with the last.
+    iovec iov[2];
+    size_t iovs = 0;
+    if (sent_ < bytes_.size()) {
+      size_t len = fds_left > batch ? 1 : bytes_.size() - sent_;
+      iov[iovs++] = {const_cast<char*>(bytes_.data() + sent_), len};
+      if (fds_left <= batch && blob_bytes() > 0)
+        iov[iovs++] = {const_cast<char*>(blob_->data()), blob_bytes()};
+    } else {
+      size_t at = sent_ - bytes_.size();
+      iov[iovs++] = {const_cast<char*>(blob_->data() + at), blob_bytes() - at};
+    }
     msghdr mh{};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
+    mh.msg_iov = iov;
+    mh.msg_iovlen = iovs;
     std::vector<char> control;
     if (batch > 0) {
       control.assign(CMSG_SPACE(sizeof(int) * batch), 0);
@@ -335,10 +431,11 @@ Result<FrameReader::ReadState> FrameReader::ReadSome(int sock, size_t budget) {
 }
 
 Result<std::optional<Frame>> FrameReader::Next() {
-  WSUP_ASSIGN_OR_RETURN(auto msg, decoder_.Next());
+  WSUP_ASSIGN_OR_RETURN(auto msg, decoder_.NextMessage());
   if (!msg) return std::optional<Frame>();
   Frame f;
-  f.msg = std::move(*msg);
+  f.msg = std::move(msg->msg);
+  f.blob = std::move(msg->blob);
   uint64_t want = 0;
   auto it = f.msg.find("fds");
   if (it != f.msg.end()) {
@@ -487,14 +584,19 @@ Result<std::vector<FingerprintDiff>> DiffsFromJson(const json& j) {
 json EncodeHello(const HelloMsg& m) {
   json j = {{"type", "hello"}, {"version", m.version}, {"client", m.client}, {"role", ClientRoleName(m.role)}};
   if (m.fingerprint) j["fingerprint"] = m.fingerprint->ToJson();
+  if (m.tensor_table > 0) j["tensor_table"] = m.tensor_table;
   return j;
 }
 
-json EncodeAttach(const AttachMsg& m) {
+json EncodeAttach(json manifest, const Fingerprint& fingerprint, const std::vector<FingerprintDiff>& diffs) {
   return {{"type", "attach"},
-          {"manifest", ManifestToJson(m.manifest)},
-          {"fingerprint", m.fingerprint.ToJson()},
-          {"diffs", DiffsToJson(m.diffs)}};
+          {"manifest", std::move(manifest)},
+          {"fingerprint", fingerprint.ToJson()},
+          {"diffs", DiffsToJson(diffs)}};
+}
+
+json EncodeAttach(const AttachMsg& m) {
+  return EncodeAttach(ManifestToJson(m.manifest), m.fingerprint, m.diffs);
 }
 
 json EncodeMismatch(const MismatchMsg& m) {
@@ -551,15 +653,20 @@ Result<HelloMsg> DecodeHello(const json& j) {
   if (j.contains("fingerprint") && !j["fingerprint"].is_null()) {
     WSUP_ASSIGN_OR_RETURN(m.fingerprint, GetFingerprint(j, "hello", "fingerprint"));
   }
+  if (j.contains("tensor_table")) {
+    WSUP_ASSIGN_OR_RETURN(uint64_t table, GetU64(j, "hello", "tensor_table"));
+    if (table > 1'000'000) return FieldError("hello", "tensor_table", "a tensor table version");
+    m.tensor_table = static_cast<uint32_t>(table);
+  }
   return m;
 }
 
-Result<AttachMsg> DecodeAttach(const json& j) {
+Result<AttachMsg> DecodeAttach(const json& j, std::string_view table, ManifestDecoding how) {
   AttachMsg m;
   auto it = j.find("manifest");
   if (it == j.end() || !it->is_object()) return FieldError("attach", "manifest", "an object");
   try {
-    auto manifest = ManifestFromJson(*it);
+    auto manifest = ManifestFromJson(*it, table, how);
     if (!manifest.ok()) return manifest.error().With("'attach' message: manifest");
     m.manifest = std::move(manifest).value();
   } catch (const std::exception& e) {

@@ -10,11 +10,15 @@
 // SCM_RIGHTS on the bytes of the message that carries them; the message says
 // how many ("fds": N) so the receiver can tell a complete set from a lost one.
 // More than kMaxFdsPerSend fds are spread over several sendmsg calls, each on
-// its own slice of the message bytes.
+// its own slice of the message bytes. A message may have a binary part: it
+// says "blob": B, and the next frame (length prefix exactly B) holds those B
+// raw bytes, which belong to it. Only a receiver built to accept binary parts
+// (a bound above 0) reads them so; the holder sends one only to a client that
+// asked for it.
 //
 // Conversation (the client speaks first; one reply per request):
-//   hello {version, client, role: engine|keeper|inspect, fingerprint?}
-//     -> attach {manifest, fingerprint, diffs, fds: N}   (+ N arena fds)
+//   hello {version, client, role: engine|keeper|inspect, fingerprint?, tensor_table?}
+//     -> attach {manifest, fingerprint, diffs, fds: N, blob?}   (+ N arena fds)
 //      | mismatch {diffs: [{field, ours, holder}], message}
 //      | error {code, message}
 //   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, ...}
@@ -23,6 +27,12 @@
 // field matches. A keeper or an inspector may omit it and takes the holder's
 // fingerprint as given; when an inspector presents one, the differences come
 // back in `attach.diffs` instead of a refusal.
+// A client that sends tensor_table: V (the highest binary tensor table
+// version it reads, client/manifest.h) gets the manifest's entries as that
+// table in the attach message's binary part, and a manifest header that
+// announces it; a client that does not gets them as JSON, as before. A
+// 20,000-tensor manifest is about 2 MiB either way, but the table decodes
+// many times faster.
 //
 // This file holds the pieces both sides share: framing (FrameDecoder,
 // OutgoingFrame, FrameReader), a blocking client channel with deadlines
@@ -37,12 +47,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "client/manifest.h"
 #include "common/status.h"
@@ -61,6 +71,9 @@ inline constexpr size_t kMaxFdsPerSend = 250;
 inline constexpr int kMaxJsonDepth = 64;
 // Longest client name accepted in a hello (it ends up in logs).
 inline constexpr size_t kMaxClientNameBytes = 256;
+// Largest binary part a client accepts (an attach reply's tensor table:
+// about 110 bytes per tensor, so room for some 600,000 tensors).
+inline constexpr uint32_t kMaxBlobBytes = 64u << 20;
 
 enum class ClientRole { kEngine, kKeeper, kInspect };
 const char* ClientRoleName(ClientRole role);
@@ -72,7 +85,14 @@ Result<ClientRole> ParseClientRole(std::string_view name);
 struct Frame {
   nlohmann::json msg;
   std::vector<UniqueFd> fds;
+  std::string blob;          // the message's binary part; empty when none
   std::string type() const;  // msg["type"] when a string, else ""
+};
+
+// A message body and its binary part, as FrameDecoder returns them.
+struct DecodedMessage {
+  nlohmann::json msg;
+  std::string blob;
 };
 
 // Serializes msg into a frame (length prefix + compact JSON). Refuses a body
@@ -86,24 +106,38 @@ Result<nlohmann::json> ParseMessageBody(std::string_view body, const std::string
 // Splits a byte stream into message bodies. Pure: no sockets, no fds, so the
 // fuzz target drives it directly. Feed() refuses an oversized or empty length
 // prefix as soon as its 4 bytes are known, before buffering the body.
+// With max_blob_bytes > 0 it also reads binary parts: a message that
+// announces "blob": B (1..max_blob_bytes, else an error) is held back until
+// the next frame, whose prefix must be exactly B, has arrived. With 0, a
+// "blob" key means nothing.
 class FrameDecoder {
  public:
-  explicit FrameDecoder(uint32_t max_bytes = kMaxMessageBytes) : max_bytes_(max_bytes) {}
+  explicit FrameDecoder(uint32_t max_bytes = kMaxMessageBytes, uint32_t max_blob_bytes = 0)
+      : max_bytes_(max_bytes), max_blob_bytes_(max_blob_bytes) {}
 
   Status Feed(const void* data, size_t len);
-  // The next complete message, or nullopt when more bytes are needed.
+  // The next complete message with its binary part, or nullopt when more
+  // bytes are needed.
+  Result<std::optional<DecodedMessage>> NextMessage();
+  // The same without the binary part (for decoders that accept none).
   Result<std::optional<nlohmann::json>> Next();
-  // True when bytes of an unfinished message are buffered.
-  bool mid_message() const { return pos_ < buf_.size(); }
+  // True when bytes of an unfinished message are buffered, or a message
+  // waits for its binary part.
+  bool mid_message() const { return pos_ < buf_.size() || pending_.has_value(); }
   size_t buffered() const { return buf_.size() - pos_; }
   // Length announced by the unfinished message's prefix, 0 when unknown.
   uint32_t announced() const;
 
  private:
+  Status CheckPrefix(uint32_t len) const;
   Status CheckHeader() const;
+  void Consume(size_t n);
   uint32_t max_bytes_;
+  uint32_t max_blob_bytes_;
   std::string buf_;
   size_t pos_ = 0;
+  std::optional<nlohmann::json> pending_;  // a message waiting for its binary part
+  uint32_t pending_blob_ = 0;              // that part's announced length
 };
 
 // A message on its way out: its frame bytes and the fds that travel with it.
@@ -112,19 +146,25 @@ class FrameDecoder {
 class OutgoingFrame {
  public:
   OutgoingFrame() = default;
-  // Sets msg["fds"] to fds.size() when fds are given.
+  // Sets msg["fds"] to fds.size() when fds are given, and msg["blob"] to the
+  // binary part's size when one is given (shared, not copied: a holder sends
+  // the same tensor table to every client).
   static Result<OutgoingFrame> Make(nlohmann::json msg, std::vector<UniqueFd> fds,
-                                    uint32_t max_bytes = kMaxMessageBytes);
+                                    uint32_t max_bytes = kMaxMessageBytes,
+                                    std::shared_ptr<const std::string> blob = nullptr);
 
   // Sends as much as the socket takes now: true when everything went,
   // false when the socket would block. The fds are closed here once sent.
   Result<bool> SendSome(int sock);
-  bool done() const { return sent_ == bytes_.size() && fds_sent_ == fds_.size(); }
-  size_t remaining_bytes() const { return bytes_.size() - sent_; }
+  bool done() const { return sent_ == total_bytes() && fds_sent_ == fds_.size(); }
+  size_t remaining_bytes() const { return total_bytes() - sent_; }
 
  private:
-  std::string bytes_;
-  size_t sent_ = 0;
+  size_t blob_bytes() const { return blob_ ? blob_->size() : 0; }
+  size_t total_bytes() const { return bytes_.size() + blob_bytes(); }
+  std::string bytes_;  // the message's frame, and the binary part's prefix
+  std::shared_ptr<const std::string> blob_;
+  size_t sent_ = 0;  // of bytes_ followed by *blob_
   std::vector<UniqueFd> fds_;
   size_t fds_sent_ = 0;
 };
@@ -133,9 +173,11 @@ class OutgoingFrame {
 // FrameDecoder, and pairs each completed message with the fds it announced.
 // A side that accepts no fds reads without a control buffer, so fds a peer
 // pushes at it are dropped by the kernel and never enter this process.
+// Binary parts are read only with max_blob_bytes > 0 (FrameDecoder).
 class FrameReader {
  public:
-  FrameReader(uint32_t max_bytes, bool accept_fds) : decoder_(max_bytes), accept_fds_(accept_fds) {}
+  FrameReader(uint32_t max_bytes, bool accept_fds, uint32_t max_blob_bytes = 0)
+      : decoder_(max_bytes, max_blob_bytes), accept_fds_(accept_fds) {}
 
   enum class ReadState { kData, kWouldBlock, kEof };
   // One recvmsg of at most `budget` bytes.
@@ -172,7 +214,7 @@ class Channel {
  private:
   UniqueFd fd_;
   std::string path_;
-  FrameReader reader_{kMaxMessageBytes, true};
+  FrameReader reader_{kMaxMessageBytes, true, kMaxBlobBytes};
 };
 
 // ---------------------------------------------------------------- messages
@@ -182,6 +224,9 @@ struct HelloMsg {
   std::string client;  // a name for logs, e.g. "engine-a"
   ClientRole role = ClientRole::kEngine;
   std::optional<Fingerprint> fingerprint;  // required for engines
+  // The highest binary tensor table version this client reads; 0: none,
+  // send the entries as JSON.
+  uint32_t tensor_table = 0;
 };
 
 struct AttachMsg {
@@ -228,7 +273,12 @@ struct InfoMsg {
 };
 
 nlohmann::json EncodeHello(const HelloMsg& m);
-nlohmann::json EncodeAttach(const AttachMsg& m);  // the fds go to OutgoingFrame::Make
+// With the manifest as JSON entries; the fds go to OutgoingFrame::Make.
+nlohmann::json EncodeAttach(const AttachMsg& m);
+// Around a manifest already encoded: ManifestToJson(), or
+// ManifestHeaderToJson() with the tensor table as the binary part.
+nlohmann::json EncodeAttach(nlohmann::json manifest, const Fingerprint& fingerprint,
+                            const std::vector<FingerprintDiff>& diffs);
 nlohmann::json EncodeMismatch(const MismatchMsg& m);
 nlohmann::json EncodeError(const ErrorMsg& m);
 nlohmann::json EncodeError(const Error& e);
@@ -237,7 +287,10 @@ nlohmann::json EncodeInfo(const InfoMsg& m);
 nlohmann::json EncodeBye();
 
 Result<HelloMsg> DecodeHello(const nlohmann::json& j);
-Result<AttachMsg> DecodeAttach(const nlohmann::json& j);
+// `table` is the message's binary part (Frame::blob); `how` says how much
+// of the manifest to decode and check (ManifestDecoding, client/manifest.h).
+Result<AttachMsg> DecodeAttach(const nlohmann::json& j, std::string_view table = {},
+                               ManifestDecoding how = ManifestDecoding::kValidated);
 Result<MismatchMsg> DecodeMismatch(const nlohmann::json& j);
 Result<ErrorMsg> DecodeError(const nlohmann::json& j);
 Result<InfoMsg> DecodeInfo(const nlohmann::json& j);

@@ -143,6 +143,10 @@ HolderServer::~HolderServer() {
 Status HolderServer::Start() {
   if (started_ || closing_) return Internal("HolderServer::Start called twice");
   const std::string& path = opts_.socket_path;
+  // The tensor table is the same for every client: encode it once.
+  WSUP_ASSIGN_OR_RETURN(std::string table, EncodeTensorTable(arena_.manifest().entries));
+  table_ = std::make_shared<const std::string>(std::move(table));
+  table_manifest_ = ManifestHeaderToJson(arena_.manifest(), table_->size());
   WSUP_RETURN_IF_ERROR(PrepareSocketPath(path));
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoError(path + ": cannot create a socket", errno);
@@ -437,8 +441,9 @@ void HolderServer::UpdatePoll(Conn* c) {
   }
 }
 
-void HolderServer::Reply(Conn* c, json msg, std::vector<UniqueFd> fds) {
-  auto frame = OutgoingFrame::Make(std::move(msg), std::move(fds));
+void HolderServer::Reply(Conn* c, json msg, std::vector<UniqueFd> fds,
+                         std::shared_ptr<const std::string> blob) {
+  auto frame = OutgoingFrame::Make(std::move(msg), std::move(fds), kMaxMessageBytes, std::move(blob));
   if (!frame.ok()) {
     spdlog::error("{}: cannot build a reply: {}", Describe(c), frame.error().message());
     TellOnce(c->fd.get(), frame.error());
@@ -554,17 +559,23 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
     finish_with(EncodeError(fds.error()));
     return;
   }
-  AttachMsg m;
-  m.manifest = arena_.manifest();
-  m.fingerprint = fingerprint_;
-  if (hello->role == ClientRole::kInspect) m.diffs = diffs;
+  if (hello->role != ClientRole::kInspect) diffs.clear();
   size_t nfds = fds->size();
-  Reply(c, EncodeAttach(m), std::move(fds).value());
+  // A client that reads the binary tensor table gets the entries in it;
+  // any other gets them as JSON.
+  const bool binary = hello->tensor_table >= kTensorTableVersion;
+  if (binary) {
+    Reply(c, EncodeAttach(table_manifest_, fingerprint_, diffs), std::move(fds).value(), table_);
+  } else {
+    Reply(c, EncodeAttach(ManifestToJson(arena_.manifest()), fingerprint_, diffs), std::move(fds).value());
+  }
   if (c->closing) return;
   c->attached = true;
-  spdlog::info("attached {}: {} allocations, {} tensors{}", Describe(c), nfds, m.manifest.entries.size(),
-               diffs.empty() ? "" : " (inspection; fingerprint differs in " +
-                                        std::to_string(diffs.size()) + " fields)");
+  spdlog::info("attached {}: {} allocations, {} tensors ({}){}", Describe(c), nfds,
+               arena_.manifest().entries.size(), binary ? "tensor table" : "JSON entries",
+               diffs.empty()
+                   ? ""
+                   : " (inspection; fingerprint differs in " + std::to_string(diffs.size()) + " fields)");
 }
 
 InfoMsg HolderServer::Info() const {

@@ -18,6 +18,11 @@
 // serving. A client with an unread reply is not read from (backpressure),
 // and one that never reads its final reply is dropped after the same limit.
 //
+// Attach replies: Start() encodes the arena's binary tensor table once; every
+// client that asks for it (hello's tensor_table) gets that one buffer, shared,
+// beside a small JSON reply, so an attach costs the holder no per-tensor
+// work. Other clients get the manifest as JSON.
+//
 // Ownership: the server owns the listening socket, every connection and
 // their libuv handles (uv_poll_t for sockets, uv_timer_t for deadlines); each
 // connection is freed in the close callback of its last handle. The arena is
@@ -32,6 +37,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "client/protocol.h"
@@ -93,7 +99,8 @@ class HolderServer {
   void ReadFrom(Conn* c);
   void Handle(Conn* c, Frame frame);
   void HandleHello(Conn* c, const Frame& frame);
-  void Reply(Conn* c, nlohmann::json msg, std::vector<UniqueFd> fds = {});
+  void Reply(Conn* c, nlohmann::json msg, std::vector<UniqueFd> fds = {},
+             std::shared_ptr<const std::string> blob = nullptr);
   void Flush(Conn* c);
   void UpdatePoll(Conn* c);
   // Logs why, tries once to tell the client, and closes it.
@@ -105,6 +112,10 @@ class HolderServer {
   uv_loop_t* loop_;
   const Arena& arena_;
   Fingerprint fingerprint_;
+  // Built once by Start(): the arena's tensor table, shared by every attach
+  // reply that carries it, and the manifest header that announces it.
+  std::shared_ptr<const std::string> table_;
+  nlohmann::json table_manifest_;
   ServerOptions opts_;
   UniqueFd listen_fd_;
   dev_t sock_dev_ = 0;

@@ -2,6 +2,8 @@
 // arena record, socket naming), the client's modes without a holder, and the
 // C ABI's argument handling, including the shared library as ctypes loads it.
 
+#include "client/client.h"
+
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +17,8 @@
 #include <cstring>
 #include <fstream>
 #include <set>
+#include <thread>
 
-#include "client/client.h"
 #include "client/protocol.h"
 #include "client/wsup_client.h"
 #include "tests/test_util.h"
@@ -133,7 +135,7 @@ TEST_CASE("the decoder refuses bad frames, and bad prefixes before their body", 
 
 // Sends `frame` on a and reads one message on b, driving both non-blocking.
 Result<Frame> Transfer(OutgoingFrame frame, int a, int b) {
-  FrameReader reader(kMaxMessageBytes, true);
+  FrameReader reader(kMaxMessageBytes, true, kMaxBlobBytes);
   for (int i = 0; i < 100000; ++i) {
     if (!frame.done()) {
       auto sent = frame.SendSome(a);
@@ -200,6 +202,107 @@ TEST_CASE("a message that announces more fds than arrived is refused", "[client]
   CHECK_THAT(m2.error().message(), Catch::Contains("accepts none"));
 }
 
+TEST_CASE("a binary part travels after its message, whole or byte by byte, and is bounded",
+          "[client][protocol]") {
+  std::string blob(3000, '\0');
+  for (size_t i = 0; i < blob.size(); ++i) blob[i] = static_cast<char>(i * 7);
+  json msg = {{"type", "attach"}, {"blob", blob.size()}};
+  std::string stream = EncodeFrame(msg).value() + Prefix(static_cast<uint32_t>(blob.size())) + blob +
+                       EncodeFrame(json{{"type", "info"}}).value();
+
+  FrameDecoder whole(1024, 4096);
+  REQUIRE(whole.Feed(stream.data(), stream.size()).ok());
+  auto m1 = whole.NextMessage();
+  REQUIRE(m1.ok());
+  REQUIRE(m1->has_value());
+  CHECK((*m1)->msg["type"] == "attach");
+  CHECK((*m1)->blob == blob);
+  auto m2 = whole.NextMessage();
+  REQUIRE((m2.ok() && m2->has_value()));
+  CHECK((*m2)->msg["type"] == "info");
+  CHECK((*m2)->blob.empty());
+
+  FrameDecoder bytewise(1024, 4096);
+  std::vector<DecodedMessage> got;
+  for (char ch : stream) {
+    REQUIRE(bytewise.Feed(&ch, 1).ok());
+    auto m = bytewise.NextMessage();
+    REQUIRE(m.ok());
+    if (m->has_value()) {
+      got.push_back(std::move(**m));
+      if (got.size() == 1) CHECK_FALSE(bytewise.mid_message());
+    }
+  }
+  REQUIRE(got.size() == 2);
+  CHECK(got[0].blob == blob);
+  CHECK(got[1].msg["type"] == "info");
+
+  SECTION("a frame after the message that is not as long as announced is refused before its body") {
+    FrameDecoder d(1024, 4096);
+    std::string f = EncodeFrame(msg).value() + Prefix(2999);
+    REQUIRE(d.Feed(f.data(), f.size()).ok());
+    auto m = d.NextMessage();
+    REQUIRE_FALSE(m.ok());
+    CHECK_THAT(m.error().message(),
+               Catch::Contains("binary part of 3000 bytes but the frame after it holds 2999"));
+    CHECK(d.buffered() == 4);
+  }
+  SECTION("announced sizes out of bounds") {
+    for (json bad : {json(0), json(4097), json(-1), json("3000"), json(1ull << 40)}) {
+      INFO(bad.dump());
+      FrameDecoder d(1024, 4096);
+      std::string f = EncodeFrame(json{{"type", "attach"}, {"blob", bad}}).value();
+      REQUIRE(d.Feed(f.data(), f.size()).ok());
+      auto m = d.NextMessage();
+      REQUIRE_FALSE(m.ok());
+      CHECK(m.error().code() == Code::kCorrupt);
+      CHECK_THAT(m.error().message(), Catch::Contains("this side accepts 1 to 4096"));
+    }
+  }
+  SECTION("a decoder that takes no binary parts ignores the key and refuses the bytes as a message") {
+    FrameDecoder d(4096);
+    REQUIRE(d.Feed(stream.data(), stream.size()).ok());
+    auto m = d.Next();
+    REQUIRE((m.ok() && m->has_value()));
+    CHECK((**m)["blob"] == 3000);
+    auto raw = d.Next();
+    REQUIRE_FALSE(raw.ok());
+    CHECK_THAT(raw.error().message(), Catch::Contains("not valid JSON"));
+  }
+  SECTION("the peer hangs up inside the binary part") {
+    FrameDecoder d(1024, 4096);
+    std::string cut = stream.substr(0, stream.size() - 2000);
+    REQUIRE(d.Feed(cut.data(), cut.size()).ok());
+    auto m = d.NextMessage();
+    REQUIRE(m.ok());
+    CHECK_FALSE(m->has_value());
+    CHECK(d.mid_message());
+  }
+}
+
+TEST_CASE("a shared binary part and many fds arrive together over a socket", "[client][protocol]") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < 260; ++i) fds.emplace_back(::memfd_create("wsup-test", MFD_CLOEXEC));
+  // Larger than a socket buffer, so it goes in several sends.
+  auto blob = std::make_shared<const std::string>(3u << 20, 'b');
+  auto frame = OutgoingFrame::Make(json{{"type", "attach"}}, std::move(fds), kMaxMessageBytes, blob);
+  REQUIRE(frame.ok());
+  CHECK(frame->remaining_bytes() > blob->size());
+  auto got = Transfer(std::move(frame).value(), a.get(), b.get());
+  REQUIRE(got.ok());
+  CHECK(got->msg["blob"] == blob->size());
+  CHECK(got->fds.size() == 260);
+  CHECK(got->blob == *blob);
+
+  auto too_big = OutgoingFrame::Make(json{{"type", "attach"}}, {}, kMaxMessageBytes,
+                                     std::make_shared<const std::string>(kMaxBlobBytes + 1, 'x'));
+  REQUIRE_FALSE(too_big.ok());
+  CHECK_THAT(too_big.error().message(), Catch::Contains("tensor table is too large"));
+}
+
 TEST_CASE("messages round-trip and decoders refuse malformed ones naming the field", "[client][protocol]") {
   Fingerprint fp = SomeFingerprint();
   HelloMsg hello{kProtocolVersion, "engine-a", ClientRole::kInspect, fp};
@@ -212,6 +315,12 @@ TEST_CASE("messages round-trip and decoders refuse malformed ones naming the fie
   auto no_fp = DecodeHello(EncodeHello(HelloMsg{1, "k", ClientRole::kKeeper, std::nullopt}));
   REQUIRE(no_fp.ok());
   CHECK_FALSE(no_fp->fingerprint);
+  CHECK(no_fp->tensor_table == 0);
+  CHECK_FALSE(EncodeHello(HelloMsg{1, "k", ClientRole::kKeeper, std::nullopt}).contains("tensor_table"));
+  auto table =
+      DecodeHello(EncodeHello(HelloMsg{1, "k", ClientRole::kKeeper, std::nullopt, kTensorTableVersion}));
+  REQUIRE(table.ok());
+  CHECK(table->tensor_table == kTensorTableVersion);
 
   MismatchMsg mm{{{"tp_rank", "1", "0"}, {"dtype", "bf16", "f32"}}, "differs"};
   auto m = DecodeMismatch(EncodeMismatch(mm));
@@ -253,13 +362,18 @@ TEST_CASE("messages round-trip and decoders refuse malformed ones naming the fie
       {{{"type", "hello"}, {"client", "x"}, {"role", "engine"}}, "'version'"},
       {{{"type", "hello"}, {"version", "1"}, {"client", "x"}, {"role", "engine"}}, "'version'"},
       {{{"type", "hello"}, {"version", 1}, {"role", "engine"}}, "'client'"},
-      {{{"type", "hello"}, {"version", 1}, {"client", std::string(300, 'x')}, {"role", "engine"}}, "client name"},
+      {{{"type", "hello"}, {"version", 1}, {"client", std::string(300, 'x')}, {"role", "engine"}},
+       "client name"},
       {{{"type", "hello"}, {"version", 1}, {"client", "a\nb"}, {"role", "engine"}}, "control characters"},
       {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "god"}}, "role 'god'"},
       {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "engine"}, {"fingerprint", {{"a", 1}}}},
        "fingerprint"},
       {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "engine"}, {"fingerprint", "x"}},
        "fingerprint"},
+      {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "engine"}, {"tensor_table", "1"}},
+       "'tensor_table'"},
+      {{{"type", "hello"}, {"version", 1}, {"client", "x"}, {"role", "engine"}, {"tensor_table", -1}},
+       "'tensor_table'"},
   };
   for (const Bad& b : bad_hellos) {
     auto r = DecodeHello(b.msg);
@@ -392,6 +506,110 @@ TEST_CASE("a peer that is not a holder: the client gives up within its bound", "
   REQUIRE(c.ok());
   CHECK(c->outcome.source == WeightSource::kDisk);
   CHECK_THAT(c->outcome.reason, Catch::Contains("no reply from the holder within 200 ms"));
+}
+
+// A stand-in holder for one connection at a time: reads the hello, writes
+// the given bytes, hangs up. Runs on its own thread; every wait is bounded.
+class FakeHolder {
+ public:
+  explicit FakeHolder(const std::string& path) {
+    listen_ = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.data(), path.size());
+    REQUIRE(::bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    REQUIRE(::listen(listen_.get(), 8) == 0);
+  }
+  ~FakeHolder() {
+    if (thread_.joinable()) thread_.join();
+  }
+  void ServeOnce(std::string reply) {
+    if (thread_.joinable()) thread_.join();
+    thread_ = std::thread([this, reply = std::move(reply)] {
+      pollfd p{listen_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 10'000) != 1) return;
+      UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      FrameReader r(kMaxMessageBytes, false);
+      for (int i = 0; i < 1000; ++i) {
+        auto next = r.Next();
+        if (!next.ok() || next->has_value()) break;
+        pollfd q{c.get(), POLLIN, 0};
+        if (::poll(&q, 1, 10'000) != 1) return;
+        auto st = r.ReadSome(c.get(), 1 << 16);
+        if (!st.ok() || *st == FrameReader::ReadState::kEof) return;
+      }
+      size_t off = 0;
+      while (off < reply.size()) {
+        ssize_t n = ::send(c.get(), reply.data() + off, reply.size() - off, MSG_NOSIGNAL);
+        if (n <= 0) return;
+        off += static_cast<size_t>(n);
+      }
+    });
+  }
+
+ private:
+  UniqueFd listen_;
+  std::thread thread_;
+};
+
+TEST_CASE("a holder that sends a bad tensor table gets a clear refusal, or disk in client mode",
+          "[client][modes]") {
+  test::TempDir dir;
+  const std::string path = dir.Join("fake.sock");
+  FakeHolder holder(path);
+  Manifest m;
+  m.backend = "host";
+  m.device = -1;
+  m.device_uuid = "host";
+  m.allocations = {{4096}};
+  m.entries = {{"w", "F32", {4}, 0, 0, 16}};
+  const std::string table = EncodeTensorTable(m.entries).value();
+  auto attach_with = [&](const std::string& blob, uint64_t announced) {
+    json msg = EncodeAttach(ManifestHeaderToJson(m, blob.size()), SomeFingerprint(), {});
+    msg["blob"] = announced;
+    return EncodeFrame(msg).value() + Prefix(static_cast<uint32_t>(blob.size())) + blob;
+  };
+  std::string garbage(table.size(), 'g');
+  struct Case {
+    const char* what;
+    std::string reply;
+    Code code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"cut short inside the table",
+       [&] {
+         std::string r = attach_with(table, table.size());
+         return r.substr(0, r.size() - 40);
+       }(),
+       Code::kUnavailable, "closed the connection in the middle of a message"},
+      {"garbage of the announced size", attach_with(garbage, garbage.size()), Code::kCorrupt,
+       "tensor table: does not start with \"wsupTTBL\""},
+      {"a table of another size than announced", attach_with(table, table.size() + 1), Code::kCorrupt,
+       "binary part of " + std::to_string(table.size() + 1) + " bytes but the frame after it holds"},
+      {"an oversized announcement", attach_with(table, uint64_t{kMaxBlobBytes} + 1), Code::kCorrupt,
+       "this side accepts 1 to"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    AttachOptions o;
+    o.socket_path = path;
+    o.timeout_ms = 10'000;
+    o.mode = AttachMode::kDaemon;
+    holder.ServeOnce(c.reply);
+    auto d = Attach(o, SomeFingerprint());
+    REQUIRE_FALSE(d.ok());
+    INFO(d.error().message());
+    CHECK(d.error().code() == c.code);
+    CHECK_THAT(d.error().message(), Catch::Contains(c.says) && Catch::Contains("fake.sock"));
+    o.mode = AttachMode::kClient;
+    holder.ServeOnce(c.reply);
+    auto cl = Attach(o, SomeFingerprint());
+    REQUIRE(cl.ok());
+    CHECK(cl->outcome.source == WeightSource::kDisk);
+    CHECK_FALSE(cl->attachment);
+    CHECK_THAT(cl->outcome.reason, Catch::Contains(c.says));
+  }
 }
 
 TEST_CASE("the C ABI checks its arguments and reports without a holder", "[client][capi]") {

@@ -414,6 +414,124 @@ TEST_CASE("Map refuses fds that do not match the manifest") {
   }
 }
 
+// A sealed memfd whose byte i is i * 31 + 7 (mod 256).
+UniqueFd PatternMemfd(uint64_t size) {
+  int fd = ::memfd_create("wsup-table-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  REQUIRE(fd >= 0);
+  std::vector<uint8_t> bytes(size);
+  for (uint64_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 31 + 7);
+  REQUIRE(::write(fd, bytes.data(), size) == static_cast<ssize_t>(size));
+  REQUIRE(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0);
+  return UniqueFd(fd);
+}
+
+// How many of this process's mappings are of the pattern memfd.
+int PatternMappings() {
+  auto maps = ReadFile("/proc/self/maps", 64 << 20);
+  REQUIRE(maps.ok());
+  int n = 0;
+  for (size_t at = maps->find("wsup-table-test"); at != std::string::npos;
+       at = maps->find("wsup-table-test", at + 1))
+    ++n;
+  return n;
+}
+
+// n entries of 256 bytes each, in layout order, in one allocation.
+Manifest Many(size_t n) {
+  Manifest m;
+  m.backend = "host";
+  m.device = -1;
+  m.device_uuid = "host";
+  m.allocations = {{(n * 256 + 4095) / 4096 * 4096}};
+  for (size_t i = 0; i < n; ++i) {
+    m.entries.push_back({"model.layers." + std::to_string(i) + ".weight", "F32", {8, 8}, 0, i * 256, 256});
+  }
+  return m;
+}
+
+TEST_CASE("Map decodes a tensor table while it maps, and undoes the mapping when the table is bad") {
+  for (size_t n : {size_t{2000}, size_t{10}}) {
+    INFO(n << " entries");
+    const Manifest full = Many(n);
+    const std::string table = EncodeTensorTable(full.entries).value();
+    auto header =
+        ManifestFromJson(ManifestHeaderToJson(full, table.size()), table, ManifestDecoding::kHeaderOnly);
+    REQUIRE(header.ok());
+    CHECK(header->entries.empty());
+    std::vector<UniqueFd> fds;
+    fds.push_back(PatternMemfd(full.allocations[0].size));
+    MapStats stats;
+    auto m = MappedArena::Map(*header, std::move(fds), 0, &stats, table);
+    REQUIRE(m.ok());
+    CHECK(stats.overlapped == (n >= 512));  // a second thread only when there is enough to do
+    CHECK(stats.decode_ms > 0);
+    REQUIRE(m->size() == n);
+    for (size_t i = 0; i < n; i += 97) {
+      TensorView v = m->Find(full.entries[i].name);
+      REQUIRE(v.entry == &m->manifest().entries[i]);
+      CHECK(static_cast<const uint8_t*>(v.data)[0] == static_cast<uint8_t>(i * 256 * 31 + 7));
+    }
+    CHECK(m->Find("model.layers.x.weight").entry == nullptr);
+  }
+
+  // Failures on either side, with the other side fine: a clear error, and
+  // nothing stays mapped.
+  const Manifest full = Many(2000);
+  const std::string good = EncodeTensorTable(full.entries).value();
+  const Manifest header =
+      ManifestFromJson(ManifestHeaderToJson(full, good.size()), good, ManifestDecoding::kHeaderOnly).value();
+  auto dup = full.entries;
+  dup[1999].name = dup[3].name;
+  auto overlapping = full.entries;
+  overlapping[1000].offset = 999 * 256;
+  struct Case {
+    const char* what;
+    std::string table;
+    bool sealed;
+    std::vector<std::string> says;
+  };
+  std::string garbled = good;
+  garbled[64 + 32 * 1500 + 27] = 9;  // record 1500: rank 9
+  const std::vector<Case> cases = {
+      {"a garbled record", garbled, true, {"tensor table: record 1500: rank 9", "restart the holder"}},
+      {"a cut table", good.substr(0, good.size() - 1), true, {"tensor table:", "cut short"}},
+      {"duplicate names",
+       EncodeTensorTable(dup).value(),
+       true,
+       {"manifest entry 1999 ('model.layers.3.weight')", "duplicate of entry 3"}},
+      {"overlapping entries",
+       EncodeTensorTable(overlapping).value(),
+       true,
+       {"manifest entry 1000", "overlaps"}},
+      {"an unsealed memfd", good, false, {"not sealed"}},
+  };
+  const int before = PatternMappings();
+  for (const Case& c : cases) {
+    INFO(c.what);
+    std::vector<UniqueFd> fds;
+    if (c.sealed) {
+      fds.push_back(PatternMemfd(full.allocations[0].size));
+    } else {
+      int fd = ::memfd_create("wsup-table-test", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      REQUIRE(::ftruncate(fd, static_cast<off_t>(full.allocations[0].size)) == 0);
+      fds.emplace_back(fd);
+    }
+    auto m = MappedArena::Map(header, std::move(fds), 0, nullptr, c.table);
+    REQUIRE_FALSE(m.ok());
+    for (const auto& s : c.says) {
+      INFO(m.error().message());
+      CHECK(Has(m.error().message(), s));
+    }
+    CHECK(PatternMappings() == before);
+  }
+  // A manifest may not bring entries and a table both.
+  std::vector<UniqueFd> fds;
+  fds.push_back(PatternMemfd(full.allocations[0].size));
+  auto both = MappedArena::Map(full, std::move(fds), 0, nullptr, good);
+  REQUIRE_FALSE(both.ok());
+  CHECK(both.error().code() == Code::kInvalidArgument);
+}
+
 TEST_CASE("another process maps a host arena and reads it after the holder is SIGKILLed") {
   bool map_after_kill = GENERATE(false, true);
   INFO("map after kill: " << map_after_kill);

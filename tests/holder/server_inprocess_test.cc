@@ -123,6 +123,71 @@ TEST_CASE("HolderServer serves on its loop and closes every handle on Close()", 
   CHECK(Sha256Hex(v.data, v.entry->nbytes) == test::ReadTensorsJson(model)["lm_head.weight"].sha256);
 }
 
+TEST_CASE("attach replies carry a tensor table to clients that ask and JSON to others, same tensors",
+          "[holder][server][inprocess]") {
+  const std::string model = "llama-tiny-bf16-sharded";
+  Arena arena = LoadArena(model);
+  Fingerprint fp = test::EngineFingerprint(test::TestData(model));
+  test::TempDir dir;
+  ServerOptions so;
+  so.socket_path = dir.Join("sock/h.sock");
+  LoopThread lt(arena, fp, so);
+  REQUIRE(lt.Start().ok());
+  const std::string want = ManifestToJson(arena.manifest()).dump();
+  const auto hashes = test::ReadTensorsJson(model);
+
+  // On the wire: a header and a binary part, or every entry as JSON.
+  for (uint32_t table : {kTensorTableVersion, 0u}) {
+    INFO("tensor_table " << table);
+    auto ch = Channel::Connect(so.socket_path, 5000);
+    REQUIRE(ch.ok());
+    HelloMsg hello;
+    hello.client = "raw";
+    hello.role = ClientRole::kKeeper;
+    hello.tensor_table = table;
+    auto reply = ch->Call(EncodeHello(hello), 5000);
+    REQUIRE(reply.ok());
+    REQUIRE(reply->type() == "attach");
+    const auto& manifest = reply->msg["manifest"];
+    CHECK(manifest.contains("tensor_table") == (table > 0));
+    CHECK(manifest.contains("entries") == (table == 0));
+    CHECK(reply->blob.empty() == (table == 0));
+    auto decoded = DecodeAttach(reply->msg, reply->blob);
+    REQUIRE(decoded.ok());
+    CHECK(ManifestToJson(decoded->manifest).dump() == want);
+    CHECK(reply->fds.size() == arena.manifest().allocations.size());
+  }
+
+  // Through the client: both ways map every tensor, byte for byte, and the
+  // phases of the attach are reported.
+  for (bool table : {true, false}) {
+    INFO("tensor table " << table);
+    AttachOptions o;
+    o.socket_path = so.socket_path;
+    o.tensor_table = table;
+    auto a = Attach(o, fp);
+    REQUIRE(a.ok());
+    REQUIRE(a->attachment);
+    const AttachPhases& p = a->outcome.phases;
+    CHECK(p.handshake_ms > 0);
+    CHECK(p.decode_ms > 0);
+    CHECK(p.index_ms > 0);
+    CHECK(p.connect_ms + p.handshake_ms + p.decode_ms + p.checks_ms + p.index_ms + p.map_ms <= a->outcome.ms);
+    REQUIRE(a->attachment->size() == hashes.size());
+    for (const auto& [name, h] : hashes) {
+      TensorView v = a->attachment->Find(name);
+      REQUIRE(v.entry);
+      CHECK(Sha256Hex(v.data, v.entry->nbytes) == h.sha256);
+    }
+  }
+  // The keeper reads the table and keeps a record equal to the arena's.
+  auto kept = AttachKeeper(so.socket_path, "keeper", 5000);
+  REQUIRE(kept.ok());
+  CHECK(ManifestToJson(kept->record.manifest).dump() == want);
+  kept->channel.Close();
+  CHECK(lt.Stop() == 0);
+}
+
 TEST_CASE("HolderServer: Close() without Start() and a failed Start() leave the loop clean",
           "[holder][server][inprocess]") {
   Arena arena = LoadArena("llama-tiny-f32");
