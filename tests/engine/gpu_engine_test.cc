@@ -216,7 +216,7 @@ TEST_CASE("cuda engine: wide batches (cuBLAS path) equal narrow ones", "[gpu]") 
   }
 }
 
-TEST_CASE("cuda engine: daemon, client and off modes serve the goldens over HTTP; status shows NCCL and graphs",
+TEST_CASE("cuda engine: daemon, client and off modes serve the goldens over HTTP - status shows NCCL and graphs",
           "[gpu]") {
   WSUP_GPU_OR_SKIP();
   for (const std::string model : {"llama-tiny-f32", "llama-tiny-fp8-block"}) {
@@ -249,7 +249,7 @@ TEST_CASE("cuda engine: daemon, client and off modes serve the goldens over HTTP
   }
 }
 
-TEST_CASE("cuda engine: 32 concurrent streams get their goldens; the holder SIGKILLed under the engine changes nothing",
+TEST_CASE("cuda engine: 32 concurrent streams get their goldens - the holder SIGKILLed under the engine changes nothing",
           "[gpu]") {
   WSUP_GPU_OR_SKIP();
   TempDir dir;

@@ -47,7 +47,7 @@ TEST_CASE("spawned is not ready: nothing but a passed probe makes a standby") {
   CHECK(t->action == SlotAction::kKillGroup);
 }
 
-TEST_CASE("a dying active slot (its lifeline closed) fails over at once; the exit then asks for a restart") {
+TEST_CASE("a dying active slot (its lifeline closed) fails over at once - the exit then asks for a restart") {
   auto dying = NextTransition(SlotState::kActive, SlotEvent::kDying);
   REQUIRE(dying);
   CHECK(dying->to == SlotState::kFailed);
