@@ -19,9 +19,13 @@ set -euo pipefail
 out=${1:?usage: bench/node.sh OUTDIR [BIN_DIR]}
 bin=$(cd "${2:-build/bin}" && pwd)
 device=${DEVICE:-cuda:0}
-dev=${device#cuda:}
-if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else backend=cuda; devices_line="tp = 1
-devices = [$dev]"; fi
+dev=${device#cuda:}    # "0", or "0,1" for tensor parallelism over two GPUs
+if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else
+  backend=cuda
+  tp=$(echo "$dev" | tr ',' '\n' | wc -l)
+  devices_line="tp = $tp
+devices = [$dev]"
+fi
 # HTTP through python3 (present wherever the benchmarks run).
 post() {  # post PORT_OR_HOSTPORT JSON -> response body
   python3 - "$1" "$2" <<'PY'

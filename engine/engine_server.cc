@@ -366,7 +366,7 @@ void Engine::PrintPhases() {
     char line[256];
     auto note = phase_notes_.find(name);
     std::string n = note == phase_notes_.end() ? "" : note->second;
-    if (name == "graph_capture") {
+    if (name == "graph_capture" && ms == 0) {  // nothing to capture on the CPU
       std::snprintf(line, sizeof(line), "  %-14s %10s  %s\n", name.c_str(), "skipped", n.c_str());
     } else {
       std::snprintf(line, sizeof(line), "  %-14s %8.1f ms  %s\n", name.c_str(), ms, n.c_str());
