@@ -161,6 +161,32 @@ reqs=$(awk '{print $1 " ok, " $2 " failed"}' "$out/load.txt")
 for i in $(seq 1 "$drills"); do
   for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
   "$W" failover --config "$cfg" --drill --kill --json | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >> "$out/drills.jsonl" || true
+  if [ "$i" = 1 ]; then
+    # The promoted standby's communicator after the takeover (its latest
+    # keepalive all-reduce over the whole group), beside the fresh
+    # communicator the re-armed slot builds at the same moment.
+    sleep 1.5
+    "$W" status --config "$cfg" --json > "$out/status_after_takeover.json"
+    python3 - "$out/status_after_takeover.json" > "$out/comm_after_takeover.json" <<'PY' || true
+import json, sys, time, urllib.request
+st = json.load(open(sys.argv[1]))
+out = {}
+for e in st["engines"]:
+    for _ in range(300):
+        try:
+            s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{e['port']}/wsup/status", timeout=2))
+            if s.get("state") == "ready":
+                break
+        except Exception:
+            pass
+        time.sleep(0.1)
+    out[e["role"]] = {"keepalive_latency_us": s["comm"].get("keepalive_latency_us"),
+                      "keepalives": s["comm"].get("keepalives"),
+                      "communicator_init_ms": s["phases"].get("communicator"),
+                      "ranks": s["comm"].get("ranks")}
+print(json.dumps(out))
+PY
+  fi
 done
 for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
 "$W" report --config "$cfg" > "$out/report.txt" || true
@@ -201,6 +227,15 @@ md += [f"| whole GPU (memory.used) | {used} |", "",
        f"| crash drills (`wsup failover --drill --kill`), n = {len(ok)} of {len(d)} | p50 | p99 | max |", "|---|---:|---:|---:|",
        f"| kill to swap (ms) | {pct(swap, 50)} | {pct(swap, 99)} | {max(swap) if swap else 'nan'} |",
        f"| kill to first correct answer through the front (ms) | {pct(first, 50)} | {pct(first, 99)} | {max(first) if first else 'nan'} |"]
+try:
+    c = json.load(open(f"{out}/comm_after_takeover.json"))
+    a = c.get("active", {})
+    s_ = next((v for k, v in c.items() if k != "active"), {})  # standby, or still warming
+    md += ["", f"| communicator, {a.get('ranks')} rank(s), after the first takeover | measured |", "|---|---|",
+           f"| promoted standby: latest all-reduce over the group ({a.get('keepalives')} keepalives since it started) | {a.get('keepalive_latency_us')} us |",
+           f"| re-armed slot: a fresh communicator over the same GPUs (its startup phase) | {s_.get('communicator_init_ms', float('nan')):.1f} ms |"]
+except (OSError, ValueError, TypeError):
+    pass
 open(f"{out}/node.md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY
