@@ -21,6 +21,7 @@
 #include "engine/runner.h"
 #include "holder/checkpoint.h"
 #include "tests/engine/engine_fixture.h"
+#include "tests/engine/golden.h"
 
 using namespace std::chrono_literals;
 using namespace wsup;
@@ -50,28 +51,9 @@ std::string NoGpuReason() {
     }                                                                                                 \
   } while (0)
 
-struct Golden {
-  std::string prompt;
-  std::vector<int> prompt_ids, output_ids, top5;
-  std::vector<float> first8;
-};
-
-std::vector<Golden> LoadGolden(const std::string& model) {
-  auto text = ReadFile(test::TestData(model) + "/golden.json");
-  REQUIRE(text.ok());
-  auto j = json::parse(*text);
-  std::vector<Golden> out;
-  for (const auto& c : j["cases"]) {
-    Golden g;
-    g.prompt = c["prompt"];
-    g.prompt_ids = c["prompt_ids"].get<std::vector<int>>();
-    g.output_ids = c["output_ids"].get<std::vector<int>>();
-    if (c.contains("last_prompt_logits_top5")) g.top5 = c["last_prompt_logits_top5"].get<std::vector<int>>();
-    if (c.contains("last_prompt_logits_first8")) g.first8 = c["last_prompt_logits_first8"].get<std::vector<float>>();
-    out.push_back(g);
-  }
-  return out;
-}
+using test::Golden;
+using test::LoadGolden;
+using test::Top5;
 
 std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch = 8) {
   auto ckpt = Checkpoint::Open(test::TestData(model));
@@ -99,13 +81,6 @@ std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch =
 
 int Argmax(const float* l, int64_t n) { return static_cast<int>(std::max_element(l, l + n) - l); }
 
-std::vector<int> Top5(const std::vector<float>& logits) {
-  std::vector<int> idx(logits.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  idx.resize(5);
-  return idx;
-}
 
 // All golden prompts as sequences of one batch: one prompt step, then
 // greedy decode steps with every sequence in the same step (the replayed

@@ -10,6 +10,7 @@
 #include "engine/kernels.h"
 #include "engine/runner.h"
 #include "holder/checkpoint.h"
+#include "tests/engine/golden.h"
 #include "tests/test_util.h"
 
 using namespace wsup;
@@ -17,29 +18,9 @@ using namespace wsup::engine;
 
 namespace {
 
-struct Golden {
-  std::string prompt;
-  std::vector<int> prompt_ids, output_ids, top5;
-  std::vector<float> first8;
-};
-
-std::vector<Golden> LoadGolden(const std::string& model) {
-  auto text = ReadFile(test::TestData(model) + "/golden.json");
-  REQUIRE(text.ok());
-  auto j = nlohmann::json::parse(*text);
-  std::vector<Golden> out;
-  for (const auto& c : j["cases"]) {
-    Golden g;
-    g.prompt = c["prompt"];
-    g.prompt_ids = c["prompt_ids"].get<std::vector<int>>();
-    g.output_ids = c["output_ids"].get<std::vector<int>>();
-    // The fp8 golden has outputs only.
-    if (c.contains("last_prompt_logits_top5")) g.top5 = c["last_prompt_logits_top5"].get<std::vector<int>>();
-    if (c.contains("last_prompt_logits_first8")) g.first8 = c["last_prompt_logits_first8"].get<std::vector<float>>();
-    out.push_back(g);
-  }
-  return out;
-}
+using test::Golden;
+using test::LoadGolden;
+using test::Top5;
 
 std::unique_ptr<ModelRunner> MakeRunner(const std::string& model, int tp, int threads = 1) {
   auto ckpt = Checkpoint::Open(test::TestData(model));
@@ -89,13 +70,6 @@ std::vector<int> Greedy(ModelRunner& r, const std::vector<int>& prompt, int n, s
   return out;
 }
 
-std::vector<int> Top5(const std::vector<float>& logits) {
-  std::vector<int> idx(logits.size());
-  std::iota(idx.begin(), idx.end(), 0);
-  std::partial_sort(idx.begin(), idx.begin() + 5, idx.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  idx.resize(5);
-  return idx;
-}
 
 void CheckGolden(const std::string& model, int tp, float first8_tol, bool want_logits) {
   REQUIRE(test::HaveTestData(model));
