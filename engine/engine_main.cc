@@ -2,6 +2,8 @@
 // engine/engine_server.h.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
+
 #include "common/log.h"
 #include "engine/engine_server.h"
 
@@ -21,6 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV cache per rank, MiB, allocated at startup");
   app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
+  if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;
+  app.add_option("--nonce", o.nonce, "identity echoed in /wsup/status (default: $WSUP_ENGINE_NONCE)");
   app.add_option("--max-batch", o.max_batch, "sequences decoded together in one step");
   app.add_option("--threads", o.threads, "compute threads per rank (0: hardware threads / tp)");
   app.add_option("--kv-block-size", o.block_size, "tokens per KV cache block");

@@ -566,6 +566,7 @@ void Engine::HandleModels(const std::shared_ptr<http::ResponseWriter>& w) {
 void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
   json j;
   j["state"] = state_;
+  if (!opts_.nonce.empty()) j["nonce"] = opts_.nonce;
   j["model"] = opts_.model_name;
   j["model_dir"] = opts_.model_dir;
   j["device"] = opts_.device;

@@ -55,6 +55,10 @@ struct EngineOptions {
   int64_t kv_cache_mib = 64;         // per rank
   int64_t comm_keepalive_ms = 1000;
   int ready_fd = -1;
+  // This start's identity, echoed as "nonce" in GET /wsup/status so the
+  // supervisor can tell its engine from anything else answering on the port.
+  // Default: $WSUP_ENGINE_NONCE (the supervisor sets it).
+  std::string nonce;
   int max_batch = 64;
   int threads = 0;  // compute threads per rank; 0: hardware threads / tp
   int block_size = 16;

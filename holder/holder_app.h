@@ -20,14 +20,16 @@
 #include <string>
 #include <vector>
 
+#include "common/exit_codes.h"
 #include "common/status.h"
 
 namespace wsup {
 
-inline constexpr int kHolderExitOk = 0;
-inline constexpr int kHolderExitFailure = 1;
-inline constexpr int kHolderExitUsage = 2;
-inline constexpr int kHolderExitRefused = 3;
+// The holder's exit codes are the shared ones (common/exit_codes.h).
+inline constexpr int kHolderExitOk = kExitOk;
+inline constexpr int kHolderExitFailure = kExitFailure;
+inline constexpr int kHolderExitUsage = kExitUsage;
+inline constexpr int kHolderExitRefused = kExitRefused;
 
 struct HolderConfig {
   std::string model_dir;    // required unless adopting

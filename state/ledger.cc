@@ -84,7 +84,7 @@ struct Ledger::Writer {
     failover.Reset();
     failover.Bind(1, r.id).Bind(2, r.trigger).Bind(3, r.reason).Bind(4, int64_t{r.drill}).Bind(5, r.from_slot);
     failover.Bind(6, r.to_slot).Bind(7, r.fault_ms).Bind(8, r.detected_ms).Bind(9, r.swapped_ms);
-    failover.Bind(10, r.first_ok_ms);
+    failover.Bind(10, r.first_ok_ms).Bind(11, int64_t{r.reconstructed});
     return failover.Run();
   }
   Status Write(const FirstOk& r) {
@@ -156,7 +156,7 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
   }
   WSUP_ASSIGN_OR_RETURN(w.failover, w.db.Prepare(
       "INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, "
-      "first_ok_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"));
+      "first_ok_ms, reconstructed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"));
   WSUP_ASSIGN_OR_RETURN(w.first_ok, w.db.Prepare("UPDATE failovers SET first_ok_ms = ?2 WHERE id = ?1"));
   WSUP_ASSIGN_OR_RETURN(w.cache, w.db.Prepare(
       "INSERT INTO cache_events (id, time_ms, slot, rank, result, mode, miss_reason, diff_json, attach_ms, load_ms) "

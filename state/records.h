@@ -27,6 +27,9 @@ struct FailoverRecord {
   int64_t detected_ms = 0;  // when the supervisor knew
   int64_t swapped_ms = 0;   // when the front pointed at to_slot
   std::optional<int64_t> first_ok_ms;  // first good answer through the front after the swap
+  // Happened while no supervisor ran; recorded by the next one from what it
+  // could prove (the front's own log of its switch, the last saved state).
+  bool reconstructed = false;
 
   // Derived by SQLite; filled when read back, ignored when written.
   int64_t detect_ms = 0;    // detected - fault

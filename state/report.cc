@@ -70,7 +70,8 @@ Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill 
 Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
   return ReadRows<FailoverRecord>(db_,
       "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
-      "detect_ms, swap_ms, failover_ms, outage_ms FROM failovers WHERE fault_ms >= ?1 ORDER BY fault_ms, id",
+      "detect_ms, swap_ms, failover_ms, outage_ms, reconstructed FROM failovers WHERE fault_ms >= ?1 "
+      "ORDER BY fault_ms, id",
       since_ms, [](Stmt& st, FailoverRecord& r) {
       r.id = st.Int(0);
       r.trigger = st.Text(1);
@@ -86,6 +87,7 @@ Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
       r.swap_ms = st.Int(11);
       r.failover_ms = st.Int(12);
       r.outage_ms = st.OptInt(13);
+      r.reconstructed = st.Int(14) != 0;
       });
 }
 

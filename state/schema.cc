@@ -75,6 +75,9 @@ CREATE INDEX failovers_fault_ms ON failovers (fault_ms);
 CREATE INDEX cache_events_time_ms ON cache_events (time_ms);
 CREATE INDEX recoveries_fault_ms ON recoveries (fault_ms);
 )sql"},
+    {3, R"sql(
+ALTER TABLE failovers ADD COLUMN reconstructed INTEGER NOT NULL DEFAULT 0 CHECK (reconstructed IN (0, 1));
+)sql"},
 };
 
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,

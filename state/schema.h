@@ -17,7 +17,8 @@ namespace wsup {
 
 // Version 1: failovers, cache_events, recoveries.
 // Version 2: holder_restarts, probe_transitions, and time indexes.
-inline constexpr int kSchemaVersion = 2;
+// Version 3: failovers.reconstructed (recorded by a restarted supervisor).
+inline constexpr int kSchemaVersion = 3;
 
 // The database's user_version.
 Result<int> SchemaVersion(Db& db);

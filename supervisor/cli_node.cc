@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ostream>
 
@@ -19,6 +20,7 @@
 #include "supervisor/cli.h"
 #include "supervisor/config.h"
 #include "supervisor/json_socket.h"
+#include "supervisor/runtime_state.h"
 #include "supervisor/supervisor.h"
 
 namespace wsup {
@@ -287,8 +289,22 @@ void RegisterStop(CLI::App& app, CliContext& ctx) {
     }
     auto r = Call(where->first, json{{"type", "stop"}}, *timeout);
     if (!r.ok()) {
-      *ctx.err << "wsup stop: " << r.error().message() << "\n";
-      ctx.exit_code = 1;
+      // No supervisor answers: stop what the node left, through its runtime
+      // dir (the config's, else the control socket's folder).
+      std::string runtime_dir = where->second ? where->second->node.runtime_dir : DirName(where->first);
+      auto left = StopLeftovers(runtime_dir, std::min(*timeout, 10'000));
+      if (!left.ok()) {
+        *ctx.err << "wsup stop: " << left.error().message() << "\n";
+        ctx.exit_code = 1;
+        return;
+      }
+      if (left->empty()) {
+        *ctx.err << "wsup stop: " << r.error().message() << "\n";
+        ctx.exit_code = 1;
+        return;
+      }
+      *ctx.out << "no supervisor was running; stopped what it left in " << runtime_dir << ":\n";
+      for (const auto& line : *left) *ctx.out << "  " << line << "\n";
       return;
     }
     *ctx.out << "stopped\n";

@@ -873,7 +873,7 @@ const char* ProbeKindName(ProbeKind k) { return k == ProbeKind::kPort ? "port" :
 
 const std::vector<std::string>& EnginePlaceholders() {
   static const std::vector<std::string> names = {"port",    "model",    "socket",   "devices",    "mode",
-                                                 "backend", "tp",       "revision", "runtime_dir"};
+                                                 "backend", "tp",       "revision", "runtime_dir", "nonce"};
   return names;
 }
 
@@ -944,9 +944,10 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
 }
 }  // namespace
 
-Result<std::vector<std::string>> EngineArgv(const Config& config, int port) {
+Result<std::vector<std::string>> EngineArgv(const Config& config, int port, const std::string& nonce) {
   auto vars = CommonVars(config);
   vars["port"] = std::to_string(port);
+  vars["nonce"] = nonce;
   vars["devices"] = DevicesArg(config);
   vars["socket"] = EngineSocketsArg(config);
   auto r = ExpandPlaceholders(config.engine.command, vars);

@@ -171,7 +171,10 @@ std::string HolderSocket(const Config& config, int rank);
 std::string EngineSocketsArg(const Config& config);
 
 // The argv of one engine listening on `port`, with every placeholder filled.
-Result<std::vector<std::string>> EngineArgv(const Config& config, int port);
+// `nonce` is this start's identity ({nonce}; also WSUP_ENGINE_NONCE in the
+// engine's environment): an engine that echoes it in /wsup/status proves
+// that it is the process the supervisor started.
+Result<std::vector<std::string>> EngineArgv(const Config& config, int port, const std::string& nonce = "");
 
 // The argv of the holder of `rank` (daemon mode); "" binary means the
 // caller's default holder path, passed as `default_binary`.

@@ -34,6 +34,9 @@ constexpr SlotTransition kTable[] = {
     {S::kStandby, E::kExited, S::kFailed, A::kScheduleRestart},
     {S::kStandby, E::kDying, S::kFailed, A::kKillGroup},
     {S::kStandby, E::kStop, S::kStopping, A::kTerminate},
+    // Found stopped or silent when it was about to take the traffic: it is
+    // not promoted, and it is replaced.
+    {S::kStandby, E::kUnfit, S::kFailed, A::kKillGroup},
     {S::kStandby, E::kProbePass, S::kStandby, A::kNone},
     {S::kStandby, E::kEngineReady, S::kStandby, A::kNone},
 
@@ -103,6 +106,7 @@ const char* SlotEventName(SlotEvent e) {
     case E::kDying: return "dying";
     case E::kStop: return "stop";
     case E::kAdopt: return "adopt";
+    case E::kUnfit: return "unfit";
   }
   return "?";
 }
@@ -119,6 +123,20 @@ const char* SlotActionName(SlotAction a) {
     case A::kFailover: return "failover";
   }
   return "?";
+}
+
+const char* FailoverTriggerName(FailoverTrigger t) {
+  switch (t) {
+    case FailoverTrigger::kCrash: return "crash";
+    case FailoverTrigger::kProbe: return "probe";
+    case FailoverTrigger::kDrill: return "drill";
+  }
+  return "?";
+}
+
+FailoverTrigger TriggerFor(SlotEvent event, bool drill) {
+  if (drill) return FailoverTrigger::kDrill;
+  return event == E::kProbeTrip || event == E::kUnfit ? FailoverTrigger::kProbe : FailoverTrigger::kCrash;
 }
 
 std::optional<SlotTransition> NextTransition(SlotState state, SlotEvent event) {

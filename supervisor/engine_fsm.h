@@ -9,6 +9,7 @@
 //
 //   idle --spawn--> starting --engine_ready--> warming --probe_pass--> standby
 //   standby --promote--> active --demote--> draining --drained--> standby
+//   standby --unfit--> failed (the check before a promotion: stopped, silent)
 //   any live state --exited / dying / probe_trip / start_timeout--> failed
 //   failed --restart--> starting (after backoff; the supervisor decides when)
 //   any state --stop--> stopping --exited--> stopped
@@ -47,6 +48,7 @@ enum class SlotEvent {
   kDying,         // its lifeline closed after it was ready: the kernel is tearing it down
   kStop,          // the supervisor is shutting the slot down
   kAdopt,         // a restarted supervisor found this engine running and proven
+  kUnfit,         // the check before a promotion found it stopped, gone or silent
 };
 
 // What the supervisor must do after a transition.
@@ -60,6 +62,13 @@ enum class SlotAction {
   kScheduleRestart,
   kFailover,       // this slot was active and is gone: promote the standby
 };
+
+// Why an active slot failed over, from the event that failed it.
+enum class FailoverTrigger { kCrash, kProbe, kDrill };
+const char* FailoverTriggerName(FailoverTrigger t);  // "crash" | "probe" | "drill" (the ledger's values)
+// kExited and kDying are crashes, kProbeTrip a probe verdict; a drill is
+// known to the caller, not to the event.
+FailoverTrigger TriggerFor(SlotEvent event, bool drill);
 
 const char* SlotStateName(SlotState s);
 const char* SlotEventName(SlotEvent e);

@@ -99,6 +99,15 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_front_self_switches_total Switches the front made on its own (refused or reset).\n"
        "# TYPE wsup_front_self_switches_total counter\n"
     << "wsup_front_self_switches_total " << front_self_switches << "\n";
+  o << "# HELP wsup_front_crash_looping 1 while the front restarts more than supervisor.max_restarts times in the "
+       "window.\n# TYPE wsup_front_crash_looping gauge\n"
+    << "wsup_front_crash_looping " << (front_crash_looping ? 1 : 0) << "\n";
+  o << "# HELP wsup_ledger_write_errors_total Ledger rows that were not recorded (refused or not committed).\n"
+       "# TYPE wsup_ledger_write_errors_total counter\n"
+    << "wsup_ledger_write_errors_total " << ledger_write_errors << "\n";
+  o << "# HELP wsup_reconstructed_failovers_total Failovers that happened while no supervisor ran, recorded at "
+       "its restart.\n# TYPE wsup_reconstructed_failovers_total counter\n"
+    << "wsup_reconstructed_failovers_total " << reconstructed_failovers << "\n";
   return o.str();
 }
 

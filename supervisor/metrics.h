@@ -20,6 +20,9 @@ class Metrics {
   uint64_t holder_restarts = 0;
   uint64_t front_restarts = 0;
   uint64_t front_self_switches = 0;
+  bool front_crash_looping = false;
+  uint64_t ledger_write_errors = 0;   // rows refused or not committed
+  uint64_t reconstructed_failovers = 0;
 
   void ObserveRecovery(double seconds);
   void ObserveProbe(const std::string& slot, bool ok, int64_t latency_ms);

@@ -7,8 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -242,6 +246,127 @@ Result<uint64_t> ProcessStartTime(pid_t pid) {
     if (!(rest >> field)) return Corrupt("/proc/" + std::to_string(pid) + "/stat: too few fields");
   }
   return std::stoull(field);
+}
+
+}  // namespace wsup
+
+namespace wsup {
+
+Result<char> ProcessRunState(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return NotFound("process " + std::to_string(pid) + " does not exist");
+  auto rp = line.rfind(')');
+  if (rp == std::string::npos || rp + 2 >= line.size())
+    return Corrupt("/proc/" + std::to_string(pid) + "/stat: unexpected format");
+  return line[rp + 2];
+}
+
+namespace {
+
+// Inodes of the sockets in LISTEN state (st 0A) on `port`, from one of
+// /proc/net/tcp or /proc/net/tcp6. Lines: "sl local_address rem_address st
+// tx:rx tr:when retrnsmt uid timeout inode ...", addresses as HEX:PORTHEX.
+void ListenInodes(const char* table, int port, std::vector<uint64_t>* out) {
+  std::ifstream in(table);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string sl, local, remote, st, txrx, trwhen, retr, uid, timeout, inode;
+    if (!(f >> sl >> local >> remote >> st >> txrx >> trwhen >> retr >> uid >> timeout >> inode)) continue;
+    if (st != "0A") continue;
+    auto colon = local.rfind(':');
+    if (colon == std::string::npos) continue;
+    int p = 0;
+    try {
+      p = std::stoi(local.substr(colon + 1), nullptr, 16);
+    } catch (...) {
+      continue;
+    }
+    if (p != port) continue;
+    try {
+      out->push_back(std::stoull(inode));
+    } catch (...) {
+    }
+  }
+}
+
+std::vector<uint64_t> ListenInodes(int port) {
+  std::vector<uint64_t> inodes;
+  ListenInodes("/proc/net/tcp", port, &inodes);
+  ListenInodes("/proc/net/tcp6", port, &inodes);
+  return inodes;
+}
+
+// True when one of pid's fds is a socket with one of `inodes`.
+bool HoldsSocket(pid_t pid, const std::vector<uint64_t>& inodes) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    char target[64];
+    ssize_t n = ::readlink(e.path().c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = 0;
+    // "socket:[12345]"
+    if (std::strncmp(target, "socket:[", 8) != 0) continue;
+    uint64_t ino = std::strtoull(target + 8, nullptr, 10);
+    if (std::find(inodes.begin(), inodes.end(), ino) != inodes.end()) return true;
+  }
+  return false;
+}
+
+// Every pid in /proc, with its process group (field 5 of stat).
+std::vector<std::pair<pid_t, pid_t>> AllProcesses() {
+  std::vector<std::pair<pid_t, pid_t>> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    pid_t pid = static_cast<pid_t>(std::atoi(name.c_str()));
+    std::ifstream in("/proc/" + name + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    auto rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    std::istringstream rest(line.substr(rp + 2));
+    std::string state, ppid, pgrp;
+    if (!(rest >> state >> ppid >> pgrp)) continue;
+    out.emplace_back(pid, static_cast<pid_t>(std::atoi(pgrp.c_str())));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<pid_t>> ListeningPortOwners(int port) {
+  if (port <= 0 || port > 65535) return InvalidArgument("port " + std::to_string(port) + " is not a TCP port");
+  std::vector<uint64_t> inodes = ListenInodes(port);
+  std::vector<pid_t> owners;
+  if (inodes.empty()) return owners;
+  for (const auto& [pid, pgrp] : AllProcesses()) {
+    if (HoldsSocket(pid, inodes)) owners.push_back(pid);
+  }
+  return owners;
+}
+
+Result<bool> GroupListensOn(pid_t pgid, int port) {
+  if (pgid <= 1) return InvalidArgument("process group " + std::to_string(pgid) + " is not one the supervisor started");
+  std::vector<uint64_t> inodes = ListenInodes(port);
+  if (inodes.empty()) return false;
+  // The leader first: an engine normally listens in its own main process.
+  if (HoldsSocket(pgid, inodes)) return true;
+  for (const auto& [pid, pgrp] : AllProcesses()) {
+    if (pgrp == pgid && pid != pgid && HoldsSocket(pid, inodes)) return true;
+  }
+  return false;
+}
+
+std::string DescribeProcess(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string comm;
+  std::getline(in, comm);
+  return "pid " + std::to_string(pid) + (comm.empty() ? "" : " (" + comm + ")");
 }
 
 }  // namespace wsup

@@ -119,6 +119,27 @@ Result<UniqueFd> TakeFdFrom(pid_t pid, int target_fd);
 // True while a process with this pid exists (and is not a zombie of ours).
 bool ProcessAlive(pid_t pid);
 
+// The process's scheduler state, field 3 of /proc/PID/stat: 'R' running,
+// 'S' sleeping, 'D' in uninterruptible I/O, 'T' stopped (SIGSTOP), 't'
+// stopped by a tracer, 'Z' zombie, ... NotFound when there is no such process.
+Result<char> ProcessRunState(pid_t pid);
+
+// The processes that hold a LISTENING TCP socket on `port` (any local
+// address, IPv4 or IPv6): the sockets are looked up in /proc/net/tcp{,6} by
+// port and state, then found among the fds of each process in /proc. Only
+// processes this user may inspect are seen. Used to prove that what answers
+// on an engine's port is the engine the supervisor started, and to name
+// whoever holds a port another node wants.
+Result<std::vector<pid_t>> ListeningPortOwners(int port);
+
+// True when a process of process group `pgid` holds a listening socket on
+// `port`. Cheaper than ListeningPortOwners: only that group's processes are
+// searched.
+Result<bool> GroupListensOn(pid_t pgid, int port);
+
+// A short description of a process for messages: "pid 123 (wsup-engine)".
+std::string DescribeProcess(pid_t pid);
+
 // The process's start time in clock ticks since boot (field 22 of
 // /proc/PID/stat). With the pid it identifies a process across pid reuse,
 // which re-adoption relies on.

@@ -1,10 +1,17 @@
 #include "supervisor/runtime_state.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <signal.h>
+
+#include <cerrno>
 
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "common/unique_fd.h"
 #include "supervisor/process.h"
 
 namespace wsup {
@@ -42,6 +49,7 @@ std::string RuntimeState::ToJson() const {
   j["node_name"] = node_name;
   j["supervisor"] = ProcToJson(supervisor);
   j["epoch"] = epoch;
+  j["saved_ms"] = saved_ms;
   if (front) {
     j["front"] = {{"proc", ProcToJson(front->proc)},
                   {"control_socket", front->control_socket},
@@ -61,7 +69,8 @@ std::string RuntimeState::ToJson() const {
                             {"port", e.port},
                             {"role", e.role},
                             {"started_ms", e.started_ms},
-                            {"cache_result", e.cache_result}});
+                            {"cache_result", e.cache_result},
+                            {"nonce", e.nonce}});
   }
   return j.dump(2) + "\n";
 }
@@ -80,6 +89,7 @@ Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::
     s.node_name = j.at("node_name").get<std::string>();
     s.supervisor = ProcFromJson(j.at("supervisor"));
     s.epoch = j.value("epoch", int64_t{0});
+    s.saved_ms = j.value("saved_ms", int64_t{0});
     if (!j.at("front").is_null()) {
       const auto& f = j.at("front");
       s.front = Front{ProcFromJson(f.at("proc")), f.at("control_socket").get<std::string>(),
@@ -92,7 +102,8 @@ Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::
     for (const auto& e : j.at("engines")) {
       s.engines.push_back(Engine{e.at("slot").get<std::string>(), ProcFromJson(e.at("proc")),
                                  e.at("port").get<int>(), e.at("role").get<std::string>(),
-                                 e.value("started_ms", int64_t{0}), e.value("cache_result", std::string())});
+                                 e.value("started_ms", int64_t{0}), e.value("cache_result", std::string()),
+                                 e.value("nonce", std::string())});
     }
     return s;
   } catch (const std::exception& ex) {
@@ -103,7 +114,31 @@ Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::
 
 std::string RuntimeState::PathIn(const std::string& runtime_dir) { return JoinPath(runtime_dir, "state.json"); }
 
-Status RuntimeState::Save(const std::string& path) const { return WriteFileAtomic(path, ToJson(), 0600); }
+Status RuntimeState::Save(const std::string& path) const {
+  // No fsync (see the header): the file must survive the supervisor, not the machine.
+  std::string tmp = path + ".tmp";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd.valid()) return ErrnoError(tmp + ": cannot write the runtime state (is node.runtime_dir writable?)", errno);
+  std::string text = ToJson();
+  size_t off = 0;
+  while (off < text.size()) {
+    ssize_t n = ::write(fd.get(), text.data() + off, text.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::unlink(tmp.c_str());
+      return ErrnoError(tmp + ": writing the runtime state", e);
+    }
+    off += static_cast<size_t>(n);
+  }
+  fd.Reset();
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError("renaming " + tmp + " to " + path, e);
+  }
+  return Status::Ok();
+}
 
 Result<std::optional<RuntimeState>> RuntimeState::Load(const std::string& path) {
   struct stat st{};
@@ -111,6 +146,61 @@ Result<std::optional<RuntimeState>> RuntimeState::Load(const std::string& path) 
   WSUP_ASSIGN_OR_RETURN(std::string text, ReadFile(path, 1 << 20));
   WSUP_ASSIGN_OR_RETURN(RuntimeState s, FromJson(text, path));
   return std::optional<RuntimeState>(std::move(s));
+}
+
+Result<std::vector<std::string>> StopLeftovers(const std::string& runtime_dir, int64_t timeout_ms) {
+  std::string path = RuntimeState::PathIn(runtime_dir);
+  WSUP_ASSIGN_OR_RETURN(std::optional<RuntimeState> st, RuntimeState::Load(path));
+  std::vector<std::string> stopped;
+  if (!st) return stopped;
+  if (st->supervisor.pid != ::getpid() && st->supervisor.StillRunning()) {
+    return Refused("the supervisor of node '" + st->node_name + "' (pid " + std::to_string(st->supervisor.pid) +
+                   ") is running but does not answer on its control socket; it may be hung: kill it (kill " +
+                   std::to_string(st->supervisor.pid) + ") and run `wsup stop` again to stop what it left");
+  }
+  std::vector<std::pair<ProcessRef, std::string>> procs;
+  // Engines first, the front next, holders last: the order of a clean stop.
+  for (const auto& e : st->engines) procs.push_back({e.proc, "engine " + e.slot});
+  if (st->front) procs.push_back({st->front->proc, "front"});
+  for (const auto& h : st->holders) procs.push_back({h.proc, "holder rank " + std::to_string(h.rank)});
+  std::vector<std::pair<ProcessRef, std::string>> live;
+  for (const auto& [p, what] : procs) {
+    if (!p.StillRunning()) continue;
+    Status sig = SignalGroup(p.pid, SIGTERM);
+    if (!sig.ok()) return sig.error().With("stopping " + what + " (pid " + std::to_string(p.pid) + ")");
+    live.push_back({p, what});
+  }
+  int64_t waited = 0;
+  const int64_t step = 10;
+  auto any_alive = [&] {
+    for (const auto& [p, what] : live) {
+      if (p.StillRunning()) return true;
+    }
+    return false;
+  };
+  while (any_alive() && waited < timeout_ms) {
+    ::usleep(static_cast<useconds_t>(step * 1000));
+    waited += step;
+  }
+  for (const auto& [p, what] : live) {
+    bool killed = false;
+    if (p.StillRunning()) {
+      Status sig = SignalGroup(p.pid, SIGKILL);
+      if (!sig.ok()) return sig.error().With("killing " + what + " (pid " + std::to_string(p.pid) + ")");
+      killed = true;
+    }
+    stopped.push_back(what + " pid " + std::to_string(p.pid) + (killed ? " (killed after " +
+                      std::to_string(timeout_ms) + " ms)" : ""));
+  }
+  // SIGKILLed processes are gone once the kernel has torn them down; wait
+  // for that (bounded) before the file that names them is removed.
+  for (int i = 0; i < 500 && any_alive(); ++i) ::usleep(10'000);
+  if (any_alive()) {
+    return Timeout("some processes of node '" + st->node_name + "' survived SIGKILL (in uninterruptible I/O?); " +
+                   path + " is kept so that `wsup stop` can be run again");
+  }
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoError("removing " + path, errno);
+  return stopped;
 }
 
 }  // namespace wsup

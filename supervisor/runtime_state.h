@@ -8,8 +8,12 @@
 // asks each process (holder info, engine status, front status) before it is
 // trusted: the file says where to look, the processes say what is true.
 //
-// The file is written with WriteFileAtomic (temporary name, fsync, rename):
-// a reader sees the old or the new state, never half of one.
+// The file is written under a temporary name and renamed, so a reader sees
+// the old or the new state, never half of one. It is not fsynced: it only
+// has to survive the supervisor's own death (the page cache outlives a
+// process), and after a power loss or a reboot nothing it names runs any
+// more. That makes a write cheap enough (tens of microseconds) to happen on
+// the loop right after every spawn, so no child is ever running unrecorded.
 //
 // Thread-safety: plain values; Save/Load on any thread.
 #pragma once
@@ -41,6 +45,10 @@ struct RuntimeState {
   std::string node_name;
   ProcessRef supervisor;
   int64_t epoch = 0;  // route epoch last sent to the front
+  // Wall time of this snapshot: the last moment the writing supervisor knew
+  // the processes below to be in the roles written. A restarted supervisor
+  // dates what happened while none ran from it.
+  int64_t saved_ms = 0;
 
   struct Front {
     ProcessRef proc;
@@ -64,6 +72,7 @@ struct RuntimeState {
     std::string role;  // "active" | "standby" | "starting"
     int64_t started_ms = 0;
     std::string cache_result;  // "hit" | "miss" | "off" | ""
+    std::string nonce;         // the per-start nonce the engine was given (WSUP_ENGINE_NONCE)
   };
   std::vector<Engine> engines;
 
@@ -75,5 +84,15 @@ struct RuntimeState {
   // nullopt when there is no file (a clean start).
   static Result<std::optional<RuntimeState>> Load(const std::string& path);
 };
+
+// `wsup stop` when no supervisor answers: what a node left behind (a
+// supervisor that was killed, or died during a failed start) is found
+// through <runtime_dir>/state.json. Each recorded process that still runs
+// as recorded (pid and start time) gets SIGTERM to its group, then SIGKILL
+// after timeout_ms; the file is removed once nothing it names runs. Returns
+// one line per process stopped (empty: nothing was running). Refuses while
+// the recorded supervisor itself still runs: it is hung, not gone, and
+// must be dealt with first.
+Result<std::vector<std::string>> StopLeftovers(const std::string& runtime_dir, int64_t timeout_ms);
 
 }  // namespace wsup

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "common/clock.h"
+#include "common/exit_codes.h"
 #include "common/status.h"
 #include "supervisor/config.h"
 
@@ -33,9 +34,6 @@ struct SupervisorOptions {
   const Clock* clock = &RealClock();
 };
 
-// Exit code for a configuration that cannot work (systemd's
-// RestartPreventExitStatus=78 stops the restart loop on it).
-inline constexpr int kExitConfig = 78;
 
 class Supervisor {
  public:

@@ -162,4 +162,54 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
+std::vector<TaggedProcess> TaggedProcesses(const std::string& var, const std::string& value) {
+  std::vector<TaggedProcess> out;
+  const std::string needle = var + "=" + value;
+  const pid_t self = ::getpid();
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    pid_t pid = static_cast<pid_t>(std::atoi(name.c_str()));
+    if (pid == self) continue;
+    // Zombies have no environment left to read and are not running.
+    std::string stat = ReadAll("/proc/" + name + "/stat");
+    auto rp = stat.rfind(')');
+    if (rp == std::string::npos || rp + 2 >= stat.size() || stat[rp + 2] == 'Z' || stat[rp + 2] == 'X') continue;
+    std::string env = ReadAll("/proc/" + name + "/environ");
+    bool found = false;
+    for (size_t pos = 0; pos < env.size();) {
+      size_t end = env.find('\0', pos);
+      if (end == std::string::npos) end = env.size();
+      if (env.compare(pos, end - pos, needle) == 0) {
+        found = true;
+        break;
+      }
+      pos = end + 1;
+    }
+    if (!found) continue;
+    std::string cmd = ReadAll("/proc/" + name + "/cmdline");
+    for (char& c : cmd) {
+      if (c == '\0') c = ' ';
+    }
+    out.push_back({pid, cmd});
+  }
+  return out;
+}
+
+std::vector<TaggedProcess> KillLeftovers(const std::string& var, const std::string& value,
+                                         std::chrono::milliseconds grace) {
+  if (TaggedProcesses(var, value).empty()) return {};
+  WaitFor([&] { return TaggedProcesses(var, value).empty(); }, grace);
+  std::vector<TaggedProcess> left = TaggedProcesses(var, value);
+  for (const auto& p : left) ::kill(p.pid, SIGKILL);
+  WaitFor([&] { return TaggedProcesses(var, value).empty(); }, std::chrono::seconds(5));
+  return left;
+}
+
+std::string OwnerTag() {
+  const char* v = std::getenv("WSUP_TEST_OWNER");
+  return v ? v : "";
+}
+
 }  // namespace wsup::test

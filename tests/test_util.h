@@ -75,4 +75,27 @@ RunResult Run(const std::vector<std::string>& argv, std::chrono::milliseconds li
 
 std::string ReadAll(const std::string& path);
 
+// Processes a test leaves behind. Every test process puts two variables in
+// its environment before any test runs (test_main.cc), and every process it
+// starts inherits them, grandchildren too (the supervisor passes its
+// environment to the front, holders and engines):
+//   WSUP_TEST_RUN=<build dir>   the whole suite of one build tree
+//   WSUP_TEST_OWNER=<pid>       this test process
+// TaggedProcesses() finds live processes (not zombies) whose environment
+// holds var=value. A test process ends by killing and reporting any process
+// it owns that is still running (it fails then); the suite ends with a check
+// for any process of the run (tests/leftover_check.cc).
+struct TaggedProcess {
+  pid_t pid = 0;
+  std::string cmdline;  // arguments joined by spaces
+};
+std::vector<TaggedProcess> TaggedProcesses(const std::string& var, const std::string& value);
+// Kills the processes tagged var=value that do not exit by themselves
+// within `grace` (a test's own clean-up may still be in progress); returns
+// those it had to kill.
+std::vector<TaggedProcess> KillLeftovers(const std::string& var, const std::string& value,
+                                         std::chrono::milliseconds grace);
+// The tag of this test process (WSUP_TEST_OWNER's value).
+std::string OwnerTag();
+
 }  // namespace wsup::test

@@ -1,0 +1,263 @@
+// A supervisor that starts where a predecessor left off: it adopts the front,
+// the holders and the engines that still run (their pids, start times and
+// listening sockets say they are the ones recorded), starts what is missing,
+// and records what it can prove happened while no supervisor ran.
+//
+// Adoption never judges an engine by how fast it answers: a busy or slow
+// engine is adopted, and its probes then decide with their own thresholds,
+// as for any engine.
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+using nlohmann::json;
+
+Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
+  // Front: adopt when it still runs; otherwise start one on the socket bound
+  // in Preflight().
+  if (prev && prev->front && prev->front->proc.StillRunning()) {
+    AdoptFront(*prev->front, prev->epoch);
+  } else {
+    StartFront();
+  }
+  if (stopping_) return Status::Ok();
+
+  // Holders.
+  if (cfg_.weight_cache.mode == CacheMode::kDaemon) {
+    for (int r = 0; r < std::max(1, cfg_.parallel.tp); ++r) {
+      auto h = std::make_unique<HolderSlot>(&loop_, HolderRestartPolicy(cfg_));
+      h->rank = r;
+      h->socket = HolderSocket(cfg_, r);
+      h->record_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".arena.json");
+      holders_.push_back(std::move(h));
+    }
+    for (auto& h : holders_) {
+      const RuntimeState::Holder* ph = nullptr;
+      if (prev) {
+        for (const auto& x : prev->holders) {
+          if (x.rank == h->rank) ph = &x;
+        }
+      }
+      if (ph && ph->proc.StillRunning()) {
+        h->pid = ph->proc.pid;
+        h->start_time = ph->proc.start_time;
+        HolderSlot* hp = h.get();
+        auto w = ExitWatch::Start(&loop_, h->pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
+        if (w.ok()) h->watch = *w;
+        // The keeper attach runs off the loop; a holder that does not answer
+        // is killed and restarted (holder table: keeping --keep_failed-->).
+        FireHolder(*h, ChildEvent::kAdopt, "adopted pid " + std::to_string(h->pid) + " after a supervisor restart");
+        continue;
+      }
+      SpawnHolder(*h);
+      if (stopping_) return Status::Ok();
+    }
+  }
+
+  // Engines: adopt those that still run as the processes recorded; the one
+  // the front routed to as active stays active.
+  std::vector<RuntimeState::Engine> dead;
+  if (prev) {
+    std::stable_sort(prev->engines.begin(), prev->engines.end(),
+                     [](const RuntimeState::Engine& x, const RuntimeState::Engine& y) {
+                       return (x.role == "active") > (y.role == "active");
+                     });
+    adopting_ = true;
+    for (const auto& pe : prev->engines) {
+      if (!AdoptEngine(pe)) dead.push_back(pe);
+    }
+    adopting_ = false;
+    MaybePromote();
+    ready_notified_ = Active() != nullptr;
+    if (ready_notified_) notifier_.Ready("serving (re-adopted)");
+    ReconcileWithFront(*prev, std::move(dead));
+  }
+  if (AllHoldersReady()) StartEngines();
+  SaveState();
+  return Status::Ok();
+}
+
+void Supervisor::Impl::AdoptFront(const RuntimeState::Front& pf, int64_t epoch) {
+  front_.pid = pf.proc.pid;
+  front_.start_time = pf.proc.start_time;
+  front_.control_path = pf.control_socket;
+  epoch_ = epoch;
+  // Take the listening socket back for the next front restart: from the
+  // service manager's fd store, else from the front itself (it serves on
+  // fd 3, as this supervisor's predecessor started it).
+  bool got_fd = false;
+  for (auto& [name, fd] : Notifier::ReceivedFds()) {
+    if (name == "front-listen" && !got_fd) {
+      front_.listen.Reset(fd);
+      got_fd = true;
+    }
+  }
+  if (!got_fd) {
+    auto fd = TakeFdFrom(front_.pid, 3);
+    if (fd.ok()) {
+      front_.listen = std::move(*fd);
+      got_fd = true;
+    } else {
+      spdlog::warn("{}", fd.error().message());
+    }
+  }
+  auto port_pos = pf.listen.rfind(':');
+  front_.port = port_pos == std::string::npos ? 0 : std::atoi(pf.listen.c_str() + port_pos + 1);
+  auto w = ExitWatch::Start(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
+  if (w.ok()) front_.watch = *w;
+  spdlog::info("adopted front pid {} on {}{}", front_.pid, pf.listen,
+               got_fd ? "" : " (its listening socket could not be taken back; a front crash will rebind)");
+  FireFront(ChildEvent::kAdopt, "adopted pid " + std::to_string(front_.pid) + " after a supervisor restart");
+}
+
+bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
+  Slot* s = SlotByName(pe.slot);
+  if (!s || !pe.proc.StillRunning()) return false;
+  // The recorded process must still be the one listening on the recorded
+  // port; that needs no answer from it, so a busy engine is not mistaken
+  // for a dead one.
+  auto listens = GroupListensOn(pe.proc.pid, pe.port);
+  bool proven_role = pe.role == "active" || pe.role == "standby" || pe.role == "draining";
+  if (!listens.ok() || !*listens || !proven_role) {
+    std::string why = !proven_role ? "it was " + pe.role + ", never proven"
+                                   : "it no longer listens on port " + std::to_string(pe.port);
+    spdlog::warn("engine {} pid {}: not adopted ({}); stopping it and starting a new one", pe.slot, pe.proc.pid, why);
+    Logged(SignalGroup(pe.proc.pid, SIGKILL), "killing an engine that is not adopted");
+    // Its slot starts afresh; it was never serving, so nothing is recorded.
+    return true;
+  }
+  s->pid = pe.proc.pid;
+  s->start_time = pe.proc.start_time;
+  s->port = pe.port;
+  s->nonce = pe.nonce;
+  s->spawned_ms = pe.started_ms;
+  s->cache_result = pe.cache_result;
+  s->cache_recorded = true;
+  s->adopted = true;
+  Slot* sp = s;
+  auto w = ExitWatch::Start(&loop_, s->pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
+  if (w.ok()) s->watch = *w;
+  Fire(*s, SlotEvent::kAdopt, "adopted after a supervisor restart (pid " + std::to_string(s->pid) + ")");
+  if (pe.role == "active") {
+    swapping_ = true;
+    Promote(*s, "was active before the supervisor restart", nullptr);
+    swapping_ = false;
+    PushRoutes();
+  }
+  spdlog::info("adopted engine {} pid {} port {} as {}", s->name, s->pid, s->port, pe.role);
+  return true;
+}
+
+void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead) {
+  // Engines that died while no supervisor ran. Their slots restart like any
+  // failed slot; what the ledger gets is dated from what is known: the
+  // front's own log of the switch it made, else the last state the
+  // predecessor saved (the latest moment the engine was known to serve).
+  std::vector<RuntimeState::Engine> lost;
+  for (auto& e : dead) {
+    if (SlotByName(e.slot) && (e.role == "active" || e.role == "standby" || e.role == "draining")) lost.push_back(e);
+  }
+  if (lost.empty()) return;
+  for (const auto& e : lost) {
+    Slot* s = SlotByName(e.slot);
+    s->recovery_cause = "crash";
+    s->recovery_fault_ms = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
+  }
+  auto record = [this, prev, lost](const json* front_status) {
+    for (const auto& e : lost) {
+      Slot* s = SlotByName(e.slot);
+      if (!s) continue;
+      std::string addr = HostPortString(cfg_.engine.host, e.port);
+      int64_t fault = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
+      int64_t detected = clock_.WallMs();
+      int64_t swapped = detected;
+      std::string switched_to;
+      std::string front_reason;
+      if (front_status) {
+        // The front's own switch away from this engine, if it made one.
+        const json* events = front_status->contains("events") ? &(*front_status)["events"] : nullptr;
+        if (events && events->is_array()) {
+          for (const auto& ev : *events) {
+            if (!ev.is_object() || ev.value("kind", "") != "switched" || ev.value("from", "") != addr) continue;
+            int64_t at = ev.value("at_ms", int64_t{0});
+            if (at < prev.saved_ms) continue;
+            fault = detected = swapped = at;
+            switched_to = ev.value("to", "");
+            front_reason = ev.value("reason", "");
+          }
+        }
+        // When it made none, its record of the engine's first failure.
+        if (switched_to.empty()) {
+          const json* backends = front_status->contains("backends") ? &(*front_status)["backends"] : nullptr;
+          if (backends && backends->is_object() && backends->contains(addr) && (*backends)[addr].is_object()) {
+            int64_t failed_at = (*backends)[addr].value("failed_at_ms", int64_t{0});
+            if (failed_at >= prev.saved_ms && failed_at > 0) fault = detected = failed_at;
+          }
+        }
+      }
+      s->recovery_fault_ms = fault;
+      if (e.role != "active") {
+        spdlog::warn("engine {} (pid {}, {}) died while no supervisor ran; restarting it", e.slot, e.proc.pid, e.role);
+        continue;
+      }
+      std::string to = "none";
+      for (Slot* o : {&a_, &b_}) {
+        if (o != s && !switched_to.empty() && HostPortString(cfg_.engine.host, o->port) == switched_to) to = o->name;
+      }
+      if (to == "none" && Active() && Active() != s) to = Active()->name;
+      FailoverRecord rec;
+      rec.trigger = FailoverTriggerName(FailoverTrigger::kCrash);
+      rec.reason = "engine " + e.slot + " (pid " + std::to_string(e.proc.pid) +
+                   ") died while no supervisor ran" +
+                   (switched_to.empty() ? "; the front had not switched by itself"
+                                        : "; the front switched to " + switched_to + " by itself" +
+                                              (front_reason.empty() ? "" : ": " + front_reason)) +
+                   " (reconstructed at restart)";
+      rec.from_slot = e.slot;
+      rec.to_slot = to;
+      rec.fault_ms = fault;
+      rec.detected_ms = detected;
+      rec.swapped_ms = swapped;
+      rec.reconstructed = true;
+      auto id = LedgerResult(ledger_->RecordFailover(rec), "reconstructed failover");
+      metrics_.failovers[rec.trigger]++;
+      metrics_.reconstructed_failovers++;
+      if (id) s->recovery_failover_id = *id;
+      spdlog::warn("failover {} -> {} while no supervisor ran (reconstructed): {}", e.slot, to, rec.reason);
+    }
+  };
+  if (front_.control_path.empty() || front_.pid == 0) {
+    record(nullptr);
+    return;
+  }
+  // Ask the front for its log; record without it if it does not answer.
+  JsonConn::Connect(&loop_, front_.control_path, 1 << 20, [record](Result<std::shared_ptr<JsonConn>> r) {
+    if (!r.ok()) {
+      record(nullptr);
+      return;
+    }
+    auto conn = *r;
+    auto done = std::make_shared<bool>(false);
+    conn->Start(
+        [record, done](const std::shared_ptr<JsonConn>& self, const json& m) {
+          if (m.value("type", "") == "event" || *done) return;
+          *done = true;
+          self->Close("done");
+          record(&m);
+        },
+        [record, done](const std::string&) {
+          if (*done) return;
+          *done = true;
+          record(nullptr);
+        });
+    conn->Send(json{{"type", "status"}});
+  });
+}
+
+}  // namespace wsup

@@ -1,0 +1,211 @@
+// The supervisor's surfaces: the control socket the `wsup` CLI talks to
+// (status, failover drills, stop) and the admin HTTP listener (/metrics,
+// /status).
+#include "common/log.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+using nlohmann::json;
+
+namespace {
+constexpr int64_t kDrainBudgetMs = 30'000;
+constexpr int64_t kDrainPollMs = 20;
+}  // namespace
+
+json Supervisor::Impl::StatusJson() {
+  json j;
+  j["type"] = "status";
+  j["node"] = cfg_.node.name;
+  j["state"] = NodeState();
+  if (degraded_) j["degraded_reason"] = degraded_reason_;
+  Slot* act = Active();
+  j["active"] = act ? json(act->name) : json(nullptr);
+  j["engines"] = json::array();
+  for (Slot* s : {&a_, &b_}) {
+    std::string role = s->state == SlotState::kActive    ? "active"
+                       : s->state == SlotState::kStandby ? "standby"
+                                                         : "none";
+    json e{{"slot", s->name},
+           {"role", role},
+           {"state", SlotStateName(s->state)},
+           {"pid", s->pid},
+           {"port", s->port},
+           {"semantic_ready", s->semantic_ready},
+           {"comm_warm", s->comm_warm},
+           {"cache", s->cache_result},
+           {"last_probe_ms", s->last_probe_ms},
+           {"last_probe_error", s->last_probe_reason},
+           {"restarts", s->throttle.total()},
+           {"adopted", s->adopted}};
+    if (s->permanent_failure) e["failure"] = s->failure_reason;
+    j["engines"].push_back(e);
+  }
+  j["holders"] = json::array();
+  for (const auto& h : holders_) {
+    json hj{{"rank", h->rank},
+            {"pid", h->pid},
+            {"socket", h->socket},
+            {"state", ChildStateName(h->state)},
+            {"ready", h->ready()},
+            {"kept_fds", h->kept ? h->kept->fds.size() : 0},
+            {"restarts", h->throttle.total()}};
+    if (!h->down_reason.empty()) hj["failure"] = h->down_reason;
+    j["holders"].push_back(hj);
+  }
+  json fj{{"listen", HostPortString(cfg_.front.listen.host, front_.port)},
+          {"pid", front_.pid},
+          {"state", ChildStateName(front_.state)},
+          {"restarts", front_.throttle.total()},
+          {"crash_looping", front_.throttle.crash_looping()},
+          {"epoch", epoch_}};
+  if (!front_.last_exit.empty()) fj["last_exit"] = front_.last_exit;
+  if (!front_.down_reason.empty()) fj["failure"] = front_.down_reason;
+  j["front"] = fj;
+  j["state_dir"] = cfg_.node.state_dir;
+  j["ledger"] = ledger_->path();
+  Ledger::Stats ls = ledger_->stats();
+  json lj{{"write_errors", ledger_errors_ + ls.failed + ls.dropped}, {"committed", ls.committed}, {"waiting", ls.waiting}};
+  if (!ledger_last_error_.empty()) lj["last_error"] = ledger_last_error_;
+  j["ledger_writes"] = lj;
+  j["admin"] = HostPortString(cfg_.admin.listen.host, admin_ ? admin_->port() : 0);
+  return j;
+}
+
+void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json& msg) {
+  std::string type = msg.value("type", "");
+  if (type == "status") {
+    c->Send(StatusJson());
+  } else if (type == "failover") {
+    if (!msg.value("drill", false)) {
+      c->Send(json{{"type", "error"},
+                   {"message", "only drills can be asked for: send {\"type\":\"failover\",\"drill\":true}"}});
+      return;
+    }
+    Drill(c, msg.value("kill", false));
+  } else if (type == "stop") {
+    stop_waiters_.push_back(c);
+    BeginStop("wsup stop", 0);
+  } else {
+    c->Send(json{{"type", "error"},
+                 {"message", "unknown request type '" + type + "'; use status, failover or stop"}});
+  }
+}
+
+void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
+  Slot* act = Active();
+  Slot* stby = act ? Other(act) : nullptr;
+  std::string refuse;
+  if (!act) {
+    refuse = "no active engine to fail over from";
+  } else if (pending_) {
+    refuse = "a failover is still in progress; try again when it completes";
+  } else if (stby->state != SlotState::kStandby) {
+    refuse = "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
+             ", not proven ready; wait for `wsup status` to show it semantically ready";
+  } else if (std::string unfit = UnfitReason(*stby); !unfit.empty()) {
+    refuse = "the standby (" + stby->name + ") is not fit to take the traffic: " + unfit;
+  }
+  if (!refuse.empty()) {
+    c->Send(json{{"type", "failover"}, {"ok", false}, {"error", refuse}});
+    return;
+  }
+  if (kill) {
+    act->drill_kill = true;
+    act->drill_fault_ms = clock_.WallMs();
+    pending_ = PendingFailover{};
+    pending_->waiters.push_back(c);
+    pending_->drill = true;
+    // The exit drives the failover exactly as a real crash would.
+    // Failover() replaces pending_ but keeps its waiters.
+    Logged(SignalGroup(act->pid, SIGKILL), "drill: killing the active engine");
+    return;
+  }
+  // Planned: the standby takes new traffic at once; the old active drains,
+  // then becomes the standby. Both moves are rows of the engine table.
+  int64_t fault = clock_.WallMs();
+  swapping_ = true;
+  Fire(*act, SlotEvent::kDemote, "planned drill");
+  std::string unfit;
+  bool promoted = Promote(*stby, "planned drill", &unfit);
+  swapping_ = false;
+  PushRoutes();
+  int64_t swapped = clock_.WallMs();
+  FailoverRecord rec;
+  rec.trigger = FailoverTriggerName(FailoverTrigger::kDrill);
+  rec.reason = promoted ? "planned swap" : "planned swap; standby " + stby->name + " not promoted: " + unfit;
+  rec.drill = true;
+  rec.from_slot = act->name;
+  rec.to_slot = promoted ? stby->name : "none";
+  rec.fault_ms = fault;
+  rec.detected_ms = fault;
+  rec.swapped_ms = swapped;
+  auto id = LedgerResult(ledger_->RecordFailover(rec), "drill failover");
+  metrics_.failovers[rec.trigger]++;
+  pending_ = PendingFailover{id ? *id : 0, act->name, promoted ? stby->name : "", fault, fault, swapped, {c}, true};
+  if (promoted) {
+    ProbeThroughFront([this](bool ok, int64_t at) {
+      if (ok) CompletePending(at);
+    }, 200);
+  }
+  FinishDrain(*act, c, clock_.MonotonicMs());
+}
+
+void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono) {
+  if (old.state != SlotState::kDraining) return;
+  Slot* op = &old;
+  std::string addr = HostPortString(cfg_.engine.host, old.port);
+  auto decide = [this, op, c, started_mono, addr](int64_t inflight) {
+    if (inflight == 0 || clock_.MonotonicMs() - started_mono > kDrainBudgetMs) {
+      Fire(*op, SlotEvent::kDrained,
+           inflight == 0 ? "no request in flight" : "drain budget of 30 s ran out with requests in flight");
+      return;
+    }
+    auto* t = new LoopTimer(&loop_);
+    t->Start(kDrainPollMs, [this, t, op, c, started_mono] {
+      FinishDrain(*op, c, started_mono);
+      delete t;
+    });
+  };
+  if (!front_.link) {
+    decide(0);
+    return;
+  }
+  // Ask the front how many requests it still has on the old engine.
+  JsonConn::Connect(&loop_, front_.control_path, 1 << 20, [decide, addr](Result<std::shared_ptr<JsonConn>> r) {
+    if (!r.ok()) {
+      decide(0);
+      return;
+    }
+    auto conn = *r;
+    conn->Start(
+        [decide, addr](const std::shared_ptr<JsonConn>& self, const json& m) {
+          if (m.value("type", "") == "event") return;
+          int64_t n = 0;
+          if (m.contains("inflight") && m["inflight"].is_object()) n = m["inflight"].value(addr, int64_t{0});
+          self->Close("done");
+          decide(n);
+        },
+        [](const std::string&) {});
+    conn->Send(json{{"type", "status"}});
+  });
+}
+
+void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
+  const auto& req = w->request();
+  if (req.path == "/metrics") {
+    Ledger::Stats ls = ledger_->stats();
+    metrics_.ledger_write_errors = ledger_errors_ + ls.failed + ls.dropped;
+    auto resp = http::HttpResponse::Text(200, metrics_.Render());
+    for (auto& h : resp.headers) {
+      if (http::HeaderNameEquals(h.name, "Content-Type")) h.value = "text/plain; version=0.0.4";
+    }
+    w->Send(std::move(resp));
+  } else if (req.path == "/status") {
+    w->Send(http::HttpResponse::Json(200, StatusJson().dump()));
+  } else {
+    w->Send(http::HttpResponse::Json(404, http::ErrorJson("no such path; try /metrics or /status", "not_found")));
+  }
+}
+
+}  // namespace wsup

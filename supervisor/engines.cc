@@ -1,0 +1,625 @@
+// The engine slots: spawn, identity, status polling, probes, the engine
+// table's actions, failover, promotion and restarts.
+//
+// Identity, not ports: each start gets a nonce (WSUP_ENGINE_NONCE in its
+// environment, {nonce} in its command). An engine that echoes it in
+// /wsup/status is known by it; one that does not is known by the listening
+// socket: its process group must hold the socket on its port. Whatever else
+// answers on the port (another node's engine, a leftover) is never taken
+// for ready and never routed.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "probes/probe.h"
+#include "supervisor/preflight.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int64_t kStatusPollMs = 25;  // while an engine starts
+
+// An engine's /wsup/status, parsed within the JSON nesting bound.
+Result<json> ParseJsonBounded(const std::string& text, const std::string& what) {
+  int depth = 0;
+  bool in_str = false, esc = false;
+  for (char c : text) {
+    if (in_str) {
+      if (esc) esc = false;
+      else if (c == '\\') esc = true;
+      else if (c == '"') in_str = false;
+      continue;
+    }
+    if (c == '"') in_str = true;
+    else if (c == '{' || c == '[') {
+      if (++depth > 32) return Corrupt(what + ": nests deeper than 32 levels");
+    } else if (c == '}' || c == ']') --depth;
+  }
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded()) return Corrupt(what + ": not JSON");
+  return j;
+}
+
+// 16 random bytes as hex: unguessable by another process on the node.
+std::string MakeNonce() {
+  unsigned char b[16] = {};
+  std::ifstream in("/dev/urandom", std::ios::binary);
+  in.read(reinterpret_cast<char*>(b), sizeof b);
+  static const char* kHex = "0123456789abcdef";
+  std::string s;
+  for (unsigned char c : b) {
+    s += kHex[c >> 4];
+    s += kHex[c & 15];
+  }
+  return s;
+}
+
+}  // namespace
+
+void Supervisor::Impl::StartEngines() {
+  if (engines_started_ || stopping_) return;
+  engines_started_ = true;
+  for (Slot* s : {&a_, &b_}) {
+    if (s->state == SlotState::kIdle) {
+      // A slot whose engine died while no supervisor ran keeps that cause.
+      if (s->recovery_cause.empty()) {
+        s->recovery_cause = "cold start";
+        s->recovery_fault_ms = clock_.WallMs();
+      }
+      SpawnEngine(*s);
+    }
+  }
+}
+
+void Supervisor::Impl::SpawnEngine(Slot& s) {
+  if (stopping_) return;
+  int port = &s == &a_ ? cfg_.engine.primary_port : cfg_.engine.standby_port;
+  if (port == 0) {
+    auto p = PickFreePort(cfg_.engine.host);
+    if (!p.ok()) {
+      spdlog::error("engine {}: {}", s.name, p.error().message());
+      Fire(s, SlotEvent::kStartTimeout, "no free port: " + p.error().message());
+      return;
+    }
+    port = *p;
+  }
+  std::string nonce = MakeNonce();
+  auto argv = EngineArgv(cfg_, port, nonce);
+  if (!argv.ok()) {
+    BeginStop(argv.error().message(), kExitConfig);
+    return;
+  }
+  ChildSpec spec;
+  spec.argv = std::move(*argv);
+  spec.env_set = cfg_.engine.env;
+  spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
+  spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
+  spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
+  // The engine inherits the write end of its lifeline as fd 3 (before it
+  // opens anything of its own, so it is among the first files closed when
+  // it dies). Without a pipe the pidfd alone still sees the exit.
+  auto line = Lifeline::Make();
+  if (line.ok()) {
+    spec.pass_fds.push_back(line->write_end.get());
+  } else {
+    spdlog::warn("engine {}: {}; its death is seen through its pidfd only", s.name, line.error().message());
+  }
+  auto pid = SpawnChild(spec);
+  if (line.ok()) line->write_end.Reset();
+  if (!pid.ok()) {
+    // The program cannot be started at all: no restart can help.
+    s.permanent_failure = true;
+    s.failure_reason = "engine " + s.name + ": " + pid.error().message();
+    Fire(s, SlotEvent::kStartTimeout, s.failure_reason);
+    SetDegraded(s.failure_reason);
+    return;
+  }
+  s.pid = *pid;
+  auto st = ProcessStartTime(s.pid);
+  s.start_time = st.ok() ? *st : 0;
+  s.nonce = nonce;
+  s.port = port;
+  s.spawned_ms = clock_.WallMs();
+  s.spawned_mono = clock_.MonotonicMs();
+  s.semantic_ready = false;
+  s.comm_warm = false;
+  s.last_status = json();
+  s.last_ok_mono = 0;
+  s.cache_recorded = false;
+  s.cache_result.clear();
+  s.cache_reason.clear();
+  s.drill_kill = false;
+  s.adopted = false;
+  s.identity_logged = false;
+  // Recorded before anything else can happen: a supervisor that dies now
+  // leaves a process its successor and `wsup stop` can find.
+  SaveState();
+  Slot* sp = &s;
+  auto w = ExitWatch::Start(&loop_, s.pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
+  if (w.ok()) {
+    s.watch = *w;
+  } else {
+    spdlog::error("engine {} pid {}: {}; its death will not be seen", s.name, s.pid, w.error().message());
+  }
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  if (line.ok()) {
+    const pid_t child = s.pid;
+    auto hw = HangupWatch::Start(&loop_, std::move(line->read_end), [this, sp, child] { OnEngineDying(*sp, child); });
+    if (hw.ok()) s.lifeline = *hw;
+  }
+  Fire(s, SlotEvent::kSpawn, "started pid " + std::to_string(s.pid) + " on port " + std::to_string(port));
+  s.poll.Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
+}
+
+bool Supervisor::Impl::CheckIdentity(Slot& s, const json* status) {
+  // An engine that knows its nonce says so; a wrong one is someone else.
+  if (status && status->is_object() && status->contains("nonce") && (*status)["nonce"].is_string()) {
+    std::string theirs = (*status)["nonce"].get<std::string>();
+    if (theirs == s.nonce) return true;
+    if (!s.identity_logged) {
+      s.identity_logged = true;
+      spdlog::error("engine {}: port {} is answered by another process (its nonce differs from the one pid {} was "
+                    "given): not ready, never routed; another node's engine or a leftover holds the port",
+                    s.name, s.port, s.pid);
+    }
+    return false;
+  }
+  // Otherwise the listening socket must be this engine's.
+  auto mine = GroupListensOn(s.pid, s.port);
+  if (mine.ok() && *mine) return true;
+  if (!s.identity_logged) {
+    s.identity_logged = true;
+    std::string who;
+    auto owners = ListeningPortOwners(s.port);
+    if (owners.ok()) {
+      for (pid_t p : *owners) who += (who.empty() ? "" : ", ") + DescribeProcess(p);
+    }
+    spdlog::error("engine {}: port {} answers, but not from pid {} (the socket belongs to {}): not ready, never "
+                  "routed",
+                  s.name, s.port, s.pid, who.empty() ? "a process this user cannot see" : who);
+  }
+  return false;
+}
+
+void Supervisor::Impl::PollStatus(Slot& s) {
+  if (s.state != SlotState::kStarting) return;
+  if (clock_.MonotonicMs() - s.spawned_mono > cfg_.engine.ready_timeout_ms) {
+    Fire(s, SlotEvent::kStartTimeout,
+         "not ready within engine.ready_timeout_ms = " + std::to_string(cfg_.engine.ready_timeout_ms) + " ms");
+    return;
+  }
+  http::ClientRequest req;
+  req.method = "GET";
+  req.target = "/wsup/status";
+  req.timeout_ms = 1000;
+  Slot* sp = &s;
+  pid_t pid = s.pid;
+  http_->Send(cfg_.engine.host, s.port, std::move(req), [this, sp, pid](Result<http::HttpResponse> r) {
+    Slot& s = *sp;
+    if (s.pid != pid || s.state != SlotState::kStarting) return;
+    if (r.ok() && r->status == 200) {
+      auto st = ParseJsonBounded(r->body, "engine " + s.name + " /wsup/status");
+      if (st.ok() && st->is_object()) {
+        if (!CheckIdentity(s, &*st)) {
+          s.poll.Start(kStatusPollMs * 4, [this, sp] { PollStatus(*sp); });
+          return;
+        }
+        OnEngineStatus(s, *st);
+        if (st->value("state", "") == "ready") {
+          Fire(s, SlotEvent::kEngineReady, "engine reports ready");
+          return;
+        }
+      } else if (CheckIdentity(s, nullptr)) {
+        // Not our engine's status format: let the semantic probe decide.
+        Fire(s, SlotEvent::kEngineReady, "engine answers HTTP (status is not wsup JSON)");
+        return;
+      }
+    } else if (r.ok() && r->status == 404 && CheckIdentity(s, nullptr)) {
+      // An engine without /wsup/status: it answers, so probe it.
+      Fire(s, SlotEvent::kEngineReady, "engine answers HTTP (no /wsup/status)");
+      return;
+    }
+    s.poll.Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
+  });
+}
+
+void Supervisor::Impl::OnEngineStatus(Slot& s, const json& st) {
+  s.last_status = st;
+  if (st.contains("comm") && st["comm"].is_object()) s.comm_warm = st["comm"].value("warm", false);
+  if (st.value("state", "") == "ready" && st.contains("weights") && st["weights"].is_object() && !s.cache_recorded) {
+    RecordCache(s, st["weights"]);
+  }
+}
+
+void Supervisor::Impl::RecordCache(Slot& s, const json& weights) {
+  s.cache_recorded = true;
+  std::string mode = weights.value("mode", CacheModeName(cfg_.weight_cache.mode));
+  std::string source = weights.value("source", "");
+  if (mode == "off") {
+    s.cache_result = "off";
+    return;
+  }
+  CacheEventRecord rec;
+  rec.time_ms = clock_.WallMs();
+  rec.slot = s.name;
+  rec.mode = mode;
+  if (source == "holder") {
+    rec.result = "hit";
+    if (weights.contains("ms") && weights["ms"].is_number()) rec.attach_ms = weights["ms"].get<int64_t>();
+  } else {
+    rec.result = "miss";
+    rec.miss_reason = weights.value("miss_reason", "unknown");
+    if (weights.contains("diffs")) rec.diff_json = weights["diffs"].dump();
+    if (weights.contains("ms") && weights["ms"].is_number()) rec.load_ms = weights["ms"].get<int64_t>();
+  }
+  s.cache_result = rec.result;
+  s.cache_reason = rec.miss_reason;
+  metrics_.cache_lookups[rec.result]++;
+  LedgerResult(ledger_->RecordCacheEvent(rec), "cache event");
+}
+
+void Supervisor::Impl::StartProbing(Slot& s) {
+  Slot* sp = &s;
+  pid_t pid = s.pid;
+  auto probe = MakeProbeFromConfig(cfg_, s.port, *http_, clock_);
+  s.monitor = std::make_unique<HealthMonitor>(
+      &loop_, std::move(probe), HysteresisFromConfig(cfg_, s.name == "a" ? 1 : 2), clock_,
+      [this, sp, pid](const HealthTransition& t) {
+        Slot& s = *sp;
+        if (s.pid != pid) return;
+        ProbeTransitionRecord rec;
+        rec.time_ms = t.at_ms;
+        rec.slot = s.name;
+        rec.from_state = HealthName(t.from);
+        rec.to_state = HealthName(t.to);
+        rec.cause = t.cause;
+        LedgerResult(ledger_->RecordProbeTransition(rec), "probe transition");
+        if (t.to == Health::kHealthy) {
+          s.semantic_ready = true;
+          Fire(s, SlotEvent::kProbePass, t.cause);
+        } else if (t.to == Health::kUnhealthy) {
+          s.semantic_ready = false;
+          Fire(s, SlotEvent::kProbeTrip, t.cause);
+        }
+      },
+      [this, sp, pid](const ProbeOutcome& o) {
+        Slot& s = *sp;
+        if (s.pid != pid) return;
+        s.last_probe_reason = o.reason;
+        s.last_probe_ms = o.latency_ms;
+        if (o.ok) s.last_ok_mono = clock_.MonotonicMs();
+        metrics_.ObserveProbe(s.name, o.ok, o.latency_ms);
+      });
+  s.monitor->Start();
+}
+
+void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) {
+  auto t = NextTransition(s.state, event);
+  if (!t) {
+    spdlog::debug("engine {}: event {} ignored in state {} ({})", s.name, SlotEventName(event),
+                  SlotStateName(s.state), cause);
+    return;
+  }
+  spdlog::info("engine {}: {} --{}--> {} [{}] {}", s.name, SlotStateName(t->from), SlotEventName(event),
+               SlotStateName(t->to), SlotActionName(t->action), cause);
+  s.state = t->to;
+  Apply(s, *t, cause);
+  if (s.state == SlotState::kStandby && !s.recovery_cause.empty()) {
+    // Proven ready again: one recovery row with the engine's own phases.
+    RecoveryRecord rec;
+    rec.failover_id = s.recovery_failover_id;
+    rec.slot = s.name;
+    rec.cause = s.recovery_cause;
+    rec.fault_ms = s.recovery_fault_ms;
+    rec.ready_ms = clock_.WallMs();
+    rec.cache_result = s.cache_result.empty() ? (cfg_.weight_cache.mode == CacheMode::kOff ? "off" : "miss")
+                                              : s.cache_result;
+    rec.cache_reason = s.cache_reason;
+    if (s.last_status.contains("phases")) rec.phases_json = s.last_status["phases"].dump();
+    LedgerResult(ledger_->RecordRecovery(rec), "recovery");
+    metrics_.ObserveRecovery((rec.ready_ms - rec.fault_ms) / 1000.0);
+    s.recovery_cause.clear();
+    s.recovery_failover_id.reset();
+  }
+  MaybePromote();
+  if (!swapping_) PushRoutes();
+  SaveState();
+  UpdateStatusLine();
+}
+
+void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string& cause) {
+  switch (t.action) {
+    case SlotAction::kNone:
+      break;
+    case SlotAction::kStartProbing:
+      s.poll.Stop();
+      StartProbing(s);
+      break;
+    case SlotAction::kRouteHere:
+    case SlotAction::kRouteAway:
+      // A swap in progress moves two slots; its caller pushes the routes once.
+      if (!swapping_) PushRoutes();
+      break;
+    case SlotAction::kKillGroup:
+      s.poll.Stop();
+      if (s.monitor) s.monitor->Stop();
+      s.semantic_ready = false;
+      if (s.pid > 0) Logged(SignalGroup(s.pid, SIGKILL), "killing an engine");
+      // A slot with no process (it could not be started) waits for no exit.
+      if (s.pid == 0) ScheduleRestart(s, -1);
+      break;
+    case SlotAction::kTerminate:
+      s.poll.Stop();
+      if (s.monitor) s.monitor->Stop();
+      if (s.pid > 0) {
+        Logged(SignalGroup(s.pid, SIGTERM), "stopping an engine");
+        pid_t pid = s.pid;
+        s.stop_timer.Start(cfg_.engine.stop_timeout_ms,
+                           [this, pid] { Logged(SignalGroup(pid, SIGKILL), "killing an engine after its stop budget"); });
+      }
+      break;
+    case SlotAction::kScheduleRestart:
+      // Exits come through OnEngineExit, which schedules with the exit code.
+      break;
+    case SlotAction::kFailover: {
+      if (s.monitor) s.monitor->Stop();
+      bool drill = s.drill_kill;
+      int64_t fault = drill ? s.drill_fault_ms : clock_.WallMs();
+      if (s.pid > 0 && ProcessAlive(s.pid)) Logged(SignalGroup(s.pid, SIGKILL), "killing the failed engine");
+      Failover(s, TriggerFor(t.event, drill), cause, fault, drill);
+      break;
+    }
+  }
+}
+
+void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid) {
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  if (s.pid != pid) return;
+  if (s.state == SlotState::kStarting) {
+    // Not ready yet: the engine may have closed inherited fds itself. Its
+    // exit, when it comes, is still seen through the pidfd.
+    spdlog::info("engine {}: pid {} closed its lifeline while starting; its exit will be seen when it is reaped",
+                 s.name, pid);
+    return;
+  }
+  s.semantic_ready = false;
+  s.comm_warm = false;
+  Fire(s, SlotEvent::kDying, "pid " + std::to_string(pid) + " is exiting (its lifeline closed)");
+}
+
+void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
+  if (s.watch) s.watch->Close();
+  s.watch = nullptr;
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  s.semantic_ready = false;
+  s.comm_warm = false;
+  s.poll.Stop();
+  s.stop_timer.Stop();
+  if (s.monitor) s.monitor->Stop();
+  std::string why = "pid " + std::to_string(s.pid) + " " + info.Describe();
+  s.pid = 0;
+  Fire(s, SlotEvent::kExited, why);
+  // The row for an exit is failed/stopped; a failed slot is restarted with
+  // the exit code in hand (a permanent-failure code is not retried).
+  if (s.state == SlotState::kFailed) ScheduleRestart(s, info.known && !info.signal ? info.exit_code : -1);
+  if (stopping_) MaybeFinishStop();
+}
+
+void Supervisor::Impl::ScheduleRestart(Slot& s, int exit_code) {
+  if (stopping_ || s.state != SlotState::kFailed) return;
+  if (s.pid > 0) return;                       // wait for the exit; OnEngineExit calls back here
+  if (s.restart_timer.active()) return;        // already scheduled
+  std::string log = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
+  if (s.permanent_failure) {
+    SetDegraded(s.failure_reason);
+    return;
+  }
+  RestartDecision d = s.throttle.OnExit(clock_.MonotonicMs(), exit_code);
+  if (d.kind == RestartDecision::Kind::kPermanent) {
+    s.permanent_failure = true;
+    s.failure_reason = "engine " + s.name + " exited with " + std::to_string(exit_code) +
+                       " (its configuration cannot work); not restarting it; see " + log;
+    SetDegraded(s.failure_reason);
+    return;
+  }
+  if (d.kind == RestartDecision::Kind::kGiveUp) {
+    SetDegraded("engine " + s.name + " failed " + std::to_string(d.recent) + " times in " +
+                std::to_string(cfg_.supervisor.restart_window_ms / 1000) + " s; not restarting it (see its log in " +
+                log + ")");
+    return;
+  }
+  if (s.recovery_cause.empty()) {
+    s.recovery_cause = "restart";
+    s.recovery_fault_ms = clock_.WallMs();
+  }
+  Slot* sp = &s;
+  spdlog::info("engine {}: {}", s.name, d.Describe());
+  s.restart_timer.Start(d.delay_ms, [this, sp] {
+    if (sp->state == SlotState::kFailed) SpawnEngine(*sp);
+  });
+}
+
+std::string Supervisor::Impl::UnfitReason(Slot& s) {
+  // Cheap and local, so a crash's failover is not delayed: the process is
+  // there and running, and, when it has been probed this start, it answered
+  // recently. A SIGSTOPped standby would otherwise take the traffic and hold
+  // every request until its probes trip.
+  if (s.pid <= 0) return "it has no process";
+  auto run = ProcessRunState(s.pid);
+  if (!run.ok()) return "its process " + std::to_string(s.pid) + " is gone";
+  if (*run == 'T' || *run == 't') return "its process " + std::to_string(s.pid) + " is stopped (SIGSTOP or a debugger)";
+  if (*run == 'Z' || *run == 'X') return "its process " + std::to_string(s.pid) + " is exiting";
+  if (s.last_ok_mono > 0) {
+    int64_t age = clock_.MonotonicMs() - s.last_ok_mono;
+    int64_t limit = 2 * cfg_.probe.interval_ms + cfg_.probe.jitter_ms + cfg_.probe.timeout_ms;
+    if (age > limit) {
+      return "its last good probe answer is " + std::to_string(age) + " ms old (more than two probe intervals plus a "
+             "timeout, " + std::to_string(limit) + " ms)";
+    }
+  }
+  return "";
+}
+
+bool Supervisor::Impl::Promote(Slot& s, const std::string& cause, std::string* unfit_out) {
+  std::string unfit = UnfitReason(s);
+  if (!unfit.empty()) {
+    if (unfit_out) *unfit_out = unfit;
+    Fire(s, SlotEvent::kUnfit, "not promoted: " + unfit);
+    return false;
+  }
+  Fire(s, SlotEvent::kPromote, cause);
+  return s.state == SlotState::kActive;
+}
+
+void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std::string& reason, int64_t fault_ms,
+                                bool drill) {
+  int64_t detected = clock_.WallMs();
+  Slot* to = Other(&failed);
+  std::string why = reason;
+  std::string to_name;
+  if (to->state == SlotState::kStandby) {
+    // The standby is checked before it takes the traffic.
+    swapping_ = true;
+    std::string unfit;
+    bool promoted = Promote(*to, "failover from " + failed.name, &unfit);
+    swapping_ = false;
+    if (promoted) {
+      to_name = to->name;
+    } else {
+      why = reason + "; standby " + to->name + " not promoted: " + unfit;
+    }
+  }
+  PushRoutes();
+  int64_t swapped = clock_.WallMs();
+  FailoverRecord rec;
+  rec.trigger = FailoverTriggerName(trigger);
+  rec.reason = why;
+  rec.drill = drill;
+  rec.from_slot = failed.name;
+  rec.to_slot = to_name.empty() ? "none" : to_name;
+  rec.fault_ms = fault_ms;
+  rec.detected_ms = detected;
+  rec.swapped_ms = swapped;
+  auto id = LedgerResult(ledger_->RecordFailover(rec), "failover");
+  metrics_.failovers[rec.trigger]++;
+  failed.recovery_cause = rec.trigger;
+  failed.recovery_fault_ms = fault_ms;
+  if (id) failed.recovery_failover_id = *id;
+  spdlog::warn("failover {} -> {} ({}: {}): detected {} ms after the fault, swapped {} ms later", failed.name,
+               rec.to_slot, rec.trigger, why, detected - fault_ms, swapped - detected);
+  if (to_name.empty()) {
+    spdlog::error("no proven standby to take over; requests wait in the front until an engine is ready");
+  }
+  // Re-arm: a new standby in the failed slot. A killed engine's exit event
+  // schedules the restart; one already reaped is restarted now.
+  if (failed.pid == 0) ScheduleRestart(failed, -1);
+  std::vector<std::shared_ptr<JsonConn>> waiters;
+  if (pending_) waiters = std::move(pending_->waiters);
+  pending_ = PendingFailover{id ? *id : 0, failed.name, to_name, fault_ms, detected, swapped, std::move(waiters), drill};
+  if (!to_name.empty()) {
+    ProbeThroughFront([this](bool ok, int64_t at) {
+      if (ok) CompletePending(at);
+    }, 200);
+  }
+}
+
+void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
+  if (!pending_) return;
+  PendingFailover p = std::move(*pending_);
+  pending_.reset();
+  if (p.id) LedgerResult(ledger_->SetFailoverFirstOk(p.id, first_ok_ms), "failover first answer");
+  json reply{{"type", "failover"},
+             {"ok", true},
+             {"from_slot", p.from},
+             {"to_slot", p.to},
+             {"fault_ms", p.fault_ms},
+             {"swap_ms", p.swapped_ms - p.fault_ms},
+             {"first_ok_ms", first_ok_ms - p.fault_ms},
+             {"failover_id", p.id}};
+  for (auto& c : p.waiters) {
+    if (c->alive()) c->Send(reply);
+  }
+}
+
+void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done, int attempts_left) {
+  SemanticProbeSpec spec;
+  spec.prompt = cfg_.probe.prompt;
+  spec.expect = cfg_.probe.expect;
+  spec.expect_token_ids = cfg_.probe.expect_token_ids;
+  spec.max_tokens = cfg_.probe.max_tokens;
+  spec.timeout_ms = std::max<int64_t>(cfg_.probe.timeout_ms, 1000);
+  http::ClientRequest req;
+  req.method = "POST";
+  req.target = "/v1/completions";
+  req.headers.push_back({"Content-Type", "application/json"});
+  req.body = SemanticRequestBody(spec);
+  req.timeout_ms = spec.timeout_ms + cfg_.front.queue_timeout_ms;
+  int64_t start = clock_.MonotonicMs();
+  std::string host = cfg_.front.listen.host == "0.0.0.0" ? "127.0.0.1"
+                     : cfg_.front.listen.host == "::"    ? "::1"
+                                                         : cfg_.front.listen.host;
+  http_->Send(host, front_.port, std::move(req),
+              [this, spec, start, done = std::move(done), attempts_left](Result<http::HttpResponse> r) mutable {
+                int64_t lat = clock_.MonotonicMs() - start;
+                ProbeOutcome o = EvaluateCompletion(spec, r, lat);
+                if (o.ok) {
+                  done(true, clock_.WallMs());
+                  return;
+                }
+                if (attempts_left <= 1 || stopping_) {
+                  spdlog::warn("probe through the front failed: {}", o.reason);
+                  done(false, 0);
+                  return;
+                }
+                auto* t = new LoopTimer(&loop_);
+                t->Start(10, [this, t, done = std::move(done), attempts_left]() mutable {
+                  ProbeThroughFront(std::move(done), attempts_left - 1);
+                  // Deleting the timer inside its own callback is safe: the
+                  // handle is freed in its close callback.
+                  delete t;
+                });
+              });
+}
+
+void Supervisor::Impl::MaybePromote() {
+  if (stopping_ || adopting_ || swapping_ || Active()) return;
+  // Failovers and drills promote themselves; here: the first proven engine
+  // at start, or the re-armed one after a failover that had no standby.
+  for (Slot* s : {&a_, &b_}) {
+    if (s->state != SlotState::kStandby) continue;
+    swapping_ = true;
+    bool promoted = Promote(*s, "no active engine", nullptr);
+    swapping_ = false;
+    if (!promoted) continue;
+    PushRoutes();
+    if (pending_ && pending_->to.empty()) {
+      pending_->to = s->name;
+      pending_->swapped_ms = clock_.WallMs();
+    }
+    ProbeThroughFront(
+        [this](bool ok, int64_t at) {
+          if (!ok) return;
+          if (pending_) CompletePending(at);
+          if (!ready_notified_) {
+            ready_notified_ = true;
+            notifier_.Ready("serving: active engine proven through the front");
+            spdlog::info("serving: the active engine answered the probe through the front");
+          }
+          UpdateStatusLine();
+        },
+        200);
+    return;
+  }
+}
+
+}  // namespace wsup

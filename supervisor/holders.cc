@@ -1,0 +1,240 @@
+// The weight holders (daemon mode, one per rank): spawned, awaited through
+// their readiness line, kept (the supervisor takes the arena's manifest and
+// fds, maps nothing), and restarted from those fds when they die, so no byte
+// of the checkpoint is read again.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "common/fs.h"
+#include "common/log.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+namespace {
+constexpr int kKeeperTimeoutMs = 10'000;
+}  // namespace
+
+bool Supervisor::Impl::AllHoldersReady() const {
+  for (const auto& h : holders_) {
+    if (!h->ready()) return false;
+  }
+  return true;
+}
+
+void Supervisor::Impl::FireHolder(HolderSlot& h, ChildEvent event, const std::string& cause, int exit_code) {
+  auto t = NextChildTransition(ChildKind::kHolder, h.state, event);
+  if (!t) {
+    spdlog::debug("holder rank {}: event {} ignored in state {} ({})", h.rank, ChildEventName(event),
+                  ChildStateName(h.state), cause);
+    return;
+  }
+  spdlog::info("holder rank {}: {} --{}--> {} [{}] {}", h.rank, ChildStateName(t->from), ChildEventName(event),
+               ChildStateName(t->to), ChildActionName(t->action), cause);
+  h.state = t->to;
+  switch (t->action) {
+    case ChildAction::kNone:
+    case ChildAction::kPushRoutes:
+    case ChildAction::kReconnect:
+      break;
+    case ChildAction::kAttachKeeper:
+      AttachKeeperAsync(h);
+      break;
+    case ChildAction::kEnginesMayStart:
+      if (AllHoldersReady()) StartEngines();
+      break;
+    case ChildAction::kKill:
+      if (h.pid > 0) Logged(SignalGroup(h.pid, SIGKILL), "killing a holder");
+      break;
+    case ChildAction::kTerminate:
+      if (h.pid > 0) Logged(SignalGroup(h.pid, SIGTERM), "stopping a holder");
+      break;
+    case ChildAction::kScheduleRestart:
+      ScheduleHolderRestart(h, exit_code, cause);
+      break;
+    case ChildAction::kReportDown:
+      SetDegraded(h.down_reason);
+      break;
+  }
+}
+
+void Supervisor::Impl::SpawnHolder(HolderSlot& h) {
+  if (stopping_) return;
+  std::string default_bin = JoinPath(opts_.bin_dir, "wsup-holder");
+  auto argv = HolderArgv(cfg_, h.rank, default_bin);
+  if (!argv.ok()) {
+    BeginStop(argv.error().message(), kExitConfig);
+    return;
+  }
+  ChildSpec spec;
+  spec.argv = std::move(*argv);
+  int pfd[2];
+  if (::pipe2(pfd, O_CLOEXEC) != 0) {
+    BeginStop("pipe for the holder's readiness: " + std::string(strerror(errno)), 1);
+    return;
+  }
+  UniqueFd rd(pfd[0]), wr(pfd[1]);
+  h.from_fds = h.kept.has_value();
+  if (h.kept) {
+    // Restart from the kept fds: no byte of the checkpoint is read.
+    Status st = WriteArenaRecord(h.record_path, h.kept->record);
+    if (!st.ok()) spdlog::error("{}", st.error().message());
+    std::string list;
+    for (size_t i = 0; i < h.kept->fds.size(); ++i) {
+      spec.pass_fds.push_back(h.kept->fds[i].get());
+      list += (i ? "," : "") + std::to_string(3 + i);
+    }
+    spec.argv.insert(spec.argv.end(), {"--adopt-manifest", h.record_path, "--adopt-fds", list});
+  }
+  spec.pass_fds.push_back(wr.get());
+  spec.argv.insert(spec.argv.end(), {"--ready-fd", std::to_string(3 + spec.pass_fds.size() - 1)});
+  spec.log_path = JoinPath(cfg_.node.state_dir, "logs/holder-" + std::to_string(h.rank) + ".log");
+  // The holder binds a fresh socket; drop the old keeper link first so its EOF
+  // does not confuse the new holder's accounting.
+  if (h.kept) h.kept->channel.Close();
+  auto pid = SpawnChild(spec);
+  if (!pid.ok()) {
+    BeginStop(pid.error().message(), kExitConfig);
+    return;
+  }
+  h.pid = *pid;
+  auto st = ProcessStartTime(h.pid);
+  h.start_time = st.ok() ? *st : 0;
+  h.spawned_ms = clock_.WallMs();
+  h.ready_buf.clear();
+  wr.Reset();
+  SaveState();
+  HolderSlot* hp = &h;
+  auto w = ExitWatch::Start(&loop_, h.pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
+  if (w.ok()) {
+    h.watch = *w;
+  } else {
+    spdlog::error("holder rank {} pid {}: {}; its death will not be seen", h.rank, h.pid, w.error().message());
+  }
+  WatchReadyLine(h, std::move(rd));
+  FireHolder(h, ChildEvent::kSpawn,
+             "started pid " + std::to_string(h.pid) + (h.from_fds ? " from kept fds" : ""));
+}
+
+void Supervisor::Impl::WatchReadyLine(HolderSlot& h, UniqueFd read_end) {
+  h.ready_pipe = new uv_pipe_t;
+  uv_pipe_init(&loop_, h.ready_pipe, 0);
+  h.ready_pipe->data = &h;
+  uv_pipe_open(h.ready_pipe, read_end.Release());
+  const pid_t pid = h.pid;
+  (void)pid;
+  uv_read_start(
+      reinterpret_cast<uv_stream_t*>(h.ready_pipe),
+      [](uv_handle_t*, size_t n, uv_buf_t* b) {
+        b->base = new char[n];
+        b->len = n;
+      },
+      [](uv_stream_t* s, ssize_t n, const uv_buf_t* b) {
+        std::unique_ptr<char[]> owned(b->base);
+        auto* hs = static_cast<HolderSlot*>(s->data);
+        if (n > 0) hs->ready_buf.append(b->base, static_cast<size_t>(n));
+        bool line = hs->ready_buf.find('\n') != std::string::npos;
+        if (n < 0 || line) {
+          uv_close(reinterpret_cast<uv_handle_t*>(s), [](uv_handle_t* h) { delete reinterpret_cast<uv_pipe_t*>(h); });
+          hs->ready_pipe = nullptr;
+          // The supervisor pointer travels through the loop's data slot.
+          auto* self = static_cast<Impl*>(s->loop->data);
+          if (line) self->FireHolder(*hs, ChildEvent::kUp, "readiness line: " + hs->ready_buf.substr(0, 200));
+        }
+      });
+}
+
+void Supervisor::Impl::AttachKeeperAsync(HolderSlot& h) {
+  // The keeper's attach is a short blocking exchange; run it off the loop.
+  struct Work {
+    uv_work_t req;
+    Impl* self;
+    HolderSlot* h;
+    pid_t pid;
+    std::string socket;
+    std::optional<Result<KeptArena>> result;
+  };
+  auto* w = new Work{{}, this, &h, h.pid, h.socket, std::nullopt};
+  w->req.data = w;
+  uv_queue_work(
+      &loop_, &w->req,
+      [](uv_work_t* r) {
+        auto* w = static_cast<Work*>(r->data);
+        w->result.emplace(AttachKeeper(w->socket, "wsup-supervisor", kKeeperTimeoutMs));
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+        // A holder that died (or was replaced) meanwhile: the answer is stale.
+        if (w->h->pid != w->pid) return;
+        w->self->OnKept(*w->h, std::move(*w->result));
+      });
+}
+
+void Supervisor::Impl::OnKept(HolderSlot& h, Result<KeptArena> kept) {
+  if (!kept.ok()) {
+    FireHolder(h, ChildEvent::kKeepFailed, "keeper attach failed: " + kept.error().message());
+    return;
+  }
+  h.kept = std::move(*kept);
+  int64_t now = clock_.WallMs();
+  std::vector<int> fds;
+  for (auto& f : h.kept->fds) fds.push_back(f.get());
+  Logged(notifier_.StoreFds("arena-" + std::to_string(h.rank), fds), "storing the arena fds");
+  if (!h.restart_reason.empty()) {
+    HolderRestartRecord rec;
+    rec.time_ms = now;
+    rec.rank = h.rank;
+    rec.reason = h.restart_reason;
+    rec.from_fds = h.from_fds;
+    rec.restart_ms = now - h.spawned_ms;
+    LedgerResult(ledger_->RecordHolderRestart(rec), "holder restart");
+    metrics_.holder_restarts++;
+    h.restart_reason.clear();
+  }
+  std::string what = std::to_string(h.kept->record.manifest.entries.size()) + " tensors in " +
+                     std::to_string(h.kept->fds.size()) + " allocations kept";
+  if (h.spawned_ms > 0) what += " (" + std::to_string(now - h.spawned_ms) + " ms after the spawn)";
+  SaveState();
+  FireHolder(h, ChildEvent::kKept, what);
+}
+
+void Supervisor::Impl::OnHolderExit(HolderSlot& h, const ExitInfo& info) {
+  if (h.watch) h.watch->Close();
+  h.watch = nullptr;
+  std::string how = "pid " + std::to_string(h.pid) + " " + info.Describe();
+  if (!stopping_) spdlog::error("holder rank {} {}", h.rank, how);
+  h.pid = 0;
+  SaveState();
+  FireHolder(h, ChildEvent::kExited, how, info.known && !info.signal ? info.exit_code : -1);
+  if (stopping_) MaybeFinishStop();
+}
+
+void Supervisor::Impl::ScheduleHolderRestart(HolderSlot& h, int exit_code, const std::string& how) {
+  if (stopping_) return;
+  // Engines keep serving from their mappings; a new holder serves the same
+  // arena from the kept fds. Without kept fds (it died before it was kept)
+  // it loads again.
+  h.restart_reason = how;
+  RestartDecision d = h.throttle.OnExit(clock_.MonotonicMs(), exit_code);
+  std::string log = JoinPath(cfg_.node.state_dir, "logs/holder-" + std::to_string(h.rank) + ".log");
+  if (d.kind == RestartDecision::Kind::kPermanent) {
+    h.down_reason = "holder rank " + std::to_string(h.rank) + " refused to serve (" + how +
+                    ": it refuses the checkpoint or its configuration, and the same command would fail again); see " +
+                    log;
+    FireHolder(h, ChildEvent::kGiveUp, h.down_reason);
+    return;
+  }
+  if (d.kind == RestartDecision::Kind::kGiveUp) {
+    h.down_reason = "holder rank " + std::to_string(h.rank) + " failed " + std::to_string(d.recent) +
+                    " times within supervisor.restart_window_ms (last: " + how + "); not restarting it; see " + log;
+    FireHolder(h, ChildEvent::kGiveUp, h.down_reason);
+    return;
+  }
+  HolderSlot* hp = &h;
+  spdlog::info("holder rank {}: {}", h.rank, d.Describe());
+  h.restart_timer.Start(d.delay_ms, [this, hp] {
+    if (hp->state == ChildState::kFailed && !stopping_) SpawnHolder(*hp);
+  });
+}
+
+}  // namespace wsup

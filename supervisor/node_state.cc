@@ -1,0 +1,87 @@
+// state.json, the systemd status line, the node's overall state, and the
+// handling of ledger writes that fail.
+#include "common/log.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+std::string Supervisor::Impl::NodeState() const {
+  if (stopping_) return "stopping";
+  if (degraded_) return "degraded";
+  bool active = a_.state == SlotState::kActive || b_.state == SlotState::kActive;
+  if (active) return "serving";
+  // Served before and has no active engine now: degraded until one is proven.
+  return ready_notified_ ? "degraded" : "starting";
+}
+
+void Supervisor::Impl::SetDegraded(const std::string& why) {
+  degraded_ = true;
+  degraded_reason_ = why;
+  spdlog::error("{}", why);
+  UpdateStatusLine();
+}
+
+void Supervisor::Impl::SaveState() {
+  // Written on the loop, at once: it is small and not fsynced (see
+  // runtime_state.h), and a child must never run unrecorded, or a
+  // supervisor that dies right after a spawn leaves a process that neither
+  // its successor nor `wsup stop` can find.
+  if (stopping_ && a_.pid == 0 && b_.pid == 0 && front_.pid == 0) {
+    bool any = false;
+    for (const auto& h : holders_) any |= h->pid > 0;
+    if (!any) return;  // MaybeFinishStop() removes the file
+  }
+  Status st = BuildState().Save(RuntimeState::PathIn(cfg_.node.runtime_dir));
+  if (!st.ok()) spdlog::error("{}", st.error().message());
+}
+
+RuntimeState Supervisor::Impl::BuildState() {
+  RuntimeState st;
+  st.config_path = cfg_.path;
+  st.node_name = cfg_.node.name;
+  st.supervisor = ProcessRef{::getpid(), ProcessStartTime(::getpid()).ok() ? *ProcessStartTime(::getpid()) : 0};
+  st.epoch = epoch_;
+  st.saved_ms = clock_.WallMs();
+  if (front_.pid > 0) {
+    st.front = RuntimeState::Front{ProcessRef{front_.pid, front_.start_time}, front_.control_path,
+                                   HostPortString(cfg_.front.listen.host, front_.port)};
+  }
+  for (const auto& h : holders_) {
+    if (h->pid > 0) st.holders.push_back({h->rank, ProcessRef{h->pid, h->start_time}, h->socket, h->record_path});
+  }
+  for (Slot* s : {&a_, &b_}) {
+    if (s->pid <= 0) continue;
+    std::string role = s->state == SlotState::kActive    ? "active"
+                       : s->state == SlotState::kStandby ? "standby"
+                                                         : SlotStateName(s->state);
+    st.engines.push_back(
+        {s->name, ProcessRef{s->pid, s->start_time}, s->port, role, s->spawned_ms, s->cache_result, s->nonce});
+  }
+  return st;
+}
+
+void Supervisor::Impl::UpdateStatusLine() {
+  Slot* act = Active();
+  std::string line = NodeState();
+  line += act ? ": active " + act->name : ": no active engine";
+  for (Slot* s : {&a_, &b_}) line += ", " + s->name + " " + SlotStateName(s->state);
+  if (front_.throttle.crash_looping()) line += ", front crash-looping";
+  if (degraded_) line += " (" + degraded_reason_ + ")";
+  notifier_.Status(line);
+  metrics_.SetSlots(a_.name, SlotStateName(a_.state), a_.semantic_ready, b_.name, SlotStateName(b_.state),
+                    b_.semantic_ready);
+}
+
+void Supervisor::Impl::LedgerResult(const Status& st, const char* what) {
+  if (st.ok()) return;
+  ++ledger_errors_;
+  ledger_last_error_ = std::string(what) + ": " + st.error().message();
+  metrics_.ledger_write_errors = ledger_errors_;
+  spdlog::error("ledger: {} was not recorded: {}", what, st.error().message());
+}
+
+void Supervisor::Impl::Logged(const Status& st, const char* what) {
+  if (!st.ok()) spdlog::warn("{}: {}", what, st.error().message());
+}
+
+}  // namespace wsup

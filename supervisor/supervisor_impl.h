@@ -1,0 +1,300 @@
+// Supervisor::Impl: the node's one loop and everything on it. Internal to
+// the supervisor; split by responsibility over several files:
+//
+//   supervisor.cc  start, preflight, stop, the loop's lifetime
+//   adoption.cc    a restarted supervisor: adopt what runs, reconstruct
+//                  what happened while none ran
+//   front_link.cc  the front: spawn, link, routes, restarts
+//   holders.cc     the weight holders: spawn, keeper attach, restarts
+//   engines.cc     the engine slots: spawn, identity, status, probes, the
+//                  table's actions, failover, promotion, restarts
+//   control.cc     the control socket (CLI), drills, /metrics and /status
+//   node_state.cc  state.json, the status line, ledger writes
+//
+// Every state change of an engine, a holder or the front goes through its
+// table (engine_fsm.h, child_fsm.h): Fire() / FireChild() look the row up,
+// log it with its cause, and carry out its action.
+//
+// Threads: the loop thread only, except the keeper attaches, which run on
+// libuv's thread pool and come back through their after-work callbacks.
+#pragma once
+
+#include <uv.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "client/client.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "http/client.h"
+#include "http/server.h"
+#include "probes/monitor.h"
+#include "state/ledger.h"
+#include "supervisor/child_fsm.h"
+#include "supervisor/engine_fsm.h"
+#include "supervisor/json_socket.h"
+#include "supervisor/loop_timer.h"
+#include "supervisor/metrics.h"
+#include "supervisor/notify.h"
+#include "supervisor/process.h"
+#include "supervisor/restart_throttle.h"
+#include "supervisor/runtime_state.h"
+#include "supervisor/supervisor.h"
+
+namespace wsup {
+
+// "host:port", with brackets for an IPv6 literal.
+std::string HostPortString(const std::string& host, int port);
+
+// Restart policies, one per kind of child, from the one [supervisor] section.
+RestartPolicy EngineRestartPolicy(const Config& cfg);
+RestartPolicy HolderRestartPolicy(const Config& cfg);
+RestartPolicy FrontRestartPolicy(const Config& cfg);
+
+class Supervisor::Impl {
+ public:
+  Impl(Config config, SupervisorOptions options);
+  ~Impl();
+  // Everything that can fail before a child is started. After it returns
+  // OK, failures go through BeginStop() and Run() returns the exit code.
+  Status Start();
+  int Run();
+
+ private:
+  // ---- an engine slot ("a" or "b")
+  struct Slot {
+    Slot(uv_loop_t* loop, std::string n, RestartPolicy policy)
+        : name(std::move(n)), poll(loop), stop_timer(loop), restart_timer(loop), throttle(std::move(policy)) {}
+    std::string name;
+    SlotState state = SlotState::kIdle;
+
+    // Identity: the process started for this slot, known by its pid (and
+    // start time, against pid reuse), its per-start nonce, and the port it
+    // must be the one listening on.
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    std::string nonce;
+    int port = 0;
+    bool adopted = false;
+    bool identity_logged = false;  // "port answered by someone else" said once per start
+
+    ExitWatch* watch = nullptr;
+    HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
+    int64_t spawned_ms = 0;           // wall
+    int64_t spawned_mono = 0;         // monotonic, for the start budget
+    LoopTimer poll;                   // status polling while starting
+    LoopTimer stop_timer;             // SIGKILL after the stop budget
+    LoopTimer restart_timer;          // backoff
+
+    // What the probes and the engine say.
+    std::unique_ptr<HealthMonitor> monitor;
+    bool semantic_ready = false;
+    bool comm_warm = false;
+    nlohmann::json last_status;  // the engine's /wsup/status
+    std::string last_probe_reason;
+    int64_t last_probe_ms = 0;       // latency of the last probe
+    int64_t last_ok_mono = 0;        // when a probe last passed (0: never, this start)
+
+    // Recovery bookkeeping for the next time this slot becomes ready.
+    std::optional<int64_t> recovery_failover_id;
+    int64_t recovery_fault_ms = 0;
+    std::string recovery_cause;  // "" when this start is not a recovery
+    bool cache_recorded = false;
+    std::string cache_result;    // "hit" | "miss" | "off"
+    std::string cache_reason;
+
+    RestartThrottle throttle;
+    bool permanent_failure = false;
+    std::string failure_reason;
+
+    // Fault injected by a drill: the exit that follows is the drill's.
+    bool drill_kill = false;
+    int64_t drill_fault_ms = 0;
+  };
+
+  // ---- a weight holder (one per rank, daemon mode)
+  struct HolderSlot {
+    HolderSlot(uv_loop_t* loop, RestartPolicy policy) : restart_timer(loop), throttle(std::move(policy)) {}
+    int rank = 0;
+    ChildState state = ChildState::kIdle;
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    ExitWatch* watch = nullptr;
+    std::string socket;
+    std::string record_path;
+    std::optional<KeptArena> kept;
+    uv_pipe_t* ready_pipe = nullptr;
+    std::string ready_buf;
+    int64_t spawned_ms = 0;
+    std::string restart_reason;  // set while a restart is in progress
+    bool from_fds = false;
+    LoopTimer restart_timer;
+    RestartThrottle throttle;
+    std::string down_reason;
+    bool ready() const { return state == ChildState::kReady; }
+  };
+
+  // ---- the front
+  struct FrontSlot {
+    FrontSlot(uv_loop_t* loop, RestartPolicy policy) : retry(loop), restart_timer(loop), throttle(std::move(policy)) {}
+    ChildState state = ChildState::kIdle;
+    UniqueFd listen;  // kept across front restarts: connections wait in the backlog
+    int port = 0;
+    pid_t pid = 0;
+    uint64_t start_time = 0;
+    ExitWatch* watch = nullptr;
+    std::string control_path;
+    std::shared_ptr<JsonConn> link;
+    LoopTimer retry;          // control link retries
+    LoopTimer restart_timer;  // backoff
+    RestartThrottle throttle;
+    std::string last_exit;    // how the last one ended
+    std::string down_reason;
+  };
+
+  // ---- a failover waiting for its first good answer through the front
+  struct PendingFailover {
+    int64_t id = 0;
+    std::string from, to;
+    int64_t fault_ms = 0, detected_ms = 0, swapped_ms = 0;
+    std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup failover` callers
+    bool drill = false;
+  };
+
+  Slot* SlotByName(const std::string& name);
+  Slot* Other(Slot* s) { return s == &a_ ? &b_ : &a_; }
+  Slot* Active();
+  Slot* Standby();
+
+  // supervisor.cc
+  Status PrepareDirs();
+  Status Preflight(const std::optional<RuntimeState>& prev);
+  void BeginStop(const std::string& why, int exit_code);
+  void MaybeFinishStop();
+
+  // adoption.cc
+  Status AdoptOrStart(std::optional<RuntimeState> prev);
+  void AdoptFront(const RuntimeState::Front& pf, int64_t epoch);
+  bool AdoptEngine(const RuntimeState::Engine& pe);
+  void ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead);
+
+  // front_link.cc
+  void StartFront();
+  void FireFront(ChildEvent event, const std::string& cause, int exit_code = -1);
+  void ScheduleFrontRestart(int exit_code, const std::string& how);
+  void ConnectFront();
+  void OnFrontMessage(const nlohmann::json& m);
+  void OnFrontExit(const ExitInfo& info);
+  void PushRoutes();
+
+  // holders.cc
+  void SpawnHolder(HolderSlot& h);
+  void FireHolder(HolderSlot& h, ChildEvent event, const std::string& cause, int exit_code = -1);
+  void WatchReadyLine(HolderSlot& h, UniqueFd read_end);
+  void AttachKeeperAsync(HolderSlot& h);
+  void OnKept(HolderSlot& h, Result<KeptArena> kept);
+  void OnHolderExit(HolderSlot& h, const ExitInfo& info);
+  void ScheduleHolderRestart(HolderSlot& h, int exit_code, const std::string& how);
+  bool AllHoldersReady() const;
+
+  // engines.cc
+  void StartEngines();
+  void SpawnEngine(Slot& s);
+  void PollStatus(Slot& s);
+  bool CheckIdentity(Slot& s, const nlohmann::json* status);
+  void OnEngineStatus(Slot& s, const nlohmann::json& status);
+  void RecordCache(Slot& s, const nlohmann::json& weights);
+  void StartProbing(Slot& s);
+  void Fire(Slot& s, SlotEvent event, const std::string& cause);
+  void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
+  void OnEngineExit(Slot& s, const ExitInfo& info);
+  void OnEngineDying(Slot& s, pid_t pid);
+  void Failover(Slot& failed, FailoverTrigger trigger, const std::string& reason, int64_t fault_ms, bool drill);
+  std::string UnfitReason(Slot& s);
+  // Checks the slot first (UnfitReason); an unfit one is failed and replaced.
+  bool Promote(Slot& s, const std::string& cause, std::string* unfit);
+  void ScheduleRestart(Slot& s, int exit_code);
+  void MaybePromote();
+  void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
+  void CompletePending(int64_t first_ok_ms);
+
+  // control.cc
+  void OnControl(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
+  nlohmann::json StatusJson();
+  void Drill(const std::shared_ptr<JsonConn>& c, bool kill);
+  void FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono);
+  void OnAdmin(std::shared_ptr<http::ResponseWriter> w);
+
+  // node_state.cc
+  void SaveState();
+  RuntimeState BuildState();
+  void UpdateStatusLine();
+  std::string NodeState() const;
+  void SetDegraded(const std::string& why);
+  // A ledger write that failed: logged with its cause, counted in /metrics,
+  // shown by `wsup status`. The failover or restart it describes goes on.
+  void LedgerResult(const Status& st, const char* what);
+  template <typename T>
+  std::optional<T> LedgerResult(Result<T> r, const char* what) {
+    if (r.ok()) return std::move(*r);
+    LedgerResult(Status(r.error()), what);
+    return std::nullopt;
+  }
+  // A best-effort action whose failure must be seen (a signal, an fd store).
+  void Logged(const Status& st, const char* what);
+
+  // Initialised first, so every member below can put handles on it.
+  struct LoopBox {
+    explicit LoopBox(void* owner);
+    // Destroyed last: every member declared after it has closed its handles
+    // by now; run their close callbacks, then close the loop.
+    ~LoopBox();
+    uv_loop_t loop{};
+  };
+
+  Config cfg_;
+  SupervisorOptions opts_;
+  const Clock& clock_;
+  LoopBox loop_box_;
+  uv_loop_t& loop_ = loop_box_.loop;
+  std::unique_ptr<Ledger> ledger_;
+  std::unique_ptr<http::HttpClient> http_;
+  std::unique_ptr<JsonServer> control_;
+  std::unique_ptr<http::HttpServer> admin_;
+  Notifier notifier_;
+  Metrics metrics_;
+  LoopTimer watchdog_;
+  uv_signal_t sigterm_{}, sigint_{}, sigpipe_{};
+  bool signals_started_ = false;
+
+  Slot a_, b_;
+  std::vector<std::unique_ptr<HolderSlot>> holders_;
+  FrontSlot front_;
+  bool engines_started_ = false;
+  bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles
+  bool swapping_ = false;   // a planned swap is moving roles: MaybePromote() waits
+  int64_t epoch_ = 0;
+  std::string routed_active_, routed_standby_;
+
+  std::optional<PendingFailover> pending_;
+  bool ready_notified_ = false;
+  bool degraded_ = false;
+  std::string degraded_reason_;
+  bool stopping_ = false;
+  int exit_code_ = 0;
+  std::vector<std::shared_ptr<JsonConn>> stop_waiters_;
+
+  // Ledger writes that failed (queued rows refused; rows the writer thread
+  // could not commit are counted by the Ledger itself).
+  uint64_t ledger_errors_ = 0;
+  std::string ledger_last_error_;
+};
+
+}  // namespace wsup
