@@ -145,8 +145,10 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   if (w.ok()) s->watch = *w;
   Fire(*s, SlotEvent::kAdopt, "adopted after a supervisor restart (pid " + std::to_string(s->pid) + ")");
   if (pe.role == "active") {
+    // Not a promotion: the front already sends it the traffic. It keeps the
+    // role however slowly it answers now; its probes judge it from here on.
     swapping_ = true;
-    Promote(*s, "was active before the supervisor restart", nullptr);
+    Fire(*s, SlotEvent::kPromote, "was active before the supervisor restart");
     swapping_ = false;
     PushRoutes();
   }

@@ -87,7 +87,8 @@ Child& Child::operator=(Child&& o) noexcept {
 }
 
 Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path,
-                   const std::vector<int>& extra_fds) {
+                   const std::vector<int>& extra_fds,
+                   const std::vector<std::pair<std::string, std::string>>& env_set) {
   Child c;
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -107,6 +108,7 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
     std::vector<int> moved;
     for (int fd : extra_fds) moved.push_back(::fcntl(fd, F_DUPFD, 100));
     for (size_t i = 0; i < moved.size(); ++i) ::dup2(moved[i], 3 + static_cast<int>(i));
+    for (const auto& [k, v] : env_set) ::setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace wsup::test {
@@ -49,8 +50,10 @@ class Child {
 
   // argv[0] is the program path. `log_path` receives stdout+stderr (empty: inherit).
   // extra_fds are dup'ed into the child as fds 3, 4, ... in order.
+  // env_set: variables added to (or replacing in) the child's environment.
   static Child Start(const std::vector<std::string>& argv, const std::string& log_path = "",
-                     const std::vector<int>& extra_fds = {});
+                     const std::vector<int>& extra_fds = {},
+                     const std::vector<std::pair<std::string, std::string>>& env_set = {});
 
   pid_t pid() const { return pid_; }
   bool running();

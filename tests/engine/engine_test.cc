@@ -114,6 +114,23 @@ TEST_CASE("engine: f32 goldens over HTTP, response shape, status and clean exit"
   StopClean(e);
 }
 
+TEST_CASE("engine: the start's nonce is echoed in /wsup/status, from the flag or the environment") {
+  TempDir dir;
+  Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32", {"--nonce", "0123abcd"});
+  INFO(e.Log());
+  REQUIRE(e.ready);
+  json st = wsup::test::GetJson(e.port, "/wsup/status");
+  CHECK(st["nonce"] == "0123abcd");
+  e.child.Kill(SIGTERM);
+  CHECK(e.child.Wait(std::chrono::seconds(30)) == 0);
+  // The supervisor passes it as WSUP_ENGINE_NONCE.
+  ::setenv("WSUP_ENGINE_NONCE", "from-env-77", 1);
+  Proc f = wsup::test::StartEngine(dir, "llama-tiny-f32", {}, "engine2.log");
+  ::unsetenv("WSUP_ENGINE_NONCE");
+  REQUIRE(f.ready);
+  CHECK(wsup::test::GetJson(f.port, "/wsup/status")["nonce"] == "from-env-77");
+}
+
 TEST_CASE("engine: fp8-block goldens, bf16 sharded serves") {
   TempDir dir;
   Proc fp8 = wsup::test::StartEngine(dir, "llama-tiny-fp8-block", {}, "fp8.log");

@@ -130,6 +130,8 @@ TEST_CASE("an adopted process (not our child) is watched too, with status unknow
     if (gc == 0) {
       ::close(p[0]);
       ::close(p[1]);
+      // Not Catch's handler (inherited by the fork): just die.
+      ::signal(SIGTERM, SIG_DFL);
       for (;;) ::pause();  // until the test's SIGTERM
     }
     ::dprintf(p[1], "%d\n", gc);

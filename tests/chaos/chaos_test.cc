@@ -1,0 +1,474 @@
+// Chaos: the scenarios an adversarial operator found against a real node,
+// each replayed on the real processes (supervisor, holder, engines, front on
+// the tiny checkpoint, CPU) and each asserting the fixed behaviour:
+//   1. a deeply nested body gets a 400 and the front keeps running;
+//   2. abandoned non-streamed requests cause no failover and no retry;
+//   3. a node whose engine ports collide with another node's is refused
+//      before its engines start, and the other node is never adopted;
+//   4. a failed start leaves no process behind; the next start is ready;
+//   5. 1,000 idle holder connections never stop an engine from attaching;
+//   6. a frozen standby is not promoted;
+//   7. a restarted supervisor adopts engines whose first answers are slow;
+//   8. a failover while no supervisor runs gets a reconstructed row;
+//   and a crash-looping front is throttled and reported, never left down.
+// Each test bounds every wait; the node fixture ends every process it
+// started, whatever happens.
+#include <catch2/catch.hpp>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "client/protocol.h"
+#include "supervisor/json_socket.h"
+#include "tests/http/http_test_client.h"
+#include "tests/node/node_fixture.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace nodetest;
+using nlohmann::json;
+
+// A port no one listens on right now (the kernel's pick, released).
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  ::close(fd);
+  return port;
+}
+
+// A socket listening on a loopback port, held by the test.
+struct HeldPort {
+  int fd = -1;
+  int port = 0;
+  HeldPort() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(fd, 8);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  void Release() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+  ~HeldPort() { Release(); }
+};
+
+std::optional<json> FrontStatus(const Node& n) {
+  auto r = JsonCall(n.FrontSock(), json{{"type", "status"}}, 2000);
+  if (!r.ok()) return std::nullopt;
+  return *r;
+}
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Metrics(const Node& n) {
+  auto s = n.Status();
+  if (!s) return "";
+  std::string admin = s->value("admin", "");
+  int port = std::atoi(admin.c_str() + admin.rfind(':') + 1);
+  return test::HttpRequestOnce(port, "GET", "/metrics", "", 5s).body;
+}
+
+// The value of one unlabelled (or fully labelled) metric line, -1 if absent.
+double Metric(const std::string& text, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = text.find(name + " ", pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return std::atof(text.c_str() + pos + name.size() + 1);
+    pos += name.size();
+  }
+  return -1;
+}
+
+pid_t EnginePid(const Node& n, const std::string& role) {
+  auto s = n.Status();
+  return s ? static_cast<pid_t>(n.Engine(*s, role).value("pid", 0)) : 0;
+}
+
+char RunState(pid_t pid) {
+  std::string stat = test::ReadAll("/proc/" + std::to_string(pid) + "/stat");
+  auto rp = stat.rfind(')');
+  return rp == std::string::npos || rp + 2 >= stat.size() ? '?' : stat[rp + 2];
+}
+
+// ---------------------------------------------------------------- 1
+
+TEST_CASE("chaos 1: a body nesting 70,000 levels deep gets a 400 and the front keeps its pid", "[chaos]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  int port = n.FrontPort();
+  pid_t front = (*n.Status())["front"].value("pid", 0);
+  REQUIRE(front > 0);
+  const int d = 70000;
+  std::string deep = "{\"stream\":true,\"prompt\":" + std::string(d, '[') + std::string(d, ']') + "}";
+  for (const std::string& body :
+       {deep, "{\"prompt\":" + std::string(d, '[') + std::string(d, ']') + "}",
+        "{\"stream\":true,\"prompt\":" + std::string(d, '{') + std::string(d, '}') + "}"}) {
+    auto r = test::HttpRequestOnce(port, "POST", "/v1/completions", body, 20s, {{"Content-Type", "application/json"}});
+    INFO(r.error << " " << r.body.substr(0, 300));
+    CHECK(r.status == 400);
+    CHECK(r.body.find("nest") != std::string::npos);
+  }
+  CHECK((*n.Status())["front"].value("pid", 0) == front);
+  CHECK((*n.Status())["front"].value("restarts", -1) == 0);
+  CHECK(Complete(port) == kGolden);
+}
+
+// ---------------------------------------------------------------- 2
+
+TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no retry on the standby", "[chaos]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  int port = n.FrontPort();
+  pid_t active = EnginePid(n, "active");
+  {
+    std::vector<test::HttpConn> conns(20);
+    json req{{"prompt", "Hello, world"}, {"max_tokens", 490}, {"temperature", 0}};
+    for (auto& c : conns) {
+      REQUIRE(c.Connect(port));
+      REQUIRE(c.Send(test::FormatRequest("POST", "/v1/completions", req.dump(),
+                                         {{"Content-Type", "application/json"}})));
+    }
+    // Every client gives up at once.
+  }
+  // The front sees each client go and stops its request.
+  REQUIRE(test::WaitFor(
+      [&] {
+        auto f = FrontStatus(n);
+        return f && (*f)["counters"].value("client_closed", 0) >= 20;
+      },
+      10s));
+  // The engine drops the abandoned work.
+  auto engine_idle = [&] {
+    auto s = n.Status();
+    if (!s) return false;
+    int eport = n.Engine(*s, "active").value("port", 0);
+    auto r = test::HttpRequestOnce(eport, "GET", "/wsup/status", "", 2s);
+    if (r.status != 200) return false;
+    auto j = json::parse(r.body, nullptr, false);
+    return !j.is_discarded() && j["requests"].value("active", -1) == 0 && j["requests"].value("waiting", -1) == 0;
+  };
+  REQUIRE(test::WaitFor(engine_idle, 10s));
+  // Probes keep passing on the active: several more of them, and no trip.
+  auto probes = [&] {
+    auto m = Metrics(n);
+    auto s = n.Status();
+    std::string slot = s ? n.Engine(*s, "active").value("slot", "a") : "a";
+    return Metric(m, "wsup_probe_latency_seconds_count{slot=\"" + slot + "\"}");
+  };
+  double before = probes();
+  REQUIRE(test::WaitFor([&] { return probes() >= before + 5; }, 20s));
+  CHECK(Query(n.Db(), "select * from failovers").rows.empty());
+  CHECK(EnginePid(n, "active") == active);
+  auto f = FrontStatus(n);
+  REQUIRE(f);
+  CHECK((*f)["counters"].value("retried", -1) == 0);
+  CHECK((*f)["counters"].value("switched_self", -1) == 0);
+  CHECK(Complete(port) == kGolden);
+}
+
+// ---------------------------------------------------------------- 3
+
+TEST_CASE("chaos 3: a node whose engine ports collide is refused before its engines start; the other is untouched",
+          "[chaos]") {
+  if (!Have()) return;
+  int p1 = FreePort(), p2 = FreePort();
+  REQUIRE(p1 != p2);
+  Node a({"engine.primary_port=" + std::to_string(p1), "engine.standby_port=" + std::to_string(p2)});
+  a.Start();
+  REQUIRE(a.WaitServing());
+  auto before = *a.Status();
+  Node b({"engine.primary_port=" + std::to_string(p1), "engine.standby_port=" + std::to_string(p2),
+          "node.name=\"other\""});
+  b.Start();
+  REQUIRE(b.sup().Wait(30s) >= 0);
+  CHECK(b.sup().exit_code() == 78);
+  std::string log = b.Log();
+  INFO(log);
+  CHECK(log.find("engine.primary_port") != std::string::npos);
+  CHECK(log.find("in use") != std::string::npos);
+  CHECK(log.find("engine reports ready") == std::string::npos);
+  // B started nothing and left nothing.
+  CHECK(b.Processes().empty());
+  CHECK(test::ReadAll(b.dir().Join("run/state.json")).empty());
+  // A is untouched: same engines, no failover, still serving.
+  auto after = *a.Status();
+  for (const char* role : {"active", "standby"}) CHECK(a.Engine(after, role)["pid"] == a.Engine(before, role)["pid"]);
+  CHECK(Query(a.Db(), "select * from failovers").rows.empty());
+  CHECK(Complete(a.FrontPort()) == kGolden);
+}
+
+// ---------------------------------------------------------------- 4
+
+TEST_CASE("chaos 4: a start that fails leaves no process behind, and the next start is ready", "[chaos]") {
+  if (!Have()) return;
+  SECTION("the front's port is taken") {
+    HeldPort held;
+    Node n({"front.listen=127.0.0.1:" + std::to_string(held.port)});
+    n.Start();
+    REQUIRE(n.sup().Wait(30s) >= 0);
+    CHECK(n.sup().exit_code() == 78);
+    INFO(n.Log());
+    CHECK(n.Log().find("front.listen") != std::string::npos);
+    CHECK(n.Processes().empty());
+    // The port is freed: the same node starts and serves.
+    held.Release();
+    n.Start();
+    REQUIRE(n.WaitServing());
+    CHECK(Complete(n.FrontPort()) == kGolden);
+  }
+  SECTION("the holder program cannot be started, after the front was") {
+    Node n({"holder.command=[\"/nonexistent/wsup-holder\", \"--socket\", \"{socket}\"]"});
+    n.Start();
+    REQUIRE(n.sup().Wait(30s) >= 0);
+    CHECK(n.sup().exit_code() == 78);
+    INFO(n.Log());
+    CHECK(n.Log().find("/nonexistent/wsup-holder") != std::string::npos);
+    CHECK(test::WaitFor([&] { return n.Processes().empty(); }, 10s));
+    CHECK(test::ReadAll(n.dir().Join("run/state.json")).empty());
+  }
+  SECTION("`wsup stop` finds what a killed supervisor left, through the runtime dir") {
+    Node n;
+    n.Start();
+    REQUIRE(n.WaitServing());
+    n.sup().Kill(SIGKILL);
+    REQUIRE(n.sup().Wait(5s) >= 0);
+    REQUIRE(!n.Processes().empty());
+    auto r = n.Cli({"stop"});
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("no supervisor was running") != std::string::npos);
+    CHECK(r.output.find("engine a") != std::string::npos);
+    CHECK(r.output.find("holder rank 0") != std::string::npos);
+    CHECK(test::WaitFor([&] { return n.Processes().empty(); }, 10s));
+    // Nothing is left to stop the second time: a clear error.
+    auto again = n.Cli({"stop"});
+    CHECK(again.exit_code != 0);
+  }
+}
+
+// ---------------------------------------------------------------- 5
+
+TEST_CASE("chaos 5: 1,000 idle holder connections never stop an engine from attaching", "[chaos]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  std::string sock = n.dir().Join("run/holder.sock");
+  std::vector<int> fds;
+  auto frame = EncodeFrame(json{{"type", "info"}});
+  REQUIRE(frame.ok());
+  for (int i = 0; i < 1000; ++i) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", sock.c_str());
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+      ::close(fd);
+      continue;
+    }
+    if (::write(fd, frame->data(), frame->size()) != static_cast<ssize_t>(frame->size())) {
+      ::close(fd);
+      continue;
+    }
+    fds.push_back(fd);
+  }
+  INFO(fds.size() << " connections open");
+  CHECK(fds.size() >= 900);
+  // A re-armed engine attaches: kill the standby, wait for its cache hit.
+  size_t hits = Query(n.Db(), "select * from cache_events where result='hit'").rows.size();
+  pid_t standby = EnginePid(n, "standby");
+  REQUIRE(standby > 0);
+  REQUIRE(::kill(standby, SIGKILL) == 0);
+  CHECK(test::WaitFor(
+      [&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == hits + 1; }, 30s));
+  CHECK(n.WaitServing(30s));
+  // The operator's view of the holder works too.
+  auto info = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", sock}, 30s);
+  INFO(info.output);
+  CHECK(info.exit_code == 0);
+  for (int fd : fds) ::close(fd);
+}
+
+// ---------------------------------------------------------------- 6
+
+TEST_CASE("chaos 6: a frozen standby is not promoted; the clients are served once an engine is proven", "[chaos]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto s = *n.Status();
+  pid_t active = n.Engine(s, "active").value("pid", 0);
+  pid_t standby = n.Engine(s, "standby").value("pid", 0);
+  std::string standby_slot = n.Engine(s, "standby").value("slot", "");
+  REQUIRE(::kill(standby, SIGSTOP) == 0);
+  REQUIRE(test::WaitFor([&] { return RunState(standby) == 'T'; }, 5s));
+  REQUIRE(::kill(active, SIGKILL) == 0);
+  REQUIRE(test::WaitFor([&] { return !Query(n.Db(), "select * from failovers").rows.empty(); }, 10s));
+  auto f = Query(n.Db(), "select * from failovers").rows[0];
+  INFO(f["reason"]);
+  CHECK(f["to_slot"] == "none");
+  CHECK(f["reason"].find("not promoted") != std::string::npos);
+  CHECK(f["reason"].find("stopped") != std::string::npos);
+  // The frozen engine was replaced, not kept.
+  CHECK(test::WaitFor([&] { return RunState(standby) == '?'; }, 10s));
+  // Clients wait in the front and are served by the first engine proven.
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  REQUIRE(n.WaitServing());
+  json now = *n.Status();
+  for (const auto& e : now["engines"]) CHECK(e.value("pid", 0) != standby);
+  ::kill(standby, SIGCONT);
+}
+
+// ---------------------------------------------------------------- 7
+
+TEST_CASE("chaos 7: a restarted supervisor adopts both engines even when their first answers are slow", "[chaos]") {
+  if (!Have()) return;
+  Node n({"probe.failures=5"});
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto before = *n.Status();
+  std::set<int> pids;
+  for (const auto& e : before["engines"]) pids.insert(e.value("pid", 0));
+  n.sup().Kill(SIGKILL);
+  REQUIRE(n.sup().Wait(5s) >= 0);
+  // Both engines stop answering while the new supervisor adopts them.
+  for (int p : pids) REQUIRE(::kill(p, SIGSTOP) == 0);
+  for (int p : pids) REQUIRE(test::WaitFor([&] { return RunState(p) == 'T'; }, 5s));
+  n.Start();
+  // It adopts them by what they are, not by how fast they answer ...
+  bool adopted = n.WaitStatus(
+      [&](const json& st) {
+        std::set<int> now;
+        for (const auto& e : st["engines"]) now.insert(e.value("pid", 0));
+        return now == pids;
+      },
+      20s);
+  if (!adopted) FAIL_CHECK(n.Log());
+  REQUIRE(adopted);
+  // ... and its first probes of them fail (the delay is real) ...
+  REQUIRE(test::WaitFor([&] { return n.Log().find("probe") != std::string::npos &&
+                                     Metric(Metrics(n), "wsup_probe_failures_total{slot=\"a\"}") +
+                                             Metric(Metrics(n), "wsup_probe_failures_total{slot=\"b\"}") >= 1; },
+                        20s));
+  for (int p : pids) ::kill(p, SIGCONT);
+  // ... which the probes' own thresholds absorb: same engines, serving.
+  REQUIRE(n.WaitServing());
+  std::set<int> after;
+  json now = *n.Status();
+  for (const auto& e : now["engines"]) after.insert(e.value("pid", 0));
+  CHECK(after == pids);
+  CHECK(Query(n.Db(), "select * from failovers").rows.empty());
+  CHECK(Complete(n.FrontPort()) == kGolden);
+}
+
+// ---------------------------------------------------------------- 8
+
+TEST_CASE("chaos 8: a failover while no supervisor runs gets a reconstructed row dated from the front", "[chaos]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto s = *n.Status();
+  json active = n.Engine(s, "active");
+  json standby = n.Engine(s, "standby");
+  std::string standby_addr = "127.0.0.1:" + std::to_string(standby.value("port", 0));
+  n.sup().Kill(SIGKILL);
+  REQUIRE(n.sup().Wait(5s) >= 0);
+  int64_t killed_ms = WallMs();
+  REQUIRE(::kill(active.value("pid", 0), SIGKILL) == 0);
+  // Traffic moves on by itself: the front switches to the standby.
+  int port = n.FrontPort() ? n.FrontPort() : std::atoi(s["front"].value("listen", "").c_str() +
+                                                       s["front"].value("listen", "").rfind(':') + 1);
+  CHECK(Complete(port) == kGolden);
+  REQUIRE(test::WaitFor(
+      [&] {
+        auto f = FrontStatus(n);
+        return f && f->value("active", json()).is_string() && (*f)["active"] == standby_addr;
+      },
+      10s));
+  int64_t restarted_ms = WallMs();
+  n.Start();
+  REQUIRE(n.WaitServing());
+  REQUIRE(test::WaitFor(
+      [&] { return !Query(n.Db(), "select * from failovers where reconstructed = 1").rows.empty(); }, 10s));
+  auto f = Query(n.Db(), "select * from failovers where reconstructed = 1").rows[0];
+  INFO(f["reason"]);
+  CHECK(f["from_slot"] == active.value("slot", ""));
+  CHECK(f["to_slot"] == standby.value("slot", ""));
+  CHECK(f["trigger"] == "crash");
+  int64_t fault = std::stoll(f["fault_ms"]);
+  // When the front switched: after the kill, before the new supervisor.
+  CHECK(fault >= killed_ms - 5);
+  CHECK(fault <= restarted_ms);
+  // The dead slot's recovery is dated from the same fault, not from the
+  // moment the new supervisor noticed.
+  REQUIRE(test::WaitFor(
+      [&] { return !Query(n.Db(), "select * from recoveries where failover_id = " + f["id"]).rows.empty(); }, 20s));
+  auto rec = Query(n.Db(), "select * from recoveries where failover_id = " + f["id"]).rows[0];
+  CHECK(rec["cause"] == "crash");
+  CHECK(std::stoll(rec["fault_ms"]) == fault);
+}
+
+// ---------------------------------------------------------------- front crash loop
+
+TEST_CASE("chaos: a crash-looping front is throttled and reported, and comes back", "[chaos]") {
+  if (!Have()) return;
+  Node n({"supervisor.max_restarts=3", "supervisor.restart_backoff_ms=100", "supervisor.restart_backoff_max_ms=400"});
+  n.Start();
+  REQUIRE(n.WaitServing());
+  for (int i = 0; i < 5; ++i) {
+    pid_t f = 0;
+    REQUIRE(n.WaitStatus(
+        [&](const json& s) {
+          f = s["front"].value("pid", 0);
+          return f > 0 && s["front"].value("state", "") == "ready";
+        },
+        20s));
+    REQUIRE(::kill(f, SIGKILL) == 0);
+    REQUIRE(n.WaitStatus([&](const json& s) { return s["front"].value("pid", 0) != f; }, 20s));
+  }
+  auto s = *n.Status();
+  INFO(s.dump());
+  CHECK(s["front"].value("crash_looping", false));
+  CHECK(s["front"].value("restarts", 0) >= 5);
+  CHECK(Metric(Metrics(n), "wsup_front_crash_looping") == 1);
+  CHECK(n.Log().find("crash-looping") != std::string::npos);
+  // Never left down: it serves again.
+  REQUIRE(n.WaitStatus([](const json& st) { return st["front"].value("state", "") == "ready"; }, 20s));
+  CHECK(Complete(n.FrontPort()) == kGolden);
+}
+
+}  // namespace
+}  // namespace wsup
