@@ -200,7 +200,7 @@ TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no 
 
 // ---------------------------------------------------------------- 3
 
-TEST_CASE("chaos 3: a node whose engine ports collide is refused before its engines start; the other is untouched",
+TEST_CASE("chaos 3: a node whose engine ports collide is refused before its engines start - the other is untouched",
           "[chaos]") {
   if (!Have()) return;
   int p1 = FreePort(), p2 = FreePort();
@@ -323,7 +323,7 @@ TEST_CASE("chaos 5: 1,000 idle holder connections never stop an engine from atta
 
 // ---------------------------------------------------------------- 6
 
-TEST_CASE("chaos 6: a frozen standby is not promoted; the clients are served once an engine is proven", "[chaos]") {
+TEST_CASE("chaos 6: a frozen standby is not promoted - the clients are served once an engine is proven", "[chaos]") {
   if (!Have()) return;
   Node n;
   n.Start();

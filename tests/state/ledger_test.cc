@@ -308,8 +308,12 @@ TEST_CASE("ledger: writes wait out another connection's lock - a full queue drop
       CHECK(id.error().message().find("queue full") != std::string::npos);
     }
   }
-  CHECK(accepted <= 3);  // at most one batch taken by the writer, plus a full queue
-  CHECK(refused >= 7);
+  // Whatever the writer thread took before it blocked on the lock is at most
+  // one batch (no more than a full queue), plus a full queue behind it: the
+  // bound holds however the thread is scheduled.
+  CHECK(accepted + refused == 10);
+  CHECK(accepted <= 2 * static_cast<int>(opts.max_queue));
+  CHECK(refused >= 10 - 2 * static_cast<int>(opts.max_queue));
   REQUIRE(other->Exec("COMMIT").ok());
   REQUIRE(l->Flush().ok());
   auto s = l->stats();

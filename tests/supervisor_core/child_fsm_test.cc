@@ -57,7 +57,7 @@ TEST_CASE("holder: an adopted one is kept again without a spawn") {
   Step(K::kHolder, &s, E::kKept, S::kReady, A::kEnginesMayStart);
 }
 
-TEST_CASE("front: linked, link lost while alive, relinked; an exit asks for a restart") {
+TEST_CASE("front: linked, link lost while alive, relinked - an exit asks for a restart") {
   S s = S::kIdle;
   Step(K::kFront, &s, E::kSpawn, S::kStarting, A::kReconnect);
   Step(K::kFront, &s, E::kLinkLost, S::kStarting, A::kReconnect);

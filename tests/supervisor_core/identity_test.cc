@@ -101,7 +101,7 @@ TEST_CASE("identity: a stopped process shows as stopped, a gone one as not found
   CHECK(ProcessRunState(999999999).error().code() == Code::kNotFound);
 }
 
-TEST_CASE("preflight: a port in use is refused with its key, its holder and the fix; a free one passes") {
+TEST_CASE("preflight: a port in use is refused with its key, its holder and the fix - a free one passes") {
   Listener held;
   auto st = CheckPortsFree({{"engine.primary_port", "127.0.0.1", held.port}}, {});
   REQUIRE_FALSE(st.ok());
