@@ -74,6 +74,8 @@ class ProxyCall final : public UpstreamListener {
   void Attempt(Backend* b);
   // The queue timeout passed (or the queue is full) with no engine to take it.
   void Reject503(const std::string& cause);
+  // The request is one no engine may be given (past the JSON limits).
+  void Reject400(const std::string& message);
   // The proxy is closing: drop everything.
   void Cancel();
 
@@ -142,6 +144,15 @@ void ProxyCall::Start() {
   writer_->OnClose([this] { OnClientGone(); });
   const http::HttpRequest& r = writer_->request();
   body_ = r.body;
+  if (r.method == "POST" && r.path == "/v1/completions") {
+    // Past the shared JSON limits: refused here, before anything parses it
+    // and before an engine spends a parse on it (the engine would refuse it
+    // with the same words).
+    if (Status limits = CheckCompletionBody(r.body); !limits.ok()) {
+      Reject400(limits.error().message());
+      return;
+    }
+  }
   // Only a completion that may ask for a stream is parsed; everything else
   // is forwarded byte for byte.
   if (r.method == "POST" && r.path == "/v1/completions" && MayRequestStream(r.body)) {
@@ -424,6 +435,14 @@ void ProxyCall::Reject503(const std::string& cause) {
   Finish();
 }
 
+void ProxyCall::Reject400(const std::string& message) {
+  Guard g(this);
+  ++proxy_->mutable_counters().rejected_400;
+  spdlog::info("front: request {}: answering 400: {}", id(), message);
+  writer_->Send(http::HttpResponse::Json(400, http::ErrorJson(message, "invalid_request_error")));
+  Finish();
+}
+
 void ProxyCall::Cancel() {
   Guard g(this);
   writer_->Abort();
@@ -702,7 +721,8 @@ nlohmann::json Proxy::StatusJson() const {
   j["counters"] = {{"requests", counters_.requests},         {"ok", counters_.ok},
                    {"failed", counters_.failed},             {"retried", counters_.retried},
                    {"resumed", counters_.resumed},           {"switched_self", counters_.switched_self},
-                   {"rejected_503", counters_.rejected_503}, {"client_closed", counters_.client_closed}};
+                   {"rejected_503", counters_.rejected_503}, {"client_closed", counters_.client_closed},
+                   {"rejected_400", counters_.rejected_400}};
   return j;
 }
 

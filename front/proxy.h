@@ -71,6 +71,7 @@ struct ProxyCounters {
   uint64_t switched_self = 0;  // times the front made the standby active by itself
   uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full
   uint64_t client_closed = 0;  // clients that went away before their answer was complete
+  uint64_t rejected_400 = 0;   // completion bodies past the shared JSON limits, refused by the front
 };
 
 class ProxyCall;

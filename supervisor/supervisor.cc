@@ -20,6 +20,7 @@
 #include "client/client.h"
 #include "client/protocol.h"
 #include "common/fs.h"
+#include "common/json_limits.h"
 #include "common/log.h"
 #include "common/unique_fd.h"
 #include "http/client.h"
@@ -919,7 +920,9 @@ void Supervisor::Impl::PollStatus(Slot& s) {
     if (s.pid != pid || s.state != SlotState::kStarting) return;
     if (r.ok() && r->status == 200) {
       try {
-        json st = json::parse(r->body);
+        auto parsed = ParseJsonChecked(r->body, "the engine's /wsup/status", "it is not a wsup engine's status");
+        if (!parsed.ok()) throw std::runtime_error(parsed.error().message());  // caught below, as a parse error was
+        json st = std::move(parsed).value();
         OnEngineStatus(s, st);
         if (st.value("state", "") == "ready") {
           Fire(s, SlotEvent::kEngineReady, "engine reports ready");

@@ -256,7 +256,7 @@ TEST_CASE("engine: bad requests get a 4xx naming the problem, and the engine kee
       {"{\"prompt\": \"hi\", \"stream\": \"yes\"}", "'stream' must be true or false"},
       {"{\"prompt\": \"hi\", \"n\": 2}", "'n' is not supported"},
       {"{\"prompt\": \"" + std::string(600, 'a') + "\"}", "the model's context is 512 tokens"},
-      {std::string(40, '[') + std::string(40, ']'), "nests deeper"},
+      {std::string(65, '[') + std::string(65, ']'), "nested deeper than the limit of 64 levels"},
   };
   for (const auto& c : cases) {
     INFO(c.body.substr(0, 80));
