@@ -615,7 +615,9 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
     j["requests"] = {{"active", s.active},
                      {"waiting", s.waiting},
                      {"steps", s.steps},
-                     {"generated_tokens", s.generated_tokens}};
+                     {"generated_tokens", s.generated_tokens},
+                     {"finished", s.finished},
+                     {"cancelled", s.cancelled}};
     // Steps of rank 0 replayed from a CUDA graph and run eagerly (both 0 on the CPU).
     j["steps"] = {{"graph", runner_->graph_steps()},
                   {"eager", runner_->eager_steps()},
