@@ -651,6 +651,8 @@ void Proxy::BackendFailed(Backend* b, const std::string& why) {
   for (int i = 1; i < b->failures && backoff < options_.down_backoff_max_ms; ++i) backoff *= 2;
   b->down_until_ms = now + std::min(backoff, options_.down_backoff_max_ms);
   b->last_error = why;
+  const int64_t wall = clock_->WallMs();
+  b->failed_at_ms = wall;
   // Every kept-alive connection to it is suspect now.
   std::vector<UpstreamConn*> idle = b->idle;
   for (UpstreamConn* c : idle) c->Close();
@@ -672,18 +674,21 @@ void Proxy::BackendFailed(Backend* b, const std::string& why) {
         {"to", active_->name},
         {"reason", why},
         {"epoch", epoch_},
-        {"at_ms", clock_->WallMs()}});
+        {"at_ms", wall}});
   WakeQueue();
 }
 
 void Proxy::BackendAnswered(Backend* b) {
   b->failures = 0;
+  b->last_ok_ms = clock_->WallMs();
   if (first_ok_pending_.empty() || first_ok_pending_ != b->name) return;
   first_ok_pending_.clear();
   Emit({{"type", "event"}, {"kind", "first_ok"}, {"backend", b->name}, {"epoch", epoch_}, {"at_ms", clock_->WallMs()}});
 }
 
 void Proxy::Emit(nlohmann::json event) {
+  if (event_log_.size() >= kEventLogSize) event_log_.pop_front();
+  event_log_.push_back(event);
   if (events_) events_(event);
 }
 
@@ -706,10 +711,22 @@ void Proxy::OnFlowTimer() {
 nlohmann::json Proxy::StatusJson() const {
   nlohmann::json inflight = nlohmann::json::object();
   nlohmann::json down = nlohmann::json::object();
+  nlohmann::json backends = nlohmann::json::object();
   int64_t now = now_ms();
   for (const auto& [name, b] : pool_.backends()) {
     if (b->routed || b->inflight > 0) inflight[name] = b->inflight;
-    if (b->down_until_ms > now) down[name] = {{"for_ms", b->down_until_ms - now}, {"error", b->last_error}};
+    if (b->down_until_ms > now) {
+      down[name] = {{"for_ms", b->down_until_ms - now}, {"error", b->last_error}, {"failed_at_ms", b->failed_at_ms}};
+    }
+    const char* role = b.get() == active_ ? "active" : b.get() == standby_ ? "standby" : "none";
+    nlohmann::json entry = {{"route", role}, {"inflight", b->inflight}, {"failures", b->failures}};
+    // Wall times only when known: 0 would read as 1970.
+    if (b->failed_at_ms > 0) {
+      entry["failed_at_ms"] = b->failed_at_ms;
+      entry["error"] = b->last_error;
+    }
+    if (b->last_ok_ms > 0) entry["last_ok_ms"] = b->last_ok_ms;
+    backends[name] = std::move(entry);
   }
   nlohmann::json j;
   j["active"] = active_ ? nlohmann::json(active_->name) : nlohmann::json(nullptr);
@@ -718,6 +735,9 @@ nlohmann::json Proxy::StatusJson() const {
   j["inflight"] = std::move(inflight);
   j["queued"] = queue_.size();
   j["down"] = std::move(down);
+  j["backends"] = std::move(backends);
+  j["events"] = nlohmann::json::array();
+  for (const auto& e : event_log_) j["events"].push_back(e);
   j["counters"] = {{"requests", counters_.requests},         {"ok", counters_.ok},
                    {"failed", counters_.failed},             {"retried", counters_.retried},
                    {"resumed", counters_.resumed},           {"switched_self", counters_.switched_self},
