@@ -282,7 +282,7 @@ TEST_CASE("server: a client that vanishes mid-stream is noticed - closing with o
   CHECK(b.WaitClosed(5s));
 }
 
-TEST_CASE("server: a peer's EOF with a request in flight cancels it; serve_half_closed keeps answering") {
+TEST_CASE("server: a peer's EOF with a request in flight cancels it - serve_half_closed keeps answering") {
   SECTION("by default the client is gone: OnClose runs and the connection closes") {
     ServerFixture f;
     HttpConn c;
