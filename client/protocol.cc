@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/fs.h"
+#include "common/json_limits.h"
 #include "common/sha256.h"
 
 namespace wsup {
@@ -29,34 +30,6 @@ uint32_t ReadLe32(const char* p) {
          (static_cast<uint32_t>(u[2]) << 16) | (static_cast<uint32_t>(u[3]) << 24);
 }
 
-// Bounds the nesting of a JSON text before the (recursive) parser sees it.
-// Brackets inside strings do not count; the scan only needs to be right for
-// texts the parser would accept, and conservative for the rest.
-bool NestingWithin(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth) return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
-}
 
 // Milliseconds left until a deadline, never negative.
 int MsLeft(std::chrono::steady_clock::time_point deadline) {
@@ -165,10 +138,10 @@ Result<std::string> EncodeFrame(const json& msg, uint32_t max_bytes) {
 }
 
 Result<json> ParseMessageBody(std::string_view body, const std::string& what) {
-  if (!NestingWithin(body, kMaxJsonDepth)) {
-    return Corrupt(what + ": message nests deeper than " + std::to_string(kMaxJsonDepth) +
-                   " levels; the peer does not speak the holder protocol");
-  }
+  // Bounded before the parser builds a tree that later walks would recurse into.
+  Status limits = CheckJsonLimits(body, what + ": message", "the peer does not speak the holder protocol",
+                                  kMaxMessageBytes);
+  if (!limits.ok()) return Corrupt(limits.error().message());
   json j;
   try {
     j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);

@@ -5,8 +5,9 @@
 // Wire format: every message is a 4-byte little-endian length followed by
 // that many bytes of one JSON object with a "type" key. The length is checked
 // against a bound (kMaxMessageBytes) before a byte of the body is buffered, so
-// a hostile length prefix costs nothing. JSON nesting is bounded too, so a
-// message cannot exhaust the parser's stack. File descriptors travel with
+// a hostile length prefix costs nothing. JSON size and nesting are bounded too
+// (common/json_limits.h), so a message cannot exhaust the stack of whatever
+// walks the parsed value. File descriptors travel with
 // SCM_RIGHTS on the bytes of the message that carries them; the message says
 // how many ("fds": N) so the receiver can tell a complete set from a lost one.
 // More than kMaxFdsPerSend fds are spread over several sendmsg calls, each on
@@ -67,8 +68,6 @@ inline constexpr int kProtocolVersion = 1;
 inline constexpr uint32_t kMaxMessageBytes = 16u << 20;
 // Linux accepts at most 253 fds per sendmsg (SCM_MAX_FD); stay below it.
 inline constexpr size_t kMaxFdsPerSend = 250;
-// Deepest JSON nesting accepted; real messages nest 4 levels.
-inline constexpr int kMaxJsonDepth = 64;
 // Longest client name accepted in a hello (it ends up in logs).
 inline constexpr size_t kMaxClientNameBytes = 256;
 // Largest binary part a client accepts (an attach reply's tensor table:

@@ -1,9 +1,11 @@
 #include "engine/api.h"
 
 #include <cmath>
+#include <cstdint>
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_limits.h"
 #include "engine/tokenizer.h"
 
 namespace wsup::engine {
@@ -22,33 +24,6 @@ const char* TypeName(const json& v) {
     case json::value_t::number_float: return "a non-integer number";
     default: return "an integer";
   }
-}
-
-// Nesting depth outside strings, so deep input is refused before the parser
-// (and the destructor of what it builds) recurse into it.
-bool WithinDepth(std::string_view s, int max_depth) {
-  int depth = 0;
-  bool in_string = false, escape = false;
-  for (char c : s) {
-    if (in_string) {
-      if (escape) {
-        escape = false;
-      } else if (c == '\\') {
-        escape = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 Error Bad(const std::string& m) { return InvalidArgument(m); }
@@ -116,9 +91,10 @@ std::string DumpSafe(const json& j) { return j.dump(-1, ' ', false, json::error_
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits) {
   const std::string example = R"(; send a JSON object such as {"prompt": "Hello", "max_tokens": 16})";
-  if (!WithinDepth(body, kMaxRequestJsonDepth)) {
-    return Bad("the request body nests deeper than " + std::to_string(kMaxRequestJsonDepth) + " levels" + example);
-  }
+  // Deep input is refused before the parser (and every walk over what it
+  // builds) recurses into it. The HTTP server already bounds the size.
+  Status bounded = CheckJsonLimits(body, "the request body", example.substr(2), SIZE_MAX);
+  if (!bounded.ok()) return bounded.error();
   json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Bad("the request body is not valid JSON" + example);
   if (!j.is_object()) return Bad(std::string("the request body is ") + TypeName(j) + ", not a JSON object" + example);

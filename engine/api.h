@@ -6,6 +6,8 @@
 // about the rest (unknown fields are ignored). Every refusal is an
 // InvalidArgument whose message names the field, what was sent and what is
 // allowed. Nothing here throws; the fuzz target feeds it arbitrary bytes.
+// A body nested deeper than the shared JSON limit (common/json_limits.h) is
+// refused before it is parsed.
 //
 // Defaults: max_tokens 16, temperature 0 (greedy: a reference engine
 // answers deterministically unless asked to sample), stream false.
@@ -38,9 +40,6 @@ struct ApiLimits {
   int64_t vocab = 256;
   int64_t context = 2048;  // positions a sequence may use (prompt + max_tokens)
 };
-
-// The deepest JSON nesting accepted; real requests nest 2 or 3 levels.
-inline constexpr int kMaxRequestJsonDepth = 32;
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits);
 

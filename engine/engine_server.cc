@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "common/json_limits.h"
 #include "engine/api.h"
 #include "engine/cuda/cuda_engine.h"
 #include "engine/runner.h"
@@ -83,8 +84,12 @@ std::vector<int32_t> EosTokens(const std::string& model_dir) {
   std::vector<int32_t> out;
   auto text = ReadFile(JoinPath(model_dir, "config.json"));
   if (!text.ok()) return out;
-  json j = json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return out;
+  // The checkpoint reader has already refused a config past the limit;
+  // this read is bounded the same way on its own.
+  auto parsed = ParseJsonChecked(*text, "config.json", "fix the model's config.json");
+  if (!parsed.ok()) return out;
+  json j = std::move(parsed).value();
+  if (!j.is_object()) return out;
   auto it = j.find("eos_token_id");
   if (it == j.end()) return out;
   if (it->is_number_integer()) out.push_back(it->get<int32_t>());
@@ -616,7 +621,9 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
     j["requests"] = {{"active", s.active},
                      {"waiting", s.waiting},
                      {"steps", s.steps},
-                     {"generated_tokens", s.generated_tokens}};
+                     {"generated_tokens", s.generated_tokens},
+                     {"finished", s.finished},
+                     {"cancelled", s.cancelled}};
     // Steps of rank 0 replayed from a CUDA graph and run eagerly (both 0 on the CPU).
     j["steps"] = {{"graph", runner_->graph_steps()},
                   {"eager", runner_->eager_steps()},

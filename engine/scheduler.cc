@@ -122,12 +122,14 @@ void Scheduler::Loop() {
       cancels.swap(cancels_);
     }
     if (!cancels.empty()) {
-      std::erase_if(waiting_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
+      // A cancel for a request that already finished finds nothing and counts nothing.
+      cancelled_ += std::erase_if(waiting_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
       for (auto& s : active_) {
         if (cancels.count(s.req.id)) {
           free_blocks_.insert(free_blocks_.end(), s.blocks.begin(), s.blocks.end());
           s.blocks.clear();
           s.req.id = 0;  // marks it for removal
+          ++cancelled_;
         }
       }
       std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
@@ -139,6 +141,8 @@ void Scheduler::Loop() {
     stats_.active = static_cast<int>(active_.size());
     stats_.waiting = static_cast<int>(waiting_.size());
     stats_.free_blocks = static_cast<int>(free_blocks_.size());
+    stats_.finished = finished_;
+    stats_.cancelled = cancelled_;
   }
 }
 
@@ -181,6 +185,7 @@ void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason
   free_blocks_.insert(free_blocks_.end(), s.blocks.begin(), s.blocks.end());
   s.blocks.clear();
   s.req.id = 0;
+  ++finished_;
 }
 
 int32_t Scheduler::Sample(Seq& s, const float* logits) {

@@ -68,6 +68,8 @@ struct SchedulerStats {
   int total_blocks = 0;
   uint64_t steps = 0;
   uint64_t generated_tokens = 0;
+  uint64_t finished = 0;   // requests that ran to their end (length, stop or error)
+  uint64_t cancelled = 0;  // requests dropped by Cancel() while waiting or running (their client left)
   // Communicator keepalive.
   bool comm_ok = true;
   std::string comm_error;
@@ -134,6 +136,8 @@ class Scheduler {
   std::vector<Seq> active_;
   std::vector<int32_t> free_blocks_;
   int64_t next_keepalive_ms_ = 0;
+  uint64_t finished_ = 0;
+  uint64_t cancelled_ = 0;
   std::vector<float> logits_;
 };
 

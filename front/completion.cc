@@ -1,5 +1,9 @@
 #include "front/completion.h"
 
+#include <cstdint>
+
+#include "common/json_limits.h"
+
 namespace wsup::front {
 
 using nlohmann::ordered_json;
@@ -12,8 +16,16 @@ std::string Dump(const ordered_json& j) { return j.dump(-1, ' ', false, ordered_
 
 bool MayRequestStream(std::string_view body) { return body.find("\"stream\"") != std::string_view::npos; }
 
+Status CheckCompletionBody(std::string_view body) {
+  return CheckJsonLimits(body, "the request body",
+                         R"(send a JSON object such as {"prompt": "Hello", "max_tokens": 16})", SIZE_MAX);
+}
+
 bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
   *plan = CompletionPlan();
+  // Never parse past the limits: copying or dumping a deep tree (the request
+  // is kept for resumes) recurses once per level.
+  if (!CheckCompletionBody(body).ok()) return false;
   ordered_json j = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
   auto stream = j.find("stream");

@@ -27,6 +27,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/status.h"
+
 namespace wsup::front {
 
 struct CompletionPlan {
@@ -40,9 +42,18 @@ struct CompletionPlan {
   nlohmann::ordered_json request;  // the rewritten request (streams only)
 };
 
-// Returns false when the body is not a JSON object (the front then forwards
-// it unchanged and lets the engine answer 400). `default_max_tokens` is the
-// engines' default, made explicit in streamed requests.
+// Ok when a completion body is within the shared JSON limits
+// (common/json_limits.h: the nesting bound; the HTTP server bounds the
+// size). Otherwise an InvalidArgument for the client's 400, worded like the
+// engine's. The front checks every `POST /v1/completions` body with it, so
+// a body the engines would refuse never reaches one, and none reaches the
+// parser below.
+Status CheckCompletionBody(std::string_view body);
+
+// Returns false when the body is not a JSON object, or fails
+// CheckCompletionBody (the front then forwards it unchanged and lets the
+// engine answer 400). `default_max_tokens` is the engines' default, made
+// explicit in streamed requests.
 bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan);
 
 // The body that continues a stream after `delivered` tokens; `remaining`

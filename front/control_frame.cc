@@ -1,5 +1,7 @@
 #include "front/control_frame.h"
 
+#include "common/json_limits.h"
+
 namespace wsup::front {
 
 namespace {
@@ -8,31 +10,6 @@ uint32_t ReadLe32(const char* p) {
   const auto* u = reinterpret_cast<const unsigned char*>(p);
   return static_cast<uint32_t>(u[0]) | (static_cast<uint32_t>(u[1]) << 8) | (static_cast<uint32_t>(u[2]) << 16) |
          (static_cast<uint32_t>(u[3]) << 24);
-}
-
-// Depth of brackets outside strings; conservative for texts the parser
-// would refuse anyway.
-bool NestingWithin(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > max_depth) return false;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 }  // namespace
@@ -90,10 +67,9 @@ std::optional<std::string> ControlFrameDecoder::Next() {
 }
 
 Result<nlohmann::json> ParseControlMessage(std::string_view body) {
-  if (!NestingWithin(body, kMaxControlJsonDepth)) {
-    return InvalidArgument("control: the message nests deeper than " + std::to_string(kMaxControlJsonDepth) +
-                           " levels; send a flat JSON object");
-  }
+  Status limits = CheckJsonLimits(body, "control: the message", "send a flat JSON object such as {\"type\":\"status\"}",
+                                  kMaxControlMessageBytes);
+  if (!limits.ok()) return limits.error();
   nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     return InvalidArgument("control: the message is not valid JSON; send one JSON object such as {\"type\":\"status\"}");

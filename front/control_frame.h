@@ -6,8 +6,9 @@
 //
 // ControlFrameDecoder refuses a zero or oversized length as soon as the four
 // prefix bytes are in, before buffering a byte of the body, so a hostile
-// length costs nothing. ParseControlMessage bounds JSON nesting before the
-// recursive parser runs and never throws.
+// length costs nothing. ParseControlMessage checks the shared JSON limits
+// (common/json_limits.h: size and nesting) before the parser runs and never
+// throws.
 //
 // Pure: no sockets, so the unit tests and a fuzz target drive it directly.
 // Values and single-owner objects; any thread.
@@ -28,7 +29,6 @@ namespace wsup::front {
 // Control messages are a few hundred bytes; 64 KiB leaves room for a status
 // reply with many backends without letting a peer make us buffer megabytes.
 inline constexpr uint32_t kMaxControlMessageBytes = 64 * 1024;
-inline constexpr int kMaxControlJsonDepth = 16;
 
 // Length prefix + compact JSON (invalid UTF-8 replaced, never throws).
 std::string EncodeControlFrame(const nlohmann::json& msg);
@@ -51,7 +51,7 @@ class ControlFrameDecoder {
   bool failed_ = false;
 };
 
-// A body as a JSON object, within the nesting bound. Errors name the problem
+// A body as a JSON object, within the shared JSON limits. Errors name the problem
 // and what a control client must send instead.
 Result<nlohmann::json> ParseControlMessage(std::string_view body);
 

@@ -12,11 +12,14 @@
 //   {"type":"set_routes","active":"H:P"|null,"standby":"H:P"|null,"epoch":N}
 //     -> {"ok":true,"epoch":N}
 //   {"type":"status"} -> {"ok":true,"listen":..,"active":..,"standby":..,
-//     "epoch":..,"inflight":{addr:n},"queued":n,"down":{..},"counters":{..}}
+//     "epoch":..,"inflight":{addr:n},"queued":n,"down":{..},"counters":{..},
+//     "backends":{addr:{..,"failed_at_ms"?,"last_ok_ms"?}},"events":[..]}
 //   anything else -> {"ok":false,"error":"..."}
 // Events pushed to every control client: {"type":"event","kind":"switched",
 // "from","to","reason","epoch","at_ms"} and {"type":"event","kind":"first_ok",
-// "backend","epoch","at_ms"}.
+// "backend","epoch","at_ms"}. The last 64 of them are also kept and returned
+// by status as "events", oldest first: a supervisor that was not connected
+// when the front switched by itself learns what happened and when.
 //
 // Ownership: Front owns the server, the proxy, the control server and its
 // signal handles. Stop() drains (bounded) and closes all of them; `done`

@@ -74,6 +74,8 @@ class ProxyCall final : public UpstreamListener {
   void Attempt(Backend* b);
   // The queue timeout passed (or the queue is full) with no engine to take it.
   void Reject503(const std::string& cause);
+  // The request is one no engine may be given (past the JSON limits).
+  void Reject400(const std::string& message);
   // The proxy is closing: drop everything.
   void Cancel();
 
@@ -142,6 +144,15 @@ void ProxyCall::Start() {
   writer_->OnClose([this] { OnClientGone(); });
   const http::HttpRequest& r = writer_->request();
   body_ = r.body;
+  if (r.method == "POST" && r.path == "/v1/completions") {
+    // Past the shared JSON limits: refused here, before anything parses it
+    // and before an engine spends a parse on it (the engine would refuse it
+    // with the same words).
+    if (Status limits = CheckCompletionBody(r.body); !limits.ok()) {
+      Reject400(limits.error().message());
+      return;
+    }
+  }
   // Only a completion that may ask for a stream is parsed; everything else
   // is forwarded byte for byte.
   if (r.method == "POST" && r.path == "/v1/completions" && MayRequestStream(r.body)) {
@@ -424,6 +435,14 @@ void ProxyCall::Reject503(const std::string& cause) {
   Finish();
 }
 
+void ProxyCall::Reject400(const std::string& message) {
+  Guard g(this);
+  ++proxy_->mutable_counters().rejected_400;
+  spdlog::info("front: request {}: answering 400: {}", id(), message);
+  writer_->Send(http::HttpResponse::Json(400, http::ErrorJson(message, "invalid_request_error")));
+  Finish();
+}
+
 void ProxyCall::Cancel() {
   Guard g(this);
   writer_->Abort();
@@ -632,6 +651,8 @@ void Proxy::BackendFailed(Backend* b, const std::string& why) {
   for (int i = 1; i < b->failures && backoff < options_.down_backoff_max_ms; ++i) backoff *= 2;
   b->down_until_ms = now + std::min(backoff, options_.down_backoff_max_ms);
   b->last_error = why;
+  const int64_t wall = clock_->WallMs();
+  b->failed_at_ms = wall;
   // Every kept-alive connection to it is suspect now.
   std::vector<UpstreamConn*> idle = b->idle;
   for (UpstreamConn* c : idle) c->Close();
@@ -653,18 +674,21 @@ void Proxy::BackendFailed(Backend* b, const std::string& why) {
         {"to", active_->name},
         {"reason", why},
         {"epoch", epoch_},
-        {"at_ms", clock_->WallMs()}});
+        {"at_ms", wall}});
   WakeQueue();
 }
 
 void Proxy::BackendAnswered(Backend* b) {
   b->failures = 0;
+  b->last_ok_ms = clock_->WallMs();
   if (first_ok_pending_.empty() || first_ok_pending_ != b->name) return;
   first_ok_pending_.clear();
   Emit({{"type", "event"}, {"kind", "first_ok"}, {"backend", b->name}, {"epoch", epoch_}, {"at_ms", clock_->WallMs()}});
 }
 
 void Proxy::Emit(nlohmann::json event) {
+  if (event_log_.size() >= kEventLogSize) event_log_.pop_front();
+  event_log_.push_back(event);
   if (events_) events_(event);
 }
 
@@ -687,10 +711,22 @@ void Proxy::OnFlowTimer() {
 nlohmann::json Proxy::StatusJson() const {
   nlohmann::json inflight = nlohmann::json::object();
   nlohmann::json down = nlohmann::json::object();
+  nlohmann::json backends = nlohmann::json::object();
   int64_t now = now_ms();
   for (const auto& [name, b] : pool_.backends()) {
     if (b->routed || b->inflight > 0) inflight[name] = b->inflight;
-    if (b->down_until_ms > now) down[name] = {{"for_ms", b->down_until_ms - now}, {"error", b->last_error}};
+    if (b->down_until_ms > now) {
+      down[name] = {{"for_ms", b->down_until_ms - now}, {"error", b->last_error}, {"failed_at_ms", b->failed_at_ms}};
+    }
+    const char* role = b.get() == active_ ? "active" : b.get() == standby_ ? "standby" : "none";
+    nlohmann::json entry = {{"route", role}, {"inflight", b->inflight}, {"failures", b->failures}};
+    // Wall times only when known: 0 would read as 1970.
+    if (b->failed_at_ms > 0) {
+      entry["failed_at_ms"] = b->failed_at_ms;
+      entry["error"] = b->last_error;
+    }
+    if (b->last_ok_ms > 0) entry["last_ok_ms"] = b->last_ok_ms;
+    backends[name] = std::move(entry);
   }
   nlohmann::json j;
   j["active"] = active_ ? nlohmann::json(active_->name) : nlohmann::json(nullptr);
@@ -699,10 +735,14 @@ nlohmann::json Proxy::StatusJson() const {
   j["inflight"] = std::move(inflight);
   j["queued"] = queue_.size();
   j["down"] = std::move(down);
+  j["backends"] = std::move(backends);
+  j["events"] = nlohmann::json::array();
+  for (const auto& e : event_log_) j["events"].push_back(e);
   j["counters"] = {{"requests", counters_.requests},         {"ok", counters_.ok},
                    {"failed", counters_.failed},             {"retried", counters_.retried},
                    {"resumed", counters_.resumed},           {"switched_self", counters_.switched_self},
-                   {"rejected_503", counters_.rejected_503}, {"client_closed", counters_.client_closed}};
+                   {"rejected_503", counters_.rejected_503}, {"client_closed", counters_.client_closed},
+                   {"rejected_400", counters_.rejected_400}};
   return j;
 }
 

@@ -15,10 +15,17 @@
 //   - the active engine refusing, resetting or closing a connection marks it
 //     down (with a short backoff) and, when a standby is routed, makes the
 //     standby active in one step and pushes a `switched` event;
+//   - a client that goes away (its connection closes or errs, or it sends
+//     EOF: http/server.h) ends its call: the engine connection is closed,
+//     so the engine cancels the request, and nothing is sent again;
+//   - a completion body past the shared JSON limits (common/json_limits.h)
+//     is answered 400 by the front and never forwarded;
 //   - streamed completions are resumed after a cut (see completion.h,
 //     sse_relay.h): the client sees one stream, no gap, no repeated token;
 //   - any other cut after bytes reached the client closes the client's
-//     connection, so a truncated answer is never presented as complete.
+//     connection, so a truncated answer is never presented as complete;
+//   - every event it emits (switched, first_ok) is also kept in a bounded
+//     log that the status reply carries, for a supervisor that was away.
 // Responses announcing a Content-Length up to buffer_limit_bytes are
 // relayed in one piece (one write; a cut before the end is retried
 // invisibly); others, and all event streams, are relayed as they arrive.
@@ -32,6 +39,7 @@
 #include <uv.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
@@ -71,6 +79,7 @@ struct ProxyCounters {
   uint64_t switched_self = 0;  // times the front made the standby active by itself
   uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full
   uint64_t client_closed = 0;  // clients that went away before their answer was complete
+  uint64_t rejected_400 = 0;   // completion bodies past the shared JSON limits, refused by the front
 };
 
 class ProxyCall;
@@ -92,8 +101,14 @@ class Proxy {
   // fails. An epoch lower than the current one is refused (a stale sender).
   Status SetRoutes(const std::optional<HostPort>& active, const std::optional<HostPort>& standby, int64_t epoch);
 
-  // active, standby, epoch, inflight per backend, queued, down, counters.
+  // active, standby, epoch, inflight per backend, queued, down, counters,
+  // backends (per backend: what the front knows of it) and events (the log).
   nlohmann::json StatusJson() const;
+  // The events the front emitted (switched, first_ok), oldest first, at most
+  // kEventLogSize. Kept because an event pushed while no supervisor is
+  // connected reaches nobody: a supervisor that restarts reads them here.
+  const std::deque<nlohmann::json>& event_log() const { return event_log_; }
+  static constexpr size_t kEventLogSize = 64;
   const ProxyCounters& counters() const { return counters_; }
   size_t call_count() const { return calls_.size(); }
 
@@ -142,6 +157,7 @@ class Proxy {
   std::unordered_set<ProxyCall*> calls_;
   std::list<ProxyCall*> queue_;
   std::unordered_set<ProxyCall*> flow_paused_;
+  std::deque<nlohmann::json> event_log_;
   ProxyCounters counters_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_limits.h"
+
 namespace wsup::front {
 
 using nlohmann::ordered_json;
@@ -68,7 +70,14 @@ void CompletionStream::OnEvent(std::string_view raw, std::string* out) {
     out->append(raw);
     return;
   }
-  ordered_json j = ordered_json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  // An event past the shared JSON limits is passed on unparsed, like one
+  // that is not JSON: rewriting it would walk its whole depth.
+  ordered_json j;
+  if (CheckJsonLimits(payload, "an engine event", "", kMaxEventBytes).ok()) {
+    j = ordered_json::parse(payload, nullptr, /*allow_exceptions=*/false);
+  } else {
+    j = ordered_json(ordered_json::value_t::discarded);
+  }
   if (j.is_discarded() || !j.is_object()) {
     trackable_ = false;
     out->append(raw);

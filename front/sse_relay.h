@@ -16,8 +16,9 @@
 // uninterrupted stream.
 //
 // A stream is "trackable" while every event told which tokens it carried;
-// an event with text but no token ids, or one that is not JSON, makes it
-// untrackable and a cut is then not resumable.
+// an event with text but no token ids, or one that is not JSON (or is
+// past the shared JSON limits of common/json_limits.h, and so is passed on
+// unparsed), makes it untrackable and a cut is then not resumable.
 //
 // Pure (no sockets); owned by one proxied call on the loop thread.
 #pragma once

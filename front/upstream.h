@@ -46,6 +46,8 @@ struct Backend {
   int64_t down_until_ms = 0;    // loop time before which it is not tried
   int failures = 0;             // consecutive connection failures
   std::string last_error;       // the latest failure, for 503 messages
+  int64_t failed_at_ms = 0;     // wall time of the latest failure (0: none seen)
+  int64_t last_ok_ms = 0;       // wall time of its latest 2xx answer head (0: none seen)
   std::vector<UpstreamConn*> idle;  // kept-alive connections, most recent last
   size_t conns = 0;             // open connections of any state
   bool routed = false;          // the active or standby route names it

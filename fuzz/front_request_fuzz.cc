@@ -2,12 +2,15 @@
 // fuzzer's): control-socket frames and messages, completion request bodies
 // (the stream-resume planning), and engine event streams (the SSE relay),
 // split at an input-chosen point so that events cut anywhere are covered.
-// The front must neither crash nor throw on any of them.
+// The front must neither crash nor throw on any of them, however deeply
+// they nest (the corpus holds bodies 70,000 levels deep and some at the
+// shared JSON limit of 64 levels).
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "common/json_limits.h"
 #include "front/completion.h"
 #include "front/control_frame.h"
 #include "front/sse_relay.h"
@@ -25,8 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)wsup::front::ParseControlMessage(in);
 
   wsup::front::CompletionPlan plan;
-  if (wsup::front::PlanCompletion(in, 16, &plan) && plan.resumable) {
-    (void)wsup::front::ResumeBody(plan, {1, 2, 3}, 5);
+  if (wsup::front::PlanCompletion(in, 16, &plan)) {
+    // Planned means within the shared JSON limit (common/json_limits.h):
+    // nothing deeper may reach the parser or the walks over what it builds.
+    if (wsup::JsonNestingDepth(in) > wsup::kMaxJsonDepth) __builtin_trap();
+    if (plan.resumable) (void)wsup::front::ResumeBody(plan, {1, 2, 3}, 5);
   }
 
   for (bool strip : {false, true}) {

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/fs.h"
+#include "common/json_limits.h"
 #include "common/sha256.h"
 
 namespace wsup {
@@ -84,35 +85,13 @@ std::string Quote(const json& v) {
 }
 
 // Real headers and configs nest a few levels; refusing deep nesting before
-// parsing keeps every later walk over the value (dump, compare, destroy)
-// shallow whatever the input.
-constexpr int kMaxJsonDepth = 64;
-
-bool WithinJsonDepth(std::string_view text) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (ch == '\\') {
-        escaped = true;
-      } else if (ch == '"') {
-        in_string = false;
-      }
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == '[' || ch == '{') {
-      if (++depth > kMaxJsonDepth) return false;
-    } else if (ch == ']' || ch == '}') {
-      --depth;
-    }
-  }
-  return true;
-}
-
-std::string TooDeep() {
-  return "JSON nested deeper than " + std::to_string(kMaxJsonDepth) + " levels";
+// parsing (common/json_limits.h) keeps every later walk over the value (dump,
+// compare, destroy) shallow whatever the input. Sizes are bounded by the
+// readers (kMaxConfigBytes, the header length check), with their own messages.
+Status CheckDepth(std::string_view text, const std::string& what, const std::string& fix) {
+  Status limits = CheckJsonLimits(text, what, fix, SIZE_MAX);
+  if (!limits.ok()) return Corrupt(limits.error().message());
+  return Status::Ok();
 }
 
 std::string QuoteName(std::string_view name) {
@@ -230,7 +209,7 @@ Result<json> ReadJsonFile(const std::string& path, const char* fix) {
     }
     return text.error();
   }
-  if (!WithinJsonDepth(*text)) return Corrupt(path + ": " + TooDeep() + "; " + fix);
+  WSUP_RETURN_IF_ERROR(CheckDepth(*text, path, fix));
   try {
     return json::parse(*text);
   } catch (const json::exception& e) {
@@ -283,7 +262,7 @@ int64_t TensorInfo::numel() const {
 
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::string& path) {
   const std::string fix = "fix config.json or restore it from the model repository";
-  if (!WithinJsonDepth(json_text)) return Corrupt(path + ": " + TooDeep() + "; " + fix);
+  WSUP_RETURN_IF_ERROR(CheckDepth(json_text, path, fix));
   json j;
   try {
     j = json::parse(json_text);
@@ -399,9 +378,7 @@ Result<SafetensorsHeader> ParseSafetensorsHeader(const uint8_t* data, size_t len
     }
     return true;
   };
-  if (!WithinJsonDepth(std::string_view(text, n))) {
-    return Corrupt(f + ": the header is " + TooDeep() + ", not a safetensors header; " + redownload);
-  }
+  WSUP_RETURN_IF_ERROR(CheckDepth(std::string_view(text, n), f + ": the header", "not a safetensors header; " + redownload));
   json h;
   try {
     h = json::parse(text, text + n, cb);

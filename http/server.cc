@@ -220,15 +220,20 @@ class Connection {
     peer_eof_ = true;
     switch (phase_) {
       case Phase::kOpen:
-        // A peer that half-closes may still read the answers it is owed.
         if (!current_ && queue_.empty()) {
           if (parser_.failed()) {
             Pump();
           } else {
             Close();
           }
-        } else {
+        } else if (opts().serve_half_closed) {
+          // A peer that half-closes may still read the answers it is owed.
           UpdateTimer();
+        } else {
+          // The client hung up on its answer: closing runs the writer's
+          // OnClose, which cancels the work (see ServerOptions).
+          spdlog::debug("http: the peer closed its connection with a request in flight; cancelling it");
+          Close();
         }
         break;
       case Phase::kDraining:

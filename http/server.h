@@ -24,6 +24,10 @@
 // Reuse: the data-plane proxy uses the same server with a handler that
 // forwards the request and streams the upstream's answer through
 // StartStream()/Write()/End(), and OnClose() to learn of a vanished client.
+//
+// A client is taken as gone when its connection errs, when a write to it
+// fails, and (ServerOptions::serve_half_closed, off by default) when it
+// sends EOF while a request of it is in flight: OnClose() runs in all three.
 #pragma once
 
 #include <uv.h>
@@ -53,6 +57,21 @@ struct ServerOptions {
   size_t max_connections = 4096;      // more are accepted and closed at once
   size_t max_pipelined = 32;          // parsed requests waiting; reading pauses beyond
   std::string server_name = "wsup";   // the Server header
+  // What a peer's EOF (its FIN) means while one of its requests is being
+  // answered or waits to be. false (the default): the client is gone. The
+  // connection is closed at once and the current writer's OnClose() runs, so
+  // the proxy stops its upstream request and the engine its generation;
+  // requests queued behind it are dropped unanswered. This is what
+  // production proxies do: nginx ends the upstream request when the client
+  // closes (unless proxy_ignore_client_abort is on), HAProxy with
+  // `option abortonclose`. HTTP/1.1 lets a client half-close and still read
+  // its answers, but HTTP clients do not do it, and a closed socket cannot be
+  // told from a half-closed one by its FIN alone: without this, a client
+  // that hung up on a long non-streamed completion kept an engine generating
+  // for nobody (only a stream learns of it, when a write fails).
+  // true: a half-closed peer is still answered (requests in flight and
+  // queued complete; the connection closes after the last answer).
+  bool serve_half_closed = false;
 };
 
 class Connection;

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_limits.h"
 #include "supervisor/config.h"
 
 namespace wsup {
@@ -34,6 +35,7 @@ ProbeOutcome Fail(std::string reason, int64_t latency_ms) { return {false, std::
 // A non-2xx answer: "HTTP 503: <the error message, or the body>".
 std::string HttpFailure(const http::HttpResponse& r) {
   std::string detail = Excerpt(r.body);
+  if (!CheckJsonLimits(r.body, "the error answer", "").ok()) return "HTTP " + std::to_string(r.status) + ": " + detail;
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (!j.is_discarded() && j.is_object() && j.contains("error")) {
     const auto& e = j["error"];
@@ -340,6 +342,9 @@ ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http
                                 int64_t latency_ms) {
   if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
   const http::HttpResponse& r = *response;
+  if (Status limits = CheckJsonLimits(r.body, "bad response: the completion", "the engine must answer the completion API's JSON");
+      !limits.ok())
+    return Fail(limits.error().message(), latency_ms);
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Fail("bad response: not a JSON object: " + Excerpt(r.body, 80), latency_ms);
@@ -375,6 +380,9 @@ ProbeOutcome EvaluateStatus(const CommProbeSpec& spec, const Result<http::HttpRe
                             int64_t latency_ms) {
   if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
   const http::HttpResponse& r = *response;
+  if (Status limits = CheckJsonLimits(r.body, "bad status: the answer", "the engine must answer /wsup/status JSON");
+      !limits.ok())
+    return Fail(limits.error().message(), latency_ms);
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded() || !j.is_object())
     return Fail("bad status: not a JSON object: " + Excerpt(r.body, 80), latency_ms);

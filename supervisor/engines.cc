@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "common/fs.h"
+#include "common/json_limits.h"
 #include "common/log.h"
 #include "probes/probe.h"
 #include "supervisor/preflight.h"
@@ -26,26 +27,6 @@ namespace {
 
 constexpr int64_t kStatusPollMs = 25;  // while an engine starts
 
-// An engine's /wsup/status, parsed within the JSON nesting bound.
-Result<json> ParseJsonBounded(const std::string& text, const std::string& what) {
-  int depth = 0;
-  bool in_str = false, esc = false;
-  for (char c : text) {
-    if (in_str) {
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
-      continue;
-    }
-    if (c == '"') in_str = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > 32) return Corrupt(what + ": nests deeper than 32 levels");
-    } else if (c == '}' || c == ']') --depth;
-  }
-  json j = json::parse(text, nullptr, false);
-  if (j.is_discarded()) return Corrupt(what + ": not JSON");
-  return j;
-}
 
 // 16 random bytes as hex: unguessable by another process on the node.
 std::string MakeNonce() {
@@ -206,7 +187,7 @@ void Supervisor::Impl::PollStatus(Slot& s) {
     Slot& s = *sp;
     if (s.pid != pid || s.state != SlotState::kStarting) return;
     if (r.ok() && r->status == 200) {
-      auto st = ParseJsonBounded(r->body, "engine " + s.name + " /wsup/status");
+      auto st = ParseJsonChecked(r->body, "engine " + s.name + "'s /wsup/status", "it is not a wsup engine's status");
       if (st.ok() && st->is_object()) {
         if (!CheckIdentity(s, &*st)) {
           s.poll.Start(kStatusPollMs * 4, [this, sp] { PollStatus(*sp); });

@@ -244,6 +244,50 @@ TEST_CASE("engine: 32 concurrent streams all get their goldens while /health ans
   StopClean(e);
 }
 
+TEST_CASE("engine: a client that hangs up on a non-streamed completion cancels its generation") {
+  // One sequence at a time, so the requests behind the first wait in the
+  // scheduler's queue: none can have finished before its client leaves
+  // unless every one before it ran to its end too.
+  TempDir dir;
+  Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32", {"--max-batch", "1"});
+  INFO(e.Log());
+  REQUIRE(e.ready);
+  auto requests = [&] { return wsup::test::GetJson(e.port, "/wsup/status")["requests"]; };
+  constexpr int kClients = 6;
+  constexpr int kMaxTokens = 500;
+  std::vector<HttpConn> conns(kClients);
+  for (auto& c : conns) {
+    REQUIRE(c.Connect(e.port));
+    json req = {{"prompt", "Hello"}, {"max_tokens", kMaxTokens}};
+    REQUIRE(c.Send(wsup::test::FormatRequest("POST", "/v1/completions", req.dump())));
+  }
+  // Every request is in the scheduler (running, waiting or done).
+  REQUIRE(wsup::test::WaitFor(
+      [&] {
+        json r = requests();
+        return r["active"].get<int>() + r["waiting"].get<int>() + r["finished"].get<int>() == kClients;
+      },
+      20s));
+  // The clients close without reading: a plain EOF for the engine.
+  for (auto& c : conns) c.Close();
+  json r;
+  REQUIRE(wsup::test::WaitFor(
+      [&] {
+        r = requests();
+        return r["active"] == 0 && r["waiting"] == 0;
+      },
+      20s));
+  INFO(r.dump());
+  CHECK(r["finished"].get<int>() + r["cancelled"].get<int>() == kClients);
+  CHECK(r["cancelled"].get<int>() >= 1);
+  CHECK(r["generated_tokens"].get<int>() < kClients * kMaxTokens);  // nobody's tokens were all made
+  json st = wsup::test::GetJson(e.port, "/wsup/status");
+  CHECK(st["kv_cache"]["free_blocks"] == st["kv_cache"]["blocks"]);
+  // And it serves the next client.
+  CHECK(wsup::test::Complete(e.port, "Hello", 4).size() == 4);
+  StopClean(e);
+}
+
 TEST_CASE("engine: bad requests get a 4xx naming the problem, and the engine keeps serving") {
   TempDir dir;
   Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32",
@@ -273,7 +317,7 @@ TEST_CASE("engine: bad requests get a 4xx naming the problem, and the engine kee
       {"{\"prompt\": \"hi\", \"stream\": \"yes\"}", "'stream' must be true or false"},
       {"{\"prompt\": \"hi\", \"n\": 2}", "'n' is not supported"},
       {"{\"prompt\": \"" + std::string(600, 'a') + "\"}", "the model's context is 512 tokens"},
-      {std::string(40, '[') + std::string(40, ']'), "nests deeper"},
+      {std::string(65, '[') + std::string(65, ']'), "nested deeper than the limit of 64 levels"},
   };
   for (const auto& c : cases) {
     INFO(c.body.substr(0, 80));

@@ -79,6 +79,8 @@ FakeEngine::FakeEngine(std::string name) : name_(std::move(name)) {
     auto* self = static_cast<FakeEngine*>(a->data);
     std::vector<Stream*> all(self->streams_.begin(), self->streams_.end());
     for (Stream* s : all) self->EndStream(s);
+    for (auto& w : self->held_) w->OnClose(nullptr);
+    self->held_.clear();
     self->server_->Close([self] { uv_close(reinterpret_cast<uv_handle_t*>(&self->stop_), nullptr); });
   });
   thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
@@ -170,6 +172,14 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
   bool ids = j.value("return_token_ids", false);
   if (stream) {
     StartStream(std::move(w), std::move(prompt), max_tokens, ids, Misbehave(kDieAfterTokens));
+    return;
+  }
+  if (Misbehave(kHold)) {
+    // A long generation: the answer would come much later. The engine
+    // learns that the front gave up on it only when the connection closes.
+    ++held;
+    w->OnClose([this] { ++held_closed; });
+    held_.push_back(std::move(w));
     return;
   }
   std::vector<int64_t> out = FakeGenerate(prompt, max_tokens);

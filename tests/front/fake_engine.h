@@ -41,6 +41,7 @@ class FakeEngine {
     kCloseOnRequest,  // closes the connection without a byte of answer
     kDieAfterTokens,  // streams die_after events, then drops the connection
     kPartialBody,     // non-streamed answers: sends part of a chunked body, then drops the connection
+    kHold,            // non-streamed completions: never answered, held until the connection closes
   };
 
   explicit FakeEngine(std::string name);
@@ -62,6 +63,8 @@ class FakeEngine {
   std::atomic<int> completions{0};
   std::atomic<int> streams_active{0};
   std::atomic<int> client_closed{0};  // streams whose connection closed before the end
+  std::atomic<int> held{0};           // kHold completions received
+  std::atomic<int> held_closed{0};    // ... whose connection then closed (the front gave up on them)
 
   std::string last_body();
   std::string last_request_id();
@@ -85,6 +88,7 @@ class FakeEngine {
   bool stopped_ = false;
   uint64_t next_id_ = 0;
   std::unordered_set<Stream*> streams_;
+  std::vector<std::shared_ptr<http::ResponseWriter>> held_;
   std::mutex mu_;
   std::string last_body_;
   std::string last_request_id_;

@@ -541,3 +541,96 @@ TEST_CASE("bad flags are refused with a message naming the fix", "[front][proces
   CHECK(r.output.find("in use") != std::string::npos);
   CHECK(front->child().running());
 }
+
+namespace {
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+TEST_CASE("a switch made while no supervisor is connected is kept in status events, with backend times",
+          "[front][process]") {
+  FakeEngine a("A"), b("B");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--epoch", "3"});
+  int64_t t0 = WallMs();
+  REQUIRE(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  int64_t t1 = WallMs();
+  // The active engine dies while nobody listens to the front's events.
+  a.Stop();
+  HttpResult r = HttpRequestOnce(front->port(), "GET", "/whoami");
+  int64_t t2 = WallMs();
+  REQUIRE(r.status == 200);
+  CHECK(r.body == "B");
+
+  // A supervisor that comes back reads what happened, and when.
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  json st = Status(ctl);
+  CHECK(st["active"] == b.addr());
+  CHECK(st["counters"]["switched_self"] == 1);
+  REQUIRE(st["events"].is_array());
+  REQUIRE(st["events"].size() == 3);
+  const json& ok_a = st["events"][0];
+  const json& switched = st["events"][1];
+  const json& ok_b = st["events"][2];
+  CHECK(ok_a["kind"] == "first_ok");
+  CHECK(ok_a["backend"] == a.addr());
+  CHECK(ok_a["at_ms"].get<int64_t>() >= t0);
+  CHECK(ok_a["at_ms"].get<int64_t>() <= t1);
+  CHECK(switched["type"] == "event");
+  CHECK(switched["kind"] == "switched");
+  CHECK(switched["from"] == a.addr());
+  CHECK(switched["to"] == b.addr());
+  CHECK(switched["epoch"] == 3);
+  CHECK_FALSE(switched["reason"].get<std::string>().empty());
+  CHECK(switched["at_ms"].get<int64_t>() >= t1);
+  CHECK(switched["at_ms"].get<int64_t>() <= t2);
+  CHECK(ok_b["kind"] == "first_ok");
+  CHECK(ok_b["backend"] == b.addr());
+  CHECK(ok_b["at_ms"].get<int64_t>() >= switched["at_ms"].get<int64_t>());
+
+  const json& ba = st["backends"][a.addr()];
+  const json& bb = st["backends"][b.addr()];
+  CHECK(ba["route"] == "none");
+  CHECK(bb["route"] == "active");
+  CHECK(ba["last_ok_ms"].get<int64_t>() >= t0);
+  CHECK(ba["last_ok_ms"].get<int64_t>() <= t1);
+  CHECK(ba["failed_at_ms"].get<int64_t>() == switched["at_ms"].get<int64_t>());
+  CHECK(ba["error"] == switched["reason"]);
+  CHECK(bb["last_ok_ms"].get<int64_t>() >= switched["at_ms"].get<int64_t>());
+  CHECK(bb["last_ok_ms"].get<int64_t>() <= t2);
+  CHECK_FALSE(bb.contains("failed_at_ms"));  // never failed: no time at all, not 0
+  // The fields that were there before are all still there.
+  for (const char* key : {"ok", "listen", "pid", "active", "standby", "epoch", "inflight", "queued", "down", "counters",
+                          "control_clients"}) {
+    CHECK(st.contains(key));
+  }
+}
+
+TEST_CASE("the status event log keeps the last 64 events, oldest first", "[front][process]") {
+  FakeEngine a("A"), b("B");
+  auto front = FrontProcess::Start({"--active", a.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  // Each route change and the first good answer after it: one first_ok event.
+  constexpr int kChanges = 70;
+  for (int epoch = 1; epoch <= kChanges; ++epoch) {
+    FakeEngine& to = epoch % 2 ? b : a;
+    auto reply = ctl.Call(SetRoutes(to.addr(), "", epoch));
+    REQUIRE(reply.has_value());
+    REQUIRE((*reply)["ok"] == true);
+    REQUIRE(HttpRequestOnce(front->port(), "GET", "/whoami").body == to.name());
+  }
+  json events = Status(ctl)["events"];
+  REQUIRE(events.size() == 64);
+  for (size_t i = 0; i < events.size(); ++i) {
+    INFO(events[i].dump());
+    CHECK(events[i]["kind"] == "first_ok");
+    CHECK(events[i]["epoch"] == kChanges - 63 + static_cast<int>(i));
+    if (i > 0) CHECK(events[i]["at_ms"].get<int64_t>() >= events[i - 1]["at_ms"].get<int64_t>());
+  }
+  CHECK(events.back()["backend"] == a.addr());  // epoch 70 routed A
+}

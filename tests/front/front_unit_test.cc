@@ -13,6 +13,8 @@
 
 using nlohmann::json;
 using namespace wsup::front;
+using wsup::Code;
+using wsup::Status;
 
 namespace {
 
@@ -151,6 +153,38 @@ TEST_CASE("PlanCompletion rewrites streamed requests for resuming", "[front][uni
   }
   CHECK_FALSE(MayRequestStream(R"({"prompt":"a"})"));
   CHECK(MayRequestStream(R"({"prompt":"a","stream":true})"));
+}
+
+TEST_CASE("completion bodies past the shared JSON limit are refused before any parse", "[front][unit]") {
+  const std::string deep = "{\"stream\":true,\"prompt\":" + std::string(70000, '[') + std::string(70000, ']') + "}";
+  Status st = CheckCompletionBody(deep);
+  REQUIRE_FALSE(st.ok());
+  CHECK(st.code() == Code::kInvalidArgument);
+  CHECK(st.error().message().find("the request body is JSON nested deeper than the limit of 64 levels") !=
+        std::string::npos);
+  CompletionPlan p;
+  CHECK_FALSE(PlanCompletion(deep, 16, &p));
+  // 64 levels in all is the limit itself.
+  const std::string at_limit =
+      "{\"stream\":true,\"prompt\":\"a\",\"x\":" + std::string(63, '[') + std::string(63, ']') + "}";
+  CHECK(CheckCompletionBody(at_limit).ok());
+  REQUIRE(PlanCompletion(at_limit, 16, &p));
+  CHECK(p.stream);
+  CHECK_FALSE(ResumeBody(p, {1}, 3).empty());
+  CHECK(CheckCompletionBody("{\"prompt\":\"" + std::string(70000, '[') + "\"}").ok());  // in a string
+}
+
+TEST_CASE("an engine event nested past the JSON limit is passed on unparsed and stops tracking", "[front][unit]") {
+  CompletionStream s(/*strip_token_ids=*/true);
+  std::string deep = "data: {\"choices\":" + std::string(70000, '[') + std::string(70000, ']') + "}\n\n";
+  std::string out;
+  s.Feed(Event("c1", {65}), &out);
+  s.Feed(deep, &out);
+  CHECK_FALSE(s.trackable());
+  CHECK(out.find(deep) != std::string::npos);  // byte for byte
+  CHECK(s.delivered() == std::vector<int64_t>{65});
+  s.Feed("data: [DONE]\n\n", &out);
+  CHECK(s.done());
 }
 
 TEST_CASE("CompletionStream tracks tokens, strips ids and forwards whole events only", "[front][unit]") {

@@ -137,7 +137,7 @@ TEST_CASE("ParseModelConfig reads both config layouts and applies defaults") {
         {"[1]", "not a JSON object"},
         {"{\"a\": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
          "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}",
-         "nested deeper than 64 levels"},
+         "nested deeper than the limit of 64 levels"},
         {R"({"vocab_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2})",
          "'hidden_size' is missing"},
         {R"({"vocab_size": 8, "hidden_size": "big", "num_hidden_layers": 1, "num_attention_heads": 2})",
@@ -447,7 +447,7 @@ TEST_CASE("malformed checkpoints are refused with the file, the tensor and the f
     SafetensorsWriteOptions o;
     o.header_override = Pad("{\"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
     f.Single({a}, o);
-    CHECK(Has(f.OpenFails().message(), model + ": the header is JSON nested deeper than 64 levels"));
+    CHECK(Has(f.OpenFails().message(), model + ": the header is JSON nested deeper than the limit of 64 levels"));
   }
   SECTION("metadata that is not an object of strings") {
     SafetensorsWriteOptions o;

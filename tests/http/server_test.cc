@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <sys/socket.h>
 #include <uv.h>
 
 #include <atomic>
@@ -53,6 +54,7 @@ class ServerFixture {
   int port() const { return port_; }
   std::atomic<int> closed_while_streaming{0};
   std::atomic<int> handled{0};
+  std::atomic<int> closed_while_held{0};
 
  private:
   void Handle(std::shared_ptr<ResponseWriter> w) {
@@ -86,6 +88,11 @@ class ServerFixture {
       w->Write(wsup::http::SseEvent("first"));
       hanging_.push_back(w);
       w->OnClose([this] { ++closed_while_streaming; });
+    } else if (r.path == "/hold") {
+      // A non-streamed answer that never comes (a long completion); records
+      // when the connection goes away.
+      hanging_.push_back(w);
+      w->OnClose([this] { ++closed_while_held; });
     } else {
       w->Send(HttpResponse::Json(404, wsup::http::ErrorJson("no route " + r.path, "not_found")));
     }
@@ -273,6 +280,78 @@ TEST_CASE("server: a client that vanishes mid-stream is noticed - closing with o
   CHECK(f->closed_while_streaming.load() == 2);
   CHECK(a.WaitClosed(5s));
   CHECK(b.WaitClosed(5s));
+}
+
+TEST_CASE("server: a peer's EOF with a request in flight cancels it - serve_half_closed keeps answering") {
+  SECTION("by default the client is gone: OnClose runs and the connection closes") {
+    ServerFixture f;
+    HttpConn c;
+    REQUIRE(c.Connect(f.port()));
+    // Nothing is read before the FIN, so the peer sends a plain EOF, not a reset.
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/hold", "")));
+    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
+    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    CHECK(wsup::test::WaitFor([&] { return f.closed_while_held.load() == 1; }, 5s));
+    CHECK(c.WaitClosed(5s));
+  }
+  SECTION("by default, requests pipelined behind the one in flight are dropped unanswered") {
+    ServerFixture f;
+    HttpConn c;
+    REQUIRE(c.Connect(f.port()));
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/hold", "") + wsup::test::FormatRequest("GET", "/echo", "")));
+    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
+    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    CHECK(wsup::test::WaitFor([&] { return f.closed_while_held.load() == 1; }, 5s));
+    HttpResult r = c.Read(5s);
+    CHECK(r.status == 0);  // closed without an answer
+    CHECK(f.handled.load() == 1);  // the /echo behind it never reached the handler
+  }
+  SECTION("by default, an answer that was still to come never comes") {
+    ServerFixture f;
+    HttpConn c;
+    REQUIRE(c.Connect(f.port()));
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/slow", "")));
+    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
+    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpResult r = c.Read(5s);
+    CHECK(r.status == 0);
+    CHECK_FALSE(r.error.empty());
+  }
+  SECTION("serve_half_closed: a half-closed peer still reads its answers, in order") {
+    ServerOptions o;
+    o.serve_half_closed = true;
+    ServerFixture f(o);
+    HttpConn c;
+    REQUIRE(c.Connect(f.port()));
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/slow", "") + wsup::test::FormatRequest("POST", "/echo", "x")));
+    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
+    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpResult a = c.Read(5s);
+    CHECK(a.status == 200);
+    CHECK(a.body == "slow");
+    HttpResult b = c.Read(5s);
+    CHECK(b.status == 200);
+    CHECK(b.body == "POST x");
+    CHECK(c.WaitClosed(5s));  // and the connection ends after the last answer
+    CHECK(f.closed_while_held.load() == 0);
+  }
+  SECTION("serve_half_closed: a held request is not cancelled by the EOF, only by the close") {
+    ServerOptions o;
+    o.serve_half_closed = true;
+    auto f = std::make_unique<ServerFixture>(o);
+    HttpConn c;
+    REQUIRE(c.Connect(f->port()));
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/hold", "") + wsup::test::FormatRequest("GET", "/slow", "")));
+    REQUIRE(wsup::test::WaitFor([&] { return f->handled.load() == 1; }, 5s));
+    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    // A second connection's answer comes after the EOF was read on the first
+    // (one loop thread, events in order): the held one is still open.
+    HttpResult r = wsup::test::HttpRequestOnce(f->port(), "GET", "/slow", "", 5s);
+    CHECK(r.status == 200);
+    CHECK(f->closed_while_held.load() == 0);
+    f->Stop();
+    CHECK(f->closed_while_held.load() == 1);
+  }
 }
 
 TEST_CASE("server: connections past the limit are refused, the rest served") {
