@@ -873,7 +873,8 @@ const char* ProbeKindName(ProbeKind k) { return k == ProbeKind::kPort ? "port" :
 
 const std::vector<std::string>& EnginePlaceholders() {
   static const std::vector<std::string> names = {"port",    "model",    "socket",   "devices",    "mode",
-                                                 "backend", "tp",       "revision", "runtime_dir", "nonce"};
+                                                 "backend", "tp",       "revision", "runtime_dir", "nonce",
+                                                 "ready_fd"};
   return names;
 }
 
@@ -944,10 +945,18 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
 }
 }  // namespace
 
-Result<std::vector<std::string>> EngineArgv(const Config& config, int port, const std::string& nonce) {
+bool EngineAnnouncesReady(const Config& config) {
+  for (const auto& a : config.engine.command) {
+    if (a.find("{ready_fd}") != std::string::npos) return true;
+  }
+  return false;
+}
+
+Result<std::vector<std::string>> EngineArgv(const Config& config, int port, const std::string& nonce, int ready_fd) {
   auto vars = CommonVars(config);
   vars["port"] = std::to_string(port);
   vars["nonce"] = nonce;
+  vars["ready_fd"] = std::to_string(ready_fd);
   vars["devices"] = DevicesArg(config);
   vars["socket"] = EngineSocketsArg(config);
   auto r = ExpandPlaceholders(config.engine.command, vars);

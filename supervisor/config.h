@@ -174,7 +174,15 @@ std::string EngineSocketsArg(const Config& config);
 // `nonce` is this start's identity ({nonce}; also WSUP_ENGINE_NONCE in the
 // engine's environment): an engine that echoes it in /wsup/status proves
 // that it is the process the supervisor started.
-Result<std::vector<std::string>> EngineArgv(const Config& config, int port, const std::string& nonce = "");
+// `ready_fd` fills {ready_fd}: the fd number in the engine of a pipe it may
+// write one line to once it serves (see EngineAnnouncesReady).
+Result<std::vector<std::string>> EngineArgv(const Config& config, int port, const std::string& nonce = "",
+                                            int ready_fd = -1);
+
+// True when engine.command passes {ready_fd}: the engine announces its
+// readiness on an inherited fd, and the supervisor polls /wsup/status only
+// after that line (or the fd's EOF) instead of from the spawn on.
+bool EngineAnnouncesReady(const Config& config);
 
 // The argv of the holder of `rank` (daemon mode); "" binary means the
 // caller's default holder path, passed as `default_binary`.

@@ -72,17 +72,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     port = *p;
   }
   std::string nonce = MakeNonce();
-  auto argv = EngineArgv(cfg_, port, nonce);
-  if (!argv.ok()) {
-    BeginStop(argv.error().message(), kExitConfig);
-    return;
-  }
   ChildSpec spec;
-  spec.argv = std::move(*argv);
-  spec.env_set = cfg_.engine.env;
-  spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
-  spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
-  spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
   // The engine inherits the write end of its lifeline as fd 3 (before it
   // opens anything of its own, so it is among the first files closed when
   // it dies). Without a pipe the pidfd alone still sees the exit.
@@ -92,8 +82,33 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   } else {
     spdlog::warn("engine {}: {}; its death is seen through its pidfd only", s.name, line.error().message());
   }
+  // {ready_fd}: a pipe the engine writes one line to once it serves.
+  UniqueFd ready_rd, ready_wr;
+  int ready_fd = -1;
+  if (EngineAnnouncesReady(cfg_)) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) == 0) {
+      ready_rd.Reset(p[0]);
+      ready_wr.Reset(p[1]);
+      spec.pass_fds.push_back(ready_wr.get());
+      ready_fd = 3 + static_cast<int>(spec.pass_fds.size()) - 1;
+    } else {
+      spdlog::warn("engine {}: pipe for {{ready_fd}}: {}; polling its status instead", s.name, strerror(errno));
+    }
+  }
+  auto argv = EngineArgv(cfg_, port, nonce, ready_fd);
+  if (!argv.ok()) {
+    BeginStop(argv.error().message(), kExitConfig);
+    return;
+  }
+  spec.argv = std::move(*argv);
+  spec.env_set = cfg_.engine.env;
+  spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
+  spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
+  spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
   auto pid = SpawnChild(spec);
   if (line.ok()) line->write_end.Reset();
+  ready_wr.Reset();
   if (!pid.ok()) {
     // The program cannot be started at all: no restart can help.
     s.permanent_failure = true;
@@ -123,21 +138,47 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   // leaves a process its successor and `wsup stop` can find.
   SaveState();
   Slot* sp = &s;
+  CloseWatches(s);
   auto w = ExitWatch::Start(&loop_, s.pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
   if (w.ok()) {
     s.watch = *w;
   } else {
     spdlog::error("engine {} pid {}: {}; its death will not be seen", s.name, s.pid, w.error().message());
   }
-  if (s.lifeline) s.lifeline->Close();
-  s.lifeline = nullptr;
+  const pid_t child = s.pid;
   if (line.ok()) {
-    const pid_t child = s.pid;
     auto hw = HangupWatch::Start(&loop_, std::move(line->read_end), [this, sp, child] { OnEngineDying(*sp, child); });
     if (hw.ok()) s.lifeline = *hw;
   }
   Fire(s, SlotEvent::kSpawn, "started pid " + std::to_string(s.pid) + " on port " + std::to_string(port));
+  if (ready_rd.valid()) {
+    // Announced readiness: no polling while it loads. The line (or the
+    // pipe's EOF, from an engine that closes it unused) starts the status
+    // check at once; the start budget still applies.
+    auto lw = LineWatch::Start(&loop_, std::move(ready_rd), [this, sp, child](Result<std::string> l) {
+      sp->ready_line = nullptr;
+      if (sp->pid != child) return;
+      spdlog::info("engine {}: {}", sp->name,
+                   l.ok() ? "announced readiness: " + l->substr(0, 200)
+                          : "closed its {ready_fd} without a line; checking its status");
+      PollStatus(*sp);
+    });
+    if (lw.ok()) {
+      s.ready_line = *lw;
+      s.poll.Start(cfg_.engine.ready_timeout_ms + 1, [this, sp] { PollStatus(*sp); });
+      return;
+    }
+  }
   s.poll.Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
+}
+
+void Supervisor::Impl::CloseWatches(Slot& s) {
+  if (s.watch) s.watch->Close();
+  s.watch = nullptr;
+  if (s.lifeline) s.lifeline->Close();
+  s.lifeline = nullptr;
+  if (s.ready_line) s.ready_line->Close();
+  s.ready_line = nullptr;
 }
 
 bool Supervisor::Impl::CheckIdentity(Slot& s, const json* status) {
@@ -378,10 +419,7 @@ void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid) {
 }
 
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
-  if (s.watch) s.watch->Close();
-  s.watch = nullptr;
-  if (s.lifeline) s.lifeline->Close();
-  s.lifeline = nullptr;
+  CloseWatches(s);
   s.semantic_ready = false;
   s.comm_warm = false;
   s.poll.Stop();

@@ -101,7 +101,6 @@ void Supervisor::Impl::SpawnHolder(HolderSlot& h) {
   auto st = ProcessStartTime(h.pid);
   h.start_time = st.ok() ? *st : 0;
   h.spawned_ms = clock_.WallMs();
-  h.ready_buf.clear();
   wr.Reset();
   SaveState();
   HolderSlot* hp = &h;
@@ -117,31 +116,21 @@ void Supervisor::Impl::SpawnHolder(HolderSlot& h) {
 }
 
 void Supervisor::Impl::WatchReadyLine(HolderSlot& h, UniqueFd read_end) {
-  h.ready_pipe = new uv_pipe_t;
-  uv_pipe_init(&loop_, h.ready_pipe, 0);
-  h.ready_pipe->data = &h;
-  uv_pipe_open(h.ready_pipe, read_end.Release());
+  if (h.ready_line) h.ready_line->Close();
+  h.ready_line = nullptr;
+  HolderSlot* hp = &h;
   const pid_t pid = h.pid;
-  (void)pid;
-  uv_read_start(
-      reinterpret_cast<uv_stream_t*>(h.ready_pipe),
-      [](uv_handle_t*, size_t n, uv_buf_t* b) {
-        b->base = new char[n];
-        b->len = n;
-      },
-      [](uv_stream_t* s, ssize_t n, const uv_buf_t* b) {
-        std::unique_ptr<char[]> owned(b->base);
-        auto* hs = static_cast<HolderSlot*>(s->data);
-        if (n > 0) hs->ready_buf.append(b->base, static_cast<size_t>(n));
-        bool line = hs->ready_buf.find('\n') != std::string::npos;
-        if (n < 0 || line) {
-          uv_close(reinterpret_cast<uv_handle_t*>(s), [](uv_handle_t* h) { delete reinterpret_cast<uv_pipe_t*>(h); });
-          hs->ready_pipe = nullptr;
-          // The supervisor pointer travels through the loop's data slot.
-          auto* self = static_cast<Impl*>(s->loop->data);
-          if (line) self->FireHolder(*hs, ChildEvent::kUp, "readiness line: " + hs->ready_buf.substr(0, 200));
-        }
-      });
+  auto w = LineWatch::Start(&loop_, std::move(read_end), [this, hp, pid](Result<std::string> line) {
+    hp->ready_line = nullptr;
+    if (hp->pid != pid) return;
+    // No line: the holder exited before it was ready; its exit says why.
+    if (line.ok()) FireHolder(*hp, ChildEvent::kUp, "readiness line: " + line->substr(0, 200));
+  });
+  if (w.ok()) {
+    h.ready_line = *w;
+  } else {
+    spdlog::error("holder rank {}: {}; it will not be seen ready", h.rank, w.error().message());
+  }
 }
 
 void Supervisor::Impl::AttachKeeperAsync(HolderSlot& h) {

@@ -198,6 +198,63 @@ void HangupWatch::Close() {
   uv_close(reinterpret_cast<uv_handle_t*>(&poll_), [](uv_handle_t* h) { delete static_cast<HangupWatch*>(h->data); });
 }
 
+Result<LineWatch*> LineWatch::Start(uv_loop_t* loop, UniqueFd fd, std::function<void(Result<std::string>)> cb) {
+  auto* w = new LineWatch();
+  w->cb_ = std::move(cb);
+  w->pipe_.data = w;
+  int rc = uv_pipe_init(loop, &w->pipe_, 0);
+  if (rc == 0) rc = uv_pipe_open(&w->pipe_, fd.get());
+  if (rc != 0) {
+    delete w;
+    return IoError(std::string("watching a readiness pipe: ") + uv_strerror(rc));
+  }
+  fd.Release();  // the pipe handle owns it now
+  rc = uv_read_start(
+      reinterpret_cast<uv_stream_t*>(&w->pipe_),
+      [](uv_handle_t*, size_t, uv_buf_t* b) {
+        static thread_local char buf[4096];
+        *b = uv_buf_init(buf, sizeof buf);
+      },
+      &LineWatch::OnRead);
+  if (rc != 0) {
+    w->done_ = true;
+    w->Close();
+    return IoError(std::string("reading a readiness pipe: ") + uv_strerror(rc));
+  }
+  return w;
+}
+
+void LineWatch::OnRead(uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+  auto* w = static_cast<LineWatch*>(s->data);
+  if (w->done_ || w->closing_) return;
+  if (n > 0) {
+    w->buf_.append(buf->base, static_cast<size_t>(n));
+    auto nl = w->buf_.find('\n');
+    if (nl != std::string::npos || w->buf_.size() >= 4096) {
+      w->Finish(w->buf_.substr(0, std::min(nl, size_t{4096})));
+    }
+    return;
+  }
+  if (n < 0) {
+    w->Finish(n == UV_EOF ? Unavailable("the pipe closed before a readiness line (the process exited or closed it)")
+                          : IoError(std::string("reading a readiness pipe: ") + uv_strerror(static_cast<int>(n))));
+  }
+}
+
+void LineWatch::Finish(Result<std::string> r) {
+  done_ = true;
+  uv_read_stop(reinterpret_cast<uv_stream_t*>(&pipe_));
+  auto cb = std::move(cb_);
+  Close();
+  if (cb) cb(std::move(r));
+}
+
+void LineWatch::Close() {
+  if (closing_) return;
+  closing_ = true;
+  uv_close(reinterpret_cast<uv_handle_t*>(&pipe_), [](uv_handle_t* h) { delete static_cast<LineWatch*>(h->data); });
+}
+
 Result<UniqueFd> TakeFdFrom(pid_t pid, int target_fd) {
   UniqueFd pidfd(PidfdOpen(pid));
   if (!pidfd.valid()) return ErrnoError("pidfd_open(" + std::to_string(pid) + ")", errno);

@@ -107,6 +107,28 @@ class HangupWatch {
   bool closing_ = false;
 };
 
+// Reads one line from a pipe a child writes its readiness to (a holder's
+// --ready-fd, an engine's {ready_fd}); cb runs once on the loop thread with
+// the line (without the newline), or with an error when the pipe reached EOF
+// (or failed) before a whole line. Lines longer than 4 KiB are cut there.
+// Owns its uv_pipe_t and the fd; Close() stops it (cb does not run) and frees
+// it after uv_close.
+class LineWatch {
+ public:
+  static Result<LineWatch*> Start(uv_loop_t* loop, UniqueFd fd, std::function<void(Result<std::string>)> cb);
+  void Close();
+
+ private:
+  LineWatch() = default;
+  static void OnRead(uv_stream_t* s, ssize_t n, const uv_buf_t* buf);
+  void Finish(Result<std::string> r);
+  uv_pipe_t pipe_{};
+  std::string buf_;
+  std::function<void(Result<std::string>)> cb_;
+  bool done_ = false;
+  bool closing_ = false;
+};
+
 // Signals a whole process group (the pid of a session leader we spawned).
 Status SignalGroup(pid_t pgid, int sig);
 

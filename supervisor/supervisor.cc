@@ -77,20 +77,14 @@ Supervisor::Impl::~Impl() {
   // contract) and release every handle owner while the loop can still run
   // their close callbacks.
   for (Slot* s : {&a_, &b_}) {
-    if (s->watch) s->watch->Close();
-    s->watch = nullptr;
-    if (s->lifeline) s->lifeline->Close();
-    s->lifeline = nullptr;
+    CloseWatches(*s);
     s->monitor.reset();
   }
   for (auto& h : holders_) {
     if (h->watch) h->watch->Close();
     h->watch = nullptr;
-    if (h->ready_pipe) {
-      uv_close(reinterpret_cast<uv_handle_t*>(h->ready_pipe),
-               [](uv_handle_t* p) { delete reinterpret_cast<uv_pipe_t*>(p); });
-      h->ready_pipe = nullptr;
-    }
+    if (h->ready_line) h->ready_line->Close();
+    h->ready_line = nullptr;
   }
   if (front_.watch) front_.watch->Close();
   front_.watch = nullptr;

@@ -87,6 +87,7 @@ class Supervisor::Impl {
 
     ExitWatch* watch = nullptr;
     HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
+    LineWatch* ready_line = nullptr;  // {ready_fd}: the engine says when it is up
     int64_t spawned_ms = 0;           // wall
     int64_t spawned_mono = 0;         // monotonic, for the start budget
     LoopTimer poll;                   // status polling while starting
@@ -130,8 +131,7 @@ class Supervisor::Impl {
     std::string socket;
     std::string record_path;
     std::optional<KeptArena> kept;
-    uv_pipe_t* ready_pipe = nullptr;
-    std::string ready_buf;
+    LineWatch* ready_line = nullptr;  // its --ready-fd, until the line comes
     int64_t spawned_ms = 0;
     std::string restart_reason;  // set while a restart is in progress
     bool from_fds = false;
@@ -198,6 +198,7 @@ class Supervisor::Impl {
   void SpawnHolder(HolderSlot& h);
   void FireHolder(HolderSlot& h, ChildEvent event, const std::string& cause, int exit_code = -1);
   void WatchReadyLine(HolderSlot& h, UniqueFd read_end);
+  void CloseWatches(Slot& s);
   void AttachKeeperAsync(HolderSlot& h);
   void OnKept(HolderSlot& h, Result<KeptArena> kept);
   void OnHolderExit(HolderSlot& h, const ExitInfo& info);

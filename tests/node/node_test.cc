@@ -55,6 +55,22 @@ TEST_CASE("node: serves correct completions through the front with a proven stan
   REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == 2; }, 5s));
 }
 
+TEST_CASE("node: an engine that announces readiness on {ready_fd} is not polled while it loads", "[node]") {
+  if (!Have()) return;
+  std::string eng = test::BinPath("wsup-engine");
+  Node n({"engine.command=[\"" + eng +
+          "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+          "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\", \"--ready-fd\", \"{ready_fd}\"]"});
+  n.Start();
+  bool serving = n.WaitServing(30s);
+  std::string log = n.Log();
+  INFO(log);
+  REQUIRE(serving);
+  CHECK(log.find("engine a: announced readiness: listening on") != std::string::npos);
+  CHECK(log.find("engine b: announced readiness: listening on") != std::string::npos);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+}
+
 TEST_CASE("node: SIGKILL of the active engine fails over, records it, and re-arms from the holder", "[node]") {
   if (!Have()) return;
   Node n;
