@@ -128,10 +128,13 @@ void RegisterCheck(CLI::App& app, CliContext& ctx) {
   auto* c = app.add_subcommand("check", "check a config file: exit 0, or 1 with FILE:LINE:COL: key: what is wrong");
   auto config = std::make_shared<std::string>();
   auto sets = std::make_shared<std::vector<std::string>>();
+  auto no_paths = std::make_shared<bool>(false);
   c->add_option("config", *config, "the config file")->required();
   c->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
-  c->callback([&ctx, config, sets] {
-    auto out = CheckConfig(*config, *sets);
+  c->add_flag("--no-paths", *no_paths,
+              "do not check the model folder, programs and folders on this machine (a config for another one)");
+  c->callback([&ctx, config, sets, no_paths] {
+    auto out = CheckConfig(*config, *sets, !*no_paths, JoinPath(SelfDir(), "wsup-holder"));
     (out.exit_code == 0 ? *ctx.out : *ctx.err) << out.output;
     ctx.exit_code = out.exit_code;
   });

@@ -218,6 +218,14 @@ class Loader {
   Status CheckUnknown(const toml::table& root);
   Status Read(const toml::table& root, Config* c);
   Status CheckRules(Config* c);
+  // Fills c->where for the keys later checks name.
+  void RecordWhere(Config* c) const {
+    for (const char* key : {"model.path", "engine.command", "holder.binary", "holder.command", "node.state_dir",
+                            "node.runtime_dir"}) {
+      Location l = Where(key);
+      c->where[key] = l.file + ":" + std::to_string(std::max(1, l.line)) + ":" + std::to_string(std::max(1, l.col));
+    }
+  }
 
  private:
   Error ErrAt(const Location& loc, const std::string& key, const std::string& what) const {
@@ -1021,6 +1029,7 @@ Result<Config> ParseConfig(std::string_view text, const std::string& path, const
     WSUP_RETURN_IF_ERROR(loader.CheckUnknown(root));
     WSUP_RETURN_IF_ERROR(loader.Read(root, &config));
     WSUP_RETURN_IF_ERROR(loader.CheckRules(&config));
+    loader.RecordWhere(&config);
   } catch (const std::exception& e) {
     // toml++ and the standard library only throw on a bug or exhaustion; keep the form.
     return Internal(path + ":1:1: config: unexpected failure while checking (" + std::string(e.what()) +
@@ -1055,10 +1064,20 @@ std::string DescribeConfig(const Config& c) {
   return os.str();
 }
 
-CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides) {
+CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides, bool check_paths,
+                         const std::string& default_holder) {
   auto config = LoadConfig(path, overrides);
   if (!config.ok()) return {1, config.error().message() + "\n"};
-  return {0, path + ": ok\n" + DescribeConfig(*config)};
+  if (check_paths) {
+    auto errors = CheckConfigPaths(*config, default_holder);
+    if (!errors.empty()) {
+      std::string out;
+      for (const auto& e : errors) out += e.message() + "\n";
+      return {1, out};
+    }
+  }
+  return {0, path + ": ok" + (check_paths ? std::string() : std::string(" (paths not checked: --no-paths)")) + "\n" +
+                 DescribeConfig(*config)};
 }
 
 }  // namespace wsup

@@ -66,6 +66,10 @@ const char* ProbeKindName(ProbeKind k);
 struct Config {
   std::string path;  // absolute path of the config file
   std::string dir;   // its directory; relative paths in the file are resolved against it
+  // Where some keys were written ("FILE:LINE:COL" or "--set:N:COL"), for
+  // checks made after loading (CheckConfigPaths): model.path, engine.command,
+  // holder.binary, holder.command, node.state_dir, node.runtime_dir.
+  std::map<std::string, std::string> where;
 
   struct Node {
     std::string name;
@@ -192,12 +196,23 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank,
 // One line per section, for logs and `wsup check`.
 std::string DescribeConfig(const Config& config);
 
-// `wsup check CONFIG [--set ...]`: exit code 0 with a summary, or 1 with the
-// error message. The CLI prints `output` (to stdout on 0, stderr on 1).
+// What a loaded config names on this machine, checked without starting
+// anything: model.path exists and holds config.json and safetensors files
+// (or an index); the engine program and, in daemon mode, the holder program
+// exist and are executable (`default_holder`: wsup-holder beside wsup); the
+// state and runtime directories exist as writable folders or can be made.
+// One error per problem, each "FILE:LINE:COL: KEY: what is wrong; the fix".
+std::vector<Error> CheckConfigPaths(const Config& config, const std::string& default_holder);
+
+// `wsup check CONFIG [--set ...] [--no-paths]`: exit code 0 with a summary,
+// or 1 with one error per line. `check_paths` false checks a config written
+// for another machine (syntax, keys, types, rules only). The CLI prints
+// `output` (to stdout on 0, stderr on 1).
 struct CheckOutcome {
   int exit_code = 0;
   std::string output;  // ends with a newline
 };
-CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides = {},
+                         bool check_paths = false, const std::string& default_holder = "");
 
 }  // namespace wsup

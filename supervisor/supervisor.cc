@@ -200,6 +200,14 @@ Status Supervisor::Impl::Start() {
 }
 
 Status Supervisor::Impl::Preflight(const std::optional<RuntimeState>& prev) {
+  // What the config names on this machine: a missing model folder or engine
+  // program is a configuration that cannot work, said once, located.
+  auto problems = CheckConfigPaths(cfg_, JoinPath(opts_.bin_dir, "wsup-holder"));
+  if (!problems.empty()) {
+    std::string all;
+    for (const auto& e : problems) all += (all.empty() ? "" : "\n") + e.message();
+    return InvalidArgument(all);
+  }
   // Ports held by this node's own live processes (about to be adopted).
   std::vector<int> ours;
   if (prev) {

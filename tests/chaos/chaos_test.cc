@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -249,14 +250,34 @@ TEST_CASE("chaos 4: a start that fails leaves no process behind, and the next st
     CHECK(Complete(n.FrontPort()) == kGolden);
   }
   SECTION("the holder program cannot be started, after the front was") {
-    Node n({"holder.command=[\"/nonexistent/wsup-holder\", \"--socket\", \"{socket}\"]"});
+    // It exists and is executable (the preflight passes), but exec fails:
+    // its interpreter is missing. The front is running by then.
+    test::TempDir bin;
+    std::string holder = bin.Join("wsup-holder");
+    {
+      std::ofstream f(holder);
+      f << "#!/nonexistent/interpreter\n";
+    }
+    ::chmod(holder.c_str(), 0755);
+    Node n({"holder.command=[\"" + holder + "\", \"--socket\", \"{socket}\"]"});
     n.Start();
     REQUIRE(n.sup().Wait(30s) >= 0);
     CHECK(n.sup().exit_code() == 78);
     INFO(n.Log());
-    CHECK(n.Log().find("/nonexistent/wsup-holder") != std::string::npos);
+    CHECK(n.Log().find("started front") != std::string::npos);
+    CHECK(n.Log().find(holder) != std::string::npos);
     CHECK(test::WaitFor([&] { return n.Processes().empty(); }, 10s));
     CHECK(test::ReadAll(n.dir().Join("run/state.json")).empty());
+  }
+  SECTION("the engine program does not exist: refused before anything starts") {
+    Node n({"engine.command=[\"/nonexistent/engine\", \"--port\", \"{port}\"]"});
+    n.Start();
+    REQUIRE(n.sup().Wait(30s) >= 0);
+    CHECK(n.sup().exit_code() == 78);
+    INFO(n.Log());
+    CHECK(n.Log().find("engine.command: the engine program /nonexistent/engine does not exist") != std::string::npos);
+    CHECK(n.Log().find("started front") == std::string::npos);
+    CHECK(n.Processes().empty());
   }
   SECTION("`wsup stop` finds what a killed supervisor left, through the runtime dir") {
     Node n;

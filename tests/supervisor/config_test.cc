@@ -9,6 +9,9 @@
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -390,6 +393,97 @@ TEST_CASE("config: check returns 0 with a summary or 1 with the error", "[config
   CHECK(bad.exit_code == 1);
   CHECK(bad.output.rfind("--set:1:16: probe.failures: ", 0) == 0);
   CHECK(bad.output.back() == '\n');
+}
+
+// A folder laid out for path checks: a model folder, an executable engine,
+// and a holder program.
+struct PathsDir {
+  test::TempDir dir;
+  std::string eng, holder;
+  PathsDir() {
+    REQUIRE(MakeDirs(dir.Join("model"), 0755).ok());
+    REQUIRE(WriteFileAtomic(dir.Join("model/config.json"), "{}").ok());
+    REQUIRE(WriteFileAtomic(dir.Join("model/model.safetensors"), "x").ok());
+    eng = dir.Join("eng");
+    holder = dir.Join("wsup-holder");
+    for (const auto& p : {eng, holder}) {
+      REQUIRE(WriteFileAtomic(p, "#!/bin/sh\n").ok());
+      REQUIRE(::chmod(p.c_str(), 0755) == 0);
+    }
+  }
+  std::string Config(const std::string& text) {
+    std::string path = dir.Join("node.toml");
+    REQUIRE(WriteFileAtomic(path, text).ok());
+    return path;
+  }
+};
+
+std::string WithEngine(const std::string& program) {
+  return Edit("command = [\"eng\", \"--port\", \"{port}\"]", "command = [\"" + program + "\", \"--port\", \"{port}\"]");
+}
+
+TEST_CASE("config: check finds what the config names on this machine, located, one line each", "[config]") {
+  PathsDir d;
+  SECTION("everything in place") {
+    auto ok = CheckConfig(d.Config(WithEngine(d.eng)), {}, true, d.holder);
+    INFO(ok.output);
+    CHECK(ok.exit_code == 0);
+  }
+  SECTION("a missing model folder") {
+    std::string path = d.Config(WithEngine(d.eng));
+    auto r = CheckConfig(path, {"model.path=\"nowhere\""}, true, d.holder);
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.rfind("--set:1:12: model.path: ", 0) == 0);
+    CHECK(r.output.find("does not exist") != std::string::npos);
+    CHECK(r.output.find("checkpoint folder") != std::string::npos);
+  }
+  SECTION("a model folder without config.json or weights") {
+    REQUIRE(MakeDirs(d.dir.Join("empty"), 0755).ok());
+    std::string path = d.Config(WithEngine(d.eng));
+    auto r = CheckConfig(path, {"model.path=\"empty\""}, true, d.holder);
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("model.path: " + d.dir.Join("empty") + " has no config.json") != std::string::npos);
+    CHECK(r.output.find("has no *.safetensors") != std::string::npos);
+    // Two problems, two lines.
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 2);
+  }
+  SECTION("a missing or non-executable engine program, located at its key in the file") {
+    std::string path = d.Config(WithEngine(d.dir.Join("missing-engine")));
+    auto r = CheckConfig(path, {}, true, d.holder);
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.rfind(path + ":10:11: engine.command: the engine program " + d.dir.Join("missing-engine") +
+                             " does not exist",
+                         0) == 0);
+    REQUIRE(::chmod(d.eng.c_str(), 0644) == 0);
+    auto nx = CheckConfig(d.Config(WithEngine(d.eng)), {}, true, d.holder);
+    CHECK(nx.exit_code == 1);
+    CHECK(nx.output.find("is not executable") != std::string::npos);
+    auto bare = CheckConfig(d.Config(WithEngine("no-such-program-anywhere")), {}, true, d.holder);
+    CHECK(bare.exit_code == 1);
+    CHECK(bare.output.find("not found in PATH") != std::string::npos);
+  }
+  SECTION("the holder program in daemon mode, and folders that cannot be made") {
+    std::string path = d.Config(WithEngine(d.eng));
+    auto r = CheckConfig(path, {}, true, d.dir.Join("no-holder"));
+    INFO(r.output);
+    CHECK(r.exit_code == 1);
+    CHECK(r.output.find("holder.binary: the default holder program") != std::string::npos);
+    REQUIRE(WriteFileAtomic(d.dir.Join("afile"), "x").ok());
+    auto f = CheckConfig(path, {"node.state_dir=\"afile/state\""}, true, d.holder);
+    CHECK(f.exit_code == 1);
+    CHECK(f.output.find("node.state_dir: ") != std::string::npos);
+    CHECK(f.output.find("is not a folder") != std::string::npos);
+  }
+  SECTION("--no-paths accepts a config written for another machine") {
+    std::string path = d.Config(WithEngine("/opt/elsewhere/engine"));
+    auto r = CheckConfig(path, {"model.path=\"/models/elsewhere\""}, false, d.holder);
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("--no-paths") != std::string::npos);
+  }
 }
 
 }  // namespace
