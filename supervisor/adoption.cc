@@ -31,7 +31,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
   // Holders.
   if (cfg_.weight_cache.mode == CacheMode::kDaemon) {
     for (int r = 0; r < std::max(1, cfg_.parallel.tp); ++r) {
-      auto h = std::make_unique<HolderSlot>(&loop_, HolderRestartPolicy(cfg_));
+      auto h = std::make_unique<HolderSlot>(timers_, HolderRestartPolicy(cfg_));
       h->rank = r;
       h->socket = HolderSocket(cfg_, r);
       h->record_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".arena.json");
@@ -48,7 +48,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
         h->pid = ph->proc.pid;
         h->start_time = ph->proc.start_time;
         HolderSlot* hp = h.get();
-        auto w = ExitWatch::Start(&loop_, h->pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
+        auto w = launcher_.WatchExit(&loop_, h->pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
         if (w.ok()) h->watch = *w;
         // The keeper attach runs off the loop; a holder that does not answer
         // is killed and restarted (holder table: keeping --keep_failed-->).
@@ -109,7 +109,7 @@ void Supervisor::Impl::AdoptFront(const RuntimeState::Front& pf, int64_t epoch) 
   }
   auto port_pos = pf.listen.rfind(':');
   front_.port = port_pos == std::string::npos ? 0 : std::atoi(pf.listen.c_str() + port_pos + 1);
-  auto w = ExitWatch::Start(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
+  auto w = launcher_.WatchExit(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
   if (w.ok()) front_.watch = *w;
   spdlog::info("adopted front pid {} on {}{}", front_.pid, pf.listen,
                got_fd ? "" : " (its listening socket could not be taken back; a front crash will rebind)");
@@ -122,13 +122,13 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   // The recorded process must still be the one listening on the recorded
   // port; that needs no answer from it, so a busy engine is not mistaken
   // for a dead one.
-  auto listens = GroupListensOn(pe.proc.pid, pe.port);
+  auto listens = launcher_.ListensOn(pe.proc.pid, pe.port);
   bool proven_role = pe.role == "active" || pe.role == "standby" || pe.role == "draining";
   if (!listens.ok() || !*listens || !proven_role) {
     std::string why = !proven_role ? "it was " + pe.role + ", never proven"
                                    : "it no longer listens on port " + std::to_string(pe.port);
     spdlog::warn("engine {} pid {}: not adopted ({}); stopping it and starting a new one", pe.slot, pe.proc.pid, why);
-    Logged(SignalGroup(pe.proc.pid, SIGKILL), "killing an engine that is not adopted");
+    Logged(launcher_.Signal(pe.proc.pid, SIGKILL), "killing an engine that is not adopted");
     // Its slot starts afresh; it was never serving, so nothing is recorded.
     return true;
   }
@@ -141,7 +141,7 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   s->cache_recorded = true;
   s->adopted = true;
   Slot* sp = s;
-  auto w = ExitWatch::Start(&loop_, s->pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
+  auto w = launcher_.WatchExit(&loop_, s->pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
   if (w.ok()) s->watch = *w;
   Fire(*s, SlotEvent::kAdopt, "adopted after a supervisor restart (pid " + std::to_string(s->pid) + ")");
   if (pe.role == "active") {

@@ -118,7 +118,7 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
     pending_->drill = true;
     // The exit drives the failover exactly as a real crash would.
     // Failover() replaces pending_ but keeps its waiters.
-    Logged(SignalGroup(act->pid, SIGKILL), "drill: killing the active engine");
+    Logged(launcher_.Signal(act->pid, SIGKILL), "drill: killing the active engine");
     return;
   }
   // Planned: the standby takes new traffic at once; the old active drains,
@@ -161,11 +161,7 @@ void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64
            inflight == 0 ? "no request in flight" : "drain budget of 30 s ran out with requests in flight");
       return;
     }
-    auto* t = new LoopTimer(&loop_);
-    t->Start(kDrainPollMs, [this, t, op, c, started_mono] {
-      FinishDrain(*op, c, started_mono);
-      delete t;
-    });
+    After(kDrainPollMs, [this, op, c, started_mono] { FinishDrain(*op, c, started_mono); });
   };
   if (!front_.link) {
     decide(0);

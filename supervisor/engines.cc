@@ -106,7 +106,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
   spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
-  auto pid = SpawnChild(spec);
+  auto pid = launcher_.Spawn(spec);
   if (line.ok()) line->write_end.Reset();
   ready_wr.Reset();
   if (!pid.ok()) {
@@ -118,7 +118,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     return;
   }
   s.pid = *pid;
-  auto st = ProcessStartTime(s.pid);
+  auto st = launcher_.StartTime(s.pid);
   s.start_time = st.ok() ? *st : 0;
   s.nonce = nonce;
   s.port = port;
@@ -139,7 +139,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   SaveState();
   Slot* sp = &s;
   CloseWatches(s);
-  auto w = ExitWatch::Start(&loop_, s.pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
+  auto w = launcher_.WatchExit(&loop_, s.pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
   if (w.ok()) {
     s.watch = *w;
   } else {
@@ -165,11 +165,11 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     });
     if (lw.ok()) {
       s.ready_line = *lw;
-      s.poll.Start(cfg_.engine.ready_timeout_ms + 1, [this, sp] { PollStatus(*sp); });
+      s.poll->Start(cfg_.engine.ready_timeout_ms + 1, [this, sp] { PollStatus(*sp); });
       return;
     }
   }
-  s.poll.Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
+  s.poll->Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
 }
 
 void Supervisor::Impl::CloseWatches(Slot& s) {
@@ -195,7 +195,7 @@ bool Supervisor::Impl::CheckIdentity(Slot& s, const json* status) {
     return false;
   }
   // Otherwise the listening socket must be this engine's.
-  auto mine = GroupListensOn(s.pid, s.port);
+  auto mine = launcher_.ListensOn(s.pid, s.port);
   if (mine.ok() && *mine) return true;
   if (!s.identity_logged) {
     s.identity_logged = true;
@@ -231,7 +231,7 @@ void Supervisor::Impl::PollStatus(Slot& s) {
       auto st = ParseJsonChecked(r->body, "engine " + s.name + "'s /wsup/status", "it is not a wsup engine's status");
       if (st.ok() && st->is_object()) {
         if (!CheckIdentity(s, &*st)) {
-          s.poll.Start(kStatusPollMs * 4, [this, sp] { PollStatus(*sp); });
+          s.poll->Start(kStatusPollMs * 4, [this, sp] { PollStatus(*sp); });
           return;
         }
         OnEngineStatus(s, *st);
@@ -249,7 +249,7 @@ void Supervisor::Impl::PollStatus(Slot& s) {
       Fire(s, SlotEvent::kEngineReady, "engine answers HTTP (no /wsup/status)");
       return;
     }
-    s.poll.Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
+    s.poll->Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
   });
 }
 
@@ -362,7 +362,7 @@ void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string
     case SlotAction::kNone:
       break;
     case SlotAction::kStartProbing:
-      s.poll.Stop();
+      s.poll->Stop();
       StartProbing(s);
       break;
     case SlotAction::kRouteHere:
@@ -371,21 +371,21 @@ void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string
       if (!swapping_) PushRoutes();
       break;
     case SlotAction::kKillGroup:
-      s.poll.Stop();
+      s.poll->Stop();
       if (s.monitor) s.monitor->Stop();
       s.semantic_ready = false;
-      if (s.pid > 0) Logged(SignalGroup(s.pid, SIGKILL), "killing an engine");
+      if (s.pid > 0) Logged(launcher_.Signal(s.pid, SIGKILL), "killing an engine");
       // A slot with no process (it could not be started) waits for no exit.
       if (s.pid == 0) ScheduleRestart(s, -1);
       break;
     case SlotAction::kTerminate:
-      s.poll.Stop();
+      s.poll->Stop();
       if (s.monitor) s.monitor->Stop();
       if (s.pid > 0) {
-        Logged(SignalGroup(s.pid, SIGTERM), "stopping an engine");
+        Logged(launcher_.Signal(s.pid, SIGTERM), "stopping an engine");
         pid_t pid = s.pid;
-        s.stop_timer.Start(cfg_.engine.stop_timeout_ms,
-                           [this, pid] { Logged(SignalGroup(pid, SIGKILL), "killing an engine after its stop budget"); });
+        s.stop_timer->Start(cfg_.engine.stop_timeout_ms,
+                           [this, pid] { Logged(launcher_.Signal(pid, SIGKILL), "killing an engine after its stop budget"); });
       }
       break;
     case SlotAction::kScheduleRestart:
@@ -395,7 +395,7 @@ void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string
       if (s.monitor) s.monitor->Stop();
       bool drill = s.drill_kill;
       int64_t fault = drill ? s.drill_fault_ms : clock_.WallMs();
-      if (s.pid > 0 && ProcessAlive(s.pid)) Logged(SignalGroup(s.pid, SIGKILL), "killing the failed engine");
+      if (s.pid > 0 && launcher_.Alive(s.pid)) Logged(launcher_.Signal(s.pid, SIGKILL), "killing the failed engine");
       Failover(s, TriggerFor(t.event, drill), cause, fault, drill);
       break;
     }
@@ -422,8 +422,8 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   CloseWatches(s);
   s.semantic_ready = false;
   s.comm_warm = false;
-  s.poll.Stop();
-  s.stop_timer.Stop();
+  s.poll->Stop();
+  s.stop_timer->Stop();
   if (s.monitor) s.monitor->Stop();
   std::string why = "pid " + std::to_string(s.pid) + " " + info.Describe();
   s.pid = 0;
@@ -437,7 +437,7 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
 void Supervisor::Impl::ScheduleRestart(Slot& s, int exit_code) {
   if (stopping_ || s.state != SlotState::kFailed) return;
   if (s.pid > 0) return;                       // wait for the exit; OnEngineExit calls back here
-  if (s.restart_timer.active()) return;        // already scheduled
+  if (s.restart_timer->active()) return;        // already scheduled
   std::string log = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
   if (s.permanent_failure) {
     SetDegraded(s.failure_reason);
@@ -463,7 +463,7 @@ void Supervisor::Impl::ScheduleRestart(Slot& s, int exit_code) {
   }
   Slot* sp = &s;
   spdlog::info("engine {}: {}", s.name, d.Describe());
-  s.restart_timer.Start(d.delay_ms, [this, sp] {
+  s.restart_timer->Start(d.delay_ms, [this, sp] {
     if (sp->state == SlotState::kFailed) SpawnEngine(*sp);
   });
 }
@@ -474,7 +474,7 @@ std::string Supervisor::Impl::UnfitReason(Slot& s) {
   // recently. A SIGSTOPped standby would otherwise take the traffic and hold
   // every request until its probes trip.
   if (s.pid <= 0) return "it has no process";
-  auto run = ProcessRunState(s.pid);
+  auto run = launcher_.RunState(s.pid);
   if (!run.ok()) return "its process " + std::to_string(s.pid) + " is gone";
   if (*run == 'T' || *run == 't') return "its process " + std::to_string(s.pid) + " is stopped (SIGSTOP or a debugger)";
   if (*run == 'Z' || *run == 'X') return "its process " + std::to_string(s.pid) + " is exiting";
@@ -600,13 +600,8 @@ void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done
                   done(false, 0);
                   return;
                 }
-                auto* t = new LoopTimer(&loop_);
-                t->Start(10, [this, t, done = std::move(done), attempts_left]() mutable {
-                  ProbeThroughFront(std::move(done), attempts_left - 1);
-                  // Deleting the timer inside its own callback is safe: the
-                  // handle is freed in its close callback.
-                  delete t;
-                });
+                auto retry = std::make_shared<std::function<void(bool, int64_t)>>(std::move(done));
+                After(10, [this, retry, attempts_left] { ProbeThroughFront(*retry, attempts_left - 1); });
               });
 }
 

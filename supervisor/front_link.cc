@@ -37,16 +37,16 @@ void Supervisor::Impl::FireFront(ChildEvent event, const std::string& cause, int
       break;
     case ChildAction::kReconnect:
       if (event == ChildEvent::kLinkLost) {
-        front_.retry.Start(kFrontConnectRetryMs, [this] { ConnectFront(); });
+        front_.retry->Start(kFrontConnectRetryMs, [this] { ConnectFront(); });
       } else {
         ConnectFront();
       }
       break;
     case ChildAction::kKill:
-      if (front_.pid > 0) Logged(SignalGroup(front_.pid, SIGKILL), "killing the front");
+      if (front_.pid > 0) Logged(launcher_.Signal(front_.pid, SIGKILL), "killing the front");
       break;
     case ChildAction::kTerminate:
-      if (front_.pid > 0) Logged(SignalGroup(front_.pid, SIGTERM), "stopping the front");
+      if (front_.pid > 0) Logged(launcher_.Signal(front_.pid, SIGTERM), "stopping the front");
       break;
     case ChildAction::kScheduleRestart:
       ScheduleFrontRestart(exit_code, cause);
@@ -86,17 +86,17 @@ void Supervisor::Impl::StartFront() {
   bool first = front_.state == ChildState::kIdle;
   if (first) Logged(notifier_.StoreFds("front-listen", {front_.listen.get()}), "storing the front's socket");
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/front.log");
-  auto pid = SpawnChild(spec);
+  auto pid = launcher_.Spawn(spec);
   if (!pid.ok()) {
     BeginStop(pid.error().message().empty() ? "cannot start the front" : pid.error().message(), kExitConfig);
     return;
   }
   front_.pid = *pid;
-  auto st = ProcessStartTime(front_.pid);
+  auto st = launcher_.StartTime(front_.pid);
   front_.start_time = st.ok() ? *st : 0;
   metrics_.front_restarts = front_.throttle.total();
   SaveState();
-  auto w = ExitWatch::Start(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
+  auto w = launcher_.WatchExit(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
   if (w.ok()) {
     front_.watch = *w;
   } else {
@@ -117,7 +117,7 @@ void Supervisor::Impl::OnFrontExit(const ExitInfo& info) {
     spdlog::error("front {}", how);
   }
   front_.last_exit = how;
-  front_.retry.Stop();
+  front_.retry->Stop();
   if (front_.link) front_.link->Close("front exited");
   front_.link.reset();
   front_.pid = 0;
@@ -143,7 +143,7 @@ void Supervisor::Impl::ScheduleFrontRestart(int exit_code, const std::string& ho
                   JoinPath(cfg_.node.state_dir, "logs/front.log"));
     UpdateStatusLine();
   }
-  front_.restart_timer.Start(d.delay_ms, [this] {
+  front_.restart_timer->Start(d.delay_ms, [this] {
     if (front_.state == ChildState::kFailed && !stopping_) StartFront();
   });
 }
@@ -162,7 +162,7 @@ void Supervisor::Impl::ConnectFront() {
                        [this, pid](const std::string& why) {
                          spdlog::debug("front control link closed: {}", why);
                          front_.link.reset();
-                         if (!stopping_ && front_.pid == pid && ProcessAlive(pid)) {
+                         if (!stopping_ && front_.pid == pid && launcher_.Alive(pid)) {
                            FireFront(ChildEvent::kLinkLost, "control link closed: " + why);
                          }
                        });

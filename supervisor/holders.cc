@@ -44,10 +44,10 @@ void Supervisor::Impl::FireHolder(HolderSlot& h, ChildEvent event, const std::st
       if (AllHoldersReady()) StartEngines();
       break;
     case ChildAction::kKill:
-      if (h.pid > 0) Logged(SignalGroup(h.pid, SIGKILL), "killing a holder");
+      if (h.pid > 0) Logged(launcher_.Signal(h.pid, SIGKILL), "killing a holder");
       break;
     case ChildAction::kTerminate:
-      if (h.pid > 0) Logged(SignalGroup(h.pid, SIGTERM), "stopping a holder");
+      if (h.pid > 0) Logged(launcher_.Signal(h.pid, SIGTERM), "stopping a holder");
       break;
     case ChildAction::kScheduleRestart:
       ScheduleHolderRestart(h, exit_code, cause);
@@ -92,19 +92,19 @@ void Supervisor::Impl::SpawnHolder(HolderSlot& h) {
   // The holder binds a fresh socket; drop the old keeper link first so its EOF
   // does not confuse the new holder's accounting.
   if (h.kept) h.kept->channel.Close();
-  auto pid = SpawnChild(spec);
+  auto pid = launcher_.Spawn(spec);
   if (!pid.ok()) {
     BeginStop(pid.error().message(), kExitConfig);
     return;
   }
   h.pid = *pid;
-  auto st = ProcessStartTime(h.pid);
+  auto st = launcher_.StartTime(h.pid);
   h.start_time = st.ok() ? *st : 0;
   h.spawned_ms = clock_.WallMs();
   wr.Reset();
   SaveState();
   HolderSlot* hp = &h;
-  auto w = ExitWatch::Start(&loop_, h.pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
+  auto w = launcher_.WatchExit(&loop_, h.pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
   if (w.ok()) {
     h.watch = *w;
   } else {
@@ -221,7 +221,7 @@ void Supervisor::Impl::ScheduleHolderRestart(HolderSlot& h, int exit_code, const
   }
   HolderSlot* hp = &h;
   spdlog::info("holder rank {}: {}", h.rank, d.Describe());
-  h.restart_timer.Start(d.delay_ms, [this, hp] {
+  h.restart_timer->Start(d.delay_ms, [this, hp] {
     if (hp->state == ChildState::kFailed && !stopping_) SpawnHolder(*hp);
   });
 }

@@ -50,7 +50,15 @@ struct ExitInfo {
   std::string Describe() const;  // "exit 3", "killed by SIGKILL", "exited (status unknown)"
 };
 
-class ExitWatch {
+// A watch on a process that someone may stop early (Close(): the callback
+// does not run, and the watch frees itself).
+class ProcessWatch {
+ public:
+  virtual ~ProcessWatch() = default;
+  virtual void Close() = 0;
+};
+
+class ExitWatch final : public ProcessWatch {
  public:
   using Callback = std::function<void(const ExitInfo&)>;
 
@@ -59,7 +67,7 @@ class ExitWatch {
   static Result<ExitWatch*> Start(uv_loop_t* loop, pid_t pid, Callback cb);
 
   // Stops watching (cb will not run) and frees this object after uv_close.
-  void Close();
+  void Close() override;
   pid_t pid() const { return pid_; }
 
  private:

@@ -67,10 +67,22 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       opts_(std::move(options)),
       clock_(*opts_.clock),
       loop_box_(this),
-      watchdog_(&loop_),
-      a_(&loop_, "a", EngineRestartPolicy(cfg_)),
-      b_(&loop_, "b", EngineRestartPolicy(cfg_)),
-      front_(&loop_, FrontRestartPolicy(cfg_)) {}
+      timers_(opts_.timers ? *opts_.timers : own_timers_),
+      launcher_(opts_.launcher ? *opts_.launcher : RealLauncher()),
+      watchdog_(timers_.Make()),
+      a_(timers_, "a", EngineRestartPolicy(cfg_)),
+      b_(timers_, "b", EngineRestartPolicy(cfg_)),
+      front_(timers_, FrontRestartPolicy(cfg_)) {}
+
+void Supervisor::Impl::After(int64_t ms, std::function<void()> cb) {
+  oneshots_.push_back(timers_.Make());
+  auto it = std::prev(oneshots_.end());
+  (*it)->Start(ms, [this, it, cb = std::move(cb)] {
+    auto keep = cb;  // the lambda holding cb is freed with the timer below
+    oneshots_.erase(it);
+    keep();
+  });
+}
 
 Supervisor::Impl::~Impl() {
   // Stop watching processes (they keep running: stop or crash, that is the
@@ -185,7 +197,7 @@ Status Supervisor::Impl::Start() {
   uv_signal_start(&sigpipe_, [](uv_signal_t*, int) {}, SIGPIPE);
 
   int64_t wd = notifier_.WatchdogIntervalMs();
-  if (wd > 0) watchdog_.Start(wd / 3, [this] { notifier_.Watchdog(); }, wd / 3);
+  if (wd > 0) watchdog_->Start(wd / 3, [this] { notifier_.Watchdog(); }, wd / 3);
 
   spdlog::info("wsup {}: state {}, runtime {}, control {}, admin {}", cfg_.node.name, cfg_.node.state_dir,
                cfg_.node.runtime_dir, cfg_.supervisor.control_socket, admin_->port());
@@ -239,14 +251,14 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
   spdlog::info("stopping: {}", why);
   notifier_.Stopping();
   for (Slot* s : {&a_, &b_}) {
-    s->restart_timer.Stop();
+    s->restart_timer->Stop();
     Fire(*s, SlotEvent::kStop, why);
   }
-  front_.restart_timer.Stop();
-  front_.retry.Stop();
+  front_.restart_timer->Stop();
+  front_.retry->Stop();
   FireFront(ChildEvent::kStop, why);
   for (auto& h : holders_) {
-    h->restart_timer.Stop();
+    h->restart_timer->Stop();
     FireHolder(*h, ChildEvent::kStop, why);
   }
   MaybeFinishStop();
@@ -269,15 +281,13 @@ void Supervisor::Impl::MaybeFinishStop() {
   }
   stop_waiters_.clear();
   // Everything below closes handles; the loop ends when the last is closed.
-  auto* t = new LoopTimer(&loop_);
-  t->Start(20, [this, t] {
-    delete t;
+  After(20, [this] {
     ledger_->Close();
     http_->CancelAll();
     if (control_) control_->Close();
     if (admin_) admin_->Close();
     if (front_.link) front_.link->Close("stopping");
-    watchdog_.Stop();
+    watchdog_->Stop();
     if (signals_started_) {
       uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
       uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
@@ -286,6 +296,7 @@ void Supervisor::Impl::MaybeFinishStop() {
     }
     for (Slot* s : {&a_, &b_}) s->monitor.reset();
     for (auto& h : holders_) h->kept.reset();
+    finished_ = true;
     uv_stop(&loop_);
   });
 }
@@ -308,5 +319,14 @@ Result<std::unique_ptr<Supervisor>> Supervisor::Create(Config config, Supervisor
 }
 
 int Supervisor::Run() { return impl_->Run(); }
+bool Supervisor::Step() { return impl_->Step(); }
+int Supervisor::ExitCode() const { return impl_->ExitCode(); }
+std::string Supervisor::StatusJson() const { return impl_->StatusText(); }
+
+bool Supervisor::Impl::Step() {
+  if (finished_) return false;
+  uv_run(&loop_, UV_RUN_NOWAIT);
+  return !finished_;
+}
 
 }  // namespace wsup

@@ -29,9 +29,16 @@
 
 namespace wsup {
 
+class Launcher;
+class TimerSource;
+
 struct SupervisorOptions {
   std::string bin_dir;  // where wsup-holder and wsup-front are (beside the wsup binary)
   const Clock* clock = &RealClock();
+  // Tests run the supervisor's logic against simulated processes and on
+  // timers driven by their fake clock; null: the kernel's, the loop's.
+  Launcher* launcher = nullptr;
+  TimerSource* timers = nullptr;
 };
 
 
@@ -44,6 +51,13 @@ class Supervisor {
 
   // Runs until stopped (SIGTERM, SIGINT, `wsup stop`); returns the exit code.
   int Run();
+
+  // For tests that drive the loop themselves: runs what is ready now without
+  // blocking; false once the supervisor has finished (then ExitCode()).
+  bool Step();
+  int ExitCode() const;
+  // What `wsup status --json` shows. Loop thread only.
+  std::string StatusJson() const;
 
   class Impl;
 

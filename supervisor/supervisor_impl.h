@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,7 @@
 #include "supervisor/child_fsm.h"
 #include "supervisor/engine_fsm.h"
 #include "supervisor/json_socket.h"
+#include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/metrics.h"
 #include "supervisor/notify.h"
@@ -66,12 +68,19 @@ class Supervisor::Impl {
   // OK, failures go through BeginStop() and Run() returns the exit code.
   Status Start();
   int Run();
+  bool Step();
+  int ExitCode() const { return exit_code_; }
+  std::string StatusText() { return StatusJson().dump(); }
 
  private:
   // ---- an engine slot ("a" or "b")
   struct Slot {
-    Slot(uv_loop_t* loop, std::string n, RestartPolicy policy)
-        : name(std::move(n)), poll(loop), stop_timer(loop), restart_timer(loop), throttle(std::move(policy)) {}
+    Slot(TimerSource& timers, std::string n, RestartPolicy policy)
+        : name(std::move(n)),
+          poll(timers.Make()),
+          stop_timer(timers.Make()),
+          restart_timer(timers.Make()),
+          throttle(std::move(policy)) {}
     std::string name;
     SlotState state = SlotState::kIdle;
 
@@ -85,14 +94,14 @@ class Supervisor::Impl {
     bool adopted = false;
     bool identity_logged = false;  // "port answered by someone else" said once per start
 
-    ExitWatch* watch = nullptr;
+    ProcessWatch* watch = nullptr;
     HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
     LineWatch* ready_line = nullptr;  // {ready_fd}: the engine says when it is up
     int64_t spawned_ms = 0;           // wall
     int64_t spawned_mono = 0;         // monotonic, for the start budget
-    LoopTimer poll;                   // status polling while starting
-    LoopTimer stop_timer;             // SIGKILL after the stop budget
-    LoopTimer restart_timer;          // backoff
+    std::unique_ptr<Timer> poll;           // status polling while starting
+    std::unique_ptr<Timer> stop_timer;     // SIGKILL after the stop budget
+    std::unique_ptr<Timer> restart_timer;  // backoff
 
     // What the probes and the engine say.
     std::unique_ptr<HealthMonitor> monitor;
@@ -122,12 +131,13 @@ class Supervisor::Impl {
 
   // ---- a weight holder (one per rank, daemon mode)
   struct HolderSlot {
-    HolderSlot(uv_loop_t* loop, RestartPolicy policy) : restart_timer(loop), throttle(std::move(policy)) {}
+    HolderSlot(TimerSource& timers, RestartPolicy policy)
+        : restart_timer(timers.Make()), throttle(std::move(policy)) {}
     int rank = 0;
     ChildState state = ChildState::kIdle;
     pid_t pid = 0;
     uint64_t start_time = 0;
-    ExitWatch* watch = nullptr;
+    ProcessWatch* watch = nullptr;
     std::string socket;
     std::string record_path;
     std::optional<KeptArena> kept;
@@ -135,7 +145,7 @@ class Supervisor::Impl {
     int64_t spawned_ms = 0;
     std::string restart_reason;  // set while a restart is in progress
     bool from_fds = false;
-    LoopTimer restart_timer;
+    std::unique_ptr<Timer> restart_timer;
     RestartThrottle throttle;
     std::string down_reason;
     bool ready() const { return state == ChildState::kReady; }
@@ -143,17 +153,18 @@ class Supervisor::Impl {
 
   // ---- the front
   struct FrontSlot {
-    FrontSlot(uv_loop_t* loop, RestartPolicy policy) : retry(loop), restart_timer(loop), throttle(std::move(policy)) {}
+    FrontSlot(TimerSource& timers, RestartPolicy policy)
+        : retry(timers.Make()), restart_timer(timers.Make()), throttle(std::move(policy)) {}
     ChildState state = ChildState::kIdle;
     UniqueFd listen;  // kept across front restarts: connections wait in the backlog
     int port = 0;
     pid_t pid = 0;
     uint64_t start_time = 0;
-    ExitWatch* watch = nullptr;
+    ProcessWatch* watch = nullptr;
     std::string control_path;
     std::shared_ptr<JsonConn> link;
-    LoopTimer retry;          // control link retries
-    LoopTimer restart_timer;  // backoff
+    std::unique_ptr<Timer> retry;          // control link retries
+    std::unique_ptr<Timer> restart_timer;  // backoff
     RestartThrottle throttle;
     std::string last_exit;    // how the last one ended
     std::string down_reason;
@@ -248,6 +259,8 @@ class Supervisor::Impl {
     LedgerResult(Status(r.error()), what);
     return std::nullopt;
   }
+  // Runs cb once after ms on the timer source (real or a test's).
+  void After(int64_t ms, std::function<void()> cb);
   // A best-effort action whose failure must be seen (a signal, an fd store).
   void Logged(const Status& st, const char* what);
 
@@ -265,13 +278,18 @@ class Supervisor::Impl {
   const Clock& clock_;
   LoopBox loop_box_;
   uv_loop_t& loop_ = loop_box_.loop;
+  LoopTimerSource own_timers_{&loop_};
+  TimerSource& timers_;    // opts_.timers, else own_timers_
+  Launcher& launcher_;     // opts_.launcher, else RealLauncher()
+  // One-shot timers made by After(), each freed once it has fired.
+  std::list<std::unique_ptr<Timer>> oneshots_;
   std::unique_ptr<Ledger> ledger_;
   std::unique_ptr<http::HttpClient> http_;
   std::unique_ptr<JsonServer> control_;
   std::unique_ptr<http::HttpServer> admin_;
   Notifier notifier_;
   Metrics metrics_;
-  LoopTimer watchdog_;
+  std::unique_ptr<Timer> watchdog_;
   uv_signal_t sigterm_{}, sigint_{}, sigpipe_{};
   bool signals_started_ = false;
 
@@ -289,6 +307,7 @@ class Supervisor::Impl {
   bool degraded_ = false;
   std::string degraded_reason_;
   bool stopping_ = false;
+  bool finished_ = false;  // every handle closed: the loop has nothing left
   int exit_code_ = 0;
   std::vector<std::shared_ptr<JsonConn>> stop_waiters_;
 
