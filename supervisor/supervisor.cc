@@ -105,6 +105,14 @@ Supervisor::Impl::~Impl() {
   if (control_) control_->Close();
   if (admin_) admin_->Close();
   if (http_) http_->CancelAll();
+  watchdog_->Stop();
+  if (signals_started_) {
+    // A supervisor destroyed without a stop (a test that drives its loop).
+    uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sigpipe_), nullptr);
+    signals_started_ = false;
+  }
   uv_run(&loop_, UV_RUN_DEFAULT);
   control_.reset();
   admin_.reset();
