@@ -23,6 +23,12 @@
 //      | error {code, message}
 //   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, ...}
 //   bye  -> (the holder closes the connection)
+// The holder closes a connection that has no request in flight for its idle
+// limit, and may close an idle one early to make room at its connection
+// limit, telling the client why in an error frame first (holder/server.h).
+// Neither touches what an attached client mapped. An attached keeper's
+// connection has no idle limit, and is closed to make room only when no
+// other connection is idle.
 // An engine must present a fingerprint and gets `attach` only when every
 // field matches. A keeper or an inspector may omit it and takes the holder's
 // fingerprint as given; when an inspector presents one, the differences come
@@ -269,6 +275,14 @@ struct InfoMsg {
   std::string socket;
   uint64_t clients = 0;      // connections that attached and are still open
   uint64_t connections = 0;  // all open connections
+  // The holder's limits (holder/server.h); 0 from a holder that does not say.
+  uint64_t max_connections = 0;
+  uint64_t idle_timeout_ms = 0;
+  // Since the holder started: attach replies sent, connections closed for
+  // their idle limit, and idle ones closed to make room at max_connections.
+  uint64_t attaches = 0;
+  uint64_t closed_idle = 0;
+  uint64_t evicted = 0;
   std::vector<ClientEntry> client_list;
 };
 

@@ -353,6 +353,31 @@ TEST_CASE("messages round-trip and decoders refuse malformed ones naming the fie
   REQUIRE(i->client_list.size() == 1);
   CHECK(i->client_list[0].pid == 42);
   CHECK(i->client_list[0].attached);
+  // The limits and counters travel; a holder that sends none reads as 0,
+  // and one that sends a wrong type is refused.
+  info.max_connections = 1000;
+  info.idle_timeout_ms = 60000;
+  info.attaches = 7;
+  info.closed_idle = 5;
+  info.evicted = 2;
+  auto limits = DecodeInfo(EncodeInfo(info));
+  REQUIRE(limits.ok());
+  CHECK(limits->max_connections == 1000);
+  CHECK(limits->idle_timeout_ms == 60000);
+  CHECK(limits->attaches == 7);
+  CHECK(limits->closed_idle == 5);
+  CHECK(limits->evicted == 2);
+  json older = EncodeInfo(info);
+  for (const char* key : {"max_connections", "idle_timeout_ms", "attaches", "closed_idle", "evicted"}) older.erase(key);
+  auto from_older = DecodeInfo(older);
+  REQUIRE(from_older.ok());
+  CHECK(from_older->max_connections == 0);
+  CHECK(from_older->evicted == 0);
+  json wrong = EncodeInfo(info);
+  wrong["evicted"] = "2";
+  auto bad_counter = DecodeInfo(wrong);
+  REQUIRE_FALSE(bad_counter.ok());
+  CHECK_THAT(bad_counter.error().message(), Catch::Contains("'evicted'"));
 
   struct Bad {
     json msg;
