@@ -646,7 +646,8 @@ TEST_CASE("a synthesized cuda arena splits at max_alloc_bytes and maps whole", "
   std::vector<ShardedTensor> ts;
   for (int i = 0; i < 300; ++i) {
     ShardedTensor t;
-    t.name = "t" + std::to_string(i);
+    t.name = "t";  // appended, not `"t" + ...`: GCC 12 -O3 gives a false -Wrestrict error on that
+    t.name += std::to_string(i);
     t.dtype = DType::kBF16;
     t.shape = {i + 1, 4096};
     t.nbytes = static_cast<uint64_t>(i + 1) * 4096 * 2;
