@@ -190,7 +190,7 @@ TEST_CASE("a thousand idle info connections never keep an engine from attaching"
   StopHolder(h);
 }
 
-TEST_CASE("a connection is closed after its idle limit following every request; a keeper keeps its link",
+TEST_CASE("a connection is closed after its idle limit following every request, a keeper keeps its link",
           "[holder][server][limits]") {
   TempDir dir;
   HolderProcess h = StartHolder(dir, "h", {"--model", test::TestData(kModel), "--idle-timeout-ms", "200"});
