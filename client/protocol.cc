@@ -562,7 +562,18 @@ Result<Frame> Channel::Receive(int timeout_ms) {
 }
 
 Result<Frame> Channel::Call(const json& msg, int timeout_ms) {
-  WSUP_RETURN_IF_ERROR(Send(msg, {}, timeout_ms));
+  Status sent = Send(msg, {}, timeout_ms);
+  if (!sent.ok()) {
+    // A holder that turns a connection away (its connection limit, another
+    // uid) writes why and closes without reading, so the request may meet a
+    // closed socket (EPIPE) while the reason already waits in ours: return
+    // the reason. Receive(0) takes only what has arrived.
+    if (sent.code() == Code::kIo && fd_.valid()) {
+      auto why = Receive(0);
+      if (why.ok()) return why;
+    }
+    return sent.error();
+  }
   return Receive(timeout_ms);
 }
 

@@ -209,7 +209,9 @@ class Channel {
 
   Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms);
   Result<Frame> Receive(int timeout_ms);
-  // Sends a request and waits for its reply.
+  // Sends a request and waits for its reply. A holder that hung up before
+  // taking the request (it turned the connection away) may have said why
+  // first: that message is then the reply.
   Result<Frame> Call(const nlohmann::json& msg, int timeout_ms);
 
   bool connected() const { return fd_.valid(); }

@@ -533,6 +533,40 @@ TEST_CASE("a peer that is not a holder: the client gives up within its bound", "
   CHECK_THAT(c->outcome.reason, Catch::Contains("no reply from the holder within 200 ms"));
 }
 
+TEST_CASE("a holder that turns a connection away before reading: the client reports its reason",
+          "[client][protocol]") {
+  test::TempDir dir;
+  std::string path = dir.Join("full.sock");
+  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(l.get(), 8) == 0);
+  auto ch = Channel::Connect(path, 5000);
+  REQUIRE(ch.ok());
+  {
+    // What the holder does at its connection limit: say why, hang up, read nothing.
+    UniqueFd c(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    REQUIRE(c.valid());
+    auto why = EncodeFrame(EncodeError(Unavailable("the holder has 3 connections open, its limit")));
+    REQUIRE(why.ok());
+    REQUIRE(::send(c.get(), why->data(), why->size(), MSG_NOSIGNAL) == static_cast<ssize_t>(why->size()));
+  }
+  // The request meets a closed socket; the reason is the reply.
+  auto r = ch->Call(EncodeInfoRequest(), 5000);
+  REQUIRE(r.ok());
+  CHECK(r->type() == "error");
+  CHECK_THAT(r->msg["message"].get<std::string>(), Catch::Contains("3 connections open, its limit"));
+  // With nothing said before the hang-up, the send's own error stays.
+  auto ch2 = Channel::Connect(path, 5000);
+  REQUIRE(ch2.ok());
+  UniqueFd(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC)).Reset();
+  auto silent = ch2->Call(EncodeInfoRequest(), 5000);
+  REQUIRE_FALSE(silent.ok());
+  CHECK(silent.error().code() == Code::kIo);
+}
+
 // A stand-in holder for one connection at a time: reads the hello, writes
 // the given bytes, hangs up. Runs on its own thread; every wait is bounded.
 class FakeHolder {
