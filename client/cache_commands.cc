@@ -92,10 +92,19 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
        HumanBytes(m.arena_bytes) + ")\n";
   s += "allocations  " + std::to_string(m.allocations) + "\n";
   s += "clients      " + std::to_string(m.clients) + " attached, " + std::to_string(m.connections) +
-       " connections\n";
+       " connections";
+  if (m.attaches > 0) s += " (" + std::to_string(m.attaches) + " attaches since start)";
+  s += "\n";
   for (const ClientEntry& c : m.client_list) {
     s += "  " + (c.name.empty() ? std::string("(unnamed)") : c.name) + "  role=" + c.role +
          " pid=" + std::to_string(c.pid) + (c.attached ? " attached" : "") + "\n";
+  }
+  if (m.max_connections > 0) {
+    // Attached engines keep their mapping when the holder closes their idle
+    // connection, so an engine that serves may be missing from the list.
+    s += "limits       " + std::to_string(m.max_connections) + " connections; idle ones closed after " +
+         std::to_string(m.idle_timeout_ms) + " ms (" + std::to_string(m.closed_idle) + " so far, " +
+         std::to_string(m.evicted) + " early to make room)\n";
   }
   s += "fingerprint  " + FingerprintId(m.fingerprint) + "\n";
   for (const auto& [k, v] : m.fingerprint.fields()) s += "  " + k + ": " + v + "\n";

@@ -23,7 +23,9 @@
 //
 // Ownership: an Attachment owns its mapping and its connection. The mapping
 // stays readable after the holder dies; the open connection only lets the
-// holder count the client. Not thread-safe to mutate (Detach); const lookups
+// holder count the client, and the holder closes it once it has been idle
+// for the holder's idle limit (holder/server.h), which the mapping does not
+// notice. Not thread-safe to mutate (Detach); const lookups
 // may be made from any thread once Attach() has returned.
 #pragma once
 
@@ -129,7 +131,9 @@ Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path
                                                   int timeout_ms, const Fingerprint* ours = nullptr);
 
 // What a keeper holds: the arena's record and its fds (in allocation order),
-// plus the open connection (its EOF tells the keeper the holder died).
+// plus the open connection (its EOF tells the keeper the holder died). The
+// holder exempts an attached keeper from its idle limit for that reason, so
+// the link needs no keepalive.
 struct KeptArena {
   ArenaRecord record;
   std::vector<UniqueFd> fds;

@@ -63,6 +63,13 @@ Result<uint64_t> GetU64(const json& j, const char* type, const char* key) {
   return it->get<uint64_t>();
 }
 
+// For fields added after a message's first version: absent means `fallback`,
+// present but not a non-negative integer is still an error.
+Result<uint64_t> GetU64Or(const json& j, const char* type, const char* key, uint64_t fallback) {
+  if (!j.contains(key)) return fallback;
+  return GetU64(j, type, key);
+}
+
 Result<int64_t> GetI64(const json& j, const char* type, const char* key) {
   auto it = j.find(key);
   if (it == j.end() || !it->is_number_integer()) return FieldError(type, key, "an integer");
@@ -528,7 +535,18 @@ Result<Frame> Channel::Receive(int timeout_ms) {
 }
 
 Result<Frame> Channel::Call(const json& msg, int timeout_ms) {
-  WSUP_RETURN_IF_ERROR(Send(msg, {}, timeout_ms));
+  Status sent = Send(msg, {}, timeout_ms);
+  if (!sent.ok()) {
+    // A holder that turns a connection away (its connection limit, another
+    // uid) writes why and closes without reading, so the request may meet a
+    // closed socket (EPIPE) while the reason already waits in ours: return
+    // the reason. Receive(0) takes only what has arrived.
+    if (sent.code() == Code::kIo && fd_.valid()) {
+      auto why = Receive(0);
+      if (why.ok()) return why;
+    }
+    return sent.error();
+  }
   return Receive(timeout_ms);
 }
 
@@ -604,6 +622,11 @@ json EncodeInfo(const InfoMsg& m) {
           {"socket", m.socket},
           {"clients", m.clients},
           {"connections", m.connections},
+          {"max_connections", m.max_connections},
+          {"idle_timeout_ms", m.idle_timeout_ms},
+          {"attaches", m.attaches},
+          {"closed_idle", m.closed_idle},
+          {"evicted", m.evicted},
           {"client_list", clients}};
 }
 
@@ -686,6 +709,11 @@ Result<InfoMsg> DecodeInfo(const json& j) {
   m.socket = GetStringOr(j, "socket", "");
   WSUP_ASSIGN_OR_RETURN(m.clients, GetU64(j, "info", "clients"));
   WSUP_ASSIGN_OR_RETURN(m.connections, GetU64(j, "info", "connections"));
+  WSUP_ASSIGN_OR_RETURN(m.max_connections, GetU64Or(j, "info", "max_connections", 0));
+  WSUP_ASSIGN_OR_RETURN(m.idle_timeout_ms, GetU64Or(j, "info", "idle_timeout_ms", 0));
+  WSUP_ASSIGN_OR_RETURN(m.attaches, GetU64Or(j, "info", "attaches", 0));
+  WSUP_ASSIGN_OR_RETURN(m.closed_idle, GetU64Or(j, "info", "closed_idle", 0));
+  WSUP_ASSIGN_OR_RETURN(m.evicted, GetU64Or(j, "info", "evicted", 0));
   auto it = j.find("client_list");
   if (it == j.end() || !it->is_array()) return FieldError("info", "client_list", "an array");
   for (const auto& c : *it) {

@@ -24,6 +24,12 @@
 //      | error {code, message}
 //   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, ...}
 //   bye  -> (the holder closes the connection)
+// The holder closes a connection that has no request in flight for its idle
+// limit, and may close an idle one early to make room at its connection
+// limit, telling the client why in an error frame first (holder/server.h).
+// Neither touches what an attached client mapped. An attached keeper's
+// connection has no idle limit, and is closed to make room only when no
+// other connection is idle.
 // An engine must present a fingerprint and gets `attach` only when every
 // field matches. A keeper or an inspector may omit it and takes the holder's
 // fingerprint as given; when an inspector presents one, the differences come
@@ -202,7 +208,9 @@ class Channel {
 
   Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms);
   Result<Frame> Receive(int timeout_ms);
-  // Sends a request and waits for its reply.
+  // Sends a request and waits for its reply. A holder that hung up before
+  // taking the request (it turned the connection away) may have said why
+  // first: that message is then the reply.
   Result<Frame> Call(const nlohmann::json& msg, int timeout_ms);
 
   bool connected() const { return fd_.valid(); }
@@ -268,6 +276,14 @@ struct InfoMsg {
   std::string socket;
   uint64_t clients = 0;      // connections that attached and are still open
   uint64_t connections = 0;  // all open connections
+  // The holder's limits (holder/server.h); 0 from a holder that does not say.
+  uint64_t max_connections = 0;
+  uint64_t idle_timeout_ms = 0;
+  // Since the holder started: attach replies sent, connections closed for
+  // their idle limit, and idle ones closed to make room at max_connections.
+  uint64_t attaches = 0;
+  uint64_t closed_idle = 0;
+  uint64_t evicted = 0;
   std::vector<ClientEntry> client_list;
 };
 

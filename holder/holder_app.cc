@@ -228,6 +228,14 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
   if (cfg.handshake_timeout_ms < 1) {
     return InvalidArgument("--handshake-timeout-ms must be positive");
   }
+  if (cfg.idle_timeout_ms < 1) {
+    return InvalidArgument("--idle-timeout-ms " + std::to_string(cfg.idle_timeout_ms) +
+                           ": must be positive (milliseconds a connection may stay without a request)");
+  }
+  if (cfg.max_connections < 1) {
+    return InvalidArgument("--max-connections " + std::to_string(cfg.max_connections) +
+                           ": must be 1 or more (open connections at most)");
+  }
   if (cfg.ready_fd >= 0 && (cfg.ready_fd <= 2 || !FdIsOpen(cfg.ready_fd))) {
     return InvalidArgument("--ready-fd " + std::to_string(cfg.ready_fd) +
                            ": not an inherited open fd (3 or more); pass the write end of a pipe");
@@ -260,6 +268,8 @@ int RunHolder(const HolderConfig& cfg) {
     ServerOptions so;
     so.socket_path = cfg.socket_path;
     so.handshake_timeout_ms = cfg.handshake_timeout_ms;
+    so.idle_timeout_ms = cfg.idle_timeout_ms;
+    so.max_connections = static_cast<size_t>(cfg.max_connections);
     so.deployment = cfg.deployment;
     so.revision = cfg.revision;
     so.adopted = adopting;

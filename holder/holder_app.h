@@ -45,6 +45,8 @@ struct HolderConfig {
   std::string adopt_fds;       // "3,4,...": inherited fds, one per allocation in order
   int read_threads = 4;
   int handshake_timeout_ms = 10'000;
+  int idle_timeout_ms = 60'000;  // holder/server.h, "Limits"
+  int max_connections = 1000;
 };
 
 // Usage errors (exit 2), each naming the flag and what to pass instead.

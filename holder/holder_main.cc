@@ -27,7 +27,14 @@ int main(int argc, char** argv) {
   app.add_option("--adopt-fds", cfg.adopt_fds, "inherited arena fds, one per allocation in order, e.g. 3,4");
   app.add_option("--read-threads", cfg.read_threads, "parallel checkpoint readers (default 4)");
   app.add_option("--handshake-timeout-ms", cfg.handshake_timeout_ms,
-                 "time a client has to send its first request (default 10000)");
+                 "time a client has to send its first request, finish one it began, or take some of a "
+                 "reply (default 10000)");
+  app.add_option("--idle-timeout-ms", cfg.idle_timeout_ms,
+                 "a connection without a request for this long is closed; attached clients keep their "
+                 "mapping, an attached keeper is exempt (default 60000)");
+  app.add_option("--max-connections", cfg.max_connections,
+                 "open connections at most; past it the one idle longest is closed to admit a new one "
+                 "(default 1000)");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error (default info)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   try {

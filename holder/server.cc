@@ -39,6 +39,9 @@ void TellOnce(int fd, const Error& e) {
 }  // namespace
 
 struct HolderServer::Conn {
+  // What the connection's timer runs for (server.h, "Limits").
+  enum class Deadline { kNone, kFirstRequest, kRequest, kReply, kIdle };
+
   Conn(HolderServer* s, uint64_t i, UniqueFd f, uint32_t max_request)
       : server(s), id(i), fd(std::move(f)), reader(max_request, /*accept_fds=*/false) {}
 
@@ -57,9 +60,16 @@ struct HolderServer::Conn {
   std::string role = "pending";
   bool greeted = false;   // its first request was handled
   bool attached = false;  // it received the fds
+  bool spared = false;    // an attached keeper: no idle limit (server.h)
+  Deadline deadline = Deadline::kNone;
+  bool restart_deadline = false;  // a request was handled or a reply moved on
+  uint64_t idle_since = 0;        // uv_now() when it last had nothing in flight
   bool close_after_flush = false;
   bool peer_eof = false;
   bool closing = false;
+
+  // A request is in flight from its first byte until its reply has been sent.
+  bool in_flight() const { return !out.empty() || close_after_flush || reader.mid_message(); }
 };
 
 // ---------------------------------------------------------------- socket path
@@ -287,12 +297,15 @@ void HolderServer::Admit(UniqueFd fd) {
                                std::to_string(::geteuid()) + " (the holder's user)"));
     return;
   }
-  if (conns_.size() >= opts_.max_connections) {
-    spdlog::warn("refused a connection from pid {}: {} connections are open, the limit", cred.pid,
-                 conns_.size());
+  if (conns_.size() >= opts_.max_connections && !MakeRoom()) {
+    const std::string limit = std::to_string(opts_.max_connections);
+    spdlog::warn("refused a connection from pid {}: {} connections are open, the limit (--max-connections), "
+                 "and every one has a request in flight",
+                 cred.pid, conns_.size());
     TellOnce(fd.get(), Unavailable("the holder has " + std::to_string(conns_.size()) +
-                                   " connections open, its limit; retry later, or find the client that "
-                                   "leaks connections in 'wsup cache info'"));
+                                   " connections open, its limit (wsup-holder --max-connections " + limit +
+                                   "), and every one has a request in flight; retry in a moment, or raise "
+                                   "--max-connections"));
     return;
   }
   int raw = fd.get();
@@ -311,9 +324,35 @@ void HolderServer::Admit(UniqueFd fd) {
   c->timer.data = c;
   c->open_handles = 2;
   conns_[c->id] = c;
-  uv_timer_start(&c->timer, &HolderServer::OnConnTimer, static_cast<uint64_t>(opts_.handshake_timeout_ms), 0);
   spdlog::debug("accepted a connection from pid {} ({} open)", cred.pid, conns_.size());
-  UpdatePoll(c);
+  UpdatePoll(c);  // starts the first request's deadline
+}
+
+bool HolderServer::MakeRoom() {
+  // The connection idle longest; an attached keeper only when no other is
+  // idle, since closing its link would read to it as the holder's death.
+  Conn* victim = nullptr;
+  for (const auto& [id, c] : conns_) {
+    if (c->closing || c->in_flight()) continue;
+    if (victim == nullptr || (victim->spared && !c->spared) ||
+        (victim->spared == c->spared && c->idle_since < victim->idle_since)) {
+      victim = c;
+    }
+  }
+  if (victim == nullptr) return false;
+  ++evicted_;
+  const std::string limit = std::to_string(opts_.max_connections);
+  uint64_t idle_ms = uv_now(loop_) - victim->idle_since;
+  spdlog::warn("{} connections are open, the limit (--max-connections); closed {}, idle for {} ms, the longest{}, "
+               "to admit a new one",
+               conns_.size(), Describe(victim), idle_ms,
+               victim->spared ? " (a keeper: no other connection was idle)" : "");
+  TellOnce(victim->fd.get(),
+           Unavailable("the holder closed this connection, idle for " + std::to_string(idle_ms) +
+                       " ms, to admit a new one: it had " + limit +
+                       " connections open, its limit (--max-connections); connect again to send a request"));
+  CloseConn(victim);
+  return true;
 }
 
 // ---------------------------------------------------------------- per client
@@ -344,16 +383,46 @@ void HolderServer::OnConnTimer(uv_timer_t* t) {
   auto* c = static_cast<Conn*>(t->data);
   if (c->closing) return;
   HolderServer* self = c->server;
-  int ms = self->opts_.handshake_timeout_ms;
-  if (!c->greeted) {
-    Error e = Timeout("no complete request within " + std::to_string(ms) +
-                      " ms of connecting; send 'hello' or 'info' right after connecting");
-    self->Drop(c,
-               "sent no complete request within " + std::to_string(ms) + " ms (" +
-                   std::to_string(c->reader.buffered()) + " bytes received)",
-               &e);
-  } else {
-    self->Drop(c, "did not read its final reply within " + std::to_string(ms) + " ms");
+  const std::string ms = std::to_string(self->opts_.handshake_timeout_ms);
+  switch (c->deadline) {
+    case Conn::Deadline::kNone:
+      return;
+    case Conn::Deadline::kFirstRequest: {
+      Error e = Timeout("no complete request within " + ms +
+                        " ms of connecting; send 'hello' or 'info' right after connecting");
+      self->Drop(c,
+                 "sent no complete request within " + ms + " ms (" + std::to_string(c->reader.buffered()) +
+                     " bytes received)",
+                 &e);
+      return;
+    }
+    case Conn::Deadline::kRequest: {
+      Error e = Timeout("a request begun was not complete within " + ms +
+                        " ms; send each request whole (length prefix and body) at once");
+      self->Drop(c,
+                 "sent part of a request (" + std::to_string(c->reader.buffered()) +
+                     " bytes) and not the rest within " + ms + " ms",
+                 &e);
+      return;
+    }
+    case Conn::Deadline::kReply: {
+      size_t left = 0;
+      for (const OutgoingFrame& f : c->out) left += f.remaining_bytes();
+      self->Drop(c, std::string("did not read its ") + (c->close_after_flush ? "final " : "") + "reply within " +
+                        ms + " ms (" + std::to_string(left) + " bytes unsent)");
+      return;
+    }
+    case Conn::Deadline::kIdle: {
+      const std::string idle = std::to_string(self->opts_.idle_timeout_ms);
+      ++self->closed_idle_;
+      spdlog::info("{}: no request for {} ms, its idle limit; closed it{}", self->Describe(c), idle,
+                   c->attached ? " (what it mapped stays mapped)" : "");
+      TellOnce(c->fd.get(), Timeout("the holder closed this connection after " + idle +
+                                    " ms without a request (its idle limit, --idle-timeout-ms); connect "
+                                    "again to send another"));
+      self->CloseConn(c);
+      return;
+    }
   }
 }
 
@@ -384,11 +453,14 @@ void HolderServer::Flush(Conn* c) {
   for (;;) {
     if (c->closing) return;
     while (!c->out.empty()) {
+      size_t before = c->out.front().remaining_bytes();
       auto sent = c->out.front().SendSome(c->fd.get());
       if (!sent.ok()) {
         Drop(c, "cannot send to it: " + sent.error().message());
         return;
       }
+      // The client is reading: its reply deadline starts again.
+      if (*sent || c->out.front().remaining_bytes() < before) c->restart_deadline = true;
       if (!*sent) break;
       c->out.pop_front();
     }
@@ -431,14 +503,46 @@ void HolderServer::UpdatePoll(Conn* c) {
   } else if (!c->peer_eof && !c->close_after_flush) {
     events |= UV_READABLE | UV_DISCONNECT;
   }
-  if (events == c->poll_events) return;
-  c->poll_events = events;
-  if (events == 0) {
-    uv_poll_stop(&c->poll);
-  } else {
-    int rc = uv_poll_start(&c->poll, events, &HolderServer::OnConnEvent);
-    if (rc != 0) Drop(c, std::string("cannot watch its socket: ") + uv_strerror(rc));
+  if (events != c->poll_events) {
+    c->poll_events = events;
+    if (events == 0) {
+      uv_poll_stop(&c->poll);
+    } else {
+      int rc = uv_poll_start(&c->poll, events, &HolderServer::OnConnEvent);
+      if (rc != 0) {
+        Drop(c, std::string("cannot watch its socket: ") + uv_strerror(rc));
+        return;
+      }
+    }
   }
+  ArmTimer(c);
+}
+
+void HolderServer::ArmTimer(Conn* c) {
+  if (c->closing) return;
+  using D = Conn::Deadline;
+  D want = D::kNone;
+  if (!c->out.empty() || c->close_after_flush) {
+    want = D::kReply;
+  } else if (!c->greeted) {
+    want = D::kFirstRequest;
+  } else if (c->reader.mid_message()) {
+    want = D::kRequest;
+  } else {
+    want = c->spared ? D::kNone : D::kIdle;
+  }
+  // A deadline that runs is not pushed back by more bytes of the same
+  // request: a client trickling a byte at a time still meets it.
+  if (want == c->deadline && !c->restart_deadline) return;
+  c->restart_deadline = false;
+  c->deadline = want;
+  if (!c->in_flight()) c->idle_since = uv_now(loop_);
+  if (want == D::kNone) {
+    uv_timer_stop(&c->timer);
+    return;
+  }
+  int ms = want == D::kIdle ? opts_.idle_timeout_ms : opts_.handshake_timeout_ms;
+  uv_timer_start(&c->timer, &HolderServer::OnConnTimer, static_cast<uint64_t>(ms), 0);
 }
 
 void HolderServer::Reply(Conn* c, json msg, std::vector<UniqueFd> fds,
@@ -482,6 +586,7 @@ void HolderServer::OnConnHandleClosed(uv_handle_t* h) {
 // ---------------------------------------------------------------- requests
 
 void HolderServer::Handle(Conn* c, Frame frame) {
+  c->restart_deadline = true;  // every request starts the connection's clock again
   std::string type = frame.type();
   if (type == "hello") {
     if (c->greeted) {
@@ -496,7 +601,6 @@ void HolderServer::Handle(Conn* c, Frame frame) {
     if (!c->greeted) {
       c->greeted = true;
       c->role = "info";
-      uv_timer_stop(&c->timer);
     }
     Reply(c, EncodeInfo(Info()));
     return;
@@ -518,15 +622,12 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
     return;
   }
   c->greeted = true;
-  uv_timer_stop(&c->timer);
   c->name = hello->client;
   c->role = ClientRoleName(hello->role);
   auto finish_with = [&](json reply) {
     Reply(c, std::move(reply));
     if (c->closing) return;
-    c->close_after_flush = true;
-    // Bound the time a client may leave its final reply unread.
-    uv_timer_start(&c->timer, &HolderServer::OnConnTimer, static_cast<uint64_t>(opts_.handshake_timeout_ms), 0);
+    c->close_after_flush = true;  // the reply deadline bounds how long it may stay unread
   };
   if (hello->version != kProtocolVersion) {
     Error e = Refused("this holder speaks protocol version " + std::to_string(kProtocolVersion) +
@@ -571,6 +672,8 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
   }
   if (c->closing) return;
   c->attached = true;
+  c->spared = hello->role == ClientRole::kKeeper;
+  ++attaches_;
   spdlog::info("attached {}: {} allocations, {} tensors ({}){}", Describe(c), nfds,
                arena_.manifest().entries.size(), binary ? "tensor table" : "JSON entries",
                diffs.empty()
@@ -595,6 +698,11 @@ InfoMsg HolderServer::Info() const {
   m.holder_pid = ::getpid();
   m.socket = opts_.socket_path;
   m.connections = conns_.size();
+  m.max_connections = opts_.max_connections;
+  m.idle_timeout_ms = static_cast<uint64_t>(opts_.idle_timeout_ms);
+  m.attaches = attaches_;
+  m.closed_idle = closed_idle_;
+  m.evicted = evicted_;
   for (const auto& [id, c] : conns_) {
     if (c->attached) ++m.clients;
     m.client_list.push_back(ClientEntry{c->name, c->role, c->pid, c->uid, c->attached});

@@ -12,11 +12,43 @@
 // Robustness: one libuv loop, one thread, every client socket non-blocking
 // with its own buffers, so a slow or hostile client never blocks another.
 // Requests are bounded in size (the length prefix is checked before the
-// body is buffered), the first request must arrive within a time limit, and
-// a client that sends garbage, an oversized prefix, or disconnects in the
-// middle of a message is dropped with a log line while the server keeps
-// serving. A client with an unread reply is not read from (backpressure),
-// and one that never reads its final reply is dropped after the same limit.
+// body is buffered), and a client that sends garbage, an oversized prefix,
+// or disconnects in the middle of a message is dropped with a log line while
+// the server keeps serving. A client with an unread reply is not read from
+// (backpressure).
+//
+// Limits (ServerOptions; wsup-holder flags in brackets). Every connection is
+// in one of four states, each with its own clock:
+//   - no request yet: the first complete request must arrive within
+//     handshake_timeout_ms of connecting [--handshake-timeout-ms, 10 s];
+//   - part of a request received: the rest must follow within
+//     handshake_timeout_ms of its first byte;
+//   - a reply being sent: the client must take some of it within
+//     handshake_timeout_ms, or it is dropped;
+//   - idle (nothing in flight): closed after idle_timeout_ms without a
+//     request [--idle-timeout-ms, 60 s], after every request, not only before
+//     the first. The client is told why in an error frame.
+// At most max_connections are open [--max-connections, 1000]. A newcomer
+// past the limit is never refused while some connection is idle: the one
+// idle longest is closed to make room (logged as a warning, counted in
+// `info` as evicted). Only when every connection has a request in flight is
+// the newcomer refused, with an error that names the limit and the flag.
+//
+// Which connections the idle limit spares: an attached client keeps its
+// mapping without the connection (the fds it received, client/mapping.h),
+// so engines and inspectors lose nothing when the holder closes theirs; the
+// connection only let `info` count them. The supervisor's fd keeper is
+// different: its open connection is its link to the holder, and by the
+// keeper's contract (client/client.h KeptArena) that link's EOF means the
+// holder died; closing it on a timer would read as a holder death. So an
+// attached keeper has no idle limit, and it is evicted at the connection
+// limit only when no other connection is idle (logged as a warning). A
+// keepalive request would have done too, but it would make every keeper
+// poll the holder for nothing and turn a missed poll into a false death.
+// The role is declared in the keeper's hello; since a spared keeper still
+// yields when nothing else is idle, a client that claims the role cannot
+// lock anyone out. A connection that has not attached (an `info` asker, a
+// refused hello) is never spared.
 //
 // Attach replies: Start() encodes the arena's binary tensor table once; every
 // client that asks for it (hello's tensor_table) gets that one buffer, shared,
@@ -50,11 +82,16 @@ namespace wsup {
 
 struct ServerOptions {
   std::string socket_path;
-  // Time a new connection has to send its first complete request, and a
-  // client has to read its final reply before it is dropped.
+  // Time a new connection has to send its first complete request, a client
+  // has to finish a request it began, and a client has to take some of a
+  // reply before it is dropped.
   int handshake_timeout_ms = 10'000;
+  // A connection with no request in flight for this long is closed (an
+  // attached keeper excepted; see the top of this file).
+  int idle_timeout_ms = 60'000;
   // Requests (hello, info, bye) are small; replies may be up to kMaxMessageBytes.
   uint32_t max_request_bytes = 1u << 20;
+  // Open connections at most; past it the longest-idle one makes room.
   size_t max_connections = 1000;
   // Shown by `info`.
   std::string deployment;
@@ -83,6 +120,9 @@ class HolderServer {
 
   InfoMsg Info() const;
   size_t connections() const { return conns_.size(); }
+  // Connections closed for their idle limit, and to make room at the limit.
+  uint64_t closed_idle() const { return closed_idle_; }
+  uint64_t evicted() const { return evicted_; }
   const std::string& socket_path() const { return opts_.socket_path; }
 
  private:
@@ -103,6 +143,13 @@ class HolderServer {
              std::shared_ptr<const std::string> blob = nullptr);
   void Flush(Conn* c);
   void UpdatePoll(Conn* c);
+  // Starts the one timer that fits the connection's state (see "Limits"
+  // above), unless that deadline already runs; Handle() and progress on a
+  // reply restart it. Called after every change of state.
+  void ArmTimer(Conn* c);
+  // At the connection limit: closes the connection idle longest (an attached
+  // keeper only when nothing else is idle). False when every one is busy.
+  bool MakeRoom();
   // Logs why, tries once to tell the client, and closes it.
   void Drop(Conn* c, const std::string& why, const Error* tell = nullptr);
   void CloseConn(Conn* c);
@@ -129,6 +176,9 @@ class HolderServer {
   std::function<void()> on_closed_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Conn*> conns_;
+  uint64_t attaches_ = 0;
+  uint64_t closed_idle_ = 0;
+  uint64_t evicted_ = 0;
 };
 
 }  // namespace wsup

@@ -91,7 +91,17 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-std::string Q(std::string_view name) { return "'" + std::string(name) + "'"; }
+// Built by appending: GCC 12 at -O3 warns (-Wrestrict, a false positive) on
+// the inlined `"'" + std::string(name)`, and the Release build treats that
+// warning as an error.
+std::string Q(std::string_view name) {
+  std::string s;
+  s.reserve(name.size() + 2);
+  s += '\'';
+  s += name;
+  s += '\'';
+  return s;
+}
 
 std::string JoinInts(const std::vector<int>& v) {
   std::string s;

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds a Release tree with the cuda backend and collects the programs, the
-# test binaries and the shared libraries a GPU node may lack (libuv, spdlog,
-# toml++, http-parser) into one folder, so the tests and benchmarks can run on
-# a GPU node that has the NVIDIA driver but none of the -dev packages.
+# Builds the Release tree that scripts/test.sh tests (scripts/release_build.sh:
+# -O3, warnings as errors, Debian's GCC), with the cuda backend required, and
+# collects the programs, the test binaries and the shared libraries a GPU
+# node may lack (libuv, spdlog, toml++, http-parser) into one folder, so the
+# tests and benchmarks can run on a GPU node that has the NVIDIA driver but
+# none of the -dev packages. After `scripts/test.sh` the tree is built
+# already and this only collects it.
 #
 #   scripts/bundle.sh OUTDIR
 #   # on the GPU node:
@@ -12,14 +15,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/bundle.sh OUTDIR}
-cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DWSUP_CUDA=ON \
-  -DWSUP_TESTDATA_DIR="${WSUP_TESTDATA_DIR:-$PWD/../shared/testdata}" >/dev/null
-cmake --build build-release -j"$(nproc)"
+. scripts/release_build.sh
+wsup_release_configure ON
+cmake --build "$WSUP_RELEASE_DIR" -j"$(nproc)"
+build=$WSUP_RELEASE_DIR
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/tests" "$out/lib"
-cp build-release/bin/* "$out/bin/"
-cp build-release/tests/*_test "$out/tests/" 2>/dev/null || true
-cp build-release/lib/libwsup_client.so "$out/lib/" 2>/dev/null || true
+cp "$build"/bin/* "$out/bin/"
+cp "$build"/tests/*_test "$out/tests/" 2>/dev/null || true
+cp "$build"/lib/libwsup_client.so "$out/lib/" 2>/dev/null || true
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/lib/libwsup_client.so 2>/dev/null || true
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'

@@ -353,6 +353,31 @@ TEST_CASE("messages round-trip and decoders refuse malformed ones naming the fie
   REQUIRE(i->client_list.size() == 1);
   CHECK(i->client_list[0].pid == 42);
   CHECK(i->client_list[0].attached);
+  // The limits and counters travel; a holder that sends none reads as 0,
+  // and one that sends a wrong type is refused.
+  info.max_connections = 1000;
+  info.idle_timeout_ms = 60000;
+  info.attaches = 7;
+  info.closed_idle = 5;
+  info.evicted = 2;
+  auto limits = DecodeInfo(EncodeInfo(info));
+  REQUIRE(limits.ok());
+  CHECK(limits->max_connections == 1000);
+  CHECK(limits->idle_timeout_ms == 60000);
+  CHECK(limits->attaches == 7);
+  CHECK(limits->closed_idle == 5);
+  CHECK(limits->evicted == 2);
+  json older = EncodeInfo(info);
+  for (const char* key : {"max_connections", "idle_timeout_ms", "attaches", "closed_idle", "evicted"}) older.erase(key);
+  auto from_older = DecodeInfo(older);
+  REQUIRE(from_older.ok());
+  CHECK(from_older->max_connections == 0);
+  CHECK(from_older->evicted == 0);
+  json wrong = EncodeInfo(info);
+  wrong["evicted"] = "2";
+  auto bad_counter = DecodeInfo(wrong);
+  REQUIRE_FALSE(bad_counter.ok());
+  CHECK_THAT(bad_counter.error().message(), Catch::Contains("'evicted'"));
 
   struct Bad {
     json msg;
@@ -506,6 +531,40 @@ TEST_CASE("a peer that is not a holder: the client gives up within its bound", "
   REQUIRE(c.ok());
   CHECK(c->outcome.source == WeightSource::kDisk);
   CHECK_THAT(c->outcome.reason, Catch::Contains("no reply from the holder within 200 ms"));
+}
+
+TEST_CASE("a holder that turns a connection away before reading: the client reports its reason",
+          "[client][protocol]") {
+  test::TempDir dir;
+  std::string path = dir.Join("full.sock");
+  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(l.get(), 8) == 0);
+  auto ch = Channel::Connect(path, 5000);
+  REQUIRE(ch.ok());
+  {
+    // What the holder does at its connection limit: say why, hang up, read nothing.
+    UniqueFd c(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    REQUIRE(c.valid());
+    auto why = EncodeFrame(EncodeError(Unavailable("the holder has 3 connections open, its limit")));
+    REQUIRE(why.ok());
+    REQUIRE(::send(c.get(), why->data(), why->size(), MSG_NOSIGNAL) == static_cast<ssize_t>(why->size()));
+  }
+  // The request meets a closed socket; the reason is the reply.
+  auto r = ch->Call(EncodeInfoRequest(), 5000);
+  REQUIRE(r.ok());
+  CHECK(r->type() == "error");
+  CHECK_THAT(r->msg["message"].get<std::string>(), Catch::Contains("3 connections open, its limit"));
+  // With nothing said before the hang-up, the send's own error stays.
+  auto ch2 = Channel::Connect(path, 5000);
+  REQUIRE(ch2.ok());
+  UniqueFd(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC)).Reset();
+  auto silent = ch2->Call(EncodeInfoRequest(), 5000);
+  REQUIRE_FALSE(silent.ok());
+  CHECK(silent.error().code() == Code::kIo);
 }
 
 // A stand-in holder for one connection at a time: reads the hello, writes

@@ -465,7 +465,11 @@ TEST_CASE("the cuda backend without a usable driver is a clear Unavailable, not 
 
 TEST_CASE("Synthesize fills each tensor with its pattern") {
   std::vector<ShardedTensor> ts;
-  for (int i = 0; i < 50; ++i) ts.push_back(Synthetic("t" + std::to_string(i), DType::kBF16, {i, 33}));
+  for (int i = 0; i < 50; ++i) {
+    std::string name = "t";  // appended, not `"t" + ...`: GCC 12 -O3 gives a false -Wrestrict error on that
+    name += std::to_string(i);
+    ts.push_back(Synthetic(name, DType::kBF16, {i, 33}));
+  }
   auto arena = Arena::Synthesize(ts, LoadOptions{});
   if (!arena.ok()) FAIL(arena.error().ToString());
   MappedArena m = MapDups(*arena);

@@ -261,9 +261,10 @@ TEST_CASE("200 clients at once", "[holder][server][abuse]") {
   std::vector<Channel> chans;
   for (int i = 0; i < 200; ++i) chans.push_back(Connect(h));
   for (int i = 0; i < 200; ++i) {
-    nlohmann::json msg = i % 2 == 0 ? EncodeHello(HelloMsg{kProtocolVersion, "c" + std::to_string(i),
-                                                           ClientRole::kEngine, fp})
-                                    : EncodeInfoRequest();
+    std::string name = "c";  // appended, not `"c" + ...`: GCC 12 -O3 gives a false -Wrestrict error on that
+    name += std::to_string(i);
+    nlohmann::json msg =
+        i % 2 == 0 ? EncodeHello(HelloMsg{kProtocolVersion, name, ClientRole::kEngine, fp}) : EncodeInfoRequest();
     REQUIRE(chans[static_cast<size_t>(i)].Send(msg, {}, 5000).ok());
   }
   for (int i = 0; i < 200; ++i) {
