@@ -175,6 +175,16 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
 
 Ledger::~Ledger() { Close(); }
 
+uint64_t Ledger::QueuedSeq() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return next_seq_ - 1;
+}
+
+uint64_t Ledger::HandledSeq() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return done_seq_;
+}
+
 Result<int64_t> Ledger::Enqueue(Item item, int64_t* counter) {
   std::lock_guard<std::mutex> lk(mu_);
   if (stopping_ || closed_)

@@ -69,6 +69,13 @@ class Ledger {
   // first write error since the previous Flush(), if any.
   Status Flush();
 
+  // For callers that must not block (the supervisor's loop) but must not
+  // answer before a row is on disk: the sequence number of the last row
+  // queued so far, and the highest sequence number handled by the writer
+  // (committed, or refused and counted). Poll HandledSeq() >= QueuedSeq().
+  uint64_t QueuedSeq() const;
+  uint64_t HandledSeq() const;
+
   // Drains the queue, stops the writer and closes the file. Idempotent;
   // Record*() after Close() fails with kUnavailable.
   void Close();

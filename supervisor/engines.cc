@@ -565,7 +565,25 @@ void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
              {"swap_ms", p.swapped_ms - p.fault_ms},
              {"first_ok_ms", first_ok_ms - p.fault_ms},
              {"failover_id", p.id}};
-  for (auto& c : p.waiters) {
+  if (p.waiters.empty()) return;
+  // `wsup failover` answers once the failover's rows are on disk, so what a
+  // caller was told survives a crash of the supervisor right after.
+  ReplyWhenRecorded(ledger_->QueuedSeq(), std::move(p.waiters), std::move(reply), clock_.MonotonicMs());
+}
+
+void Supervisor::Impl::ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, json reply,
+                                         int64_t since_mono) {
+  constexpr int64_t kRecordWaitMs = 5'000;
+  if (ledger_->HandledSeq() < seq && clock_.MonotonicMs() - since_mono < kRecordWaitMs) {
+    After(2, [this, seq, waiters = std::move(waiters), reply = std::move(reply), since_mono]() mutable {
+      ReplyWhenRecorded(seq, std::move(waiters), std::move(reply), since_mono);
+    });
+    return;
+  }
+  if (ledger_->HandledSeq() < seq) {
+    reply["warning"] = "the ledger has not committed this failover's row within 5 s; see the supervisor's log";
+  }
+  for (auto& c : waiters) {
     if (c->alive()) c->Send(reply);
   }
 }

@@ -236,6 +236,8 @@ class Supervisor::Impl {
   void MaybePromote();
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
   void CompletePending(int64_t first_ok_ms);
+  void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
+                         int64_t since_mono);
 
   // control.cc
   void OnControl(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
