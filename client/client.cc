@@ -3,8 +3,8 @@
 #include <chrono>
 #include <filesystem>
 
+#include "checkpoint/checkpoint.h"
 #include "client/cuda_driver.h"
-#include "holder/checkpoint.h"
 
 #ifndef WSUP_CUDA_RUNTIME_VERSION
 #define WSUP_CUDA_RUNTIME_VERSION "none"

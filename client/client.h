@@ -34,12 +34,12 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/fingerprint.h"
+#include "checkpoint/sharding.h"
 #include "client/mapping.h"
 #include "client/protocol.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "holder/fingerprint.h"
-#include "holder/sharding.h"
 
 namespace wsup {
 

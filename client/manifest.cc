@@ -11,7 +11,7 @@
 #include <numeric>
 #include <string_view>
 
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace wsup {
 namespace {

@@ -61,10 +61,10 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/fingerprint.h"
 #include "client/manifest.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "holder/fingerprint.h"
 
 namespace wsup {
 

@@ -26,12 +26,12 @@
 #include <cstdint>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/cuda_driver.h"
 #include "client/manifest.h"
 #include "common/status.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 
 namespace wsup {
 

@@ -72,11 +72,11 @@
 #include <memory>
 #include <string>
 
+#include "checkpoint/fingerprint.h"
 #include "client/protocol.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "holder/arena.h"
-#include "holder/fingerprint.h"
 
 namespace wsup {
 

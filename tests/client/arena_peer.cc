@@ -20,13 +20,13 @@
 #include <string>
 #include <unordered_map>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/cuda_driver.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 #include "tests/client/fd_channel.h"
 
 namespace wsup {

@@ -12,13 +12,13 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/cuda_driver.h"
 #include "client/manifest.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 #include "tests/client/fd_channel.h"
 #include "tests/test_util.h"
 

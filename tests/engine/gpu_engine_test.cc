@@ -16,10 +16,10 @@
 #include <numeric>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "client/cuda_driver.h"
 #include "engine/cuda/cuda_engine.h"
 #include "engine/runner.h"
-#include "holder/checkpoint.h"
 #include "tests/engine/engine_fixture.h"
 #include "tests/engine/golden.h"
 

@@ -13,13 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/cuda_driver.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
-#include "holder/checkpoint.h"
 #include "holder/loader.h"
-#include "holder/sharding.h"
 #include "tests/test_util.h"
 
 namespace wsup {

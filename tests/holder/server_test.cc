@@ -12,11 +12,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "client/cache_commands.h"
 #include "client/client.h"
 #include "client/cuda_driver.h"
 #include "client/wsup_client.h"
-#include "holder/checkpoint.h"
 #include "tests/holder/holder_fixture.h"
 
 namespace wsup {

@@ -1,4 +1,4 @@
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
 #include "common/sha256.h"
-#include "holder/safetensors_writer.h"
 #include "tests/test_util.h"
 
 namespace wsup {

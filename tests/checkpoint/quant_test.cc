@@ -1,8 +1,8 @@
-#include "holder/quant.h"
+#include "checkpoint/quant.h"
 
 #include <catch2/catch.hpp>
 
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/test_util.h"
 
 namespace wsup {

@@ -17,9 +17,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "common/status.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 
 namespace wsup {
 

@@ -1,4 +1,4 @@
-#include "holder/fingerprint.h"
+#include "checkpoint/fingerprint.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

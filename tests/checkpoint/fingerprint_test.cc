@@ -1,11 +1,11 @@
-#include "holder/fingerprint.h"
+#include "checkpoint/fingerprint.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
-#include "holder/checkpoint.h"
-#include "holder/safetensors_writer.h"
 #include "tests/test_util.h"
 
 namespace wsup {

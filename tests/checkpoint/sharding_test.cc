@@ -1,12 +1,12 @@
-#include "holder/sharding.h"
+#include "checkpoint/sharding.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <map>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
-#include "holder/checkpoint.h"
-#include "holder/safetensors_writer.h"
 #include "tests/test_util.h"
 
 namespace wsup {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "common/status.h"
-#include "holder/checkpoint.h"
 
 namespace wsup {
 

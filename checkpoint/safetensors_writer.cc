@@ -1,4 +1,4 @@
-#include "holder/safetensors_writer.h"
+#include "checkpoint/safetensors_writer.h"
 
 #include <fcntl.h>
 #include <unistd.h>

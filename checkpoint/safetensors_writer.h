@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "common/status.h"
-#include "holder/checkpoint.h"
 
 namespace wsup {
 

@@ -1,4 +1,4 @@
-#include "holder/sharding.h"
+#include "checkpoint/sharding.h"
 
 #include <algorithm>
 #include <cstring>
@@ -165,7 +165,7 @@ class Planner {
           Refused(ckpt_.dir() + ": tensor " + Q(t.name) + " matches no tensor-parallel rule for " +
                   cfg_.architecture + ", so wsup cannot tell how to split it across " + std::to_string(tp) +
                   " ranks; use tp_size 1, or add a rule for it to "
-                  "holder/sharding.cc"),
+                  "checkpoint/sharding.cc"),
           false};
       return p;
     }

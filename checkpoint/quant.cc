@@ -1,4 +1,4 @@
-#include "holder/quant.h"
+#include "checkpoint/quant.h"
 
 #include <string_view>
 
