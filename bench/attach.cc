@@ -48,13 +48,13 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
 #include "client/client.h"
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "holder/arena.h"
 #include "holder/server.h"
 #include "tests/client/fd_channel.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 namespace {

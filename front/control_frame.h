@@ -1,6 +1,6 @@
 // The framing of the front's control socket: every message is a 4-byte
 // little-endian length followed by that many bytes of one JSON object.
-// This is the same wire format as the holder protocol (client/protocol.h);
+// This is the same wire format as the holder protocol (wire/protocol.h);
 // the front keeps its own small copy because it must not link the attach
 // library (CUDA loader, manifests) to speak six message types.
 //

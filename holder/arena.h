@@ -31,9 +31,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
-#include "client/manifest.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 

@@ -13,10 +13,10 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/quant.h"
 #include "checkpoint/sharding.h"
-#include "client/client.h"
-#include "client/protocol.h"
 #include "holder/arena.h"
 #include "holder/server.h"
+#include "wire/local_fingerprint.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 

@@ -28,10 +28,10 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
 #include "common/status.h"
 #include "holder/arena.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 

@@ -1,4 +1,4 @@
-// HolderServer: the holder's side of the holder protocol (client/protocol.h).
+// HolderServer: the holder's side of the holder protocol (wire/protocol.h).
 // It hands the arena's fds and manifest to clients whose fingerprint
 // matches, answers `info`, and keeps track of who is attached.
 //
@@ -73,10 +73,10 @@
 #include <string>
 
 #include "checkpoint/fingerprint.h"
-#include "client/protocol.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "holder/arena.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 

@@ -1,7 +1,7 @@
 // JSON messages over Unix stream sockets on a libuv loop: the supervisor's
 // control socket (server side, for the `wsup` CLI) and its link to the
 // front's control socket (client side). Frames are the holder protocol's
-// (client/protocol.h): a 4-byte little-endian length and one JSON object,
+// (wire/protocol.h): a 4-byte little-endian length and one JSON object,
 // bounded in size before anything is buffered.
 //
 // JsonConn: one connection. Messages are delivered in order to on_message;
@@ -27,8 +27,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "client/protocol.h"
 #include "common/status.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 

@@ -22,12 +22,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
-#include "client/cuda_driver.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/arena.h"
 #include "tests/client/fd_channel.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

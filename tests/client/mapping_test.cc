@@ -14,13 +14,13 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/arena.h"
 #include "tests/client/fd_channel.h"
 #include "tests/test_util.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 namespace {

@@ -17,11 +17,11 @@
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
-#include "client/cuda_driver.h"
 #include "engine/cuda/cuda_engine.h"
 #include "engine/runner.h"
 #include "tests/engine/engine_fixture.h"
 #include "tests/engine/golden.h"
+#include "wire/cuda_driver.h"
 
 using namespace std::chrono_literals;
 using namespace wsup;

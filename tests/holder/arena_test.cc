@@ -15,12 +15,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
-#include "client/cuda_driver.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/loader.h"
 #include "tests/test_util.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

@@ -15,9 +15,9 @@
 #include "checkpoint/checkpoint.h"
 #include "client/cache_commands.h"
 #include "client/client.h"
-#include "client/cuda_driver.h"
 #include "client/wsup_client.h"
 #include "tests/holder/holder_fixture.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

@@ -15,7 +15,7 @@
 //     allocations and announces the table; the table holds the entries as
 //     fixed-size little-endian records plus one string area. An attach
 //     reply to a client that asks for it carries the table beside its JSON
-//     (client/protocol.h), because 20,000 entries decode from it in a small
+//     (wire/protocol.h), because 20,000 entries decode from it in a small
 //     fraction of the time JSON takes.
 // Both decoders check every size and bound before reading, and then
 // Validate() the result.

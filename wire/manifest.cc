@@ -1,4 +1,4 @@
-#include "client/manifest.h"
+#include "wire/manifest.h"
 
 #include <endian.h>
 

@@ -1,4 +1,4 @@
-#include "client/cuda_driver.h"
+#include "wire/cuda_driver.h"
 
 #include <cstdio>
 #include <cstdlib>

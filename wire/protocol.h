@@ -35,7 +35,7 @@
 // fingerprint as given; when an inspector presents one, the differences come
 // back in `attach.diffs` instead of a refusal.
 // A client that sends tensor_table: V (the highest binary tensor table
-// version it reads, client/manifest.h) gets the manifest's entries as that
+// version it reads, wire/manifest.h) gets the manifest's entries as that
 // table in the attach message's binary part, and a manifest header that
 // announces it; a client that does not gets them as JSON, as before. A
 // 20,000-tensor manifest is about 2 MiB either way, but the table decodes
@@ -62,9 +62,9 @@
 #include <vector>
 
 #include "checkpoint/fingerprint.h"
-#include "client/manifest.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 
@@ -303,7 +303,7 @@ nlohmann::json EncodeBye();
 
 Result<HelloMsg> DecodeHello(const nlohmann::json& j);
 // `table` is the message's binary part (Frame::blob); `how` says how much
-// of the manifest to decode and check (ManifestDecoding, client/manifest.h).
+// of the manifest to decode and check (ManifestDecoding, wire/manifest.h).
 Result<AttachMsg> DecodeAttach(const nlohmann::json& j, std::string_view table = {},
                                ManifestDecoding how = ManifestDecoding::kValidated);
 Result<MismatchMsg> DecodeMismatch(const nlohmann::json& j);

@@ -1,4 +1,4 @@
-// The binary tensor table (client/manifest.h): round trips, every kind of
+// The binary tensor table (wire/manifest.h): round trips, every kind of
 // damage refused with a message that names it, random bytes never read past
 // the end; the name index in both of its modes; Validate() on entries out of
 // layout order.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "client/manifest.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 namespace {
