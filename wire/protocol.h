@@ -41,11 +41,13 @@
 // 20,000-tensor manifest is about 2 MiB either way, but the table decodes
 // many times faster.
 //
-// This file holds the pieces both sides share: framing (FrameDecoder,
-// OutgoingFrame, FrameReader), a blocking client channel with deadlines
-// (Channel), the typed messages with their encoders and validating decoders,
-// the arena record a keeper stores next to its fds, and the socket naming
-// rule. Decoders never throw: every malformed input becomes an Error naming
+// This file holds the pieces both sides share: on top of the frames of
+// wire/json_frame.h (EncodeFrame, FrameDecoder, whose default words and
+// bound kMaxMessageBytes are this protocol's), fds and binary parts on a
+// socket (OutgoingFrame, FrameReader), a blocking client channel with
+// deadlines (Channel), the typed messages with their encoders and
+// validating decoders, the arena record a keeper stores next to its fds, and
+// the socket naming rule. Decoders never throw: every malformed input becomes an Error naming
 // the message and the field.
 //
 // Thread-safety: values and single-owner objects; no shared state.
@@ -64,14 +66,12 @@
 #include "checkpoint/fingerprint.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "wire/json_frame.h"
 #include "wire/manifest.h"
 
 namespace wsup {
 
 inline constexpr int kProtocolVersion = 1;
-// Largest message either side accepts. A manifest of 20,000 tensors is about
-// 2 MiB of JSON, so this leaves room without letting a peer claim gigabytes.
-inline constexpr uint32_t kMaxMessageBytes = 16u << 20;
 // Linux accepts at most 253 fds per sendmsg (SCM_MAX_FD); stay below it.
 inline constexpr size_t kMaxFdsPerSend = 250;
 // Longest client name accepted in a hello (it ends up in logs).
@@ -94,56 +94,10 @@ struct Frame {
   std::string type() const;  // msg["type"] when a string, else ""
 };
 
-// A message body and its binary part, as FrameDecoder returns them.
-struct DecodedMessage {
-  nlohmann::json msg;
-  std::string blob;
-};
-
-// Serializes msg into a frame (length prefix + compact JSON). Refuses a body
-// larger than max_bytes.
-Result<std::string> EncodeFrame(const nlohmann::json& msg, uint32_t max_bytes = kMaxMessageBytes);
-
-// Parses one frame body: a JSON object within the nesting bound. `what`
-// names the peer in errors.
+// Parses one frame body in the holder protocol's words (wire/json_frame.h):
+// a JSON object within the shared JSON limits. `what` names the peer in
+// errors.
 Result<nlohmann::json> ParseMessageBody(std::string_view body, const std::string& what);
-
-// Splits a byte stream into message bodies. Pure: no sockets, no fds, so the
-// fuzz target drives it directly. Feed() refuses an oversized or empty length
-// prefix as soon as its 4 bytes are known, before buffering the body.
-// With max_blob_bytes > 0 it also reads binary parts: a message that
-// announces "blob": B (1..max_blob_bytes, else an error) is held back until
-// the next frame, whose prefix must be exactly B, has arrived. With 0, a
-// "blob" key means nothing.
-class FrameDecoder {
- public:
-  explicit FrameDecoder(uint32_t max_bytes = kMaxMessageBytes, uint32_t max_blob_bytes = 0)
-      : max_bytes_(max_bytes), max_blob_bytes_(max_blob_bytes) {}
-
-  Status Feed(const void* data, size_t len);
-  // The next complete message with its binary part, or nullopt when more
-  // bytes are needed.
-  Result<std::optional<DecodedMessage>> NextMessage();
-  // The same without the binary part (for decoders that accept none).
-  Result<std::optional<nlohmann::json>> Next();
-  // True when bytes of an unfinished message are buffered, or a message
-  // waits for its binary part.
-  bool mid_message() const { return pos_ < buf_.size() || pending_.has_value(); }
-  size_t buffered() const { return buf_.size() - pos_; }
-  // Length announced by the unfinished message's prefix, 0 when unknown.
-  uint32_t announced() const;
-
- private:
-  Status CheckPrefix(uint32_t len) const;
-  Status CheckHeader() const;
-  void Consume(size_t n);
-  uint32_t max_bytes_;
-  uint32_t max_blob_bytes_;
-  std::string buf_;
-  size_t pos_ = 0;
-  std::optional<nlohmann::json> pending_;  // a message waiting for its binary part
-  uint32_t pending_blob_ = 0;              // that part's announced length
-};
 
 // A message on its way out: its frame bytes and the fds that travel with it.
 // SendSome() works on blocking and non-blocking sockets alike and may be
