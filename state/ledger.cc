@@ -285,6 +285,7 @@ void Ledger::Run() {
     stats_.committed += committed;
     stats_.failed += failed;
     if (!first.ok() && first_error_.ok()) first_error_ = first;
+    if (!first.ok()) stats_.last_error = first.error().message();
     done_seq_ = batch.back().first;
     done_cv_.notify_all();
   }
