@@ -3,6 +3,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include <unordered_map>
+
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -79,21 +81,34 @@ std::optional<std::string_view> OptText(const std::string& s) {
 struct Ledger::Writer {
   Db db;
   Stmt failover, first_ok, cache, recovery, holder, probe;
+  // Failover ids whose row could not be written, and why (bounded).
+  std::unordered_map<int64_t, std::string> lost_failovers;
 
   Status Write(const FailoverRecord& r) {
     failover.Reset();
     failover.Bind(1, r.id).Bind(2, r.trigger).Bind(3, r.reason).Bind(4, int64_t{r.drill}).Bind(5, r.from_slot);
     failover.Bind(6, r.to_slot).Bind(7, r.fault_ms).Bind(8, r.detected_ms).Bind(9, r.swapped_ms);
     failover.Bind(10, r.first_ok_ms).Bind(11, int64_t{r.reconstructed});
-    return failover.Run();
+    Status st = failover.Run();
+    if (st.ok()) {
+      lost_failovers.erase(r.id);
+    } else {
+      // Its first_ok_ms, queued later, will find no row: remember why, so
+      // that error names the cause instead of hiding it.
+      if (lost_failovers.size() >= 1024) lost_failovers.clear();
+      lost_failovers[r.id] = st.error().message();
+    }
+    return st;
   }
   Status Write(const FirstOk& r) {
     first_ok.Reset();
     first_ok.Bind(1, r.id).Bind(2, r.first_ok_ms);
     WSUP_RETURN_IF_ERROR(first_ok.Run());
-    if (sqlite3_changes(db.get()) != 1)
-      return NotFound(db.path() + ": no failover with id " + std::to_string(r.id) + " to set first_ok_ms on");
-    return Status::Ok();
+    if (sqlite3_changes(db.get()) == 1) return Status::Ok();
+    if (auto lost = lost_failovers.find(r.id); lost != lost_failovers.end())
+      return Unavailable(db.path() + ": first_ok_ms of failover " + std::to_string(r.id) +
+                         " is lost with the failover's own row, which was not written: " + lost->second);
+    return NotFound(db.path() + ": no failover with id " + std::to_string(r.id) + " to set first_ok_ms on");
   }
   Status Write(const CacheEventRecord& r) {
     cache.Reset();
@@ -285,6 +300,7 @@ void Ledger::Run() {
     stats_.committed += committed;
     stats_.failed += failed;
     if (!first.ok() && first_error_.ok()) first_error_ = first;
+    if (!first.ok()) stats_.last_error = first.error().message();
     done_seq_ = batch.back().first;
     done_cv_.notify_all();
   }

@@ -86,6 +86,7 @@ class Ledger {
     uint64_t failed = 0;     // refused by SQLite (logged)
     uint64_t dropped = 0;    // refused because the queue was full
     size_t waiting = 0;      // in the queue now
+    std::string last_error;  // the latest row the writer could not write, and why
   };
   Stats stats() const;
   const std::string& path() const { return path_; }

@@ -81,7 +81,9 @@ void PrintStatus(std::ostream& o, const json& s) {
   o << "node " << s.value("node", "?") << ": " << s.value("state", "?");
   if (s.contains("degraded_reason")) o << " (" << s["degraded_reason"].get<std::string>() << ")";
   o << "\nactive: " << (s["active"].is_null() ? "none" : s["active"].get<std::string>()) << "\n";
-  o << "front: " << s["front"].value("listen", "") << " (pid " << s["front"].value("pid", 0) << ")\n";
+  const json& f = s["front"];
+  o << "front: " << f.value("listen", "") << " (pid " << f.value("pid", 0) << ", " << f.value("state", "?")
+    << ", restarts " << f.value("restarts", 0) << (f.value("crash_looping", false) ? ", CRASH-LOOPING" : "") << ")\n";
   o << "engines:\n";
   for (const auto& e : s["engines"]) {
     o << "  " << e.value("slot", "") << "  " << e.value("state", "") << "  pid " << e.value("pid", 0) << "  port "
@@ -95,6 +97,13 @@ void PrintStatus(std::ostream& o, const json& s) {
       o << "  rank " << h.value("rank", 0) << "  pid " << h.value("pid", 0) << "  " << h.value("socket", "")
         << "  kept fds " << h.value("kept_fds", 0) << "\n";
     }
+  }
+  if (s.contains("ledger_writes") && s["ledger_writes"].value("write_errors", 0) > 0) {
+    const json& l = s["ledger_writes"];
+    o << "ledger: " << l.value("write_errors", 0) << " row(s) NOT recorded";
+    std::string last = l.value("last_write_error", l.value("last_error", ""));
+    if (!last.empty()) o << " (last: " << last << ")";
+    o << "; check the disk and permissions of " << s.value("ledger", "the ledger") << "\n";
   }
 }
 

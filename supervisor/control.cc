@@ -67,6 +67,7 @@ json Supervisor::Impl::StatusJson() {
   Ledger::Stats ls = ledger_->stats();
   json lj{{"write_errors", ledger_errors_ + ls.failed + ls.dropped}, {"committed", ls.committed}, {"waiting", ls.waiting}};
   if (!ledger_last_error_.empty()) lj["last_error"] = ledger_last_error_;
+  if (!ls.last_error.empty()) lj["last_write_error"] = ls.last_error;
   j["ledger_writes"] = lj;
   j["admin"] = HostPortString(cfg_.admin.listen.host, admin_ ? admin_->port() : 0);
   return j;

@@ -7,7 +7,9 @@
 //   front_link.cc  the front: spawn, link, routes, restarts
 //   holders.cc     the weight holders: spawn, keeper attach, restarts
 //   engines.cc     the engine slots: spawn, identity, status, probes, the
-//                  table's actions, failover, promotion, restarts
+//                  table's actions, restarts
+//   failover.cc    failover and promotion (the standby checked first), the
+//                  probe through the front, answers to `wsup failover`
 //   control.cc     the control socket (CLI), drills, /metrics and /status
 //   node_state.cc  state.json, the status line, ledger writes
 //

@@ -230,6 +230,37 @@ TEST_CASE("chaos 3: a node whose engine ports collide is refused before its engi
   CHECK(Complete(a.FrontPort()) == kGolden);
 }
 
+TEST_CASE("chaos 3: an answer on the engine's port from a process with another nonce is never taken for ready",
+          "[chaos]") {
+  if (!Have()) return;
+  // An "engine" that serves a wsup-like status with someone else's nonce,
+  // as another node's engine on a colliding port would.
+  std::string script =
+      "import http.server,json,sys\n"
+      "class H(http.server.BaseHTTPRequestHandler):\n"
+      "  def do_GET(self):\n"
+      "    b=json.dumps({'state':'ready','nonce':'someone-else'}).encode()\n"
+      "    self.send_response(200); self.send_header('Content-Type','application/json')\n"
+      "    self.send_header('Content-Length',str(len(b))); self.end_headers(); self.wfile.write(b)\n"
+      "  def log_message(self,*a): pass\n"
+      "http.server.HTTPServer(('127.0.0.1',int(sys.argv[1])),H).serve_forever()\n";
+  test::TempDir d;
+  std::string py = d.Join("impostor.py");
+  {
+    std::ofstream f(py);
+    f << script;
+  }
+  Node n({"engine.command=[\"python3\", \"" + py + "\", \"{port}\"]", "weight_cache.mode=\"off\""});
+  n.Start();
+  REQUIRE(test::WaitFor([&] { return n.Log().find("is answered by another process") != std::string::npos; }, 30s));
+  auto s = n.Status();
+  REQUIRE(s);
+  INFO(s->dump());
+  CHECK((*s)["active"].is_null());
+  for (const auto& e : (*s)["engines"]) CHECK(e.value("state", "") == "starting");
+  CHECK(n.Log().find("engine reports ready") == std::string::npos);
+}
+
 // ---------------------------------------------------------------- 4
 
 TEST_CASE("chaos 4: a start that fails leaves no process behind, and the next start is ready", "[chaos]") {

@@ -257,6 +257,42 @@ TEST_CASE("node: the supervisor SIGKILLed 20 times while it writes: the ledger s
   CHECK(ic.rows[0].begin()->second == "ok");
 }
 
+TEST_CASE("node: a ledger that cannot be written: the failover still happens, and the loss is logged, counted and shown",
+          "[node]") {
+  if (!Have()) return;
+  Node n;
+  n.Start();
+  REQUIRE(n.WaitServing());
+  // Another process holds the ledger's write lock for longer than the
+  // writer's busy timeout: from the supervisor's side the ledger is read-only.
+  sqlite3* h = nullptr;
+  REQUIRE(sqlite3_open(n.Db().c_str(), &h) == SQLITE_OK);
+  sqlite3_busy_timeout(h, 10'000);
+  REQUIRE(sqlite3_exec(h, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK);
+  auto s = *n.Status();
+  pid_t active = n.Engine(s, "active").value("pid", 0);
+  std::string from = n.Engine(s, "active").value("slot", "");
+  REQUIRE(::kill(active, SIGKILL) == 0);
+  // The failover happens regardless.
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  CHECK(n.WaitStatus([&](const json& st) { return st.value("active", json()).is_string() && st["active"] != from; },
+                     10s));
+  // The rows it could not write are counted and shown, with the cause.
+  bool counted = n.WaitStatus([](const json& st) { return st["ledger_writes"].value("write_errors", 0) >= 1; }, 60s);
+  sqlite3_exec(h, "ROLLBACK", nullptr, nullptr, nullptr);
+  sqlite3_close(h);
+  REQUIRE(counted);
+  auto st = n.Cli({"status"});
+  INFO(st.output);
+  CHECK(st.output.find("NOT recorded") != std::string::npos);
+  CHECK(st.output.find("locked") != std::string::npos);
+  auto admin = (*n.Status()).value("admin", "");
+  auto m = test::HttpRequestOnce(std::atoi(admin.c_str() + admin.rfind(':') + 1), "GET", "/metrics", "", 5s);
+  CHECK(m.body.find("wsup_ledger_write_errors_total 0") == std::string::npos);
+  CHECK(m.body.find("wsup_ledger_write_errors_total") != std::string::npos);
+  CHECK(n.Log().find("ledger: row not written") != std::string::npos);
+}
+
 TEST_CASE("node: SIGKILL of the front: restarted on the same socket, no connection refused", "[node]") {
   if (!Have()) return;
   Node n;

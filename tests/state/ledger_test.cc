@@ -321,5 +321,36 @@ TEST_CASE("ledger: writes wait out another connection's lock - a full queue drop
   CHECK(s.dropped == static_cast<uint64_t>(refused));
 }
 
+TEST_CASE("ledger: a failover row that could not be written - its first_ok_ms names that cause", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  LedgerOptions opts;
+  opts.busy_timeout_ms = 50;
+  auto l = MustOpen(path, opts);
+  auto other = Db::Open(path, false);
+  REQUIRE(other.ok());
+  REQUIRE(other->Exec("BEGIN EXCLUSIVE").ok());
+  auto id = l->RecordFailover(Failover(1000));
+  REQUIRE(id.ok());
+  Status lost = l->Flush();
+  REQUIRE_FALSE(lost.ok());
+  CHECK(lost.error().message().find("locked") != std::string::npos);
+  REQUIRE(other->Exec("ROLLBACK").ok());
+  // The lock is gone, but the row it kept out is gone too: the follow-up
+  // write fails and says why, instead of a bare "no failover with id".
+  REQUIRE(l->SetFailoverFirstOk(*id, 1040).ok());
+  Status follow = l->Flush();
+  REQUIRE_FALSE(follow.ok());
+  INFO(follow.error().message());
+  CHECK(follow.error().message().find("lost with the failover's own row") != std::string::npos);
+  CHECK(follow.error().message().find("locked") != std::string::npos);
+  auto s = l->stats();
+  CHECK(s.failed == 2);
+  CHECK(s.last_error.find("locked") != std::string::npos);
+  // Rows after it are written again.
+  REQUIRE(l->RecordFailover(Failover(2000)).ok());
+  CHECK(l->Flush().ok());
+}
+
 }  // namespace
 }  // namespace wsup

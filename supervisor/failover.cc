@@ -1,0 +1,199 @@
+// Failover and promotion: the standby checked and promoted when the active
+// slot fails (or a drill or the first start asks for an active engine), the
+// ledger row, the probe through the front that proves the swap, and the
+// answer to `wsup failover` once the rows are on disk.
+#include "common/log.h"
+#include "probes/probe.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+using nlohmann::json;
+
+std::string Supervisor::Impl::UnfitReason(Slot& s) {
+  // Cheap and local, so a crash's failover is not delayed: the process is
+  // there and running, and, when it has been probed this start, it answered
+  // recently. A SIGSTOPped standby would otherwise take the traffic and hold
+  // every request until its probes trip.
+  if (s.pid <= 0) return "it has no process";
+  auto run = launcher_.RunState(s.pid);
+  if (!run.ok()) return "its process " + std::to_string(s.pid) + " is gone";
+  if (*run == 'T' || *run == 't') return "its process " + std::to_string(s.pid) + " is stopped (SIGSTOP or a debugger)";
+  if (*run == 'Z' || *run == 'X') return "its process " + std::to_string(s.pid) + " is exiting";
+  if (s.last_ok_mono > 0) {
+    int64_t age = clock_.MonotonicMs() - s.last_ok_mono;
+    int64_t limit = 2 * cfg_.probe.interval_ms + cfg_.probe.jitter_ms + cfg_.probe.timeout_ms;
+    if (age > limit) {
+      return "its last good probe answer is " + std::to_string(age) + " ms old (more than two probe intervals plus a "
+             "timeout, " + std::to_string(limit) + " ms)";
+    }
+  }
+  return "";
+}
+
+bool Supervisor::Impl::Promote(Slot& s, const std::string& cause, std::string* unfit_out) {
+  std::string unfit = UnfitReason(s);
+  if (!unfit.empty()) {
+    if (unfit_out) *unfit_out = unfit;
+    Fire(s, SlotEvent::kUnfit, "not promoted: " + unfit);
+    return false;
+  }
+  Fire(s, SlotEvent::kPromote, cause);
+  return s.state == SlotState::kActive;
+}
+
+void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std::string& reason, int64_t fault_ms,
+                                bool drill) {
+  int64_t detected = clock_.WallMs();
+  Slot* to = Other(&failed);
+  std::string why = reason;
+  std::string to_name;
+  if (to->state == SlotState::kStandby) {
+    // The standby is checked before it takes the traffic.
+    swapping_ = true;
+    std::string unfit;
+    bool promoted = Promote(*to, "failover from " + failed.name, &unfit);
+    swapping_ = false;
+    if (promoted) {
+      to_name = to->name;
+    } else {
+      why = reason + "; standby " + to->name + " not promoted: " + unfit;
+    }
+  }
+  PushRoutes();
+  int64_t swapped = clock_.WallMs();
+  FailoverRecord rec;
+  rec.trigger = FailoverTriggerName(trigger);
+  rec.reason = why;
+  rec.drill = drill;
+  rec.from_slot = failed.name;
+  rec.to_slot = to_name.empty() ? "none" : to_name;
+  rec.fault_ms = fault_ms;
+  rec.detected_ms = detected;
+  rec.swapped_ms = swapped;
+  auto id = LedgerResult(ledger_->RecordFailover(rec), "failover");
+  metrics_.failovers[rec.trigger]++;
+  failed.recovery_cause = rec.trigger;
+  failed.recovery_fault_ms = fault_ms;
+  if (id) failed.recovery_failover_id = *id;
+  spdlog::warn("failover {} -> {} ({}: {}): detected {} ms after the fault, swapped {} ms later", failed.name,
+               rec.to_slot, rec.trigger, why, detected - fault_ms, swapped - detected);
+  if (to_name.empty()) {
+    spdlog::error("no proven standby to take over; requests wait in the front until an engine is ready");
+  }
+  // Re-arm: a new standby in the failed slot. A killed engine's exit event
+  // schedules the restart; one already reaped is restarted now.
+  if (failed.pid == 0) ScheduleRestart(failed, -1);
+  std::vector<std::shared_ptr<JsonConn>> waiters;
+  if (pending_) waiters = std::move(pending_->waiters);
+  pending_ = PendingFailover{id ? *id : 0, failed.name, to_name, fault_ms, detected, swapped, std::move(waiters), drill};
+  if (!to_name.empty()) {
+    ProbeThroughFront([this](bool ok, int64_t at) {
+      if (ok) CompletePending(at);
+    }, 200);
+  }
+}
+
+void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
+  if (!pending_) return;
+  PendingFailover p = std::move(*pending_);
+  pending_.reset();
+  if (p.id) LedgerResult(ledger_->SetFailoverFirstOk(p.id, first_ok_ms), "failover first answer");
+  json reply{{"type", "failover"},
+             {"ok", true},
+             {"from_slot", p.from},
+             {"to_slot", p.to},
+             {"fault_ms", p.fault_ms},
+             {"swap_ms", p.swapped_ms - p.fault_ms},
+             {"first_ok_ms", first_ok_ms - p.fault_ms},
+             {"failover_id", p.id}};
+  if (p.waiters.empty()) return;
+  // `wsup failover` answers once the failover's rows are on disk, so what a
+  // caller was told survives a crash of the supervisor right after.
+  ReplyWhenRecorded(ledger_->QueuedSeq(), std::move(p.waiters), std::move(reply), clock_.MonotonicMs());
+}
+
+void Supervisor::Impl::ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, json reply,
+                                         int64_t since_mono) {
+  constexpr int64_t kRecordWaitMs = 5'000;
+  if (ledger_->HandledSeq() < seq && clock_.MonotonicMs() - since_mono < kRecordWaitMs) {
+    After(2, [this, seq, waiters = std::move(waiters), reply = std::move(reply), since_mono]() mutable {
+      ReplyWhenRecorded(seq, std::move(waiters), std::move(reply), since_mono);
+    });
+    return;
+  }
+  if (ledger_->HandledSeq() < seq) {
+    reply["warning"] = "the ledger has not committed this failover's row within 5 s; see the supervisor's log";
+  }
+  for (auto& c : waiters) {
+    if (c->alive()) c->Send(reply);
+  }
+}
+
+void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done, int attempts_left) {
+  SemanticProbeSpec spec;
+  spec.prompt = cfg_.probe.prompt;
+  spec.expect = cfg_.probe.expect;
+  spec.expect_token_ids = cfg_.probe.expect_token_ids;
+  spec.max_tokens = cfg_.probe.max_tokens;
+  spec.timeout_ms = std::max<int64_t>(cfg_.probe.timeout_ms, 1000);
+  http::ClientRequest req;
+  req.method = "POST";
+  req.target = "/v1/completions";
+  req.headers.push_back({"Content-Type", "application/json"});
+  req.body = SemanticRequestBody(spec);
+  req.timeout_ms = spec.timeout_ms + cfg_.front.queue_timeout_ms;
+  int64_t start = clock_.MonotonicMs();
+  std::string host = cfg_.front.listen.host == "0.0.0.0" ? "127.0.0.1"
+                     : cfg_.front.listen.host == "::"    ? "::1"
+                                                         : cfg_.front.listen.host;
+  http_->Send(host, front_.port, std::move(req),
+              [this, spec, start, done = std::move(done), attempts_left](Result<http::HttpResponse> r) mutable {
+                int64_t lat = clock_.MonotonicMs() - start;
+                ProbeOutcome o = EvaluateCompletion(spec, r, lat);
+                if (o.ok) {
+                  done(true, clock_.WallMs());
+                  return;
+                }
+                if (attempts_left <= 1 || stopping_) {
+                  spdlog::warn("probe through the front failed: {}", o.reason);
+                  done(false, 0);
+                  return;
+                }
+                auto retry = std::make_shared<std::function<void(bool, int64_t)>>(std::move(done));
+                After(10, [this, retry, attempts_left] { ProbeThroughFront(*retry, attempts_left - 1); });
+              });
+}
+
+void Supervisor::Impl::MaybePromote() {
+  if (stopping_ || adopting_ || swapping_ || Active()) return;
+  // Failovers and drills promote themselves; here: the first proven engine
+  // at start, or the re-armed one after a failover that had no standby.
+  for (Slot* s : {&a_, &b_}) {
+    if (s->state != SlotState::kStandby) continue;
+    swapping_ = true;
+    bool promoted = Promote(*s, "no active engine", nullptr);
+    swapping_ = false;
+    if (!promoted) continue;
+    PushRoutes();
+    if (pending_ && pending_->to.empty()) {
+      pending_->to = s->name;
+      pending_->swapped_ms = clock_.WallMs();
+    }
+    ProbeThroughFront(
+        [this](bool ok, int64_t at) {
+          if (!ok) return;
+          if (pending_) CompletePending(at);
+          if (!ready_notified_) {
+            ready_notified_ = true;
+            notifier_.Ready("serving: active engine proven through the front");
+            spdlog::info("serving: the active engine answered the probe through the front");
+          }
+          UpdateStatusLine();
+        },
+        200);
+    return;
+  }
+}
+
+}  // namespace wsup
