@@ -45,16 +45,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/client.h"
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
 #include "holder/server.h"
-#include "holder/sharding.h"
 #include "tests/client/fd_channel.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 namespace {

@@ -16,8 +16,8 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
-#include "holder/safetensors_writer.h"
 
 namespace {
 

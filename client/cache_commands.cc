@@ -6,10 +6,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/client.h"
 #include "common/sha256.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 
 namespace wsup {
 

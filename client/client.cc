@@ -1,14 +1,8 @@
 #include "client/client.h"
 
 #include <chrono>
-#include <filesystem>
 
-#include "client/cuda_driver.h"
-#include "holder/checkpoint.h"
-
-#ifndef WSUP_CUDA_RUNTIME_VERSION
-#define WSUP_CUDA_RUNTIME_VERSION "none"
-#endif
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 
@@ -260,49 +254,6 @@ Result<InfoMsg> QueryHolderInfo(const std::string& socket_path, int timeout_ms) 
   if (!info.ok()) return info.error().With(socket_path);
   (void)ch.Send(EncodeBye(), {}, 1000);
   return info;
-}
-
-// ---------------------------------------------------------------- fingerprints
-
-std::string AbsoluteModelPath(const std::string& model_dir) {
-  std::error_code ec;
-  std::filesystem::path p = std::filesystem::absolute(model_dir, ec);
-  if (ec) p = model_dir;
-  std::string s = p.lexically_normal().string();
-  while (s.size() > 1 && s.back() == '/') s.pop_back();
-  return s;
-}
-
-Result<FingerprintInputs> LocalFingerprintInputs(const std::string& model_dir, const std::string& revision,
-                                                 const ShardSpec& shard, const std::string& backend,
-                                                 int device) {
-  FingerprintInputs in;
-  in.model_path = AbsoluteModelPath(model_dir);
-  in.revision = revision;
-  in.shard = shard;
-  in.backend = backend;
-  if (backend == "host") {
-    in.device_capability = "cpu";
-    in.cuda_driver = "none";
-    in.cuda_runtime = "none";
-    return in;
-  }
-  if (backend != "cuda") {
-    return InvalidArgument("backend '" + backend + "' is not one of host, cuda");
-  }
-  auto info = cuda::GetDeviceInfo(device);
-  if (!info.ok()) return info.error().With("cuda device " + std::to_string(device));
-  auto driver = cuda::DriverVersion();
-  if (!driver.ok()) return driver.error();
-  in.device_capability = std::to_string(info->cc_major) + "." + std::to_string(info->cc_minor);
-  in.cuda_driver = std::to_string(*driver);
-  in.cuda_runtime = WSUP_CUDA_RUNTIME_VERSION;
-  return in;
-}
-
-Result<Fingerprint> ComputeFingerprint(const std::string& model_dir, const FingerprintInputs& inputs) {
-  WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(model_dir));
-  return Fingerprint::Compute(ckpt, inputs);
 }
 
 }  // namespace wsup

@@ -12,14 +12,15 @@
 // Every attempt returns an AttachOutcome {source, reason, diffs, ms, phases}.
 //
 // Every attach asks the holder for the binary tensor table
-// (client/manifest.h) unless told not to; a holder that does not send one
+// (wire/manifest.h) unless told not to; a holder that does not send one
 // sends JSON entries, which are read just the same.
 //
 // Roles: engines attach through Attach() with a fingerprint computed from
-// their checkpoint's headers and their deployment (ComputeFingerprint, which
-// reads no tensor bytes). The supervisor's fd keeper uses AttachKeeper():
-// manifest and raw fds, nothing mapped, no CUDA. `wsup cache verify` uses
-// AttachInspect(), which takes the holder's fingerprint as given.
+// their checkpoint's headers and their deployment (ComputeFingerprint in
+// wire/local_fingerprint.h, which reads no tensor bytes). The supervisor's
+// fd keeper uses AttachKeeper(): manifest and raw fds, nothing mapped, no
+// CUDA. `wsup cache verify` uses AttachInspect(), which takes the holder's
+// fingerprint as given.
 //
 // Ownership: an Attachment owns its mapping and its connection. The mapping
 // stays readable after the holder dies; the open connection only lets the
@@ -34,12 +35,13 @@
 #include <string_view>
 #include <vector>
 
+#include "checkpoint/fingerprint.h"
+#include "checkpoint/sharding.h"
 #include "client/mapping.h"
-#include "client/protocol.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "holder/fingerprint.h"
-#include "holder/sharding.h"
+#include "wire/local_fingerprint.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 
@@ -146,18 +148,5 @@ Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string
 
 // The holder's `info` reply.
 Result<InfoMsg> QueryHolderInfo(const std::string& socket_path, int timeout_ms);
-
-// The deployment- and device-dependent fingerprint inputs of this process:
-// the model path made absolute, and for the cuda backend the device's
-// capability and the driver version (through the dlopen'ed driver). The
-// holder and its engines compute them the same way.
-Result<FingerprintInputs> LocalFingerprintInputs(const std::string& model_dir, const std::string& revision,
-                                                 const ShardSpec& shard, const std::string& backend,
-                                                 int device);
-// Opens the checkpoint's headers (no tensor bytes) and computes the fingerprint.
-Result<Fingerprint> ComputeFingerprint(const std::string& model_dir, const FingerprintInputs& inputs);
-
-// Absolute, normalized form of a model path, as fingerprints record it.
-std::string AbsoluteModelPath(const std::string& model_dir);
 
 }  // namespace wsup

@@ -22,10 +22,10 @@
 #include <string_view>
 #include <vector>
 
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 
@@ -56,7 +56,7 @@ class MappedArena {
   // mapped; the mapping keeps the memory). `device` is the cuda ordinal to
   // map on (ignored for host). `stats`, when given, gets the time per step.
   //
-  // With `table` (a tensor table, client/manifest.h), `manifest` holds only
+  // With `table` (a tensor table, wire/manifest.h), `manifest` holds only
   // the header (ManifestDecoding::kHeaderOnly) and the entries are decoded
   // from the table here. The header is checked before anything is mapped;
   // with many entries, they are decoded, checked and indexed on the calling

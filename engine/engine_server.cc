@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "common/fs.h"
 #include "common/json_limits.h"
 #include "engine/api.h"
@@ -27,7 +28,6 @@
 #include "engine/scheduler.h"
 #include "engine/weight_cache.h"
 #include "http/server.h"
-#include "holder/checkpoint.h"
 
 namespace wsup::engine {
 

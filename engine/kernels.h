@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/thread_pool.h"
-#include "holder/checkpoint.h"
 
 namespace wsup::engine {
 

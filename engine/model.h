@@ -4,7 +4,7 @@
 // Compute is float32; weights stay where the WeightSource keeps them and
 // are converted row by row inside the kernels.
 //
-// A rank holds (holder/sharding.h): q/k/v/gate/up rows, o/down columns,
+// A rank holds (checkpoint/sharding.h): q/k/v/gate/up rows, o/down columns,
 // a vocabulary slice of embed_tokens and lm_head; norms whole. It sums
 // partial results over ranks with its Communicator after o_proj, down_proj
 // and the embedding lookup, and gathers the logits. When tp exceeds the KV
@@ -23,12 +23,12 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
 #include "common/status.h"
 #include "engine/communicator.h"
 #include "engine/kernels.h"
 #include "engine/thread_pool.h"
 #include "engine/weights.h"
-#include "holder/checkpoint.h"
 
 namespace wsup::engine {
 
@@ -46,7 +46,7 @@ struct ModelDims {
   int64_t local_inter = 0, local_vocab = 0, vocab_start = 0;
 
   // Checks the config (architecture, sizes) and that tp splits it the way
-  // holder/sharding.h does.
+  // checkpoint/sharding.h does.
   static Result<ModelDims> From(const ModelConfig& cfg, int tp, int rank);
 };
 

@@ -4,9 +4,10 @@
 //   client: attach; on a miss or a missing holder load from disk, and say
 //           why in the report (shown in /wsup/status);
 //   off:    load from disk.
-// The disk load is the holder's own loader (engine/weights.h). With tensor
-// parallelism every rank attaches to its own holder socket; in client mode
-// a miss on any rank sends every rank to disk, so ranks never mix sources.
+// The disk load (engine/weights.h) reads the same slices the holder holds
+// (checkpoint/sharding.h). With tensor parallelism every rank attaches to its
+// own holder socket; in client mode a miss on any rank sends every rank to
+// disk, so ranks never mix sources.
 //
 // Called once at startup, from the startup thread.
 #pragma once
@@ -15,10 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/fingerprint.h"
 #include "common/status.h"
 #include "engine/weights.h"
-#include "holder/checkpoint.h"
-#include "holder/fingerprint.h"
 
 namespace wsup::engine {
 

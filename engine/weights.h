@@ -3,9 +3,9 @@
 // client) and to a disk load into engine memory (mode off, or the client
 // mode's fallback).
 //
-// The disk path uses the loader the holder uses (Checkpoint + PlanShards +
-// ReadShard), so both paths give a rank the same bytes for the same
-// ShardSpec.
+// The disk path reads each tensor with checkpoint/sharding.h (PlanShards +
+// ReadShard), from the same plan the holder's loader fills its arena with,
+// so both paths give a rank the same bytes for the same ShardSpec.
 //
 // Ownership: a WeightSource owns the memory (or the mapping) its tensors
 // point into; the model only borrows. Thread-safety: immutable once built;
@@ -19,11 +19,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/client.h"
 #include "client/mapping.h"
 #include "common/status.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 
 namespace wsup::engine {
 

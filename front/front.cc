@@ -9,12 +9,11 @@
 #include <cstring>
 
 #include "common/log.h"
+#include "front/control_socket.h"
 
 namespace wsup::front {
 
 namespace {
-
-nlohmann::json ErrorReply(const std::string& message) { return {{"ok", false}, {"error", message}}; }
 
 // An optional "HOST:PORT" field of set_routes: a string, null, or (standby only) absent.
 Result<std::optional<HostPort>> RouteField(const nlohmann::json& msg, const char* key, bool required) {
@@ -94,8 +93,18 @@ Status Front::Start() {
   }
 
   if (!options_.control.empty()) {
-    control_ = std::make_unique<ControlServer>(loop_, options_.control,
-                                               [this](const nlohmann::json& m) { return HandleControl(m); });
+    control_ = std::make_unique<JsonServer>(
+        loop_, options_.control,
+        [this](const std::shared_ptr<JsonConn>& c, const nlohmann::json& m) {
+          nlohmann::json reply;
+          try {
+            reply = HandleControl(m);
+          } catch (const std::exception& e) {
+            reply = ErrorReply(std::string("control: internal error while handling the message: ") + e.what());
+          }
+          c->Send(reply);
+        },
+        ControlSocketOptions());
     ++open_parts_;
     WSUP_RETURN_IF_ERROR(control_->Listen());
   }

@@ -8,7 +8,7 @@
 // listening socket the supervisor keeps (--listen-fd), so a crashed front
 // is replaced without refusing a connection (new ones wait in the backlog).
 //
-// Control messages (JSON objects, framed by control_frame.h):
+// Control messages (JSON objects on the socket of control_socket.h):
 //   {"type":"set_routes","active":"H:P"|null,"standby":"H:P"|null,"epoch":N}
 //     -> {"ok":true,"epoch":N}
 //   {"type":"status"} -> {"ok":true,"listen":..,"active":..,"standby":..,
@@ -38,9 +38,9 @@
 
 #include "common/status.h"
 #include "front/address.h"
-#include "front/control_server.h"
 #include "front/proxy.h"
 #include "http/server.h"
+#include "wire/json_socket.h"
 
 namespace wsup::front {
 
@@ -86,7 +86,7 @@ class Front {
   FrontOptions options_;
   std::unique_ptr<Proxy> proxy_;
   std::unique_ptr<http::HttpServer> server_;
-  std::unique_ptr<ControlServer> control_;
+  std::unique_ptr<JsonServer> control_;
   uv_timer_t drain_timer_;
   int open_parts_ = 0;
   bool started_ = false;

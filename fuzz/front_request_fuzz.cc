@@ -12,8 +12,9 @@
 
 #include "common/json_limits.h"
 #include "front/completion.h"
-#include "front/control_frame.h"
+#include "front/control_socket.h"
 #include "front/sse_relay.h"
+#include "wire/json_frame.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
@@ -21,11 +22,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t split = size > 1 ? data[0] % size : 0;
   if (split > in.size()) split = in.size();
 
-  wsup::front::ControlFrameDecoder decoder(4096);
+  wsup::FrameDecoder decoder(wsup::front::ControlFrames(4096));
   (void)decoder.Feed(in.data(), split);
   (void)decoder.Feed(in.data() + split, in.size() - split);
-  while (auto body = decoder.Next()) (void)wsup::front::ParseControlMessage(*body);
-  (void)wsup::front::ParseControlMessage(in);
+  // Every message, and past every bad body, until the frames end or a bad
+  // length prefix is all that is left.
+  for (;;) {
+    auto m = decoder.Next();
+    if (m.ok() ? !m->has_value() : decoder.failed()) break;
+  }
+  (void)wsup::ParseFrameBody(in, wsup::front::ControlFrames());
 
   wsup::front::CompletionPlan plan;
   if (wsup::front::PlanCompletion(in, 16, &plan)) {

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);

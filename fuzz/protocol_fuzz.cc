@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "client/protocol.h"
+#include "wire/protocol.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace {
 

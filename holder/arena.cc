@@ -12,8 +12,8 @@
 #include <limits>
 #include <memory>
 
-#include "client/cuda_driver.h"
 #include "holder/loader.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

@@ -29,11 +29,11 @@
 #include <utility>
 #include <vector>
 
-#include "client/manifest.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 

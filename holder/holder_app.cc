@@ -10,13 +10,13 @@
 #include <cerrno>
 #include <cstring>
 
-#include "client/client.h"
-#include "client/protocol.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/quant.h"
+#include "checkpoint/sharding.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/quant.h"
 #include "holder/server.h"
-#include "holder/sharding.h"
+#include "wire/local_fingerprint.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 

@@ -41,7 +41,7 @@ struct HolderConfig {
   int ready_fd = -1;
   std::string deployment;
   std::string revision;
-  std::string adopt_manifest;  // arena record (client/protocol.h ArenaRecord)
+  std::string adopt_manifest;  // arena record (wire/protocol.h ArenaRecord)
   std::string adopt_fds;       // "3,4,...": inherited fds, one per allocation in order
   int read_threads = 4;
   int handshake_timeout_ms = 10'000;

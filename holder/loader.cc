@@ -26,7 +26,7 @@ std::string TensorWho(const ShardedTensor& t) { return "tensor '" + t.name + "'"
 
 Error PlanMismatch(const ShardedTensor& t, const std::string& why) {
   return Internal(TensorWho(t) + ": the sharding plan does not fit its source tensor (" + why +
-                  "); this is a wsup bug in holder/sharding.cc: report it with the checkpoint's "
+                  "); this is a wsup bug in checkpoint/sharding.cc: report it with the checkpoint's "
                   "config.json");
 }
 

@@ -26,12 +26,12 @@
 #include <cstdint>
 #include <vector>
 
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "common/status.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 

@@ -1,4 +1,4 @@
-// HolderServer: the holder's side of the holder protocol (client/protocol.h).
+// HolderServer: the holder's side of the holder protocol (wire/protocol.h).
 // It hands the arena's fds and manifest to clients whose fingerprint
 // matches, answers `info`, and keeps track of who is attached.
 //
@@ -72,11 +72,11 @@
 #include <memory>
 #include <string>
 
-#include "client/protocol.h"
+#include "checkpoint/fingerprint.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "holder/arena.h"
-#include "holder/fingerprint.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 

@@ -19,6 +19,9 @@
 // The Evaluate*() functions judge a response without any I/O, so the rules
 // are tested directly; the Probe objects add the request on a libuv loop.
 //
+// The supervisor maps its [probe] config onto these specs
+// (supervisor/probe_config.h); nothing here knows the config.
+//
 // Ownership and threads: a Probe runs on the loop of the HttpClient (or the
 // loop) it was made with, and must be destroyed (or Cancel()ed) on it. The
 // client must outlive its probes. At most one check per Probe is in flight.
@@ -39,8 +42,6 @@
 #include "probes/hysteresis.h"
 
 namespace wsup {
-
-struct Config;
 
 struct ProbeTarget {
   std::string host = "127.0.0.1";
@@ -97,12 +98,5 @@ std::unique_ptr<Probe> MakePortProbe(uv_loop_t* loop, ProbeTarget target, int64_
 // Runs each probe in turn and fails with the first failure; later reasons
 // are prefixed by their kind ("comm: not warm").
 std::unique_ptr<Probe> MakeAllOfProbe(std::vector<std::unique_ptr<Probe>> probes);
-
-// The probe [probe] asks for, against the engine on `port`: semantic (plus
-// comm when probe.comm is set) or port.
-std::unique_ptr<Probe> MakeProbeFromConfig(const Config& config, int port, http::HttpClient& client,
-                                           const Clock& clock = RealClock());
-// The hysteresis [probe] asks for; `seed` varies the jitter per engine.
-HysteresisOptions HysteresisFromConfig(const Config& config, uint64_t seed);
 
 }  // namespace wsup

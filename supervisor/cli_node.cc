@@ -19,9 +19,9 @@
 #include "state/report.h"
 #include "supervisor/cli.h"
 #include "supervisor/config.h"
-#include "supervisor/json_socket.h"
 #include "supervisor/runtime_state.h"
 #include "supervisor/supervisor.h"
+#include "wire/json_call.h"
 
 namespace wsup {
 namespace {

@@ -16,6 +16,7 @@
 #include "common/json_limits.h"
 #include "common/log.h"
 #include "probes/probe.h"
+#include "supervisor/probe_config.h"
 #include "supervisor/preflight.h"
 #include "supervisor/supervisor_impl.h"
 

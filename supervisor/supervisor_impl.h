@@ -42,7 +42,6 @@
 #include "state/ledger.h"
 #include "supervisor/child_fsm.h"
 #include "supervisor/engine_fsm.h"
-#include "supervisor/json_socket.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/metrics.h"
@@ -51,6 +50,7 @@
 #include "supervisor/restart_throttle.h"
 #include "supervisor/runtime_state.h"
 #include "supervisor/supervisor.h"
+#include "wire/json_socket.h"
 
 namespace wsup {
 

@@ -29,11 +29,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "client/protocol.h"
-#include "supervisor/json_socket.h"
 #include "tests/http/http_test_client.h"
 #include "tests/node/node_fixture.h"
 #include "tests/test_util.h"
+#include "wire/json_call.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 namespace {

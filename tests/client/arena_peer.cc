@@ -20,14 +20,14 @@
 #include <string>
 #include <unordered_map>
 
-#include "client/cuda_driver.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 #include "tests/client/fd_channel.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

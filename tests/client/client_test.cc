@@ -19,9 +19,9 @@
 #include <set>
 #include <thread>
 
-#include "client/protocol.h"
 #include "client/wsup_client.h"
 #include "tests/test_util.h"
+#include "wire/protocol.h"
 
 namespace wsup {
 namespace {

@@ -12,15 +12,15 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "client/cuda_driver.h"
-#include "client/manifest.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
-#include "holder/sharding.h"
 #include "tests/client/fd_channel.h"
 #include "tests/test_util.h"
+#include "wire/cuda_driver.h"
+#include "wire/manifest.h"
 
 namespace wsup {
 namespace {

@@ -2,7 +2,7 @@
 
 #include <signal.h>
 
-#include "supervisor/json_socket.h"
+#include "wire/json_call.h"
 
 namespace wsup::test {
 

@@ -16,12 +16,12 @@
 #include <numeric>
 #include <thread>
 
-#include "client/cuda_driver.h"
+#include "checkpoint/checkpoint.h"
 #include "engine/cuda/cuda_engine.h"
 #include "engine/runner.h"
-#include "holder/checkpoint.h"
 #include "tests/engine/engine_fixture.h"
 #include "tests/engine/golden.h"
+#include "wire/cuda_driver.h"
 
 using namespace std::chrono_literals;
 using namespace wsup;

@@ -6,10 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "common/fs.h"
 #include "engine/kernels.h"
 #include "engine/runner.h"
-#include "holder/checkpoint.h"
 #include "tests/engine/golden.h"
 #include "tests/test_util.h"
 

@@ -8,12 +8,12 @@
 #include <mutex>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "engine/api.h"
 #include "engine/communicator.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
-#include "holder/checkpoint.h"
 #include "tests/test_util.h"
 
 using namespace std::chrono_literals;

@@ -11,7 +11,7 @@
 
 #include <filesystem>
 
-#include "holder/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "tests/engine/engine_fixture.h"
 
 using namespace std::chrono_literals;

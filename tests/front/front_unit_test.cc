@@ -6,10 +6,11 @@
 
 #include "front/address.h"
 #include "front/completion.h"
-#include "front/control_frame.h"
+#include "front/control_socket.h"
 #include "front/sse_relay.h"
 #include "tests/front/fake_engine.h"
 #include "tests/http/http_test_client.h"
+#include "wire/json_frame.h"
 
 using nlohmann::json;
 using namespace wsup::front;
@@ -55,20 +56,27 @@ TEST_CASE("ParseHostPort accepts numeric addresses and names the fix otherwise",
   }
 }
 
+namespace {
+
+// The control socket's frames: the shared codec in the front's dialect.
+std::string EncodeControlFrame(const json& msg) { return wsup::EncodeFrame(msg).value(); }
+
+}  // namespace
+
 TEST_CASE("ControlFrameDecoder splits frames and refuses bad lengths before buffering", "[front][unit]") {
-  ControlFrameDecoder d;
+  wsup::FrameDecoder d(ControlFrames());
   std::string two = EncodeControlFrame(json{{"type", "status"}}) + EncodeControlFrame(json{{"type", "x"}});
   // Byte by byte: frames come out whole and in order.
-  std::vector<std::string> got;
+  std::vector<json> got;
   for (char c : two) {
     REQUIRE(d.Feed(&c, 1).ok());
-    while (auto b = d.Next()) got.push_back(*b);
+    for (auto m = d.Next(); m.ok() && m->has_value(); m = d.Next()) got.push_back(**m);
   }
   REQUIRE(got.size() == 2);
-  CHECK(json::parse(got[0])["type"] == "status");
-  CHECK(json::parse(got[1])["type"] == "x");
+  CHECK(got[0]["type"] == "status");
+  CHECK(got[1]["type"] == "x");
 
-  ControlFrameDecoder big;
+  wsup::FrameDecoder big(ControlFrames());
   std::string huge = Le32(kMaxControlMessageBytes + 1);
   wsup::Status st = big.Feed(huge.data(), huge.size());
   REQUIRE_FALSE(st.ok());
@@ -76,21 +84,23 @@ TEST_CASE("ControlFrameDecoder splits frames and refuses bad lengths before buff
   CHECK(big.failed());
   CHECK_FALSE(big.Feed("x", 1).ok());
 
-  ControlFrameDecoder zero;
+  wsup::FrameDecoder zero(ControlFrames());
   std::string z = Le32(0);
   CHECK_FALSE(zero.Feed(z.data(), z.size()).ok());
 
   // A good frame before a bad prefix in the same read is still delivered.
-  ControlFrameDecoder mixed;
+  wsup::FrameDecoder mixed(ControlFrames());
   std::string m = EncodeControlFrame(json{{"type", "status"}}) + Le32(1u << 30);
   CHECK_FALSE(mixed.Feed(m.data(), m.size()).ok());
   auto first = mixed.Next();
-  REQUIRE(first.has_value());
-  CHECK(json::parse(*first)["type"] == "status");
-  CHECK_FALSE(mixed.Next().has_value());
+  REQUIRE((first.ok() && first->has_value()));
+  CHECK((**first)["type"] == "status");
+  auto second = mixed.Next();
+  CHECK_FALSE((second.ok() && second->has_value()));
 }
 
 TEST_CASE("ParseControlMessage wants one bounded JSON object", "[front][unit]") {
+  auto ParseControlMessage = [](std::string_view body) { return wsup::ParseFrameBody(body, ControlFrames()); };
   CHECK(ParseControlMessage(R"({"type":"status"})").ok());
   CHECK_FALSE(ParseControlMessage("not json").ok());
   CHECK_FALSE(ParseControlMessage("[1,2]").ok());

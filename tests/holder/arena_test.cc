@@ -13,14 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "client/cuda_driver.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
-#include "holder/checkpoint.h"
 #include "holder/loader.h"
-#include "holder/sharding.h"
 #include "tests/test_util.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/sharding.h"
 #include "client/client.h"
 #include "holder/arena.h"
-#include "holder/checkpoint.h"
 #include "holder/server.h"
-#include "holder/sharding.h"
 #include "tests/holder/holder_fixture.h"
 
 namespace wsup {

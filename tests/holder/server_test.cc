@@ -12,12 +12,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "checkpoint/checkpoint.h"
 #include "client/cache_commands.h"
 #include "client/client.h"
-#include "client/cuda_driver.h"
 #include "client/wsup_client.h"
-#include "holder/checkpoint.h"
 #include "tests/holder/holder_fixture.h"
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

@@ -22,9 +22,9 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
-#include "supervisor/json_socket.h"
 #include "tests/http/http_test_client.h"
 #include "tests/test_util.h"
+#include "wire/json_call.h"
 
 namespace wsup::nodetest {
 

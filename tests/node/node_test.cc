@@ -18,10 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "supervisor/json_socket.h"
 #include "tests/http/http_test_client.h"
 #include "tests/node/node_fixture.h"
 #include "tests/test_util.h"
+#include "wire/json_call.h"
 
 namespace wsup {
 namespace {

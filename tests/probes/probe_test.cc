@@ -9,6 +9,7 @@
 
 #include "probes/monitor.h"
 #include "supervisor/config.h"
+#include "supervisor/probe_config.h"
 #include "tests/probes/scripted_server.h"
 
 namespace wsup {

@@ -1,0 +1,463 @@
+#include "checkpoint/sharding.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <span>
+
+namespace wsup {
+
+namespace {
+
+// What a split dimension is made of, which decides the sizes tp may take:
+// attention dimensions must be cut between heads, others anywhere even.
+enum class Unit { kEven, kQHeads, kKvHeads };
+
+struct Rule {
+  const char* pattern;  // '*' matches one dotted segment (a layer number)
+  Split split;
+  Unit unit;
+};
+
+// Llama and the architectures that share its tensor names. Another family is
+// one more table and one more entry in kArchitectures.
+constexpr Rule kLlamaRules[] = {
+    {"model.embed_tokens.weight", Split::kRows, Unit::kEven},  // vocabulary
+    {"lm_head.weight", Split::kRows, Unit::kEven},             // vocabulary
+    {"model.norm.weight", Split::kReplicate, Unit::kEven},
+    {"model.rotary_emb.inv_freq", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.input_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.post_attention_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.rotary_emb.inv_freq", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.q_norm.weight", Split::kReplicate, Unit::kEven},  // per head_dim
+    {"model.layers.*.self_attn.k_norm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.q_proj.weight", Split::kRows, Unit::kQHeads},
+    {"model.layers.*.self_attn.q_proj.bias", Split::kRows, Unit::kQHeads},
+    {"model.layers.*.self_attn.k_proj.weight", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.k_proj.bias", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.v_proj.weight", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.v_proj.bias", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.o_proj.weight", Split::kCols, Unit::kQHeads},
+    // A row-parallel layer adds its bias once after the reduction: every rank keeps it whole.
+    {"model.layers.*.self_attn.o_proj.bias", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.mlp.gate_proj.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.gate_proj.bias", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.up_proj.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.up_proj.bias", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.down_proj.weight", Split::kCols, Unit::kEven},
+    {"model.layers.*.mlp.down_proj.bias", Split::kReplicate, Unit::kEven},
+};
+
+struct Architecture {
+  const char* name;
+  std::span<const Rule> rules;
+};
+
+constexpr Architecture kArchitectures[] = {
+    {"LlamaForCausalLM", kLlamaRules},
+    {"MistralForCausalLM", kLlamaRules},
+    {"Qwen2ForCausalLM", kLlamaRules},
+    {"Qwen3ForCausalLM", kLlamaRules},
+};
+
+constexpr std::string_view kScaleSuffix = "_scale_inv";  // "<w>.weight" + "_scale_inv"
+constexpr int kMaxTpToSuggest = 64;
+
+bool Match(std::string_view pattern, std::string_view name) {
+  size_t p = 0, n = 0;
+  while (p < pattern.size()) {
+    if (pattern[p] == '*') {
+      size_t start = n;
+      while (n < name.size() && name[n] != '.') ++n;
+      if (n == start) return false;
+      ++p;
+      continue;
+    }
+    if (n >= name.size() || name[n] != pattern[p]) return false;
+    ++p;
+    ++n;
+  }
+  return n == name.size();
+}
+
+const Rule* FindRule(std::span<const Rule> rules, std::string_view name) {
+  for (const Rule& r : rules) {
+    if (Match(r.pattern, name)) return &r;
+  }
+  return nullptr;
+}
+
+bool EndsWith(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
+
+// Built by appending: GCC 12 at -O3 warns (-Wrestrict, a false positive) on
+// the inlined `"'" + std::string(name)`, and the Release build treats that
+// warning as an error.
+std::string Q(std::string_view name) {
+  std::string s;
+  s.reserve(name.size() + 2);
+  s += '\'';
+  s += name;
+  s += '\'';
+  return s;
+}
+
+std::string JoinInts(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    if (i == 16) return s + "...";
+    s += std::to_string(v[i]);
+  }
+  return s.empty() ? "none" : s;
+}
+
+uint64_t Product(const std::vector<int64_t>& shape, size_t from) {
+  uint64_t n = 1;
+  for (size_t i = from; i < shape.size(); ++i) n *= static_cast<uint64_t>(shape[i]);
+  return n;
+}
+
+// The rank's slice of one tensor.
+struct Plan {
+  Split split = Split::kReplicate;
+  int64_t start = 0;
+  int64_t len = 0;  // along the split dimension
+};
+
+struct PlanError {
+  Error error;
+  // A refusal that another tp size could fix: PlanShards then lists the
+  // sizes that would work for the whole checkpoint.
+  bool tp_fixable;
+};
+
+// Sizes t in [1, kMaxTpToSuggest] for which `ok(t)` holds.
+template <typename F>
+std::vector<int> SizesWhere(F ok) {
+  std::vector<int> v;
+  for (int t = 1; t <= kMaxTpToSuggest; ++t) {
+    if (ok(t)) v.push_back(t);
+  }
+  return v;
+}
+
+class Planner {
+ public:
+  Planner(const Checkpoint& ckpt, const ShardSpec& spec, std::span<const Rule> rules)
+      : ckpt_(ckpt), cfg_(ckpt.config()), spec_(spec), rules_(rules) {
+    const auto& bs = cfg_.quant.weight_block_size;
+    if (bs.size() == 2) {
+      block_[0] = bs[0];
+      block_[1] = bs[1];
+    }
+  }
+
+  // Plans one tensor that is not a block scale.
+  Plan PlanWeight(const TensorInfo& t, std::optional<PlanError>* err) const {
+    const int tp = spec_.tp_size;
+    Plan p;
+    if (tp == 1) return p;
+    const Rule* rule = FindRule(rules_, t.name);
+    if (!rule) {
+      *err = PlanError{
+          Refused(ckpt_.dir() + ": tensor " + Q(t.name) + " matches no tensor-parallel rule for " +
+                  cfg_.architecture + ", so wsup cannot tell how to split it across " + std::to_string(tp) +
+                  " ranks; use tp_size 1, or add a rule for it to "
+                  "checkpoint/sharding.cc"),
+          false};
+      return p;
+    }
+    p.split = rule->split;
+    if (p.split == Split::kReplicate) return p;
+    const size_t dim = p.split == Split::kRows ? 0 : 1;
+    if (t.shape.size() <= dim) {
+      *err =
+          PlanError{Corrupt(ckpt_.dir() + ": tensor " + Q(t.name) + " has " + std::to_string(t.shape.size()) +
+                            " dimensions, but its rule splits dimension " + std::to_string(dim) +
+                            "; the checkpoint does not match its architecture " + cfg_.architecture +
+                            ": check config.json"),
+                    false};
+      return p;
+    }
+    const int64_t size = t.shape[dim];
+    const std::string what = ckpt_.dir() + ": tensor " + Q(t.name) + ": dimension " + std::to_string(dim) +
+                             " (" + std::to_string(size) + ")";
+
+    if (rule->unit == Unit::kQHeads || rule->unit == Unit::kKvHeads) {
+      const int64_t heads = rule->unit == Unit::kQHeads ? cfg_.num_attention_heads : cfg_.num_key_value_heads;
+      const char* key = rule->unit == Unit::kQHeads ? "num_attention_heads" : "num_key_value_heads";
+      if (size != heads * cfg_.head_dim) {
+        *err = PlanError{Corrupt(what + " is not " + key + " x head_dim = " + std::to_string(heads) + " x " +
+                                 std::to_string(cfg_.head_dim) +
+                                 " from config.json; the config and the weights belong to different models: "
+                                 "restore the matching config.json"),
+                         false};
+        return p;
+      }
+      if (rule->unit == Unit::kKvHeads && tp > heads) {
+        // More ranks than KV heads: each rank holds one whole head, shared
+        // by tp / heads ranks.
+        if (tp % heads != 0) {
+          *err = PlanError{
+              Refused(what + ": tp_size " + std::to_string(tp) + " exceeds the " + std::to_string(heads) +
+                      " KV heads but is not a multiple of them, so heads "
+                      "cannot be replicated evenly; choose a tp_size that divides " +
+                      key + " or is a multiple of it"),
+              true};
+          return p;
+        }
+        p.start = spec_.tp_rank * heads / tp * cfg_.head_dim;
+        p.len = cfg_.head_dim;
+      } else {
+        if (heads % tp != 0) {
+          *err = PlanError{
+              Refused(what + ": " + key + " " + std::to_string(heads) + " is not divisible by tp_size " +
+                      std::to_string(tp) + ", so heads would be cut; tp sizes that divide it: " +
+                      JoinInts(SizesWhere([&](int s) { return heads % s == 0; }))),
+              true};
+          return p;
+        }
+        p.len = size / tp;
+        p.start = spec_.tp_rank * p.len;
+      }
+    } else {
+      if (size % tp != 0) {
+        *err = PlanError{Refused(what + " is not divisible by tp_size " + std::to_string(tp) +
+                                 "; tp sizes that divide it: " +
+                                 JoinInts(SizesWhere([&](int s) { return size % s == 0; }))),
+                         true};
+        return p;
+      }
+      p.len = size / tp;
+      p.start = spec_.tp_rank * p.len;
+    }
+
+    // Block FP8: the rank's part must consist of whole 128x128 blocks, or
+    // its scales would describe bytes another rank holds.
+    if (const TensorInfo* scale = ckpt_.Find(t.name + std::string(kScaleSuffix)); scale && block_[0] > 0) {
+      const int64_t b = block_[dim];
+      if (p.len % b != 0 || p.start % b != 0) {
+        auto ok = [&](int s) {
+          if (rule->unit == Unit::kKvHeads && s > cfg_.num_key_value_heads) {
+            return s % cfg_.num_key_value_heads == 0 && cfg_.head_dim % b == 0;
+          }
+          return size % s == 0 && (size / s) % b == 0;
+        };
+        *err = PlanError{
+            Refused(what + ": tp_size " + std::to_string(tp) + " gives each rank " + std::to_string(p.len) +
+                    (dim == 0 ? " rows" : " columns") + ", which cuts through its " +
+                    std::to_string(block_[0]) + "x" + std::to_string(block_[1]) + " FP8 scale blocks (" +
+                    Q(scale->name) +
+                    "); tp sizes that keep this tensor's blocks whole: " + JoinInts(SizesWhere(ok))),
+            true};
+        return p;
+      }
+    }
+    return p;
+  }
+
+  // Checks a block scale against its weight and derives its slice.
+  Plan PlanScale(const TensorInfo& scale, const TensorInfo& weight, const Plan& wp,
+                 std::optional<PlanError>* err) const {
+    Plan p;
+    if (block_[0] <= 0) {
+      *err = PlanError{
+          Corrupt(ckpt_.dir() + ": tensor " + Q(scale.name) +
+                  " is a block scale, but config.json's quantization_config has no weight_block_size; "
+                  "restore the matching config.json"),
+          false};
+      return p;
+    }
+    bool shape_ok = weight.shape.size() == 2 && scale.shape.size() == 2 &&
+                    scale.shape[0] == (weight.shape[0] + block_[0] - 1) / block_[0] &&
+                    scale.shape[1] == (weight.shape[1] + block_[1] - 1) / block_[1];
+    if (!shape_ok) {
+      *err = PlanError{Corrupt(ckpt_.dir() + ": tensor " + Q(scale.name) + " does not hold one scale per " +
+                               std::to_string(block_[0]) + "x" + std::to_string(block_[1]) + " block of " +
+                               Q(weight.name) +
+                               "; the checkpoint is damaged or its config.json belongs to "
+                               "another model: re-download it"),
+                       false};
+      return p;
+    }
+    p.split = wp.split;
+    if (p.split == Split::kReplicate) return p;
+    const int64_t b = block_[p.split == Split::kRows ? 0 : 1];
+    p.start = wp.start / b;
+    p.len = wp.len / b;
+    return p;
+  }
+
+  Status PlanAll(std::vector<ShardedTensor>* out) const {
+    const auto& tensors = ckpt_.tensors();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorInfo& t = tensors[i];
+      std::optional<PlanError> err;
+      Plan p;
+      if (EndsWith(t.name, kScaleSuffix) &&
+          ckpt_.Find(t.name.substr(0, t.name.size() - kScaleSuffix.size()))) {
+        const TensorInfo& w = *ckpt_.Find(t.name.substr(0, t.name.size() - kScaleSuffix.size()));
+        Plan wp = PlanWeight(w, &err);
+        if (!err) p = PlanScale(t, w, wp, &err);
+      } else {
+        p = PlanWeight(t, &err);
+      }
+      if (err) {
+        last_fixable_ = err->tp_fixable;
+        return err->error;
+      }
+      if (!out) continue;
+      ShardedTensor s;
+      s.name = t.name;
+      s.dtype = t.dtype;
+      s.shape = t.shape;
+      s.source = i;
+      s.split = p.split;
+      if (p.split != Split::kReplicate) {
+        s.start = p.start;
+        s.shape[p.split == Split::kRows ? 0 : 1] = p.len;
+      }
+      s.nbytes = Product(s.shape, 0) * DTypeSize(t.dtype);
+      out->push_back(std::move(s));
+    }
+    return Status::Ok();
+  }
+
+  bool last_fixable() const { return last_fixable_; }
+
+ private:
+  const Checkpoint& ckpt_;
+  const ModelConfig& cfg_;
+  ShardSpec spec_;
+  std::span<const Rule> rules_;
+  int64_t block_[2] = {0, 0};
+  mutable bool last_fixable_ = false;
+};
+
+std::span<const Rule> RulesFor(const std::string& architecture) {
+  for (const Architecture& a : kArchitectures) {
+    if (architecture == a.name) return a.rules;
+  }
+  return {};
+}
+
+Status PreadRows(const Checkpoint& ckpt, const TensorInfo& src, const ShardedTensor& t, uint8_t* dst) {
+  const uint64_t row_bytes = Product(src.shape, 1) * DTypeSize(src.dtype);
+  return ckpt.ReadRange(src.file, src.offset + static_cast<uint64_t>(t.start) * row_bytes, t.nbytes, dst);
+}
+
+// Column slices are strided: each source row holds the rank's columns at the
+// same offset. Wide slices are read row by row straight into dst; narrow ones
+// through a bounce buffer of many whole rows, so a tensor costs a few large
+// preads rather than one small pread per row.
+Status PreadCols(const Checkpoint& ckpt, const TensorInfo& src, const ShardedTensor& t, uint8_t* dst) {
+  constexpr uint64_t kDirectRowBytes = 256 << 10;
+  constexpr uint64_t kBounceBytes = 8 << 20;
+  const uint64_t esize = DTypeSize(src.dtype);
+  const uint64_t inner = Product(src.shape, 2) * esize;
+  const uint64_t rows = static_cast<uint64_t>(src.shape[0]);
+  const uint64_t src_row = static_cast<uint64_t>(src.shape[1]) * inner;
+  const uint64_t part = static_cast<uint64_t>(t.shape[1]) * inner;
+  const uint64_t col_off = static_cast<uint64_t>(t.start) * inner;
+  if (part == 0 || rows == 0) return Status::Ok();
+  if (part >= kDirectRowBytes || rows == 1) {
+    for (uint64_t r = 0; r < rows; ++r) {
+      WSUP_RETURN_IF_ERROR(
+          ckpt.ReadRange(src.file, src.offset + r * src_row + col_off, part, dst + r * part));
+    }
+    return Status::Ok();
+  }
+  const uint64_t rows_per_read = std::max<uint64_t>(1, kBounceBytes / src_row);
+  std::vector<uint8_t> bounce((rows_per_read - 1) * src_row + part);
+  for (uint64_t r = 0; r < rows; r += rows_per_read) {
+    const uint64_t k = std::min(rows_per_read, rows - r);
+    const uint64_t span = (k - 1) * src_row + part;
+    WSUP_RETURN_IF_ERROR(ckpt.ReadRange(src.file, src.offset + r * src_row + col_off, span, bounce.data()));
+    for (uint64_t i = 0; i < k; ++i) std::memcpy(dst + (r + i) * part, bounce.data() + i * src_row, part);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+const char* SplitName(Split split) {
+  switch (split) {
+    case Split::kReplicate:
+      return "replicate";
+    case Split::kRows:
+      return "rows";
+    case Split::kCols:
+      return "cols";
+  }
+  return "?";
+}
+
+Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const ShardSpec& spec) {
+  if (spec.tp_size < 1 || spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size) {
+    return InvalidArgument("tp_size " + std::to_string(spec.tp_size) + " with tp_rank " +
+                           std::to_string(spec.tp_rank) + " is not a rank of a group; use tp_size >= 1 and " +
+                           "0 <= tp_rank < tp_size");
+  }
+  std::span<const Rule> rules = RulesFor(ckpt.config().architecture);
+  if (spec.tp_size > 1 && rules.empty()) {
+    std::string known;
+    for (const Architecture& a : kArchitectures) known += (known.empty() ? "" : ", ") + std::string(a.name);
+    return Refused(ckpt.dir() + ": architecture '" + ckpt.config().architecture +
+                   "' has no tensor-parallel sharding rules (known: " + known + "); use tp_size 1");
+  }
+  std::vector<ShardedTensor> out;
+  out.reserve(ckpt.tensors().size());
+  Planner planner(ckpt, spec, rules);
+  Status s = planner.PlanAll(&out);
+  if (!s.ok()) {
+    if (!planner.last_fixable()) return s.error();
+    // Say which sizes would work for the whole checkpoint, not only for the
+    // tensor that failed first.
+    std::vector<int> ok = SizesWhere([&](int t) {
+      Planner p(ckpt, ShardSpec{t, 0}, rules);
+      return p.PlanAll(nullptr).ok();
+    });
+    return Error(s.error().code(),
+                 s.error().message() + "; tp sizes this checkpoint can use: " + JoinInts(ok));
+  }
+  return out;
+}
+
+Status ReadShard(const Checkpoint& ckpt, const ShardedTensor& t, void* dst) {
+  if (t.source >= ckpt.tensors().size()) {
+    return Internal(ckpt.dir() + ": shard of " + Q(t.name) + " names source tensor " +
+                    std::to_string(t.source) + " but the checkpoint has " +
+                    std::to_string(ckpt.tensors().size()));
+  }
+  const TensorInfo& src = ckpt.tensors()[t.source];
+  const int dim = t.split == Split::kRows ? 0 : t.split == Split::kCols ? 1 : -1;
+  bool ok = src.dtype == t.dtype && src.shape.size() == t.shape.size() && t.start >= 0 &&
+            t.nbytes == Product(t.shape, 0) * DTypeSize(t.dtype);
+  for (size_t i = 0; ok && i < t.shape.size(); ++i) {
+    ok = static_cast<int>(i) == dim ? t.shape[i] >= 0 && t.start + t.shape[i] <= src.shape[i]
+                                    : t.shape[i] == src.shape[i];
+  }
+  if (!ok) {
+    return Internal(ckpt.dir() + ": shard of " + Q(t.name) + " does not fit its source tensor " +
+                    Q(src.name) + "; plan shards with PlanShards() on the same checkpoint");
+  }
+  auto* out = static_cast<uint8_t*>(dst);
+  Status s;
+  switch (t.split) {
+    case Split::kReplicate:
+      s = ckpt.ReadTensor(src, out);
+      break;
+    case Split::kRows:
+      s = PreadRows(ckpt, src, t, out);
+      break;
+    case Split::kCols:
+      s = PreadCols(ckpt, src, t, out);
+      break;
+  }
+  if (!s.ok()) return s.error().With("tensor " + Q(t.name));
+  return Status::Ok();
+}
+
+}  // namespace wsup

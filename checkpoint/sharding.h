@@ -1,0 +1,59 @@
+// Tensor-parallel sharding rules: which slice of each checkpoint tensor a
+// rank holds.
+//
+// The rules for an architecture are one table (name pattern -> split), so
+// another architecture is one more table. Llama family:
+//   q/k/v/gate/up projections: split on the output dimension (dim 0, rows);
+//   o/down projections: split on the input dimension (dim 1, columns);
+//   embed_tokens and lm_head: split on the vocabulary dimension (dim 0);
+//   norms: replicated.
+// Block-FP8 scales (`*.weight_scale_inv`, one per 128x128 block) are split
+// with their weights; a split that would cut through a block is refused.
+// When tp exceeds the number of KV heads, k/v are replicated so that each
+// rank holds whole heads (rank r holds head r * kv_heads / tp).
+//
+// At tp_size 1 every tensor is planned kReplicate (held whole), whatever the
+// architecture. A refusal says which tensor, which dimension, why, and the tp
+// sizes the checkpoint can use instead.
+//
+// Pure functions over a Checkpoint; ReadShard only preads, so many threads
+// may read shards of one Checkpoint at once. Row slices are one pread; column
+// slices a few large preads through a bounded bounce buffer (or one per row
+// when each row's part is large).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint.h"
+#include "common/status.h"
+
+namespace wsup {
+
+enum class Split { kReplicate, kRows, kCols };
+const char* SplitName(Split split);
+
+struct ShardSpec {
+  int tp_size = 1;
+  int tp_rank = 0;
+};
+
+// One tensor as a rank holds it: a rectangular slice of a source tensor.
+struct ShardedTensor {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;  // the rank's local shape
+  size_t source;               // index into Checkpoint::tensors()
+  Split split;
+  int64_t start = 0;           // first row (kRows) or column (kCols) taken from the source
+  uint64_t nbytes = 0;
+};
+
+// Plans the rank's slice of every tensor, or refuses with an Error naming the
+// tensor and why (for example a split through an FP8 block).
+Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const ShardSpec& spec);
+
+// Reads the rank's slice of `t` from the checkpoint into dst (t.nbytes bytes).
+Status ReadShard(const Checkpoint& ckpt, const ShardedTensor& t, void* dst);
+
+}  // namespace wsup

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Tests of scripts/check_layers.py: the repository follows its layers, and
+the checker refuses each kind of break in a small tree of its own."""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+CHECK = os.path.join(ROOT, "scripts", "check_layers.py")
+
+
+def run(root):
+    p = subprocess.run([sys.executable, CHECK, root], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def tree(files):
+    d = tempfile.mkdtemp(prefix="wsup-layers-")
+    for rel, text in files.items():
+        os.makedirs(os.path.join(d, os.path.dirname(rel)), exist_ok=True)
+        with open(os.path.join(d, rel), "w") as f:
+            f.write(text)
+    return d
+
+
+def expect(cond, what, out):
+    if not cond:
+        print(f"FAILED: {what}\n{out}")
+        sys.exit(1)
+
+
+rc, out = run(ROOT)
+expect(rc == 0, "the repository follows its layer table", out)
+
+good = {"common/a.h": "", "probes/p.cc": '#include "common/a.h"\n#include <uv.h>\n', "tests/t.cc": '#include "supervisor/s.h"\n',
+        "supervisor/s.h": '#include "probes/p.h"\n'}
+rc, out = run(tree(good))
+expect(rc == 0, "a tree that follows the table passes; tests include anything", out)
+
+up = dict(good, **{"probes/q.cc": '#include "common/a.h"\n  #include "supervisor/config.h"\n'})
+rc, out = run(tree(up))
+expect(rc == 1 and "probes/q.cc:2: probes/ includes supervisor/config.h" in out, "an upward include is refused with file:line", out)
+
+part = dict(good, **{"front/f.cc": '#include "wire/json_socket.h"\n#include "wire/protocol.h"\n', "wire/json_socket.h": ""})
+rc, out = run(tree(part))
+expect(rc == 1 and "front/f.cc:2" in out and "wire/protocol.h" in out and "front/f.cc:1" not in out,
+       "the front may use only the JSON socket part of wire/", out)
+
+new = dict(good, **{"newlib/x.cc": '#include "common/a.h"\n'})
+rc, out = run(tree(new))
+expect(rc == 1 and "newlib/: a folder of library code that is not in the layer table" in out,
+       "a folder not in the table is refused until it is placed", out)
+
+print("check_layers: all cases passed")

@@ -1,0 +1,355 @@
+// The one JSON socket (wire/json_socket.h) from outside: a JsonServer on a
+// loop thread, real Unix-socket clients on the test thread.
+#include "wire/json_socket.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <optional>
+
+#include "common/unique_fd.h"
+#include "tests/test_util.h"
+#include "wire/json_call.h"
+#include "wire/json_frame.h"
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+namespace wsup {
+namespace {
+
+// A libuv loop on its own thread; Do() runs a function there and waits.
+class LoopThread {
+ public:
+  LoopThread() {
+    uv_loop_init(&loop_);
+    uv_async_init(&loop_, &async_, [](uv_async_t* a) { static_cast<LoopThread*>(a->data)->Drain(); });
+    async_.data = this;
+    thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
+  }
+  ~LoopThread() {
+    Do([this] { uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr); });
+    thread_.join();
+    uv_loop_close(&loop_);
+  }
+  uv_loop_t* loop() { return &loop_; }
+  void Do(std::function<void()> fn) {
+    std::promise<void> done;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tasks_.push_back([&] {
+        fn();
+        done.set_value();
+      });
+    }
+    uv_async_send(&async_);
+    done.get_future().wait();
+  }
+
+ private:
+  void Drain() {
+    std::deque<std::function<void()>> tasks;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      tasks.swap(tasks_);
+    }
+    for (auto& t : tasks) t();
+  }
+  uv_loop_t loop_;
+  uv_async_t async_;
+  std::mutex mu_;
+  std::deque<std::function<void()>> tasks_;
+  std::thread thread_;
+};
+
+// A blocking client with a receive timeout, so no read can hang the test.
+UniqueFd Dial(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(fd.valid());
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  REQUIRE(::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  return fd;
+}
+
+void SendAll(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    REQUIRE(n > 0);
+    off += static_cast<size_t>(n);
+  }
+}
+
+std::string Le32(uint32_t n) {
+  std::string s(4, '\0');
+  for (int i = 0; i < 4; ++i) s[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return s;
+}
+
+// The next message, or nullopt at EOF (a timeout fails the test).
+std::optional<json> ReadMessage(int fd, FrameDecoder& d) {
+  for (;;) {
+    auto m = d.Next();
+    REQUIRE(m.ok());
+    if (m->has_value()) return **m;
+    char buf[4096];
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    REQUIRE(n >= 0);  // -1: the 10 s receive timeout passed
+    if (n == 0) return std::nullopt;
+    REQUIRE(d.Feed(buf, static_cast<size_t>(n)).ok());
+  }
+}
+
+// An echo server: {"n":N} -> {"echo":N}; {"type":"close"} closes the
+// connection after its reply.
+struct EchoServer {
+  EchoServer(LoopThread& lt, const std::string& path, JsonServerOptions o) : lt(lt) {
+    lt.Do([&] {
+      server = std::make_unique<JsonServer>(
+          lt.loop(), path,
+          [](const std::shared_ptr<JsonConn>& c, const json& m) {
+            if (m.value("type", "") == "flood") {
+              // Up to 64 MiB: far past any kernel buffer, so only the
+              // queue bound can stop it.
+              std::string pad(16 * 1024, 'x');
+              for (int i = 0; i < 4096 && c->alive(); ++i) c->Send(json{{"event", i}, {"pad", pad}});
+              return;
+            }
+            if (m.value("type", "") == "close") {
+              c->SendAndClose(json{{"bye", true}}, "asked");
+              return;
+            }
+            c->Send(json{{"echo", m.value("n", -1)}});
+          },
+          std::move(o));
+      listened = server->Listen();
+    });
+  }
+  ~EchoServer() { Stop(); }
+  void Stop() {
+    if (!server) return;
+    bool closed = false;
+    lt.Do([&] { server->Close([&] { closed = true; }); });
+    CHECK(test::WaitFor(
+        [&] {
+          bool c = false;
+          lt.Do([&] { c = closed; });
+          return c;
+        },
+        10s));
+    lt.Do([&] { server.reset(); });
+  }
+  size_t Clients() {
+    size_t n = 0;
+    lt.Do([&] { n = server->client_count(); });
+    return n;
+  }
+  LoopThread& lt;
+  std::unique_ptr<JsonServer> server;
+  Status listened;
+};
+
+JsonServerOptions Answering() {
+  JsonServerOptions o;
+  o.conn.frames = FrameDialect{.max_bytes = 1024, .check_ahead = true, .code = Code::kInvalidArgument};
+  o.conn.answer_bad_messages = true;
+  return o;
+}
+
+TEST_CASE("json socket: replies in order, socket mode 0600, the file removed on close", "[wire]") {
+  test::TempDir dir;
+  std::string path = dir.Join("s.sock");
+  LoopThread lt;
+  EchoServer s(lt, path, JsonServerOptions{});
+  REQUIRE(s.listened.ok());
+  struct stat st{};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+
+  auto r = JsonCall(path, json{{"n", 7}}, 5000);
+  REQUIRE(r.ok());
+  CHECK((*r)["echo"] == 7);
+
+  // Three frames in one write, answered one by one and in order.
+  UniqueFd fd = Dial(path);
+  SendAll(fd.get(), EncodeFrame(json{{"n", 1}}).value() + EncodeFrame(json{{"n", 2}}).value() +
+                        EncodeFrame(json{{"type", "close"}}).value());
+  FrameDecoder d;
+  for (int want : {1, 2}) {
+    auto m = ReadMessage(fd.get(), d);
+    REQUIRE(m);
+    CHECK((*m)["echo"] == want);
+  }
+  auto bye = ReadMessage(fd.get(), d);
+  REQUIRE(bye);
+  CHECK((*bye)["bye"] == true);
+  CHECK_FALSE(ReadMessage(fd.get(), d));  // closed after the last reply
+  CHECK(test::WaitFor([&] { return s.Clients() == 0; }, 10s));
+  s.Stop();
+  CHECK(::access(path.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("json socket: a stale socket file is replaced, a live one or a plain file refused", "[wire]") {
+  test::TempDir dir;
+  LoopThread lt;
+  SECTION("stale") {
+    std::string path = dir.Join("stale.sock");
+    {
+      UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
+      sockaddr_un sa{};
+      sa.sun_family = AF_UNIX;
+      std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+      REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    }  // closed without unlink: nobody listens there
+    EchoServer s(lt, path, JsonServerOptions{});
+    REQUIRE(s.listened.ok());
+    CHECK(JsonCall(path, json{{"n", 1}}, 5000).ok());
+  }
+  SECTION("live") {
+    std::string path = dir.Join("live.sock");
+    EchoServer first(lt, path, JsonServerOptions{});
+    REQUIRE(first.listened.ok());
+    JsonServerOptions o;
+    o.words.in_use = "{path} is taken; pass --other";
+    EchoServer second(lt, path, o);
+    REQUIRE_FALSE(second.listened.ok());
+    CHECK(second.listened.error().message() == path + " is taken; pass --other");
+    second.server.reset();
+    // The first still serves: the refused one did not take its file.
+    CHECK(JsonCall(path, json{{"n", 3}}, 5000).ok());
+  }
+  SECTION("plain file") {
+    std::string path = dir.Join("file");
+    std::ofstream(path) << "x";
+    EchoServer s(lt, path, JsonServerOptions{});
+    REQUIRE_FALSE(s.listened.ok());
+    CHECK(s.listened.error().message().find("exists and is not a socket") != std::string::npos);
+    s.server.reset();
+    CHECK(test::ReadAll(path) == "x");  // never removed
+  }
+  SECTION("path too long") {
+    JsonServerOptions o;
+    o.words.path_too_long = "'{path}' is longer than {max} bytes";
+    std::string path = dir.Join(std::string(200, 'p'));
+    EchoServer s(lt, path, o);
+    REQUIRE_FALSE(s.listened.ok());
+    CHECK(s.listened.error().message().find("is longer than 107 bytes") != std::string::npos);
+    s.server.reset();
+  }
+}
+
+TEST_CASE("json socket: a bad body is answered and the client kept; a bad prefix answered, then dropped", "[wire]") {
+  test::TempDir dir;
+  std::string path = dir.Join("s.sock");
+  LoopThread lt;
+  EchoServer s(lt, path, Answering());
+  REQUIRE(s.listened.ok());
+  UniqueFd fd = Dial(path);
+  FrameDecoder d;
+  SendAll(fd.get(), Le32(8) + "not json");
+  auto err = ReadMessage(fd.get(), d);
+  REQUIRE(err);
+  CHECK((*err)["type"] == "error");
+  CHECK((*err)["message"].get<std::string>().find("not valid JSON") != std::string::npos);
+  std::string deep = std::string(100, '[') + std::string(100, ']');
+  SendAll(fd.get(), Le32(static_cast<uint32_t>(deep.size())) + deep);
+  err = ReadMessage(fd.get(), d);
+  REQUIRE(err);
+  CHECK((*err)["type"] == "error");
+  // Still served; then a good frame and a hostile prefix in one write: the
+  // good one is answered first, then the refusal, then EOF.
+  SendAll(fd.get(), EncodeFrame(json{{"n", 5}}).value() + Le32(1u << 30));
+  auto good = ReadMessage(fd.get(), d);
+  REQUIRE(good);
+  CHECK((*good)["echo"] == 5);
+  auto refusal = ReadMessage(fd.get(), d);
+  REQUIRE(refusal);
+  CHECK((*refusal)["message"].get<std::string>().find("1073741824") != std::string::npos);
+  CHECK_FALSE(ReadMessage(fd.get(), d));
+}
+
+TEST_CASE("json socket: without answering, a bad message closes the connection at once", "[wire]") {
+  test::TempDir dir;
+  std::string path = dir.Join("s.sock");
+  LoopThread lt;
+  EchoServer s(lt, path, JsonServerOptions{});
+  REQUIRE(s.listened.ok());
+  UniqueFd fd = Dial(path);
+  SendAll(fd.get(), Le32(5) + "[1,2]");
+  FrameDecoder d;
+  CHECK_FALSE(ReadMessage(fd.get(), d));
+  CHECK(test::WaitFor([&] { return s.Clients() == 0; }, 10s));
+}
+
+TEST_CASE("json socket: past max_clients a client is told why and closed; the others stay", "[wire]") {
+  test::TempDir dir;
+  std::string path = dir.Join("s.sock");
+  LoopThread lt;
+  JsonServerOptions o;
+  o.max_clients = 2;
+  o.words.too_many_clients = "too many on {path}";
+  EchoServer s(lt, path, o);
+  REQUIRE(s.listened.ok());
+  UniqueFd a = Dial(path), b = Dial(path);
+  REQUIRE(test::WaitFor([&] { return s.Clients() == 2; }, 10s));
+  UniqueFd c = Dial(path);
+  FrameDecoder dc;
+  auto refusal = ReadMessage(c.get(), dc);
+  REQUIRE(refusal);
+  CHECK((*refusal)["message"] == "too many on " + path);
+  CHECK_FALSE(ReadMessage(c.get(), dc));
+  SendAll(a.get(), EncodeFrame(json{{"n", 1}}).value());
+  FrameDecoder da;
+  auto m = ReadMessage(a.get(), da);
+  REQUIRE(m);
+  CHECK((*m)["echo"] == 1);
+  // Room again once one leaves.
+  b.Reset();
+  REQUIRE(test::WaitFor([&] { return s.Clients() == 1; }, 10s));
+  CHECK(JsonCall(path, json{{"n", 2}}, 5000).ok());
+}
+
+TEST_CASE("json socket: a client that reads nothing is dropped at max_queued_bytes; the others stay", "[wire]") {
+  test::TempDir dir;
+  std::string path = dir.Join("s.sock");
+  LoopThread lt;
+  JsonServerOptions o;
+  o.conn.max_queued_bytes = 256 * 1024;
+  EchoServer s(lt, path, o);
+  REQUIRE(s.listened.ok());
+  UniqueFd other = Dial(path);
+  UniqueFd deaf = Dial(path);
+  REQUIRE(test::WaitFor([&] { return s.Clients() == 2; }, 10s));
+  SendAll(deaf.get(), EncodeFrame(json{{"type", "flood"}}).value());
+  CHECK(test::WaitFor([&] { return s.Clients() == 1; }, 10s));
+  // It gets what was written before the bound, then EOF, far short of 4096.
+  FrameDecoder d(1u << 20);
+  int got = 0;
+  while (ReadMessage(deaf.get(), d)) ++got;
+  CHECK(got > 0);
+  CHECK(got < 4096);
+  SendAll(other.get(), EncodeFrame(json{{"n", 9}}).value());
+  FrameDecoder od;
+  auto m = ReadMessage(other.get(), od);
+  REQUIRE(m);
+  CHECK((*m)["echo"] == 9);
+}
+
+}  // namespace
+}  // namespace wsup

@@ -1,0 +1,22 @@
+// JsonCall: one blocking request and its reply on a JSON control socket
+// (the supervisor's or the front's), for CLI commands and tests: connect,
+// send, wait for the first reply, each bounded by timeout_ms. It speaks the
+// frames of wire/json_frame.h through the holder protocol's blocking
+// Channel (wire/protocol.h), so it lives beside it in wsup_wire, not in the
+// loop-side wsup_json_socket.
+//
+// Any thread; blocks the caller (connecting, sending and waiting are each
+// bounded by timeout_ms).
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace wsup {
+
+Result<nlohmann::json> JsonCall(const std::string& path, const nlohmann::json& request, int timeout_ms);
+
+}  // namespace wsup

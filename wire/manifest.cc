@@ -1,0 +1,833 @@
+#include "wire/manifest.h"
+
+#include <endian.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <iterator>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <string_view>
+
+#include "checkpoint/checkpoint.h"
+
+namespace wsup {
+namespace {
+
+// Bounds well past any real model, so that a hostile manifest cannot make a
+// client reserve absurd address ranges or loop for long.
+constexpr int kManifestVersion = 1;
+constexpr uint64_t kMaxAllocations = 4096;
+constexpr uint64_t kMaxAllocationBytes = 1ull << 40;  // 1 TiB
+constexpr uint64_t kMaxEntries = 4'000'000;
+constexpr size_t kMaxNameBytes = 1024;
+constexpr size_t kMaxRank = 8;
+constexpr uint64_t kPageBytes = 4096;
+constexpr int kMaxDevice = 1023;
+constexpr const char* kEntryFields[] = {"name", "dtype", "shape", "alloc", "offset", "nbytes"};
+constexpr const char* kTableFormat = "wsup-tensor-table";
+constexpr char kTableMagic[8] = {'w', 's', 'u', 'p', 'T', 'T', 'B', 'L'};
+constexpr uint64_t kTableHeaderBytes = 64;
+constexpr uint64_t kTableRecordBytes = 32;
+
+constexpr const char* kFix =
+    ": the sender is broken or not a wsup holder of this version; restart the holder that sent "
+    "it, and run the same wsup version on both sides";
+
+std::string EntryName(size_t i, const std::string& name) {
+  std::string shown = name.size() > 80 ? name.substr(0, 80) + "..." : name;
+  return "manifest entry " + std::to_string(i) + " ('" + shown + "')";
+}
+
+Error Bad(const std::string& what) { return Corrupt(what + kFix); }
+
+bool PrintableName(const std::string& s) {
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) return false;
+  }
+  return true;
+}
+
+bool IsUuidChar(char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == '-';
+}
+
+Status ValidateDevice(const Manifest& m) {
+  if (m.backend == "host") {
+    if (m.device != -1) {
+      return Bad("manifest: field 'device' is " + std::to_string(m.device) +
+                 " but a host arena has device -1");
+    }
+    if (m.device_uuid != "host") {
+      return Bad("manifest: field 'device_uuid' is '" + m.device_uuid.substr(0, 64) +
+                 "' but a host arena has 'host'");
+    }
+    return {};
+  }
+  if (m.backend == "cuda") {
+    if (m.device < 0 || m.device > kMaxDevice) {
+      return Bad("manifest: field 'device' is " + std::to_string(m.device) + ", not a cuda ordinal in 0.." +
+                 std::to_string(kMaxDevice));
+    }
+    const std::string& u = m.device_uuid;
+    bool ok = u.size() > 4 && u.size() <= 128 && (u.rfind("GPU-", 0) == 0 || u.rfind("MIG-", 0) == 0) &&
+              std::all_of(u.begin() + 4, u.end(), IsUuidChar);
+    if (!ok) {
+      return Bad("manifest: field 'device_uuid' is '" + u.substr(0, 64) +
+                 "', not a GPU uuid like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx");
+    }
+    return {};
+  }
+  return Bad("manifest: field 'backend' is '" + m.backend.substr(0, 64) + "', expected 'host' or 'cuda'");
+}
+
+}  // namespace
+
+uint64_t Manifest::total_bytes() const {
+  uint64_t sum = 0;
+  for (const auto& e : entries) sum += e.nbytes;
+  return sum;
+}
+
+uint64_t Manifest::arena_bytes() const {
+  uint64_t sum = 0;
+  for (const auto& a : allocations) sum += a.size;
+  return sum;
+}
+
+// ---------------------------------------------------------------- TensorIndex
+
+namespace {
+
+constexpr uint64_t kTagMask = 0xffffffff00000000ull;
+
+uint64_t HashName(std::string_view name) { return std::hash<std::string_view>{}(name); }
+
+}  // namespace
+
+void TensorIndex::Clear() {
+  slots_.clear();
+  by_name_.clear();
+  mask_ = 0;
+}
+
+bool TensorIndex::Build(const std::vector<ManifestEntry>& entries, size_t* earlier, size_t* later,
+                        uint64_t probe_budget) {
+  Clear();
+  const size_t n = entries.size();
+  if (n == 0) return true;
+  size_t capacity = 16;
+  while (capacity < 2 * n) capacity <<= 1;  // load at most 1/2: short probes, always an empty slot
+  slots_.assign(capacity, 0);
+  mask_ = capacity - 1;
+  // Linear probing at load 1/2 takes about 2.5 probes per insert; names that
+  // collide on purpose blow through this budget long before it gets slow.
+  const uint64_t budget = probe_budget == kScaledBudget ? 8 * static_cast<uint64_t>(n) + 1024 : probe_budget;
+  uint64_t probes = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& name = entries[i].name;
+    const uint64_t h = HashName(name);
+    const uint64_t tag = h & kTagMask;
+    for (uint64_t s = h & mask_;; s = (s + 1) & mask_) {
+      if (probes++ >= budget) return BuildSorted(entries, earlier, later);
+      const uint64_t v = slots_[s];
+      if (v == 0) {
+        slots_[s] = tag | (static_cast<uint64_t>(i) + 1);
+        break;
+      }
+      if ((v & kTagMask) == tag) {
+        const size_t j = static_cast<size_t>((v & ~kTagMask) - 1);
+        if (entries[j].name == name) {
+          *earlier = j;
+          *later = i;
+          Clear();
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+bool TensorIndex::BuildSorted(const std::vector<ManifestEntry>& entries, size_t* earlier, size_t* later) {
+  // O(n log n) whatever the names.
+  const size_t n = entries.size();
+  slots_.clear();
+  mask_ = 0;
+  by_name_.resize(n);
+  std::iota(by_name_.begin(), by_name_.end(), 0u);
+  std::sort(by_name_.begin(), by_name_.end(), [&](uint32_t a, uint32_t b) {
+    int c = entries[a].name.compare(entries[b].name);
+    return c < 0 || (c == 0 && a < b);
+  });
+  for (size_t k = 1; k < n; ++k) {
+    if (entries[by_name_[k - 1]].name == entries[by_name_[k]].name) {
+      *earlier = by_name_[k - 1];
+      *later = by_name_[k];
+      Clear();
+      return false;
+    }
+  }
+  return true;
+}
+
+size_t TensorIndex::Find(std::string_view name, const std::vector<ManifestEntry>& entries) const {
+  if (!by_name_.empty()) {
+    auto it = std::lower_bound(by_name_.begin(), by_name_.end(), name,
+                               [&](uint32_t a, std::string_view n) { return entries[a].name < n; });
+    if (it != by_name_.end() && entries[*it].name == name) return *it;
+    return npos;
+  }
+  if (slots_.empty()) return npos;
+  const uint64_t h = HashName(name);
+  const uint64_t tag = h & kTagMask;
+  for (uint64_t s = h & mask_;; s = (s + 1) & mask_) {
+    const uint64_t v = slots_[s];
+    if (v == 0) return npos;
+    if ((v & kTagMask) == tag) {
+      const size_t j = static_cast<size_t>((v & ~kTagMask) - 1);
+      if (j < entries.size() && entries[j].name == name) return j;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- Validate
+
+Status Manifest::Validate(TensorIndex* index) const {
+  WSUP_RETURN_IF_ERROR(ValidateLayout());
+  TensorIndex local;
+  return CheckUniqueNames(index != nullptr ? index : &local);
+}
+
+Status Manifest::CheckUniqueNames(TensorIndex* index) const {
+  if (entries.size() > kMaxEntries) {
+    return Bad("manifest: " + std::to_string(entries.size()) + " entries, more than the " +
+               std::to_string(kMaxEntries) + " wsup accepts");
+  }
+  size_t earlier = 0, later = 0;
+  if (!index->Build(entries, &earlier, &later)) {
+    return Bad(EntryName(later, entries[later].name) + ": field 'name' is a duplicate of entry " +
+               std::to_string(earlier));
+  }
+  return {};
+}
+
+Status Manifest::ValidateHeader() const {
+  WSUP_RETURN_IF_ERROR(ValidateDevice(*this));
+
+  if (allocations.empty()) return Bad("manifest: no allocations");
+  if (allocations.size() > kMaxAllocations) {
+    return Bad("manifest: " + std::to_string(allocations.size()) + " allocations, more than the " +
+               std::to_string(kMaxAllocations) + " wsup accepts");
+  }
+  for (size_t i = 0; i < allocations.size(); ++i) {
+    uint64_t size = allocations[i].size;
+    if (size != 0 && size % kPageBytes == 0 && size <= kMaxAllocationBytes) continue;
+    std::string what =
+        "manifest allocation " + std::to_string(i) + ": field 'size' = " + std::to_string(size);
+    if (size == 0) return Bad(what + " is empty");
+    if (size % kPageBytes != 0)
+      return Bad(what + " is not a multiple of the " + std::to_string(kPageBytes) + "-byte page");
+    return Bad(what + " exceeds the 1 TiB limit on one allocation");
+  }
+  return {};
+}
+
+Status Manifest::ValidateLayout() const {
+  WSUP_RETURN_IF_ERROR(ValidateHeader());
+  if (entries.size() > kMaxEntries) {
+    return Bad("manifest: " + std::to_string(entries.size()) + " entries, more than the " +
+               std::to_string(kMaxEntries) + " wsup accepts");
+  }
+
+  // Holders lay entries out in (allocation, offset) order, so overlaps are
+  // found in the same pass by comparing each entry with the previous
+  // non-empty one. Entries in any other order are sorted afterwards.
+  bool in_layout_order = true;
+  size_t prev = TensorIndex::npos;  // the previous non-empty entry
+  const std::string* dtype_spelling = nullptr;
+  uint64_t esize = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ManifestEntry& e = entries[i];
+    if (e.name.empty()) return Bad("manifest entry " + std::to_string(i) + ": field 'name' is empty");
+    auto who = [&] { return EntryName(i, e.name); };  // built only for a message
+    if (e.name.size() > kMaxNameBytes) {
+      return Bad(who() + ": field 'name' is " + std::to_string(e.name.size()) + " bytes, more than " +
+                 std::to_string(kMaxNameBytes));
+    }
+    if (!PrintableName(e.name)) return Bad(who() + ": field 'name' has control characters");
+
+    // Most entries share a dtype: parse each spelling once.
+    if (dtype_spelling == nullptr || e.dtype != *dtype_spelling) {
+      auto dtype = ParseDType(e.dtype);
+      if (!dtype.ok()) {
+        return Bad(who() + ": field 'dtype' = '" + e.dtype.substr(0, 32) +
+                   "' is not a known safetensors dtype");
+      }
+      esize = DTypeSize(*dtype);
+      dtype_spelling = &e.dtype;
+    }
+    if (e.shape.size() > kMaxRank) {
+      return Bad(who() + ": field 'shape' has rank " + std::to_string(e.shape.size()) + ", more than " +
+                 std::to_string(kMaxRank));
+    }
+    uint64_t expect = esize;
+    for (size_t d = 0; d < e.shape.size(); ++d) {
+      if (e.shape[d] < 0) {
+        return Bad(who() + ": field 'shape' dimension " + std::to_string(d) + " is negative (" +
+                   std::to_string(e.shape[d]) + ")");
+      }
+      if (__builtin_mul_overflow(expect, static_cast<uint64_t>(e.shape[d]), &expect) ||
+          expect > kMaxAllocationBytes) {
+        return Bad(who() + ": field 'shape' describes more than 1 TiB");
+      }
+    }
+    if (e.nbytes != expect) {
+      return Bad(who() + ": field 'nbytes' = " + std::to_string(e.nbytes) + " but shape x dtype size (" +
+                 e.dtype + ") = " + std::to_string(expect));
+    }
+    if (e.alloc >= allocations.size()) {
+      return Bad(who() + ": field 'alloc' = " + std::to_string(e.alloc) + " but there are only " +
+                 std::to_string(allocations.size()) + " allocations");
+    }
+    if (e.offset % kTensorAlignment != 0) {
+      return Bad(who() + ": field 'offset' = " + std::to_string(e.offset) + " is not a multiple of " +
+                 std::to_string(kTensorAlignment));
+    }
+    uint64_t size = allocations[e.alloc].size;
+    if (e.offset > size || e.nbytes > size - e.offset) {
+      return Bad(who() + ": field 'offset' = " + std::to_string(e.offset) + " plus " +
+                 std::to_string(e.nbytes) + " bytes ends past allocation " + std::to_string(e.alloc) +
+                 " of " + std::to_string(size) + " bytes");
+    }
+    if (e.nbytes == 0) continue;
+    if (in_layout_order && prev != TensorIndex::npos) {
+      const ManifestEntry& p = entries[prev];
+      if (e.alloc < p.alloc || (e.alloc == p.alloc && e.offset < p.offset)) {
+        in_layout_order = false;
+      } else if (e.alloc == p.alloc && e.offset < p.offset + p.nbytes) {
+        // Ends only grow while nothing overlaps, so the previous entry's end
+        // is the furthest any earlier entry reaches.
+        return Bad(who() + ": field 'offset' = " + std::to_string(e.offset) + " overlaps " +
+                   EntryName(prev, p.name) + ", which ends at " + std::to_string(p.offset + p.nbytes) +
+                   " in allocation " + std::to_string(e.alloc));
+      }
+    }
+    prev = i;
+  }
+  if (in_layout_order) return {};
+
+  // Out of layout order: sort the non-empty entries' positions by
+  // (allocation, offset) and compare neighbours.
+  std::vector<uint32_t> order;
+  order.reserve(entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].nbytes > 0) order.push_back(static_cast<uint32_t>(i));
+  }
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const ManifestEntry& x = entries[a];
+    const ManifestEntry& y = entries[b];
+    if (x.alloc != y.alloc) return x.alloc < y.alloc;
+    if (x.offset != y.offset) return x.offset < y.offset;
+    return a < b;
+  });
+  for (size_t k = 1; k < order.size(); ++k) {
+    const ManifestEntry& p = entries[order[k - 1]];
+    const ManifestEntry& e = entries[order[k]];
+    if (e.alloc == p.alloc && e.offset < p.offset + p.nbytes) {
+      return Bad(EntryName(order[k], e.name) + ": field 'offset' = " + std::to_string(e.offset) +
+                 " overlaps " + EntryName(order[k - 1], p.name) + ", which ends at " +
+                 std::to_string(p.offset + p.nbytes) + " in allocation " + std::to_string(e.alloc));
+    }
+  }
+  return {};
+}
+
+namespace {
+
+// Everything but the entries.
+nlohmann::json HeaderJson(const Manifest& m) {
+  nlohmann::json j = nlohmann::json::object();
+  j["version"] = kManifestVersion;
+  j["backend"] = m.backend;
+  j["device"] = m.device;
+  j["device_uuid"] = m.device_uuid;
+  nlohmann::json allocs = nlohmann::json::array();
+  for (const auto& a : m.allocations) {
+    nlohmann::json o = nlohmann::json::object();
+    o["size"] = a.size;
+    allocs.push_back(std::move(o));
+  }
+  j["allocations"] = std::move(allocs);
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json ManifestHeaderToJson(const Manifest& m, uint64_t table_bytes) {
+  nlohmann::json j = HeaderJson(m);
+  j["tensor_table"] = {{"format", kTableFormat},
+                       {"version", kTensorTableVersion},
+                       {"entries", m.entries.size()},
+                       {"bytes", table_bytes}};
+  return j;
+}
+
+nlohmann::json ManifestToJson(const Manifest& m) {
+  nlohmann::json j = HeaderJson(m);
+  // Entries are arrays in the order entry_fields names: a 20,000-tensor
+  // manifest parses several times faster than with one object per entry,
+  // and stays readable with the field names beside it.
+  nlohmann::json fields = nlohmann::json::array();
+  for (const char* f : kEntryFields) fields.push_back(f);
+  j["entry_fields"] = std::move(fields);
+  nlohmann::json entries = nlohmann::json::array();
+  entries.get_ref<nlohmann::json::array_t&>().reserve(m.entries.size());
+  for (const auto& e : m.entries) {
+    nlohmann::json row = nlohmann::json::array();
+    auto& r = row.get_ref<nlohmann::json::array_t&>();
+    r.reserve(6);
+    r.emplace_back(e.name);
+    r.emplace_back(e.dtype);
+    nlohmann::json shape = nlohmann::json::array();
+    for (int64_t d : e.shape) shape.get_ref<nlohmann::json::array_t&>().emplace_back(d);
+    r.emplace_back(std::move(shape));
+    r.emplace_back(e.alloc);
+    r.emplace_back(e.offset);
+    r.emplace_back(e.nbytes);
+    entries.get_ref<nlohmann::json::array_t&>().push_back(std::move(row));
+  }
+  j["entries"] = std::move(entries);
+  return j;
+}
+
+namespace {
+
+// Who a message is about, formatted only when there is an error.
+struct Who {
+  const char* kind;                        // "manifest", "manifest allocation", "manifest entry", ...
+  size_t index = static_cast<size_t>(-1);  // none for the manifest itself
+  const std::string* name = nullptr;
+  std::string str() const {
+    if (name) return EntryName(index, *name);
+    if (index == static_cast<size_t>(-1)) return kind;
+    return std::string(kind) + " " + std::to_string(index);
+  }
+};
+
+Error FieldError(const Who& who, const char* key, const nlohmann::json& v, const char* expected) {
+  return Bad(who.str() + ": field '" + key + "' is " + v.dump().substr(0, 40) + ", expected " + expected);
+}
+
+bool IsU64(const nlohmann::json& v) {
+  // A non-negative integer built in code (not parsed from text) is stored signed.
+  return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+}
+
+bool IsI64(const nlohmann::json& v) {
+  return v.is_number_integer() &&
+         !(v.is_number_unsigned() &&
+           v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+}
+
+Result<const nlohmann::json*> Field(const nlohmann::json& obj, const char* key, const Who& who) {
+  auto it = obj.find(key);
+  if (it == obj.end()) return Bad(who.str() + ": field '" + key + "' is missing");
+  return &*it;
+}
+
+Result<uint64_t> GetU64(const nlohmann::json& obj, const char* key, const Who& who) {
+  WSUP_ASSIGN_OR_RETURN(const nlohmann::json* v, Field(obj, key, who));
+  if (!IsU64(*v)) return FieldError(who, key, *v, "an unsigned integer");
+  return v->get<uint64_t>();
+}
+
+Result<int64_t> GetI64(const nlohmann::json& obj, const char* key, const Who& who) {
+  WSUP_ASSIGN_OR_RETURN(const nlohmann::json* v, Field(obj, key, who));
+  if (!IsI64(*v)) return FieldError(who, key, *v, "an integer");
+  return v->get<int64_t>();
+}
+
+Result<std::string> GetString(const nlohmann::json& obj, const char* key, const Who& who) {
+  WSUP_ASSIGN_OR_RETURN(const nlohmann::json* v, Field(obj, key, who));
+  if (!v->is_string()) return FieldError(who, key, *v, "a string");
+  return v->get<std::string>();
+}
+
+Result<Manifest> Parse(const nlohmann::json& j, std::string_view table, ManifestDecoding how) {
+  const Who top{"manifest"};
+  if (!j.is_object()) return Bad("manifest: expected a JSON object, got " + std::string(j.type_name()));
+  WSUP_ASSIGN_OR_RETURN(int64_t version, GetI64(j, "version", top));
+  if (version != kManifestVersion) {
+    return Bad("manifest: field 'version' = " + std::to_string(version) + " but this wsup reads version " +
+               std::to_string(kManifestVersion));
+  }
+  Manifest m;
+  WSUP_ASSIGN_OR_RETURN(m.backend, GetString(j, "backend", top));
+  WSUP_ASSIGN_OR_RETURN(int64_t device, GetI64(j, "device", top));
+  if (device < -1 || device > kMaxDevice) {
+    return Bad("manifest: field 'device' = " + std::to_string(device) + " is out of range");
+  }
+  m.device = static_cast<int>(device);
+  WSUP_ASSIGN_OR_RETURN(m.device_uuid, GetString(j, "device_uuid", top));
+
+  WSUP_ASSIGN_OR_RETURN(const nlohmann::json* allocs, Field(j, "allocations", top));
+  if (!allocs->is_array()) return Bad("manifest: field 'allocations' is not an array");
+  if (allocs->size() > kMaxAllocations) {
+    return Bad("manifest: " + std::to_string(allocs->size()) + " allocations, more than the " +
+               std::to_string(kMaxAllocations) + " wsup accepts");
+  }
+  for (size_t i = 0; i < allocs->size(); ++i) {
+    const auto& a = (*allocs)[i];
+    const Who who{"manifest allocation", i};
+    if (!a.is_object()) return Bad(who.str() + ": expected an object");
+    ManifestAllocation alloc;
+    WSUP_ASSIGN_OR_RETURN(alloc.size, GetU64(a, "size", who));
+    m.allocations.push_back(alloc);
+  }
+
+  auto tt = j.find("tensor_table");
+  if (tt != j.end()) {
+    // The entries come as a binary tensor table beside the JSON.
+    if (j.contains("entries")) {
+      return Bad("manifest: has both 'entries' and 'tensor_table'; a manifest carries its entries one way");
+    }
+    const Who tw{"manifest tensor_table"};
+    if (!tt->is_object()) return Bad("manifest: field 'tensor_table' is not an object");
+    WSUP_ASSIGN_OR_RETURN(std::string format, GetString(*tt, "format", tw));
+    if (format != kTableFormat) {
+      return Bad("manifest: field 'tensor_table' has format '" + format.substr(0, 64) + "', expected '" +
+                 kTableFormat + "'");
+    }
+    WSUP_ASSIGN_OR_RETURN(uint64_t table_version, GetU64(*tt, "version", tw));
+    if (table_version != kTensorTableVersion) {
+      return Bad("manifest: the tensor table is version " + std::to_string(table_version) +
+                 " but this wsup reads version " + std::to_string(kTensorTableVersion));
+    }
+    WSUP_ASSIGN_OR_RETURN(uint64_t count, GetU64(*tt, "entries", tw));
+    WSUP_ASSIGN_OR_RETURN(uint64_t bytes, GetU64(*tt, "bytes", tw));
+    if (table.size() != bytes) {
+      return Bad("manifest: the tensor table has " + std::to_string(table.size()) +
+                 " bytes but the manifest announces " + std::to_string(bytes) +
+                 (table.empty() ? " (no table came with it)" : ""));
+    }
+    WSUP_ASSIGN_OR_RETURN(uint64_t held, TensorTableEntries(table));
+    if (held != count) {
+      return Bad("manifest: the tensor table holds " + std::to_string(held) +
+                 " entries but the manifest announces " + std::to_string(count));
+    }
+    if (how == ManifestDecoding::kHeaderOnly) return m;
+    WSUP_RETURN_IF_ERROR(DecodeTensorTable(table, &m.entries));
+    if (how == ManifestDecoding::kValidated) WSUP_RETURN_IF_ERROR(m.Validate());
+    return m;
+  }
+  if (!table.empty()) {
+    return Bad("manifest: a binary tensor table of " + std::to_string(table.size()) +
+               " bytes came with a manifest that announces none (no 'tensor_table')");
+  }
+
+  WSUP_ASSIGN_OR_RETURN(const nlohmann::json* fields, Field(j, "entry_fields", top));
+  bool fields_ok = fields->is_array() && fields->size() == std::size(kEntryFields);
+  for (size_t k = 0; fields_ok && k < std::size(kEntryFields); ++k) {
+    fields_ok = (*fields)[k].is_string() && (*fields)[k].get_ref<const std::string&>() == kEntryFields[k];
+  }
+  if (!fields_ok) {
+    return Bad("manifest: field 'entry_fields' is " + fields->dump().substr(0, 100) +
+               ", expected [\"name\",\"dtype\",\"shape\",\"alloc\",\"offset\",\"nbytes\"]");
+  }
+
+  WSUP_ASSIGN_OR_RETURN(const nlohmann::json* entries, Field(j, "entries", top));
+  if (!entries->is_array()) return Bad("manifest: field 'entries' is not an array");
+  if (entries->size() > kMaxEntries) {
+    return Bad("manifest: " + std::to_string(entries->size()) + " entries, more than the " +
+               std::to_string(kMaxEntries) + " wsup accepts");
+  }
+  m.entries.reserve(entries->size());
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const auto& row = (*entries)[i];
+    Who who{"manifest entry", i};
+    if (!row.is_array() || row.size() != std::size(kEntryFields)) {
+      return Bad(who.str() + ": expected an array of " + std::to_string(std::size(kEntryFields)) +
+                 " fields (entry_fields), got " + row.dump().substr(0, 60));
+    }
+    ManifestEntry e;
+    if (!row[0].is_string()) return FieldError(who, "name", row[0], "a string");
+    e.name = row[0].get<std::string>();
+    who.name = &e.name;
+    if (!row[1].is_string()) return FieldError(who, "dtype", row[1], "a string");
+    e.dtype = row[1].get<std::string>();
+    const auto& shape = row[2];
+    if (!shape.is_array()) return FieldError(who, "shape", shape, "an array");
+    if (shape.size() > kMaxRank) {
+      return Bad(who.str() + ": field 'shape' has rank " + std::to_string(shape.size()) + ", more than " +
+                 std::to_string(kMaxRank));
+    }
+    e.shape.reserve(shape.size());
+    for (const auto& d : shape) {
+      if (!IsI64(d)) return FieldError(who, "shape", shape, "an array of integers");
+      e.shape.push_back(d.get<int64_t>());
+    }
+    if (!IsU64(row[3])) return FieldError(who, "alloc", row[3], "an unsigned integer");
+    uint64_t alloc = row[3].get<uint64_t>();
+    if (alloc >= m.allocations.size()) {
+      return Bad(who.str() + ": field 'alloc' = " + std::to_string(alloc) + " but there are only " +
+                 std::to_string(m.allocations.size()) + " allocations");
+    }
+    e.alloc = static_cast<uint32_t>(alloc);
+    if (!IsU64(row[4])) return FieldError(who, "offset", row[4], "an unsigned integer");
+    e.offset = row[4].get<uint64_t>();
+    if (!IsU64(row[5])) return FieldError(who, "nbytes", row[5], "an unsigned integer");
+    e.nbytes = row[5].get<uint64_t>();
+    m.entries.push_back(std::move(e));
+  }
+  if (how == ManifestDecoding::kValidated) WSUP_RETURN_IF_ERROR(m.Validate());
+  return m;
+}
+
+}  // namespace
+
+Result<Manifest> ManifestFromJson(const nlohmann::json& j, std::string_view table, ManifestDecoding how) {
+  try {
+    return Parse(j, table, how);
+  } catch (const nlohmann::json::exception& e) {
+    return Bad(std::string("manifest: malformed JSON value (") + e.what() + ")");
+  }
+}
+
+// ---------------------------------------------------------------- tensor table
+
+namespace {
+
+uint16_t Le16(const char* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return le16toh(v);
+}
+uint32_t Le32(const char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return le32toh(v);
+}
+uint64_t Le64(const char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return le64toh(v);
+}
+void Put16(char* p, uint16_t v) {
+  v = htole16(v);
+  std::memcpy(p, &v, sizeof v);
+}
+void Put32(char* p, uint32_t v) {
+  v = htole32(v);
+  std::memcpy(p, &v, sizeof v);
+}
+void Put64(char* p, uint64_t v) {
+  v = htole64(v);
+  std::memcpy(p, &v, sizeof v);
+}
+
+Error BadTable(const std::string& what) { return Bad("tensor table: " + what); }
+
+}  // namespace
+
+Result<std::string> EncodeTensorTable(const std::vector<ManifestEntry>& entries) {
+  // First pass: sizes, and each dtype spelling once (there are a handful).
+  uint64_t dims = 0, name_bytes = 0;
+  std::vector<std::string_view> dtypes;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ManifestEntry& e = entries[i];
+    if (e.name.size() > 0xffff || e.dtype.size() > 0xff || e.shape.size() > 0xff) {
+      return InvalidArgument(EntryName(i, e.name) +
+                             ": a name over 64 KiB, a dtype over 255 bytes or a rank over 255 cannot go "
+                             "into a tensor table; no valid manifest has one: fix the arena's layout");
+    }
+    dims += e.shape.size();
+    name_bytes += e.name.size();
+    if (std::find(dtypes.begin(), dtypes.end(), std::string_view(e.dtype)) == dtypes.end()) {
+      dtypes.push_back(e.dtype);
+    }
+  }
+  uint64_t string_bytes = name_bytes;
+  for (std::string_view d : dtypes) string_bytes += d.size();
+  if (string_bytes > 0xffffffffull) {
+    return InvalidArgument(
+        "tensor table: " + std::to_string(string_bytes) +
+        " bytes of names do not fit its 4 GiB string area; no valid manifest has that many");
+  }
+  const uint64_t n = entries.size();
+  const uint64_t total = kTableHeaderBytes + kTableRecordBytes * n + 8 * dims + string_bytes;
+  std::string out(total, '\0');
+  char* p = out.data();
+  std::memcpy(p, kTableMagic, sizeof kTableMagic);
+  Put32(p + 8, kTensorTableVersion);
+  Put32(p + 12, static_cast<uint32_t>(kTableHeaderBytes));
+  Put32(p + 16, static_cast<uint32_t>(kTableRecordBytes));
+  Put32(p + 20, 0);
+  Put64(p + 24, n);
+  Put64(p + 32, dims);
+  Put64(p + 40, string_bytes);
+  Put64(p + 48, total);
+  Put64(p + 56, 0);
+
+  char* rec = p + kTableHeaderBytes;
+  char* dim = rec + kTableRecordBytes * n;
+  char* str = dim + 8 * dims;
+  // Names first, in entry order; the dtype spellings after them.
+  std::vector<uint32_t> dtype_offsets(dtypes.size());
+  uint64_t at = name_bytes;
+  for (size_t k = 0; k < dtypes.size(); ++k) {
+    dtype_offsets[k] = static_cast<uint32_t>(at);
+    std::memcpy(str + at, dtypes[k].data(), dtypes[k].size());
+    at += dtypes[k].size();
+  }
+  uint64_t name_at = 0;
+  size_t dtype_k = 0;
+  for (size_t i = 0; i < n; ++i, rec += kTableRecordBytes) {
+    const ManifestEntry& e = entries[i];
+    if (dtypes[dtype_k] != e.dtype) {
+      dtype_k = static_cast<size_t>(std::find(dtypes.begin(), dtypes.end(), std::string_view(e.dtype)) -
+                                    dtypes.begin());
+    }
+    Put64(rec, e.offset);
+    Put64(rec + 8, e.nbytes);
+    Put32(rec + 16, e.alloc);
+    Put32(rec + 20, static_cast<uint32_t>(name_at));
+    Put16(rec + 24, static_cast<uint16_t>(e.name.size()));
+    rec[26] = static_cast<char>(static_cast<uint8_t>(e.dtype.size()));
+    rec[27] = static_cast<char>(static_cast<uint8_t>(e.shape.size()));
+    Put32(rec + 28, dtype_offsets[dtype_k]);
+    std::memcpy(str + name_at, e.name.data(), e.name.size());
+    name_at += e.name.size();
+    for (int64_t d : e.shape) {
+      Put64(dim, static_cast<uint64_t>(d));
+      dim += 8;
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// What a table's header says, once checked against its size.
+struct TableLayout {
+  uint64_t entries = 0;
+  uint64_t dims = 0;
+  uint64_t string_bytes = 0;
+};
+
+Result<TableLayout> CheckTableHeader(std::string_view table) {
+  const uint64_t size = table.size();
+  if (size < kTableHeaderBytes) {
+    return BadTable(std::to_string(size) + " bytes, shorter than its " + std::to_string(kTableHeaderBytes) +
+                    "-byte header (cut short)");
+  }
+  const char* p = table.data();
+  if (std::memcmp(p, kTableMagic, sizeof kTableMagic) != 0) {
+    return BadTable("does not start with \"wsupTTBL\"; it is not a wsup tensor table");
+  }
+  const uint32_t version = Le32(p + 8);
+  if (version != kTensorTableVersion) {
+    return BadTable("version " + std::to_string(version) + ", but this wsup reads version " +
+                    std::to_string(kTensorTableVersion));
+  }
+  if (Le32(p + 12) != kTableHeaderBytes || Le32(p + 16) != kTableRecordBytes) {
+    return BadTable("header of " + std::to_string(Le32(p + 12)) + " bytes and records of " +
+                    std::to_string(Le32(p + 16)) + " bytes, but version 1 has " +
+                    std::to_string(kTableHeaderBytes) + " and " + std::to_string(kTableRecordBytes));
+  }
+  if (Le32(p + 20) != 0 || Le64(p + 56) != 0) {
+    return BadTable("flags or reserved header fields are set, which version 1 never does");
+  }
+  TableLayout t;
+  t.entries = Le64(p + 24);
+  t.dims = Le64(p + 32);
+  t.string_bytes = Le64(p + 40);
+  const uint64_t total = Le64(p + 48);
+  if (total != size) {
+    return BadTable("its header says " + std::to_string(total) + " bytes but it has " + std::to_string(size) +
+                    (total > size ? " (cut short)" : " (trailing bytes)"));
+  }
+  if (t.entries > kMaxEntries) {
+    return BadTable(std::to_string(t.entries) + " entries, more than the " + std::to_string(kMaxEntries) +
+                    " wsup accepts");
+  }
+  if (t.dims > t.entries * kMaxRank || t.string_bytes > size) {
+    return BadTable("header counts " + std::to_string(t.dims) + " dims and " +
+                    std::to_string(t.string_bytes) + " string bytes for " + std::to_string(t.entries) +
+                    " entries, more than the table can hold");
+  }
+  // Each term is bounded above, so the sum cannot overflow.
+  const uint64_t sections = kTableHeaderBytes + kTableRecordBytes * t.entries + 8 * t.dims + t.string_bytes;
+  if (sections != size) {
+    return BadTable("its sections (64 + 32 x " + std::to_string(t.entries) + " + 8 x " +
+                    std::to_string(t.dims) + " + " + std::to_string(t.string_bytes) + " = " +
+                    std::to_string(sections) + " bytes) do not add up to its " + std::to_string(size) +
+                    " bytes");
+  }
+  return t;
+}
+
+}  // namespace
+
+Result<uint64_t> TensorTableEntries(std::string_view table) {
+  WSUP_ASSIGN_OR_RETURN(TableLayout t, CheckTableHeader(table));
+  return t.entries;
+}
+
+Status DecodeTensorTable(std::string_view table, std::vector<ManifestEntry>* entries) {
+  entries->clear();
+  WSUP_ASSIGN_OR_RETURN(TableLayout t, CheckTableHeader(table));
+  const uint64_t n = t.entries;
+  const uint64_t dims = t.dims;
+  const uint64_t string_bytes = t.string_bytes;
+  const char* p = table.data();
+  const char* rec = p + kTableHeaderBytes;
+  const char* dim = rec + kTableRecordBytes * n;
+  const char* str = dim + 8 * dims;
+  entries->reserve(n);
+  uint64_t dim_at = 0;
+  for (uint64_t i = 0; i < n; ++i, rec += kTableRecordBytes) {
+    const uint64_t name_off = Le32(rec + 20);
+    const uint64_t name_len = Le16(rec + 24);
+    const uint64_t dtype_len = static_cast<uint8_t>(rec[26]);
+    const uint64_t rank = static_cast<uint8_t>(rec[27]);
+    const uint64_t dtype_off = Le32(rec + 28);
+    auto fail = [&](const std::string& what) {
+      entries->clear();
+      return BadTable("record " + std::to_string(i) + ": " + what);
+    };
+    if (name_off + name_len > string_bytes) {
+      return fail("its name (offset " + std::to_string(name_off) + ", " + std::to_string(name_len) +
+                  " bytes) runs past the " + std::to_string(string_bytes) + "-byte string area");
+    }
+    if (dtype_off + dtype_len > string_bytes) {
+      return fail("its dtype (offset " + std::to_string(dtype_off) + ", " + std::to_string(dtype_len) +
+                  " bytes) runs past the " + std::to_string(string_bytes) + "-byte string area");
+    }
+    if (rank > kMaxRank) {
+      return fail("rank " + std::to_string(rank) + ", more than " + std::to_string(kMaxRank));
+    }
+    if (rank > dims - dim_at) {
+      return fail("its shape runs past the " + std::to_string(dims) + " dims the table holds");
+    }
+    ManifestEntry& e = entries->emplace_back();
+    e.name.assign(str + name_off, name_len);
+    e.dtype.assign(str + dtype_off, dtype_len);
+    e.shape.resize(rank);
+    for (uint64_t d = 0; d < rank; ++d) e.shape[d] = static_cast<int64_t>(Le64(dim + 8 * (dim_at + d)));
+    e.alloc = Le32(rec + 16);
+    e.offset = Le64(rec);
+    e.nbytes = Le64(rec + 8);
+    dim_at += rank;
+  }
+  if (dim_at != dims) {
+    entries->clear();
+    return BadTable("its records use " + std::to_string(dim_at) + " dims but its header counts " +
+                    std::to_string(dims));
+  }
+  return {};
+}
+
+}  // namespace wsup
