@@ -254,7 +254,7 @@ TEST_CASE("json socket: a stale socket file is replaced, a live one or a plain f
   }
 }
 
-TEST_CASE("json socket: a bad body is answered and the client kept; a bad prefix answered, then dropped", "[wire]") {
+TEST_CASE("json socket: a bad body is answered and the client kept, a bad prefix answered, then dropped", "[wire]") {
   test::TempDir dir;
   std::string path = dir.Join("s.sock");
   LoopThread lt;
@@ -297,7 +297,7 @@ TEST_CASE("json socket: without answering, a bad message closes the connection a
   CHECK(test::WaitFor([&] { return s.Clients() == 0; }, 10s));
 }
 
-TEST_CASE("json socket: past max_clients a client is told why and closed; the others stay", "[wire]") {
+TEST_CASE("json socket: past max_clients a client is told why and closed, the others stay", "[wire]") {
   test::TempDir dir;
   std::string path = dir.Join("s.sock");
   LoopThread lt;
@@ -325,7 +325,7 @@ TEST_CASE("json socket: past max_clients a client is told why and closed; the ot
   CHECK(JsonCall(path, json{{"n", 2}}, 5000).ok());
 }
 
-TEST_CASE("json socket: a client that reads nothing is dropped at max_queued_bytes; the others stay", "[wire]") {
+TEST_CASE("json socket: a client that reads nothing is dropped at max_queued_bytes, the others stay", "[wire]") {
   test::TempDir dir;
   std::string path = dir.Join("s.sock");
   LoopThread lt;
