@@ -119,6 +119,11 @@ void Scheduler::Loop() {
         s.rng.seed(s.req.seed);
         waiting_.push_back(std::move(s));
       }
+      // stats() counts incoming_ as waiting: what just moved out of it must
+      // be counted in the same critical section, or a reader between here
+      // and the end of the step sees the requests nowhere (active 0,
+      // waiting 0) and takes the engine for idle.
+      stats_.waiting = static_cast<int>(waiting_.size());
       cancels.swap(cancels_);
     }
     if (!cancels.empty()) {

@@ -104,8 +104,13 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
   } else if (stby->state != SlotState::kStandby) {
     refuse = "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
              ", not proven ready; wait for `wsup status` to show it semantically ready";
-  } else if (std::string unfit = UnfitReason(*stby); !unfit.empty()) {
-    refuse = "the standby (" + stby->name + ") is not fit to take the traffic: " + unfit;
+  } else if (PromotionCheck check = CheckStandby(*stby); !check.unfit.empty()) {
+    refuse = "the standby (" + stby->name + ") is not fit to take the traffic: " + check.unfit;
+  } else if (!check.note.empty()) {
+    // A drill moves traffic off a healthy active: only onto a standby
+    // proven just now. (A crash promotes it anyway; see promotion_check.h.)
+    refuse = "the standby (" + stby->name + ") is not proven recently: " + check.note.substr(0, check.note.find(" but")) +
+             "; try again once its next probe passes";
   }
   if (!refuse.empty()) {
     c->Send(json{{"type", "failover"}, {"ok", false}, {"error", refuse}});

@@ -5,40 +5,37 @@
 #include "common/log.h"
 #include "probes/probe.h"
 #include "supervisor/supervisor_impl.h"
+#include "supervisor/promotion_check.h"
 
 namespace wsup {
 
 using nlohmann::json;
 
-std::string Supervisor::Impl::UnfitReason(Slot& s) {
-  // Cheap and local, so a crash's failover is not delayed: the process is
-  // there and running, and, when it has been probed this start, it answered
-  // recently. A SIGSTOPped standby would otherwise take the traffic and hold
-  // every request until its probes trip.
-  if (s.pid <= 0) return "it has no process";
-  auto run = launcher_.RunState(s.pid);
-  if (!run.ok()) return "its process " + std::to_string(s.pid) + " is gone";
-  if (*run == 'T' || *run == 't') return "its process " + std::to_string(s.pid) + " is stopped (SIGSTOP or a debugger)";
-  if (*run == 'Z' || *run == 'X') return "its process " + std::to_string(s.pid) + " is exiting";
-  if (s.last_ok_mono > 0) {
-    int64_t age = clock_.MonotonicMs() - s.last_ok_mono;
-    int64_t limit = 2 * cfg_.probe.interval_ms + cfg_.probe.jitter_ms + cfg_.probe.timeout_ms;
-    if (age > limit) {
-      return "its last good probe answer is " + std::to_string(age) + " ms old (more than two probe intervals plus a "
-             "timeout, " + std::to_string(limit) + " ms)";
-    }
+PromotionCheck Supervisor::Impl::CheckStandby(Slot& s) {
+  // Cheap and local, so a crash's failover is not delayed
+  // (supervisor/promotion_check.h says what is checked and why).
+  char run = 0;
+  if (s.pid > 0) {
+    auto r = launcher_.RunState(s.pid);
+    if (r.ok()) run = *r;
   }
-  return "";
+  int64_t age = s.last_ok_mono > 0 ? clock_.MonotonicMs() - s.last_ok_mono : -1;
+  int64_t limit = 2 * cfg_.probe.interval_ms + cfg_.probe.jitter_ms + cfg_.probe.timeout_ms;
+  return CheckPromotion(s.pid, run, age, limit);
 }
 
-bool Supervisor::Impl::Promote(Slot& s, const std::string& cause, std::string* unfit_out) {
-  std::string unfit = UnfitReason(s);
-  if (!unfit.empty()) {
-    if (unfit_out) *unfit_out = unfit;
-    Fire(s, SlotEvent::kUnfit, "not promoted: " + unfit);
+bool Supervisor::Impl::Promote(Slot& s, const std::string& cause, std::string* unfit_out, std::string* note_out) {
+  PromotionCheck check = CheckStandby(s);
+  if (!check.unfit.empty()) {
+    if (unfit_out) *unfit_out = check.unfit;
+    Fire(s, SlotEvent::kUnfit, "not promoted: " + check.unfit);
     return false;
   }
-  Fire(s, SlotEvent::kPromote, cause);
+  if (!check.note.empty()) {
+    spdlog::warn("engine {}: {}", s.name, check.note);
+    if (note_out) *note_out = check.note;
+  }
+  Fire(s, SlotEvent::kPromote, check.note.empty() ? cause : cause + "; " + check.note);
   return s.state == SlotState::kActive;
 }
 
@@ -51,11 +48,12 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   if (to->state == SlotState::kStandby) {
     // The standby is checked before it takes the traffic.
     swapping_ = true;
-    std::string unfit;
-    bool promoted = Promote(*to, "failover from " + failed.name, &unfit);
+    std::string unfit, note;
+    bool promoted = Promote(*to, "failover from " + failed.name, &unfit, &note);
     swapping_ = false;
     if (promoted) {
       to_name = to->name;
+      if (!note.empty()) why = reason + "; standby " + to->name + " " + note;
     } else {
       why = reason + "; standby " + to->name + " not promoted: " + unfit;
     }

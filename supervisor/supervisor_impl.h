@@ -47,6 +47,7 @@
 #include "supervisor/metrics.h"
 #include "supervisor/notify.h"
 #include "supervisor/process.h"
+#include "supervisor/promotion_check.h"
 #include "supervisor/restart_throttle.h"
 #include "supervisor/runtime_state.h"
 #include "supervisor/supervisor.h"
@@ -231,9 +232,12 @@ class Supervisor::Impl {
   void OnEngineExit(Slot& s, const ExitInfo& info);
   void OnEngineDying(Slot& s, pid_t pid);
   void Failover(Slot& failed, FailoverTrigger trigger, const std::string& reason, int64_t fault_ms, bool drill);
-  std::string UnfitReason(Slot& s);
-  // Checks the slot first (UnfitReason); an unfit one is failed and replaced.
-  bool Promote(Slot& s, const std::string& cause, std::string* unfit);
+  // The promotion check of supervisor/promotion_check.h on this slot.
+  PromotionCheck CheckStandby(Slot& s);
+  // Checks the slot first (CheckStandby); an unfit one is failed and
+  // replaced. *unfit gets why it was not promoted, *note the caveat of a
+  // promotion on an old probe answer.
+  bool Promote(Slot& s, const std::string& cause, std::string* unfit, std::string* note = nullptr);
   void ScheduleRestart(Slot& s, int exit_code);
   void MaybePromote();
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);

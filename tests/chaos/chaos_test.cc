@@ -359,13 +359,19 @@ TEST_CASE("chaos 5: 1,000 idle holder connections never stop an engine from atta
   INFO(fds.size() << " connections open");
   CHECK(fds.size() >= 900);
   // A re-armed engine attaches: kill the standby, wait for its cache hit.
-  size_t hits = Query(n.Db(), "select * from cache_events where result='hit'").rows.size();
+  auto count = [&](const char* result) {
+    return Query(n.Db(), std::string("select * from cache_events where result='") + result + "'").rows.size();
+  };
+  size_t hits = count("hit"), misses = count("miss");
   pid_t standby = EnginePid(n, "standby");
   REQUIRE(standby > 0);
   REQUIRE(::kill(standby, SIGKILL) == 0);
-  CHECK(test::WaitFor(
-      [&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == hits + 1; }, 30s));
-  CHECK(n.WaitServing(30s));
+  // The re-armed engine comes up (bounded generously: under sanitizers on a
+  // loaded machine a restart takes seconds) and it attached: a hit, no miss.
+  CHECK(n.WaitServing(kSanitizedNode ? 120s : 30s));
+  CHECK(test::WaitFor([&] { return count("hit") > hits; }, 30s));
+  INFO(Query(n.Db(), "select slot, result, mode, miss_reason from cache_events").Dump());
+  CHECK(count("miss") == misses);
   // The operator's view of the holder works too.
   auto info = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", sock}, 30s);
   INFO(info.output);

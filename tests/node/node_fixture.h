@@ -34,8 +34,10 @@ using nlohmann::json;
 // Sanitizer builds run the engines several times slower: the probe's
 // budget grows with them, and so does every bound derived from it.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizedNode = true;
 constexpr int kProbeMs = 1000;
 #else
+constexpr bool kSanitizedNode = false;
 constexpr int kProbeMs = 150;
 #endif
 
@@ -188,6 +190,15 @@ inline std::vector<int> Complete(int port, const std::string& prompt = "Hello, w
 
 struct Rows {
   std::vector<std::map<std::string, std::string>> rows;
+  // One line per row, "col=value col=value", for test messages.
+  std::string Dump() const {
+    std::string out;
+    for (const auto& r : rows) {
+      for (const auto& [k, v] : r) out += k + "=" + v + " ";
+      out += "\n";
+    }
+    return out;
+  }
 };
 
 inline Rows Query(const std::string& db, const std::string& sql) {
