@@ -13,6 +13,7 @@
 
 #include "client/cache_commands.h"
 #include "client/publish.h"
+#include "client/wsup_client.h"
 #include "tests/holder/holder_fixture.h"
 
 namespace wsup {
@@ -332,6 +333,83 @@ TEST_CASE("a waiter whose bound passes gets an error naming it; a writer that ke
   auto ok = pub.Commit(entries);
   REQUIRE(ok.ok());
   CHECK(Info(h).layouts.at(0).state == "committed");
+}
+
+TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, aborts", "[holder][layout][c]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  const std::string fp = LayoutFp().ToJson().dump();
+  wsup_attachment* w = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr,
+                                          "{\"client_name\":\"c-writer\",\"wait_ms\":0}");
+  REQUIRE(w != nullptr);
+  INFO(wsup_error(w));
+  REQUIRE(wsup_status(w) == WSUP_OK);
+  CHECK(wsup_has_lease(w) == 1);
+  CHECK(wsup_from_holder(w) == 0);
+  void* data = nullptr;
+  uint64_t size = 0;
+  uint32_t alloc = 99;
+  REQUIRE(wsup_publish_alloc(w, 100, &data, &size, &alloc) == WSUP_OK);
+  CHECK(size == 4096);
+  CHECK(alloc == 0);
+  auto* f = static_cast<float*>(data);
+  for (int i = 0; i < 6; ++i) f[i] = static_cast<float>(i) * 2;
+  // A duplicate name: refused with the holder's words, the lease kept.
+  CHECK(wsup_publish_commit(w, R"([{"name":"x","dtype":"F32","shape":[2],"alloc":0,"offset":0},
+                                   {"name":"x","dtype":"F32","shape":[2],"alloc":0,"offset":256}])") ==
+        WSUP_ERR_CORRUPT);
+  CHECK(Has(wsup_error(w), "is a duplicate of entry 0"));
+  CHECK(wsup_has_lease(w) == 1);
+  CHECK(wsup_publish_commit(w, "not json") == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(w), "entries_json"));
+  CHECK(wsup_publish_commit(w, R"([{"name":"x","dtype":"F32","shape":[2,3],"strides":[1,2],"alloc":0,"offset":0}])") ==
+        WSUP_OK);
+  CHECK(std::string(wsup_source(w)) == "published");
+  CHECK(wsup_has_lease(w) == 0);
+  CHECK(wsup_num_tensors(w) == 1);
+  CHECK(wsup_tensor_stride(w, "x", 1) == 2);
+  CHECK(wsup_tensor_nbytes(w, "x") == 24);  // (1 + 1 x 1 + 2 x 2) x 4
+  CHECK(static_cast<const float*>(wsup_tensor_data(w, "x"))[5] == 10.0f);
+  CHECK(wsup_publish_alloc(w, 100, &data, &size, &alloc) == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(w), "holds no write lease"));
+
+  // A reader attaches it through the same call.
+  wsup_attachment* r = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr, "{\"wait_ms\":0}");
+  REQUIRE(wsup_status(r) == WSUP_OK);
+  CHECK(wsup_from_holder(r) == 1);
+  CHECK(wsup_has_lease(r) == 0);
+  CHECK(std::string(wsup_source(r)) == "holder");
+  CHECK(wsup_tensor_stride(r, "x", 0) == 1);
+  wsup_detach(r);
+  wsup_detach(w);
+
+  // Without the engine's identity: a clear refusal.
+  Fingerprint bare;
+  bare.Set("checkpoint", "0123");
+  wsup_attachment* anon = wsup_publish_begin(h.socket.c_str(), "daemon", bare.ToJson().dump().c_str(), nullptr, "{}");
+  CHECK(wsup_status(anon) == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(anon), "'engine' and 'engine_version'"));
+  wsup_detach(anon);
+  // The identity given as options; then an abort releases the lease.
+  wsup_attachment* named = wsup_publish_begin(
+      h.socket.c_str(), "daemon", bare.ToJson().dump().c_str(), nullptr,
+      R"({"engine":"c-engine","engine_version":"2","transform":"none","wait_ms":0})");
+  REQUIRE(wsup_status(named) == WSUP_OK);
+  REQUIRE(wsup_has_lease(named) == 1);
+  CHECK(wsup_publish_alloc(named, 4096, &data, &size, &alloc) == WSUP_OK);
+  CHECK(Info(h).layouts.size() == 2);
+  CHECK(wsup_publish_abort(named, "changed my mind") == WSUP_OK);
+  CHECK(wsup_has_lease(named) == 0);
+  CHECK(test::WaitFor([&] { return Info(h).layouts.size() == 1; }, 10s));
+  wsup_detach(named);
+  // Client mode with nobody listening: load from disk, and why.
+  wsup_attachment* off = wsup_publish_begin(dir.Join("absent.sock").c_str(), "client", fp.c_str(), nullptr, "{}");
+  CHECK(wsup_status(off) == WSUP_OK);
+  CHECK(wsup_from_holder(off) == 0);
+  CHECK(wsup_has_lease(off) == 0);
+  CHECK(Has(wsup_reason(off), "holder unavailable"));
+  wsup_detach(off);
 }
 
 }  // namespace
