@@ -195,6 +195,23 @@ TEST_CASE("the first client publishes, a waiter gets the commit, later clients a
   CHECK(two.layouts[1].state == "writing");
   CHECK(two.layouts[1].fingerprint.Get("revision") == "r2");
   CHECK(two.tensors == 2);
+  // `wsup cache info`, as text and as JSON.
+  CommandOutput text = CacheInfoCommand(h.socket, false, 5000);
+  INFO(text.out);
+  CHECK(Has(text.out, "layouts      2 (engine-made)"));
+  CHECK(Has(text.out, "layout 1  committed  2 tensors"));
+  CHECK(Has(text.out, "writing  0 tensors"));
+  CHECK(Has(text.out, "writer other"));
+  CHECK(Has(text.out, "transform transposed/v1, revision 'r2'"));
+  auto j = nlohmann::json::parse(CacheInfoCommand(h.socket, true, 5000).out);
+  REQUIRE(j["layouts"].size() == 2);
+  CHECK(j["layouts"][0]["state"] == "committed");
+  CHECK(j["layouts"][0]["tensors"] == 2);
+  CHECK(j["layouts"][0]["bytes"] == 64);
+  CHECK(j["layouts"][0]["fingerprint"]["revision"] == "r1");
+  CHECK(j["layouts"][0]["fingerprint_id"].get<std::string>().size() == 16);
+  CHECK(j["layouts"][1]["state"] == "writing");
+  CHECK(j["layouts"][1]["writer"] == "other");
 }
 
 TEST_CASE("a writer that leaves before its commit hands the lease to the waiter, and its memory is released",
