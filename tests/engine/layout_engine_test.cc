@@ -248,6 +248,18 @@ TEST_CASE("layouts: --layout engine needs a holder and the CPU; bad values are u
     CHECK(r.exit_code == 2);
     CHECK(r.output.find(c.says) != std::string::npos);
   }
+  // A holder of the checkpoint's own tensors is another layout: daemon mode
+  // refuses it naming the field, client mode loads from disk.
+  const std::string ckpt_sock = dir.Join("ckpt.sock");
+  Proc ckpt_holder = wsup::test::StartHolder(dir, model, ckpt_sock, {}, "ckpt-holder.log");
+  REQUIRE(ckpt_holder.ready);
+  auto d = wsup::test::Run({wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0", "--kv-cache-mib", "4",
+                            "--weight-cache", "daemon", "--socket", ckpt_sock, "--layout", "engine"},
+                           60s);
+  INFO(d.output);
+  CHECK(d.exit_code == 78);
+  CHECK(d.output.find("layout: ours=engine holder=(absent)") != std::string::npos);
+
   // Client mode with no holder: loads from disk and says why.
   Proc c = wsup::test::StartEngine(dir, kModel,
                                    {"--weight-cache", "client", "--socket", dir.Join("absent.sock"), "--layout",
