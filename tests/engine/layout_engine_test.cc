@@ -227,7 +227,7 @@ TEST_CASE("layouts: a writer SIGKILLed mid-publish commits nothing, its memory i
   CHECK(log.find("writing --commit--> committed") != std::string::npos);
 }
 
-TEST_CASE("layouts: --layout engine needs a holder and the CPU; bad values are usage errors", "[engine][layout]") {
+TEST_CASE("layouts: --layout engine needs a holder and the CPU - bad values are usage errors", "[engine][layout]") {
   TempDir dir;
   const std::string model = wsup::test::TestData(kModel);
   struct Case {

@@ -74,7 +74,7 @@ HolderProcess StartLayoutHolder(const TempDir& dir, const std::string& name = "l
   return h;
 }
 
-TEST_CASE("a holder of engine-made layouts serves with no checkpoint; bad flag pairs are usage errors",
+TEST_CASE("a holder of engine-made layouts serves with no checkpoint - bad flag pairs are usage errors",
           "[holder][layout]") {
   TempDir dir;
   HolderProcess h = StartLayoutHolder(dir);
@@ -107,7 +107,7 @@ TEST_CASE("a holder of engine-made layouts serves with no checkpoint; bad flag p
   CHECK(Has(none.output, "--model is required"));
 }
 
-TEST_CASE("the first client publishes, a waiter gets the commit, later clients attach; another fingerprint "
+TEST_CASE("the first client publishes, a waiter gets the commit, later clients attach - another fingerprint "
           "publishes its own",
           "[holder][layout]") {
   TempDir dir;
@@ -249,7 +249,7 @@ TEST_CASE("a writer that leaves before its commit hands the lease to the waiter,
   CHECK(again->publication != nullptr);
 }
 
-TEST_CASE("bad commits are refused with clear errors, the lease kept; a commit without a lease is refused",
+TEST_CASE("bad commits are refused with clear errors, the lease kept - a commit without a lease is refused",
           "[holder][layout]") {
   TempDir dir;
   HolderProcess h = StartLayoutHolder(dir);
@@ -321,7 +321,7 @@ TEST_CASE("bad commits are refused with clear errors, the lease kept; a commit w
   CHECK(Info(h).layouts.size() == 1);
 }
 
-TEST_CASE("a waiter whose bound passes gets an error naming it; a writer that keeps a writable mapping cannot "
+TEST_CASE("a waiter whose bound passes gets an error naming it - a writer that keeps a writable mapping cannot "
           "commit",
           "[holder][layout]") {
   TempDir dir;

@@ -56,7 +56,7 @@ TEST_CASE("layout table: each (state, event) appears at most once, and released 
   }
 }
 
-TEST_CASE("layout table: refused commits keep the lease; a commit serves; loss or abort releases",
+TEST_CASE("layout table: refused commits keep the lease - a commit serves - loss or abort releases",
           "[holder][layout]") {
   S s = S::kWriting;
   Step(&s, E::kCommitRefused, S::kWriting, A::kRefuse);

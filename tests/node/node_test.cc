@@ -349,7 +349,7 @@ TEST_CASE("node: client mode with a fingerprint mismatch loads from disk and rec
 }
 
 TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with its load time), the next attaches "
-          "(a hit); a holder crash restarts an empty holder and the next engine publishes again",
+          "(a hit) - a holder crash restarts an empty holder and the next engine publishes again",
           "[node][layout]") {
   if (!Have()) return;
   std::string eng = test::BinPath("wsup-engine");

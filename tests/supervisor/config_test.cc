@@ -344,7 +344,7 @@ TEST_CASE("config: defaults, relative paths and overrides", "[config]") {
   CHECK_FALSE(HolderArgv(c, 1, "x").ok());
 }
 
-TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint; its rules are checked",
+TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint - its rules are checked",
           "[config]") {
   auto def = ParseConfig(kBase, "/srv/c.toml");
   REQUIRE(def.ok());
