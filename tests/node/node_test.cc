@@ -381,8 +381,10 @@ TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with i
 
   // The standby re-armed: it attaches the committed layout.
   auto standby = n.Engine(*n.Status(), "standby");
+  REQUIRE(standby.is_object());
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return events("result='hit'").size() == 2; }, 30s));
+  REQUIRE(n.WaitServing());  // the re-armed engine proven again: a standby to kill below
 
   // A holder crash: the engines keep serving; an empty holder is started.
   pid_t hpid = n.Status()->at("holders")[0].value("pid", 0);
@@ -393,7 +395,9 @@ TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with i
   CHECK(Query(n.Db(), "select * from holder_restarts").rows[0]["from_fds"] == "0");
   REQUIRE(n.WaitStatus([&](const json& s) { return s["holders"][0].value("pid", 0) != hpid &&
                                                    s["holders"][0].value("state", "") == "ready"; }, 15s));
+  REQUIRE(n.WaitServing());
   standby = n.Engine(*n.Status(), "standby");
+  REQUIRE(standby.is_object());
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return events("result='miss'").size() == 2; }, 30s));
   CHECK(events("result='miss'")[1]["miss_reason"] == "published");
