@@ -16,6 +16,8 @@ constexpr const char* kFieldOrder[] = {
     "tp_size",           "tp_rank",      "pp_size",      "pp_rank",        "dp_size",
     "ep_size",           "quant_method", "quant_config", "dtype",          "backend",
     "device_capability", "cuda_driver",  "cuda_runtime", "layout_version",
+    // An engine-made layout's (AddEngineLayout).
+    "layout",            "engine",       "engine_version", "transform",
 };
 
 // One line per file so that renaming, resizing or rewriting any header
@@ -56,6 +58,15 @@ Fingerprint Fingerprint::Compute(const Checkpoint& ckpt, const FingerprintInputs
   add("layout_version", std::to_string(kArenaLayoutVersion));
   return fp;
 }
+
+void AddEngineLayout(Fingerprint* fp, const EngineLayoutId& id) {
+  fp->Set("layout", "engine");
+  fp->Set("engine", id.engine);
+  fp->Set("engine_version", id.version);
+  fp->Set("transform", id.transform);
+}
+
+bool IsEngineLayout(const Fingerprint& fp) { return fp.Get("layout") == "engine"; }
 
 std::string Fingerprint::Get(const std::string& field) const {
   for (const auto& [k, v] : fields_) {

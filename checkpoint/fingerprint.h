@@ -8,7 +8,9 @@
 //   name, size and header sha256), checkpoint_files, tp_size, tp_rank,
 //   pp_size, pp_rank, dp_size, ep_size, quant_method, quant_config (sha256 of
 //   the quantization_config JSON, or "none"), dtype, backend,
-//   device_capability, cuda_driver, cuda_runtime, layout_version.
+//   device_capability, cuda_driver, cuda_runtime, layout_version; and for an
+//   engine-made layout (AddEngineLayout) also layout ("engine"), engine,
+//   engine_version, transform.
 #pragma once
 
 #include <string>
@@ -66,5 +68,23 @@ class Fingerprint {
  private:
   std::vector<std::pair<std::string, std::string>> fields_;
 };
+
+// What an engine declares about a layout it makes from a checkpoint (a
+// holder started with --layout engine keeps one such layout per
+// fingerprint): its name, its version or build, and its transform in its
+// own words (fusions, repacking, quantization; e.g. "fuse_gate_up/v1").
+// Whatever the engine changes in how it lays weights out must change one
+// of these, so that a reader only ever gets a layout it computes from.
+struct EngineLayoutId {
+  std::string engine;     // e.g. "wsup-engine"
+  std::string version;    // a version or build id
+  std::string transform;  // "" only for a layout that is the checkpoint's own
+};
+// Adds (or replaces) the fields layout = "engine", engine, engine_version
+// and transform to a checkpoint's fingerprint, which keeps naming the
+// checkpoint's identity: another revision is another layout.
+void AddEngineLayout(Fingerprint* fp, const EngineLayoutId& id);
+// True for a fingerprint with layout = "engine".
+bool IsEngineLayout(const Fingerprint& fp);
 
 }  // namespace wsup

@@ -1,12 +1,14 @@
 // The C ABI (client/wsup_client.h) over the C++ client (client/client.h).
 // Every entry point catches everything: no exception may cross into C.
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "client/client.h"
+#include "client/publish.h"
 #include "client/wsup_client.h"
 
 #ifndef WSUP_VERSION_STRING
@@ -21,6 +23,7 @@ struct wsup_attachment {
   std::string diffs_json = "[]";
   std::string holder_fp_json = "{}";
   std::unique_ptr<wsup::Attachment> att;
+  std::unique_ptr<wsup::Publication> pub;  // wsup_publish_begin gave this handle the write lease
 };
 
 namespace {
@@ -74,13 +77,22 @@ wsup::Result<std::string> StringOption(const json& opts, const char* key, const 
   return it->get<std::string>();
 }
 
-wsup::Status DoAttach(wsup_attachment* a, const char* socket_path, const char* mode, const char* fingerprint_json,
-                      const char* checkpoint_dir, const char* options_json) {
+// What wsup_attach and wsup_publish_begin share: the options and the
+// client's fingerprint, from the caller's arguments.
+struct Request {
   json opts = json::object();
+  wsup::AttachOptions o;
+  wsup::Fingerprint ours;
+};
+
+wsup::Result<Request> Prepare(const char* socket_path, const char* mode, const char* fingerprint_json,
+                              const char* checkpoint_dir, const char* options_json) {
+  Request req;
+  json& opts = req.opts;
   if (options_json != nullptr && *options_json) {
     WSUP_ASSIGN_OR_RETURN(opts, wsup::ParseMessageBody(options_json, "options_json"));
   }
-  wsup::AttachOptions o;
+  wsup::AttachOptions& o = req.o;
   o.socket_path = socket_path ? socket_path : "";
   WSUP_ASSIGN_OR_RETURN(o.mode, wsup::ParseAttachMode(mode ? mode : ""));
   WSUP_ASSIGN_OR_RETURN(o.client_name, StringOption(opts, "client_name", "engine"));
@@ -90,7 +102,7 @@ wsup::Status DoAttach(wsup_attachment* a, const char* socket_path, const char* m
 
   bool have_fp = fingerprint_json != nullptr && *fingerprint_json;
   bool have_dir = checkpoint_dir != nullptr && *checkpoint_dir;
-  wsup::Fingerprint ours;
+  wsup::Fingerprint& ours = req.ours;
   if (o.mode != wsup::AttachMode::kOff) {
     if (have_fp == have_dir) {
       return wsup::InvalidArgument("give exactly one of fingerprint_json and checkpoint_dir to wsup_attach");
@@ -113,16 +125,153 @@ wsup::Status DoAttach(wsup_attachment* a, const char* socket_path, const char* m
       WSUP_ASSIGN_OR_RETURN(ours, wsup::ComputeFingerprint(checkpoint_dir, in));
     }
   }
-  WSUP_ASSIGN_OR_RETURN(wsup::AttachResult r, wsup::Attach(o, ours));
-  a->outcome = std::move(r.outcome);
-  a->source = wsup::WeightSourceName(a->outcome.source);
-  a->diffs_json = wsup::DiffsToJson(a->outcome.diffs).dump(-1, ' ', false, json::error_handler_t::replace);
-  a->att = std::move(r.attachment);
+  return req;
+}
+
+void SetHolderFingerprint(wsup_attachment* a) {
   if (a->att) {
     a->holder_fp_json =
         a->att->holder_fingerprint().ToJson().dump(-1, ' ', false, json::error_handler_t::replace);
   }
+}
+
+wsup::Status DoAttach(wsup_attachment* a, const char* socket_path, const char* mode, const char* fingerprint_json,
+                      const char* checkpoint_dir, const char* options_json) {
+  WSUP_ASSIGN_OR_RETURN(Request req, Prepare(socket_path, mode, fingerprint_json, checkpoint_dir, options_json));
+  WSUP_ASSIGN_OR_RETURN(wsup::AttachResult r, wsup::Attach(req.o, req.ours));
+  a->outcome = std::move(r.outcome);
+  a->source = wsup::WeightSourceName(a->outcome.source);
+  a->diffs_json = wsup::DiffsToJson(a->outcome.diffs).dump(-1, ' ', false, json::error_handler_t::replace);
+  a->att = std::move(r.attachment);
+  SetHolderFingerprint(a);
   return wsup::Status::Ok();
+}
+
+wsup::Status DoPublishBegin(wsup_attachment* a, const char* socket_path, const char* mode,
+                            const char* fingerprint_json, const char* checkpoint_dir, const char* options_json) {
+  WSUP_ASSIGN_OR_RETURN(Request req, Prepare(socket_path, mode, fingerprint_json, checkpoint_dir, options_json));
+  if (req.o.mode != wsup::AttachMode::kOff) {
+    // The engine's identity: from the options, or already in the fingerprint given.
+    if (req.opts.contains("engine") || !wsup::IsEngineLayout(req.ours)) {
+      wsup::EngineLayoutId id;
+      WSUP_ASSIGN_OR_RETURN(id.engine, StringOption(req.opts, "engine", ""));
+      WSUP_ASSIGN_OR_RETURN(id.version, StringOption(req.opts, "engine_version", ""));
+      WSUP_ASSIGN_OR_RETURN(id.transform, StringOption(req.opts, "transform", ""));
+      if (id.engine.empty() || id.version.empty()) {
+        return wsup::InvalidArgument("options_json: 'engine' and 'engine_version' name the engine whose layout "
+                                     "this is (and 'transform' what it does to the checkpoint); give them to "
+                                     "wsup_publish_begin");
+      }
+      wsup::AddEngineLayout(&req.ours, id);
+    }
+  }
+  WSUP_ASSIGN_OR_RETURN(int wait_ms, IntOption(req.opts, "wait_ms", static_cast<int>(wsup::kDefaultLayoutWaitMs)));
+  if (wait_ms < 0) return wsup::InvalidArgument("options_json: 'wait_ms' must be 0 or more");
+  WSUP_ASSIGN_OR_RETURN(wsup::LayoutResult r,
+                        wsup::AttachOrPublish(req.o, req.ours, static_cast<uint64_t>(wait_ms)));
+  a->outcome = std::move(r.outcome);
+  a->source = wsup::WeightSourceName(a->outcome.source);
+  a->diffs_json = wsup::DiffsToJson(a->outcome.diffs).dump(-1, ' ', false, json::error_handler_t::replace);
+  a->att = std::move(r.attachment);
+  a->pub = std::move(r.publication);
+  SetHolderFingerprint(a);
+  return wsup::Status::Ok();
+}
+
+wsup::Result<uint64_t> U64Field(const json& e, const char* key, size_t i) {
+  auto it = e.find(key);
+  if (it == e.end() || !it->is_number_unsigned()) {
+    return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "]: '" + key +
+                                 "' must be a non-negative integer");
+  }
+  return it->get<uint64_t>();
+}
+
+wsup::Result<std::vector<int64_t>> DimsField(const json& e, const char* key, size_t i, bool required) {
+  std::vector<int64_t> out;
+  auto it = e.find(key);
+  if (it == e.end()) {
+    if (required) return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "]: '" + key + "' is missing");
+    return out;
+  }
+  if (!it->is_array() || it->size() > 8) {
+    return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "]: '" + key +
+                                 "' must be an array of at most 8 integers");
+  }
+  for (const auto& d : *it) {
+    if (!d.is_number_integer()) {
+      return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "]: '" + key + "' must hold integers");
+    }
+    out.push_back(d.get<int64_t>());
+  }
+  return out;
+}
+
+// entries_json: [{name, dtype, shape, strides?, alloc, offset, nbytes?}];
+// nbytes defaults to what shape (and strides) span in dtype.
+wsup::Result<std::vector<wsup::ManifestEntry>> ParseEntries(const char* entries_json) {
+  if (entries_json == nullptr) return wsup::InvalidArgument("entries_json is NULL; pass a JSON array of entries");
+  auto parsed = json::parse(entries_json, nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_array()) {
+    return wsup::InvalidArgument("entries_json is not a JSON array of {name, dtype, shape, alloc, offset} objects");
+  }
+  std::vector<wsup::ManifestEntry> out;
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const json& e = parsed[i];
+    if (!e.is_object()) return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "] is not an object");
+    wsup::ManifestEntry m;
+    WSUP_ASSIGN_OR_RETURN(m.name, StringOption(e, "name", ""));
+    WSUP_ASSIGN_OR_RETURN(m.dtype, StringOption(e, "dtype", ""));
+    WSUP_ASSIGN_OR_RETURN(m.shape, DimsField(e, "shape", i, true));
+    WSUP_ASSIGN_OR_RETURN(m.strides, DimsField(e, "strides", i, false));
+    WSUP_ASSIGN_OR_RETURN(uint64_t alloc, U64Field(e, "alloc", i));
+    if (alloc > 0xffffffffull) return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "]: 'alloc' is too large");
+    m.alloc = static_cast<uint32_t>(alloc);
+    WSUP_ASSIGN_OR_RETURN(m.offset, U64Field(e, "offset", i));
+    if (e.contains("nbytes")) {
+      WSUP_ASSIGN_OR_RETURN(m.nbytes, U64Field(e, "nbytes", i));
+    } else {
+      auto dtype = wsup::ParseDType(m.dtype);
+      if (!dtype.ok()) {
+        return wsup::InvalidArgument("entries_json[" + std::to_string(i) + "]: dtype '" + m.dtype.substr(0, 32) +
+                                     "' is not a safetensors dtype (F32, BF16, F16, F8_E4M3, I64, ...)");
+      }
+      const std::vector<int64_t> strides = m.strides.empty() ? wsup::ContiguousStrides(m.shape) : m.strides;
+      uint64_t span = 1;
+      bool empty = false;
+      for (size_t d = 0; d < m.shape.size() && d < strides.size(); ++d) {
+        if (m.shape[d] <= 0) empty = true;
+        if (!empty) span += static_cast<uint64_t>(m.shape[d] - 1) * static_cast<uint64_t>(std::max<int64_t>(strides[d], 0));
+      }
+      m.nbytes = empty ? 0 : span * wsup::DTypeSize(*dtype);
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+// Runs one publish step, keeping the error text on the handle.
+template <typename F>
+int Step(wsup_attachment* a, F&& f) {
+  if (a == nullptr) return WSUP_ERR_INVALID_ARGUMENT;
+  try {
+    wsup::Status s = f();
+    if (s.ok()) return WSUP_OK;
+    a->error = s.error().ToString();
+    return StatusCode(s.code());
+  } catch (const std::bad_alloc&) {
+    a->error = "out of memory";
+    return WSUP_ERR_INTERNAL;
+  } catch (...) {
+    a->error = "unexpected exception";
+    return WSUP_ERR_INTERNAL;
+  }
+}
+
+wsup::Status NoLease(const char* call) {
+  return wsup::InvalidArgument(std::string(call) +
+                               ": this handle holds no write lease (wsup_has_lease is 0): only a handle from "
+                               "wsup_publish_begin that got the lease allocates, commits or aborts");
 }
 
 }  // namespace
@@ -144,6 +293,62 @@ wsup_attachment* wsup_attach(const char* socket_path, const char* mode, const ch
     if (a != nullptr) Fail(a, wsup::Internal("unexpected exception"));
   }
   return a;
+}
+
+wsup_attachment* wsup_publish_begin(const char* socket_path, const char* mode, const char* fingerprint_json,
+                                    const char* checkpoint_dir, const char* options_json) {
+  wsup_attachment* a = nullptr;
+  try {
+    a = new wsup_attachment();
+    wsup::Status s = DoPublishBegin(a, socket_path, mode, fingerprint_json, checkpoint_dir, options_json);
+    if (!s.ok()) Fail(a, s.error());
+  } catch (const std::bad_alloc&) {
+    if (a != nullptr) Fail(a, wsup::Internal("out of memory"));
+  } catch (const std::exception& e) {
+    if (a != nullptr) Fail(a, wsup::Internal(std::string("unexpected exception: ") + e.what()));
+  } catch (...) {
+    if (a != nullptr) Fail(a, wsup::Internal("unexpected exception"));
+  }
+  return a;
+}
+
+int wsup_has_lease(const wsup_attachment* a) { return a && a->pub && !a->pub->done() ? 1 : 0; }
+
+int wsup_publish_alloc(wsup_attachment* a, uint64_t bytes, void** data, uint64_t* size, uint32_t* alloc) {
+  return Step(a, [&]() -> wsup::Status {
+    if (!wsup_has_lease(a)) return NoLease("wsup_publish_alloc");
+    if (data == nullptr) return wsup::InvalidArgument("wsup_publish_alloc: data is NULL");
+    WSUP_ASSIGN_OR_RETURN(wsup::Publication::Region r, a->pub->Allocate(bytes));
+    *data = r.data;
+    if (size != nullptr) *size = r.size;
+    if (alloc != nullptr) *alloc = r.alloc;
+    return wsup::Status::Ok();
+  });
+}
+
+int wsup_publish_commit(wsup_attachment* a, const char* entries_json) {
+  return Step(a, [&]() -> wsup::Status {
+    if (!wsup_has_lease(a)) return NoLease("wsup_publish_commit");
+    WSUP_ASSIGN_OR_RETURN(std::vector<wsup::ManifestEntry> entries, ParseEntries(entries_json));
+    WSUP_ASSIGN_OR_RETURN(wsup::AttachResult r, a->pub->Commit(std::move(entries)));
+    a->outcome = std::move(r.outcome);
+    a->source = wsup::WeightSourceName(a->outcome.source);
+    a->att = std::move(r.attachment);
+    a->pub.reset();
+    SetHolderFingerprint(a);
+    a->error.clear();
+    return wsup::Status::Ok();
+  });
+}
+
+int wsup_publish_abort(wsup_attachment* a, const char* reason) {
+  return Step(a, [&]() -> wsup::Status {
+    if (!wsup_has_lease(a)) return NoLease("wsup_publish_abort");
+    wsup::Status s = a->pub->Abort(reason != nullptr ? reason : "");
+    a->pub.reset();
+    a->outcome.reason = "aborted";
+    return s;
+  });
 }
 
 int wsup_status(const wsup_attachment* a) { return a ? a->status : WSUP_ERR_INVALID_ARGUMENT; }
@@ -188,6 +393,13 @@ int64_t wsup_tensor_dim(const wsup_attachment* a, const char* name, int i) {
 uint64_t wsup_tensor_nbytes(const wsup_attachment* a, const char* name) {
   const wsup::ManifestEntry* e = Entry(a, name);
   return e ? e->nbytes : 0;
+}
+
+int64_t wsup_tensor_stride(const wsup_attachment* a, const char* name, int i) {
+  const wsup::ManifestEntry* e = Entry(a, name);
+  if (!e || i < 0 || static_cast<size_t>(i) >= e->shape.size()) return -1;
+  const std::vector<int64_t> strides = e->strides.empty() ? wsup::ContiguousStrides(e->shape) : e->strides;
+  return strides[static_cast<size_t>(i)];
 }
 
 int wsup_tensor_copy_to_host(const wsup_attachment* a, const char* name, void* dst, uint64_t dst_len) {

@@ -75,6 +75,9 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
     json j = EncodeInfo(m);
     j.erase("type");
     j["fingerprint_id"] = FingerprintId(m.fingerprint);
+    for (size_t i = 0; i < m.layouts.size() && i < j["layouts"].size(); ++i) {
+      j["layouts"][i]["fingerprint_id"] = FingerprintId(m.layouts[i].fingerprint);
+    }
     j["ok"] = true;
     o.out = Dump(j, true);
     return o;
@@ -108,6 +111,23 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
   }
   s += "fingerprint  " + FingerprintId(m.fingerprint) + "\n";
   for (const auto& [k, v] : m.fingerprint.fields()) s += "  " + k + ": " + v + "\n";
+  if (m.layout == "engine") {
+    // A holder of engine-made layouts: one per fingerprint.
+    s += "layouts      " + std::to_string(m.layouts.size()) + " (engine-made)\n";
+    for (const LayoutInfo& l : m.layouts) {
+      s += "  layout " + std::to_string(l.id) + "  " + l.state + "  " + std::to_string(l.tensors) + " tensors, " +
+           HumanBytes(l.bytes) + " in " + std::to_string(l.allocations) + " allocations";
+      if (l.state == "writing") {
+        s += ", writer " + l.writer + " (pid " + std::to_string(l.writer_pid) + ")";
+        if (l.waiters > 0) s += ", " + std::to_string(l.waiters) + " waiting";
+      } else {
+        s += ", " + std::to_string(l.attaches) + " attaches, hash " + l.layout_hash.substr(0, 16);
+      }
+      s += "\n    fingerprint " + FingerprintId(l.fingerprint) + ": engine " + l.fingerprint.Get("engine") + " " +
+           l.fingerprint.Get("engine_version") + ", transform " + l.fingerprint.Get("transform") + ", revision '" +
+           l.fingerprint.Get("revision") + "', tp rank " + l.fingerprint.Get("tp_rank") + "\n";
+    }
+  }
   o.out = s;
   return o;
 }

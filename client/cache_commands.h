@@ -3,7 +3,10 @@
 // thin layer.
 //
 //   info:   asks a holder what it serves (fingerprint, tensors, bytes,
-//           backend, allocations, attached clients).
+//           backend, allocations, attached clients; for a holder of
+//           engine-made layouts, `layout` "engine" and `layouts`: each one's
+//           state "writing" or "committed", tensors, bytes, fingerprint,
+//           writer or hash).
 //   verify: attaches as an inspector (the holder's fingerprint is taken as
 //           given: differences are reported, not refused), reads every
 //           resident tensor back and compares it byte for byte with the

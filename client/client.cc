@@ -60,7 +60,12 @@ Result<AttachMode> ParseAttachMode(std::string_view name) {
 }
 
 const char* WeightSourceName(WeightSource source) {
-  return source == WeightSource::kHolder ? "holder" : "disk";
+  switch (source) {
+    case WeightSource::kHolder: return "holder";
+    case WeightSource::kDisk: return "disk";
+    case WeightSource::kPublished: return "published";
+  }
+  return "disk";
 }
 
 // ---------------------------------------------------------------- Attachment
@@ -128,9 +133,31 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     if (daemon) return reply.error();
     return to_disk("holder unavailable: " + reply.error().message());
   }
-  std::string type = reply->type();
+  return AttachFromReply(opts, ours, std::move(ch).value(), std::move(reply).value(), t0, phases);
+}
+
+Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprint& ours, Channel ch, Frame reply,
+                                     std::chrono::steady_clock::time_point t0, AttachPhases before) {
+  AttachResult result;
+  result.outcome.phases = before;
+  const bool daemon = opts.mode == AttachMode::kDaemon;
+  auto to_disk = [&](const std::string& reason, std::vector<FingerprintDiff> diffs = {}) -> Result<AttachResult> {
+    result.outcome.source = WeightSource::kDisk;
+    result.outcome.reason = reason;
+    result.outcome.diffs = std::move(diffs);
+    result.outcome.ms = MsSince(t0);
+    return std::move(result);
+  };
+  AttachPhases& phases = result.outcome.phases;
+  auto t_step = Clock::now();
+  auto lap = [&t_step](double* ms) {
+    auto now = Clock::now();
+    *ms = std::chrono::duration<double, std::milli>(now - t_step).count();
+    t_step = now;
+  };
+  std::string type = reply.type();
   if (type == "mismatch") {
-    auto m = DecodeMismatch(reply->msg);
+    auto m = DecodeMismatch(reply.msg);
     if (!m.ok()) return daemon ? Result<AttachResult>(m.error().With(opts.socket_path)) : to_disk(m.error().message());
     std::string described = Fingerprint::DescribeDiffs(m->diffs);
     if (daemon) {
@@ -141,18 +168,18 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     return to_disk("fingerprint mismatch: " + described, std::move(m->diffs));
   }
   if (type == "error") {
-    auto m = DecodeError(reply->msg);
+    auto m = DecodeError(reply.msg);
     Error e = m.ok() ? ErrorFromReply(*m, opts.socket_path) : m.error().With(opts.socket_path);
     if (daemon) return e;
     return to_disk("holder refused: " + e.message());
   }
   if (type != "attach") {
-    Error e = UnexpectedReply(opts.socket_path, *reply, "attach, mismatch or error");
+    Error e = UnexpectedReply(opts.socket_path, reply, "attach, mismatch or error");
     if (daemon) return e;
     return to_disk("holder protocol error: " + e.message());
   }
   // Map() decodes the table's entries (while it maps) and validates them.
-  auto attach = DecodeAttach(reply->msg, reply->blob, ManifestDecoding::kHeaderOnly);
+  auto attach = DecodeAttach(reply.msg, reply.blob, ManifestDecoding::kHeaderOnly);
   lap(&phases.decode_ms);
   if (!attach.ok()) {
     Error e = attach.error().With(opts.socket_path);
@@ -171,8 +198,8 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     return to_disk("fingerprint mismatch: " + described, std::move(diffs));
   }
   MapStats map_stats;
-  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply->fds), opts.device, &map_stats,
-                                 reply->blob);
+  auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), opts.device, &map_stats,
+                                 reply.blob);
   phases.decode_ms += map_stats.decode_ms;
   phases.checks_ms = map_stats.checks_ms;
   phases.index_ms = map_stats.index_ms;
@@ -185,7 +212,7 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
   }
   result.outcome.source = WeightSource::kHolder;
   result.outcome.ms = MsSince(t0);
-  result.attachment = std::make_unique<Attachment>(std::move(ch).value(), std::move(mapped).value(),
+  result.attachment = std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(),
                                                    std::move(attach->fingerprint), std::vector<FingerprintDiff>{});
   return result;
 }

@@ -30,6 +30,7 @@
 // may be made from any thread once Attach() has returned.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -50,8 +51,10 @@ const char* AttachModeName(AttachMode mode);
 // "daemon", "client" or "off"; the error lists the three.
 Result<AttachMode> ParseAttachMode(std::string_view name);
 
-enum class WeightSource { kHolder, kDisk };
-const char* WeightSourceName(WeightSource source);  // "holder", "disk"
+// kPublished: an engine-made layout this client wrote into the holder
+// itself (client/publish.h), then attached.
+enum class WeightSource { kHolder, kDisk, kPublished };
+const char* WeightSourceName(WeightSource source);  // "holder", "disk", "published"
 
 // Where an attach spent its time, in milliseconds; steps not reached stay 0.
 struct AttachPhases {
@@ -125,6 +128,13 @@ struct AttachResult {
 // An engine's attach, with the mode's semantics (see the top of this file).
 // Errors only in daemon mode, or for misuse (an empty socket path).
 Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours);
+
+// The second half of Attach(): completes it from the reply to a hello sent
+// on `ch` at t0 (attach, mismatch or error), with the mode's semantics.
+// `phases` holds what was measured before the reply. client/publish.cc
+// uses it for the replies of a publishing client.
+Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprint& ours, Channel ch, Frame reply,
+                                     std::chrono::steady_clock::time_point t0, AttachPhases phases = {});
 
 // Inspection: attaches whatever the holder serves. When `ours` is given the
 // differences are reported in Attachment::diffs(), never refused. A cuda

@@ -71,7 +71,8 @@ const char* wsup_error(const wsup_attachment* a); /* "" when none */
 /* The outcome: 1 when the weights come from the holder, 0 when the caller
  * must load from disk (then wsup_reason says why). */
 int wsup_from_holder(const wsup_attachment* a);
-const char* wsup_source(const wsup_attachment* a); /* "holder" or "disk" */
+/* "holder" or "disk"; "published" after this handle's own wsup_publish_commit. */
+const char* wsup_source(const wsup_attachment* a);
 const char* wsup_reason(const wsup_attachment* a); /* "" when attached */
 /* The differing fingerprint fields: a JSON array of {field, ours, holder}. */
 const char* wsup_diffs_json(const wsup_attachment* a);
@@ -92,9 +93,65 @@ int wsup_tensor_ndim(const wsup_attachment* a, const char* name);
 /* Dimension i of the (local, per-rank) shape; -1 when out of range. */
 int64_t wsup_tensor_dim(const wsup_attachment* a, const char* name, int i);
 uint64_t wsup_tensor_nbytes(const wsup_attachment* a, const char* name);
+/* Stride of dimension i in elements (the contiguous row-major one for a
+ * tensor stored without strides); -1 when absent or out of range. */
+int64_t wsup_tensor_stride(const wsup_attachment* a, const char* name, int i);
 /* Copies a tensor into host memory (works for host and cuda arenas).
  * Returns WSUP_OK, or an error code when absent or dst_len is too small. */
 int wsup_tensor_copy_to_host(const wsup_attachment* a, const char* name, void* dst, uint64_t dst_len);
+
+/* ---- Engine-made layouts (a holder started with --layout engine) ----
+ *
+ * The first engine to ask for a layout nobody has committed gets the write
+ * lease: it asks the holder for memory, writes its own post-load tensors
+ * into it, and commits their names, dtypes, shapes, strides and offsets.
+ * The holder checks the commit (bounds, overlaps, dtypes, sizes, duplicate
+ * names) and seals the memory; every later engine with the same
+ * fingerprint attaches the layout. Engines that ask while it is being
+ * written wait for the commit (options "wait_ms", default 600000).
+ *
+ *   a = wsup_publish_begin(sock, "daemon", NULL, "/models/x",
+ *       "{\"engine\":\"my-engine\",\"engine_version\":\"1.2\",\"transform\":\"fused-qkv\"}");
+ *   if (wsup_status(a) != 0) { puts(wsup_error(a)); }
+ *   else if (wsup_from_holder(a)) { attached: wsup_tensor_data(a, name) }
+ *   else if (wsup_has_lease(a)) {
+ *     void* p; uint64_t size; uint32_t alloc;
+ *     wsup_publish_alloc(a, bytes, &p, &size, &alloc);   write tensors into p
+ *     if (wsup_publish_commit(a, "[{\"name\":\"w\",\"dtype\":\"BF16\",\"shape\":[4,8],"
+ *                                "\"alloc\":0,\"offset\":0}]") == WSUP_OK)
+ *       { attached, wsup_source(a) is "published": use wsup_tensor_data }
+ *     else { puts(wsup_error(a)); fix and commit again, or wsup_publish_abort }
+ *   }
+ *   else { load from disk (client mode); wsup_reason(a) says why }
+ *   wsup_detach(a);   before a commit: gives the lease up, the memory is released
+ *
+ * wsup_publish_begin takes wsup_attach's arguments; options_json also takes
+ * "engine", "engine_version" (both required unless fingerprint_json already
+ * names them), "transform" (what the engine does to the checkpoint's
+ * tensors: fusions, repacking, quantization) and "wait_ms" (integer). The
+ * layout's fingerprint is the checkpoint's plus these, so another revision,
+ * engine or transform is another layout.
+ *
+ * wsup_publish_alloc: `bytes` more bytes from the holder, mapped read-write
+ * at *data (*size: rounded up; *alloc: the allocation's index for entries).
+ * The pointers are valid until the commit or the abort. Host holders only
+ * in this version.
+ * wsup_publish_commit: entries_json is a JSON array of objects {name, dtype,
+ * shape, alloc, offset} with optional strides (elements, one per
+ * dimension) and nbytes (default: what shape and strides span). Offsets are
+ * multiples of 256. The hash is computed here. On WSUP_OK the handle is
+ * attached to the committed layout; otherwise wsup_error names what the
+ * holder refused and the lease is kept.
+ * Each returns WSUP_OK or an error code (wsup_error then says why);
+ * WSUP_ERR_INVALID_ARGUMENT for a handle without the lease. */
+wsup_attachment* wsup_publish_begin(const char* socket_path, const char* mode, const char* fingerprint_json,
+                                    const char* checkpoint_dir, const char* options_json);
+/* 1 while this handle holds the write lease (after wsup_publish_begin, until
+ * the commit or the abort). */
+int wsup_has_lease(const wsup_attachment* a);
+int wsup_publish_alloc(wsup_attachment* a, uint64_t bytes, void** data, uint64_t* size, uint32_t* alloc);
+int wsup_publish_commit(wsup_attachment* a, const char* entries_json);
+int wsup_publish_abort(wsup_attachment* a, const char* reason);
 
 /* Closes the connection, unmaps, frees the handle. NULL is fine. */
 void wsup_detach(wsup_attachment* a);

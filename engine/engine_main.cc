@@ -18,6 +18,11 @@ int main(int argc, char** argv) {
   app.add_option("--weight-cache", o.weight_cache, "daemon | client | off");
   app.add_option("--socket", o.socket, "holder socket path, one per rank, comma-separated");
   app.add_option("--revision", o.revision, "revision label, as given to the holder");
+  app.add_option("--layout", o.layout,
+                 "checkpoint: attach the checkpoint's tensors (default); engine: attach this engine's own "
+                 "layout from a holder started with --layout engine, publishing it when nobody has");
+  app.add_option("--layout-wait-ms", o.layout_wait_ms,
+                 "--layout engine: longest wait for another engine's commit of the same layout (default 600000)");
   app.add_option("--device", o.device, "cpu | cuda:N[,M...]");
   app.add_option("--tp", o.tp, "tensor-parallel ranks (threads) for --device cpu");
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV cache per rank, MiB, allocated at startup");

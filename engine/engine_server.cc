@@ -217,6 +217,8 @@ Status Engine::StartupPhases() {
   wc.tp = tp;
   wc.devices = devices;
   wc.revision = opts_.revision;
+  wc.layout = opts_.layout;
+  wc.layout_wait_ms = static_cast<uint64_t>(opts_.layout_wait_ms);
   if (opts_.weight_cache != "off") {
     WSUP_ASSIGN_OR_RETURN(wc.sockets, RankSockets(opts_.socket, tp));
   }
@@ -581,7 +583,7 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    json wj = {{"mode", opts_.weight_cache}};
+    json wj = {{"mode", opts_.weight_cache}, {"layout", opts_.layout}};
     if (!weights_.source.empty()) {
       wj["source"] = weights_.source;
       wj["ms"] = weights_.attach_ms + weights_.load_ms;
@@ -644,6 +646,19 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   }
   if (o.weight_cache != "off" && o.socket.empty()) {
     return InvalidArgument("--weight-cache " + o.weight_cache + " needs --socket PATH (the holder's socket, one per rank)");
+  }
+  if (o.layout != "checkpoint" && o.layout != "engine") {
+    return InvalidArgument("--layout '" + o.layout + "' is not one of checkpoint, engine");
+  }
+  if (o.layout == "engine" && o.weight_cache == "off") {
+    return InvalidArgument("--layout engine publishes to or attaches from a holder: pass --weight-cache client or "
+                           "daemon with --socket, or drop --layout engine");
+  }
+  if (o.layout == "engine" && o.device != "cpu") {
+    return InvalidArgument("--layout engine keeps layouts in host memory only in this version; use --device cpu");
+  }
+  if (o.layout_wait_ms < 0 || o.layout_wait_ms > 3'600'000) {
+    return InvalidArgument("--layout-wait-ms " + std::to_string(o.layout_wait_ms) + " is out of range; pass 0 to 3600000");
   }
   auto devices = ParseDevice(o.device);
   if (!devices.ok()) return devices.error();

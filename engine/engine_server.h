@@ -15,8 +15,10 @@
 // ready to serve (weights loaded, communicator warm, KV allocated, warmed up).
 //
 // /wsup/status: state ("starting", "ready", "stopping"); weights {mode,
-// source "holder"|"disk", miss_reason (client mode that fell back), diffs,
-// ms}; phases {name: ms} for context, weights, communicator, kv_cache,
+// layout "checkpoint"|"engine", source "holder"|"published"|"disk"
+// ("published": this engine wrote the engine-made layout it computes from;
+// "holder": it attached one), miss_reason (client mode that fell back),
+// diffs, ms}; phases {name: ms} for context, weights, communicator, kv_cache,
 // graph_capture (0: skipped on the CPU), warmup, listening; comm {kind,
 // ranks, warm, last_keepalive_ms (since the last keepalive succeeded),
 // keepalive_latency_us, keepalives, keepalive_failures, error}; kv_cache
@@ -50,6 +52,11 @@ struct EngineOptions {
   std::string weight_cache = "off";  // daemon | client | off
   std::string socket;                // holder socket(s), one per rank, comma-separated
   std::string revision;              // fingerprint revision label (as given to the holder)
+  // checkpoint: attach the checkpoint's tensors a holder loaded; engine:
+  // attach (or publish, once) this engine's own layout in a holder started
+  // with --layout engine (engine/layout_publish.h). Host memory only.
+  std::string layout = "checkpoint";
+  int64_t layout_wait_ms = 600'000;  // engine: longest wait for another engine's commit
   std::string device = "cpu";        // cpu | cuda:N[,M...]
   int tp = 1;                        // ranks (threads) for --device cpu
   int64_t kv_cache_mib = 64;         // per rank

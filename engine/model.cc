@@ -203,8 +203,29 @@ Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {
     WSUP_RETURN_IF_ERROR(get(p + "self_attn.k_proj.weight", {d.local_kv_heads * hd, H}, &L.k));
     WSUP_RETURN_IF_ERROR(get(p + "self_attn.v_proj.weight", {d.local_kv_heads * hd, H}, &L.v));
     WSUP_RETURN_IF_ERROR(get(p + "self_attn.o_proj.weight", {H, d.local_heads * hd}, &L.o));
-    WSUP_RETURN_IF_ERROR(get(p + "mlp.gate_proj.weight", {d.local_inter, H}, &L.gate));
-    WSUP_RETURN_IF_ERROR(get(p + "mlp.up_proj.weight", {d.local_inter, H}, &L.up));
+    const std::string fused = p + "mlp.gate_up_proj.weight";
+    if (w.Find(fused)) {
+      // The engine's own layout (engine/layout_publish.h): gate rows, then
+      // up rows, in one matrix; each is a view of its half.
+      if (w.Find(p + "mlp.gate_proj.weight") || w.Find(p + "mlp.up_proj.weight")) {
+        return Corrupt("weights: '" + fused + "' and a separate gate_proj or up_proj are both present" + rank_note +
+                       "; a layout holds one or the other: publish the layout again");
+      }
+      MatrixRef gu;
+      WSUP_RETURN_IF_ERROR(get(fused, {2 * d.local_inter, H}, &gu));
+      if (gu.dtype == DType::kF8E4M3) {
+        return Refused("weights: '" + fused + "' is F8_E4M3; the reference engine fuses only unquantized "
+                       "projections: publish the layout again from this engine");
+      }
+      L.gate = gu;
+      L.gate.rows = d.local_inter;
+      L.up = L.gate;
+      L.up.data = static_cast<const uint8_t*>(gu.data) +
+                  static_cast<size_t>(d.local_inter * H) * DTypeSize(gu.dtype);
+    } else {
+      WSUP_RETURN_IF_ERROR(get(p + "mlp.gate_proj.weight", {d.local_inter, H}, &L.gate));
+      WSUP_RETURN_IF_ERROR(get(p + "mlp.up_proj.weight", {d.local_inter, H}, &L.up));
+    }
     WSUP_RETURN_IF_ERROR(get(p + "mlp.down_proj.weight", {H, d.local_inter}, &L.down));
     m->layers.push_back(L);
   }

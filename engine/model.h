@@ -95,7 +95,9 @@ struct StepBatch {
 };
 
 // A rank's weights, found and checked (names, local shapes, dtypes, FP8
-// block scales), as the kernels read them. The CPU model and the CUDA rank
+// block scales), as the kernels read them. A layer's MLP inputs are either
+// the checkpoint's gate_proj and up_proj or the engine layout's fused
+// gate_up_proj (engine/layout_publish.h), read as two views of its halves. The CPU model and the CUDA rank
 // bind through this one function, so both refuse the same checkpoints with
 // the same words.
 struct LayerWeights {

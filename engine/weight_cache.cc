@@ -7,6 +7,7 @@
 
 #include "client/client.h"
 #include "engine/cuda/cuda_engine.h"
+#include "engine/layout_publish.h"
 
 namespace wsup::engine {
 
@@ -32,6 +33,51 @@ Result<std::vector<std::string>> RankSockets(const std::string& flag, int tp) {
   }
   return out;
 }
+
+namespace {
+
+// Layout "engine": every rank attaches or publishes its layout. A client
+// mode miss on any rank leaves *ranks empty (the caller loads every rank
+// from disk) with the reason in the report.
+Status AcquireEngineLayouts(const Checkpoint& ckpt, const WeightCacheOptions& opts, AttachMode mode,
+                            std::vector<std::unique_ptr<WeightSource>>* ranks, WeightsReport* report) {
+  if (!opts.devices.empty()) {
+    return InvalidArgument("--layout engine publishes host-memory layouts only in this version; use --device cpu");
+  }
+  if (opts.sockets.size() != static_cast<size_t>(opts.tp)) {
+    return InvalidArgument("weight-cache mode " + opts.mode + " needs one holder socket per rank (" +
+                           std::to_string(opts.tp) + "); pass --socket PATH[,PATH...] or use --weight-cache off");
+  }
+  bool published = false;
+  for (int r = 0; r < opts.tp; ++r) {
+    ShardSpec shard{opts.tp, r};
+    WSUP_ASSIGN_OR_RETURN(FingerprintInputs in, LocalFingerprintInputs(opts.model_dir, opts.revision, shard, "host", 0));
+    Fingerprint fp = Fingerprint::Compute(ckpt, in);
+    AddEngineLayout(&fp, ReferenceLayoutId());
+    AttachOptions ao;
+    ao.socket_path = opts.sockets[static_cast<size_t>(r)];
+    ao.mode = mode;
+    ao.client_name = opts.client_name + (opts.tp > 1 ? "/rank" + std::to_string(r) : "");
+    ao.timeout_ms = opts.timeout_ms;
+    const std::string rank = opts.tp > 1 ? " (rank " + std::to_string(r) + ")" : "";
+    auto got = AcquireRankLayout(ckpt, shard, fp, ao, opts.layout_wait_ms, opts.read_threads);
+    if (!got.ok()) return got.error().With("weight-cache " + opts.mode + " --layout engine" + rank);
+    report->attach_ms += got->attach_ms;
+    report->load_ms += got->load_ms;
+    if (!got->weights) {
+      report->miss_reason = (opts.tp > 1 ? "rank " + std::to_string(r) + ": " : "") + got->miss_reason;
+      spdlog::warn("weight cache miss, loading from disk: {}", report->miss_reason);
+      ranks->clear();
+      return Status::Ok();
+    }
+    published = published || got->published;
+    ranks->push_back(std::move(got->weights));
+  }
+  report->source = published ? "published" : "holder";
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoint& ckpt,
                                                                   const WeightCacheOptions& opts,
@@ -62,8 +108,12 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
     return Status::Ok();
   };
 
+  report->layout = opts.layout;
   if (mode == AttachMode::kOff) {
     WSUP_RETURN_IF_ERROR(load_disk());
+  } else if (opts.layout == "engine") {
+    WSUP_RETURN_IF_ERROR(AcquireEngineLayouts(ckpt, opts, mode, &ranks, report));
+    if (ranks.empty()) WSUP_RETURN_IF_ERROR(load_disk());
   } else {
     if (opts.sockets.size() != static_cast<size_t>(opts.tp)) {
       return InvalidArgument("weight-cache mode " + opts.mode + " needs one holder socket per rank (" +

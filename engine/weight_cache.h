@@ -4,6 +4,11 @@
 //   client: attach; on a miss or a missing holder load from disk, and say
 //           why in the report (shown in /wsup/status);
 //   off:    load from disk.
+// With layout "engine" (--layout engine), the holder keeps engine-made
+// layouts instead (holder --layout engine): each rank attaches the layout
+// the reference engine computes from, or, when nobody has committed it,
+// publishes it (engine/layout_publish.h); source is then "published" for the
+// engine that wrote a rank's layout and "holder" for one that attached.
 // The disk load (engine/weights.h) reads the same slices the holder holds
 // (checkpoint/sharding.h). With tensor parallelism every rank attaches to its
 // own holder socket; in client mode a miss on any rank sends every rank to
@@ -34,11 +39,14 @@ struct WeightCacheOptions {
   int read_threads = 4;
   int timeout_ms = 10'000;
   std::string client_name = "wsup-engine";
+  std::string layout = "checkpoint";  // checkpoint | engine
+  uint64_t layout_wait_ms = 600'000;  // engine: how long to wait for another engine's commit
 };
 
 struct WeightsReport {
   std::string mode;
-  std::string source;       // "holder" or "disk"
+  std::string layout = "checkpoint";  // "checkpoint" or "engine"
+  std::string source;       // "holder", "published" (this engine wrote the layout) or "disk"
   std::string miss_reason;  // client mode that fell back to disk; "" otherwise
   std::vector<FingerprintDiff> diffs;
   double attach_ms = 0;     // connect, handshake and mapping (all ranks)

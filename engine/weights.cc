@@ -40,6 +40,11 @@ class ArenaWeights : public WeightSource {
     for (const auto& e : a.manifest().entries) {
       auto dtype = ParseDType(e.dtype);
       if (!dtype.ok()) return dtype.error().With("holder manifest: tensor '" + e.name + "'");
+      if (!e.strides.empty()) {
+        return Refused("holder manifest: tensor '" + e.name +
+                       "' is stored strided; the reference engine reads contiguous tensors only: publish the "
+                       "layout from this engine (--layout engine) or serve the checkpoint's own");
+      }
       TensorView v = a.Find(e.name);
       if (!v.data) return Internal("holder manifest: tensor '" + e.name + "' is listed but not mapped");
       WeightTensor t;

@@ -27,7 +27,8 @@ void CheckTableRoundTrip(const std::vector<wsup::ManifestEntry>& entries) {
   for (size_t i = 0; i < back.size(); ++i) {
     if (back[i].name != entries[i].name || back[i].dtype != entries[i].dtype ||
         back[i].shape != entries[i].shape || back[i].alloc != entries[i].alloc ||
-        back[i].offset != entries[i].offset || back[i].nbytes != entries[i].nbytes) {
+        back[i].offset != entries[i].offset || back[i].nbytes != entries[i].nbytes ||
+        back[i].strides != entries[i].strides) {
       std::abort();
     }
   }
@@ -56,6 +57,18 @@ void Exercise(const wsup::DecodedMessage& m) {
   (void)wsup::DecodeMismatch(msg);
   (void)wsup::DecodeError(msg);
   (void)wsup::DecodeInfo(msg);
+  // Engine-made layouts: the writer's messages.
+  auto lease = wsup::DecodeLease(msg);
+  if (lease.ok()) (void)wsup::EncodeFrame(wsup::EncodeLease(*lease));
+  (void)wsup::DecodeAlloc(msg);
+  (void)wsup::DecodeGrant(msg);
+  (void)wsup::DecodeAbort(msg);
+  (void)wsup::DecodeAborted(msg);
+  auto commit = wsup::DecodeCommit(msg, m.blob);
+  if (commit.ok() && commit->manifest.Validate().ok()) {
+    (void)wsup::LayoutHash(commit->manifest.entries);
+    CheckTableRoundTrip(commit->manifest.entries);
+  }
   auto record = wsup::ArenaRecordFromJson(msg);
   if (record.ok() && !record->manifest.Validate().ok()) std::abort();
   // What was accepted must encode again without throwing.

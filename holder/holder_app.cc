@@ -14,6 +14,7 @@
 #include "checkpoint/quant.h"
 #include "checkpoint/sharding.h"
 #include "holder/arena.h"
+#include "holder/layout_store.h"
 #include "holder/server.h"
 #include "wire/local_fingerprint.h"
 #include "wire/protocol.h"
@@ -157,6 +158,68 @@ struct Shutdown {
   }
 };
 
+void AnnounceReady(int fd, const std::string& socket_path);
+
+ServerOptions ServerOptionsFor(const HolderConfig& cfg, bool adopted) {
+  ServerOptions so;
+  so.socket_path = cfg.socket_path;
+  so.handshake_timeout_ms = cfg.handshake_timeout_ms;
+  so.idle_timeout_ms = cfg.idle_timeout_ms;
+  so.max_connections = static_cast<size_t>(cfg.max_connections);
+  so.deployment = cfg.deployment;
+  so.revision = cfg.revision;
+  so.adopted = adopted;
+  return so;
+}
+
+// Runs the loop with the server until SIGTERM/SIGINT; returns the exit code.
+int Serve(uv_loop_t* loop, HolderServer& server, const HolderConfig& cfg, const std::string& what) {
+  Status started = server.Start();
+  if (!started.ok()) {
+    spdlog::error("{}", started.error().ToString());
+    server.Close();
+    uv_run(loop, UV_RUN_DEFAULT);
+    return kHolderExitFailure;  // a busy socket or a fixed directory may do on the next try
+  }
+  Shutdown shutdown;
+  shutdown.server = &server;
+  uv_signal_init(loop, &shutdown.term);
+  uv_signal_init(loop, &shutdown.intr);
+  shutdown.term.data = &shutdown;
+  shutdown.intr.data = &shutdown;
+  uv_signal_start(&shutdown.term, &Shutdown::OnSignal, SIGTERM);
+  uv_signal_start(&shutdown.intr, &Shutdown::OnSignal, SIGINT);
+  if (cfg.ready_fd >= 0) AnnounceReady(cfg.ready_fd, cfg.socket_path);
+  spdlog::info("ready on {}{}{}", cfg.socket_path, cfg.deployment.empty() ? "" : " (deployment " + cfg.deployment + ")",
+               what);
+  uv_run(loop, UV_RUN_DEFAULT);
+  return kHolderExitOk;
+}
+
+int CloseLoop(uv_loop_t* loop, int exit_code) {
+  int rc = uv_loop_close(loop);
+  if (rc != 0) spdlog::error("event loop closed with handles still open ({}); this is a bug", uv_strerror(rc));
+  if (exit_code == kHolderExitOk) spdlog::info("stopped");
+  return exit_code;
+}
+
+// --layout engine: nothing is loaded; engines publish into the store.
+int ServeLayouts(const HolderConfig& cfg) {
+  LayoutStore store(MakeHostLayoutMemory());
+  Fingerprint fp;
+  fp.Set("layout", "engine");
+  fp.Set("backend", store.memory().backend());
+  fp.Set("layout_version", std::to_string(kArenaLayoutVersion));
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  int exit_code = kHolderExitOk;
+  {
+    HolderServer server(&loop, &store, fp, ServerOptionsFor(cfg, false));
+    exit_code = Serve(&loop, server, cfg, " for engine-made layouts");
+  }
+  return CloseLoop(&loop, exit_code);
+}
+
 void AnnounceReady(int fd, const std::string& socket_path) {
   std::string line = "ready " + socket_path + "\n";
   size_t done = 0;
@@ -198,11 +261,28 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
   if (cfg.socket_path.empty()) {
     return InvalidArgument("--socket is required: the path of the holder socket, in a private directory");
   }
+  auto layout = ParseHolderLayout(cfg.layout);
+  if (!layout.ok()) return InvalidArgument("--layout: " + layout.error().message());
+  if (*layout == HolderLayout::kEngine) {
+    if (!cfg.model_dir.empty()) {
+      return InvalidArgument("--model and --layout engine do not go together: engines publish their own "
+                             "layouts into this holder; drop --model, or drop --layout engine to load the "
+                             "checkpoint");
+    }
+    if (adopting) {
+      return InvalidArgument("--adopt-manifest and --adopt-fds take a checkpoint arena; a holder of engine-made "
+                             "layouts (--layout engine) starts empty in this version: drop them");
+    }
+    if (!cfg.backend.empty() && cfg.backend != "host") {
+      return InvalidArgument("--layout engine keeps layouts in host memory only in this version (CUDA VMM "
+                             "grants come later); pass --backend host");
+    }
+  }
   if (adopting && (cfg.adopt_manifest.empty() || cfg.adopt_fds.empty())) {
     return InvalidArgument("--adopt-manifest and --adopt-fds go together: the arena record and the inherited "
                            "fds it describes");
   }
-  if (!adopting) {
+  if (!adopting && *layout == HolderLayout::kCheckpoint) {
     if (cfg.model_dir.empty()) {
       return InvalidArgument("--model is required: the checkpoint folder (config.json and *.safetensors), "
                              "unless the holder adopts kept fds (--adopt-manifest, --adopt-fds)");
@@ -254,6 +334,7 @@ int RunHolder(const HolderConfig& cfg) {
   ::signal(SIGPIPE, SIG_IGN);
   RaiseOpenFileLimit();
 
+  if (cfg.layout == "engine") return ServeLayouts(cfg);
   bool adopting = !cfg.adopt_manifest.empty();
   auto loaded = adopting ? Adopt(cfg) : LoadFromDisk(cfg);
   if (!loaded.ok()) {
@@ -265,41 +346,10 @@ int RunHolder(const HolderConfig& cfg) {
   uv_loop_init(&loop);
   int exit_code = kHolderExitOk;
   {
-    ServerOptions so;
-    so.socket_path = cfg.socket_path;
-    so.handshake_timeout_ms = cfg.handshake_timeout_ms;
-    so.idle_timeout_ms = cfg.idle_timeout_ms;
-    so.max_connections = static_cast<size_t>(cfg.max_connections);
-    so.deployment = cfg.deployment;
-    so.revision = cfg.revision;
-    so.adopted = adopting;
-    HolderServer server(&loop, loaded->arena, loaded->fingerprint, so);
-    Status started = server.Start();
-    if (!started.ok()) {
-      spdlog::error("{}", started.error().ToString());
-      exit_code = kHolderExitFailure;  // a busy socket or a fixed directory may do on the next try
-      server.Close();
-      uv_run(&loop, UV_RUN_DEFAULT);
-    } else {
-      Shutdown shutdown;
-      shutdown.server = &server;
-      uv_signal_init(&loop, &shutdown.term);
-      uv_signal_init(&loop, &shutdown.intr);
-      shutdown.term.data = &shutdown;
-      shutdown.intr.data = &shutdown;
-      uv_signal_start(&shutdown.term, &Shutdown::OnSignal, SIGTERM);
-      uv_signal_start(&shutdown.intr, &Shutdown::OnSignal, SIGINT);
-      if (cfg.ready_fd >= 0) AnnounceReady(cfg.ready_fd, cfg.socket_path);
-      spdlog::info("ready on {}{}{}", cfg.socket_path,
-                   cfg.deployment.empty() ? "" : " (deployment " + cfg.deployment + ")",
-                   adopting ? " from adopted fds" : "");
-      uv_run(&loop, UV_RUN_DEFAULT);
-    }
+    HolderServer server(&loop, loaded->arena, loaded->fingerprint, ServerOptionsFor(cfg, adopting));
+    exit_code = Serve(&loop, server, cfg, adopting ? " from adopted fds" : "");
   }
-  int rc = uv_loop_close(&loop);
-  if (rc != 0) spdlog::error("event loop closed with handles still open ({}); this is a bug", uv_strerror(rc));
-  if (exit_code == kHolderExitOk) spdlog::info("stopped");
-  return exit_code;
+  return CloseLoop(&loop, exit_code);
 }
 
 }  // namespace wsup

@@ -1,7 +1,9 @@
 // The wsup-holder program as a library: validates its configuration, builds
 // the arena (from the checkpoint on disk, or adopted from inherited fds plus
 // an arena record, reading nothing from disk), serves it on the holder
-// socket until SIGTERM or SIGINT, and exits cleanly. holder_main.cc only
+// socket until SIGTERM or SIGINT, and exits cleanly. With --layout engine
+// it loads nothing and serves the layouts engines publish into it
+// (holder/layout_store.h; host backend only in this version). holder_main.cc only
 // parses flags into a HolderConfig.
 //
 // Readiness is proven, not assumed: with --ready-fd N the holder writes
@@ -32,7 +34,10 @@ inline constexpr int kHolderExitUsage = kExitUsage;
 inline constexpr int kHolderExitRefused = kExitRefused;
 
 struct HolderConfig {
-  std::string model_dir;    // required unless adopting
+  // "checkpoint": one arena loaded from model_dir (or adopted); "engine":
+  // no checkpoint, the layouts engines publish (wire/layout_protocol.h).
+  std::string layout = "checkpoint";
+  std::string model_dir;    // required unless adopting or layout "engine"
   std::string socket_path;  // required
   std::string backend;      // "host" or "cuda"; empty: host (or the adopted arena's)
   int device = 0;

@@ -13,6 +13,10 @@ int main(int argc, char** argv) {
   CLI::App app{"wsup-holder: keeps one rank's model weights resident (host memory or CUDA VMM) and hands them "
                "to engines over a Unix socket as file descriptors."};
   app.add_option("--model", cfg.model_dir, "checkpoint folder (config.json and *.safetensors)");
+  app.add_option("--layout", cfg.layout,
+                 "checkpoint: serve the checkpoint's own tensors, loaded from --model (default); engine: "
+                 "load nothing, keep the layouts engines publish, one per fingerprint")
+      ->check(CLI::IsMember({"checkpoint", "engine"}));
   app.add_option("--socket", cfg.socket_path, "holder socket path, in a private directory (mode 0700)")->required();
   app.add_option("--backend", cfg.backend, "where the weights live: host or cuda (default host)")
       ->check(CLI::IsMember({"host", "cuda"}));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/fs.h"
+#include "holder/server_conn.h"
 
 namespace wsup {
 
@@ -23,11 +24,6 @@ constexpr int kReadsPerEvent = 4;       // x 64 KiB: bounds one client's share o
 constexpr int kAcceptsPerEvent = 128;
 constexpr int kAcceptPauseMs = 100;
 
-std::string Octal(unsigned mode) {
-  char buf[16];
-  std::snprintf(buf, sizeof(buf), "0%03o", mode & 07777);
-  return buf;
-}
 
 // Sends one message without waiting, on a socket that is about to be closed,
 // so the peer learns why. Whatever does not fit is lost; that is fine.
@@ -38,109 +34,13 @@ void TellOnce(int fd, const Error& e) {
 
 }  // namespace
 
-struct HolderServer::Conn {
-  // What the connection's timer runs for (server.h, "Limits").
-  enum class Deadline { kNone, kFirstRequest, kRequest, kReply, kIdle };
-
-  Conn(HolderServer* s, uint64_t i, UniqueFd f, uint32_t max_request)
-      : server(s), id(i), fd(std::move(f)), reader(max_request, /*accept_fds=*/false) {}
-
-  HolderServer* server;
-  uint64_t id;
-  UniqueFd fd;
-  uv_poll_t poll{};
-  uv_timer_t timer{};
-  int open_handles = 0;
-  int poll_events = -1;  // what the poll watches now; -1: not started
-  FrameReader reader;
-  std::deque<OutgoingFrame> out;
-  pid_t pid = 0;
-  uid_t uid = 0;
-  std::string name;
-  std::string role = "pending";
-  bool greeted = false;   // its first request was handled
-  bool attached = false;  // it received the fds
-  bool spared = false;    // an attached keeper: no idle limit (server.h)
-  Deadline deadline = Deadline::kNone;
-  bool restart_deadline = false;  // a request was handled or a reply moved on
-  uint64_t idle_since = 0;        // uv_now() when it last had nothing in flight
-  bool close_after_flush = false;
-  bool peer_eof = false;
-  bool closing = false;
-
-  // A request is in flight from its first byte until its reply has been sent.
-  bool in_flight() const { return !out.empty() || close_after_flush || reader.mid_message(); }
-};
-
-// ---------------------------------------------------------------- socket path
-
-Status PrepareSocketPath(const std::string& socket_path) {
-  if (socket_path.empty()) {
-    return InvalidArgument("no socket path given; pass --socket PATH in a private directory (mode 0700)");
-  }
-  if (socket_path.size() > MaxSocketPathLength()) {
-    return InvalidArgument(socket_path + ": socket path is " + std::to_string(socket_path.size()) +
-                           " bytes, longer than the " + std::to_string(MaxSocketPathLength()) +
-                           " a Unix socket allows; choose a shorter --socket path");
-  }
-  std::string dir = DirName(socket_path);
-  struct stat st{};
-  if (::stat(dir.c_str(), &st) != 0) {
-    if (errno != ENOENT) return ErrnoError(dir + ": cannot inspect the socket directory", errno);
-    WSUP_RETURN_IF_ERROR(MakeDirs(dir, 0700));
-    // The umask may have trimmed the mode; it must be exactly private.
-    if (::chmod(dir.c_str(), 0700) != 0) return ErrnoError(dir + ": cannot set mode 0700", errno);
-    spdlog::info("created socket directory {} (mode 0700)", dir);
-    if (::stat(dir.c_str(), &st) != 0) return ErrnoError(dir + ": cannot inspect the socket directory", errno);
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return InvalidArgument(dir + ": the socket's directory is not a directory; choose another --socket");
-  }
-  if (st.st_uid != ::geteuid()) {
-    return Refused(dir + ": the socket directory belongs to uid " + std::to_string(st.st_uid) +
-                   ", not to uid " + std::to_string(::geteuid()) +
-                   " that runs this holder; use a directory of your own (mode 0700) for --socket");
-  }
-  if (st.st_mode & S_IRWXO) {
-    return Refused(dir + ": the socket directory has mode " + Octal(st.st_mode) +
-                   ", so every user on the host could reach the holder socket; run 'chmod 700 " + dir +
-                   "' or choose --socket in a private directory");
-  }
-  if (st.st_mode & S_IRWXG) {
-    spdlog::warn("{}: the socket directory is group-accessible (mode {}); connections from other uids "
-                 "are still refused, but 'chmod 700 {}' is safer",
-                 dir, Octal(st.st_mode), dir);
-  }
-  if (::lstat(socket_path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return Status::Ok();
-    return ErrnoError(socket_path + ": cannot inspect", errno);
-  }
-  if (!S_ISSOCK(st.st_mode)) {
-    return InvalidArgument(socket_path + ": exists and is not a socket; remove it or choose another --socket");
-  }
-  // A socket file is left behind when a holder dies; one that nobody
-  // accepts on is stale. One that accepts belongs to a live holder.
-  UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!probe.valid()) return ErrnoError(socket_path + ": cannot create a socket", errno);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, socket_path.data(), socket_path.size());
-  if (::connect(probe.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 || errno == EAGAIN) {
-    return Refused(socket_path + ": another holder is serving on this socket; stop it first, or give this "
-                   "holder another --socket");
-  }
-  if (errno != ECONNREFUSED) return ErrnoError(socket_path + ": cannot probe the existing socket", errno);
-  if (::unlink(socket_path.c_str()) != 0 && errno != ENOENT) {
-    return ErrnoError(socket_path + ": cannot remove the stale socket", errno);
-  }
-  spdlog::info("removed stale socket {} (no process was listening on it)", socket_path);
-  return Status::Ok();
-}
-
 // ---------------------------------------------------------------- lifecycle
 
 HolderServer::HolderServer(uv_loop_t* loop, const Arena& arena, Fingerprint fingerprint, ServerOptions opts)
-    : loop_(loop), arena_(arena), fingerprint_(std::move(fingerprint)), opts_(std::move(opts)) {}
+    : loop_(loop), arena_(&arena), fingerprint_(std::move(fingerprint)), opts_(std::move(opts)) {}
+
+HolderServer::HolderServer(uv_loop_t* loop, LayoutStore* layouts, Fingerprint fingerprint, ServerOptions opts)
+    : loop_(loop), layouts_(layouts), fingerprint_(std::move(fingerprint)), opts_(std::move(opts)) {}
 
 HolderServer::~HolderServer() {
   if (!conns_.empty() || closing_conns_ > 0 || open_server_handles_ > 0) {
@@ -153,10 +53,15 @@ HolderServer::~HolderServer() {
 Status HolderServer::Start() {
   if (started_ || closing_) return Internal("HolderServer::Start called twice");
   const std::string& path = opts_.socket_path;
-  // The tensor table is the same for every client: encode it once.
-  WSUP_ASSIGN_OR_RETURN(std::string table, EncodeTensorTable(arena_.manifest().entries));
-  table_ = std::make_shared<const std::string>(std::move(table));
-  table_manifest_ = ManifestHeaderToJson(arena_.manifest(), table_->size());
+  if ((arena_ == nullptr) == (layouts_ == nullptr)) {
+    return Internal("HolderServer needs either an arena or a layout store");
+  }
+  if (arena_ != nullptr) {
+    // The tensor table is the same for every client: encode it once.
+    WSUP_ASSIGN_OR_RETURN(std::string table, EncodeTensorTable(arena_->manifest().entries));
+    table_ = std::make_shared<const std::string>(std::move(table));
+    table_manifest_ = ManifestHeaderToJson(arena_->manifest(), table_->size());
+  }
   WSUP_RETURN_IF_ERROR(PrepareSocketPath(path));
   UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return ErrnoError(path + ": cannot create a socket", errno);
@@ -200,7 +105,11 @@ Status HolderServer::Start() {
   started_ = true;
   listen_fd_ = std::move(fd);
   uv_poll_start(&listen_poll_, UV_READABLE, &HolderServer::OnListenEvent);
-  const Manifest& m = arena_.manifest();
+  if (layouts_ != nullptr) {
+    spdlog::info("serving engine-made layouts (backend {}) on {}", layouts_->memory().backend(), path);
+    return Status::Ok();
+  }
+  const Manifest& m = arena_->manifest();
   spdlog::info("serving {} tensors ({} bytes in {} allocations, backend {}) on {}", m.entries.size(),
                m.total_bytes(), m.allocations.size(), m.backend, path);
   return Status::Ok();
@@ -309,7 +218,10 @@ void HolderServer::Admit(UniqueFd fd) {
     return;
   }
   int raw = fd.get();
-  auto* c = new Conn(this, next_id_++, std::move(fd), opts_.max_request_bytes);
+  // A holder of engine-made layouts reads one binary part per request (a
+  // commit's tensor table); a checkpoint holder reads none.
+  auto* c = new Conn(this, next_id_++, std::move(fd), opts_.max_request_bytes,
+                     layouts_ != nullptr ? kMaxBlobBytes : 0);
   c->pid = cred.pid;
   c->uid = cred.uid;
   int rc = uv_poll_init(loop_, &c->poll, raw);
@@ -423,6 +335,9 @@ void HolderServer::OnConnTimer(uv_timer_t* t) {
       self->CloseConn(c);
       return;
     }
+    case Conn::Deadline::kWait:
+      self->WaitExpired(c);
+      return;
   }
 }
 
@@ -528,6 +443,10 @@ void HolderServer::ArmTimer(Conn* c) {
     want = D::kFirstRequest;
   } else if (c->reader.mid_message()) {
     want = D::kRequest;
+  } else if (c->waiting != 0) {
+    want = D::kWait;  // the hello's own bound
+  } else if (c->lease != 0) {
+    want = D::kNone;  // a writer may take as long as its load takes
   } else {
     want = c->spared ? D::kNone : D::kIdle;
   }
@@ -541,8 +460,10 @@ void HolderServer::ArmTimer(Conn* c) {
     uv_timer_stop(&c->timer);
     return;
   }
-  int ms = want == D::kIdle ? opts_.idle_timeout_ms : opts_.handshake_timeout_ms;
-  uv_timer_start(&c->timer, &HolderServer::OnConnTimer, static_cast<uint64_t>(ms), 0);
+  uint64_t ms = want == D::kIdle   ? static_cast<uint64_t>(opts_.idle_timeout_ms)
+                : want == D::kWait ? c->wait_ms
+                                   : static_cast<uint64_t>(opts_.handshake_timeout_ms);
+  uv_timer_start(&c->timer, &HolderServer::OnConnTimer, ms, 0);
 }
 
 void HolderServer::Reply(Conn* c, json msg, std::vector<UniqueFd> fds,
@@ -568,6 +489,7 @@ void HolderServer::Drop(Conn* c, const std::string& why, const Error* tell) {
 void HolderServer::CloseConn(Conn* c) {
   if (c->closing) return;
   c->closing = true;
+  if (layouts_ != nullptr) LayoutConnGone(c);
   conns_.erase(c->id);
   ++closing_conns_;
   uv_close(reinterpret_cast<uv_handle_t*>(&c->poll), &HolderServer::OnConnHandleClosed);
@@ -588,6 +510,17 @@ void HolderServer::OnConnHandleClosed(uv_handle_t* h) {
 void HolderServer::Handle(Conn* c, Frame frame) {
   c->restart_deadline = true;  // every request starts the connection's clock again
   std::string type = frame.type();
+  if (c->waiting != 0) {
+    Error e = Corrupt("a '" + type.substr(0, 64) + "' request while this connection waits for a layout's commit; "
+                      "wait for the answer to 'hello', or open another connection");
+    Drop(c, "sent a request while it waited for layout " + std::to_string(c->waiting), &e);
+    return;
+  }
+  if (!frame.blob.empty() && type != "commit") {
+    Error e = Corrupt("a '" + type.substr(0, 64) + "' message with a binary part; only 'commit' carries one");
+    Drop(c, "sent a binary part with '" + type.substr(0, 64) + "'", &e);
+    return;
+  }
   if (type == "hello") {
     if (c->greeted) {
       Error e = Corrupt("a second 'hello' on one connection; open a new connection to attach again");
@@ -610,8 +543,13 @@ void HolderServer::Handle(Conn* c, Frame frame) {
     CloseConn(c);
     return;
   }
+  if (layouts_ != nullptr && (type == "alloc" || type == "commit" || type == "abort")) {
+    HandleLayoutRequest(c, type, frame);
+    return;
+  }
   std::string shown = type.empty() ? "(none)" : "'" + type.substr(0, 64) + "'";
-  Error e = Corrupt("unknown message type " + shown + "; expected hello, info or bye");
+  Error e = Corrupt("unknown message type " + shown + "; expected hello, info or bye" +
+                    (layouts_ != nullptr ? ", or alloc, commit or abort under a write lease" : ""));
   Drop(c, "sent a message of unknown type " + shown, &e);
 }
 
@@ -637,6 +575,10 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
     finish_with(EncodeError(e));
     return;
   }
+  if (layouts_ != nullptr) {
+    HandleLayoutHello(c, *hello);
+    return;
+  }
   std::vector<FingerprintDiff> diffs;
   if (hello->fingerprint) diffs = hello->fingerprint->Compare(fingerprint_);
   if (hello->role == ClientRole::kEngine && !hello->fingerprint) {
@@ -654,7 +596,7 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
                    "; start a holder for this configuration, or load from disk"}));
     return;
   }
-  auto fds = arena_.DupFds();
+  auto fds = arena_->DupFds();
   if (!fds.ok()) {
     spdlog::error("{}: cannot duplicate the arena fds: {}", Describe(c), fds.error().message());
     finish_with(EncodeError(fds.error()));
@@ -668,14 +610,14 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
   if (binary) {
     Reply(c, EncodeAttach(table_manifest_, fingerprint_, diffs), std::move(fds).value(), table_);
   } else {
-    Reply(c, EncodeAttach(ManifestToJson(arena_.manifest()), fingerprint_, diffs), std::move(fds).value());
+    Reply(c, EncodeAttach(ManifestToJson(arena_->manifest()), fingerprint_, diffs), std::move(fds).value());
   }
   if (c->closing) return;
   c->attached = true;
   c->spared = hello->role == ClientRole::kKeeper;
   ++attaches_;
   spdlog::info("attached {}: {} allocations, {} tensors ({}){}", Describe(c), nfds,
-               arena_.manifest().entries.size(), binary ? "tensor table" : "JSON entries",
+               arena_->manifest().entries.size(), binary ? "tensor table" : "JSON entries",
                diffs.empty()
                    ? ""
                    : " (inspection; fingerprint differs in " + std::to_string(diffs.size()) + " fields)");
@@ -683,15 +625,29 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
 
 InfoMsg HolderServer::Info() const {
   InfoMsg m;
-  const Manifest& man = arena_.manifest();
   m.fingerprint = fingerprint_;
-  m.tensors = man.entries.size();
-  m.bytes = man.total_bytes();
-  m.arena_bytes = man.arena_bytes();
-  m.allocations = man.allocations.size();
-  m.backend = man.backend;
-  m.device = man.device;
-  m.device_uuid = man.device_uuid;
+  if (arena_ != nullptr) {
+    const Manifest& man = arena_->manifest();
+    m.tensors = man.entries.size();
+    m.bytes = man.total_bytes();
+    m.arena_bytes = man.arena_bytes();
+    m.allocations = man.allocations.size();
+    m.backend = man.backend;
+    m.device = man.device;
+    m.device_uuid = man.device_uuid;
+  } else {
+    m.layout = "engine";
+    m.layouts = layouts_->Info(uv_now(loop_));
+    for (const LayoutInfo& l : m.layouts) {
+      m.tensors += l.tensors;
+      if (l.state == "committed") m.bytes += l.bytes;
+      m.arena_bytes += l.arena_bytes;
+      m.allocations += l.allocations;
+    }
+    m.backend = layouts_->memory().backend();
+    m.device = layouts_->memory().device();
+    m.device_uuid = layouts_->memory().device_uuid();
+  }
   m.deployment = opts_.deployment;
   m.revision = opts_.revision;
   m.adopted = opts_.adopted;

@@ -50,6 +50,20 @@
 // lock anyone out. A connection that has not attached (an `info` asker, a
 // refused hello) is never spared.
 //
+// Engine-made layouts (a holder started with --layout engine; the second
+// constructor): there is no arena, only a LayoutStore (holder/layout_store.h)
+// that keeps one layout per fingerprint. An engine's hello gets the
+// committed layout (attach), or a write lease when nobody has one (the
+// connection then may alloc, commit and abort, and has no idle limit while
+// it holds the lease), or waits for another writer's commit for the
+// hello's wait_ms (its timer; a waiting connection is never evicted, and a
+// request from it while it waits is a protocol error). When a writer's
+// connection closes before its commit, the layout is released and the
+// waiter that came first (of those that offered to publish) gets a new
+// lease; the others keep waiting. The protocol is wire/layout_protocol.h.
+// Connections of such a holder may send one binary part (a commit's tensor
+// table, up to kMaxBlobBytes); any other message with one is refused.
+//
 // Attach replies: Start() encodes the arena's binary tensor table once; every
 // client that asks for it (hello's tensor_table) gets that one buffer, shared,
 // beside a small JSON reply, so an attach costs the holder no per-tensor
@@ -67,6 +81,7 @@
 #include <uv.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -76,6 +91,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "holder/arena.h"
+#include "holder/layout_store.h"
 #include "wire/protocol.h"
 
 namespace wsup {
@@ -107,6 +123,10 @@ Status PrepareSocketPath(const std::string& socket_path);
 class HolderServer {
  public:
   HolderServer(uv_loop_t* loop, const Arena& arena, Fingerprint fingerprint, ServerOptions opts);
+  // A holder of engine-made layouts: `fingerprint` is the holder's own
+  // (layout "engine", its backend and device), shown by `info`. The store
+  // is borrowed and must outlive the server.
+  HolderServer(uv_loop_t* loop, LayoutStore* layouts, Fingerprint fingerprint, ServerOptions opts);
   ~HolderServer();
   HolderServer(const HolderServer&) = delete;
   HolderServer& operator=(const HolderServer&) = delete;
@@ -139,6 +159,26 @@ class HolderServer {
   void ReadFrom(Conn* c);
   void Handle(Conn* c, Frame frame);
   void HandleHello(Conn* c, const Frame& frame);
+  // Engine-made layouts (server_layouts.cc).
+  void HandleLayoutHello(Conn* c, const HelloMsg& hello);
+  void HandleLayoutRequest(Conn* c, const std::string& type, const Frame& frame);
+  void HandleAlloc(Conn* c, Layout* l, const Frame& frame);
+  void HandleCommit(Conn* c, Layout* l, const Frame& frame);
+  void HandleAbort(Conn* c, Layout* l, const Frame& frame);
+  void GrantLease(Conn* c, const Fingerprint& fp);
+  void ReplyLayoutAttach(Conn* c, Layout* l);
+  // After a commit: every waiter gets the layout.
+  void ServeWaiters(Layout* l);
+  // After a release: the first waiter that offered to publish gets a new
+  // lease, the rest wait for it; with none, every waiter is told why.
+  void PassLease(const Fingerprint& fp, std::deque<uint64_t> waiters, const std::string& why);
+  // A waiter whose wait_ms passed.
+  void WaitExpired(Conn* c);
+  // Called as a connection closes: a writer loses its lease, a waiter
+  // leaves its queue.
+  void LayoutConnGone(Conn* c);
+  // Replies an error and closes the connection once it is sent.
+  void RefuseAndClose(Conn* c, const Error& e);
   void Reply(Conn* c, nlohmann::json msg, std::vector<UniqueFd> fds = {},
              std::shared_ptr<const std::string> blob = nullptr);
   void Flush(Conn* c);
@@ -157,7 +197,8 @@ class HolderServer {
   std::string Describe(const Conn* c) const;
 
   uv_loop_t* loop_;
-  const Arena& arena_;
+  const Arena* arena_ = nullptr;     // a checkpoint holder's
+  LayoutStore* layouts_ = nullptr;   // a holder of engine-made layouts
   Fingerprint fingerprint_;
   // Built once by Start(): the arena's tensor table, shared by every attach
   // reply that carries it, and the manifest header that announces it.

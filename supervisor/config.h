@@ -56,11 +56,18 @@ Result<ListenAddress> ParseListenAddress(std::string_view text);
 enum class CacheMode { kDaemon, kClient, kOff };
 // Where resident weights live: host memory (memfd) or GPU memory (CUDA VMM).
 enum class CacheBackend { kHost, kCuda };
+// What a holder keeps (passed as {layout}):
+//   checkpoint: the checkpoint's own tensors, loaded by the holder;
+//   engine:     the holder loads nothing (wsup-holder --layout engine); the
+//               first engine publishes the layout it computes from and
+//               every later engine attaches it (wire/layout_protocol.h).
+enum class CacheLayout { kCheckpoint, kEngine };
 // What a health probe checks (see probes/probe.h).
 enum class ProbeKind { kSemantic, kPort };
 
 const char* CacheModeName(CacheMode m);
 const char* CacheBackendName(CacheBackend b);
+const char* CacheLayoutName(CacheLayout l);
 const char* ProbeKindName(ProbeKind k);
 
 struct Config {
@@ -90,6 +97,7 @@ struct Config {
   struct WeightCache {
     CacheMode mode = CacheMode::kDaemon;
     CacheBackend backend = CacheBackend::kHost;
+    CacheLayout layout = CacheLayout::kCheckpoint;
     std::string socket;  // absolute; default <runtime_dir>/holder.sock
   } weight_cache;
 

@@ -20,18 +20,19 @@ const char* CacheModeName(CacheMode m) {
 }
 
 const char* CacheBackendName(CacheBackend b) { return b == CacheBackend::kCuda ? "cuda" : "host"; }
+const char* CacheLayoutName(CacheLayout l) { return l == CacheLayout::kEngine ? "engine" : "checkpoint"; }
 const char* ProbeKindName(ProbeKind k) { return k == ProbeKind::kPort ? "port" : "semantic"; }
 
 const std::vector<std::string>& EnginePlaceholders() {
   static const std::vector<std::string> names = {"port",    "model",    "socket",   "devices",    "mode",
                                                  "backend", "tp",       "revision", "runtime_dir", "nonce",
-                                                 "ready_fd"};
+                                                 "ready_fd", "layout"};
   return names;
 }
 
 const std::vector<std::string>& HolderPlaceholders() {
   static const std::vector<std::string> names = {"rank",    "device", "socket",   "model",      "mode",
-                                                 "backend", "tp",     "revision", "runtime_dir"};
+                                                 "backend", "tp",     "revision", "runtime_dir", "layout"};
   return names;
 }
 
@@ -97,6 +98,7 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
           {"socket", c.weight_cache.socket},
           {"mode", CacheModeName(c.weight_cache.mode)},
           {"backend", CacheBackendName(c.weight_cache.backend)},
+          {"layout", CacheLayoutName(c.weight_cache.layout)},
           {"tp", std::to_string(c.parallel.tp)},
           {"revision", c.model.revision},
           {"runtime_dir", c.node.runtime_dir}};
@@ -131,7 +133,15 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
   vars["socket"] = HolderSocket(config, rank);
   vars["device"] = config.parallel.devices.empty() ? "cpu" : std::to_string(config.parallel.devices[rank]);
   std::vector<std::string> tmpl = config.holder.command;
-  if (tmpl.empty()) {
+  if (tmpl.empty() && config.weight_cache.layout == CacheLayout::kEngine) {
+    // Loads nothing: the engines publish their layouts into it.
+    tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
+            "--layout", "engine", "--socket", "{socket}", "--backend", "{backend}", "--deployment", config.node.name};
+    if (!config.model.revision.empty()) {
+      tmpl.push_back("--revision");
+      tmpl.push_back("{revision}");
+    }
+  } else if (tmpl.empty()) {
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
             "--model", "{model}", "--socket", "{socket}", "--tp-size", "{tp}", "--tp-rank", "{rank}",
             "--backend", "{backend}", "--deployment", config.node.name};
@@ -156,7 +166,8 @@ std::string DescribeConfig(const Config& c) {
   os << "model " << c.model.path << (c.model.revision.empty() ? "" : " (revision " + c.model.revision + ")") << "\n";
   os << "parallel: tp " << c.parallel.tp << ", devices " << DevicesArg(c) << "\n";
   os << "weight cache: mode " << CacheModeName(c.weight_cache.mode) << ", backend "
-     << CacheBackendName(c.weight_cache.backend) << ", socket " << c.weight_cache.socket << "\n";
+     << CacheBackendName(c.weight_cache.backend) << ", layout " << CacheLayoutName(c.weight_cache.layout)
+     << ", socket " << c.weight_cache.socket << "\n";
   os << "engines: " << c.engine.host << ":" << c.engine.primary_port << " and " << c.engine.host << ":"
      << c.engine.standby_port << ", ready within " << c.engine.ready_timeout_ms << " ms: " << c.engine.command[0]
      << "\n";

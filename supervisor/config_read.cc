@@ -43,9 +43,11 @@ Status Loader::Read(const toml::table& root, Config* c) {
   // [weight_cache]
   const toml::table* wc = Section(root, "weight_cache");
   {
-    std::string mode = "daemon", backend = "host";
+    std::string mode = "daemon", backend = "host", layout = "checkpoint";
     WSUP_RETURN_IF_ERROR(Choice(wc, "weight_cache", "mode", {"daemon", "client", "off"}, &mode));
     WSUP_RETURN_IF_ERROR(Choice(wc, "weight_cache", "backend", {"host", "cuda"}, &backend));
+    WSUP_RETURN_IF_ERROR(Choice(wc, "weight_cache", "layout", {"checkpoint", "engine"}, &layout));
+    c->weight_cache.layout = layout == "engine" ? CacheLayout::kEngine : CacheLayout::kCheckpoint;
     c->weight_cache.mode = mode == "daemon" ? CacheMode::kDaemon : mode == "client" ? CacheMode::kClient : CacheMode::kOff;
     c->weight_cache.backend = backend == "cuda" ? CacheBackend::kCuda : CacheBackend::kHost;
     std::string socket;
@@ -180,6 +182,16 @@ Status Loader::CheckRules(Config* c) {
     return Err("parallel.devices", "lists " + std::to_string(devs.size()) + " device(s) but parallel.tp is " +
                                        std::to_string(c->parallel.tp) +
                                        "; give one device per rank, or leave devices out for the host backend");
+
+  // weight_cache
+  if (c->weight_cache.layout == CacheLayout::kEngine) {
+    if (c->weight_cache.backend != CacheBackend::kHost)
+      return Err("weight_cache.layout", "\"engine\" keeps engine-made layouts in host memory only in this version; "
+                                        "set weight_cache.backend = \"host\" or layout = \"checkpoint\"");
+    if (c->weight_cache.mode == CacheMode::kOff)
+      return Err("weight_cache.layout", "\"engine\" needs a holder to publish to: set weight_cache.mode to "
+                                        "\"daemon\" or \"client\", or leave layout out");
+  }
 
   // engine
   // Port 0: the supervisor picks a free port at each start (tests, ad-hoc runs).

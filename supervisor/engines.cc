@@ -277,6 +277,12 @@ void Supervisor::Impl::RecordCache(Slot& s, const json& weights) {
   if (source == "holder") {
     rec.result = "hit";
     if (weights.contains("ms") && weights["ms"].is_number()) rec.attach_ms = weights["ms"].get<int64_t>();
+  } else if (source == "published") {
+    // The engine found no committed layout and wrote its own (it loaded
+    // from disk): a miss, with the time the publish took.
+    rec.result = "miss";
+    rec.miss_reason = "published";
+    if (weights.contains("ms") && weights["ms"].is_number()) rec.load_ms = weights["ms"].get<int64_t>();
   } else {
     rec.result = "miss";
     rec.miss_reason = weights.value("miss_reason", "unknown");

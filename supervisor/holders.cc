@@ -2,6 +2,14 @@
 // their readiness line, kept (the supervisor takes the arena's manifest and
 // fds, maps nothing), and restarted from those fds when they die, so no byte
 // of the checkpoint is read again.
+//
+// A holder of engine-made layouts (weight_cache.layout = "engine") has no
+// arena of its own: nothing is kept, and it is ready once it is up. When it
+// dies, the engines keep serving from their mappings and a new, empty
+// holder is started; the next engine to start publishes its layout again.
+// Keeping those layouts' fds across a holder crash (as for a checkpoint
+// arena) is the next step: the keeper would take each committed layout's
+// record and fds, and --adopt-* would hand them to the new holder.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -134,6 +142,10 @@ void Supervisor::Impl::WatchReadyLine(HolderSlot& h, UniqueFd read_end) {
 }
 
 void Supervisor::Impl::AttachKeeperAsync(HolderSlot& h) {
+  if (cfg_.weight_cache.layout == CacheLayout::kEngine) {
+    OnLayoutHolderUp(h);
+    return;
+  }
   // The keeper's attach is a short blocking exchange; run it off the loop.
   struct Work {
     uv_work_t req;
@@ -159,6 +171,28 @@ void Supervisor::Impl::AttachKeeperAsync(HolderSlot& h) {
       });
 }
 
+void Supervisor::Impl::RecordHolderRestart(HolderSlot& h, int64_t now) {
+  if (h.restart_reason.empty()) return;
+  HolderRestartRecord rec;
+  rec.time_ms = now;
+  rec.rank = h.rank;
+  rec.reason = h.restart_reason;
+  rec.from_fds = h.from_fds;
+  rec.restart_ms = now - h.spawned_ms;
+  LedgerResult(ledger_->RecordHolderRestart(rec), "holder restart");
+  metrics_.holder_restarts++;
+  h.restart_reason.clear();
+}
+
+void Supervisor::Impl::OnLayoutHolderUp(HolderSlot& h) {
+  int64_t now = clock_.WallMs();
+  RecordHolderRestart(h, now);
+  std::string what = "a holder of engine-made layouts: nothing to keep";
+  if (h.spawned_ms > 0) what += " (" + std::to_string(now - h.spawned_ms) + " ms after the spawn)";
+  SaveState();
+  FireHolder(h, ChildEvent::kKept, what);
+}
+
 void Supervisor::Impl::OnKept(HolderSlot& h, Result<KeptArena> kept) {
   if (!kept.ok()) {
     FireHolder(h, ChildEvent::kKeepFailed, "keeper attach failed: " + kept.error().message());
@@ -169,17 +203,7 @@ void Supervisor::Impl::OnKept(HolderSlot& h, Result<KeptArena> kept) {
   std::vector<int> fds;
   for (auto& f : h.kept->fds) fds.push_back(f.get());
   Logged(notifier_.StoreFds("arena-" + std::to_string(h.rank), fds), "storing the arena fds");
-  if (!h.restart_reason.empty()) {
-    HolderRestartRecord rec;
-    rec.time_ms = now;
-    rec.rank = h.rank;
-    rec.reason = h.restart_reason;
-    rec.from_fds = h.from_fds;
-    rec.restart_ms = now - h.spawned_ms;
-    LedgerResult(ledger_->RecordHolderRestart(rec), "holder restart");
-    metrics_.holder_restarts++;
-    h.restart_reason.clear();
-  }
+  RecordHolderRestart(h, now);
   std::string what = std::to_string(h.kept->record.manifest.entries.size()) + " tensors in " +
                      std::to_string(h.kept->fds.size()) + " allocations kept";
   if (h.spawned_ms > 0) what += " (" + std::to_string(now - h.spawned_ms) + " ms after the spawn)";

@@ -215,6 +215,10 @@ class Supervisor::Impl {
   void CloseWatches(Slot& s);
   void AttachKeeperAsync(HolderSlot& h);
   void OnKept(HolderSlot& h, Result<KeptArena> kept);
+  // weight_cache.layout = "engine": the holder is ready once up, nothing kept.
+  void OnLayoutHolderUp(HolderSlot& h);
+  // The holder_restarts row of a restart now complete (restart_reason set).
+  void RecordHolderRestart(HolderSlot& h, int64_t now);
   void OnHolderExit(HolderSlot& h, const ExitInfo& info);
   void ScheduleHolderRestart(HolderSlot& h, int exit_code, const std::string& how);
   bool AllHoldersReady() const;

@@ -1,7 +1,5 @@
 #include "wire/manifest.h"
 
-#include <endian.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -12,8 +10,37 @@
 #include <string_view>
 
 #include "checkpoint/checkpoint.h"
+#include "wire/manifest_detail.h"
 
 namespace wsup {
+
+namespace manifest_detail {
+
+std::string EntryName(size_t i, const std::string& name) {
+  std::string shown = name.size() > 80 ? name.substr(0, 80) + "..." : name;
+  return "manifest entry " + std::to_string(i) + " ('" + shown + "')";
+}
+
+Error Bad(const std::string& what, std::string_view fix) {
+  constexpr const char* kFix =
+      ": the sender is broken or not a wsup holder of this version; restart the holder that sent "
+      "it, and run the same wsup version on both sides";
+  return Corrupt(what + (fix.empty() ? std::string(kFix) : std::string(fix)));
+}
+
+// Strides equal to the contiguous ones are dropped: one layout, one spelling.
+void Canonicalize(ManifestEntry* e) {
+  if (!e->strides.empty() && e->strides == ContiguousStrides(e->shape)) e->strides.clear();
+}
+
+bool AnyStrided(const std::vector<ManifestEntry>& entries) {
+  return std::any_of(entries.begin(), entries.end(), [](const ManifestEntry& e) { return !e.strides.empty(); });
+}
+
+}  // namespace manifest_detail
+
+using namespace manifest_detail;
+
 namespace {
 
 // Bounds well past any real model, so that a hostile manifest cannot make a
@@ -21,27 +48,13 @@ namespace {
 constexpr int kManifestVersion = 1;
 constexpr uint64_t kMaxAllocations = 4096;
 constexpr uint64_t kMaxAllocationBytes = 1ull << 40;  // 1 TiB
-constexpr uint64_t kMaxEntries = 4'000'000;
 constexpr size_t kMaxNameBytes = 1024;
-constexpr size_t kMaxRank = 8;
 constexpr uint64_t kPageBytes = 4096;
 constexpr int kMaxDevice = 1023;
 constexpr const char* kEntryFields[] = {"name", "dtype", "shape", "alloc", "offset", "nbytes"};
+// With strides (an engine-made layout that stores some tensor strided).
+constexpr const char* kEntryFieldsStrided[] = {"name", "dtype", "shape", "alloc", "offset", "nbytes", "strides"};
 constexpr const char* kTableFormat = "wsup-tensor-table";
-constexpr char kTableMagic[8] = {'w', 's', 'u', 'p', 'T', 'T', 'B', 'L'};
-constexpr uint64_t kTableHeaderBytes = 64;
-constexpr uint64_t kTableRecordBytes = 32;
-
-constexpr const char* kFix =
-    ": the sender is broken or not a wsup holder of this version; restart the holder that sent "
-    "it, and run the same wsup version on both sides";
-
-std::string EntryName(size_t i, const std::string& name) {
-  std::string shown = name.size() > 80 ? name.substr(0, 80) + "..." : name;
-  return "manifest entry " + std::to_string(i) + " ('" + shown + "')";
-}
-
-Error Bad(const std::string& what) { return Corrupt(what + kFix); }
 
 bool PrintableName(const std::string& s) {
   for (unsigned char c : s) {
@@ -54,33 +67,33 @@ bool IsUuidChar(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F') || c == '-';
 }
 
-Status ValidateDevice(const Manifest& m) {
+Status ValidateDevice(const Manifest& m, std::string_view fix) {
   if (m.backend == "host") {
     if (m.device != -1) {
       return Bad("manifest: field 'device' is " + std::to_string(m.device) +
-                 " but a host arena has device -1");
+                 " but a host arena has device -1", fix);
     }
     if (m.device_uuid != "host") {
       return Bad("manifest: field 'device_uuid' is '" + m.device_uuid.substr(0, 64) +
-                 "' but a host arena has 'host'");
+                 "' but a host arena has 'host'", fix);
     }
     return {};
   }
   if (m.backend == "cuda") {
     if (m.device < 0 || m.device > kMaxDevice) {
       return Bad("manifest: field 'device' is " + std::to_string(m.device) + ", not a cuda ordinal in 0.." +
-                 std::to_string(kMaxDevice));
+                 std::to_string(kMaxDevice), fix);
     }
     const std::string& u = m.device_uuid;
     bool ok = u.size() > 4 && u.size() <= 128 && (u.rfind("GPU-", 0) == 0 || u.rfind("MIG-", 0) == 0) &&
               std::all_of(u.begin() + 4, u.end(), IsUuidChar);
     if (!ok) {
       return Bad("manifest: field 'device_uuid' is '" + u.substr(0, 64) +
-                 "', not a GPU uuid like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx");
+                 "', not a GPU uuid like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", fix);
     }
     return {};
   }
-  return Bad("manifest: field 'backend' is '" + m.backend.substr(0, 64) + "', expected 'host' or 'cuda'");
+  return Bad("manifest: field 'backend' is '" + m.backend.substr(0, 64) + "', expected 'host' or 'cuda'", fix);
 }
 
 }  // namespace
@@ -95,6 +108,12 @@ uint64_t Manifest::arena_bytes() const {
   uint64_t sum = 0;
   for (const auto& a : allocations) sum += a.size;
   return sum;
+}
+
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> out(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) out[d - 1] = out[d] * std::max<int64_t>(shape[d], 1);
+  return out;
 }
 
 // ---------------------------------------------------------------- TensorIndex
@@ -195,51 +214,51 @@ size_t TensorIndex::Find(std::string_view name, const std::vector<ManifestEntry>
 
 // ---------------------------------------------------------------- Validate
 
-Status Manifest::Validate(TensorIndex* index) const {
-  WSUP_RETURN_IF_ERROR(ValidateLayout());
+Status Manifest::Validate(TensorIndex* index, std::string_view fix) const {
+  WSUP_RETURN_IF_ERROR(ValidateLayout(fix));
   TensorIndex local;
-  return CheckUniqueNames(index != nullptr ? index : &local);
+  return CheckUniqueNames(index != nullptr ? index : &local, fix);
 }
 
-Status Manifest::CheckUniqueNames(TensorIndex* index) const {
+Status Manifest::CheckUniqueNames(TensorIndex* index, std::string_view fix) const {
   if (entries.size() > kMaxEntries) {
     return Bad("manifest: " + std::to_string(entries.size()) + " entries, more than the " +
-               std::to_string(kMaxEntries) + " wsup accepts");
+               std::to_string(kMaxEntries) + " wsup accepts", fix);
   }
   size_t earlier = 0, later = 0;
   if (!index->Build(entries, &earlier, &later)) {
     return Bad(EntryName(later, entries[later].name) + ": field 'name' is a duplicate of entry " +
-               std::to_string(earlier));
+               std::to_string(earlier), fix);
   }
   return {};
 }
 
-Status Manifest::ValidateHeader() const {
-  WSUP_RETURN_IF_ERROR(ValidateDevice(*this));
+Status Manifest::ValidateHeader(std::string_view fix) const {
+  WSUP_RETURN_IF_ERROR(ValidateDevice(*this, fix));
 
-  if (allocations.empty()) return Bad("manifest: no allocations");
+  if (allocations.empty()) return Bad("manifest: no allocations", fix);
   if (allocations.size() > kMaxAllocations) {
     return Bad("manifest: " + std::to_string(allocations.size()) + " allocations, more than the " +
-               std::to_string(kMaxAllocations) + " wsup accepts");
+               std::to_string(kMaxAllocations) + " wsup accepts", fix);
   }
   for (size_t i = 0; i < allocations.size(); ++i) {
     uint64_t size = allocations[i].size;
     if (size != 0 && size % kPageBytes == 0 && size <= kMaxAllocationBytes) continue;
     std::string what =
         "manifest allocation " + std::to_string(i) + ": field 'size' = " + std::to_string(size);
-    if (size == 0) return Bad(what + " is empty");
+    if (size == 0) return Bad(what + " is empty", fix);
     if (size % kPageBytes != 0)
-      return Bad(what + " is not a multiple of the " + std::to_string(kPageBytes) + "-byte page");
-    return Bad(what + " exceeds the 1 TiB limit on one allocation");
+      return Bad(what + " is not a multiple of the " + std::to_string(kPageBytes) + "-byte page", fix);
+    return Bad(what + " exceeds the 1 TiB limit on one allocation", fix);
   }
   return {};
 }
 
-Status Manifest::ValidateLayout() const {
-  WSUP_RETURN_IF_ERROR(ValidateHeader());
+Status Manifest::ValidateLayout(std::string_view fix) const {
+  WSUP_RETURN_IF_ERROR(ValidateHeader(fix));
   if (entries.size() > kMaxEntries) {
     return Bad("manifest: " + std::to_string(entries.size()) + " entries, more than the " +
-               std::to_string(kMaxEntries) + " wsup accepts");
+               std::to_string(kMaxEntries) + " wsup accepts", fix);
   }
 
   // Holders lay entries out in (allocation, offset) order, so overlaps are
@@ -251,56 +270,83 @@ Status Manifest::ValidateLayout() const {
   uint64_t esize = 0;
   for (size_t i = 0; i < entries.size(); ++i) {
     const ManifestEntry& e = entries[i];
-    if (e.name.empty()) return Bad("manifest entry " + std::to_string(i) + ": field 'name' is empty");
+    if (e.name.empty()) return Bad("manifest entry " + std::to_string(i) + ": field 'name' is empty", fix);
     auto who = [&] { return EntryName(i, e.name); };  // built only for a message
     if (e.name.size() > kMaxNameBytes) {
       return Bad(who() + ": field 'name' is " + std::to_string(e.name.size()) + " bytes, more than " +
-                 std::to_string(kMaxNameBytes));
+                 std::to_string(kMaxNameBytes), fix);
     }
-    if (!PrintableName(e.name)) return Bad(who() + ": field 'name' has control characters");
+    if (!PrintableName(e.name)) return Bad(who() + ": field 'name' has control characters", fix);
 
     // Most entries share a dtype: parse each spelling once.
     if (dtype_spelling == nullptr || e.dtype != *dtype_spelling) {
       auto dtype = ParseDType(e.dtype);
       if (!dtype.ok()) {
         return Bad(who() + ": field 'dtype' = '" + e.dtype.substr(0, 32) +
-                   "' is not a known safetensors dtype");
+                   "' is not a known safetensors dtype", fix);
       }
       esize = DTypeSize(*dtype);
       dtype_spelling = &e.dtype;
     }
     if (e.shape.size() > kMaxRank) {
       return Bad(who() + ": field 'shape' has rank " + std::to_string(e.shape.size()) + ", more than " +
-                 std::to_string(kMaxRank));
+                 std::to_string(kMaxRank), fix);
     }
     uint64_t expect = esize;
+    bool empty = false;  // some dimension is 0: the tensor has no element
     for (size_t d = 0; d < e.shape.size(); ++d) {
       if (e.shape[d] < 0) {
         return Bad(who() + ": field 'shape' dimension " + std::to_string(d) + " is negative (" +
-                   std::to_string(e.shape[d]) + ")");
+                   std::to_string(e.shape[d]) + ")", fix);
       }
+      if (e.shape[d] == 0) empty = true;
       if (__builtin_mul_overflow(expect, static_cast<uint64_t>(e.shape[d]), &expect) ||
           expect > kMaxAllocationBytes) {
-        return Bad(who() + ": field 'shape' describes more than 1 TiB");
+        return Bad(who() + ": field 'shape' describes more than 1 TiB", fix);
       }
     }
-    if (e.nbytes != expect) {
+    if (!e.strides.empty()) {
+      // The span the strides reach: 1 + sum (shape[d] - 1) x strides[d]
+      // elements; a contiguous tensor's span is its element count.
+      if (e.strides.size() != e.shape.size()) {
+        return Bad(who() + ": field 'strides' has " + std::to_string(e.strides.size()) +
+                   " values for a shape of rank " + std::to_string(e.shape.size()), fix);
+      }
+      uint64_t span = 1;
+      for (size_t d = 0; d < e.strides.size() && !empty; ++d) {
+        if (e.strides[d] < 0) {
+          return Bad(who() + ": field 'strides' dimension " + std::to_string(d) + " is negative (" +
+                     std::to_string(e.strides[d]) + ")", fix);
+        }
+        uint64_t reach = 0;
+        if (__builtin_mul_overflow(static_cast<uint64_t>(e.shape[d] - 1), static_cast<uint64_t>(e.strides[d]),
+                                   &reach) ||
+            __builtin_add_overflow(span, reach, &span) || span > kMaxAllocationBytes) {
+          return Bad(who() + ": field 'strides' reaches more than 1 TiB", fix);
+        }
+      }
+      expect = empty ? 0 : span * esize;
+      if (e.nbytes != expect) {
+        return Bad(who() + ": field 'nbytes' = " + std::to_string(e.nbytes) + " but shape and strides x dtype size (" +
+                   e.dtype + ") span " + std::to_string(expect), fix);
+      }
+    } else if (e.nbytes != expect) {
       return Bad(who() + ": field 'nbytes' = " + std::to_string(e.nbytes) + " but shape x dtype size (" +
-                 e.dtype + ") = " + std::to_string(expect));
+                 e.dtype + ") = " + std::to_string(expect), fix);
     }
     if (e.alloc >= allocations.size()) {
       return Bad(who() + ": field 'alloc' = " + std::to_string(e.alloc) + " but there are only " +
-                 std::to_string(allocations.size()) + " allocations");
+                 std::to_string(allocations.size()) + " allocations", fix);
     }
     if (e.offset % kTensorAlignment != 0) {
       return Bad(who() + ": field 'offset' = " + std::to_string(e.offset) + " is not a multiple of " +
-                 std::to_string(kTensorAlignment));
+                 std::to_string(kTensorAlignment), fix);
     }
     uint64_t size = allocations[e.alloc].size;
     if (e.offset > size || e.nbytes > size - e.offset) {
       return Bad(who() + ": field 'offset' = " + std::to_string(e.offset) + " plus " +
                  std::to_string(e.nbytes) + " bytes ends past allocation " + std::to_string(e.alloc) +
-                 " of " + std::to_string(size) + " bytes");
+                 " of " + std::to_string(size) + " bytes", fix);
     }
     if (e.nbytes == 0) continue;
     if (in_layout_order && prev != TensorIndex::npos) {
@@ -312,7 +358,7 @@ Status Manifest::ValidateLayout() const {
         // is the furthest any earlier entry reaches.
         return Bad(who() + ": field 'offset' = " + std::to_string(e.offset) + " overlaps " +
                    EntryName(prev, p.name) + ", which ends at " + std::to_string(p.offset + p.nbytes) +
-                   " in allocation " + std::to_string(e.alloc));
+                   " in allocation " + std::to_string(e.alloc), fix);
       }
     }
     prev = i;
@@ -339,7 +385,7 @@ Status Manifest::ValidateLayout() const {
     if (e.alloc == p.alloc && e.offset < p.offset + p.nbytes) {
       return Bad(EntryName(order[k], e.name) + ": field 'offset' = " + std::to_string(e.offset) +
                  " overlaps " + EntryName(order[k - 1], p.name) + ", which ends at " +
-                 std::to_string(p.offset + p.nbytes) + " in allocation " + std::to_string(e.alloc));
+                 std::to_string(p.offset + p.nbytes) + " in allocation " + std::to_string(e.alloc), fix);
     }
   }
   return {};
@@ -380,15 +426,22 @@ nlohmann::json ManifestToJson(const Manifest& m) {
   // Entries are arrays in the order entry_fields names: a 20,000-tensor
   // manifest parses several times faster than with one object per entry,
   // and stays readable with the field names beside it.
+  // Strides only when some entry has them, so a checkpoint arena's manifest
+  // reads as it always did.
+  const bool strided = AnyStrided(m.entries);
   nlohmann::json fields = nlohmann::json::array();
-  for (const char* f : kEntryFields) fields.push_back(f);
+  if (strided) {
+    for (const char* f : kEntryFieldsStrided) fields.push_back(f);
+  } else {
+    for (const char* f : kEntryFields) fields.push_back(f);
+  }
   j["entry_fields"] = std::move(fields);
   nlohmann::json entries = nlohmann::json::array();
   entries.get_ref<nlohmann::json::array_t&>().reserve(m.entries.size());
   for (const auto& e : m.entries) {
     nlohmann::json row = nlohmann::json::array();
     auto& r = row.get_ref<nlohmann::json::array_t&>();
-    r.reserve(6);
+    r.reserve(strided ? 7 : 6);
     r.emplace_back(e.name);
     r.emplace_back(e.dtype);
     nlohmann::json shape = nlohmann::json::array();
@@ -397,6 +450,11 @@ nlohmann::json ManifestToJson(const Manifest& m) {
     r.emplace_back(e.alloc);
     r.emplace_back(e.offset);
     r.emplace_back(e.nbytes);
+    if (strided) {
+      nlohmann::json strides = nlohmann::json::array();
+      for (int64_t d : e.strides) strides.get_ref<nlohmann::json::array_t&>().emplace_back(d);
+      r.emplace_back(std::move(strides));
+    }
     entries.get_ref<nlohmann::json::array_t&>().push_back(std::move(row));
   }
   j["entries"] = std::move(entries);
@@ -529,13 +587,16 @@ Result<Manifest> Parse(const nlohmann::json& j, std::string_view table, Manifest
   }
 
   WSUP_ASSIGN_OR_RETURN(const nlohmann::json* fields, Field(j, "entry_fields", top));
-  bool fields_ok = fields->is_array() && fields->size() == std::size(kEntryFields);
-  for (size_t k = 0; fields_ok && k < std::size(kEntryFields); ++k) {
-    fields_ok = (*fields)[k].is_string() && (*fields)[k].get_ref<const std::string&>() == kEntryFields[k];
+  const bool strided = fields->is_array() && fields->size() == std::size(kEntryFieldsStrided);
+  const size_t nfields = strided ? std::size(kEntryFieldsStrided) : std::size(kEntryFields);
+  bool fields_ok = fields->is_array() && fields->size() == nfields;
+  for (size_t k = 0; fields_ok && k < nfields; ++k) {
+    fields_ok = (*fields)[k].is_string() && (*fields)[k].get_ref<const std::string&>() == kEntryFieldsStrided[k];
   }
   if (!fields_ok) {
     return Bad("manifest: field 'entry_fields' is " + fields->dump().substr(0, 100) +
-               ", expected [\"name\",\"dtype\",\"shape\",\"alloc\",\"offset\",\"nbytes\"]");
+               ", expected [\"name\",\"dtype\",\"shape\",\"alloc\",\"offset\",\"nbytes\"], optionally "
+               "followed by \"strides\"");
   }
 
   WSUP_ASSIGN_OR_RETURN(const nlohmann::json* entries, Field(j, "entries", top));
@@ -548,8 +609,8 @@ Result<Manifest> Parse(const nlohmann::json& j, std::string_view table, Manifest
   for (size_t i = 0; i < entries->size(); ++i) {
     const auto& row = (*entries)[i];
     Who who{"manifest entry", i};
-    if (!row.is_array() || row.size() != std::size(kEntryFields)) {
-      return Bad(who.str() + ": expected an array of " + std::to_string(std::size(kEntryFields)) +
+    if (!row.is_array() || row.size() != nfields) {
+      return Bad(who.str() + ": expected an array of " + std::to_string(nfields) +
                  " fields (entry_fields), got " + row.dump().substr(0, 60));
     }
     ManifestEntry e;
@@ -580,6 +641,17 @@ Result<Manifest> Parse(const nlohmann::json& j, std::string_view table, Manifest
     e.offset = row[4].get<uint64_t>();
     if (!IsU64(row[5])) return FieldError(who, "nbytes", row[5], "an unsigned integer");
     e.nbytes = row[5].get<uint64_t>();
+    if (strided) {
+      const auto& strides = row[6];
+      if (!strides.is_array() || strides.size() > kMaxRank) {
+        return FieldError(who, "strides", strides, "an array of at most 8 integers");
+      }
+      for (const auto& d : strides) {
+        if (!IsI64(d)) return FieldError(who, "strides", strides, "an array of integers");
+        e.strides.push_back(d.get<int64_t>());
+      }
+      Canonicalize(&e);
+    }
     m.entries.push_back(std::move(e));
   }
   if (how == ManifestDecoding::kValidated) WSUP_RETURN_IF_ERROR(m.Validate());
@@ -594,240 +666,6 @@ Result<Manifest> ManifestFromJson(const nlohmann::json& j, std::string_view tabl
   } catch (const nlohmann::json::exception& e) {
     return Bad(std::string("manifest: malformed JSON value (") + e.what() + ")");
   }
-}
-
-// ---------------------------------------------------------------- tensor table
-
-namespace {
-
-uint16_t Le16(const char* p) {
-  uint16_t v;
-  std::memcpy(&v, p, sizeof v);
-  return le16toh(v);
-}
-uint32_t Le32(const char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof v);
-  return le32toh(v);
-}
-uint64_t Le64(const char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return le64toh(v);
-}
-void Put16(char* p, uint16_t v) {
-  v = htole16(v);
-  std::memcpy(p, &v, sizeof v);
-}
-void Put32(char* p, uint32_t v) {
-  v = htole32(v);
-  std::memcpy(p, &v, sizeof v);
-}
-void Put64(char* p, uint64_t v) {
-  v = htole64(v);
-  std::memcpy(p, &v, sizeof v);
-}
-
-Error BadTable(const std::string& what) { return Bad("tensor table: " + what); }
-
-}  // namespace
-
-Result<std::string> EncodeTensorTable(const std::vector<ManifestEntry>& entries) {
-  // First pass: sizes, and each dtype spelling once (there are a handful).
-  uint64_t dims = 0, name_bytes = 0;
-  std::vector<std::string_view> dtypes;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const ManifestEntry& e = entries[i];
-    if (e.name.size() > 0xffff || e.dtype.size() > 0xff || e.shape.size() > 0xff) {
-      return InvalidArgument(EntryName(i, e.name) +
-                             ": a name over 64 KiB, a dtype over 255 bytes or a rank over 255 cannot go "
-                             "into a tensor table; no valid manifest has one: fix the arena's layout");
-    }
-    dims += e.shape.size();
-    name_bytes += e.name.size();
-    if (std::find(dtypes.begin(), dtypes.end(), std::string_view(e.dtype)) == dtypes.end()) {
-      dtypes.push_back(e.dtype);
-    }
-  }
-  uint64_t string_bytes = name_bytes;
-  for (std::string_view d : dtypes) string_bytes += d.size();
-  if (string_bytes > 0xffffffffull) {
-    return InvalidArgument(
-        "tensor table: " + std::to_string(string_bytes) +
-        " bytes of names do not fit its 4 GiB string area; no valid manifest has that many");
-  }
-  const uint64_t n = entries.size();
-  const uint64_t total = kTableHeaderBytes + kTableRecordBytes * n + 8 * dims + string_bytes;
-  std::string out(total, '\0');
-  char* p = out.data();
-  std::memcpy(p, kTableMagic, sizeof kTableMagic);
-  Put32(p + 8, kTensorTableVersion);
-  Put32(p + 12, static_cast<uint32_t>(kTableHeaderBytes));
-  Put32(p + 16, static_cast<uint32_t>(kTableRecordBytes));
-  Put32(p + 20, 0);
-  Put64(p + 24, n);
-  Put64(p + 32, dims);
-  Put64(p + 40, string_bytes);
-  Put64(p + 48, total);
-  Put64(p + 56, 0);
-
-  char* rec = p + kTableHeaderBytes;
-  char* dim = rec + kTableRecordBytes * n;
-  char* str = dim + 8 * dims;
-  // Names first, in entry order; the dtype spellings after them.
-  std::vector<uint32_t> dtype_offsets(dtypes.size());
-  uint64_t at = name_bytes;
-  for (size_t k = 0; k < dtypes.size(); ++k) {
-    dtype_offsets[k] = static_cast<uint32_t>(at);
-    std::memcpy(str + at, dtypes[k].data(), dtypes[k].size());
-    at += dtypes[k].size();
-  }
-  uint64_t name_at = 0;
-  size_t dtype_k = 0;
-  for (size_t i = 0; i < n; ++i, rec += kTableRecordBytes) {
-    const ManifestEntry& e = entries[i];
-    if (dtypes[dtype_k] != e.dtype) {
-      dtype_k = static_cast<size_t>(std::find(dtypes.begin(), dtypes.end(), std::string_view(e.dtype)) -
-                                    dtypes.begin());
-    }
-    Put64(rec, e.offset);
-    Put64(rec + 8, e.nbytes);
-    Put32(rec + 16, e.alloc);
-    Put32(rec + 20, static_cast<uint32_t>(name_at));
-    Put16(rec + 24, static_cast<uint16_t>(e.name.size()));
-    rec[26] = static_cast<char>(static_cast<uint8_t>(e.dtype.size()));
-    rec[27] = static_cast<char>(static_cast<uint8_t>(e.shape.size()));
-    Put32(rec + 28, dtype_offsets[dtype_k]);
-    std::memcpy(str + name_at, e.name.data(), e.name.size());
-    name_at += e.name.size();
-    for (int64_t d : e.shape) {
-      Put64(dim, static_cast<uint64_t>(d));
-      dim += 8;
-    }
-  }
-  return out;
-}
-
-namespace {
-
-// What a table's header says, once checked against its size.
-struct TableLayout {
-  uint64_t entries = 0;
-  uint64_t dims = 0;
-  uint64_t string_bytes = 0;
-};
-
-Result<TableLayout> CheckTableHeader(std::string_view table) {
-  const uint64_t size = table.size();
-  if (size < kTableHeaderBytes) {
-    return BadTable(std::to_string(size) + " bytes, shorter than its " + std::to_string(kTableHeaderBytes) +
-                    "-byte header (cut short)");
-  }
-  const char* p = table.data();
-  if (std::memcmp(p, kTableMagic, sizeof kTableMagic) != 0) {
-    return BadTable("does not start with \"wsupTTBL\"; it is not a wsup tensor table");
-  }
-  const uint32_t version = Le32(p + 8);
-  if (version != kTensorTableVersion) {
-    return BadTable("version " + std::to_string(version) + ", but this wsup reads version " +
-                    std::to_string(kTensorTableVersion));
-  }
-  if (Le32(p + 12) != kTableHeaderBytes || Le32(p + 16) != kTableRecordBytes) {
-    return BadTable("header of " + std::to_string(Le32(p + 12)) + " bytes and records of " +
-                    std::to_string(Le32(p + 16)) + " bytes, but version 1 has " +
-                    std::to_string(kTableHeaderBytes) + " and " + std::to_string(kTableRecordBytes));
-  }
-  if (Le32(p + 20) != 0 || Le64(p + 56) != 0) {
-    return BadTable("flags or reserved header fields are set, which version 1 never does");
-  }
-  TableLayout t;
-  t.entries = Le64(p + 24);
-  t.dims = Le64(p + 32);
-  t.string_bytes = Le64(p + 40);
-  const uint64_t total = Le64(p + 48);
-  if (total != size) {
-    return BadTable("its header says " + std::to_string(total) + " bytes but it has " + std::to_string(size) +
-                    (total > size ? " (cut short)" : " (trailing bytes)"));
-  }
-  if (t.entries > kMaxEntries) {
-    return BadTable(std::to_string(t.entries) + " entries, more than the " + std::to_string(kMaxEntries) +
-                    " wsup accepts");
-  }
-  if (t.dims > t.entries * kMaxRank || t.string_bytes > size) {
-    return BadTable("header counts " + std::to_string(t.dims) + " dims and " +
-                    std::to_string(t.string_bytes) + " string bytes for " + std::to_string(t.entries) +
-                    " entries, more than the table can hold");
-  }
-  // Each term is bounded above, so the sum cannot overflow.
-  const uint64_t sections = kTableHeaderBytes + kTableRecordBytes * t.entries + 8 * t.dims + t.string_bytes;
-  if (sections != size) {
-    return BadTable("its sections (64 + 32 x " + std::to_string(t.entries) + " + 8 x " +
-                    std::to_string(t.dims) + " + " + std::to_string(t.string_bytes) + " = " +
-                    std::to_string(sections) + " bytes) do not add up to its " + std::to_string(size) +
-                    " bytes");
-  }
-  return t;
-}
-
-}  // namespace
-
-Result<uint64_t> TensorTableEntries(std::string_view table) {
-  WSUP_ASSIGN_OR_RETURN(TableLayout t, CheckTableHeader(table));
-  return t.entries;
-}
-
-Status DecodeTensorTable(std::string_view table, std::vector<ManifestEntry>* entries) {
-  entries->clear();
-  WSUP_ASSIGN_OR_RETURN(TableLayout t, CheckTableHeader(table));
-  const uint64_t n = t.entries;
-  const uint64_t dims = t.dims;
-  const uint64_t string_bytes = t.string_bytes;
-  const char* p = table.data();
-  const char* rec = p + kTableHeaderBytes;
-  const char* dim = rec + kTableRecordBytes * n;
-  const char* str = dim + 8 * dims;
-  entries->reserve(n);
-  uint64_t dim_at = 0;
-  for (uint64_t i = 0; i < n; ++i, rec += kTableRecordBytes) {
-    const uint64_t name_off = Le32(rec + 20);
-    const uint64_t name_len = Le16(rec + 24);
-    const uint64_t dtype_len = static_cast<uint8_t>(rec[26]);
-    const uint64_t rank = static_cast<uint8_t>(rec[27]);
-    const uint64_t dtype_off = Le32(rec + 28);
-    auto fail = [&](const std::string& what) {
-      entries->clear();
-      return BadTable("record " + std::to_string(i) + ": " + what);
-    };
-    if (name_off + name_len > string_bytes) {
-      return fail("its name (offset " + std::to_string(name_off) + ", " + std::to_string(name_len) +
-                  " bytes) runs past the " + std::to_string(string_bytes) + "-byte string area");
-    }
-    if (dtype_off + dtype_len > string_bytes) {
-      return fail("its dtype (offset " + std::to_string(dtype_off) + ", " + std::to_string(dtype_len) +
-                  " bytes) runs past the " + std::to_string(string_bytes) + "-byte string area");
-    }
-    if (rank > kMaxRank) {
-      return fail("rank " + std::to_string(rank) + ", more than " + std::to_string(kMaxRank));
-    }
-    if (rank > dims - dim_at) {
-      return fail("its shape runs past the " + std::to_string(dims) + " dims the table holds");
-    }
-    ManifestEntry& e = entries->emplace_back();
-    e.name.assign(str + name_off, name_len);
-    e.dtype.assign(str + dtype_off, dtype_len);
-    e.shape.resize(rank);
-    for (uint64_t d = 0; d < rank; ++d) e.shape[d] = static_cast<int64_t>(Le64(dim + 8 * (dim_at + d)));
-    e.alloc = Le32(rec + 16);
-    e.offset = Le64(rec);
-    e.nbytes = Le64(rec + 8);
-    dim_at += rank;
-  }
-  if (dim_at != dims) {
-    entries->clear();
-    return BadTable("its records use " + std::to_string(dim_at) + " dims but its header counts " +
-                    std::to_string(dims));
-  }
-  return {};
 }
 
 }  // namespace wsup

@@ -22,13 +22,16 @@
 //
 // Tensor table, version 1 (all integers little-endian):
 //   header, 64 bytes:  "wsupTTBL", u32 version, u32 header bytes (64),
-//                      u32 record bytes (32), u32 flags (0), u64 entries,
+//                      u32 record bytes (32), u32 flags (0, or 1 when
+//                      some entry has strides), u64 entries,
 //                      u64 dims, u64 string bytes, u64 total bytes, u64 0
 //   records, 32 bytes each, in entry order:
 //                      u64 offset, u64 nbytes, u32 alloc, u32 name offset,
 //                      u16 name length, u8 dtype length, u8 rank,
 //                      u32 dtype offset
-//   dims, i64 each:    the shapes, entry after entry (rank dims each)
+//   dims, i64 each:    the shapes, entry after entry (rank dims each); with
+//                      header flag 1 (kTableFlagStrides), each entry's
+//                      shape is followed by its strides (2 x rank dims)
 //   strings:           names and dtype spellings, referred to by offset
 // total bytes = 64 + 32 x entries + 8 x dims + string bytes, exactly.
 //
@@ -53,6 +56,13 @@ struct ManifestEntry {
   uint32_t alloc = 0;           // index into Manifest::allocations
   uint64_t offset = 0;          // byte offset in that allocation, aligned to kTensorAlignment
   uint64_t nbytes = 0;
+  // Element strides, one per dimension; empty: contiguous row-major (what
+  // every checkpoint arena holds). Engine-made layouts may store a tensor
+  // strided (a transposed or padded matrix); nbytes is then the span its
+  // shape and strides reach: (1 + sum (shape[d] - 1) x strides[d]) x dtype
+  // size. Decoders leave strides empty when they equal the contiguous ones,
+  // so one layout has one spelling.
+  std::vector<int64_t> strides;
 };
 
 struct ManifestAllocation {
@@ -104,21 +114,24 @@ struct Manifest {
   uint64_t arena_bytes() const;  // sum of allocations' sizes
 
   // Checks internal consistency (entries inside their allocation, aligned,
-  // no overlaps, unique names, nbytes == shape x dtype size) so that a
-  // manifest from a socket or a file can be trusted before any mapping.
-  // O(n) for entries in layout order (as holders write them), O(n log n)
-  // otherwise; no allocation per entry. With `index`, the name index built
-  // for the uniqueness check is kept there.
-  Status Validate(TensorIndex* index = nullptr) const;
+  // no overlaps, unique names, a known dtype, nbytes == the span of shape
+  // and strides x dtype size) so that a manifest from a socket or a file
+  // can be trusted before any mapping. O(n) for entries in layout order (as
+  // holders write them), O(n log n) otherwise; no allocation per entry.
+  // With `index`, the name index built for the uniqueness check is kept
+  // there. Errors are kCorrupt and end with `fix`; empty: the words for a
+  // manifest a holder sent ("the sender is broken ..."). A holder checking
+  // a writer's commit passes its own.
+  Status Validate(TensorIndex* index = nullptr, std::string_view fix = {}) const;
   // Everything Validate() checks except that names are unique, which
   // TensorIndex::Build() finds (see CheckUniqueNames).
-  Status ValidateLayout() const;
+  Status ValidateLayout(std::string_view fix = {}) const;
   // The part of ValidateLayout() that does not look at entries: backend,
   // device and allocations; enough to map the allocations safely.
-  Status ValidateHeader() const;
+  Status ValidateHeader(std::string_view fix = {}) const;
   // Builds `index` over the entries; a duplicate name is an error that names
   // both entries.
-  Status CheckUniqueNames(TensorIndex* index) const;
+  Status CheckUniqueNames(TensorIndex* index, std::string_view fix = {}) const;
 };
 
 nlohmann::json ManifestToJson(const Manifest& m);
@@ -146,6 +159,10 @@ Result<Manifest> ManifestFromJson(const nlohmann::json& j, std::string_view tabl
 nlohmann::json ManifestHeaderToJson(const Manifest& m, uint64_t table_bytes);
 
 inline constexpr uint32_t kTensorTableVersion = 1;
+// Header flag: every entry's dims are its shape followed by its strides.
+inline constexpr uint32_t kTableFlagStrides = 1;
+// The contiguous row-major strides of a shape (in elements).
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape);
 // The entries as a binary tensor table (format at the top of this file).
 // Fails only for entries no manifest may hold (a name over 64 KiB).
 Result<std::string> EncodeTensorTable(const std::vector<ManifestEntry>& entries);

@@ -11,10 +11,12 @@
 
 #include "common/fs.h"
 #include "common/sha256.h"
+#include "wire/message_fields.h"
 
 namespace wsup {
 
 using nlohmann::json;
+using namespace wsup::fields;
 
 namespace {
 
@@ -26,67 +28,6 @@ constexpr uint64_t kMaxAnnouncedFds = 1 << 16;
 int MsLeft(std::chrono::steady_clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   return left.count() < 0 ? 0 : static_cast<int>(left.count());
-}
-
-// ---- field access that never throws; errors name the message and the key.
-
-Error FieldError(const char* type, const char* key, const char* want) {
-  return Corrupt(std::string("'") + type + "' message: field '" + key + "' is missing or not " + want +
-                 "; the peer does not speak this version of the holder protocol: run the same wsup "
-                 "version on both sides");
-}
-
-Result<std::string> GetString(const json& j, const char* type, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_string()) return FieldError(type, key, "a string");
-  return it->get<std::string>();
-}
-
-std::string GetStringOr(const json& j, const char* key, std::string fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_string()) return fallback;
-  return it->get<std::string>();
-}
-
-Result<uint64_t> GetU64(const json& j, const char* type, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_unsigned()) return FieldError(type, key, "a non-negative integer");
-  return it->get<uint64_t>();
-}
-
-// For fields added after a message's first version: absent means `fallback`,
-// present but not a non-negative integer is still an error.
-Result<uint64_t> GetU64Or(const json& j, const char* type, const char* key, uint64_t fallback) {
-  if (!j.contains(key)) return fallback;
-  return GetU64(j, type, key);
-}
-
-Result<int64_t> GetI64(const json& j, const char* type, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_number_integer()) return FieldError(type, key, "an integer");
-  return it->get<int64_t>();
-}
-
-Result<bool> GetBool(const json& j, const char* type, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_boolean()) return FieldError(type, key, "true or false");
-  return it->get<bool>();
-}
-
-Result<Fingerprint> GetFingerprint(const json& j, const char* type, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_object()) return FieldError(type, key, "an object");
-  try {
-    auto fp = Fingerprint::FromJson(*it);
-    if (!fp.ok()) return fp.error().With(std::string("'") + type + "' message: field '" + key + "'");
-    return std::move(fp).value();
-  } catch (const std::exception& e) {
-    return Corrupt(std::string("'") + type + "' message: field '" + key + "': " + e.what());
-  }
-}
-
-bool HasControlChars(std::string_view s) {
-  return std::any_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
 }
 
 }  // namespace
@@ -320,10 +261,11 @@ Result<Channel> Channel::Connect(const std::string& socket_path, int timeout_ms)
   return ch;
 }
 
-Status Channel::Send(const json& msg, std::vector<UniqueFd> fds, int timeout_ms) {
+Status Channel::Send(const json& msg, std::vector<UniqueFd> fds, int timeout_ms,
+                     std::shared_ptr<const std::string> blob) {
   if (!fd_.valid()) return Internal(path_ + ": send on a closed channel");
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  WSUP_ASSIGN_OR_RETURN(auto frame, OutgoingFrame::Make(msg, std::move(fds)));
+  WSUP_ASSIGN_OR_RETURN(auto frame, OutgoingFrame::Make(msg, std::move(fds), kMaxMessageBytes, std::move(blob)));
   for (;;) {
     auto sent = frame.SendSome(fd_.get());
     if (!sent.ok()) return sent.error().With(path_);
@@ -364,8 +306,8 @@ Result<Frame> Channel::Receive(int timeout_ms) {
   }
 }
 
-Result<Frame> Channel::Call(const json& msg, int timeout_ms) {
-  Status sent = Send(msg, {}, timeout_ms);
+Result<Frame> Channel::Call(const json& msg, int timeout_ms, std::shared_ptr<const std::string> blob) {
+  Status sent = Send(msg, {}, timeout_ms, std::move(blob));
   if (!sent.ok()) {
     // A holder that turns a connection away (its connection limit, another
     // uid) writes why and closes without reading, so the request may meet a
@@ -406,6 +348,8 @@ json EncodeHello(const HelloMsg& m) {
   json j = {{"type", "hello"}, {"version", m.version}, {"client", m.client}, {"role", ClientRoleName(m.role)}};
   if (m.fingerprint) j["fingerprint"] = m.fingerprint->ToJson();
   if (m.tensor_table > 0) j["tensor_table"] = m.tensor_table;
+  if (m.publish) j["publish"] = true;
+  if (m.wait_ms > 0) j["wait_ms"] = m.wait_ms;
   return j;
 }
 
@@ -417,7 +361,15 @@ json EncodeAttach(json manifest, const Fingerprint& fingerprint, const std::vect
 }
 
 json EncodeAttach(const AttachMsg& m) {
+  if (m.layout_id != 0) return EncodeLayoutAttach(ManifestToJson(m.manifest), m.fingerprint, m.layout_id, m.layout_hash);
   return EncodeAttach(ManifestToJson(m.manifest), m.fingerprint, m.diffs);
+}
+
+json EncodeLayoutAttach(json manifest, const Fingerprint& fingerprint, uint64_t layout_id,
+                        const std::string& layout_hash) {
+  json j = EncodeAttach(std::move(manifest), fingerprint, {});
+  j["layout"] = {{"id", layout_id}, {"hash", layout_hash}};
+  return j;
 }
 
 json EncodeMismatch(const MismatchMsg& m) {
@@ -431,6 +383,8 @@ json EncodeError(const Error& e) { return EncodeError(ErrorMsg{CodeName(e.code()
 json EncodeInfoRequest() { return {{"type", "info"}}; }
 
 json EncodeInfo(const InfoMsg& m) {
+  json layouts = json::array();
+  for (const auto& l : m.layouts) layouts.push_back(LayoutInfoToJson(l));
   json clients = json::array();
   for (const auto& c : m.client_list) {
     clients.push_back(
@@ -457,7 +411,9 @@ json EncodeInfo(const InfoMsg& m) {
           {"attaches", m.attaches},
           {"closed_idle", m.closed_idle},
           {"evicted", m.evicted},
-          {"client_list", clients}};
+          {"client_list", clients},
+          {"layout", m.layout},
+          {"layouts", layouts}};
 }
 
 json EncodeBye() { return {{"type", "bye"}}; }
@@ -484,6 +440,16 @@ Result<HelloMsg> DecodeHello(const json& j) {
     if (table > 1'000'000) return FieldError("hello", "tensor_table", "a tensor table version");
     m.tensor_table = static_cast<uint32_t>(table);
   }
+  if (j.contains("publish")) {
+    WSUP_ASSIGN_OR_RETURN(m.publish, GetBool(j, "hello", "publish"));
+  }
+  if (j.contains("wait_ms")) {
+    WSUP_ASSIGN_OR_RETURN(m.wait_ms, GetU64(j, "hello", "wait_ms"));
+    if (m.wait_ms > kMaxLayoutWaitMs) {
+      return Corrupt("'hello' message: field 'wait_ms' = " + std::to_string(m.wait_ms) + " is more than the " +
+                     std::to_string(kMaxLayoutWaitMs) + " ms (an hour) a client may wait for another's commit");
+    }
+  }
   return m;
 }
 
@@ -501,6 +467,13 @@ Result<AttachMsg> DecodeAttach(const json& j, std::string_view table, ManifestDe
   WSUP_ASSIGN_OR_RETURN(m.fingerprint, GetFingerprint(j, "attach", "fingerprint"));
   if (j.contains("diffs")) {
     WSUP_ASSIGN_OR_RETURN(m.diffs, DiffsFromJson(j["diffs"]));
+  }
+  if (j.contains("layout")) {
+    const json& l = j["layout"];
+    if (!l.is_object()) return FieldError("attach", "layout", "an object");
+    WSUP_ASSIGN_OR_RETURN(m.layout_id, GetU64(l, "attach layout", "id"));
+    WSUP_ASSIGN_OR_RETURN(m.layout_hash, GetString(l, "attach layout", "hash"));
+    if (m.layout_id == 0) return FieldError("attach layout", "id", "a layout id (1 or more)");
   }
   return m;
 }
@@ -555,6 +528,18 @@ Result<InfoMsg> DecodeInfo(const json& j) {
     WSUP_ASSIGN_OR_RETURN(e.uid, GetI64(c, "info client_list[]", "uid"));
     WSUP_ASSIGN_OR_RETURN(e.attached, GetBool(c, "info client_list[]", "attached"));
     m.client_list.push_back(std::move(e));
+  }
+  m.layout = GetStringOr(j, "layout", "checkpoint");
+  if (m.layout != "checkpoint" && m.layout != "engine") {
+    return FieldError("info", "layout", "checkpoint or engine");
+  }
+  if (j.contains("layouts")) {
+    const json& ls = j["layouts"];
+    if (!ls.is_array()) return FieldError("info", "layouts", "an array");
+    for (const auto& l : ls) {
+      WSUP_ASSIGN_OR_RETURN(LayoutInfo info, LayoutInfoFromJson(l));
+      m.layouts.push_back(std::move(info));
+    }
   }
   return m;
 }

@@ -18,11 +18,15 @@
 // asked for it.
 //
 // Conversation (the client speaks first; one reply per request):
-//   hello {version, client, role: engine|keeper|inspect, fingerprint?, tensor_table?}
-//     -> attach {manifest, fingerprint, diffs, fds: N, blob?}   (+ N arena fds)
+//   hello {version, client, role: engine|keeper|inspect, fingerprint?, tensor_table?,
+//          publish?, wait_ms?}
+//     -> attach {manifest, fingerprint, diffs, fds: N, blob?, layout?}   (+ N arena fds)
 //      | mismatch {diffs: [{field, ours, holder}], message}
 //      | error {code, message}
-//   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, ...}
+//      | lease {layout, ...}   (a holder of engine-made layouts only: see
+//                               wire/layout_protocol.h for the writer's side)
+//   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, layout,
+//                 layouts: [...], ...}
 //   bye  -> (the holder closes the connection)
 // The holder closes a connection that has no request in flight for its idle
 // limit, and may close an idle one early to make room at its connection
@@ -67,6 +71,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "wire/json_frame.h"
+#include "wire/layout_protocol.h"
 #include "wire/manifest.h"
 
 namespace wsup {
@@ -160,12 +165,14 @@ class Channel {
   // there (kUnavailable) or the socket is not ours to use (kRefused).
   static Result<Channel> Connect(const std::string& socket_path, int timeout_ms);
 
-  Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms);
+  // `blob`, when given, is the message's binary part (a commit's tensor table).
+  Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms,
+              std::shared_ptr<const std::string> blob = nullptr);
   Result<Frame> Receive(int timeout_ms);
   // Sends a request and waits for its reply. A holder that hung up before
   // taking the request (it turned the connection away) may have said why
   // first: that message is then the reply.
-  Result<Frame> Call(const nlohmann::json& msg, int timeout_ms);
+  Result<Frame> Call(const nlohmann::json& msg, int timeout_ms, std::shared_ptr<const std::string> blob = nullptr);
 
   bool connected() const { return fd_.valid(); }
   int fd() const { return fd_.get(); }
@@ -188,12 +195,21 @@ struct HelloMsg {
   // The highest binary tensor table version this client reads; 0: none,
   // send the entries as JSON.
   uint32_t tensor_table = 0;
+  // Engine-made layouts (wire/layout_protocol.h): this client writes the
+  // layout when nobody has (it gets a lease), and waits up to wait_ms for
+  // another client's commit (0: no waiting, an error at once).
+  bool publish = false;
+  uint64_t wait_ms = 0;
 };
 
 struct AttachMsg {
   Manifest manifest;
   Fingerprint fingerprint;                // the holder's
   std::vector<FingerprintDiff> diffs;     // inspect only: how the asker's differs
+  // An engine-made layout's id in its holder and its LayoutHash(); 0 and ""
+  // for a checkpoint arena.
+  uint64_t layout_id = 0;
+  std::string layout_hash;
 };
 
 struct MismatchMsg {
@@ -239,6 +255,11 @@ struct InfoMsg {
   uint64_t closed_idle = 0;
   uint64_t evicted = 0;
   std::vector<ClientEntry> client_list;
+  // "checkpoint", or "engine" for a holder of engine-made layouts; then
+  // `layouts` lists them (writing and committed), and tensors, bytes,
+  // arena_bytes and allocations are their sums.
+  std::string layout = "checkpoint";
+  std::vector<LayoutInfo> layouts;
 };
 
 nlohmann::json EncodeHello(const HelloMsg& m);
@@ -248,6 +269,9 @@ nlohmann::json EncodeAttach(const AttachMsg& m);
 // ManifestHeaderToJson() with the tensor table as the binary part.
 nlohmann::json EncodeAttach(nlohmann::json manifest, const Fingerprint& fingerprint,
                             const std::vector<FingerprintDiff>& diffs);
+// The same for an engine-made layout: adds layout {id, hash}.
+nlohmann::json EncodeLayoutAttach(nlohmann::json manifest, const Fingerprint& fingerprint, uint64_t layout_id,
+                                  const std::string& layout_hash);
 nlohmann::json EncodeMismatch(const MismatchMsg& m);
 nlohmann::json EncodeError(const ErrorMsg& m);
 nlohmann::json EncodeError(const Error& e);

@@ -747,7 +747,8 @@ TEST_CASE("libwsup_client.so exports the C ABI and nothing of C++", "[client][ca
   for (const char* sym : {"wsup_attach", "wsup_status", "wsup_error", "wsup_from_holder", "wsup_reason",
                           "wsup_num_tensors", "wsup_tensor_name", "wsup_tensor_data", "wsup_tensor_dtype",
                           "wsup_tensor_ndim", "wsup_tensor_dim", "wsup_tensor_nbytes", "wsup_detach",
-                          "wsup_client_version"}) {
+                          "wsup_client_version", "wsup_publish_begin", "wsup_has_lease", "wsup_publish_alloc",
+                          "wsup_publish_commit", "wsup_publish_abort", "wsup_tensor_stride"}) {
     INFO(sym);
     CHECK(::dlsym(h, sym) != nullptr);
   }

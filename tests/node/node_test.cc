@@ -348,6 +348,63 @@ TEST_CASE("node: client mode with a fingerprint mismatch loads from disk and rec
   CHECK(rj.dump().find("revision") != std::string::npos);
 }
 
+TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with its load time), the next attaches "
+          "(a hit) - a holder crash restarts an empty holder and the next engine publishes again",
+          "[node][layout]") {
+  if (!Have()) return;
+  std::string eng = test::BinPath("wsup-engine");
+  Node n({"weight_cache.layout=\"engine\"",
+          "engine.command=[\"" + eng +
+              "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+              "\"{socket}\", \"--layout\", \"{layout}\", \"--kv-cache-mib\", \"8\"]"});
+  n.Start();
+  REQUIRE(n.WaitServing());
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  auto events = [&](const std::string& where) {
+    return Query(n.Db(), "select * from cache_events where " + where).rows;
+  };
+  REQUIRE(test::WaitFor([&] { return events("1=1").size() == 2; }, 10s));
+  auto misses = events("result='miss'");
+  REQUIRE(misses.size() == 1);
+  CHECK(misses[0]["miss_reason"] == "published");
+  CHECK_FALSE(misses[0]["load_ms"].empty());
+  auto hits = events("result='hit'");
+  REQUIRE(hits.size() == 1);
+  CHECK_FALSE(hits[0]["attach_ms"].empty());
+  auto info = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", n.dir().Join("run/holder.sock"),
+                         "--json"},
+                        30s);
+  REQUIRE(info.exit_code == 0);
+  auto ij = json::parse(info.output);
+  REQUIRE(ij["layouts"].size() == 1);
+  CHECK(ij["layouts"][0]["state"] == "committed");
+
+  // The standby re-armed: it attaches the committed layout.
+  auto standby = n.Engine(*n.Status(), "standby");
+  REQUIRE(standby.is_object());
+  REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
+  REQUIRE(test::WaitFor([&] { return events("result='hit'").size() == 2; }, 30s));
+  REQUIRE(n.WaitServing());  // the re-armed engine proven again: a standby to kill below
+
+  // A holder crash: the engines keep serving; an empty holder is started.
+  pid_t hpid = n.Status()->at("holders")[0].value("pid", 0);
+  REQUIRE(hpid > 0);
+  REQUIRE(::kill(hpid, SIGKILL) == 0);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from holder_restarts").rows.size() == 1; }, 15s));
+  CHECK(Query(n.Db(), "select * from holder_restarts").rows[0]["from_fds"] == "0");
+  REQUIRE(n.WaitStatus([&](const json& s) { return s["holders"][0].value("pid", 0) != hpid &&
+                                                   s["holders"][0].value("state", "") == "ready"; }, 15s));
+  REQUIRE(n.WaitServing());
+  standby = n.Engine(*n.Status(), "standby");
+  REQUIRE(standby.is_object());
+  REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
+  REQUIRE(test::WaitFor([&] { return events("result='miss'").size() == 2; }, 30s));
+  CHECK(events("result='miss'")[1]["miss_reason"] == "published");
+  REQUIRE(n.WaitServing());
+  CHECK(Complete(n.FrontPort()) == kGolden);
+}
+
 TEST_CASE("node: daemon mode with a mismatch: clear error, bounded retries, degraded", "[node]") {
   if (!Have()) return;
   std::string eng = test::BinPath("wsup-engine");

@@ -344,6 +344,51 @@ TEST_CASE("config: defaults, relative paths and overrides", "[config]") {
   CHECK_FALSE(HolderArgv(c, 1, "x").ok());
 }
 
+TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint - its rules are checked",
+          "[config]") {
+  auto def = ParseConfig(kBase, "/srv/c.toml");
+  REQUIRE(def.ok());
+  CHECK(def->weight_cache.layout == CacheLayout::kCheckpoint);
+  auto r = ParseConfig(kBase, "/srv/c.toml",
+                       {"weight_cache.layout=engine", "model.revision=r7",
+                        "engine.command=[\"e\", \"--port\", \"{port}\", \"--layout\", \"{layout}\"]"});
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  CHECK(r->weight_cache.layout == CacheLayout::kEngine);
+  auto h = HolderArgv(*r, 0, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(h.ok());
+  CHECK(std::find(h->begin(), h->end(), "--model") == h->end());
+  auto layout = std::find(h->begin(), h->end(), "--layout");
+  REQUIRE(layout != h->end());
+  CHECK(*(layout + 1) == "engine");
+  CHECK(std::find(h->begin(), h->end(), "r7") != h->end());
+  auto e = EngineArgv(*r, 8001);
+  REQUIRE(e.ok());
+  CHECK(e->back() == "engine");
+  CHECK(DescribeConfig(*r).find("layout engine") != std::string::npos);
+  // The checkpoint layout's holder still loads the checkpoint.
+  auto hc = HolderArgv(*def, 0, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(hc.ok());
+  CHECK(std::find(hc->begin(), hc->end(), "--model") != hc->end());
+
+  struct Case {
+    std::vector<std::string> sets;
+    const char* says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"weight_cache.layout=fused"}, "weight_cache.layout"},
+           {{"weight_cache.layout=engine", "weight_cache.backend=cuda", "parallel.devices=[0]"},
+            "host memory only"},
+           {{"weight_cache.layout=engine", "weight_cache.mode=off"}, "needs a holder to publish to"},
+       }) {
+    auto bad = ParseConfig(kBase, "c.toml", c.sets);
+    REQUIRE_FALSE(bad.ok());
+    INFO(bad.error().message());
+    CHECK(bad.error().message().find(c.says) != std::string::npos);
+    CHECK(bad.error().message().find("weight_cache.layout") != std::string::npos);
+  }
+}
+
 TEST_CASE("config: port probe needs no answer, and refuses one", "[config]") {
   std::string text = Edit("prompt = \"Hello\"\nexpect = \"world\"\n", "kind = \"port\"\n");
   auto r = ParseConfig(text, "c.toml");

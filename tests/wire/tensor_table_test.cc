@@ -53,6 +53,7 @@ void CheckSameEntries(const std::vector<ManifestEntry>& a, const std::vector<Man
     CHECK(a[i].alloc == b[i].alloc);
     CHECK(a[i].offset == b[i].offset);
     CHECK(a[i].nbytes == b[i].nbytes);
+    CHECK(a[i].strides == b[i].strides);
   }
 }
 
@@ -130,7 +131,9 @@ TEST_CASE("a cut, padded or garbled tensor table is refused, naming what is wron
         {"version", [](std::string& t) { Put32(t, 8, 2); }, "version 2, but this wsup reads version 1"},
         {"header size", [](std::string& t) { Put32(t, 12, 72); }, "header of 72 bytes"},
         {"record size", [](std::string& t) { Put32(t, 16, 40); }, "records of 40 bytes"},
-        {"flags", [](std::string& t) { Put32(t, 20, 1); }, "flags or reserved"},
+        {"unknown flag", [](std::string& t) { Put32(t, 20, 2); }, "flags or reserved header fields are set (flags 2)"},
+        {"strides flag on a table without strides", [](std::string& t) { Put32(t, 20, 1); },
+         "shape and strides run past"},
         {"reserved", [](std::string& t) { Put64(t, 56, 1); }, "flags or reserved"},
         {"absurd entry count", [](std::string& t) { Put64(t, 24, 1ull << 40); }, "more than the 4000000"},
         {"entry count off by one", [](std::string& t) { Put64(t, 24, 6); }, "do not add up"},
@@ -294,6 +297,89 @@ TEST_CASE("Validate finds overlaps in any entry order", "[client][manifest]") {
     CHECK(Has(st.error().message(),
               "manifest entry 2 ('scale'): field 'offset' = 512 overlaps manifest entry 0 "
               "('model.embed_tokens.weight'), which ends at 1024"));
+  }
+}
+
+}  // namespace
+}  // namespace wsup
+
+namespace wsup {
+namespace {
+
+// An engine-made layout: a transposed matrix (strides [1, 4] over a 4 x 3
+// shape), a padded one (rows of 8 elements holding 5) and a contiguous one
+// whose explicit strides are the contiguous ones.
+Manifest Strided() {
+  Manifest m;
+  m.backend = "host";
+  m.device = -1;
+  m.device_uuid = "host";
+  m.allocations = {{4096}};
+  ManifestEntry t{"transposed", "F32", {4, 3}, 0, 0, 48};
+  t.strides = {1, 4};
+  ManifestEntry p{"padded", "BF16", {3, 5}, 0, 256, (2 * 8 + 5) * 2};
+  p.strides = {8, 1};
+  ManifestEntry c{"contiguous", "F32", {2, 3}, 0, 512, 24};
+  m.entries = {t, p, c};
+  return m;
+}
+
+TEST_CASE("strides round-trip through JSON and the tensor table, contiguous ones in one spelling",
+          "[client][manifest]") {
+  Manifest m = Strided();
+  REQUIRE(m.Validate().ok());
+  CHECK(ContiguousStrides({4, 3}) == std::vector<int64_t>{3, 1});
+  CHECK(ContiguousStrides({2, 0, 5}) == std::vector<int64_t>{5, 5, 1});
+  CHECK(ContiguousStrides({}).empty());
+
+  json j = ManifestToJson(m);
+  CHECK(j["entry_fields"].size() == 7);
+  auto back = ManifestFromJson(j);
+  REQUIRE(back.ok());
+  CheckSameEntries(back->entries, m.entries);
+
+  auto table = EncodeTensorTable(m.entries);
+  REQUIRE(table.ok());
+  std::vector<ManifestEntry> decoded;
+  REQUIRE(DecodeTensorTable(*table, &decoded).ok());
+  CheckSameEntries(decoded, m.entries);
+
+  // Explicit contiguous strides decode as none.
+  m.entries[2].strides = {3, 1};
+  auto again = ManifestFromJson(ManifestToJson(m));
+  REQUIRE(again.ok());
+  CHECK(again->entries[2].strides.empty());
+  REQUIRE(DecodeTensorTable(EncodeTensorTable(m.entries).value(), &decoded).ok());
+  CHECK(decoded[2].strides.empty());
+
+  // Without strides the formats are as before: 6 entry fields, flags 0.
+  Manifest plain = Varied();
+  CHECK(ManifestToJson(plain)["entry_fields"].size() == 6);
+  CHECK(EncodeTensorTable(plain.entries).value()[20] == 0);
+}
+
+TEST_CASE("strides that disagree with nbytes, the rank or the sign are refused", "[client][manifest]") {
+  struct Case {
+    const char* what;
+    std::function<void(ManifestEntry&)> damage;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"span", [](ManifestEntry& e) { e.nbytes = 64; }, "shape and strides x dtype size (F32) span 48"},
+      {"rank", [](ManifestEntry& e) { e.strides = {1}; }, "field 'strides' has 1 values for a shape of rank 2"},
+      {"negative", [](ManifestEntry& e) { e.strides = {-1, 4}; }, "field 'strides' dimension 0 is negative"},
+      {"huge", [](ManifestEntry& e) { e.strides = {1, int64_t{1} << 60}; }, "reaches more than 1 TiB"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    Manifest m = Strided();
+    c.damage(m.entries[0]);
+    Status st = m.Validate(nullptr, "; fix the writer");
+    REQUIRE_FALSE(st.ok());
+    INFO(st.error().message());
+    CHECK(Has(st.error().message(), c.says));
+    CHECK(Has(st.error().message(), "; fix the writer"));
+    CHECK_FALSE(Has(st.error().message(), "restart the holder"));
   }
 }
 

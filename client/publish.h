@@ -1,0 +1,110 @@
+// Engine-made layouts, the client's side (wire/layout_protocol.h): attach
+// the layout this engine computes from when a holder has it committed, and
+// otherwise write it, once, for every engine after this one.
+//
+//   AttachOrPublish(opts, fingerprint, wait_ms)
+//     -> attachment: the layout was committed (by this holder's earlier
+//                    writer), mapped read-only as a checkpoint arena is
+//      | publication: nobody had it; this client holds the write lease:
+//                    Allocate() memory from the holder (mapped read-write
+//                    here), write the tensors with the engine's own loader,
+//                    then Commit() the entries: the holder checks and seals
+//                    the memory, and the same connection brings the layout
+//                    back as an Attachment (source "published")
+//      | neither:    load from disk (client mode; outcome.reason says why)
+//   While another client writes the layout, the hello's answer waits for
+//   its commit (or, if that writer is lost, for this client's own lease) up
+//   to wait_ms; past it the holder answers with a timeout that names the
+//   bound. Modes are Attach()'s (client/client.h): daemon turns every
+//   failure into an Error, client into "load from disk", off never asks.
+//
+// The fingerprint must be an engine layout's (AddEngineLayout in
+// checkpoint/fingerprint.h): the checkpoint's identity plus the engine's
+// name, version and transform, so another revision or another transform is
+// another layout.
+//
+// Ownership: a Publication owns the lease's connection and the read-write
+// mappings of its grants. Destroying it (or Abort()) before Commit() gives
+// the lease up; the holder releases the memory once these mappings are
+// gone. Not thread-safe; Allocate()d memory may be written from any thread
+// until Commit() or Abort(), after which it is unmapped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/fingerprint.h"
+#include "client/client.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "wire/layout_protocol.h"
+#include "wire/manifest.h"
+#include "wire/protocol.h"
+
+namespace wsup {
+
+// How long a client waits for another's commit unless told otherwise: a
+// large model takes minutes to load.
+inline constexpr uint64_t kDefaultLayoutWaitMs = 600'000;
+
+class Publication {
+ public:
+  struct Region {
+    uint32_t alloc = 0;     // the allocation's index: ManifestEntry::alloc
+    void* data = nullptr;   // mapped read-write in this process
+    uint64_t size = 0;      // bytes (the request rounded up to the granularity)
+  };
+
+  Publication(AttachOptions opts, Fingerprint fp, Channel channel, LeaseMsg lease);
+  ~Publication();
+  Publication(const Publication&) = delete;
+  Publication& operator=(const Publication&) = delete;
+
+  const LeaseMsg& lease() const { return lease_; }
+  const std::vector<Region>& regions() const { return regions_; }
+  // The grants' fds, in allocation order (for a writer that maps them
+  // itself; it must unmap before Commit()).
+  const std::vector<UniqueFd>& fds() const { return fds_; }
+
+  // Asks the holder for `bytes` more bytes and maps them read-write.
+  Result<Region> Allocate(uint64_t bytes);
+
+  // Unmaps every region, sends the entries (a binary tensor table, with
+  // their LayoutHash()) and waits for the holder's checks and seals. On
+  // success the layout comes back mapped read-only (outcome source
+  // kPublished) and this Publication is done. A refused commit keeps the
+  // lease and maps the regions again: fix the entries and commit again, or
+  // Abort(). The error names what the holder refused.
+  Result<AttachResult> Commit(std::vector<ManifestEntry> entries);
+
+  // Gives the lease up; the holder releases the memory.
+  Status Abort(const std::string& reason);
+
+  bool done() const { return done_; }
+
+ private:
+  Status MapAll();
+  void UnmapAll();
+
+  AttachOptions opts_;
+  Fingerprint fp_;
+  Channel channel_;
+  LeaseMsg lease_;
+  std::vector<Region> regions_;
+  std::vector<UniqueFd> fds_;
+  bool done_ = false;
+};
+
+struct LayoutResult {
+  AttachOutcome outcome;                     // source kHolder when attached, kDisk otherwise
+  std::unique_ptr<Attachment> attachment;    // the committed layout
+  std::unique_ptr<Publication> publication;  // this client writes it
+};
+
+// See the top of this file. Errors only in daemon mode, or for misuse.
+Result<LayoutResult> AttachOrPublish(const AttachOptions& opts, const Fingerprint& ours,
+                                     uint64_t wait_ms = kDefaultLayoutWaitMs);
+
+}  // namespace wsup

@@ -1,0 +1,433 @@
+// A real wsup-holder started with --layout engine (no checkpoint), driven
+// through the C++ client (client/publish.h) and raw protocol messages: a
+// lease for the first client, waiters served by the commit, a writer that
+// leaves handing its lease on, bad commits refused with clear errors, a
+// commit without a lease, a wait that passes its bound, abort, and what
+// `info` says about all of it.
+#include <signal.h>
+#include <sys/mman.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <thread>
+
+#include "client/cache_commands.h"
+#include "client/publish.h"
+#include "client/wsup_client.h"
+#include "tests/holder/holder_fixture.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+using test::HolderProcess;
+using test::StartHolder;
+using test::TempDir;
+
+bool Has(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+Fingerprint LayoutFp(const std::string& revision = "r1") {
+  Fingerprint fp;
+  fp.Set("checkpoint", "0123");
+  fp.Set("revision", revision);
+  fp.Set("tp_rank", "0");
+  AddEngineLayout(&fp, EngineLayoutId{"test-engine", "1", "transposed/v1"});
+  return fp;
+}
+
+AttachOptions Opts(const HolderProcess& h, const std::string& name) {
+  AttachOptions o;
+  o.socket_path = h.socket;
+  o.mode = AttachMode::kDaemon;
+  o.client_name = name;
+  o.timeout_ms = 10'000;
+  return o;
+}
+
+// One 4 x 3 F32 tensor stored transposed (strides 1, 4) and one vector,
+// written into a fresh grant.
+std::vector<ManifestEntry> WriteTensors(Publication& p) {
+  auto r = p.Allocate(1000);
+  REQUIRE(r.ok());
+  auto* f = static_cast<float*>(r->data);
+  for (int i = 0; i < 12; ++i) f[i] = static_cast<float>(i);
+  auto* v = reinterpret_cast<float*>(static_cast<char*>(r->data) + 256);
+  for (int i = 0; i < 4; ++i) v[i] = 100.0f + static_cast<float>(i);
+  ManifestEntry t{"w.t", "F32", {4, 3}, r->alloc, 0, 48};
+  t.strides = {1, 4};
+  ManifestEntry b{"b", "F32", {4}, r->alloc, 256, 16};
+  return {t, b};
+}
+
+InfoMsg Info(const HolderProcess& h) {
+  auto info = QueryHolderInfo(h.socket, 5000);
+  REQUIRE(info.ok());
+  return *info;
+}
+
+HolderProcess StartLayoutHolder(const TempDir& dir, const std::string& name = "layouts") {
+  HolderProcess h = StartHolder(dir, name, {"--layout", "engine", "--backend", "host", "--log-level", "info"});
+  INFO(h.Log());
+  REQUIRE(h.WaitReady());
+  return h;
+}
+
+TEST_CASE("a holder of engine-made layouts serves with no checkpoint - bad flag pairs are usage errors",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  InfoMsg info = Info(h);
+  CHECK(info.layout == "engine");
+  CHECK(info.layouts.empty());
+  CHECK(info.tensors == 0);
+  CHECK(info.fingerprint.Get("layout") == "engine");
+  CommandOutput o = CacheInfoCommand(h.socket, true, 5000);
+  INFO(o.out << o.err);
+  auto j = nlohmann::json::parse(o.out);
+  CHECK(j["layout"] == "engine");
+  CHECK(j["layouts"].is_array());
+  CHECK(j["fingerprint"]["layout"] == "engine");
+  h.child.Kill(SIGTERM);
+  CHECK(h.child.Wait(10s) == 0);
+
+  auto with_model = test::Run({test::BinPath("wsup-holder"), "--layout", "engine", "--model",
+                               test::TestData("llama-tiny-f32"), "--socket", dir.Join("x.sock")},
+                              30s);
+  CHECK(with_model.exit_code == 2);
+  CHECK(Has(with_model.output, "--model and --layout engine do not go together"));
+  auto cuda = test::Run({test::BinPath("wsup-holder"), "--layout", "engine", "--backend", "cuda", "--socket",
+                         dir.Join("x.sock")},
+                        30s);
+  CHECK(cuda.exit_code == 2);
+  CHECK(Has(cuda.output, "host memory only"));
+  auto none = test::Run({test::BinPath("wsup-holder"), "--socket", dir.Join("x.sock")}, 30s);
+  CHECK(none.exit_code == 2);
+  CHECK(Has(none.output, "--model is required"));
+}
+
+TEST_CASE("the first client publishes, a waiter gets the commit, later clients attach - another fingerprint "
+          "publishes its own",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 30'000);
+  REQUIRE(first.ok());
+  REQUIRE(first->publication != nullptr);
+  CHECK(first->attachment == nullptr);
+  CHECK(Has(first->outcome.reason, "this client publishes it"));
+  Publication& pub = *first->publication;
+  auto entries = WriteTensors(pub);
+
+  // Asked not to wait: an error that names the writer, at once.
+  auto busy = AttachOrPublish(Opts(h, "impatient"), LayoutFp(), 0);
+  REQUIRE_FALSE(busy.ok());
+  CHECK(busy.error().code() == Code::kUnavailable);
+  CHECK(Has(busy.error().message(), "is being written by 'writer'"));
+  // Client mode: the same is a disk load with its reason.
+  AttachOptions client = Opts(h, "client-mode");
+  client.mode = AttachMode::kClient;
+  auto disk = AttachOrPublish(client, LayoutFp(), 0);
+  REQUIRE(disk.ok());
+  CHECK(disk->outcome.source == WeightSource::kDisk);
+  CHECK(Has(disk->outcome.reason, "being written"));
+
+  // A waiter, on its own thread: its hello is answered by the commit.
+  Result<LayoutResult> waited = Internal("not run");
+  std::thread waiter([&] { waited = AttachOrPublish(Opts(h, "waiter"), LayoutFp(), 30'000); });
+  bool queued = test::WaitFor(
+      [&] {
+        InfoMsg i = Info(h);
+        return i.layouts.size() == 1 && i.layouts[0].waiters == 1;
+      },
+      10s);
+  CHECK(queued);
+  InfoMsg during = Info(h);
+  REQUIRE(during.layouts.size() == 1);
+  CHECK(during.layouts[0].state == "writing");
+  CHECK(during.layouts[0].writer == "writer");
+  CHECK(during.layouts[0].arena_bytes == 4096);
+
+  auto committed = pub.Commit(entries);
+  waiter.join();
+  REQUIRE(committed.ok());
+  CHECK(committed->outcome.source == WeightSource::kPublished);
+  REQUIRE(committed->attachment != nullptr);
+  const Attachment& mine = *committed->attachment;
+  REQUIRE(mine.size() == 2);
+  TensorView t = mine.Find("w.t");
+  REQUIRE(t.entry != nullptr);
+  CHECK(t.entry->strides == std::vector<int64_t>{1, 4});
+  CHECK(static_cast<const float*>(t.data)[11] == 11.0f);
+
+  REQUIRE(waited.ok());
+  REQUIRE(waited->attachment != nullptr);
+  CHECK(waited->publication == nullptr);
+  CHECK(waited->outcome.source == WeightSource::kHolder);
+  TensorView b = waited->attachment->Find("b");
+  REQUIRE(b.entry != nullptr);
+  CHECK(static_cast<const float*>(b.data)[3] == 103.0f);
+
+  // Later clients attach, asked to wait or not.
+  auto later = AttachOrPublish(Opts(h, "later"), LayoutFp(), 0);
+  REQUIRE(later.ok());
+  REQUIRE(later->attachment != nullptr);
+  CHECK(later->attachment->Find("w.t").data != nullptr);
+  // A plain attach (no publish offered) gets it too.
+  auto plain = Attach(Opts(h, "plain"), LayoutFp());
+  REQUIRE(plain.ok());
+  CHECK(plain->outcome.source == WeightSource::kHolder);
+
+  // Another revision: its own lease, never the first layout.
+  auto other = AttachOrPublish(Opts(h, "other"), LayoutFp("r2"), 0);
+  REQUIRE(other.ok());
+  REQUIRE(other->publication != nullptr);
+  InfoMsg two = Info(h);
+  REQUIRE(two.layouts.size() == 2);
+  CHECK(two.layouts[0].state == "committed");
+  CHECK(two.layouts[0].tensors == 2);
+  CHECK(two.layouts[0].bytes == 64);
+  CHECK(two.layouts[0].attaches == 4);  // writer, waiter, later, plain
+  CHECK(two.layouts[0].layout_hash == LayoutHash(entries));
+  CHECK(two.layouts[0].fingerprint.Get("revision") == "r1");
+  CHECK(two.layouts[1].state == "writing");
+  CHECK(two.layouts[1].fingerprint.Get("revision") == "r2");
+  CHECK(two.tensors == 2);
+  // `wsup cache info`, as text and as JSON.
+  CommandOutput text = CacheInfoCommand(h.socket, false, 5000);
+  INFO(text.out);
+  CHECK(Has(text.out, "layouts      2 (engine-made)"));
+  CHECK(Has(text.out, "layout 1  committed  2 tensors"));
+  CHECK(Has(text.out, "writing  0 tensors"));
+  CHECK(Has(text.out, "writer other"));
+  CHECK(Has(text.out, "transform transposed/v1, revision 'r2'"));
+  auto j = nlohmann::json::parse(CacheInfoCommand(h.socket, true, 5000).out);
+  REQUIRE(j["layouts"].size() == 2);
+  CHECK(j["layouts"][0]["state"] == "committed");
+  CHECK(j["layouts"][0]["tensors"] == 2);
+  CHECK(j["layouts"][0]["bytes"] == 64);
+  CHECK(j["layouts"][0]["fingerprint"]["revision"] == "r1");
+  CHECK(j["layouts"][0]["fingerprint_id"].get<std::string>().size() == 16);
+  CHECK(j["layouts"][1]["state"] == "writing");
+  CHECK(j["layouts"][1]["writer"] == "other");
+}
+
+TEST_CASE("a writer that leaves before its commit hands the lease to the waiter, and its memory is released",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  auto first = AttachOrPublish(Opts(h, "leaver"), LayoutFp(), 30'000);
+  REQUIRE(first.ok());
+  REQUIRE(first->publication != nullptr);
+  REQUIRE(first->publication->Allocate(1 << 20).ok());
+  CHECK(Info(h).arena_bytes == (1u << 20));
+
+  Result<LayoutResult> next = Internal("not run");
+  std::thread waiter([&] { next = AttachOrPublish(Opts(h, "heir"), LayoutFp(), 30'000); });
+  CHECK(test::WaitFor([&] { return Info(h).layouts.size() == 1 && Info(h).layouts[0].waiters == 1; }, 10s));
+  first->publication.reset();  // closes the connection without a commit
+  waiter.join();
+  REQUIRE(next.ok());
+  REQUIRE(next->publication != nullptr);
+  InfoMsg i = Info(h);
+  REQUIRE(i.layouts.size() == 1);
+  CHECK(i.layouts[0].state == "writing");
+  CHECK(i.layouts[0].writer == "heir");
+  CHECK(i.layouts[0].arena_bytes == 0);  // the leaver's grant is gone
+  CHECK(i.arena_bytes == 0);
+  CHECK(Has(h.Log(), "writer 'leaver'"));
+  CHECK(Has(h.Log(), "disconnected before its commit"));
+
+  // The heir aborts: nothing is left, and the next client gets a lease.
+  REQUIRE(next->publication->Abort("test abort").ok());
+  CHECK(test::WaitFor([&] { return Info(h).layouts.empty(); }, 10s));
+  auto again = AttachOrPublish(Opts(h, "third"), LayoutFp(), 0);
+  REQUIRE(again.ok());
+  CHECK(again->publication != nullptr);
+}
+
+TEST_CASE("bad commits are refused with clear errors, the lease kept - a commit without a lease is refused",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 30'000);
+  REQUIRE(first.ok());
+  REQUIRE(first->publication != nullptr);
+  Publication& pub = *first->publication;
+  auto good = WriteTensors(pub);
+  struct Case {
+    const char* what;
+    std::vector<ManifestEntry> entries;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {"overlap", {{"a", "F32", {64}, 0, 0, 256}, {"b", "F32", {64}, 0, 0, 256}}, "overlaps"},
+      {"out of bounds", {{"a", "F32", {1024}, 0, 256, 4096}}, "ends past allocation 0 of 4096 bytes"},
+      {"unknown dtype", {{"a", "Q4", {4}, 0, 0, 16}}, "'Q4' is not a known safetensors dtype"},
+      {"duplicate name", {{"a", "F32", {4}, 0, 0, 16}, {"a", "F32", {4}, 0, 256, 16}}, "is a duplicate of entry 0"},
+      {"size against shape", {{"a", "F32", {4, 4}, 0, 0, 48}}, "but shape x dtype size (F32) = 64"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    auto r = pub.Commit(c.entries);
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message());
+    CHECK(Has(r.error().message(), c.says));
+    CHECK(Has(r.error().message(), "the lease kept"));
+    CHECK(Info(h).layouts.at(0).state == "writing");
+  }
+  // The data survived the refusals (the regions were mapped again).
+  CHECK(static_cast<float*>(pub.regions()[0].data)[5] == 5.0f);
+  auto ok = pub.Commit(good);
+  REQUIRE(ok.ok());
+  CHECK(ok->attachment->Find("w.t").data != nullptr);
+
+  // Commit, alloc or abort on a connection with no lease.
+  for (const char* type : {"commit", "alloc", "abort"}) {
+    INFO(type);
+    auto ch = Channel::Connect(h.socket, 5000);
+    REQUIRE(ch.ok());
+    nlohmann::json msg = {{"type", type}};
+    if (std::string(type) == "alloc") msg = EncodeAlloc(AllocMsg{4096});
+    if (std::string(type) == "commit") msg = EncodeCommit(LayoutHash(good), nlohmann::json::object());
+    auto reply = ch->Call(msg, 5000);
+    REQUIRE(reply.ok());
+    REQUIRE(reply->type() == "error");
+    auto e = DecodeError(reply->msg);
+    REQUIRE(e.ok());
+    CHECK(e->code == "refused");
+    CHECK(Has(e->message, std::string("'") + type + "' from a client that holds no write lease"));
+  }
+  // A plain attach for a fingerprint nobody published: not found, no lease.
+  auto none = Attach(Opts(h, "plain"), LayoutFp("nobody"));
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().code() == Code::kNotFound);
+  CHECK(Has(none.error().message(), "did not offer to publish"));
+  // A checkpoint fingerprint (no engine fields) is refused with the fix.
+  Fingerprint plain_fp;
+  plain_fp.Set("checkpoint", "0123");
+  auto ckpt = Attach(Opts(h, "ckpt"), plain_fp);
+  REQUIRE_FALSE(ckpt.ok());
+  CHECK(Has(ckpt.error().message(), "--layout engine"));
+  // A keeper cannot keep engine-made layouts in this version.
+  auto keeper = AttachKeeper(h.socket, "keeper", 5000);
+  REQUIRE_FALSE(keeper.ok());
+  CHECK(Has(keeper.error().message(), "keeps engine-made layouts"));
+  // The holder is still serving.
+  CHECK(Info(h).layouts.size() == 1);
+}
+
+TEST_CASE("a waiter whose bound passes gets an error naming it - a writer that keeps a writable mapping cannot "
+          "commit",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  auto first = AttachOrPublish(Opts(h, "slow-writer"), LayoutFp(), 30'000);
+  REQUIRE(first.ok());
+  REQUIRE(first->publication != nullptr);
+  Publication& pub = *first->publication;
+  auto entries = WriteTensors(pub);
+
+  auto waited = AttachOrPublish(Opts(h, "waiter"), LayoutFp(), 300);
+  REQUIRE_FALSE(waited.ok());
+  CHECK(waited.error().code() == Code::kTimeout);
+  CHECK(Has(waited.error().message(), "within the 300 ms this client waits"));
+  CHECK(Has(waited.error().message(), "'slow-writer'"));
+  CHECK(Info(h).layouts.at(0).waiters == 0);
+
+  // A second writable mapping of the grant, kept open: the seal is refused.
+  void* extra = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, pub.fds()[0].get(), 0);
+  REQUIRE(extra != MAP_FAILED);
+  auto refused = pub.Commit(entries);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(Has(refused.error().message(), "still mapped writable"));
+  ::munmap(extra, 4096);
+  auto ok = pub.Commit(entries);
+  REQUIRE(ok.ok());
+  CHECK(Info(h).layouts.at(0).state == "committed");
+}
+
+TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, aborts", "[holder][layout][c]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  const std::string fp = LayoutFp().ToJson().dump();
+  wsup_attachment* w = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr,
+                                          "{\"client_name\":\"c-writer\",\"wait_ms\":0}");
+  REQUIRE(w != nullptr);
+  INFO(wsup_error(w));
+  REQUIRE(wsup_status(w) == WSUP_OK);
+  CHECK(wsup_has_lease(w) == 1);
+  CHECK(wsup_from_holder(w) == 0);
+  void* data = nullptr;
+  uint64_t size = 0;
+  uint32_t alloc = 99;
+  REQUIRE(wsup_publish_alloc(w, 100, &data, &size, &alloc) == WSUP_OK);
+  CHECK(size == 4096);
+  CHECK(alloc == 0);
+  auto* f = static_cast<float*>(data);
+  for (int i = 0; i < 6; ++i) f[i] = static_cast<float>(i) * 2;
+  // A duplicate name: refused with the holder's words, the lease kept.
+  CHECK(wsup_publish_commit(w, R"([{"name":"x","dtype":"F32","shape":[2],"alloc":0,"offset":0},
+                                   {"name":"x","dtype":"F32","shape":[2],"alloc":0,"offset":256}])") ==
+        WSUP_ERR_CORRUPT);
+  CHECK(Has(wsup_error(w), "is a duplicate of entry 0"));
+  CHECK(wsup_has_lease(w) == 1);
+  CHECK(wsup_publish_commit(w, "not json") == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(w), "entries_json"));
+  CHECK(wsup_publish_commit(w, R"([{"name":"x","dtype":"F32","shape":[2,3],"strides":[1,2],"alloc":0,"offset":0}])") ==
+        WSUP_OK);
+  CHECK(std::string(wsup_source(w)) == "published");
+  CHECK(wsup_has_lease(w) == 0);
+  CHECK(wsup_num_tensors(w) == 1);
+  CHECK(wsup_tensor_stride(w, "x", 1) == 2);
+  CHECK(wsup_tensor_nbytes(w, "x") == 24);  // (1 + 1 x 1 + 2 x 2) x 4
+  CHECK(static_cast<const float*>(wsup_tensor_data(w, "x"))[5] == 10.0f);
+  CHECK(wsup_publish_alloc(w, 100, &data, &size, &alloc) == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(w), "holds no write lease"));
+
+  // A reader attaches it through the same call.
+  wsup_attachment* r = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr, "{\"wait_ms\":0}");
+  REQUIRE(wsup_status(r) == WSUP_OK);
+  CHECK(wsup_from_holder(r) == 1);
+  CHECK(wsup_has_lease(r) == 0);
+  CHECK(std::string(wsup_source(r)) == "holder");
+  CHECK(wsup_tensor_stride(r, "x", 0) == 1);
+  wsup_detach(r);
+  wsup_detach(w);
+
+  // Without the engine's identity: a clear refusal.
+  Fingerprint bare;
+  bare.Set("checkpoint", "0123");
+  wsup_attachment* anon = wsup_publish_begin(h.socket.c_str(), "daemon", bare.ToJson().dump().c_str(), nullptr, "{}");
+  CHECK(wsup_status(anon) == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(anon), "'engine' and 'engine_version'"));
+  wsup_detach(anon);
+  // The identity given as options; then an abort releases the lease.
+  wsup_attachment* named = wsup_publish_begin(
+      h.socket.c_str(), "daemon", bare.ToJson().dump().c_str(), nullptr,
+      R"({"engine":"c-engine","engine_version":"2","transform":"none","wait_ms":0})");
+  REQUIRE(wsup_status(named) == WSUP_OK);
+  REQUIRE(wsup_has_lease(named) == 1);
+  CHECK(wsup_publish_alloc(named, 4096, &data, &size, &alloc) == WSUP_OK);
+  CHECK(Info(h).layouts.size() == 2);
+  CHECK(wsup_publish_abort(named, "changed my mind") == WSUP_OK);
+  CHECK(wsup_has_lease(named) == 0);
+  CHECK(test::WaitFor([&] { return Info(h).layouts.size() == 1; }, 10s));
+  wsup_detach(named);
+  // Client mode with nobody listening: load from disk, and why.
+  wsup_attachment* off = wsup_publish_begin(dir.Join("absent.sock").c_str(), "client", fp.c_str(), nullptr, "{}");
+  CHECK(wsup_status(off) == WSUP_OK);
+  CHECK(wsup_from_holder(off) == 0);
+  CHECK(wsup_has_lease(off) == 0);
+  CHECK(Has(wsup_reason(off), "holder unavailable"));
+  wsup_detach(off);
+}
+
+}  // namespace
+}  // namespace wsup
