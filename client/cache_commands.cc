@@ -102,6 +102,7 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
     s += "  " + (c.name.empty() ? std::string("(unnamed)") : c.name) + "  role=" + c.role +
          " pid=" + std::to_string(c.pid) + (c.attached ? " attached" : "") + "\n";
   }
+  if (m.clients_unlisted > 0) s += "  (" + std::to_string(m.clients_unlisted) + " more not listed)\n";
   if (m.max_connections > 0) {
     // Attached engines keep their mapping when the holder closes their idle
     // connection, so an engine that serves may be missing from the list.

@@ -661,6 +661,11 @@ InfoMsg HolderServer::Info() const {
   m.evicted = evicted_;
   for (const auto& [id, c] : conns_) {
     if (c->attached) ++m.clients;
+    if (!c->attached && c->name.empty()) continue;  // anonymous: counted in connections only
+    if (m.client_list.size() >= kMaxListedClients) {
+      ++m.clients_unlisted;
+      continue;
+    }
     m.client_list.push_back(ClientEntry{c->name, c->role, c->pid, c->uid, c->attached});
   }
   return m;

@@ -412,6 +412,7 @@ json EncodeInfo(const InfoMsg& m) {
           {"closed_idle", m.closed_idle},
           {"evicted", m.evicted},
           {"client_list", clients},
+          {"clients_unlisted", m.clients_unlisted},
           {"layout", m.layout},
           {"layouts", layouts}};
 }
@@ -517,6 +518,7 @@ Result<InfoMsg> DecodeInfo(const json& j) {
   WSUP_ASSIGN_OR_RETURN(m.attaches, GetU64Or(j, "info", "attaches", 0));
   WSUP_ASSIGN_OR_RETURN(m.closed_idle, GetU64Or(j, "info", "closed_idle", 0));
   WSUP_ASSIGN_OR_RETURN(m.evicted, GetU64Or(j, "info", "evicted", 0));
+  WSUP_ASSIGN_OR_RETURN(m.clients_unlisted, GetU64Or(j, "info", "clients_unlisted", 0));
   auto it = j.find("client_list");
   if (it == j.end() || !it->is_array()) return FieldError("info", "client_list", "an array");
   for (const auto& c : *it) {

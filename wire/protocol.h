@@ -230,6 +230,8 @@ struct ClientEntry {
   bool attached = false;  // received an attach reply
 };
 
+inline constexpr size_t kMaxListedClients = 256;
+
 struct InfoMsg {
   Fingerprint fingerprint;
   uint64_t tensors = 0;
@@ -254,7 +256,13 @@ struct InfoMsg {
   uint64_t attaches = 0;
   uint64_t closed_idle = 0;
   uint64_t evicted = 0;
+  // The connections that said hello or attached, at most kMaxListedClients
+  // of them; anonymous ones (a bare `info`) are only counted in
+  // `connections`, and those past the cap in clients_unlisted. Listing every
+  // connection in every reply made a thousand idle peers cost a million
+  // entries, enough to stall the holder.
   std::vector<ClientEntry> client_list;
+  uint64_t clients_unlisted = 0;
   // "checkpoint", or "engine" for a holder of engine-made layouts; then
   // `layouts` lists them (writing and committed), and tensors, bytes,
   // arena_bytes and allocations are their sums.

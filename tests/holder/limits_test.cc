@@ -161,6 +161,11 @@ TEST_CASE("a thousand idle info connections never keep an engine from attaching"
   CHECK(info.max_connections == kIdle);
   CHECK(info.clients == 1);
   CHECK(info.attaches == 1);
+  // Anonymous connections are counted, not listed: one reply per peer
+  // listing every peer made a thousand of them stall the holder.
+  REQUIRE(info.client_list.size() == 1);
+  CHECK(info.client_list[0].name == "restarted-engine");
+  CHECK(info.client_list.size() <= kMaxListedClients);
 
   auto cli = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", h.socket});
   INFO(cli.output);
