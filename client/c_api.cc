@@ -274,16 +274,15 @@ wsup::Status NoLease(const char* call) {
                                "wsup_publish_begin that got the lease allocates, commits or aborts");
 }
 
-}  // namespace
-
-extern "C" {
-
-wsup_attachment* wsup_attach(const char* socket_path, const char* mode, const char* fingerprint_json,
-                             const char* checkpoint_dir, const char* options_json) {
+// A new handle, filled by `start`; any failure, an exception included, is
+// recorded on the handle instead of crossing the C boundary.
+template <typename Start>
+wsup_attachment* Guarded(Start start, const char* socket_path, const char* mode, const char* fingerprint_json,
+                         const char* checkpoint_dir, const char* options_json) {
   wsup_attachment* a = nullptr;
   try {
     a = new wsup_attachment();
-    wsup::Status s = DoAttach(a, socket_path, mode, fingerprint_json, checkpoint_dir, options_json);
+    wsup::Status s = start(a, socket_path, mode, fingerprint_json, checkpoint_dir, options_json);
     if (!s.ok()) Fail(a, s.error());
   } catch (const std::bad_alloc&) {
     if (a != nullptr) Fail(a, wsup::Internal("out of memory"));
@@ -295,21 +294,18 @@ wsup_attachment* wsup_attach(const char* socket_path, const char* mode, const ch
   return a;
 }
 
+}  // namespace
+
+extern "C" {
+
+wsup_attachment* wsup_attach(const char* socket_path, const char* mode, const char* fingerprint_json,
+                             const char* checkpoint_dir, const char* options_json) {
+  return Guarded(DoAttach, socket_path, mode, fingerprint_json, checkpoint_dir, options_json);
+}
+
 wsup_attachment* wsup_publish_begin(const char* socket_path, const char* mode, const char* fingerprint_json,
                                     const char* checkpoint_dir, const char* options_json) {
-  wsup_attachment* a = nullptr;
-  try {
-    a = new wsup_attachment();
-    wsup::Status s = DoPublishBegin(a, socket_path, mode, fingerprint_json, checkpoint_dir, options_json);
-    if (!s.ok()) Fail(a, s.error());
-  } catch (const std::bad_alloc&) {
-    if (a != nullptr) Fail(a, wsup::Internal("out of memory"));
-  } catch (const std::exception& e) {
-    if (a != nullptr) Fail(a, wsup::Internal(std::string("unexpected exception: ") + e.what()));
-  } catch (...) {
-    if (a != nullptr) Fail(a, wsup::Internal("unexpected exception"));
-  }
-  return a;
+  return Guarded(DoPublishBegin, socket_path, mode, fingerprint_json, checkpoint_dir, options_json);
 }
 
 int wsup_has_lease(const wsup_attachment* a) { return a && a->pub && !a->pub->done() ? 1 : 0; }
