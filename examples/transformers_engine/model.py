@@ -87,9 +87,12 @@ def acquire(opts, ops, client):
 
 def _engine_layout(opts, ops, client, w):
     engine = {"name": ENGINE_NAME, "version": VERSION, "transform": ops.transform}
+    kw = {}
+    if opts.revision:  # part of the fingerprint, as for attach (and as the holder got it)
+        kw["revision"] = opts.revision
     t0 = time.monotonic()
     pub = client.publish(opts.socket, opts.weight_cache, checkpoint_dir=opts.model, engine=engine,
-                         backend=ops.backend, device=ops.device_index)
+                         backend=ops.backend, device=ops.device_index, **kw)
     if pub.attached:
         att = pub.attachment
         attached_ms = _ms(t0)

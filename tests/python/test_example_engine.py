@@ -292,9 +292,15 @@ def test_weights_engine_layout_attached_binds_the_layout_on_the_meta_device():
     assert keep == (pub, pub.attachment)  # kept as long as the model
     (call,) = client.calls
     assert call[:3] == ("publish", "/run/holder.sock", "client")
-    assert call[3] == {"checkpoint_dir": "/models/m", "backend": "cuda", "device": 3,
+    assert call[3] == {"checkpoint_dir": "/models/m", "backend": "cuda", "device": 3, "revision": "r1",
                        "engine": {"name": "wsup-transformers-example", "version": model_mod.VERSION,
                                   "transform": "transformers-5.17.0-float32"}}
+    # Without a revision label the call is publish()'s plain form.
+    opts = Opts()
+    opts.revision = ""
+    client = FakeClient([], publication=FakePublication([], attached=True))
+    model_mod.acquire(opts, FakeOps([]), client)
+    assert "revision" not in client.calls[0][3]
 
 
 def test_weights_engine_layout_with_a_lease_loads_into_the_pool_and_commits_the_state_dict():
