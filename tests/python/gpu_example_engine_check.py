@@ -135,7 +135,7 @@ def node_run(table, args, model_dir, cases, workdir, env):
             'weight_cache.layout="%s"' % args.layout, "engine.command=" + json.dumps(engine),
             "engine.primary_port=0", "engine.standby_port=0", "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0",
             "probe.prompt=" + json.dumps(c0["prompt"]), "probe.expect_token_ids=" + json.dumps(c0["output_ids"]),
-            "probe.max_tokens=%d" % len(c0["output_ids"])]
+            "probe.max_tokens=%d" % len(c0["output_ids"])] + list(args.set)
     n = Node(bin_dir, CONFIG, sets, os.path.join(workdir, "node"), env=env)
     os.makedirs(n.dir, exist_ok=True)
     try:
@@ -216,6 +216,8 @@ def main():
     ap.add_argument("--skip-alone", action="store_true", help="only the node")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds an engine or node may take to be ready")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs) and print its path")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more override for the node's config (repeatable), e.g. engine.env.NAME=\"value\"")
     args = ap.parse_args()
     try:
         import torch
