@@ -51,6 +51,7 @@ import os
 import select
 import signal
 import socket
+import socketserver
 import sys
 import threading
 import time
@@ -356,6 +357,12 @@ class Server(ThreadingHTTPServer):
         self._conns = 0
         self._conns_lock = threading.Lock()
         super().__init__(address, Handler)
+
+    def server_bind(self):
+        # HTTPServer.server_bind asks the resolver for the host's full name,
+        # which can stall a machine without DNS; the name is never used.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
 
     def process_request(self, request, client_address):
         with self._conns_lock:

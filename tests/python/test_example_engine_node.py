@@ -49,7 +49,9 @@ def node(tmp_path):
         "engine.primary_port=0", "engine.standby_port=0", "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0",
         "engine.ready_timeout_ms=60000",
         "probe.expect_token_ids=" + json.dumps(greedy(PROMPT, 16)),
-        "probe.interval_ms=300", "probe.timeout_ms=300", "probe.jitter_ms=0", "probe.failures=3",
+        # Generous for a loaded CI machine: a late probe on a healthy engine
+        # would make a drill refuse ("try again once its next probe passes").
+        "probe.interval_ms=1000", "probe.timeout_ms=1000", "probe.jitter_ms=0", "probe.failures=3",
         "supervisor.restart_backoff_ms=100",
     ]
     n = Node(bin_dir(), CONFIG, sets, str(tmp_path))
