@@ -684,10 +684,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         eng.count("finished")
         if stream is not None:
-            if req.include_usage:
-                stream.event(api.usage_chunk_json(cid, created, model.name, len(req.prompt), len(tokens)))
-            stream.event("[DONE]")
-            stream.end()
+            try:
+                if req.include_usage:
+                    stream.event(api.usage_chunk_json(cid, created, model.name, len(req.prompt), len(tokens)))
+                stream.event("[DONE]")
+                stream.end()
+            except OSError:  # gone after its last token: nothing to cancel
+                stream.ok = False
             if not stream.ok:
                 self.close_connection = True
             return
