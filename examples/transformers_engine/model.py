@@ -86,6 +86,9 @@ def acquire(opts, ops, client):
 
 
 def _engine_layout(opts, ops, client, w):
+    if not hasattr(client, "publish"):
+        raise LoadError("--layout engine: this wsup_client (%s) has no publish(); install the client of this "
+                        "wsup, or use --layout checkpoint" % getattr(client, "__file__", client), EXIT_REFUSED)
     engine = {"name": ENGINE_NAME, "version": VERSION, "transform": ops.transform}
     kw = {}
     if opts.revision:  # part of the fingerprint, as for attach (and as the holder got it)

@@ -361,6 +361,15 @@ def test_weights_checkpoint_layout_hit_miss_and_bind_errors():
         model_mod.acquire(Opts(mode="daemon", layout="checkpoint"), FakeOps(ev), client)
 
 
+def test_weights_engine_layout_needs_a_client_with_publish():
+    class OldClient:
+        def attach(self, *a, **kw):
+            raise AssertionError("not asked")
+    with pytest.raises(model_mod.LoadError, match="has no publish") as e:
+        model_mod.acquire(Opts(), FakeOps([]), OldClient())
+    assert e.value.exit_code == 78  # restarting with the same client cannot help
+
+
 def test_weights_mode_off_never_asks_a_holder():
     ev = []
     module, w, keep = model_mod.acquire(Opts(mode="off", layout="checkpoint"), FakeOps(ev), None)
