@@ -71,9 +71,9 @@ class IncrementalDecoder:
         return self._take(self._decode(self._ids))
 
     def _take(self, text):
-        if text.startswith(self._sent):
-            piece = text[len(self._sent):]
-        else:  # the tokenizer re-rendered earlier text (a cleanup rule): send only what is new
-            piece = text[len(self._sent):] if len(text) > len(self._sent) else ""
+        # What was sent cannot be taken back: should the tokenizer render the
+        # earlier text differently now (a clean-up rule), only the length
+        # sent so far is skipped.
+        piece = text[len(self._sent):]
         self._sent = text
         return piece
