@@ -162,6 +162,7 @@ def node_run(table, args, model_dir, cases, workdir, env):
             primary = src.get("a", (None, None))[1]
             table.add(stage, "the primary (slot a) published, the standby (slot b) attached",
                       primary == "published" and src.get("b", (None, None))[1] == "holder", detail)
+            wait_for(lambda: len(n.query("select * from cache_events")) >= 2, 10)
             misses = n.query("select * from cache_events where result='miss'")
             hits = n.query("select * from cache_events where result='hit'")
             table.add(stage, "ledger: one miss (published), one hit",
