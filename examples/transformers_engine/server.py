@@ -1,0 +1,855 @@
+#!/usr/bin/env python3
+"""wsup-transformers-example: an example engine for the wsup supervisor, a
+small OpenAI-compatible server over Hugging Face transformers (model.py),
+on the standard library's threaded HTTP server.
+
+It answers what the supervisor, its probes and the front ask of an engine,
+in the reference engine's words (engine/engine_server.h):
+
+  POST /v1/completions  prompt (a string, or a list of token ids), max_tokens,
+                        temperature (0: greedy), seed, stream (server-sent
+                        events, then `data: [DONE]`), return_token_ids,
+                        stream_options.include_usage (api.py)
+  GET  /health          liveness: {"status": "ok", "state": ...}
+  GET  /wsup/status     state (starting | ready | stopping), nonce, weights
+                        {mode, layout, source "published" | "holder" | "disk",
+                        miss_reason, diffs, ms, attach_ms, load_ms, bytes},
+                        phases, requests counters
+  GET  /v1/models
+
+Life:
+- The socket is bound first; stdout gets "listening on HOST:PORT" at once,
+  and /health and /wsup/status answer (state "starting") while the model
+  loads on a thread. Once it is loaded and warmed up, the state is "ready"
+  and --ready-fd gets the same line (then is closed).
+- Requests: one thread per connection (at most --max-connections), at most
+  --max-active generations at once, --max-waiting more waiting for a turn
+  (up to --queue-timeout-ms), more get 503 with Retry-After. Bad requests
+  get 400 naming the field and what to send; a body past --max-body-bytes
+  413; a wrong method 405; an unknown route 404.
+- A client that goes away (its connection closes, errs or sends EOF while
+  its request runs) stops its generation at the next token and frees its KV
+  cache; nothing is answered.
+- SIGTERM or SIGINT: the listening socket closes (new connections are
+  refused), requests on open connections get 503 "stopping", requests in
+  flight finish for up to --drain-timeout-ms; then those still running are
+  cut (a stream ends without `data: [DONE]`, so the front resumes it on the
+  other engine) and the process exits 0.
+
+Exit codes: 0 after SIGTERM/SIGINT; 1 a failure a retry may cure (I/O, a
+holder that is not there in daemon mode); 2 a usage error; 78 a permanent
+refusal (a fingerprint mismatch in daemon mode, weights that do not fit the
+model): the supervisor does not restart an engine that exits with it.
+
+--model-impl fake is FOR TESTS: a deterministic token generator
+(fake_model.py), so CI runs all of the above without torch.
+"""
+
+import argparse
+import logging
+import os
+import select
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+import traceback
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import api  # noqa: E402
+
+ENGINE_NAME = "wsup-transformers-example"
+VERSION = "0.1.0"
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 78
+
+POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
+WAKE_STARTUP_FAILED = b"\xff"  # on the wakeup pipe, beside signal numbers
+
+log = logging.getLogger(ENGINE_NAME)
+
+
+# ---------------------------------------------------------------- options
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="server.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="the Hugging Face model folder")
+    p.add_argument("--model-name", default="", help="name served as 'model' (default: the folder's name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=0, help="port; 0 picks a free one (printed as 'listening on H:P')")
+    p.add_argument("--weight-cache", default="off", choices=("daemon", "client", "off"),
+                   help="daemon: the holder must serve the weights; client: use it when it has them, else "
+                        "load from disk; off: load from disk")
+    p.add_argument("--socket", default="", help="the holder's socket ({socket})")
+    p.add_argument("--layout", default="checkpoint", choices=("checkpoint", "engine"),
+                   help="checkpoint: bind the holder's checkpoint tensors; engine: attach this engine's own "
+                        "layout, publishing it when nobody has ({layout})")
+    p.add_argument("--backend", default="", choices=("", "host", "cuda"),
+                   help="where the holder keeps weights ({backend}); default: cuda for a GPU, host for cpu")
+    p.add_argument("--device", default="cpu", help="cpu | cuda:N | N (a GPU ordinal, as {devices} gives it)")
+    p.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+                   help="compute dtype; auto: the checkpoint's")
+    p.add_argument("--revision", default="", help="revision label, as given to the holder ({revision})")
+    p.add_argument("--ready-fd", type=int, default=-1, help="fd that gets 'listening on HOST:PORT' once ready")
+    p.add_argument("--nonce", default=os.environ.get("WSUP_ENGINE_NONCE", ""),
+                   help="identity echoed in /wsup/status (default: $WSUP_ENGINE_NONCE)")
+    p.add_argument("--max-active", type=int, default=8, help="generations running at once")
+    p.add_argument("--max-waiting", type=int, default=64, help="requests waiting for a turn; more get 503")
+    p.add_argument("--queue-timeout-ms", type=int, default=30000, help="longest wait for a turn")
+    p.add_argument("--max-connections", type=int, default=256, help="open client connections")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body")
+    p.add_argument("--idle-timeout-ms", type=int, default=60000,
+                   help="a connection silent this long (between requests, or a client that stops reading) "
+                        "is closed")
+    p.add_argument("--drain-timeout-ms", type=int, default=5000,
+                   help="SIGTERM: how long requests in flight may finish (keep it below the supervisor's "
+                        "engine.stop_timeout_ms)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--model-impl", default="transformers", choices=("transformers", "fake"),
+                   help="fake: FOR TESTS, a deterministic token generator without torch")
+    p.add_argument("--fake-vocab", type=int, default=256, help=argparse.SUPPRESS)
+    p.add_argument("--fake-context", type=int, default=2048, help=argparse.SUPPRESS)
+    p.add_argument("--fake-eos", type=int, action="append", default=[], help=argparse.SUPPRESS)
+    p.add_argument("--fake-token-delay-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--fake-load-ms", type=float, default=0.0, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def validate(o):
+    """A usage error naming the flag and what to pass instead, or None."""
+    if not 0 <= o.port <= 65535:
+        return "--port %d is out of range; pass 0 to 65535 (0 picks a free port)" % o.port
+    if o.weight_cache != "off" and not o.socket:
+        return "--weight-cache %s needs --socket PATH (the holder's socket)" % o.weight_cache
+    if o.layout == "engine" and o.weight_cache == "off":
+        return ("--layout engine publishes to or attaches from a holder: pass --weight-cache client or daemon "
+                "with --socket, or drop --layout engine")
+    if o.device == "cpu":
+        device_is_gpu = False
+    else:
+        n = o.device[5:] if o.device.startswith("cuda:") else o.device
+        if not (n.isdigit() and len(n) <= 4):
+            return "--device %r is not one of cpu, cuda:N, N (a GPU ordinal)" % o.device
+        device_is_gpu = True
+    if not o.backend:
+        o.backend = "cuda" if device_is_gpu else "host"
+    if o.backend == "cuda" and not device_is_gpu:
+        return "--backend cuda keeps weights in GPU memory: pass --device cuda:N, or --backend host"
+    if o.backend == "host" and device_is_gpu and o.weight_cache != "off":
+        return ("--backend host keeps weights in host memory, which a model on %s cannot compute from: pass "
+                "--backend cuda, or --device cpu" % o.device)
+    if o.model_impl == "fake":
+        if o.layout == "engine":
+            return "--model-impl fake makes no engine-made layouts; use --layout checkpoint"
+        if o.device != "cpu":
+            return "--model-impl fake runs on the CPU only; pass --device cpu"
+        if not 1 <= o.fake_vocab <= 1 << 20 or not 2 <= o.fake_context <= 1 << 20:
+            return "--fake-vocab must be 1 to 1048576 and --fake-context 2 to 1048576"
+    for flag, v, lo in (("--max-active", o.max_active, 1), ("--max-waiting", o.max_waiting, 0),
+                        ("--queue-timeout-ms", o.queue_timeout_ms, 0), ("--max-connections", o.max_connections, 1),
+                        ("--max-body-bytes", o.max_body_bytes, 1), ("--idle-timeout-ms", o.idle_timeout_ms, 1),
+                        ("--drain-timeout-ms", o.drain_timeout_ms, 0)):
+        if v < lo:
+            return "%s %d is out of range; pass at least %d" % (flag, v, lo)
+    return None
+
+
+def import_wsup_client():
+    """The Python client: installed, or from this repository's
+    client/python when the engine runs from a checkout."""
+    try:
+        import wsup_client
+    except ImportError:
+        sys.path.insert(0, os.path.normpath(os.path.join(HERE, "..", "..", "client", "python")))
+        import wsup_client
+    return wsup_client
+
+
+def exit_code_for(e):
+    """0-1-2-78 for an exception raised while loading."""
+    code = getattr(e, "exit_code", None)
+    if isinstance(code, int):
+        return code
+    name = getattr(e, "code_name", None)  # a wsup_client.WsupError
+    if name in ("mismatch", "refused", "corrupt", "not_found"):
+        return EXIT_REFUSED
+    if name == "invalid_argument":
+        return EXIT_REFUSED if type(e).__name__ == "BindError" else EXIT_USAGE
+    return EXIT_FAILURE
+
+
+# ---------------------------------------------------------------- engine
+
+
+class Admission:
+    """At most max_active generations; up to max_waiting more wait for a
+    turn. Waiters are woken in no particular order."""
+
+    def __init__(self, max_active, max_waiting):
+        self.max_active = max_active
+        self.max_waiting = max_waiting
+        self.active = 0
+        self.waiting = 0
+        self._cond = threading.Condition()
+
+    def enter(self, gone, timeout_s, stopping):
+        """"ok" (call leave() after), "busy", "timeout", "gone" or "stopping"."""
+        with self._cond:
+            if self.active < self.max_active and self.waiting == 0:
+                self.active += 1
+                return "ok"
+            if self.waiting >= self.max_waiting:
+                return "busy"
+            self.waiting += 1
+            deadline = time.monotonic() + timeout_s
+            try:
+                while True:
+                    if stopping():
+                        return "stopping"
+                    if self.active < self.max_active:
+                        self.active += 1
+                        return "ok"
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return "timeout"
+                    # Woken by leave(); the bound is for noticing a client that left.
+                    self._cond.wait(min(left, 0.05))
+                    if gone():
+                        return "gone"
+            finally:
+                self.waiting -= 1
+
+    def leave(self):
+        with self._cond:
+            self.active -= 1
+            self._cond.notify()
+
+
+class Engine:
+    """The engine's state, shared by the HTTP threads, the loader and the
+    main thread (which handles signals). Fields under _lock."""
+
+    def __init__(self, opts):
+        self.opts = opts
+        self.model = None
+        self.state = "starting"
+        self.phases = []
+        self.weights = {"mode": opts.weight_cache, "layout": opts.layout}
+        self.admission = Admission(opts.max_active, opts.max_waiting)
+        self.hard_stop = threading.Event()  # the drain's end: cut what still runs
+        self.port = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight = 0
+        self.counters = {"finished": 0, "cancelled": 0, "failed": 0, "cut": 0, "rejected_busy": 0,
+                         "rejected_stopping": 0, "bad_requests": 0, "generated_tokens": 0}
+
+    def count(self, key, n=1):
+        with self._lock:
+            self.counters[key] += n
+
+    def set_ready(self, model):
+        with self._lock:
+            self.model = model
+            self.weights = dict(model.weights)
+            self.phases = list(model.phases)
+            if self.state == "starting":
+                self.state = "ready"
+
+    def begin_stop(self):
+        with self._lock:
+            self.state = "stopping"
+
+    def stopping(self):
+        return self.state == "stopping"
+
+    def enter_request(self):
+        with self._lock:
+            self._inflight += 1
+
+    def leave_request(self):
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s):
+        """True once no completion is in flight; False at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._inflight > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+            return True
+
+    def inflight(self):
+        with self._lock:
+            return self._inflight
+
+    def status(self):
+        o = self.opts
+        with self._lock:
+            m = self.model
+            j = {
+                "state": self.state,
+                "engine": {"name": ENGINE_NAME, "version": VERSION, "impl": o.model_impl},
+                "model": (m.name if m else (o.model_name or os.path.basename(os.path.normpath(o.model)))),
+                "model_dir": o.model,
+                "device": o.device,
+                "tp": 1,
+                "weights": dict(self.weights),
+                "phases": {name: ms for name, ms, _ in self.phases},
+                "phase_notes": {name: note for name, _, note in self.phases if note},
+                # One process on one device: no collective to keep warm.
+                "comm": {"kind": "none", "ranks": 1, "warm": self.state == "ready", "last_keepalive_ms": 0},
+                "requests": dict(self.counters, active=self.admission.active, waiting=self.admission.waiting,
+                                 inflight=self._inflight),
+            }
+            if o.nonce:
+                j["nonce"] = o.nonce
+            if m is not None:
+                j["limits"] = {"vocab": m.vocab_size, "context": m.context, "max_active": o.max_active,
+                               "max_waiting": o.max_waiting}
+                j["tokenizer"] = m.tokenizer.name
+        return j
+
+
+def load_model(opts):
+    if opts.model_impl == "fake":
+        from fake_model import FakeModel
+        return FakeModel(opts, client_loader=import_wsup_client)
+    import model
+    return model.TransformersModel(opts, client_loader=import_wsup_client)
+
+
+# ---------------------------------------------------------------- HTTP
+
+ROUTES = {"/v1/completions": "POST", "/health": "GET", "/wsup/status": "GET", "/v1/models": "GET"}
+
+
+class ClientGone(Exception):
+    pass
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True  # idle keep-alive connections never hold up an exit
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address, engine):
+        host = address[0]
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.engine = engine
+        self._conns = 0
+        self._conns_lock = threading.Lock()
+        super().__init__(address, Handler)
+
+    def server_bind(self):
+        # HTTPServer.server_bind asks the resolver for the host's full name,
+        # which can stall a machine without DNS; the name is never used.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def process_request(self, request, client_address):
+        with self._conns_lock:
+            full = self._conns >= self.engine.opts.max_connections
+            if not full:
+                self._conns += 1
+        if full:
+            body = api.error_json("the engine has %d connections open, its limit (--max-connections); retry "
+                                  "later" % self.engine.opts.max_connections, "unavailable_error").encode()
+            try:
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body) +
+                                body)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            with self._conns_lock:
+                self._conns -= 1
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._conns_lock:
+                self._conns -= 1
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = ENGINE_NAME + "/" + VERSION
+
+    def version_string(self):
+        return self.server_version
+
+    def setup(self):
+        self.timeout = self.server.engine.opts.idle_timeout_ms / 1000.0
+        super().setup()
+        try:
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+    def log_message(self, fmt, *args):
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+    # Errors the standard library raises itself (a bad request line, headers
+    # too long) get the engine's JSON shape too.
+    def send_error(self, code, message=None, explain=None):
+        if self.request_version == "HTTP/0.9":  # a request line too broken to name a version: answer in 1.1
+            self.request_version = "HTTP/1.1"
+        self._send_json(code, api.error_json(message or explain or "bad request", "invalid_request_error"),
+                        close=True)
+
+    def handle_expect_100(self):
+        n = self._content_length()
+        if n is not None and n > self.server.engine.opts.max_body_bytes:
+            self._too_large(n)
+            return False
+        return super().handle_expect_100()
+
+    def do_GET(self):
+        self._route("GET")
+
+    def do_HEAD(self):
+        self._route("HEAD")
+
+    def do_POST(self):
+        self._route("POST")
+
+    def do_PUT(self):
+        self._route("PUT")
+
+    def do_DELETE(self):
+        self._route("DELETE")
+
+    def do_PATCH(self):
+        self._route("PATCH")
+
+    def do_OPTIONS(self):
+        self._route("OPTIONS")
+
+    # ------------------------------------------------------------ plumbing
+
+    def _send_json(self, code, body, headers=(), close=False):
+        data = body.encode("utf-8")
+        # While stopping, no connection is kept for another request.
+        close = close or self.server.engine.stopping()
+        try:
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in headers:
+                self.send_header(k, v)
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+    def _error(self, code, message, kind, headers=(), close=False):
+        self._send_json(code, api.error_json(message, kind), headers, close)
+
+    def _content_length(self):
+        v = self.headers.get("Content-Length")
+        if v is None:
+            return None
+        v = v.strip()
+        return int(v) if v.isdigit() else -1
+
+    def _too_large(self, n):
+        self._error(413, "the request body of %d bytes exceeds the limit of %d bytes (--max-body-bytes); send a "
+                         "smaller body" % (n, self.server.engine.opts.max_body_bytes), "invalid_request_error",
+                    close=True)
+
+    def _read_body(self):
+        """The body, or None after answering an error (the connection then
+        closes: what is left of the body cannot be skipped safely)."""
+        if self.headers.get("Transfer-Encoding"):
+            self._error(411, "chunked request bodies are not accepted; send Content-Length", "invalid_request_error",
+                        close=True)
+            return None
+        n = self._content_length()
+        if n is None:
+            return b""
+        if n < 0:
+            self._error(400, "Content-Length %r is not a byte count" % self.headers.get("Content-Length"),
+                        "invalid_request_error", close=True)
+            return None
+        if n > self.server.engine.opts.max_body_bytes:
+            self._too_large(n)
+            return None
+        try:
+            body = self.rfile.read(n)
+        except OSError:
+            self.close_connection = True
+            return None
+        if len(body) != n:
+            self.close_connection = True  # the client went away mid-body
+            return None
+        return body
+
+    def _peer_gone(self):
+        """True when the client closed, erred or sent EOF: the house rule
+        (docs/front.md, "A client that goes away")."""
+        sock = self.connection
+        try:
+            p = select.poll()
+            p.register(sock, select.POLLIN | POLLRDHUP)
+            events = p.poll(0)
+        except (OSError, ValueError):
+            return True
+        for _, mask in events:
+            if mask & (select.POLLERR | select.POLLHUP | select.POLLNVAL | POLLRDHUP):
+                return True
+            if mask & select.POLLIN:
+                try:
+                    return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+                except (BlockingIOError, InterruptedError):
+                    return False
+                except OSError:
+                    return True
+        return False
+
+    def _route(self, method):
+        body = self._read_body()
+        if body is None:
+            return
+        path = self.path.split("?", 1)[0]
+        want = ROUTES.get(path)
+        if want is None:
+            self._error(404, "no route %s; the engine serves POST /v1/completions, GET /v1/models, /health and "
+                             "/wsup/status" % path[:200], "not_found_error")
+            return
+        if method != want and not (want == "GET" and method == "HEAD"):
+            self._error(405, "method %s is not allowed on %s; use %s" % (method, path, want),
+                        "invalid_request_error", headers=(("Allow", want),))
+            return
+        eng = self.server.engine
+        if path == "/health":
+            self._send_json(200, api.dumps({"status": "ok", "state": eng.state}))
+        elif path == "/wsup/status":
+            self._send_json(200, api.dumps(eng.status()))
+        elif path == "/v1/models":
+            self._models()
+        else:
+            eng.enter_request()
+            try:
+                self._completion(body)
+            finally:
+                eng.leave_request()
+
+    def _models(self):
+        eng = self.server.engine
+        st = eng.status()
+        m = {"id": st["model"], "object": "model", "owned_by": "wsup", "root": eng.opts.model}
+        if eng.model is not None:
+            m["max_model_len"] = eng.model.context
+        self._send_json(200, api.dumps({"object": "list", "data": [m]}))
+
+    # ------------------------------------------------------------ completions
+
+    def _completion(self, body):
+        eng = self.server.engine
+        model = eng.model
+        if eng.stopping():
+            eng.count("rejected_stopping")
+            self._error(503, "the engine is stopping; send the request to another engine", "unavailable_error",
+                        headers=(("Retry-After", "1"),), close=True)
+            return
+        if eng.state != "ready" or model is None:
+            self._error(503, "the engine is %s (loading the model); retry when GET /wsup/status says ready" %
+                        eng.state, "unavailable_error", headers=(("Retry-After", "1"),))
+            return
+        try:
+            req = api.parse_completion(body, model.vocab_size, model.context, model.tokenizer.encode)
+        except api.ApiError as e:
+            eng.count("bad_requests")
+            self._error(400, str(e), "invalid_request_error")
+            return
+        # A request waiting for a turn when SIGTERM comes is in flight: it
+        # may still run within the drain; only the drain's end refuses it.
+        turn = eng.admission.enter(self._peer_gone, eng.opts.queue_timeout_ms / 1000.0, eng.hard_stop.is_set)
+        if turn != "ok":
+            if turn == "gone":
+                eng.count("cancelled")
+                self.close_connection = True
+            elif turn == "stopping":
+                eng.count("rejected_stopping")
+                self._error(503, "the engine is stopping; send the request to another engine", "unavailable_error",
+                            headers=(("Retry-After", "1"),), close=True)
+            else:
+                eng.count("rejected_busy")
+                why = ("%d requests are waiting already (--max-waiting)" % eng.opts.max_waiting if turn == "busy"
+                       else "no generation slot came free within %d ms (--queue-timeout-ms)" %
+                       eng.opts.queue_timeout_ms)
+                self._error(503, "the engine is busy: %s; retry later" % why, "unavailable_error",
+                            headers=(("Retry-After", "1"),))
+            return
+        try:
+            self._generate(model, req)
+        finally:
+            eng.admission.leave()
+
+    def _completion_id(self):
+        rid = self.headers.get("X-Request-Id", "")
+        if rid and len(rid) <= 128 and all(c.isalnum() or c in "-_.:" for c in rid):
+            return "cmpl-" + rid
+        return "cmpl-" + uuid.uuid4().hex
+
+    def _generate(self, model, req):
+        eng = self.server.engine
+        cid = self._completion_id()
+        created = int(time.time())
+        seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little")
+        chunked = self.request_version != "HTTP/1.0"
+        tokens = []
+        finish = None
+        stream = None
+        if req.stream:
+            stream = _Stream(self, chunked)
+            if not stream.start():
+                eng.count("cancelled")
+                return
+        decoder = model.tokenizer.incremental() if req.stream else None
+        gen = model.generate(req.prompt, req.max_tokens, req.temperature, seed)
+        outcome = "finished"
+        try:
+            for tok in gen:
+                tokens.append(tok)
+                if tok in model.eos_ids:
+                    finish = "stop"
+                elif len(tokens) >= req.max_tokens:
+                    finish = "length"
+                if stream is not None:
+                    text = decoder.push([tok]) + (decoder.flush() if finish else "")
+                    stream.event(api.stream_chunk_json(cid, created, model.name, text, [tok], finish,
+                                                       req.return_token_ids))
+                if finish:
+                    break
+                if self._peer_gone():
+                    raise ClientGone()
+                if eng.hard_stop.is_set():
+                    outcome = "cut"
+                    break
+        except (ClientGone, OSError):
+            outcome = "cancelled"
+        except Exception as e:  # the model failed: answer it, keep serving others
+            log.error("generation failed: %s\n%s", e, traceback.format_exc())
+            outcome = "failed"
+            msg = "generation failed: %s" % e
+            if stream is not None:
+                try:
+                    stream.event(api.error_json(msg, "server_error"))
+                    stream.event("[DONE]")
+                    stream.end()
+                except OSError:
+                    self.close_connection = True
+            else:
+                self._error(500, msg, "server_error")
+        finally:
+            gen.close()  # frees the sequence's KV cache now, not at garbage collection
+        eng.count("generated_tokens", len(tokens))
+        if outcome != "finished":
+            eng.count(outcome)
+            if outcome in ("cancelled", "cut"):
+                # No final chunk and no [DONE]: the front resumes a cut stream
+                # on the other engine, and retries a cut answer.
+                self.close_connection = True
+                if outcome == "cut":
+                    log.warning("request %s cut after %d tokens: the drain timeout passed", cid, len(tokens))
+            return
+        eng.count("finished")
+        if stream is not None:
+            try:
+                if req.include_usage:
+                    stream.event(api.usage_chunk_json(cid, created, model.name, len(req.prompt), len(tokens)))
+                stream.event("[DONE]")
+                stream.end()
+            except OSError:  # gone after its last token: nothing to cancel
+                stream.ok = False
+            if not stream.ok:
+                self.close_connection = True
+            return
+        text = model.tokenizer.decode(tokens)
+        self._send_json(200, api.completion_json(cid, created, model.name, text, tokens, finish,
+                                                 req.return_token_ids, len(req.prompt)))
+
+
+class _Stream:
+    """A server-sent event stream on the handler's connection: chunked on
+    HTTP/1.1, framed by the connection's end on HTTP/1.0. A failed write
+    raises OSError (the client is gone)."""
+
+    def __init__(self, handler, chunked):
+        self.h = handler
+        self.chunked = chunked
+        self.ok = True
+
+    def start(self):
+        h = self.h
+        try:
+            h.send_response(200)
+            h.send_header("Content-Type", "text/event-stream")
+            h.send_header("Cache-Control", "no-cache")
+            if self.chunked:
+                h.send_header("Transfer-Encoding", "chunked")
+            if not self.chunked or h.server.engine.stopping():
+                h.send_header("Connection", "close")
+                h.close_connection = True
+            h.end_headers()
+            return True
+        except OSError:
+            h.close_connection = True
+            self.ok = False
+            return False
+
+    def _write(self, data):
+        if self.chunked:
+            data = b"%x\r\n%s\r\n" % (len(data), data)
+        self.h.wfile.write(data)
+
+    def event(self, data):
+        self._write(api.sse(data))
+
+    def end(self):
+        try:
+            if self.chunked:
+                self.h.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.ok = False
+
+
+# ---------------------------------------------------------------- main
+
+
+def _startup(engine, opts, wake_fd, result):
+    t0 = time.monotonic()
+    try:
+        m = load_model(opts)
+    except BaseException as e:  # noqa: B902 - every failure ends the start with its exit code
+        result["code"] = exit_code_for(e)
+        result["error"] = str(e) or type(e).__name__
+        if result["code"] == EXIT_FAILURE:
+            result["trace"] = traceback.format_exc()
+        os.write(wake_fd, WAKE_STARTUP_FAILED)
+        return
+    engine.set_ready(m)
+    if engine.state != "ready":
+        return  # a SIGTERM came first
+    lines = ["startup phases:"]
+    total = 0.0
+    for name, ms, note in m.phases:
+        lines.append("  %-14s %8.1f ms  %s" % (name, ms, note))
+        total += ms
+    lines.append("  %-14s %8.1f ms  (wall %.1f ms)" % ("total", total, (time.monotonic() - t0) * 1000.0))
+    print("\n".join(lines), flush=True)
+    print("ready: serving %s (weights: %s)" % (m.name, m.weights.get("source")), flush=True)
+    if opts.ready_fd >= 0:
+        line = "listening on %s:%d\n" % (opts.host, engine.port)
+        try:
+            os.write(opts.ready_fd, line.encode())
+            os.close(opts.ready_fd)
+        except OSError as e:
+            log.warning("--ready-fd %d: %s", opts.ready_fd, e)
+
+
+def main(argv=None):
+    opts = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, opts.log_level.upper()),
+                        format="%(asctime)s %(levelname)s " + ENGINE_NAME + ": %(message)s")
+    err = validate(opts)
+    if err:
+        print(ENGINE_NAME + ": " + err, file=sys.stderr)
+        return EXIT_USAGE
+
+    # Signals and the loader's failure both wake the main thread through one
+    # pipe. A signal may be delivered to any thread, and only that thread's
+    # system call is interrupted, so the main thread cannot wait for it in
+    # a read of its own: the interpreter's C handler writes the signal's
+    # number to the wakeup fd from whichever thread took it.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)  # replaces the default action; the wakeup fd carries it
+
+    engine = Engine(opts)
+    try:
+        httpd = Server((opts.host, opts.port), engine)
+    except OSError as e:
+        print("%s: cannot listen on %s:%d: %s; pick another --port" % (ENGINE_NAME, opts.host, opts.port, e),
+              file=sys.stderr)
+        return EXIT_FAILURE
+    engine.port = httpd.server_address[1]
+    print("listening on %s:%d" % (opts.host, engine.port), flush=True)
+    log.info("model %s from %s: loading (impl %s, weight cache %s, layout %s, device %s)", opts.model_name or
+             os.path.basename(os.path.normpath(opts.model)), opts.model, opts.model_impl, opts.weight_cache,
+             opts.layout, opts.device)
+    serve = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, name="http", daemon=True)
+    serve.start()
+    result = {}
+    threading.Thread(target=_startup, args=(engine, opts, wake_w, result), name="startup", daemon=True).start()
+
+    while True:
+        what = os.read(wake_r, 1)
+        if what == WAKE_STARTUP_FAILED:
+            print("%s: startup failed: %s" % (ENGINE_NAME, result["error"]), file=sys.stderr)
+            if "trace" in result:
+                log.debug("%s", result["trace"])
+            code = result["code"]
+            break
+        if what and what[0] in (signal.SIGTERM, signal.SIGINT):
+            log.info("signal %d: shutting down", what[0])
+            code = drain(engine, httpd, opts)
+            break
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Handler threads may sit in a model forward; the process ends without
+    # waiting for them (they hold nothing that must be written).
+    os._exit(code)
+
+
+def drain(engine, httpd, opts):
+    """SIGTERM: stop accepting, let requests in flight finish within the
+    bound, cut the rest; exit code 0."""
+    engine.begin_stop()
+    httpd.shutdown()      # the accept loop ends
+    httpd.socket.close()  # new connections are refused, not queued
+    n = engine.inflight()
+    log.info("stopping: %d request(s) in flight may finish for %d ms", n, opts.drain_timeout_ms)
+    if not engine.wait_idle(opts.drain_timeout_ms / 1000.0):
+        log.warning("%d request(s) still running after --drain-timeout-ms %d: cutting them", engine.inflight(),
+                    opts.drain_timeout_ms)
+        engine.hard_stop.set()
+        # Each notices at its next token; one forward is the longest wait.
+        engine.wait_idle(10.0)
+    log.info("stopped: %d finished, %d cut", engine.counters["finished"], engine.counters["cut"])
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""The example transformers engine (examples/transformers_engine) on a GPU,
+alone and as primary and standby under `wsup start` (no pytest needed).
+
+  1. The engine alone, --weight-cache off, on cuda:DEVICE (and on the CPU
+     unless --no-cpu): the golden outputs of golden.json (prompt as text and
+     as token ids, streamed and not), then SIGTERM: exit 0.
+  2. A node from examples/transformers_engine/wsup.toml (weight_cache.layout
+     "engine", backend "cuda", the model's checkpoint): `wsup check`, then
+     `wsup start`; both engines ready and proven. One engine's
+     /wsup/status says weights.source "published" (it loaded the checkpoint
+     into the holder's memory and committed its layout) and the other's
+     "holder" (it attached that layout); the ledger has the miss
+     ("published") and the hit.
+  3. The goldens through the front; a crash drill (`wsup failover --drill
+     --kill`: SIGKILL of the active engine); the goldens through the front
+     again; the re-armed engine attaches the layout ("holder"); `wsup stop`
+     stops everything (engines drained, exit 0) and leaves nothing running.
+
+Prints a PASS/FAIL table; exits 1 if anything failed. Without torch or a
+GPU it says so and exits 0 (skipped).
+
+  python3 tests/python/gpu_example_engine_check.py --wsup BUILD/bin/wsup \\
+      [--lib BUILD/lib/libwsup_client.so] [--testdata TESTDATA_DIR] [--device 0] \\
+      [--model qwen3moe-tiny-f32] [--layout engine|checkpoint]
+
+wsup-holder and wsup-front are taken from beside --wsup (as the supervisor
+takes them). --layout checkpoint runs step 2 with the holder's checkpoint
+arena instead (both engines then report "holder"; a model whose modules
+match its checkpoint, such as llama-tiny-f32, is needed for that).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from example_engine_util import (CONFIG, SERVER, EventStream, Node, complete, start_engine,  # noqa: E402
+                                 stream_tokens, tagged_pids, try_status, wait_for)
+
+
+class Table:
+    def __init__(self):
+        self.rows = []
+
+    def add(self, stage, check, ok, detail=""):
+        self.rows.append((stage, check, "PASS" if ok else "FAIL", detail))
+        print("%-4s %s: %s%s" % ("ok" if ok else "FAIL", stage, check, (" (" + detail + ")") if detail else ""),
+              flush=True)
+        return ok
+
+    def failed(self):
+        return any(r[2] == "FAIL" for r in self.rows)
+
+    def render(self):
+        head = ("stage", "check", "result", "detail")
+        w = [max(len(r[i]) for r in self.rows + [head]) for i in range(4)]
+        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
+        out = [line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|"]
+        return "\n".join(out + [line(r) for r in self.rows])
+
+
+def load_goldens(model_dir):
+    with open(os.path.join(model_dir, "golden.json")) as f:
+        return json.load(f)["cases"]
+
+
+def check_goldens(table, stage, port, cases, note):
+    """Every case as text and as ids, non-streamed; the first one streamed."""
+    bad = []
+    for c in cases:
+        for prompt in (c["prompt"], c["prompt_ids"]):
+            status, j = complete(port, prompt, max_tokens=len(c["output_ids"]))
+            got = j["choices"][0].get("token_ids") if status == 200 and isinstance(j, dict) else None
+            if got != c["output_ids"]:
+                bad.append("%r (%s): got %s" % (c["prompt"], "text" if isinstance(prompt, str) else "ids",
+                                                 got if got is not None else "%d %s" % (status, j)))
+    table.add(stage, "golden outputs %s (%d cases, text and ids)" % (note, len(cases)), not bad, "; ".join(bad[:3]))
+    c = cases[0]
+    s = EventStream(port, {"prompt": c["prompt"], "max_tokens": len(c["output_ids"]), "stream": True,
+                           "return_token_ids": True, "temperature": 0})
+    try:
+        ids, finish, done = stream_tokens(list(s.events()))
+    finally:
+        s.close()
+    table.add(stage, "streamed golden %s" % note, ids == c["output_ids"] and done and finish == "length",
+              "got %s, finish %s, [DONE] %s" % (ids, finish, done) if ids != c["output_ids"] or not done else "")
+
+
+def engine_alone(table, args, model_dir, cases, device, workdir, env):
+    stage = "engine alone, %s" % ("cuda:%s" % device if device != "cpu" else "cpu")
+    t0 = time.monotonic()
+    e = start_engine(["--model", model_dir, "--device", str(device), "--weight-cache", "off"], workdir,
+                     name="alone-%s" % device, env=env, timeout_s=args.timeout, python=args.python)
+    try:
+        st = try_status(e.port) or {}
+        w = st.get("weights", {})
+        table.add(stage, "ready, weights from disk", st.get("state") == "ready" and w.get("source") == "disk",
+                  "%.1f s to ready; weights %s; phases %s" % (time.monotonic() - t0, w,
+                                                               {k: round(v) for k, v in st.get("phases", {}).items()}))
+        check_goldens(table, stage, e.port, cases, "direct")
+        e.signal(signal.SIGTERM)
+        code = e.wait(60)
+        table.add(stage, "SIGTERM: exit 0", code == 0, "exit %s" % code)
+    finally:
+        if e.running():
+            print(e.output())
+        e.stop()
+
+
+def sources(node, s):
+    out = {}
+    for e in s.get("engines", []):
+        st = try_status(e["port"]) if e.get("port") else None
+        out[e["slot"]] = (e.get("role"), (st or {}).get("weights", {}).get("source"), (st or {}).get("weights"))
+    return out
+
+
+def node_run(table, args, model_dir, cases, workdir, env):
+    stage = "node, layout %s" % args.layout
+    bin_dir = os.path.dirname(os.path.abspath(args.wsup))
+    engine = [args.python, SERVER, "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
+              "--socket", "{socket}", "--layout", "{layout}", "--backend", "{backend}", "--device", "{devices}",
+              "--revision", "{revision}", "--ready-fd", "{ready_fd}", "--drain-timeout-ms", "5000"]
+    c0 = cases[0]
+    sets = ["model.path=" + model_dir, "parallel.devices=[%d]" % args.device,
+            'weight_cache.layout="%s"' % args.layout, "engine.command=" + json.dumps(engine),
+            "engine.primary_port=0", "engine.standby_port=0", "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0",
+            "probe.prompt=" + json.dumps(c0["prompt"]), "probe.expect_token_ids=" + json.dumps(c0["output_ids"]),
+            "probe.max_tokens=%d" % len(c0["output_ids"])] + list(args.set)
+    n = Node(bin_dir, CONFIG, sets, os.path.join(workdir, "node"), env=env)
+    os.makedirs(n.dir, exist_ok=True)
+    try:
+        rc, out = n.check()
+        if not table.add(stage, "wsup check", rc == 0, out.strip().splitlines()[-1] if out.strip() else ""):
+            print(out)
+            return
+        n.start()
+        t0 = time.monotonic()
+        ok = n.wait_serving(args.timeout)
+        table.add(stage, "primary and standby ready and proven", ok, "%.1f s" % (time.monotonic() - t0))
+        if not ok:
+            print(n.log()[-6000:])
+            for slot in ("a", "b"):
+                print("--- engine %s ---\n%s" % (slot, n.engine_log(slot)[-4000:]))
+            return
+        s = n.status()
+        src = sources(n, s)
+        got = sorted(v[1] or "none" for v in src.values())
+        detail = ", ".join("%s (%s): %s" % (slot, v[0], v[1]) for slot, v in sorted(src.items()))
+        if args.layout == "engine":
+            table.add(stage, "one engine published the layout, the other attached it", got == ["holder", "published"],
+                      detail)
+            primary = src.get("a", (None, None))[1]
+            table.add(stage, "the primary (slot a) published, the standby (slot b) attached",
+                      primary == "published" and src.get("b", (None, None))[1] == "holder", detail)
+            wait_for(lambda: len(n.query("select * from cache_events")) >= 2, 10)
+            misses = n.query("select * from cache_events where result='miss'")
+            hits = n.query("select * from cache_events where result='hit'")
+            table.add(stage, "ledger: one miss (published), one hit",
+                      len(hits) == 1 and len(misses) == 1 and misses[0].get("miss_reason") == "published",
+                      "%d miss(es) %s, %d hit(s)" % (len(misses), [m.get("miss_reason") for m in misses], len(hits)))
+        else:
+            table.add(stage, "both engines attached the checkpoint arena", got == ["holder", "holder"], detail)
+        front = n.front_port(s)
+        check_goldens(table, stage, front, cases, "through the front")
+
+        rc, out, err = n.cli("failover", "--drill", "--kill", "--json")
+        r = json.loads(out) if rc == 0 and out.strip().startswith("{") else {}
+        table.add(stage, "crash drill (wsup failover --drill --kill)", rc == 0 and r.get("ok"),
+                  "from %s to %s, swap %s ms, first ok %s ms" % (r.get("from_slot"), r.get("to_slot"),
+                                                                r.get("swap_ms"), r.get("first_ok_ms"))
+                  if r else (out + err).strip()[-300:])
+        check_goldens(table, stage, front, cases, "after the drill")
+        t0 = time.monotonic()
+        ok = n.wait_serving(args.timeout)
+        table.add(stage, "the killed slot re-armed and proven", ok, "%.1f s" % (time.monotonic() - t0))
+        if ok and r.get("from_slot"):
+            src = sources(n, n.status())
+            again = src.get(r["from_slot"], (None, None, None))
+            table.add(stage, "the re-armed engine attached the weights from the holder", again[1] == "holder",
+                      "slot %s: %s" % (r["from_slot"], again[2]))
+            check_goldens(table, stage, front, cases, "with the re-armed standby")
+
+        pids = [e["pid"] for e in n.status()["engines"]]
+        code = n.stop(timeout_s=120)
+        table.add(stage, "wsup stop: exit 0", code == 0, "exit %s" % code)
+        left = wait_for(lambda: not tagged_pids(n.dir), 30)
+        table.add(stage, "nothing left running", left, "" if left else "pids %s" % tagged_pids(n.dir))
+        log = n.log()
+        drained = all(("pid %d exit 0" % p) in log for p in pids)
+        table.add(stage, "both engines exited 0 after SIGTERM", drained, "pids %s" % pids)
+    finally:
+        n.cleanup()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--wsup", required=True, help="path of the wsup binary (wsup-holder and wsup-front beside it)")
+    ap.add_argument("--lib", help="libwsup_client.so for the engines (default: $WSUP_CLIENT_LIB, then the usual "
+                                  "places)")
+    ap.add_argument("--testdata", default=os.environ.get("WSUP_TESTDATA_DIR") or
+                    os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "testdata")))
+    ap.add_argument("--model", default="qwen3moe-tiny-f32", help="a test checkpoint with golden.json")
+    ap.add_argument("--device", type=int, default=0, help="cuda ordinal (default 0)")
+    ap.add_argument("--layout", default="engine", choices=("engine", "checkpoint"))
+    ap.add_argument("--python", default=sys.executable, help="python3 with torch and transformers, for the engines")
+    ap.add_argument("--no-cpu", action="store_true", help="skip the engine alone on the CPU")
+    ap.add_argument("--skip-alone", action="store_true", help="only the node")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds an engine or node may take to be ready")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (logs) and print its path")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more override for the node's config (repeatable), e.g. engine.env.NAME=\"value\"")
+    args = ap.parse_args()
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print("SKIP: the example engine's GPU check needs torch and transformers: %s" % e)
+        return 0
+    if not torch.cuda.is_available():
+        print("SKIP: torch %s sees no CUDA device; run this on the GPU machine" % torch.__version__)
+        return 0
+    for name in ("wsup", "wsup-holder", "wsup-front"):
+        p = os.path.join(os.path.dirname(os.path.abspath(args.wsup)), name)
+        if not os.access(p, os.X_OK):
+            sys.exit("%s is missing: build it (cmake --build build --target %s) and pass --wsup" % (p, name))
+    model_dir = os.path.abspath(os.path.join(args.testdata, args.model))
+    if not os.path.exists(os.path.join(model_dir, "golden.json")):
+        sys.exit("%s has no golden.json: pass --testdata and a --model that has one" % model_dir)
+    cases = load_goldens(model_dir)
+    print("torch %s (CUDA %s, %s), transformers %s, python %s" % (
+        torch.__version__, torch.version.cuda, torch.cuda.get_device_name(args.device), transformers.__version__,
+        args.python), flush=True)
+
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if args.lib:
+        env["WSUP_CLIENT_LIB"] = os.path.abspath(args.lib)
+    workdir = tempfile.mkdtemp(prefix="wsup-example-gpu-")
+    table = Table()
+    try:
+        stages = [] if args.skip_alone else [args.device] + ([] if args.no_cpu else ["cpu"])
+        for device in stages:
+            try:
+                engine_alone(table, args, model_dir, cases, device, workdir, env)
+            except Exception as e:  # noqa: BLE001 - report and go on
+                table.add("engine alone, %s" % device, "ran to the end", False, "%s: %s" % (type(e).__name__, e))
+                traceback.print_exc()
+        try:
+            node_run(table, args, model_dir, cases, workdir, env)
+        except Exception as e:  # noqa: BLE001
+            table.add("node, layout %s" % args.layout, "ran to the end", False, "%s: %s" % (type(e).__name__, e))
+            traceback.print_exc()
+    finally:
+        if args.keep:
+            print("work folder (logs): %s" % workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print()
+    print(table.render())
+    print("\nRESULT: %s" % ("FAIL" if table.failed() else "PASS"))
+    return 1 if table.failed() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
