@@ -283,28 +283,45 @@ std::vector<uint64_t> BuildTable(const wsup::Attachment& att, size_t* total) {
   size_t name_bytes = 0;
   uint32_t flags = 0;
   std::vector<int64_t> key;
+  std::vector<int64_t> last_key;  // most entries repeat their neighbour's dims and dtype:
+  uint64_t last_dims = 0;         // compare with it before searching
+  const std::string* last_dtype = nullptr;
+  uint64_t last_dtype_offset = 0;
   for (size_t i = 0; i < n; ++i) {
     const wsup::ManifestEntry& e = entries[i];
-    key = e.shape;
-    if (e.strides.empty()) {
-      const std::vector<int64_t> contiguous = wsup::ContiguousStrides(e.shape);
-      key.insert(key.end(), contiguous.begin(), contiguous.end());
+    const size_t rank = e.shape.size();
+    key.resize(2 * rank);
+    std::copy(e.shape.begin(), e.shape.end(), key.begin());
+    if (e.strides.empty()) {  // the contiguous row-major strides, as wsup::ContiguousStrides
+      int64_t step = 1;
+      for (size_t d = rank; d-- > 0;) {
+        key[rank + d] = step;
+        step *= std::max<int64_t>(e.shape[d], 1);
+      }
     } else {
       flags |= WSUP_MANIFEST_STRIDED;
-      key.insert(key.end(), e.strides.begin(), e.strides.end());
+      std::copy(e.strides.begin(), e.strides.end(), key.begin() + static_cast<std::ptrdiff_t>(rank));
     }
-    auto d = dims_at.find(key);
-    if (d == dims_at.end()) {
-      d = dims_at.emplace(key, dims.size()).first;
-      dims.insert(dims.end(), key.begin(), key.end());
+    if (i == 0 || key != last_key) {
+      auto d = dims_at.find(key);
+      if (d == dims_at.end()) {
+        d = dims_at.emplace(key, dims.size()).first;
+        dims.insert(dims.end(), key.begin(), key.end());
+      }
+      last_key = key;
+      last_dims = d->second;
     }
-    dims_index[i] = d->second;
-    auto t = dtype_at.find(e.dtype);
-    if (t == dtype_at.end()) {
-      t = dtype_at.emplace(e.dtype, dtypes.size()).first;
-      dtypes.append(e.dtype).push_back('\0');
+    dims_index[i] = last_dims;
+    if (last_dtype == nullptr || e.dtype != *last_dtype) {
+      auto t = dtype_at.find(e.dtype);
+      if (t == dtype_at.end()) {
+        t = dtype_at.emplace(e.dtype, dtypes.size()).first;
+        dtypes.append(e.dtype).push_back('\0');
+      }
+      last_dtype = &e.dtype;
+      last_dtype_offset = t->second;
     }
-    dtype_offset[i] = t->second;
+    dtype_offset[i] = last_dtype_offset;
     name_bytes += e.name.size() + 1;
   }
   wsup_manifest_header h{};

@@ -256,7 +256,7 @@ def _read_table(lib, p):
         at += len(spelling.encode("utf-8")) + 1
     dims = mv[dims_offset:strings_offset].cast("q")
     shape_at = {}
-    for o, n in set(zip(dims_index, ndims)):
+    for o, n in dict(zip(dims_index, ndims)).items():  # one entry per distinct shape
         if o + 2 * n > len(dims):
             raise _bad_table("dims at %d + 2 x %d, past the %d dims" % (o, n, len(dims)))
         shape_at[o] = tuple(dims[o:o + n].tolist())
@@ -386,32 +386,33 @@ class Attachment:
         m = self._manifest()
         return self._numpy_at(m, [self._index(m, name)])[name]
 
-    def _numpy_at(self, m, indices):
-        """name -> numpy array for the manifest entries at `indices`."""
+    def _numpy_at(self, m, indices=None):
+        """name -> numpy array for the manifest entries at `indices` (None:
+        every entry, walked column by column)."""
         import numpy as np
+        cols = (m.names, m.dtypes, m.shapes, m.nbytes, m.data)
+        rows = zip(*cols) if indices is None else ([c[i] for c in cols] for i in indices)
         span = lo = None
         ndarray = np.ndarray
         dtypes = {}  # safetensors dtype -> numpy dtype, looked up once each
         out = {}
-        names, dts, shapes, sizes, data = m.names, m.dtypes, m.shapes, m.nbytes, m.data
-        for i in indices:
-            dt = dts[i]
+        for name, dt, shape, nbytes, ptr in rows:
             npdt = dtypes.get(dt)
             if npdt is None:
-                npdt = dtypes[dt] = np.dtype(self._dtype_of(names[i], dt)[0])
-            if sizes[i] == 0:  # nothing to share
-                out[names[i]] = np.empty(shapes[i], dtype=npdt)
+                npdt = dtypes[dt] = np.dtype(self._dtype_of(name, dt)[0])
+            if nbytes == 0:  # nothing to share
+                out[name] = np.empty(shape, dtype=npdt)
             else:
                 if span is None:
                     span, lo = self._host_span()
                 # A read-only view into the span (its base), at the tensor's offset.
-                out[names[i]] = ndarray(shapes[i], npdt, span, data[i] - lo)
+                out[name] = ndarray(shape, npdt, span, ptr - lo)
         return out
 
     def _host_span(self):
         """One read-only uint8 array from the lowest to the highest tensor
-        byte; each tensor's array is a slice of it (a view: slicing is
-        cheaper than one __array_interface__ object per tensor). Only the
+        byte; each tensor's array is a view into it (one ndarray call each
+        is cheaper than one __array_interface__ object per tensor). Only the
         tensors' own bytes are ever read through it."""
         if self._span is None:
             import numpy as np
@@ -491,7 +492,7 @@ class Attachment:
             m = self._manifest()
             if self.is_cuda and m.names:
                 self.numpy(m.names[0])  # raises: the tensors are in GPU memory
-            return self._numpy_at(m, range(len(m.names)))
+            return self._numpy_at(m)
         if kind == "torch":
             m = self._manifest()
             return self._torch_at(m, range(len(m.names)))
