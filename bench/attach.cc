@@ -24,6 +24,10 @@
 //
 //   wsup-bench-attach --checkpoint DIR [--pad-to 96G] [--backend cuda] [--baseline]
 //   wsup-bench-attach --synthetic 20000 --total-bytes 256M --backend host
+//   wsup-bench-attach --socket SOCK --fingerprint FP.json --backend host --runs 15 --json
+//       (b) only, against a running wsup-holder: fresh processes attach its
+//       socket with the fingerprint in FP.json (bench/attach_python.py
+//       compares this with attaching from Python)
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
@@ -393,9 +397,33 @@ std::string PhasesText(const nlohmann::json& p) {
          (p["overlapped"].get<bool>() ? " (map on a second thread, beside decode, checks and index)" : "");
 }
 
+// (b) against a running holder: `runs` fresh processes attach `socket`
+// with the tensor table, each timed from connect to every tensor
+// addressable.
+int AttachHolder(const std::string& socket, const std::string& fp_path, int device, int runs, bool json_out) {
+  std::vector<nlohmann::json> reports;
+  nlohmann::json each = nlohmann::json::array();
+  for (int r = 0; r < runs; ++r) {
+    Spawned child = SpawnChild({"fd", std::to_string(device), socket, fp_path, "1"});
+    reports.push_back(Finish(child));
+    each.push_back(reports.back()["attach_ms"]);
+  }
+  nlohmann::json p = MedianPhases(reports);
+  Row("attach via fds, tensor table", Fmt("%.3f ms", p["attach_ms"].get<double>()),
+      "median of " + std::to_string(runs) + " fresh processes (" + Fmt("%.3f", p["attach_min_ms"].get<double>()) +
+          " to " + Fmt("%.3f", p["attach_max_ms"].get<double>()) + "), " +
+          std::to_string(reports.front()["found"].get<size_t>()) + " tensors addressable");
+  Row("  of which (medians)", "", PhasesText(p));
+  if (json_out) {
+    nlohmann::json out = {{"fd_attach", p}, {"attach_ms_runs", each}, {"tensors", reports.front()["tensors"]}};
+    std::printf("%s\n", out.dump().c_str());
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   CLI::App app{"wsup-bench-attach: cold load and attach cost of an arena"};
-  std::string checkpoint, backend = "cuda", total_str = "1G", pad_str;
+  std::string checkpoint, backend = "cuda", total_str = "1G", pad_str, socket, fp_file;
   int tp = 1, rank = 0, device = 0, synthetic = 0, runs = 3;
   LoadOptions opts;
   uint64_t staging_mb = opts.staging_bytes >> 20;
@@ -406,6 +434,8 @@ int Main(int argc, char** argv) {
   app.add_option("--pad-to", pad_str,
                  "add padding tensors synthesized in the arena's memory (not read from disk) up to this "
                  "size, e.g. 96G");
+  app.add_option("--socket", socket, "instead: attach this running holder's socket (fresh processes only)");
+  app.add_option("--fingerprint", fp_file, "with --socket: a JSON file of the fingerprint to present");
   app.add_option("--tp", tp, "tensor-parallel size");
   app.add_option("--rank", rank, "tensor-parallel rank");
   app.add_option("--backend", backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
@@ -421,8 +451,12 @@ int Main(int argc, char** argv) {
   app.add_flag("--json", json_out, "also print the results as one JSON line");
   app.add_flag("--verify", verify, "after loading, compare every tensor with ReadShard (checkpoint mode)");
   CLI11_PARSE(app, argc, argv);
-  if (checkpoint.empty() == (synthetic == 0)) Die("give --checkpoint DIR or --synthetic N (one of them)");
   spdlog::set_level(spdlog::level::warn);  // not a line per attach from the server
+  if (!socket.empty()) {
+    if (fp_file.empty()) Die("--socket needs --fingerprint FILE (the holder's fingerprint as JSON)");
+    return AttachHolder(socket, fp_file, backend == "cuda" ? device : -1, runs, json_out);
+  }
+  if (checkpoint.empty() == (synthetic == 0)) Die("give --checkpoint DIR or --synthetic N (one of them)");
   opts.backend = backend;
   opts.device = device;
   opts.staging_bytes = staging_mb << 20;

@@ -2,10 +2,14 @@
 // Every entry point catches everything: no exception may cross into C.
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "client/client.h"
 #include "client/publish.h"
@@ -24,7 +28,18 @@ struct wsup_attachment {
   std::string holder_fp_json = "{}";
   std::unique_ptr<wsup::Attachment> att;
   std::unique_ptr<wsup::Publication> pub;  // wsup_publish_begin gave this handle the write lease
+  // wsup_manifest_table's block, built on the first call. Readers of a
+  // const handle may race to build it, hence the lock; uint64_t storage
+  // keeps every field 8-byte aligned.
+  mutable std::mutex table_mu;
+  mutable std::vector<uint64_t> table;
+  mutable size_t table_bytes = 0;
 };
+
+static_assert(sizeof(wsup_manifest_header) == 64 && alignof(wsup_manifest_header) == 8,
+              "wsup_client.h documents a 64-byte header");
+static_assert(sizeof(wsup_tensor_record) == 64 && offsetof(wsup_tensor_record, dims_index) == 56,
+              "wsup_client.h documents 64-byte records of eight 8-byte fields");
 
 namespace {
 
@@ -250,6 +265,104 @@ wsup::Result<std::vector<wsup::ManifestEntry>> ParseEntries(const char* entries_
   return out;
 }
 
+// The block of wsup_manifest_table (its layout is in wsup_client.h) for
+// every entry of `att`, in manifest order. Equal (shape, strides) and equal
+// dtypes are stored once and shared. Fields are copied in with memcpy: the
+// storage is uint64_t, the views of it are the C structs.
+std::vector<uint64_t> BuildTable(const wsup::Attachment& att, size_t* total) {
+  const std::vector<wsup::ManifestEntry>& entries = att.manifest().entries;
+  const size_t n = entries.size();
+  // First pass: the distinct dims and dtypes, each entry's index into them,
+  // and the sizes of the areas.
+  std::map<std::vector<int64_t>, uint64_t> dims_at;  // shape then strides -> index in `dims`
+  std::map<std::string, uint64_t> dtype_at;          // spelling -> offset in the strings
+  std::vector<int64_t> dims;
+  std::vector<uint64_t> dims_index(n);
+  std::vector<uint64_t> dtype_offset(n);
+  std::string dtypes;  // the distinct spellings, NUL after each
+  size_t name_bytes = 0;
+  uint32_t flags = 0;
+  std::vector<int64_t> key;
+  std::vector<int64_t> last_key;  // most entries repeat their neighbour's dims and dtype:
+  uint64_t last_dims = 0;         // compare with it before searching
+  const std::string* last_dtype = nullptr;
+  uint64_t last_dtype_offset = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const wsup::ManifestEntry& e = entries[i];
+    const size_t rank = e.shape.size();
+    key.resize(2 * rank);
+    std::copy(e.shape.begin(), e.shape.end(), key.begin());
+    if (e.strides.empty()) {  // the contiguous row-major strides, as wsup::ContiguousStrides
+      int64_t step = 1;
+      for (size_t d = rank; d-- > 0;) {
+        key[rank + d] = step;
+        step *= std::max<int64_t>(e.shape[d], 1);
+      }
+    } else {
+      flags |= WSUP_MANIFEST_STRIDED;
+      std::copy(e.strides.begin(), e.strides.end(), key.begin() + static_cast<std::ptrdiff_t>(rank));
+    }
+    if (i == 0 || key != last_key) {
+      auto d = dims_at.find(key);
+      if (d == dims_at.end()) {
+        d = dims_at.emplace(key, dims.size()).first;
+        dims.insert(dims.end(), key.begin(), key.end());
+      }
+      last_key = key;
+      last_dims = d->second;
+    }
+    dims_index[i] = last_dims;
+    if (last_dtype == nullptr || e.dtype != *last_dtype) {
+      auto t = dtype_at.find(e.dtype);
+      if (t == dtype_at.end()) {
+        t = dtype_at.emplace(e.dtype, dtypes.size()).first;
+        dtypes.append(e.dtype).push_back('\0');
+      }
+      last_dtype = &e.dtype;
+      last_dtype_offset = t->second;
+    }
+    dtype_offset[i] = last_dtype_offset;
+    name_bytes += e.name.size() + 1;
+  }
+  wsup_manifest_header h{};
+  std::memcpy(h.magic, WSUP_MANIFEST_MAGIC, sizeof h.magic);
+  h.version = WSUP_MANIFEST_VERSION;
+  h.header_bytes = sizeof(wsup_manifest_header);
+  h.record_bytes = sizeof(wsup_tensor_record);
+  h.flags = flags;
+  h.count = n;
+  h.dims_offset = sizeof(wsup_manifest_header) + n * sizeof(wsup_tensor_record);
+  h.strings_offset = h.dims_offset + dims.size() * sizeof(int64_t);
+  h.strings_bytes = dtypes.size() + name_bytes;
+  h.total_bytes = h.strings_offset + h.strings_bytes;
+  std::vector<uint64_t> block((h.total_bytes + 7) / 8, 0);
+  char* base = reinterpret_cast<char*>(block.data());
+  std::memcpy(base, &h, sizeof h);
+  if (!dims.empty()) std::memcpy(base + h.dims_offset, dims.data(), dims.size() * sizeof(int64_t));
+  char* strings = base + h.strings_offset;
+  std::memcpy(strings, dtypes.data(), dtypes.size());
+  // Second pass: the records, and the names after the dtypes (the block's
+  // zeros are their NULs).
+  uint64_t at = dtypes.size();
+  for (size_t i = 0; i < n; ++i) {
+    const wsup::ManifestEntry& e = entries[i];
+    wsup_tensor_record r{};
+    r.data = reinterpret_cast<uintptr_t>(att.At(i).data);
+    r.nbytes = e.nbytes;
+    r.name_offset = at;
+    r.name_bytes = e.name.size();
+    r.dtype_offset = dtype_offset[i];
+    r.dtype_bytes = e.dtype.size();
+    r.ndim = e.shape.size();
+    r.dims_index = dims_index[i];
+    std::memcpy(strings + at, e.name.data(), e.name.size());
+    at += e.name.size() + 1;
+    std::memcpy(base + h.header_bytes + i * sizeof r, &r, sizeof r);
+  }
+  *total = h.total_bytes;
+  return block;
+}
+
 // Runs one publish step, keeping the error text on the handle.
 template <typename F>
 int Step(wsup_attachment* a, F&& f) {
@@ -331,6 +444,11 @@ int wsup_publish_commit(wsup_attachment* a, const char* entries_json) {
     a->source = wsup::WeightSourceName(a->outcome.source);
     a->att = std::move(r.attachment);
     a->pub.reset();
+    {
+      std::lock_guard<std::mutex> lock(a->table_mu);  // a block of the old attachment, if any, is stale
+      a->table.clear();
+      a->table_bytes = 0;
+    }
     SetHolderFingerprint(a);
     a->error.clear();
     return wsup::Status::Ok();
@@ -407,6 +525,19 @@ int wsup_tensor_copy_to_host(const wsup_attachment* a, const char* name, void* d
     return s.ok() ? WSUP_OK : StatusCode(s.code());
   } catch (...) {
     return WSUP_ERR_INTERNAL;
+  }
+}
+
+const void* wsup_manifest_table(const wsup_attachment* a, size_t* len) {
+  if (len != nullptr) *len = 0;
+  if (a == nullptr || !a->att) return nullptr;
+  try {
+    std::lock_guard<std::mutex> lock(a->table_mu);
+    if (a->table.empty()) a->table = BuildTable(*a->att, &a->table_bytes);
+    if (len != nullptr) *len = a->table_bytes;
+    return a->table.data();
+  } catch (...) {  // out of memory (or a lock that cannot be taken): no block
+    return nullptr;
   }
 }
 

@@ -102,6 +102,7 @@ class Attachment {
   const MappedArena& arena() const { return arena_; }
   const Manifest& manifest() const { return arena_.manifest(); }
   TensorView Find(std::string_view name) const { return arena_.Find(name); }
+  TensorView At(size_t i) const { return arena_.At(i); }
   size_t size() const { return arena_.size(); }
   const Fingerprint& holder_fingerprint() const { return holder_fp_; }
   // Inspection only: how the presented fingerprint differs from the holder's.

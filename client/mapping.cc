@@ -251,6 +251,12 @@ TensorView MappedArena::Find(std::string_view name) const {
   return {&e, static_cast<const uint8_t*>(bases_[e.alloc]) + e.offset};
 }
 
+TensorView MappedArena::At(size_t i) const {
+  if (i >= manifest_.entries.size()) return {};
+  const ManifestEntry& e = manifest_.entries[i];
+  return {&e, static_cast<const uint8_t*>(bases_[e.alloc]) + e.offset};
+}
+
 Status MappedArena::CopyToHost(const ManifestEntry& e, void* dst) const {
   if (e.alloc >= bases_.size() || e.offset > manifest_.allocations[e.alloc].size ||
       e.nbytes > manifest_.allocations[e.alloc].size - e.offset) {

@@ -70,6 +70,9 @@ class MappedArena {
   bool is_cuda() const { return manifest_.backend == "cuda"; }
   // nullptr view when absent.
   TensorView Find(std::string_view name) const;
+  // The i-th entry of the manifest, without a name lookup (for walking every
+  // tensor); nullptr view when i >= size().
+  TensorView At(size_t i) const;
   size_t size() const { return manifest_.entries.size(); }
 
   // Copies a tensor's bytes into host memory (a plain copy for host, a

@@ -100,6 +100,87 @@ int64_t wsup_tensor_stride(const wsup_attachment* a, const char* name, int i);
  * Returns WSUP_OK, or an error code when absent or dst_len is too small. */
 int wsup_tensor_copy_to_host(const wsup_attachment* a, const char* name, void* dst, uint64_t dst_len);
 
+/* ---- The whole manifest in one call ----
+ *
+ * wsup_manifest_table returns every tensor's description in one block of
+ * memory: what the lookups above answer, for all tensors at once. A caller
+ * that reads every tensor (a Python client through ctypes, which pays for
+ * each foreign call) reads the block instead of making six calls per tensor.
+ *
+ *   size_t len;
+ *   const char* t = wsup_manifest_table(a, &len);
+ *   const wsup_manifest_header* h = (const void*)t;
+ *   const int64_t* dims = (const void*)(t + h->dims_offset);
+ *   const char* strings = t + h->strings_offset;
+ *   for (uint64_t i = 0; i < h->count; ++i) {
+ *     const wsup_tensor_record* r = (const void*)(t + h->header_bytes + i * h->record_bytes);
+ *     name = strings + r->name_offset;  dtype = strings + r->dtype_offset;
+ *     shape = dims + r->dims_index;     strides = shape + r->ndim;
+ *     data = (const void*)(uintptr_t)r->data;
+ *   }
+ *
+ * Layout, version 1, in the machine's byte order (every field is 8-byte
+ * aligned; the block starts 8-byte aligned):
+ *   header   wsup_manifest_header, header_bytes (64) bytes;
+ *   records  `count` wsup_tensor_record of record_bytes (64) bytes each, in
+ *            manifest order (the order of wsup_tensor_name), right after
+ *            the header;
+ *   dims     int64 values from dims_offset: for each distinct (shape,
+ *            strides) of the tensors, the shape (ndim values, as
+ *            wsup_tensor_dim) followed by the strides (ndim values in
+ *            elements, as wsup_tensor_stride: the contiguous row-major ones
+ *            for a tensor stored without strides). Tensors of the same
+ *            shape and strides share one dims_index;
+ *   strings  strings_bytes bytes from strings_offset: the distinct dtype
+ *            spellings, then every tensor's name in record order; each
+ *            string is followed by one NUL (names hold no NUL: holders
+ *            refuse control characters). Tensors of one dtype share one
+ *            dtype_offset.
+ * Sharing keeps the block small and lets a reader make one object per
+ * distinct shape or dtype instead of one per tensor; a reader that ignores
+ * it and reads each record's offsets gets the same answers.
+ * total_bytes is the block's size (also *len). A later version may append
+ * fields to the header or to each record (header_bytes and record_bytes
+ * grow; step by them) and raises `version` only for changes a version-1
+ * reader would misread.
+ *
+ * Built on the first call and kept on the handle; later calls return the
+ * same block. The block, like the strings of the accessors, stays valid
+ * until wsup_detach (a wsup_publish_commit re-attaches the handle: ask
+ * again after it). A handle that has not attached (wsup_from_holder is 0),
+ * a NULL handle, or no memory for the block: NULL, with *len = 0. len may
+ * be NULL. */
+#define WSUP_MANIFEST_MAGIC "wsupMTAB" /* the header's 8 magic bytes, no NUL */
+#define WSUP_MANIFEST_VERSION 1
+#define WSUP_MANIFEST_STRIDED 1u /* header flag: some tensor is not contiguous row-major */
+
+typedef struct wsup_manifest_header {
+  char magic[8];           /* WSUP_MANIFEST_MAGIC */
+  uint32_t version;        /* WSUP_MANIFEST_VERSION */
+  uint32_t header_bytes;   /* 64: where the records start */
+  uint32_t record_bytes;   /* 64: the step from one record to the next */
+  uint32_t flags;          /* WSUP_MANIFEST_STRIDED, or 0 */
+  uint64_t count;          /* records: wsup_num_tensors */
+  uint64_t dims_offset;    /* bytes from the block's start to the dims */
+  uint64_t strings_offset; /* bytes from the block's start to the strings */
+  uint64_t strings_bytes;
+  uint64_t total_bytes;    /* the block's size */
+} wsup_manifest_header;
+
+typedef struct wsup_tensor_record {
+  uint64_t data;         /* the tensor's address, as wsup_tensor_data (a CUDA
+                            device pointer when wsup_is_cuda) */
+  uint64_t nbytes;       /* as wsup_tensor_nbytes */
+  uint64_t name_offset;  /* the name in the strings, NUL-terminated */
+  uint64_t name_bytes;   /* its length, NUL not counted */
+  uint64_t dtype_offset; /* the dtype ("F32", "BF16", ...), NUL-terminated */
+  uint64_t dtype_bytes;  /* its length, NUL not counted */
+  uint64_t ndim;         /* as wsup_tensor_ndim */
+  uint64_t dims_index;   /* the shape at dims[dims_index], the strides at dims[dims_index + ndim] */
+} wsup_tensor_record;
+
+const void* wsup_manifest_table(const wsup_attachment* a, size_t* len);
+
 /* ---- Engine-made layouts (a holder started with --layout engine) ----
  *
  * The first engine to ask for a layout nobody has committed gets the write

@@ -684,17 +684,27 @@ TEST_CASE("the C ABI checks its arguments and reports without a holder", "[clien
   CHECK(wsup_num_tensors(off) == 0);
   CHECK(wsup_tensor_data(off, "x") == nullptr);
   CHECK(std::string(wsup_diffs_json(off)) == "[]");
+  size_t len = 99;
+  CHECK(wsup_manifest_table(off, &len) == nullptr);  // nothing attached: no block
+  CHECK(len == 0);
+  CHECK(wsup_manifest_table(off, nullptr) == nullptr);
   wsup_detach(off);
 
   wsup_attachment* client = wsup_attach(sock.c_str(), "client", nullptr, model.c_str(), R"({"timeout_ms": 500})");
   CHECK(wsup_status(client) == WSUP_OK);
   CHECK(std::string(wsup_source(client)) == "disk");
   CHECK_THAT(std::string(wsup_reason(client)), Catch::Contains("holder unavailable"));
+  len = 99;
+  CHECK(wsup_manifest_table(client, &len) == nullptr);  // load from disk: no block
+  CHECK(len == 0);
   wsup_detach(client);
 
   wsup_attachment* daemon = wsup_attach(sock.c_str(), "daemon", nullptr, model.c_str(), nullptr);
   CHECK(wsup_status(daemon) == WSUP_ERR_UNAVAILABLE);
   CHECK_THAT(std::string(wsup_error(daemon)), Catch::Contains("absent.sock"));
+  len = 99;
+  CHECK(wsup_manifest_table(daemon, &len) == nullptr);  // a failed attach: no block
+  CHECK(len == 0);
   wsup_detach(daemon);
 
   struct Bad {
@@ -736,6 +746,10 @@ TEST_CASE("the C ABI checks its arguments and reports without a holder", "[clien
   CHECK(wsup_status(nullptr) != WSUP_OK);
   CHECK(wsup_num_tensors(nullptr) == 0);
   CHECK(wsup_tensor_name(nullptr, 0) == nullptr);
+  len = 99;
+  CHECK(wsup_manifest_table(nullptr, &len) == nullptr);
+  CHECK(len == 0);
+  CHECK(wsup_manifest_table(nullptr, nullptr) == nullptr);
   wsup_detach(nullptr);
 }
 
@@ -748,7 +762,8 @@ TEST_CASE("libwsup_client.so exports the C ABI and nothing of C++", "[client][ca
                           "wsup_num_tensors", "wsup_tensor_name", "wsup_tensor_data", "wsup_tensor_dtype",
                           "wsup_tensor_ndim", "wsup_tensor_dim", "wsup_tensor_nbytes", "wsup_detach",
                           "wsup_client_version", "wsup_publish_begin", "wsup_has_lease", "wsup_publish_alloc",
-                          "wsup_publish_commit", "wsup_publish_abort", "wsup_tensor_stride"}) {
+                          "wsup_publish_commit", "wsup_publish_abort", "wsup_tensor_stride",
+                          "wsup_manifest_table"}) {
     INFO(sym);
     CHECK(::dlsym(h, sym) != nullptr);
   }

@@ -15,6 +15,7 @@
 #include "client/publish.h"
 #include "client/wsup_client.h"
 #include "tests/holder/holder_fixture.h"
+#include "tests/holder/manifest_table_check.h"
 
 namespace wsup {
 namespace {
@@ -380,6 +381,9 @@ TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, 
   CHECK(wsup_has_lease(w) == 1);
   CHECK(wsup_publish_commit(w, "not json") == WSUP_ERR_INVALID_ARGUMENT);
   CHECK(Has(wsup_error(w), "entries_json"));
+  size_t len = 7;
+  CHECK(wsup_manifest_table(w, &len) == nullptr);  // not attached while it holds the lease
+  CHECK(len == 0);
   CHECK(wsup_publish_commit(w, R"([{"name":"x","dtype":"F32","shape":[2,3],"strides":[1,2],"alloc":0,"offset":0}])") ==
         WSUP_OK);
   CHECK(std::string(wsup_source(w)) == "published");
@@ -388,6 +392,7 @@ TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, 
   CHECK(wsup_tensor_stride(w, "x", 1) == 2);
   CHECK(wsup_tensor_nbytes(w, "x") == 24);  // (1 + 1 x 1 + 2 x 2) x 4
   CHECK(static_cast<const float*>(wsup_tensor_data(w, "x"))[5] == 10.0f);
+  CHECK(test::CheckManifestTable(w) == WSUP_MANIFEST_STRIDED);  // after the commit: the committed layout
   CHECK(wsup_publish_alloc(w, 100, &data, &size, &alloc) == WSUP_ERR_INVALID_ARGUMENT);
   CHECK(Has(wsup_error(w), "holds no write lease"));
 
@@ -398,6 +403,7 @@ TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, 
   CHECK(wsup_has_lease(r) == 0);
   CHECK(std::string(wsup_source(r)) == "holder");
   CHECK(wsup_tensor_stride(r, "x", 0) == 1);
+  CHECK(test::CheckManifestTable(r) == WSUP_MANIFEST_STRIDED);
   wsup_detach(r);
   wsup_detach(w);
 

@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "client/wsup_client.h"
 #include "tests/holder/holder_fixture.h"
+#include "tests/holder/manifest_table_check.h"
 #include "wire/cuda_driver.h"
 
 namespace wsup {
@@ -138,6 +139,8 @@ TEST_CASE("a holder serves every tensor to a second process, byte for byte (host
       CHECK(wsup_tensor_data(c, "no.such.tensor") == nullptr);
       CHECK(wsup_tensor_ndim(c, "no.such.tensor") == -1);
       CHECK(wsup_tensor_copy_to_host(c, "no.such.tensor", nullptr, 0) == WSUP_ERR_NOT_FOUND);
+      // The whole manifest in one block says what the per-tensor calls say.
+      CHECK(test::CheckManifestTable(c) == 0);  // checkpoint tensors are contiguous
 
       // Both attachments are counted, with their roles and pids.
       auto info = QueryHolderInfo(h.socket, 5000);
@@ -632,6 +635,7 @@ TEST_CASE("cuda backend: a holder serves device memory that a second process map
       INFO(wsup_error(c));
       REQUIRE(wsup_status(c) == WSUP_OK);
       CHECK(wsup_is_cuda(c) == 1);
+      CHECK(test::CheckManifestTable(c) == 0);  // device pointers, as wsup_tensor_data gives them
       wsup_detach(c);
 
       // A host engine does not match a cuda holder: the backend differs.

@@ -8,15 +8,23 @@ stays mapped, and the holder's connection open, until the Attachment is
 closed *and* the last array or tensor is gone. The mapping survives the
 holder's death.
 
+The manifest (every tensor's name, dtype, shape, size and address) is read
+once per Attachment, with one call: wsup_manifest_table's block, decoded
+into columns with memoryview casts and list slices (no numpy, so a torch
+engine without numpy works). TensorInfo objects are made only for the names
+asked about; tensors() reads the columns directly.
+
 Thread-safety: lookups may be made from several threads; close() must not
 race with them.
 """
 
 import ctypes
 import json
+import operator
+import struct
 
 from . import _dlpack
-from ._errors import CORRUPT, INVALID_ARGUMENT, NOT_FOUND, OK, UnknownTensorError, WsupError
+from ._errors import CORRUPT, INTERNAL, INVALID_ARGUMENT, NOT_FOUND, OK, UnknownTensorError, WsupError
 from ._lib import load_library
 
 MODES = ("daemon", "client", "off")
@@ -44,6 +52,24 @@ DTYPES = {
     "U8": ("|u1", (_dlpack.KDL_UINT, 8), None),
     "BOOL": ("|b1", (_dlpack.KDL_UINT, 8), "bool"),
 }
+
+
+# How an Attachment reads the manifest: "table" (wsup_manifest_table, one
+# call) or "per-tensor" (wsup_tensor_name, _dtype, _ndim, _dim, _data and
+# _nbytes for each tensor, as before the table existed). Private: the
+# benchmark (bench/attach_python.py) and the tests set it to compare the two.
+_MANIFEST_READER = "table"
+
+# wsup_manifest_header of client/wsup_client.h, version 1.
+_TABLE_HEADER = struct.Struct("=8sIIIIQQQQQ")
+_TABLE_MAGIC = b"wsupMTAB"
+_TABLE_STRIDED = 1
+_RECORD_FIELDS = 8  # u64 each: data, nbytes, name offset, name bytes, dtype offset, dtype bytes, ndim, dims index
+
+_api = ctypes.pythonapi
+_api.PyMemoryView_FromMemory.restype = ctypes.py_object
+_api.PyMemoryView_FromMemory.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int]
+_PYBUF_READ = 0x100
 
 
 def _b(s):
@@ -104,6 +130,146 @@ class TensorInfo:
         return "TensorInfo(%r, %s, %s, %d bytes)" % (self.name, self.dtype, list(self.shape), self.nbytes)
 
 
+class _Manifest:
+    """Every tensor's description as columns in manifest order: names,
+    dtypes, shapes (tuples), nbytes and data (addresses), plus index (name ->
+    position). TensorInfo objects are made on first request and kept."""
+
+    __slots__ = ("names", "dtypes", "shapes", "nbytes", "data", "_index", "_infos")
+
+    def __init__(self, names, dtypes, shapes, nbytes, data):
+        self.names = names
+        self.dtypes = dtypes
+        self.shapes = shapes
+        self.nbytes = nbytes
+        self.data = data
+        self._index = None
+        self._infos = {}
+
+    @property
+    def index(self):
+        """name -> position, made on the first lookup by name (walking every
+        tensor needs none)."""
+        if self._index is None:
+            self._index = dict(zip(self.names, range(len(self.names))))
+        return self._index
+
+    def info(self, name):
+        """The TensorInfo of `name`, or None."""
+        got = self._infos.get(name)
+        if got is None:
+            i = self.index.get(name)
+            if i is None:
+                return None
+            got = self._infos[name] = TensorInfo(name, self.dtypes[i], self.shapes[i], self.nbytes[i],
+                                                 self.data[i])
+        return got
+
+
+def _dense_nbytes(dtypes, shapes, nbytes):
+    """TensorInfo.nbytes: item size x elements for the dtypes this package
+    knows (for a strided tensor that is less than the span the holder
+    reports), the holder's nbytes for the others."""
+    out = []
+    for dtype, shape, nb in zip(dtypes, shapes, nbytes):
+        entry = DTYPES.get(dtype)
+        if entry is not None:
+            nb = int(entry[0][2:])  # the typestr's item size
+            for d in shape:
+                nb *= d
+        out.append(nb)
+    return out
+
+
+def _read_per_tensor(lib, p):
+    """The manifest through the per-tensor calls (six per tensor)."""
+    name_at, dtype_of, ndim_of, dim_of = (lib.wsup_tensor_name, lib.wsup_tensor_dtype, lib.wsup_tensor_ndim,
+                                          lib.wsup_tensor_dim)
+    data_of, nbytes_of = lib.wsup_tensor_data, lib.wsup_tensor_nbytes
+    names, dtypes, shapes, sizes, data = [], [], [], [], []
+    for i in range(lib.wsup_num_tensors(p)):
+        bname = name_at(p, i)
+        dtype = dtype_of(p, bname).decode()
+        shape = tuple(dim_of(p, bname, d) for d in range(ndim_of(p, bname)))
+        names.append(bname.decode("utf-8", "replace"))
+        dtypes.append(dtype)
+        shapes.append(shape)
+        sizes.append(int(nbytes_of(p, bname)) if dtype not in DTYPES else 0)
+        data.append(data_of(p, bname) or 0)
+    return _Manifest(names, dtypes, shapes, _dense_nbytes(dtypes, shapes, sizes), data)
+
+
+def _bad_table(what):
+    return WsupError("the manifest table of libwsup_client.so is not what this package reads (%s); the library "
+                     "and the wsup_client package come from different wsup versions: use the library built "
+                     "with this package (or point $WSUP_CLIENT_LIB at it)" % what, CORRUPT)
+
+
+def _read_table(lib, p):
+    """The manifest from wsup_manifest_table's block (client/wsup_client.h),
+    read in place: the columns come out of memoryview casts and strided
+    slices, the names out of one split, and a shape tuple or dtype string is
+    made once per distinct one (the block shares them), so the cost per
+    tensor is little more than its name and its address."""
+    size = ctypes.c_size_t()
+    ptr = lib.wsup_manifest_table(p, ctypes.byref(size))
+    if not ptr:
+        raise WsupError("wsup_manifest_table returned no manifest for an attached handle: out of memory",
+                        INTERNAL)
+    total = size.value
+    if total < _TABLE_HEADER.size:
+        raise _bad_table("%d bytes, less than a header" % total)
+    # A view of the library's block, valid while the handle is (the caller
+    # holds it); nothing made from it keeps it.
+    mv = _api.PyMemoryView_FromMemory(ptr, total, _PYBUF_READ)
+    (magic, version, header_bytes, record_bytes, flags, count, dims_offset, strings_offset, strings_bytes,
+     total_bytes) = _TABLE_HEADER.unpack_from(mv, 0)
+    if magic != _TABLE_MAGIC or version != 1:
+        raise _bad_table("magic %r, version %d; this package reads version 1" % (magic, version))
+    k = record_bytes // 8
+    records_end = header_bytes + count * record_bytes
+    if (total_bytes != total or header_bytes < _TABLE_HEADER.size or header_bytes % 8 or record_bytes % 8 or
+            k < _RECORD_FIELDS or records_end > dims_offset or dims_offset % 8 or dims_offset > strings_offset or
+            strings_offset + strings_bytes > total or count != lib.wsup_num_tensors(p)):
+        raise _bad_table("bounds: %d bytes, header %d, records %d x %d, dims at %d, strings at %d (%d bytes)" %
+                         (total, header_bytes, count, record_bytes, dims_offset, strings_offset, strings_bytes))
+    if count == 0:
+        return _Manifest([], [], [], [], [])
+    records = mv[header_bytes:records_end].cast("Q")
+    data = records[0::k].tolist()
+    nbytes = records[1::k].tolist()
+    names_at = records[2]  # the names follow the distinct dtypes
+    dtype_offsets = records[4::k].tolist()
+    ndims = records[6::k].tolist()
+    dims_index = records[7::k].tolist()
+    if names_at > strings_bytes:
+        raise _bad_table("the first name at %d, past the %d string bytes" % (names_at, strings_bytes))
+    strings = mv[strings_offset:strings_offset + strings_bytes]
+    # name, name, ..., "" (each name ends with a NUL; names hold none).
+    names = str(strings[names_at:], "utf-8", "replace").split("\0")
+    if len(names) != count + 1 or names[-1]:
+        raise _bad_table("%d names for %d tensors" % (len(names) - 1, count))
+    names.pop()
+    dtype_at, at = {}, 0
+    for spelling in str(strings[:names_at], "utf-8", "replace").split("\0")[:-1]:
+        dtype_at[at] = spelling
+        at += len(spelling.encode("utf-8")) + 1
+    dims = mv[dims_offset:strings_offset].cast("q")
+    shape_at = {}
+    for o, n in dict(zip(dims_index, ndims)).items():  # one entry per distinct shape
+        if o + 2 * n > len(dims):
+            raise _bad_table("dims at %d + 2 x %d, past the %d dims" % (o, n, len(dims)))
+        shape_at[o] = tuple(dims[o:o + n].tolist())
+    try:
+        dtypes = list(map(dtype_at.__getitem__, dtype_offsets))
+    except KeyError as e:
+        raise _bad_table("a dtype at offset %s, where none starts" % e) from None
+    shapes = list(map(shape_at.__getitem__, dims_index))
+    if flags & _TABLE_STRIDED:
+        nbytes = _dense_nbytes(dtypes, shapes, nbytes)
+    return _Manifest(names, dtypes, shapes, nbytes, data)
+
+
 class Attachment:
     """The outcome of attach(): either the holder's weights (from_holder is
     True) or a decision to load from disk, with the reason and the differing
@@ -132,6 +298,8 @@ class Attachment:
         already made keep it mapped until they are gone; nothing new can be
         made from this Attachment afterwards."""
         self._handle = None
+        self._infos = None
+        self._span = None  # its buffer holds the handle too
 
     @property
     def closed(self):
@@ -156,54 +324,46 @@ class Attachment:
     # ------------------------------------------------------------ manifest
 
     def _manifest(self):
-        """name -> TensorInfo for every tensor, read once in one pass."""
+        """The _Manifest of every tensor, read once."""
         h = self._live()
-        if self._infos is not None:
-            return self._infos
-        lib, p = h.lib, ctypes.c_void_p(h.ptr)
-        name_at, dtype_of, ndim_of, dim_of = (lib.wsup_tensor_name, lib.wsup_tensor_dtype, lib.wsup_tensor_ndim,
-                                              lib.wsup_tensor_dim)
-        data_of, nbytes_of = lib.wsup_tensor_data, lib.wsup_tensor_nbytes
-        infos = {}
-        for i in range(lib.wsup_num_tensors(p)):
-            bname = name_at(p, i)
-            dtype = dtype_of(p, bname).decode()
-            shape = tuple(dim_of(p, bname, d) for d in range(ndim_of(p, bname)))
-            entry = DTYPES.get(dtype)
-            if entry is not None:
-                nbytes = int(entry[0][2:])  # the typestr's item size
-                for d in shape:
-                    nbytes *= d
+        m = self._infos
+        if m is None:
+            p = ctypes.c_void_p(h.ptr)
+            if _MANIFEST_READER == "per-tensor":
+                m = _read_per_tensor(h.lib, p)
             else:
-                nbytes = int(nbytes_of(p, bname))
-            name = bname.decode("utf-8", "replace")
-            infos[name] = TensorInfo(name, dtype, shape, nbytes, data_of(p, bname) or 0)
-        self._infos = infos
-        return infos
+                m = _read_table(h.lib, p)
+            self._infos = m
+        return m
 
     def names(self):
         """Tensor names in manifest order."""
-        return list(self._manifest())
+        return list(self._manifest().names)
 
     def __len__(self):
-        return len(self._manifest()) if self.from_holder and not self.closed else 0
+        return len(self._manifest().names) if self.from_holder and not self.closed else 0
 
     def __contains__(self, name):
-        return self.from_holder and not self.closed and name in self._manifest()
+        return self.from_holder and not self.closed and name in self._manifest().index
 
     def info(self, name):
         """The TensorInfo of `name`; UnknownTensorError (a KeyError) naming
         the fix when absent."""
-        infos = self._manifest()
-        got = infos.get(name)
+        m = self._manifest()
+        got = m.info(name)
         if got is None:
-            raise UnknownTensorError(self._unknown(name, infos))
+            raise UnknownTensorError(self._unknown(name, m.names))
         return got
 
+    def _index(self, m, name):
+        i = m.index.get(name)
+        if i is None:
+            raise UnknownTensorError(self._unknown(name, m.names))
+        return i
+
     @staticmethod
-    def _unknown(name, infos):
+    def _unknown(name, names):
         import difflib
-        names = list(infos)
         close = difflib.get_close_matches(str(name), names, n=3, cutoff=0.8)
         hint = ("; close names: " + ", ".join(close)) if close else ("; e.g. " + ", ".join(names[:3]))
         return ("tensor %r is not in the holder's manifest (%d tensors)%s; ask for a name from "
@@ -223,26 +383,45 @@ class Attachment:
             self._live()
             raise WsupError("tensor %r lives in GPU memory: use Attachment.torch() (or copy_to_host() for a "
                             "host copy)" % name, INVALID_ARGUMENT)
-        inf = self.info(name)
-        typestr = self._dtype_entry(inf)[0]
-        if inf.nbytes == 0:  # nothing to share
-            import numpy as np
-            return np.empty(inf.shape, dtype=np.dtype(typestr))
-        span, lo = self._host_span()
-        off = inf.data_ptr - lo
-        return span[off:off + inf.nbytes].view(typestr).reshape(inf.shape)
+        m = self._manifest()
+        return self._numpy_at(m, [self._index(m, name)])[name]
+
+    def _numpy_at(self, m, indices=None):
+        """name -> numpy array for the manifest entries at `indices` (None:
+        every entry, walked column by column)."""
+        import numpy as np
+        cols = (m.names, m.dtypes, m.shapes, m.nbytes, m.data)
+        rows = zip(*cols) if indices is None else ([c[i] for c in cols] for i in indices)
+        span = lo = None
+        ndarray = np.ndarray
+        dtypes = {}  # safetensors dtype -> numpy dtype, looked up once each
+        out = {}
+        for name, dt, shape, nbytes, ptr in rows:
+            npdt = dtypes.get(dt)
+            if npdt is None:
+                npdt = dtypes[dt] = np.dtype(self._dtype_of(name, dt)[0])
+            if nbytes == 0:  # nothing to share
+                out[name] = np.empty(shape, dtype=npdt)
+            else:
+                if span is None:
+                    span, lo = self._host_span()
+                # A read-only view into the span (its base), at the tensor's offset.
+                out[name] = ndarray(shape, npdt, span, ptr - lo)
+        return out
 
     def _host_span(self):
         """One read-only uint8 array from the lowest to the highest tensor
-        byte; each tensor's array is a slice of it (a view: slicing is
-        cheaper than one __array_interface__ object per tensor). Only the
+        byte; each tensor's array is a view into it (one ndarray call each
+        is cheaper than one __array_interface__ object per tensor). Only the
         tensors' own bytes are ever read through it."""
         if self._span is None:
             import numpy as np
             h = self._live()
-            infos = [i for i in self._manifest().values() if i.nbytes > 0]
-            lo = min((i.data_ptr for i in infos), default=0)
-            hi = max((i.data_ptr + i.nbytes for i in infos), default=0)
+            m = self._manifest()
+            # Empty tensors' addresses lie inside their allocations too, so
+            # they may lower `lo` but never make the span miss a tensor.
+            lo = min(m.data, default=0)
+            hi = max(map(operator.add, m.data, m.nbytes), default=0)
             self._span = (np.asarray(_HostBuffer(h, lo, "|u1", (hi - lo,))), lo)
         return self._span
 
@@ -255,21 +434,31 @@ class Attachment:
         return self._torch_many([name])[name]
 
     def _torch_many(self, names):
+        m = self._manifest()
+        return self._torch_at(m, [self._index(m, n) for n in names])
+
+    def _torch_at(self, m, indices):
+        """name -> torch tensor for the manifest entries at `indices`."""
         h = self._live()
         import torch
         from torch.utils import dlpack as tdl
-        infos = [self.info(n) for n in names]
+        kinds = {}  # safetensors dtype -> (code, bits, torch dtype to view as or None)
         items, views = [], []
-        for inf in infos:
-            _, (code, bits), view_as = self._dtype_entry(inf)
-            items.append((inf.data_ptr, inf.shape, code, bits))
-            target = None
-            if view_as is not None:
-                target = getattr(torch, view_as, None)
-                if target is None:
-                    raise WsupError("tensor %r is %s but this torch (%s) has no torch.%s; use a newer torch" %
-                                    (inf.name, inf.dtype, torch.__version__, view_as), INVALID_ARGUMENT)
-            views.append(target)
+        names, dts, shapes, data = m.names, m.dtypes, m.shapes, m.data
+        for i in indices:
+            dt = dts[i]
+            kind = kinds.get(dt)
+            if kind is None:
+                _, (code, bits), view_as = self._dtype_of(names[i], dt)
+                target = None
+                if view_as is not None:
+                    target = getattr(torch, view_as, None)
+                    if target is None:
+                        raise WsupError("tensor %r is %s but this torch (%s) has no torch.%s; use a newer torch" %
+                                        (names[i], dt, torch.__version__, view_as), INVALID_ARGUMENT)
+                kind = kinds[dt] = (code, bits, target)
+            items.append((data[i], shapes[i], kind[0], kind[1]))
+            views.append(kind[2])
         if self.is_cuda:
             dev_type, dev_id = _dlpack.KDL_CUDA, self.device
         else:
@@ -277,9 +466,9 @@ class Attachment:
         capsules = _dlpack.make_capsules(h, items, dev_type, dev_id)
         out = {}
         from_dlpack = tdl.from_dlpack
-        for inf, capsule, target in zip(infos, capsules, views):
+        for i, capsule, target in zip(indices, capsules, views):
             t = from_dlpack(capsule)
-            out[inf.name] = t if target is None else t.view(target)
+            out[names[i]] = t if target is None else t.view(target)
         return out
 
     def dlpack(self, name):
@@ -300,9 +489,13 @@ class Attachment:
         if kind is None:
             kind = "torch" if self.is_cuda else "numpy"
         if kind == "numpy":
-            return {n: self.numpy(n) for n in self.names()}
+            m = self._manifest()
+            if self.is_cuda and m.names:
+                self.numpy(m.names[0])  # raises: the tensors are in GPU memory
+            return self._numpy_at(m)
         if kind == "torch":
-            return self._torch_many(self.names())
+            m = self._manifest()
+            return self._torch_at(m, range(len(m.names)))
         raise WsupError("kind %r is not one of numpy, torch" % (kind,), INVALID_ARGUMENT)
 
     def copy_to_host(self, name):
@@ -318,10 +511,14 @@ class Attachment:
         return out
 
     def _dtype_entry(self, inf):
-        got = DTYPES.get(inf.dtype)
+        return self._dtype_of(inf.name, inf.dtype)
+
+    @staticmethod
+    def _dtype_of(name, dtype):
+        got = DTYPES.get(dtype)
         if got is None:
             raise WsupError("tensor %r has dtype %s, which this package does not know; update wsup_client" %
-                            (inf.name, inf.dtype), CORRUPT)
+                            (name, dtype), CORRUPT)
         return got
 
     def __repr__(self):

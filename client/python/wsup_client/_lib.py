@@ -69,6 +69,8 @@ def _declare(lib):
         "wsup_tensor_ndim": (c.c_int, [p, s]),
         "wsup_tensor_dim": (c.c_int64, [p, s, c.c_int]),
         "wsup_tensor_nbytes": (c.c_uint64, [p, s]),
+        "wsup_tensor_stride": (c.c_int64, [p, s, c.c_int]),
+        "wsup_manifest_table": (p, [p, c.POINTER(c.c_size_t)]),
         "wsup_tensor_copy_to_host": (c.c_int, [p, s, p, c.c_uint64]),
         "wsup_detach": (None, [p]),
         "wsup_client_version": (s, []),
