@@ -89,16 +89,20 @@ class _HostBuffer:
 class TensorInfo:
     """One manifest entry: name, dtype ("F32", "BF16", "F8_E4M3", ...),
     shape (a tuple, the local per-rank shape), nbytes and data_ptr (a host
-    address, or a CUDA device address when the arena is on a GPU)."""
+    address, or a CUDA device address when the arena is on a GPU), and
+    strides: None for a contiguous row-major tensor, else a tuple of
+    strides in elements (an engine-made layout may store a tensor
+    transposed or padded)."""
 
-    __slots__ = ("name", "dtype", "shape", "nbytes", "data_ptr")
+    __slots__ = ("name", "dtype", "shape", "nbytes", "data_ptr", "strides")
 
-    def __init__(self, name, dtype, shape, nbytes, data_ptr):
+    def __init__(self, name, dtype, shape, nbytes, data_ptr, strides=None):
         self.name = name
         self.dtype = dtype
         self.shape = shape
         self.nbytes = nbytes
         self.data_ptr = data_ptr
+        self.strides = strides
 
     def __repr__(self):
         return "TensorInfo(%r, %s, %s, %d bytes)" % (self.name, self.dtype, list(self.shape), self.nbytes)
@@ -163,21 +167,24 @@ class Attachment:
         lib, p = h.lib, ctypes.c_void_p(h.ptr)
         name_at, dtype_of, ndim_of, dim_of = (lib.wsup_tensor_name, lib.wsup_tensor_dtype, lib.wsup_tensor_ndim,
                                               lib.wsup_tensor_dim)
-        data_of, nbytes_of = lib.wsup_tensor_data, lib.wsup_tensor_nbytes
+        data_of, nbytes_of, stride_of = lib.wsup_tensor_data, lib.wsup_tensor_nbytes, lib.wsup_tensor_stride
         infos = {}
         for i in range(lib.wsup_num_tensors(p)):
             bname = name_at(p, i)
             dtype = dtype_of(p, bname).decode()
             shape = tuple(dim_of(p, bname, d) for d in range(ndim_of(p, bname)))
+            strides = tuple(stride_of(p, bname, d) for d in range(len(shape)))
+            if strides == _contiguous(shape):
+                strides = None
             entry = DTYPES.get(dtype)
-            if entry is not None:
+            if entry is not None and strides is None:
                 nbytes = int(entry[0][2:])  # the typestr's item size
                 for d in shape:
                     nbytes *= d
             else:
-                nbytes = int(nbytes_of(p, bname))
+                nbytes = int(nbytes_of(p, bname))  # what the strides span
             name = bname.decode("utf-8", "replace")
-            infos[name] = TensorInfo(name, dtype, shape, nbytes, data_of(p, bname) or 0)
+            infos[name] = TensorInfo(name, dtype, shape, nbytes, data_of(p, bname) or 0, strides)
         self._infos = infos
         return infos
 
@@ -230,7 +237,13 @@ class Attachment:
             return np.empty(inf.shape, dtype=np.dtype(typestr))
         span, lo = self._host_span()
         off = inf.data_ptr - lo
-        return span[off:off + inf.nbytes].view(typestr).reshape(inf.shape)
+        flat = span[off:off + inf.nbytes].view(typestr)
+        if inf.strides is None:
+            return flat.reshape(inf.shape)
+        import numpy as np
+        item = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat, shape=inf.shape, strides=[d * item for d in inf.strides],
+                                               writeable=False)
 
     def _host_span(self):
         """One read-only uint8 array from the lowest to the highest tensor
@@ -262,7 +275,7 @@ class Attachment:
         items, views = [], []
         for inf in infos:
             _, (code, bits), view_as = self._dtype_entry(inf)
-            items.append((inf.data_ptr, inf.shape, code, bits))
+            items.append((inf.data_ptr, inf.shape, code, bits, inf.strides))
             target = None
             if view_as is not None:
                 target = getattr(torch, view_as, None)
@@ -289,8 +302,9 @@ class Attachment:
         inf = self.info(name)
         _, (code, bits), _ = self._dtype_entry(inf)
         if self.is_cuda:
-            return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CUDA, self.device)
-        return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CPU, 0)
+            return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CUDA, self.device,
+                                    inf.strides)
+        return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CPU, 0, inf.strides)
 
     def tensors(self, kind=None):
         """Every tensor, as a dict name -> tensor, in manifest order.
@@ -307,15 +321,22 @@ class Attachment:
 
     def copy_to_host(self, name):
         """A copy of the tensor's bytes in host memory, as a writable numpy
-        array (raw bits for BF16 / F8_*); works for host and cuda arenas."""
+        array (raw bits for BF16 / F8_*); works for host and cuda arenas. A
+        strided tensor comes with its strides (over a copy of its span)."""
         h = self._live()
         import numpy as np
         inf = self.info(name)
-        out = np.empty(inf.shape, dtype=np.dtype(self._dtype_entry(inf)[0]))
+        dtype = np.dtype(self._dtype_entry(inf)[0])
+        if inf.strides is None:
+            out = np.empty(inf.shape, dtype=dtype)
+        else:
+            out = np.empty(inf.nbytes // dtype.itemsize, dtype=dtype)
         rc = h.lib.wsup_tensor_copy_to_host(h.ptr, _b(name), out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
         if rc != OK:
             raise WsupError("cannot copy tensor %r to host memory (status %d)" % (name, rc), rc)
-        return out
+        if inf.strides is None:
+            return out
+        return np.lib.stride_tricks.as_strided(out, shape=inf.shape, strides=[d * dtype.itemsize for d in inf.strides])
 
     def _dtype_entry(self, inf):
         got = DTYPES.get(inf.dtype)
@@ -331,9 +352,56 @@ class Attachment:
             len(self), "cuda:%d" % self.device if self.is_cuda else "host", self.attach_ms)
 
 
+def _contiguous(shape):
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def engine_options(engine):
+    """The C ABI's options for an engine's identity (the engine part of an
+    engine-made layout's fingerprint): `engine` is a dict with name (or
+    engine), version (or engine_version) and transform, or a (name, version,
+    transform) tuple; None adds nothing."""
+    if engine is None:
+        return {}
+    if isinstance(engine, (tuple, list)):
+        if len(engine) not in (2, 3):
+            raise WsupError("engine=%r: give (name, version) or (name, version, transform)" % (engine,),
+                            INVALID_ARGUMENT)
+        name, version = engine[0], engine[1]
+        transform = engine[2] if len(engine) == 3 else ""
+    elif isinstance(engine, dict):
+        unknown = set(engine) - {"name", "engine", "version", "engine_version", "transform"}
+        if unknown:
+            raise WsupError("engine=: unknown keys %s; use name, version, transform" % sorted(unknown),
+                            INVALID_ARGUMENT)
+        name = engine.get("name", engine.get("engine"))
+        version = engine.get("version", engine.get("engine_version"))
+        transform = engine.get("transform", "")
+    else:
+        raise WsupError("engine=%r: give a dict {name, version, transform} or a tuple" % (engine,), INVALID_ARGUMENT)
+    if not name or not version:
+        raise WsupError("engine=: name and version are required (they are part of the layout's fingerprint)",
+                        INVALID_ARGUMENT)
+    return {"engine": str(name), "engine_version": str(version), "transform": str(transform or "")}
+
+
+def request_options(*, checkpoint_dir, backend, device, client_name, timeout_ms, tp_size, tp_rank, pp_size,
+                    pp_rank, dp_size, ep_size, revision):
+    """options_json of wsup_attach and wsup_publish_begin (without the engine)."""
+    opts = {"client_name": client_name, "timeout_ms": int(timeout_ms), "device": int(device)}
+    if checkpoint_dir is not None:
+        opts.update(backend=backend, tp_size=int(tp_size), tp_rank=int(tp_rank), pp_size=int(pp_size),
+                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), revision=revision)
+    return opts
+
+
 def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None, backend="host", device=0,
            client_name="engine", timeout_ms=10000, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, dp_size=1,
-           ep_size=1, revision="", library=None):
+           ep_size=1, revision="", engine=None, wait_ms=0, library=None):
     """Connects to the holder at socket_path and attaches in `mode`.
 
     The modes are those of the C++ client (client/client.h):
@@ -352,6 +420,13 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
     `fingerprint` (a dict or JSON text of string fields, as the holder sends).
     Exactly one must be given, except in mode off.
 
+    engine: attach an engine-made layout (a holder started with --layout
+    engine): the engine's identity as wsup_client.publish takes it (a dict
+    {name, version, transform} or a tuple), added to the fingerprint, so
+    that a reader names the layout exactly as its writer did. wait_ms: how
+    long to wait for such a layout that another process is still writing
+    (default 0: an error at once).
+
     library: path of libwsup_client.so (default: see wsup_client.load_library).
     Misuse (a bad mode, both or neither fingerprint) raises WsupError with
     code INVALID_ARGUMENT.
@@ -359,10 +434,12 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
     _, lib = load_library(library)
     if fingerprint is not None and not isinstance(fingerprint, str):
         fingerprint = json.dumps(fingerprint)
-    opts = {"client_name": client_name, "timeout_ms": int(timeout_ms), "device": int(device)}
-    if checkpoint_dir is not None:
-        opts.update(backend=backend, tp_size=int(tp_size), tp_rank=int(tp_rank), pp_size=int(pp_size),
-                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), revision=revision)
+    opts = request_options(checkpoint_dir=checkpoint_dir, backend=backend, device=device, client_name=client_name,
+                           timeout_ms=timeout_ms, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
+                           dp_size=dp_size, ep_size=ep_size, revision=revision)
+    opts.update(engine_options(engine))
+    if wait_ms:
+        opts["wait_ms"] = int(wait_ms)
     ptr = lib.wsup_attach(_b(socket_path), _b(mode), _b(fingerprint),
                           _b(None if checkpoint_dir is None else str(checkpoint_dir)), _b(json.dumps(opts)))
     if not ptr:
