@@ -223,7 +223,9 @@ const char* wsup_torch_last_error(void);
  * blocks, live blocks (all 0 when it never was a target). */
 int wsup_torch_usage(const wsup_attachment* a, uint64_t* granted_bytes, uint64_t* used_bytes, uint64_t* blocks);
 
-/* Closes the connection, unmaps, frees the handle. NULL is fine. */
+/* Closes the connection, unmaps, frees the handle (before a commit: gives
+ * the lease up). Blocks of its lease that the torch allocator still holds
+ * stay mapped until wsup_torch_free. NULL is fine. */
 void wsup_detach(wsup_attachment* a);
 
 /* The library's version, "major.minor.patch". */
