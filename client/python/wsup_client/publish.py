@@ -65,8 +65,8 @@ TORCH_TO_ST = {
     "float8_e5m2": "F8_E5M2", "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
     "bool": "BOOL",
 }
-# numpy (kind, itemsize) -> safetensors dtype. BF16 and F8_* have no numpy
-# type: arrays of their raw bits are uint16 / uint8, named by dtypes= or
+# numpy (kind, itemsize) -> safetensors dtype. numpy has no BF16 or F8_*:
+# arrays of their raw bits are uint16 / uint8, named by dtypes= or
 # remembered from alloc_tensor().
 NUMPY_TO_ST = {
     ("f", 8): "F64", ("f", 4): "F32", ("f", 2): "F16", ("i", 8): "I64", ("i", 4): "I32", ("i", 2): "I16",
