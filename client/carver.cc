@@ -61,8 +61,9 @@ Result<uint64_t> Carver::Allocate(uint64_t bytes) {
   }
   const uint64_t ask = std::max(size, chunk_bytes_);
   auto got = source_(ask);
-  if (!got.ok()) return got.error().With("carving a block of " + std::to_string(size) + " bytes from a new grant of " +
-                                         std::to_string(ask) + " bytes");
+  if (!got.ok())
+    return got.error().With("carving a block of " + std::to_string(size) + " bytes from a new grant of " +
+                            std::to_string(ask) + " bytes");
   const Grant grant = *got;
   if (grant.base == 0 || grant.base % alignment_ != 0 || grant.size < ask ||
       grant.base + grant.size < grant.base) {

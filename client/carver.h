@@ -41,7 +41,7 @@ class Carver {
   using GrantSource = std::function<Result<Grant>(uint64_t bytes)>;
 
   static constexpr uint64_t kDefaultChunkBytes = 1ull << 30;
-  static constexpr uint64_t kDefaultAlignment = 512;  // torch's smallest block
+  static constexpr uint64_t kDefaultAlignment = 512;      // torch's smallest block
   static constexpr uint64_t kMaxBlockBytes = 1ull << 40;  // a layout's largest allocation
 
   // alignment: a power of two; grants must start at a multiple of it.
@@ -70,8 +70,8 @@ class Carver {
   struct Stats {
     uint64_t grants = 0;
     uint64_t granted_bytes = 0;
-    uint64_t blocks = 0;          // live
-    uint64_t used_bytes = 0;      // in live blocks (rounded sizes)
+    uint64_t blocks = 0;      // live
+    uint64_t used_bytes = 0;  // in live blocks (rounded sizes)
     uint64_t free_ranges = 0;
     uint64_t largest_free = 0;
   };

@@ -25,8 +25,9 @@ Status LeaseAllocator::SetTarget(const void* owner, Publication* pub) {
     return Status::Ok();
   }
   if (pub->done()) {
-    return InvalidArgument("this publication was committed or aborted: only one that holds its lease can be the "
-                           "allocator's target");
+    return InvalidArgument(
+        "this publication was committed or aborted: only one that holds its lease can be the "
+        "allocator's target");
   }
   Pool* p = Find(owner);
   if (p == nullptr || p->pub != pub) {
@@ -74,8 +75,9 @@ void LeaseAllocator::DropIfDone(Pool* p) {
 
 Result<void*> LeaseAllocator::Malloc(uint64_t bytes, int device) {
   if (target_ == nullptr) {
-    return InvalidArgument("wsup_torch_malloc: no publication is the allocator's target; call "
-                           "wsup_publish_set_allocator_target with a handle that holds a write lease first");
+    return InvalidArgument(
+        "wsup_torch_malloc: no publication is the allocator's target; call "
+        "wsup_publish_set_allocator_target with a handle that holds a write lease first");
   }
   if (!target_->host && device != target_->device) {
     return InvalidArgument("wsup_torch_malloc: memory asked for on cuda device " + std::to_string(device) +
@@ -96,7 +98,8 @@ Status LeaseAllocator::Free(void* ptr) {
     return Status::Ok();
   }
   return InvalidArgument("wsup_torch_free: the address is in no lease this allocator carved (" +
-                         std::to_string(pools_.size()) + " pools); it was not allocated by wsup_torch_malloc");
+                         std::to_string(pools_.size()) +
+                         " pools); it was not allocated by wsup_torch_malloc");
 }
 
 void LeaseAllocator::SetChunkBytes(uint64_t bytes) {

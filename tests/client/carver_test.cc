@@ -13,10 +13,10 @@ namespace {
 // Hands out grants at chosen addresses and remembers what was asked.
 struct FakeSource {
   uint64_t next = 1ull << 20;
-  uint64_t gap = 0;      // bytes left between one grant and the next (0: back to back)
-  uint64_t round = 1;    // grants are rounded up to this
+  uint64_t gap = 0;    // bytes left between one grant and the next (0: back to back)
+  uint64_t round = 1;  // grants are rounded up to this
   std::vector<uint64_t> asked;
-  int fail_after = -1;   // grants before the source refuses (-1: never)
+  int fail_after = -1;  // grants before the source refuses (-1: never)
 
   Carver::GrantSource Fn() {
     return [this](uint64_t bytes) -> Result<Carver::Grant> {
@@ -44,8 +44,8 @@ TEST_CASE("carver: blocks are aligned, first fit, and come from one chunk until 
   REQUIRE(b.ok());
   REQUIRE(d.ok());
   CHECK(*a == (1u << 20));
-  CHECK(*b == *a + 512);       // 1 byte takes one 512-byte unit
-  CHECK(*d == *b + 1024);      // 513 bytes take two
+  CHECK(*b == *a + 512);   // 1 byte takes one 512-byte unit
+  CHECK(*d == *b + 1024);  // 513 bytes take two
   CHECK(src.asked == std::vector<uint64_t>{4096});
   CHECK(c.BlockSize(*b) == 1024);
   CHECK(c.BlockSize(*b + 512) == 0);
@@ -192,13 +192,19 @@ TEST_CASE("carver: bad frees, bad sizes, refused and bad grants are errors that 
   CHECK(c.stats().blocks == 0);
 
   // A source that answers with a misaligned or overlapping grant is a bug, caught.
-  Carver bad([](uint64_t bytes) -> Result<Carver::Grant> { return Carver::Grant{0, 1000, bytes}; }, 4096, 512);
+  Carver bad(
+      [](uint64_t bytes) -> Result<Carver::Grant> {
+        return Carver::Grant{0, 1000, bytes};
+      },
+      4096, 512);
   auto mis = bad.Allocate(10);
   REQUIRE_FALSE(mis.ok());
   CHECK(mis.error().code() == Code::kInternal);
-  Carver same([](uint64_t bytes) -> Result<Carver::Grant> {
-    return Carver::Grant{0, 1 << 20, bytes};  // the same range every time
-  }, 4096, 512);
+  Carver same(
+      [](uint64_t bytes) -> Result<Carver::Grant> {
+        return Carver::Grant{0, 1 << 20, bytes};  // the same range every time
+      },
+      4096, 512);
   REQUIRE(same.Allocate(4096).ok());
   auto overlap = same.Allocate(4096);
   REQUIRE_FALSE(overlap.ok());

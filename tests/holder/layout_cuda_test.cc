@@ -43,15 +43,16 @@ std::string NoGpuReason() {
   return "";
 }
 
-#define WSUP_GPU_OR_SKIP()                                                                                    \
-  do {                                                                                                        \
-    std::string why_ = NoGpuReason();                                                                         \
-    if (!why_.empty()) {                                                                                      \
-      WARN("SKIP [gpu]: no CUDA device (" << why_                                                             \
-                                          << "); run on a GPU node with: build/tests/holder_layout_cuda_test " \
-                                             "'[gpu]'");                                                      \
-      return;                                                                                                 \
-    }                                                                                                         \
+#define WSUP_GPU_OR_SKIP()                                                      \
+  do {                                                                          \
+    std::string why_ = NoGpuReason();                                           \
+    if (!why_.empty()) {                                                        \
+      WARN("SKIP [gpu]: no CUDA device ("                                       \
+           << why_                                                              \
+           << "); run on a GPU node with: build/tests/holder_layout_cuda_test " \
+              "'[gpu]'");                                                       \
+      return;                                                                   \
+    }                                                                           \
   } while (0)
 
 Fingerprint CudaFp(const std::string& revision = "r1") {
@@ -74,7 +75,8 @@ AttachOptions Opts(const HolderProcess& h, const std::string& name) {
 }
 
 HolderProcess StartCudaLayoutHolder(const TempDir& dir) {
-  HolderProcess h = StartHolder(dir, "cuda-layouts", {"--layout", "engine", "--backend", "cuda", "--device", "0"});
+  HolderProcess h =
+      StartHolder(dir, "cuda-layouts", {"--layout", "engine", "--backend", "cuda", "--device", "0"});
   INFO(h.Log());
   REQUIRE(h.WaitReady(60s));
   return h;
@@ -110,9 +112,10 @@ std::map<std::string, std::string> ReaderHashes(const std::string& output) {
   return out;
 }
 
-TEST_CASE("cuda layouts: several VMM grants written, committed, read by another process - the writer's pointers "
-          "are the layout's",
-          "[gpu][layout]") {
+TEST_CASE(
+    "cuda layouts: several VMM grants written, committed, read by another process - the writer's pointers "
+    "are the layout's",
+    "[gpu][layout]") {
   WSUP_GPU_OR_SKIP();
   TempDir dir;
   HolderProcess h = StartCudaLayoutHolder(dir);
@@ -191,9 +194,8 @@ TEST_CASE("cuda layouts: several VMM grants written, committed, read by another 
   CHECK(after.layouts[0].tensors == 4);
 
   // Another process attaches and reads the same bytes.
-  test::RunResult reader = test::Run({test::BinPath("wsup-test-layout-writer"), "read", h.socket,
-                                      CudaFp().ToJson().dump(), "0"},
-                                     60s);
+  test::RunResult reader = test::Run(
+      {test::BinPath("wsup-test-layout-writer"), "read", h.socket, CudaFp().ToJson().dump(), "0"}, 60s);
   INFO(reader.output);
   CHECK(reader.exit_code == 0);
   auto hashes = ReaderHashes(reader.output);
@@ -208,9 +210,10 @@ TEST_CASE("cuda layouts: several VMM grants written, committed, read by another 
   CHECK(DeviceBytes(mine.Find("d").data, d.size()) == d);
 }
 
-TEST_CASE("cuda layouts: a writer process SIGKILLed mid-publish releases its lease and its grant; the next "
-          "client publishes",
-          "[gpu][layout]") {
+TEST_CASE(
+    "cuda layouts: a writer process SIGKILLed mid-publish releases its lease and its grant; the next "
+    "client publishes",
+    "[gpu][layout]") {
   WSUP_GPU_OR_SKIP();
   TempDir dir;
   HolderProcess h = StartCudaLayoutHolder(dir);
@@ -256,9 +259,10 @@ TEST_CASE("cuda layouts: a writer process SIGKILLed mid-publish releases its lea
   CHECK(Info(h).layouts.at(0).state == "committed");
 }
 
-TEST_CASE("cuda layouts: the torch allocator entry points allocate, free and reuse inside the lease, and the "
-          "commit names the blocks in place",
-          "[gpu][layout][torch]") {
+TEST_CASE(
+    "cuda layouts: the torch allocator entry points allocate, free and reuse inside the lease, and the "
+    "commit names the blocks in place",
+    "[gpu][layout][torch]") {
   WSUP_GPU_OR_SKIP();
   TempDir dir;
   HolderProcess h = StartCudaLayoutHolder(dir);

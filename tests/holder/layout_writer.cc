@@ -33,7 +33,8 @@ int Fail(const std::string& what) {
 
 int main(int argc, char** argv) {
   using namespace wsup;
-  if (argc < 5) return Fail("usage: write SOCKET FINGERPRINT_JSON DEVICE BYTES | read SOCKET FINGERPRINT_JSON DEVICE");
+  if (argc < 5)
+    return Fail("usage: write SOCKET FINGERPRINT_JSON DEVICE BYTES | read SOCKET FINGERPRINT_JSON DEVICE");
   const std::string mode = argv[1];
   AttachOptions o;
   o.socket_path = argv[2];
@@ -58,7 +59,8 @@ int main(int argc, char** argv) {
       if (!ctx.ok()) return Fail(ctx.error().ToString());
       Status cur = ctx->MakeCurrent();
       if (!cur.ok()) return Fail(cur.error().ToString());
-      Status copied = cuda::CopyHtoD(reinterpret_cast<cuda::DevicePtr>(region->data), bytes.data(), bytes.size());
+      Status copied =
+          cuda::CopyHtoD(reinterpret_cast<cuda::DevicePtr>(region->data), bytes.data(), bytes.size());
       if (!copied.ok()) return Fail(copied.error().ToString());
     } else {
       std::copy(bytes.begin(), bytes.end(), static_cast<uint8_t*>(region->data));
