@@ -13,6 +13,7 @@
 
 #include "client/client.h"
 #include "client/publish.h"
+#include "client/torch_allocator.h"
 #include "client/wsup_client.h"
 
 #ifndef WSUP_VERSION_STRING
@@ -150,9 +151,38 @@ void SetHolderFingerprint(wsup_attachment* a) {
   }
 }
 
+// The engine's identity of an engine-made layout (options "engine",
+// "engine_version", "transform"), added to the fingerprint. `required`:
+// the fingerprint must end up naming an engine, from the options or as
+// given; otherwise the options are applied only when "engine" is there.
+wsup::Status AddEngineIdentity(Request* req, bool required) {
+  if (req->o.mode == wsup::AttachMode::kOff) return wsup::Status::Ok();
+  const bool named = req->opts.contains("engine");
+  if (!named && (!required || wsup::IsEngineLayout(req->ours))) return wsup::Status::Ok();
+  wsup::EngineLayoutId id;
+  WSUP_ASSIGN_OR_RETURN(id.engine, StringOption(req->opts, "engine", ""));
+  WSUP_ASSIGN_OR_RETURN(id.version, StringOption(req->opts, "engine_version", ""));
+  WSUP_ASSIGN_OR_RETURN(id.transform, StringOption(req->opts, "transform", ""));
+  if (id.engine.empty() || id.version.empty()) {
+    return wsup::InvalidArgument("options_json: 'engine' and 'engine_version' name the engine whose layout "
+                                 "this is (and 'transform' what it does to the checkpoint); give them to "
+                                 "wsup_publish_begin, and the same to wsup_attach to attach that layout");
+  }
+  wsup::AddEngineLayout(&req->ours, id);
+  return wsup::Status::Ok();
+}
+
+wsup::Result<uint64_t> WaitOption(const json& opts, int fallback) {
+  WSUP_ASSIGN_OR_RETURN(int wait_ms, IntOption(opts, "wait_ms", fallback));
+  if (wait_ms < 0) return wsup::InvalidArgument("options_json: 'wait_ms' must be 0 or more");
+  return static_cast<uint64_t>(wait_ms);
+}
+
 wsup::Status DoAttach(wsup_attachment* a, const char* socket_path, const char* mode, const char* fingerprint_json,
                       const char* checkpoint_dir, const char* options_json) {
   WSUP_ASSIGN_OR_RETURN(Request req, Prepare(socket_path, mode, fingerprint_json, checkpoint_dir, options_json));
+  WSUP_RETURN_IF_ERROR(AddEngineIdentity(&req, false));
+  WSUP_ASSIGN_OR_RETURN(req.o.layout_wait_ms, WaitOption(req.opts, 0));
   WSUP_ASSIGN_OR_RETURN(wsup::AttachResult r, wsup::Attach(req.o, req.ours));
   a->outcome = std::move(r.outcome);
   a->source = wsup::WeightSourceName(a->outcome.source);
@@ -165,25 +195,10 @@ wsup::Status DoAttach(wsup_attachment* a, const char* socket_path, const char* m
 wsup::Status DoPublishBegin(wsup_attachment* a, const char* socket_path, const char* mode,
                             const char* fingerprint_json, const char* checkpoint_dir, const char* options_json) {
   WSUP_ASSIGN_OR_RETURN(Request req, Prepare(socket_path, mode, fingerprint_json, checkpoint_dir, options_json));
-  if (req.o.mode != wsup::AttachMode::kOff) {
-    // The engine's identity: from the options, or already in the fingerprint given.
-    if (req.opts.contains("engine") || !wsup::IsEngineLayout(req.ours)) {
-      wsup::EngineLayoutId id;
-      WSUP_ASSIGN_OR_RETURN(id.engine, StringOption(req.opts, "engine", ""));
-      WSUP_ASSIGN_OR_RETURN(id.version, StringOption(req.opts, "engine_version", ""));
-      WSUP_ASSIGN_OR_RETURN(id.transform, StringOption(req.opts, "transform", ""));
-      if (id.engine.empty() || id.version.empty()) {
-        return wsup::InvalidArgument("options_json: 'engine' and 'engine_version' name the engine whose layout "
-                                     "this is (and 'transform' what it does to the checkpoint); give them to "
-                                     "wsup_publish_begin");
-      }
-      wsup::AddEngineLayout(&req.ours, id);
-    }
-  }
-  WSUP_ASSIGN_OR_RETURN(int wait_ms, IntOption(req.opts, "wait_ms", static_cast<int>(wsup::kDefaultLayoutWaitMs)));
-  if (wait_ms < 0) return wsup::InvalidArgument("options_json: 'wait_ms' must be 0 or more");
-  WSUP_ASSIGN_OR_RETURN(wsup::LayoutResult r,
-                        wsup::AttachOrPublish(req.o, req.ours, static_cast<uint64_t>(wait_ms)));
+  // The engine's identity: from the options, or already in the fingerprint given.
+  WSUP_RETURN_IF_ERROR(AddEngineIdentity(&req, true));
+  WSUP_ASSIGN_OR_RETURN(uint64_t wait_ms, WaitOption(req.opts, static_cast<int>(wsup::kDefaultLayoutWaitMs)));
+  WSUP_ASSIGN_OR_RETURN(wsup::LayoutResult r, wsup::AttachOrPublish(req.o, req.ours, wait_ms));
   a->outcome = std::move(r.outcome);
   a->source = wsup::WeightSourceName(a->outcome.source);
   a->diffs_json = wsup::DiffsToJson(a->outcome.diffs).dump(-1, ' ', false, json::error_handler_t::replace);
@@ -407,6 +422,30 @@ wsup_attachment* Guarded(Start start, const char* socket_path, const char* mode,
   return a;
 }
 
+wsup::LeaseAllocator& Allocator() { return wsup::LeaseAllocator::Process(); }
+
+// The last failure of wsup_torch_malloc or wsup_torch_free, which cannot
+// return one: kept for wsup_torch_last_error, and on the target's handle
+// (wsup_error) when there is one. Callers hold the allocator's mutex.
+std::string& LastTorchError() {
+  static std::string* last = new std::string();
+  return *last;
+}
+
+void TorchFailed(const wsup::Error& e) {
+  LastTorchError() = e.ToString();
+  if (auto* target = static_cast<wsup_attachment*>(const_cast<void*>(Allocator().target_owner()))) {
+    target->error = e.ToString();
+  }
+}
+
+void TorchFailedNoThrow(const char* what) {
+  try {
+    LastTorchError() = what;
+  } catch (...) {
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -425,6 +464,7 @@ int wsup_has_lease(const wsup_attachment* a) { return a && a->pub && !a->pub->do
 
 int wsup_publish_alloc(wsup_attachment* a, uint64_t bytes, void** data, uint64_t* size, uint32_t* alloc) {
   return Step(a, [&]() -> wsup::Status {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
     if (!wsup_has_lease(a)) return NoLease("wsup_publish_alloc");
     if (data == nullptr) return wsup::InvalidArgument("wsup_publish_alloc: data is NULL");
     WSUP_ASSIGN_OR_RETURN(wsup::Publication::Region r, a->pub->Allocate(bytes));
@@ -437,9 +477,12 @@ int wsup_publish_alloc(wsup_attachment* a, uint64_t bytes, void** data, uint64_t
 
 int wsup_publish_commit(wsup_attachment* a, const char* entries_json) {
   return Step(a, [&]() -> wsup::Status {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
     if (!wsup_has_lease(a)) return NoLease("wsup_publish_commit");
     WSUP_ASSIGN_OR_RETURN(std::vector<wsup::ManifestEntry> entries, ParseEntries(entries_json));
     WSUP_ASSIGN_OR_RETURN(wsup::AttachResult r, a->pub->Commit(std::move(entries)));
+    Allocator().Closed(a, "the layout was committed: its memory is the layout's now, and no more can be carved "
+                          "from it; allocate outside the lease's pool", false);
     a->outcome = std::move(r.outcome);
     a->source = wsup::WeightSourceName(a->outcome.source);
     a->att = std::move(r.attachment);
@@ -457,7 +500,9 @@ int wsup_publish_commit(wsup_attachment* a, const char* entries_json) {
 
 int wsup_publish_abort(wsup_attachment* a, const char* reason) {
   return Step(a, [&]() -> wsup::Status {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
     if (!wsup_has_lease(a)) return NoLease("wsup_publish_abort");
+    Allocator().Closed(a, "the lease was given up (wsup_publish_abort)", false);
     wsup::Status s = a->pub->Abort(reason != nullptr ? reason : "");
     a->pub.reset();
     a->outcome.reason = "aborted";
@@ -474,7 +519,12 @@ const char* wsup_diffs_json(const wsup_attachment* a) { return a ? a->diffs_json
 double wsup_attach_ms(const wsup_attachment* a) { return a ? a->outcome.ms : 0.0; }
 const char* wsup_holder_fingerprint_json(const wsup_attachment* a) { return a ? a->holder_fp_json.c_str() : "{}"; }
 
-int wsup_is_cuda(const wsup_attachment* a) { return a && a->att && a->att->arena().is_cuda() ? 1 : 0; }
+int wsup_is_cuda(const wsup_attachment* a) {
+  if (a == nullptr) return 0;
+  if (a->att) return a->att->arena().is_cuda() ? 1 : 0;
+  // A handle with the lease: what wsup_publish_alloc's pointers are.
+  return a->pub && !a->pub->done() && a->pub->lease().backend == "cuda" ? 1 : 0;
+}
 
 size_t wsup_num_tensors(const wsup_attachment* a) { return a && a->att ? a->att->size() : 0; }
 
@@ -541,8 +591,104 @@ const void* wsup_manifest_table(const wsup_attachment* a, size_t* len) {
   }
 }
 
-void wsup_detach(wsup_attachment* a) {
+int wsup_publish_set_allocator_target(wsup_attachment* a) {
+  if (a == nullptr) {
+    try {
+      std::lock_guard<std::mutex> lock(Allocator().mutex());
+      return StatusCode(Allocator().SetTarget(nullptr, nullptr).code());
+    } catch (...) {
+      return WSUP_ERR_INTERNAL;
+    }
+  }
+  return Step(a, [&]() -> wsup::Status {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    if (!wsup_has_lease(a)) return NoLease("wsup_publish_set_allocator_target");
+    return Allocator().SetTarget(a, a->pub.get());
+  });
+}
+
+int wsup_publish_locate(const wsup_attachment* a, const void* ptr, uint32_t* alloc, uint64_t* offset) {
   try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    if (!wsup_has_lease(a) || alloc == nullptr || offset == nullptr) return WSUP_ERR_INVALID_ARGUMENT;
+    wsup::Status s = a->pub->Locate(ptr, alloc, offset);
+    return s.ok() ? WSUP_OK : StatusCode(s.code());
+  } catch (...) {
+    return WSUP_ERR_INTERNAL;
+  }
+}
+
+void* wsup_torch_malloc(ssize_t size, int device, void* stream) {
+  (void)stream;  // the lease's memory is the same for every stream
+  try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    auto p = size <= 0 ? wsup::Result<void*>(wsup::InvalidArgument("wsup_torch_malloc of " + std::to_string(size) +
+                                                                   " bytes: ask for 1 byte or more"))
+                       : Allocator().Malloc(static_cast<uint64_t>(size), device);
+    if (p.ok()) return *p;
+    TorchFailed(p.error());
+  } catch (...) {
+    TorchFailedNoThrow("wsup_torch_malloc: out of memory or an unexpected exception");
+  }
+  return nullptr;
+}
+
+void wsup_torch_free(void* ptr, ssize_t size, int device, void* stream) {
+  (void)size;  // the carver knows every block's size
+  (void)device;
+  (void)stream;
+  if (ptr == nullptr) return;
+  try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    wsup::Status s = Allocator().Free(ptr);
+    if (!s.ok()) TorchFailed(s.error());
+  } catch (...) {
+    TorchFailedNoThrow("wsup_torch_free: an unexpected exception");
+  }
+}
+
+int wsup_torch_set_chunk_bytes(uint64_t bytes) {
+  if (bytes > wsup::Carver::kMaxBlockBytes) return WSUP_ERR_INVALID_ARGUMENT;
+  try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    Allocator().SetChunkBytes(bytes);
+    return WSUP_OK;
+  } catch (...) {
+    return WSUP_ERR_INTERNAL;
+  }
+}
+
+const char* wsup_torch_last_error(void) {
+  thread_local std::string copy;
+  try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    copy = LastTorchError();
+  } catch (...) {
+    copy.clear();
+  }
+  return copy.c_str();
+}
+
+int wsup_torch_usage(const wsup_attachment* a, uint64_t* granted_bytes, uint64_t* used_bytes, uint64_t* blocks) {
+  try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    wsup::Carver::Stats st = Allocator().Usage(a);
+    if (granted_bytes != nullptr) *granted_bytes = st.granted_bytes;
+    if (used_bytes != nullptr) *used_bytes = st.used_bytes;
+    if (blocks != nullptr) *blocks = st.blocks;
+    return WSUP_OK;
+  } catch (...) {
+    return WSUP_ERR_INTERNAL;
+  }
+}
+
+void wsup_detach(wsup_attachment* a) {
+  if (a == nullptr) return;
+  try {
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    // Blocks torch still holds in the lease keep their memory mapped
+    // (client/torch_allocator.h) after the handle is gone.
+    Allocator().Closed(a, "the publication's handle was detached", true);
     delete a;
   } catch (...) {
   }

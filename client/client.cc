@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "wire/cuda_driver.h"
+#include "wire/layout_protocol.h"
 
 namespace wsup {
 
@@ -15,14 +16,18 @@ double MsSince(Clock::time_point t0) {
 }
 
 // Sends hello and waits for the reply on a fresh connection.
+// wait_ms: how long a holder of engine-made layouts may hold the reply
+// back for a layout being written (the reply's bound grows by as much).
 Result<Frame> Hello(Channel& ch, const std::string& client_name, ClientRole role, const Fingerprint* fp,
-                    int timeout_ms, bool tensor_table = true) {
+                    int timeout_ms, bool tensor_table = true, uint64_t wait_ms = 0) {
   HelloMsg hello;
   hello.client = client_name;
   hello.role = role;
   hello.tensor_table = tensor_table ? kTensorTableVersion : 0;
+  hello.wait_ms = wait_ms;
   if (fp != nullptr) hello.fingerprint = *fp;
-  return ch.Call(EncodeHello(hello), timeout_ms);
+  const uint64_t bound = static_cast<uint64_t>(timeout_ms) + wait_ms;
+  return ch.Call(EncodeHello(hello), bound > 2'000'000'000ull ? 2'000'000'000 : static_cast<int>(bound));
 }
 
 Error UnexpectedReply(const std::string& socket_path, const Frame& f, const char* wanted) {
@@ -127,7 +132,12 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
     if (daemon) return ch.error();
     return to_disk("holder unavailable: " + ch.error().message());
   }
-  auto reply = Hello(*ch, opts.client_name, ClientRole::kEngine, &ours, opts.timeout_ms, opts.tensor_table);
+  if (opts.layout_wait_ms > kMaxLayoutWaitMs) {
+    return InvalidArgument("a layout wait of " + std::to_string(opts.layout_wait_ms) + " ms is more than the " +
+                           std::to_string(kMaxLayoutWaitMs) + " ms (an hour) allowed");
+  }
+  auto reply = Hello(*ch, opts.client_name, ClientRole::kEngine, &ours, opts.timeout_ms, opts.tensor_table,
+                     opts.layout_wait_ms);
   lap(&phases.handshake_ms);
   if (!reply.ok()) {
     if (daemon) return reply.error();
@@ -137,7 +147,8 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) 
 }
 
 Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprint& ours, Channel ch, Frame reply,
-                                     std::chrono::steady_clock::time_point t0, AttachPhases before) {
+                                     std::chrono::steady_clock::time_point t0, AttachPhases before,
+                                     std::shared_ptr<GrantMapping> writer) {
   AttachResult result;
   result.outcome.phases = before;
   const bool daemon = opts.mode == AttachMode::kDaemon;
@@ -199,7 +210,7 @@ Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprin
   }
   MapStats map_stats;
   auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), opts.device, &map_stats,
-                                 reply.blob);
+                                 reply.blob, std::move(writer));
   phases.decode_ms += map_stats.decode_ms;
   phases.checks_ms = map_stats.checks_ms;
   phases.index_ms = map_stats.index_ms;

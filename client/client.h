@@ -89,6 +89,10 @@ struct AttachOptions {
   // Ask for the binary tensor table. false: JSON entries, as clients older
   // than the table get them (for comparisons and tests).
   bool tensor_table = true;
+  // Attach() of an engine-made layout (wire/layout_protocol.h) that another
+  // client is writing: wait up to this long for its commit (0: an error at
+  // once). AttachOrPublish() takes its own wait.
+  uint64_t layout_wait_ms = 0;
 };
 
 // A mapped arena from a holder, with the connection it came over.
@@ -133,9 +137,11 @@ Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours);
 // The second half of Attach(): completes it from the reply to a hello sent
 // on `ch` at t0 (attach, mismatch or error), with the mode's semantics.
 // `phases` holds what was measured before the reply. client/publish.cc
-// uses it for the replies of a publishing client.
+// uses it for the replies of a publishing client, passing its own mapping
+// of the grants as `writer` (MappedArena::Map) once it committed.
 Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprint& ours, Channel ch, Frame reply,
-                                     std::chrono::steady_clock::time_point t0, AttachPhases phases = {});
+                                     std::chrono::steady_clock::time_point t0, AttachPhases phases = {},
+                                     std::shared_ptr<GrantMapping> writer = nullptr);
 
 // Inspection: attaches whatever the holder serves. When `ours` is given the
 // differences are reported in Attachment::diffs(), never refused. A cuda

@@ -22,7 +22,188 @@ double Ms(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// A host arena's fd must be a memfd sealed against writes and shrinking, of
+// at least the allocation's size.
+Status CheckSealedMemfd(size_t i, int fd, uint64_t size) {
+  int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return ErrnoError(AllocName(i) + ": fd " + std::to_string(fd) +
+                          " is not a sealable memfd (F_GET_SEALS); host arenas are memfds made "
+                          "by a wsup holder: attach to the holder again",
+                      errno);
+  }
+  if ((seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK)) {
+    return Refused(AllocName(i) +
+                   ": the memfd is not sealed against writes and shrinking, so "
+                   "its bytes could change or vanish under a reader: attach only to an arena "
+                   "a holder has finished loading");
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError(AllocName(i) + ": fstat", errno);
+  if (static_cast<uint64_t>(st.st_size) < size) {
+    return Mismatch(AllocName(i) + ": the memfd holds " + std::to_string(st.st_size) +
+                    " bytes but the manifest says " + std::to_string(size) +
+                    ": the fds and the manifest come from different arenas; attach again");
+  }
+  return {};
+}
+
+// `device` (this process's ordinal) must be the GPU named by `uuid`.
+Status CheckDeviceIs(int device, const std::string& uuid, const std::string& what) {
+  WSUP_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::GetDeviceInfo(device));
+  if (info.uuid == uuid) return {};
+  auto other = cuda::FindDeviceByUuid(uuid);
+  if (other.ok()) {
+    return Mismatch(what + ": it lives on GPU " + uuid + ", which is device " + std::to_string(*other) +
+                    " in this process, not device " + std::to_string(device) + " (" + info.uuid +
+                    "): map it on device " + std::to_string(*other));
+  }
+  return Mismatch(what + ": it lives on GPU " + uuid + ", which this process cannot see (device " +
+                  std::to_string(device) + " is " + info.uuid +
+                  "): run on the holder's node and make that GPU visible (CUDA_VISIBLE_DEVICES)");
+}
+
 }  // namespace
+
+// ---------------------------------------------------------------- GrantMapping
+
+Result<std::shared_ptr<GrantMapping>> GrantMapping::Create(const std::string& backend, int device,
+                                                           const std::string& device_uuid) {
+  std::shared_ptr<GrantMapping> g(new GrantMapping());
+  if (backend == "host") return g;
+  if (backend != "cuda") {
+    return InvalidArgument("layout grants of backend '" + backend.substr(0, 32) + "': expected host or cuda");
+  }
+  g->cuda_ = true;
+  WSUP_RETURN_IF_ERROR(cuda::Init());
+  WSUP_RETURN_IF_ERROR(CheckDeviceIs(device, device_uuid, "the lease's memory"));
+  WSUP_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::GetDeviceInfo(device));
+  WSUP_ASSIGN_OR_RETURN(g->ctx_, cuda::PrimaryContext::Retain(device));
+  g->device_ = device;
+  WSUP_ASSIGN_OR_RETURN(g->granularity_, cuda::VmmGranularity(device));
+  cuda::ContextScope scope;
+  WSUP_RETURN_IF_ERROR(scope.Enter(g->ctx_));
+  // The grants of one lease can never hold more than the device's memory,
+  // so a range of that size takes them all, one after the other.
+  const uint64_t size = RoundUp(info.total_memory, g->granularity_);
+  WSUP_ASSIGN_OR_RETURN(g->va_base_, cuda::VmmReserve(size, g->granularity_));
+  g->va_size_ = size;
+  return g;
+}
+
+GrantMapping::~GrantMapping() {
+  if (!cuda_) {
+    for (size_t i = 0; i < bases_.size(); ++i) ::munmap(bases_[i], sizes_[i]);
+    return;
+  }
+  if (!ctx_.valid()) return;
+  cuda::ContextScope scope;
+  if (scope.Enter(ctx_).ok()) {
+    // Work still using the memory must finish before it is unmapped, or it
+    // faults and poisons the context.
+    (void)cuda::ContextSynchronize();
+  }
+  for (size_t i = 0; i < bases_.size(); ++i) {
+    (void)cuda::VmmUnmap(reinterpret_cast<cuda::DevicePtr>(bases_[i]), sizes_[i]);
+  }
+  if (va_base_ != 0) (void)cuda::VmmFree(va_base_, va_size_);
+  for (uint64_t h : handles_) (void)cuda::VmmRelease(h);
+}
+
+Result<void*> GrantMapping::Map(int fd, uint64_t size) {
+  const std::string what = "layout grant " + std::to_string(bases_.size());
+  if (!cuda_) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoError(what + ": mapping " + std::to_string(size) +
+                            " bytes read-write (check ulimit -v and vm.max_map_count)",
+                        errno);
+    }
+    bases_.push_back(p);
+    sizes_.push_back(size);
+    return p;
+  }
+  if (size == 0 || size % granularity_ != 0) {
+    return Corrupt(what + ": " + std::to_string(size) + " bytes is not a multiple of this device's VMM granularity (" +
+                   std::to_string(granularity_) + "); the holder is not a cuda holder of this GPU: restart it");
+  }
+  if (size > va_size_ - va_used_) {
+    return Unavailable(what + ": " + std::to_string(size) + " more bytes would make the lease's grants (" +
+                       std::to_string(va_used_) + " bytes so far) larger than the device's memory (" +
+                       std::to_string(va_size_) + " bytes); ask for less");
+  }
+  cuda::ContextScope scope;
+  WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
+  auto h = cuda::VmmImport(fd);
+  if (!h.ok()) return h.error().With(what);
+  const cuda::DevicePtr at = va_base_ + va_used_;
+  Status st = [&]() -> Status {
+    WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(*h));
+    if (props.device != device_) {
+      return Mismatch(what + ": the granted memory lives on device " + std::to_string(props.device) + ", not on device " +
+                      std::to_string(device_) + " as the lease says; restart the holder");
+    }
+    WSUP_RETURN_IF_ERROR(cuda::VmmMap(at, size, *h));
+    Status access = cuda::VmmSetAccess(at, size, device_);
+    if (!access.ok()) (void)cuda::VmmUnmap(at, size);
+    return access;
+  }();
+  if (!st.ok()) {
+    (void)cuda::VmmRelease(*h);
+    return st.error().With(what);
+  }
+  handles_.push_back(*h);
+  bases_.push_back(reinterpret_cast<void*>(at));
+  sizes_.push_back(size);
+  va_used_ += size;
+  return bases_.back();
+}
+
+Status GrantMapping::Park() {
+  if (cuda_) return {};
+  for (size_t i = 0; i < bases_.size(); ++i) {
+    // MAP_FIXED replaces the shared mapping in one step: the address range
+    // is never free for another mapping to take.
+    void* p = ::mmap(bases_[i], sizes_[i], PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoError("layout grant " + std::to_string(i) + ": replacing its writable mapping before the commit",
+                        errno);
+    }
+  }
+  return {};
+}
+
+Status GrantMapping::MapFixed(size_t i, int fd, int prot) {
+  if (cuda_ || i >= bases_.size()) {
+    return Internal("GrantMapping::MapFixed of allocation " + std::to_string(i) + ": this is a wsup bug");
+  }
+  void* p = ::mmap(bases_[i], sizes_[i], prot, MAP_SHARED | MAP_FIXED, fd, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoError("layout grant " + std::to_string(i) + ": mapping it again at its address", errno);
+  }
+  return {};
+}
+
+Status GrantMapping::MapWritable(size_t i, int fd) { return MapFixed(i, fd, PROT_READ | PROT_WRITE); }
+
+Status GrantMapping::MapSealed(size_t i, int fd) { return MapFixed(i, fd, PROT_READ); }
+
+bool GrantMapping::Locate(const void* p, uint32_t* alloc, uint64_t* offset) const {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  for (size_t i = 0; i < bases_.size(); ++i) {
+    const auto base = reinterpret_cast<uintptr_t>(bases_[i]);
+    if (addr >= base && addr - base < sizes_[i]) {
+      *alloc = static_cast<uint32_t>(i);
+      *offset = addr - base;
+      return true;
+    }
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------- MappedArena
 
 MappedArena::MappedArena(MappedArena&& o) noexcept { *this = std::move(o); }
 
@@ -36,6 +217,7 @@ MappedArena& MappedArena::operator=(MappedArena&& o) noexcept {
     cuda_handles_ = std::exchange(o.cuda_handles_, {});
     device_ = std::exchange(o.device_, -1);
     ctx_ = std::move(o.ctx_);
+    writer_ = std::move(o.writer_);
     // The index holds positions into the entries, which moved along.
     index_ = std::exchange(o.index_, {});
     o.manifest_ = Manifest();
@@ -46,6 +228,15 @@ MappedArena& MappedArena::operator=(MappedArena&& o) noexcept {
 MappedArena::~MappedArena() { Unmap(); }
 
 void MappedArena::Unmap() {
+  if (writer_) {
+    // The writer's mapping unmaps itself once its last owner lets it go.
+    bases_.clear();
+    writer_.reset();
+    ctx_ = cuda::PrimaryContext();
+    device_ = -1;
+    index_.Clear();
+    return;
+  }
   if (manifest_.backend == "cuda") {
     if (ctx_.valid() && !bases_.empty()) {
       // Work still reading the range must finish before it is unmapped, or
@@ -77,26 +268,7 @@ Status MappedArena::MapHost(const std::vector<UniqueFd>& fds) {
   for (size_t i = 0; i < fds.size(); ++i) {
     int fd = fds[i].get();
     uint64_t size = allocs[i].size;
-    int seals = ::fcntl(fd, F_GET_SEALS);
-    if (seals < 0) {
-      return ErrnoError(AllocName(i) + ": fd " + std::to_string(fd) +
-                            " is not a sealable memfd (F_GET_SEALS); host arenas are memfds made "
-                            "by a wsup holder: attach to the holder again",
-                        errno);
-    }
-    if ((seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK)) {
-      return Refused(AllocName(i) +
-                     ": the memfd is not sealed against writes and shrinking, so "
-                     "its bytes could change or vanish under a reader: attach only to an arena "
-                     "a holder has finished loading");
-    }
-    struct stat st;
-    if (::fstat(fd, &st) != 0) return ErrnoError(AllocName(i) + ": fstat", errno);
-    if (static_cast<uint64_t>(st.st_size) < size) {
-      return Mismatch(AllocName(i) + ": the memfd holds " + std::to_string(st.st_size) +
-                      " bytes but the manifest says " + std::to_string(size) +
-                      ": the fds and the manifest come from different arenas; attach again");
-    }
+    WSUP_RETURN_IF_ERROR(CheckSealedMemfd(i, fd, size));
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       return ErrnoError(AllocName(i) + ": mmap of " + std::to_string(size) +
@@ -111,19 +283,7 @@ Status MappedArena::MapHost(const std::vector<UniqueFd>& fds) {
 Status MappedArena::MapDevice(const std::vector<UniqueFd>& fds, int device) {
   const auto& allocs = manifest_.allocations;
   WSUP_RETURN_IF_ERROR(cuda::Init());
-  WSUP_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::GetDeviceInfo(device));
-  if (info.uuid != manifest_.device_uuid) {
-    auto other = cuda::FindDeviceByUuid(manifest_.device_uuid);
-    if (other.ok()) {
-      return Mismatch("arena: it lives on GPU " + manifest_.device_uuid + ", which is device " +
-                      std::to_string(*other) + " in this process, not device " + std::to_string(device) +
-                      " (" + info.uuid + "): map it on device " + std::to_string(*other));
-    }
-    return Mismatch("arena: it lives on GPU " + manifest_.device_uuid +
-                    ", which this process cannot see (device " + std::to_string(device) + " is " + info.uuid +
-                    "): run on the holder's node and make that GPU visible "
-                    "(CUDA_VISIBLE_DEVICES)");
-  }
+  WSUP_RETURN_IF_ERROR(CheckDeviceIs(device, manifest_.device_uuid, "arena"));
   WSUP_ASSIGN_OR_RETURN(ctx_, cuda::PrimaryContext::Retain(device));
   WSUP_RETURN_IF_ERROR(ctx_.MakeCurrent());
   device_ = device;
@@ -161,8 +321,33 @@ Status MappedArena::MapDevice(const std::vector<UniqueFd>& fds, int device) {
   return cuda::VmmSetAccess(cuda_base_, total, device);
 }
 
+Status MappedArena::MapOverWriter(const std::vector<UniqueFd>& fds, std::shared_ptr<GrantMapping> writer) {
+  const auto& allocs = manifest_.allocations;
+  const bool cuda = manifest_.backend == "cuda";
+  bool same = writer->is_cuda() == cuda && writer->size() == allocs.size();
+  for (size_t i = 0; same && i < allocs.size(); ++i) same = writer->bytes(i) == allocs[i].size;
+  if (!same) {
+    return Internal("arena: the committed layout's allocations (" + std::to_string(allocs.size()) + ", backend " +
+                    manifest_.backend + ") are not the writer's grants (" + std::to_string(writer->size()) +
+                    "); this is a holder bug: restart the holder");
+  }
+  if (cuda) {
+    WSUP_ASSIGN_OR_RETURN(ctx_, cuda::PrimaryContext::Retain(writer->device()));
+    device_ = writer->device();
+  } else {
+    for (size_t i = 0; i < fds.size(); ++i) {
+      WSUP_RETURN_IF_ERROR(CheckSealedMemfd(i, fds[i].get(), allocs[i].size));
+      WSUP_RETURN_IF_ERROR(writer->MapSealed(i, fds[i].get()));
+    }
+  }
+  for (size_t i = 0; i < allocs.size(); ++i) bases_.push_back(writer->base(i));
+  writer_ = std::move(writer);
+  return {};
+}
+
 Result<MappedArena> MappedArena::Map(Manifest manifest, std::vector<UniqueFd> fds, int device,
-                                     MapStats* stats, std::string_view table) {
+                                     MapStats* stats, std::string_view table,
+                                     std::shared_ptr<GrantMapping> writer) {
   MapStats local;
   MapStats& st = stats != nullptr ? *stats : local;
   st = MapStats{};
@@ -207,7 +392,7 @@ Result<MappedArena> MappedArena::Map(Manifest manifest, std::vector<UniqueFd> fd
   };
   auto allocations_side = [&]() -> Status {
     auto t0 = Clock::now();
-    Status s = cuda ? m.MapDevice(fds, device) : m.MapHost(fds);
+    Status s = writer ? m.MapOverWriter(fds, writer) : cuda ? m.MapDevice(fds, device) : m.MapHost(fds);
     st.map_ms = Ms(t0, Clock::now());
     return s;
   };

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,75 @@ namespace wsup {
 struct TensorView {
   const ManifestEntry* entry = nullptr;
   const void* data = nullptr;  // host pointer (host backend) or device pointer (cuda)
+};
+
+// GrantMapping: a layout writer's own mapping of the memory its lease was
+// granted (client/publish.h), in grant order, at addresses that never
+// change while it lives:
+//   host: each memfd mapped shared read-write. For the commit, Park()
+//     swaps every mapping for an inaccessible placeholder at the same
+//     address (the holder seals a memfd only once no writable mapping of it
+//     exists); a refused commit maps the memfds back read-write, a
+//     committed layout maps them read-only (MapSealed), both where they
+//     were.
+//   cuda: one virtual range of the device's memory size reserved at the
+//     first grant, each grant imported and mapped read-write into it one
+//     after the other (so the grants are contiguous, as a reader maps
+//     them), access granted on the device. Nothing changes at the commit.
+// A committed layout's MappedArena shares this object, so the writer's
+// pointers ARE the attached layout's: a writer that keeps computing from
+// the tensors it loaded into the lease (a torch model) keeps valid memory,
+// which is the bytes every reader sees. The memory is unmapped when the
+// last owner goes (the Publication, the arena, a torch allocator still
+// holding blocks in it: client/torch_allocator.h); for cuda, after the
+// device finished its work.
+//
+// Thread-safety: Map(), Park() and the Map*() calls need one caller at a
+// time (the Publication's owner); bases() may be read from any thread.
+// The cuda calls leave the thread's current context as they found it.
+class GrantMapping {
+ public:
+  // `device` is this process's cuda ordinal for `device_uuid` (ignored for
+  // host); the GPU must be the lease's, named by its uuid.
+  static Result<std::shared_ptr<GrantMapping>> Create(const std::string& backend, int device,
+                                                      const std::string& device_uuid);
+  ~GrantMapping();
+  GrantMapping(const GrantMapping&) = delete;
+  GrantMapping& operator=(const GrantMapping&) = delete;
+
+  bool is_cuda() const { return cuda_; }
+  int device() const { return device_; }
+  size_t size() const { return bases_.size(); }
+  // Allocation i's address: host, or a device pointer.
+  void* base(size_t i) const { return bases_[i]; }
+  uint64_t bytes(size_t i) const { return sizes_[i]; }
+
+  // Maps one more grant (its fd stays the caller's) and returns its address.
+  Result<void*> Map(int fd, uint64_t size);
+  // host: every mapping becomes an inaccessible placeholder at its address
+  // (access faults until MapWritable or MapSealed). cuda: nothing.
+  Status Park();
+  // host: maps allocation i read-write again at its address.
+  Status MapWritable(size_t i, int fd);
+  // host: maps allocation i (sealed) read-only at its address.
+  Status MapSealed(size_t i, int fd);
+  // Which grant holds `p`, and where in it; false when none does.
+  bool Locate(const void* p, uint32_t* alloc, uint64_t* offset) const;
+
+ private:
+  GrantMapping() = default;
+  Status MapFixed(size_t i, int fd, int prot);
+  bool cuda_ = false;
+  int device_ = -1;
+  std::vector<void*> bases_;
+  std::vector<uint64_t> sizes_;
+  // cuda
+  cuda::PrimaryContext ctx_;
+  uint64_t va_base_ = 0;
+  uint64_t va_size_ = 0;
+  uint64_t va_used_ = 0;
+  uint64_t granularity_ = 0;
+  std::vector<uint64_t> handles_;  // CUmemGenericAllocationHandle per grant
 };
 
 // Where Map() spent its time, in milliseconds.
@@ -63,8 +133,16 @@ class MappedArena {
   // thread while a second thread maps the allocations (for cuda: imports,
   // reserves, maps, grants access), so an attach costs about the longer of
   // the two. Any error unmaps what was mapped.
+  //
+  // With `writer` (the committing writer's own GrantMapping, one grant per
+  // allocation of the manifest, of the same sizes), nothing new is mapped:
+  // host memfds are checked as usual and mapped read-only where the
+  // writer's regions were, cuda grants are the writer's mapping as it is.
+  // The arena then shares `writer`, and its tensors are at the writer's
+  // addresses.
   static Result<MappedArena> Map(Manifest manifest, std::vector<UniqueFd> fds, int device = 0,
-                                 MapStats* stats = nullptr, std::string_view table = {});
+                                 MapStats* stats = nullptr, std::string_view table = {},
+                                 std::shared_ptr<GrantMapping> writer = nullptr);
 
   const Manifest& manifest() const { return manifest_; }
   bool is_cuda() const { return manifest_.backend == "cuda"; }
@@ -86,6 +164,7 @@ class MappedArena {
   static constexpr size_t kOverlapTableBytes = 32 << 10;
   Status MapHost(const std::vector<UniqueFd>& fds);
   Status MapDevice(const std::vector<UniqueFd>& fds, int device);
+  Status MapOverWriter(const std::vector<UniqueFd>& fds, std::shared_ptr<GrantMapping> writer);
   void Unmap();
   Manifest manifest_;
   std::vector<void*> bases_;     // one per allocation (host) / device address (cuda)
@@ -94,6 +173,7 @@ class MappedArena {
   std::vector<uint64_t> cuda_handles_;  // CUmemGenericAllocationHandle per allocation
   int device_ = -1;
   cuda::PrimaryContext ctx_;     // retained while mapped (cuda)
+  std::shared_ptr<GrantMapping> writer_;  // the memory, when it is a writer's mapping
   TensorIndex index_;            // over manifest_.entries
 };
 

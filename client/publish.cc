@@ -1,9 +1,8 @@
 #include "client/publish.h"
 
-#include <sys/mman.h>
-
-#include <cerrno>
 #include <chrono>
+
+#include "wire/cuda_driver.h"
 
 namespace wsup {
 
@@ -27,38 +26,39 @@ Publication::Publication(AttachOptions opts, Fingerprint fp, Channel channel, Le
     : opts_(std::move(opts)), fp_(std::move(fp)), channel_(std::move(channel)), lease_(std::move(lease)) {}
 
 Publication::~Publication() {
-  UnmapAll();
+  Forget();
   // Closing the connection without a commit gives the lease up.
   channel_.Close();
 }
 
-void Publication::UnmapAll() {
-  for (Region& r : regions_) {
-    if (r.data != nullptr) ::munmap(r.data, r.size);
-    r.data = nullptr;
-  }
+void Publication::Forget() {
+  // Other owners of the mapping (a committed Attachment, a torch allocator
+  // with blocks in it) keep it; otherwise it is unmapped here.
+  mapping_.reset();
+  regions_.clear();
+  fds_.clear();
 }
 
-Status Publication::MapAll() {
-  for (size_t i = 0; i < regions_.size(); ++i) {
-    Region& r = regions_[i];
-    if (r.data != nullptr) continue;
-    void* p = ::mmap(nullptr, r.size, PROT_READ | PROT_WRITE, MAP_SHARED, fds_[i].get(), 0);
-    if (p == MAP_FAILED) {
-      return ErrnoError(channel_.socket_path() + ": mapping layout allocation " + std::to_string(i) + " (" +
-                            std::to_string(r.size) + " bytes) read-write",
-                        errno);
-    }
-    r.data = p;
+Status Publication::Unpark() {
+  if (!mapping_ || mapping_->is_cuda()) return Status::Ok();
+  for (size_t i = 0; i < fds_.size(); ++i) {
+    Status st = mapping_->MapWritable(i, fds_[i].get());
+    if (!st.ok()) return st.error().With(channel_.socket_path());
   }
   return Status::Ok();
 }
 
 Result<Publication::Region> Publication::Allocate(uint64_t bytes) {
   if (done_) return Internal("Publication::Allocate after the commit or abort");
-  if (lease_.backend != "host") {
-    return Unavailable(channel_.socket_path() + ": the lease is for backend " + lease_.backend +
-                       "; this client maps host (memfd) grants only in this version");
+  const bool cuda = lease_.backend == "cuda";
+  const char* handle = cuda ? "cuda_vmm" : "memfd";
+  if (!mapping_) {
+    auto m = GrantMapping::Create(lease_.backend, opts_.device, lease_.device_uuid);
+    if (!m.ok()) {
+      return m.error().With(channel_.socket_path() + ": the lease is for " + lease_.backend + " memory" +
+                            (cuda ? " on " + lease_.device_uuid : std::string()));
+    }
+    mapping_ = std::move(m).value();
   }
   WSUP_ASSIGN_OR_RETURN(Frame reply, channel_.Call(EncodeAlloc(AllocMsg{bytes}), opts_.timeout_ms));
   if (reply.type() == "error") {
@@ -71,21 +71,28 @@ Result<Publication::Region> Publication::Allocate(uint64_t bytes) {
   }
   auto grant = DecodeGrant(reply.msg);
   if (!grant.ok()) return grant.error().With(channel_.socket_path());
-  if (reply.fds.size() != 1 || grant->alloc != regions_.size() || grant->size < bytes || grant->handle != "memfd") {
+  if (reply.fds.size() != 1 || grant->alloc != regions_.size() || grant->size < bytes || grant->handle != handle) {
     return Corrupt(channel_.socket_path() + ": a grant of allocation " + std::to_string(grant->alloc) + " (" +
                    std::to_string(grant->size) + " bytes, handle " + grant->handle + ", " +
                    std::to_string(reply.fds.size()) + " fds) does not answer a request for " +
-                   std::to_string(bytes) + " bytes as allocation " + std::to_string(regions_.size()) +
-                   "; restart the holder");
+                   std::to_string(bytes) + " bytes of " + handle + " memory as allocation " +
+                   std::to_string(regions_.size()) + "; restart the holder");
   }
+  auto data = mapping_->Map(reply.fds[0].get(), grant->size);
+  if (!data.ok()) return data.error().With(channel_.socket_path());
   Region r;
   r.alloc = grant->alloc;
   r.size = grant->size;
+  r.data = *data;
   regions_.push_back(r);
   fds_.push_back(std::move(reply.fds[0]));
-  Status mapped = MapAll();
-  if (!mapped.ok()) return mapped.error();
-  return regions_.back();
+  return r;
+}
+
+Status Publication::Locate(const void* p, uint32_t* alloc, uint64_t* offset) const {
+  if (mapping_ && mapping_->Locate(p, alloc, offset)) return Status::Ok();
+  return NotFound("the address is in none of the lease's " + std::to_string(regions_.size()) +
+                  " grants: it was not allocated from this publication");
 }
 
 Result<AttachResult> Publication::Commit(std::vector<ManifestEntry> entries) {
@@ -100,24 +107,45 @@ Result<AttachResult> Publication::Commit(std::vector<ManifestEntry> entries) {
   WSUP_ASSIGN_OR_RETURN(std::string table, EncodeTensorTable(m.entries));
   const std::string hash = LayoutHash(m.entries);
   nlohmann::json msg = EncodeCommit(hash, ManifestHeaderToJson(m, table.size()));
-  // F_SEAL_WRITE fails while any writable mapping exists: ours go first.
-  UnmapAll();
+  if (mapping_) {
+    if (mapping_->is_cuda()) {
+      // The holder checks bytes nowhere, but readers map them at once:
+      // every write the writer queued must have landed.
+      WSUP_ASSIGN_OR_RETURN(cuda::PrimaryContext ctx, cuda::PrimaryContext::Retain(mapping_->device()));
+      cuda::ContextScope scope;
+      WSUP_RETURN_IF_ERROR(scope.Enter(ctx));
+      WSUP_RETURN_IF_ERROR(cuda::ContextSynchronize());
+    } else {
+      // F_SEAL_WRITE fails while any writable mapping exists: ours go first.
+      Status parked = mapping_->Park();
+      if (!parked.ok()) {
+        Status back = Unpark();
+        if (!back.ok()) return back.error().With(parked.error().message());
+        return parked.error();
+      }
+    }
+  }
   auto reply = channel_.Call(msg, opts_.timeout_ms, std::make_shared<const std::string>(std::move(table)));
-  if (!reply.ok()) return reply.error();
+  if (!reply.ok()) {
+    Status back = Unpark();
+    if (!back.ok()) return back.error().With(reply.error().message());
+    return reply.error();
+  }
   if (reply->type() == "error") {
     WSUP_ASSIGN_OR_RETURN(ErrorMsg em, DecodeError(reply->msg));
     Error e = ErrorFromReply(em, channel_.socket_path());
-    // The lease is kept: map the regions again for a fix.
-    Status again = MapAll();
+    // The lease is kept: the regions come back where they were, for a fix.
+    Status again = Unpark();
     if (!again.ok()) return again.error().With(e.message());
     return e;
   }
   AttachOptions ao = opts_;
   ao.mode = AttachMode::kDaemon;  // a commit that attaches nothing is an error, whatever the mode
   done_ = true;
-  fds_.clear();
-  regions_.clear();
-  WSUP_ASSIGN_OR_RETURN(AttachResult r, AttachFromReply(ao, fp_, std::move(channel_), std::move(reply).value(), t0));
+  std::shared_ptr<GrantMapping> writer = mapping_;
+  Forget();
+  WSUP_ASSIGN_OR_RETURN(AttachResult r, AttachFromReply(ao, fp_, std::move(channel_), std::move(reply).value(), t0,
+                                                        AttachPhases{}, std::move(writer)));
   r.outcome.source = WeightSource::kPublished;
   r.outcome.reason.clear();
   r.outcome.ms = MsSince(t0);
@@ -127,12 +155,10 @@ Result<AttachResult> Publication::Commit(std::vector<ManifestEntry> entries) {
 Status Publication::Abort(const std::string& reason) {
   if (done_) return Status::Ok();
   done_ = true;
-  UnmapAll();
+  Forget();
   const std::string path = channel_.socket_path();
   auto reply = channel_.Call(EncodeAbort(AbortMsg{reason}), opts_.timeout_ms);
   channel_.Close();
-  fds_.clear();
-  regions_.clear();
   if (!reply.ok()) return reply.error();
   if (reply->type() == "error") {
     WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply->msg));

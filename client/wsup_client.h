@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h> /* ssize_t, for the torch allocator's entry points */
 
 #ifdef __cplusplus
 extern "C" {
@@ -60,7 +61,12 @@ enum {
  *   "device":      integer  cuda ordinal to map on (default 0)
  *   and, with checkpoint_dir: "backend" ("host"|"cuda", default "host"),
  *   "tp_size", "tp_rank", "pp_size", "pp_rank", "dp_size", "ep_size"
- *   (integers), "revision" (string). */
+ *   (integers), "revision" (string).
+ * To attach an engine-made layout (a holder started with --layout engine)
+ * give the engine's identity as wsup_publish_begin takes it: "engine",
+ * "engine_version", "transform" (added to the fingerprint), and "wait_ms"
+ * (integer, default 0) to wait that long for a layout another engine is
+ * still writing. */
 wsup_attachment* wsup_attach(const char* socket_path, const char* mode, const char* fingerprint_json,
                              const char* checkpoint_dir, const char* options_json);
 
@@ -80,7 +86,8 @@ double wsup_attach_ms(const wsup_attachment* a);
 /* The holder's fingerprint as a JSON object ("{}" when not attached). */
 const char* wsup_holder_fingerprint_json(const wsup_attachment* a);
 
-/* 1 when tensor pointers are CUDA device pointers. */
+/* 1 when tensor pointers are CUDA device pointers; for a handle that holds
+ * a write lease, 1 when the lease's memory (wsup_publish_alloc) is. */
 int wsup_is_cuda(const wsup_attachment* a);
 size_t wsup_num_tensors(const wsup_attachment* a);
 /* Names in manifest order, for i < wsup_num_tensors; NULL when out of range. */
@@ -214,15 +221,27 @@ const void* wsup_manifest_table(const wsup_attachment* a, size_t* len);
  * engine or transform is another layout.
  *
  * wsup_publish_alloc: `bytes` more bytes from the holder, mapped read-write
- * at *data (*size: rounded up; *alloc: the allocation's index for entries).
- * The pointers are valid until the commit or the abort. Host holders only
- * in this version.
+ * at *data (*size: rounded up to the holder's granularity; *alloc: the
+ * allocation's index for entries). A host holder grants a memfd and *data
+ * is a host pointer; a cuda holder (--backend cuda) grants VMM memory on
+ * its GPU, which is imported and mapped on the device of option "device"
+ * (that GPU, found by its uuid), and *data is a CUDA device pointer
+ * (write it with cudaMemcpy or kernels in the device's primary context,
+ * which the CUDA runtime uses). The addresses never change: a refused
+ * commit leaves them as they are, and after a commit they are the
+ * committed layout's tensors (wsup_tensor_data gives the same pointers):
+ * read-only for host (no access at all during the commit), read-write on
+ * cuda, where writing after the commit is forbidden by contract (every
+ * reader sees it). They stay valid until wsup_detach, and past it for
+ * blocks the torch allocator below still holds. After an abort they are
+ * gone.
  * wsup_publish_commit: entries_json is a JSON array of objects {name, dtype,
  * shape, alloc, offset} with optional strides (elements, one per
  * dimension) and nbytes (default: what shape and strides span). Offsets are
- * multiples of 256. The hash is computed here. On WSUP_OK the handle is
- * attached to the committed layout; otherwise wsup_error names what the
- * holder refused and the lease is kept.
+ * multiples of 256. The hash is computed here. On cuda every write queued
+ * on the device is waited for first. On WSUP_OK the handle is attached to
+ * the committed layout; otherwise wsup_error names what the holder refused
+ * and the lease is kept.
  * Each returns WSUP_OK or an error code (wsup_error then says why);
  * WSUP_ERR_INVALID_ARGUMENT for a handle without the lease. */
 wsup_attachment* wsup_publish_begin(const char* socket_path, const char* mode, const char* fingerprint_json,
@@ -233,8 +252,61 @@ int wsup_has_lease(const wsup_attachment* a);
 int wsup_publish_alloc(wsup_attachment* a, uint64_t bytes, void** data, uint64_t* size, uint32_t* alloc);
 int wsup_publish_commit(wsup_attachment* a, const char* entries_json);
 int wsup_publish_abort(wsup_attachment* a, const char* reason);
+/* Which grant holds `ptr` (any address inside memory from
+ * wsup_publish_alloc or wsup_torch_malloc on this handle's lease), and its
+ * byte offset there: what an entry's alloc and offset are. WSUP_OK,
+ * WSUP_ERR_NOT_FOUND when no grant holds it, WSUP_ERR_INVALID_ARGUMENT
+ * for a handle without the lease or NULL outputs. Sets no error text. */
+int wsup_publish_locate(const wsup_attachment* a, const void* ptr, uint32_t* alloc, uint64_t* offset);
 
-/* Closes the connection, unmaps, frees the handle. NULL is fine. */
+/* ---- The torch allocator: a model's tensors carved out of a lease ----
+ *
+ * torch.cuda.memory.CUDAPluggableAllocator(path_of_this_library,
+ * "wsup_torch_malloc", "wsup_torch_free") with a torch.cuda.MemPool over it
+ * makes torch allocate inside one publication's write lease: the target,
+ * set with wsup_publish_set_allocator_target. Then a model's own loader
+ * (from_pretrained) writes its post-load tensors straight into memory the
+ * holder granted, and a commit names them in place (wsup_publish_locate
+ * turns a tensor's data pointer into its alloc and offset). The Python
+ * client does all of this: wsup_client.publish(...).torch_pool().
+ *
+ * Carving: the allocator asks the holder for grants of max(size, the chunk
+ * size: 1 GiB unless wsup_torch_set_chunk_bytes says otherwise) and hands
+ * out blocks of them first fit, 512-byte aligned; freed blocks are reused
+ * and merge with free neighbours (inside one grant: a block never spans
+ * two). Grants are the layout's for good: memory freed stays in the lease
+ * for later blocks. `stream` is ignored; `device` must be the lease's
+ * (any value for a host lease, which these calls also serve, for tests).
+ *
+ * wsup_torch_malloc returns NULL on any failure (no target, a lease that
+ * was committed or given up, a grant the holder refused, another device);
+ * the message is then wsup_error of the target and wsup_torch_last_error().
+ * wsup_torch_free of a block takes it back; of anything else, it records
+ * the error there and changes nothing. Blocks of a lease stay mapped until
+ * they are freed, even after the commit, the abort or the handle's
+ * wsup_detach: a torch tensor is never left pointing at unmapped memory.
+ * After the commit (or abort) no more blocks come from that lease.
+ *
+ * All of these may be called from any thread; they serialize on one lock,
+ * which the other wsup_publish_* calls take too. */
+/* Makes `a` (a handle that holds its lease) the target; NULL clears the
+ * target (blocks already handed out stay valid). WSUP_OK, or an error
+ * code with wsup_error(a) saying why. */
+int wsup_publish_set_allocator_target(wsup_attachment* a);
+void* wsup_torch_malloc(ssize_t size, int device, void* stream);
+void wsup_torch_free(void* ptr, ssize_t size, int device, void* stream);
+/* The least a new grant asks for, from now on (0: back to 1 GiB). */
+int wsup_torch_set_chunk_bytes(uint64_t bytes);
+/* The last failure of wsup_torch_malloc or wsup_torch_free in this process
+ * ("" when none); valid until the calling thread's next call of it. */
+const char* wsup_torch_last_error(void);
+/* What the allocator holds of `a`'s lease: bytes granted, bytes in live
+ * blocks, live blocks (all 0 when it never was a target). */
+int wsup_torch_usage(const wsup_attachment* a, uint64_t* granted_bytes, uint64_t* used_bytes, uint64_t* blocks);
+
+/* Closes the connection, unmaps, frees the handle (before a commit: gives
+ * the lease up). Blocks of its lease that the torch allocator still holds
+ * stay mapped until wsup_torch_free. NULL is fine. */
 void wsup_detach(wsup_attachment* a);
 
 /* The library's version, "major.minor.patch". */

@@ -655,7 +655,9 @@ Status ValidateEngineOptions(const EngineOptions& o) {
                            "daemon with --socket, or drop --layout engine");
   }
   if (o.layout == "engine" && o.device != "cpu") {
-    return InvalidArgument("--layout engine keeps layouts in host memory only in this version; use --device cpu");
+    return InvalidArgument("--layout engine: the reference engine publishes and attaches host-memory layouts only "
+                           "(its CUDA path computes from the checkpoint's own tensors); use --device cpu, or "
+                           "--layout checkpoint on the GPU");
   }
   if (o.layout_wait_ms < 0 || o.layout_wait_ms > 3'600'000) {
     return InvalidArgument("--layout-wait-ms " + std::to_string(o.layout_wait_ms) + " is out of range; pass 0 to 3600000");

@@ -42,7 +42,10 @@ namespace {
 Status AcquireEngineLayouts(const Checkpoint& ckpt, const WeightCacheOptions& opts, AttachMode mode,
                             std::vector<std::unique_ptr<WeightSource>>* ranks, WeightsReport* report) {
   if (!opts.devices.empty()) {
-    return InvalidArgument("--layout engine publishes host-memory layouts only in this version; use --device cpu");
+    return InvalidArgument("the reference engine publishes and attaches host-memory layouts only (its CUDA path "
+                           "computes from the checkpoint's own tensors): use --device cpu with --layout engine, or "
+                           "--layout checkpoint on the GPU. A holder of cuda layouts serves engines that publish on "
+                           "the GPU themselves (the Python client's torch allocator, or the C ABI)");
   }
   if (opts.sockets.size() != static_cast<size_t>(opts.tp)) {
     return InvalidArgument("weight-cache mode " + opts.mode + " needs one holder socket per rank (" +

@@ -205,7 +205,20 @@ int CloseLoop(uv_loop_t* loop, int exit_code) {
 
 // --layout engine: nothing is loaded; engines publish into the store.
 int ServeLayouts(const HolderConfig& cfg) {
-  LayoutStore store(MakeHostLayoutMemory());
+  std::unique_ptr<LayoutMemory> memory;
+  if (cfg.backend == "cuda") {
+    auto cuda = MakeCudaLayoutMemory(cfg.device);
+    if (!cuda.ok()) {
+      spdlog::error("--layout engine --backend cuda --device {}: {}", cfg.device, cuda.error().ToString());
+      return ExitCodeFor(cuda.error());
+    }
+    memory = std::move(cuda).value();
+    spdlog::info("engine-made layouts live on cuda device {} ({}): grants of VMM memory in multiples of {} bytes",
+                 memory->device(), memory->device_uuid(), memory->granularity());
+  } else {
+    memory = MakeHostLayoutMemory();
+  }
+  LayoutStore store(std::move(memory));
   Fingerprint fp;
   fp.Set("layout", "engine");
   fp.Set("backend", store.memory().backend());
@@ -272,10 +285,6 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
     if (adopting) {
       return InvalidArgument("--adopt-manifest and --adopt-fds take a checkpoint arena; a holder of engine-made "
                              "layouts (--layout engine) starts empty in this version: drop them");
-    }
-    if (!cfg.backend.empty() && cfg.backend != "host") {
-      return InvalidArgument("--layout engine keeps layouts in host memory only in this version (CUDA VMM "
-                             "grants come later); pass --backend host");
     }
   }
   if (adopting && (cfg.adopt_manifest.empty() || cfg.adopt_fds.empty())) {

@@ -3,8 +3,8 @@
 // an arena record, reading nothing from disk), serves it on the holder
 // socket until SIGTERM or SIGINT, and exits cleanly. With --layout engine
 // it loads nothing and serves the layouts engines publish into it
-// (holder/layout_store.h; host backend only in this version). holder_main.cc only
-// parses flags into a HolderConfig.
+// (holder/layout_store.h; host memfds, or VMM memory on --device with
+// --backend cuda). holder_main.cc only parses flags into a HolderConfig.
 //
 // Readiness is proven, not assumed: with --ready-fd N the holder writes
 // "ready <socket>\n" to fd N and closes it once the socket accepts, which a

@@ -6,6 +6,8 @@
 
 #include <cerrno>
 
+#include "wire/cuda_driver.h"
+
 namespace wsup {
 
 namespace {
@@ -58,9 +60,67 @@ class HostLayoutMemory final : public LayoutMemory {
   }
 };
 
+class CudaLayoutMemory final : public LayoutMemory {
+ public:
+  CudaLayoutMemory(int device, std::string uuid, uint64_t granularity)
+      : device_(device), uuid_(std::move(uuid)), granularity_(granularity) {}
+
+  const char* backend() const override { return "cuda"; }
+  const char* handle() const override { return "cuda_vmm"; }
+  int device() const override { return device_; }
+  std::string device_uuid() const override { return uuid_; }
+  uint64_t granularity() const override { return granularity_; }
+
+  Result<UniqueFd> Allocate(uint64_t bytes, uint64_t* size) override {
+    *size = (bytes + granularity_ - 1) / granularity_ * granularity_;
+    // Kept from the first grant of a lease to the last commit or release:
+    // recreating a context for every grant would cost a tenth of a second
+    // each.
+    if (!ctx_.valid()) {
+      auto ctx = cuda::PrimaryContext::Retain(device_);
+      if (!ctx.ok()) return ctx.error().With("layout: the holder's device " + std::to_string(device_));
+      ctx_ = std::move(ctx).value();
+    }
+    cuda::ContextScope scope;
+    WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
+    auto h = cuda::VmmCreate(device_, *size);
+    if (!h.ok()) return h.error().With("layout: a grant of " + std::to_string(*size) + " bytes");
+    auto fd = cuda::VmmExport(*h);
+    // The exported fd keeps the memory from here on; the holder maps nothing.
+    Status released = cuda::VmmRelease(*h);
+    if (!fd.ok()) return fd.error().With("layout: exporting a grant");
+    if (!released.ok()) return released.error().With("layout: releasing the handle of an exported grant");
+    return std::move(fd).value();
+  }
+
+  // VMM memory cannot be mapped read-only on the device that owns it.
+  Status Seal(int, uint32_t) override { return Status::Ok(); }
+
+  void Idle() override { ctx_ = cuda::PrimaryContext(); }
+
+ private:
+  int device_;
+  std::string uuid_;
+  uint64_t granularity_;
+  cuda::PrimaryContext ctx_;  // while some layout is being written
+};
+
 }  // namespace
 
 std::unique_ptr<LayoutMemory> MakeHostLayoutMemory() { return std::make_unique<HostLayoutMemory>(); }
+
+Result<std::unique_ptr<LayoutMemory>> MakeCudaLayoutMemory(int device) {
+  WSUP_RETURN_IF_ERROR(cuda::Init());
+  WSUP_ASSIGN_OR_RETURN(cuda::DeviceInfo info, cuda::GetDeviceInfo(device));
+  if (!info.vmm_supported || !info.posix_fd_supported) {
+    return Unavailable("layout: CUDA device " + std::to_string(device) + " (" + info.name +
+                       ") does not support VMM allocations exportable as POSIX fds: use --backend host, or a "
+                       "GPU and driver that do (compute capability >= 6.0, Linux driver >= 450)");
+  }
+  WSUP_ASSIGN_OR_RETURN(uint64_t gran, cuda::VmmGranularity(device));
+  std::unique_ptr<LayoutMemory> m = std::make_unique<CudaLayoutMemory>(device, info.uuid, gran);
+  return m;
+}
 
 LayoutStore::LayoutStore(std::unique_ptr<LayoutMemory> memory) : memory_(std::move(memory)) {}
 
@@ -197,6 +257,7 @@ Status LayoutStore::Commit(Layout* l, Manifest m, const std::string& layout_hash
        std::to_string(l->manifest.entries.size()) + " tensors, " + std::to_string(l->manifest.total_bytes()) +
            " bytes in " + std::to_string(l->fds.size()) + " allocations, hash " + hash.substr(0, 16));
   l->writer = 0;
+  IdleIfNoWriter();
   return Status::Ok();
 }
 
@@ -206,7 +267,15 @@ std::deque<uint64_t> LayoutStore::Release(Layout* l, LayoutEvent event, const st
   if (l->state != LayoutState::kReleased) return waiters;  // a committed layout stays
   by_key_.erase(Key(l->fingerprint));
   layouts_.erase(l->id);  // closes the fds: the memory goes once the writer's are gone too
+  IdleIfNoWriter();
   return waiters;
+}
+
+void LayoutStore::IdleIfNoWriter() {
+  for (const auto& [id, l] : layouts_) {
+    if (l->state == LayoutState::kWriting) return;
+  }
+  memory_->Idle();
 }
 
 void LayoutStore::Move(Layout* l, LayoutEvent event, const std::string& cause) {

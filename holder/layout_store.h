@@ -11,12 +11,16 @@
 //     map read-write; the commit adds F_SEAL_WRITE (refused while any
 //     writable mapping of it exists, so the writer must unmap first) and
 //     F_SEAL_SEAL, which is what readers check (client/mapping.h).
-//   cuda (later): each grant a cuMemCreate allocation on the holder's
-//     device, rounded up to the allocation granularity, exported as a POSIX
-//     fd (as holder/arena.h does for checkpoint arenas); Seal() has nothing
-//     to seal (VMM cannot map read-only on the owning device), readers map
-//     it as they map a cuda arena today. The Python client's torch
-//     allocator (torch.cuda.MemPool over a pluggable allocator) then
+//   cuda (CudaLayoutMemory): each grant a cuMemCreate allocation on the
+//     holder's device, rounded up to the allocation granularity, exported
+//     as a POSIX fd (as holder/arena.h does for checkpoint arenas); the
+//     holder keeps only the fd, never a mapping. Seal() has nothing to seal
+//     (VMM cannot map read-only on the owning device): readers map it as
+//     they map a cuda arena, and immutability after the commit is a
+//     contract. The device's primary context is retained only while some
+//     layout is being written (Idle() lets it go), so a holder of committed
+//     layouts holds fds and no context, like a loaded checkpoint arena. The
+//     Python client's torch allocator (wsup_torch_malloc over a lease)
 //     carves a model's tensors out of these grants, so `from_pretrained`
 //     writes straight into them, and commit(state_dict) names them.
 //
@@ -58,10 +62,15 @@ class LayoutMemory {
   // Makes allocation `index` (fd) immutable for readers; refuses while the
   // writer can still change it, saying how to fix that.
   virtual Status Seal(int fd, uint32_t index) = 0;
+  // No layout is being written any more: let go of what only writing needs.
+  virtual void Idle() {}
 };
 
 // memfds, sealed as the top of this file says.
 std::unique_ptr<LayoutMemory> MakeHostLayoutMemory();
+// VMM allocations on cuda device `device`; refuses a device without VMM or
+// POSIX fd handles, and a build or machine without CUDA.
+Result<std::unique_ptr<LayoutMemory>> MakeCudaLayoutMemory(int device);
 
 struct Layout {
   uint64_t id = 0;
@@ -129,6 +138,7 @@ class LayoutStore {
 
  private:
   void Move(Layout* l, LayoutEvent event, const std::string& cause);
+  void IdleIfNoWriter();
   static std::string Key(const Fingerprint& fp);
   std::unique_ptr<LayoutMemory> memory_;
   std::map<uint64_t, std::unique_ptr<Layout>> layouts_;

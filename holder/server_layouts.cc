@@ -43,6 +43,19 @@ void HolderServer::HandleLayoutHello(Conn* c, const HelloMsg& hello) {
     RefuseAndClose(c, e);
     return;
   }
+  // A layout lives where this holder keeps layouts: a client that computes
+  // on another backend could neither write nor map it.
+  const std::string backend = fp.Get("backend");
+  const std::string ours = layouts_->memory().backend();
+  if (!backend.empty() && backend != ours) {
+    Error e = Mismatch("the client's fingerprint names backend " + backend.substr(0, 32) +
+                       " but this holder keeps engine-made layouts in " + (ours == "cuda" ? "cuda device" : "host") +
+                       " memory (--backend " + ours + "); start the engine with backend " + ours +
+                       ", or publish into a holder started with --backend " + backend.substr(0, 32));
+    spdlog::info("{}: {}", Describe(c), e.message());
+    RefuseAndClose(c, e);
+    return;
+  }
   c->publish = hello.publish;
   c->wait_ms = hello.wait_ms;
   c->wants_table = hello.tensor_table >= kTensorTableVersion;

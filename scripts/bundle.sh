@@ -10,6 +10,11 @@
 #   scripts/bundle.sh OUTDIR
 #   # on the GPU node:
 #   OUTDIR/run.sh OUTDIR/tests/mapping_test '[gpu]'
+#   OUTDIR/run.sh OUTDIR/tests/holder_layout_cuda_test '[gpu]'
+#   OUTDIR/run.sh python3 OUTDIR/python/gpu_layout_check.py --holder OUTDIR/bin/wsup-holder \
+#       --lib OUTDIR/lib/libwsup_client.so --testdata TESTDATA_DIR
+# The Python client (wsup_client) and the GPU check scripts of tests/python
+# are in OUTDIR/python: each script finds the package beside it.
 # Tests find the test checkpoints through WSUP_TESTDATA_DIR (default: the
 # ../shared/testdata this build saw).
 set -euo pipefail
@@ -24,6 +29,10 @@ mkdir -p "$out/bin" "$out/tests" "$out/lib"
 cp "$build"/bin/* "$out/bin/"
 cp "$build"/tests/*_test "$out/tests/" 2>/dev/null || true
 cp "$build"/lib/libwsup_client.so "$out/lib/" 2>/dev/null || true
+mkdir -p "$out/python"
+cp -r client/python/wsup_client "$out/python/"
+find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
+cp tests/python/gpu_*.py tests/python/tiny_llama.py "$out/python/"
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/lib/libwsup_client.so 2>/dev/null || true
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'

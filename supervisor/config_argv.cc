@@ -141,6 +141,11 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
       tmpl.push_back("--revision");
       tmpl.push_back("{revision}");
     }
+    // cuda: the rank's GPU, where its grants are made.
+    if (!config.parallel.devices.empty()) {
+      tmpl.push_back("--device");
+      tmpl.push_back("{device}");
+    }
   } else if (tmpl.empty()) {
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
             "--model", "{model}", "--socket", "{socket}", "--tp-size", "{tp}", "--tp-rank", "{rank}",

@@ -185,9 +185,6 @@ Status Loader::CheckRules(Config* c) {
 
   // weight_cache
   if (c->weight_cache.layout == CacheLayout::kEngine) {
-    if (c->weight_cache.backend != CacheBackend::kHost)
-      return Err("weight_cache.layout", "\"engine\" keeps engine-made layouts in host memory only in this version; "
-                                        "set weight_cache.backend = \"host\" or layout = \"checkpoint\"");
     if (c->weight_cache.mode == CacheMode::kOff)
       return Err("weight_cache.layout", "\"engine\" needs a holder to publish to: set weight_cache.mode to "
                                         "\"daemon\" or \"client\", or leave layout out");

@@ -33,17 +33,18 @@ namespace {
   X(cuGetErrorString) X(cuDeviceGetCount) X(cuDeviceGet)                                             \
   X(cuDeviceGetName) X(cuDeviceGetUuid) X(cuDeviceGetAttribute)                                      \
   X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                       \
-  X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuMemGetAllocationGranularity)                            \
-  X(cuMemCreate) X(cuMemRelease) X(cuMemExportToShareableHandle)                                     \
-  X(cuMemImportFromShareableHandle) X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve) \
+  X(cuCtxSetCurrent) X(cuCtxGetCurrent) X(cuCtxSynchronize)                                          \
+  X(cuMemGetAllocationGranularity) X(cuMemCreate) X(cuMemRelease)                                    \
+  X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                                  \
+  X(cuMemGetAllocationPropertiesFromHandle) X(cuMemAddressReserve)                                   \
   X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)                                                      \
   X(cuMemSetAccess) X(cuMemHostAlloc) X(cuMemFreeHost)                                               \
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)                                        \
   X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)                                                \
   X(cuEventSynchronize) X(cuMemsetD8) X(cuMemcpyHtoDAsync)                                           \
-  X(cuMemcpy2DAsync) X(cuMemcpyDtoH) X(cuMemAlloc)                                                   \
-  X(cuMemFree) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle)                                            \
-  X(cuIpcCloseMemHandle)
+  X(cuMemcpy2DAsync) X(cuMemcpyDtoH) X(cuMemcpyHtoD)                                                 \
+  X(cuMemAlloc) X(cuMemFree) X(cuIpcGetMemHandle)                                                    \
+  X(cuIpcOpenMemHandle) X(cuIpcCloseMemHandle)
 // clang-format on
 
 #define WSUP_CUDA_STR2(x) #x
@@ -303,6 +304,25 @@ Status PrimaryContext::MakeCurrent() const {
   return {};
 }
 
+// --- ContextScope ---
+
+ContextScope::~ContextScope() {
+  if (!entered_) return;
+  auto api = GetApi();
+  if (api.ok()) (*api)->p_cuCtxSetCurrent(static_cast<CUcontext>(saved_));
+}
+
+Status ContextScope::Enter(const PrimaryContext& ctx) {
+  WSUP_ASSIGN_OR_RETURN(const Api* api, GetApi());
+  if (entered_) return Internal("ContextScope::Enter twice on one scope: this is a wsup bug");
+  CUcontext saved = nullptr;
+  WSUP_CU(api, p_cuCtxGetCurrent(&saved), "cuCtxGetCurrent");
+  WSUP_RETURN_IF_ERROR(ctx.MakeCurrent());
+  saved_ = saved;
+  entered_ = true;
+  return {};
+}
+
 // --- VMM ---
 
 Result<uint64_t> VmmGranularity(int device) {
@@ -512,6 +532,13 @@ Status CopyDtoH(void* dst, DevicePtr src, size_t bytes) {
   return {};
 }
 
+Status CopyHtoD(DevicePtr dst, const void* src, size_t bytes) {
+  WSUP_ASSIGN_OR_RETURN(const Api* api, GetApi());
+  WSUP_CU(api, p_cuMemcpyHtoD(dst, src, bytes),
+          "cuMemcpyHtoD(" + std::to_string(bytes) + " bytes to " + Hex(dst) + ")");
+  return {};
+}
+
 // --- legacy IPC ---
 
 Result<DevicePtr> MemAlloc(size_t bytes) {
@@ -585,6 +612,8 @@ PrimaryContext& PrimaryContext::operator=(PrimaryContext&& o) noexcept {
 void PrimaryContext::Reset() {}
 Result<PrimaryContext> PrimaryContext::Retain(int) { return NotBuilt(); }
 Status PrimaryContext::MakeCurrent() const { return NotBuilt(); }
+ContextScope::~ContextScope() = default;
+Status ContextScope::Enter(const PrimaryContext&) { return NotBuilt(); }
 
 Result<uint64_t> VmmGranularity(int) { return NotBuilt(); }
 Result<MemHandle> VmmCreate(int, uint64_t) { return NotBuilt(); }
@@ -611,6 +640,7 @@ Status MemsetD8(DevicePtr, uint8_t, size_t) { return NotBuilt(); }
 Status CopyHtoDAsync(DevicePtr, const void*, size_t, Stream) { return NotBuilt(); }
 Status Copy2DHtoDAsync(DevicePtr, size_t, const void*, size_t, size_t, size_t, Stream) { return NotBuilt(); }
 Status CopyDtoH(void*, DevicePtr, size_t) { return NotBuilt(); }
+Status CopyHtoD(DevicePtr, const void*, size_t) { return NotBuilt(); }
 Result<DevicePtr> MemAlloc(size_t) { return NotBuilt(); }
 Status MemFree(DevicePtr) { return NotBuilt(); }
 Result<IpcHandle> IpcGetMemHandle(DevicePtr) { return NotBuilt(); }

@@ -95,6 +95,25 @@ class PrimaryContext {
   void* ctx_ = nullptr;  // CUcontext
 };
 
+// Makes a primary context current on the calling thread for its lifetime,
+// then makes current again whatever was before (no context, or the one an
+// engine's CUDA runtime works in), so that a call into wsup never changes
+// the device a caller's thread is on. A scope that did not Enter() restores
+// nothing.
+class ContextScope {
+ public:
+  ContextScope() = default;
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+  Status Enter(const PrimaryContext& ctx);
+
+ private:
+  void* saved_ = nullptr;  // CUcontext current before Enter()
+  bool entered_ = false;
+};
+
 // --- VMM (no context needed, but the driver must be initialised) ---
 
 // Minimum granularity of a POSIX-fd-exportable allocation on the device.
@@ -144,6 +163,8 @@ Status CopyHtoDAsync(DevicePtr dst, const void* src, size_t bytes, Stream s);
 Status Copy2DHtoDAsync(DevicePtr dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width,
                        size_t height, Stream s);
 Status CopyDtoH(void* dst, DevicePtr src, size_t bytes);
+// Synchronous with respect to the host (pageable src is fine).
+Status CopyHtoD(DevicePtr dst, const void* src, size_t bytes);
 
 // --- legacy per-buffer IPC (the attach benchmark compares against it) ---
 

@@ -24,11 +24,13 @@
 //                  | error
 //     host: handle "memfd", a memfd of `size` bytes (bytes rounded up to
 //     the page), sealed against growing and shrinking; the writer maps it
-//     shared read-write. cuda (not in this version): handle "cuda_vmm", a
-//     POSIX fd of a VMM allocation of `size` bytes (rounded up to the
-//     granularity), which the writer imports and maps.
+//     shared read-write. cuda (wsup-holder --backend cuda): handle
+//     "cuda_vmm", a POSIX fd of a VMM allocation of `size` bytes on the
+//     holder's GPU (rounded up to the granularity), which the writer
+//     imports and maps read-write on that GPU.
 //   commit {layout_hash, manifest, blob?}
-//     -> attach (as above; the writer maps it read-only like any reader)
+//     -> attach (as above; the writer's own mapping of its grants becomes
+//        the attachment: host read-only, cuda as it was)
 //      | error {code, message}         the lease is kept: fix and commit
 //                                      again, or abort
 //     The manifest is the layout's: the lease's backend and device, one
@@ -39,7 +41,9 @@
 //     sizes against shapes and strides, duplicate names), checks that
 //     layout_hash is LayoutHash() of its entries, and seals the memory
 //     (host: F_SEAL_WRITE, which fails while any writable mapping exists,
-//     so the writer must unmap first; then F_SEAL_SEAL).
+//     so the writer must drop its writable mappings first; then
+//     F_SEAL_SEAL; cuda: nothing to seal, VMM cannot map read-only on the
+//     owning device).
 //   abort {reason} -> aborted {layout}   the memory is released
 // A writer whose connection closes before its commit loses the lease; the
 // holder closes its fds, so the memory is freed once the writer's own fds
@@ -89,7 +93,7 @@ struct AllocMsg {
 struct GrantMsg {
   uint32_t alloc = 0;   // index of this allocation in the layout's manifest
   uint64_t size = 0;    // bytes, the request rounded up to the granularity
-  std::string handle;   // "memfd" (host); "cuda_vmm" (cuda, later)
+  std::string handle;   // "memfd" (host); "cuda_vmm" (cuda)
 };
 
 struct CommitMsg {

@@ -238,7 +238,7 @@ TEST_CASE("layouts: --layout engine needs a holder and the CPU - bad values are 
       {{"--layout", "engine"}, "--layout engine publishes to or attaches from a holder"},
       {{"--layout", "fused"}, "--layout"},
       {{"--layout", "engine", "--weight-cache", "client", "--socket", dir.Join("h.sock"), "--device", "cuda:0"},
-       "host memory only"},
+       "host-memory layouts only"},
   };
   for (const auto& c : cases) {
     std::vector<std::string> argv = {wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0"};

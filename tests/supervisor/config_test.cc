@@ -370,6 +370,21 @@ TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint 
   auto hc = HolderArgv(*def, 0, "/opt/wsup/bin/wsup-holder");
   REQUIRE(hc.ok());
   CHECK(std::find(hc->begin(), hc->end(), "--model") != hc->end());
+  CHECK(std::find(h->begin(), h->end(), "--device") == h->end());  // host: no device
+  // On cuda the holder keeps its layouts on the rank's GPU.
+  auto gpu = ParseConfig(kBase, "/srv/c.toml",
+                         {"weight_cache.layout=engine", "weight_cache.backend=cuda", "parallel.devices=[3]"});
+  INFO((gpu.ok() ? "" : gpu.error().message()));
+  REQUIRE(gpu.ok());
+  auto hg = HolderArgv(*gpu, 0, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(hg.ok());
+  auto backend = std::find(hg->begin(), hg->end(), "--backend");
+  REQUIRE(backend != hg->end());
+  CHECK(*(backend + 1) == "cuda");
+  auto device = std::find(hg->begin(), hg->end(), "--device");
+  REQUIRE(device != hg->end());
+  CHECK(*(device + 1) == "3");
+  CHECK(std::find(hg->begin(), hg->end(), "engine") != hg->end());
 
   struct Case {
     std::vector<std::string> sets;
@@ -377,8 +392,6 @@ TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint 
   };
   for (const Case& c : std::vector<Case>{
            {{"weight_cache.layout=fused"}, "weight_cache.layout"},
-           {{"weight_cache.layout=engine", "weight_cache.backend=cuda", "parallel.devices=[0]"},
-            "host memory only"},
            {{"weight_cache.layout=engine", "weight_cache.mode=off"}, "needs a holder to publish to"},
        }) {
     auto bad = ParseConfig(kBase, "c.toml", c.sets);

@@ -8,6 +8,11 @@
     else:
         print("load from disk:", att.reason, att.diffs)
 
+    # engine-made layouts: write this engine's own post-load tensors once,
+    # every later engine attaches them (see wsup_client.publish)
+    pub = wsup_client.publish(sock, "daemon", checkpoint_dir="/models/x", backend="cuda",
+                              engine={"name": "my-engine", "version": "1", "transform": "t/v1"})
+
 A thin layer over the C ABI of libwsup_client.so (client/wsup_client.h)
 through ctypes; no compiled extension. numpy is needed for host arrays,
 torch for tensors; neither is imported until used. See docs/python.md.
@@ -18,6 +23,7 @@ from ._errors import (CODE_NAMES, CORRUPT, INTERNAL, INVALID_ARGUMENT, IO, MISMA
                       TIMEOUT, UNAVAILABLE, LibraryNotFoundError, UnknownTensorError, WsupError)
 from ._lib import ENV_VAR, LIB_NAME, candidate_paths, load_library
 from .convert import dequantize_block_fp8, dequantize_checkpoint, to_float32
+from .publish import ALIGNMENT, CommitReport, Publication, publish
 
 __version__ = "0.1.0"
 
@@ -29,7 +35,7 @@ def bind_module(module, tensors, **kwargs):
 
 
 __all__ = [
-    "attach", "Attachment", "TensorInfo", "bind_module", "load_library", "library_version", "candidate_paths",
+    "attach", "Attachment", "TensorInfo", "bind_module", "publish", "Publication", "CommitReport", "ALIGNMENT", "load_library", "library_version", "candidate_paths",
     "to_float32", "dequantize_block_fp8", "dequantize_checkpoint", "WsupError", "LibraryNotFoundError",
     "UnknownTensorError",
     "DTYPES", "MODES", "ENV_VAR", "LIB_NAME", "CODE_NAMES", "OK", "INVALID_ARGUMENT", "NOT_FOUND", "IO",

@@ -115,16 +115,20 @@ class _HostBuffer:
 class TensorInfo:
     """One manifest entry: name, dtype ("F32", "BF16", "F8_E4M3", ...),
     shape (a tuple, the local per-rank shape), nbytes and data_ptr (a host
-    address, or a CUDA device address when the arena is on a GPU)."""
+    address, or a CUDA device address when the arena is on a GPU), and
+    strides: None for a contiguous row-major tensor, else a tuple of
+    strides in elements (an engine-made layout may store a tensor
+    transposed or padded)."""
 
-    __slots__ = ("name", "dtype", "shape", "nbytes", "data_ptr")
+    __slots__ = ("name", "dtype", "shape", "nbytes", "data_ptr", "strides")
 
-    def __init__(self, name, dtype, shape, nbytes, data_ptr):
+    def __init__(self, name, dtype, shape, nbytes, data_ptr, strides=None):
         self.name = name
         self.dtype = dtype
         self.shape = shape
         self.nbytes = nbytes
         self.data_ptr = data_ptr
+        self.strides = strides
 
     def __repr__(self):
         return "TensorInfo(%r, %s, %s, %d bytes)" % (self.name, self.dtype, list(self.shape), self.nbytes)
@@ -135,14 +139,18 @@ class _Manifest:
     dtypes, shapes (tuples), nbytes and data (addresses), plus index (name ->
     position). TensorInfo objects are made on first request and kept."""
 
-    __slots__ = ("names", "dtypes", "shapes", "nbytes", "data", "_index", "_infos")
+    __slots__ = ("names", "dtypes", "shapes", "nbytes", "data", "strides", "_index", "_infos")
 
-    def __init__(self, names, dtypes, shapes, nbytes, data):
+    def __init__(self, names, dtypes, shapes, nbytes, data, strides=None):
         self.names = names
         self.dtypes = dtypes
         self.shapes = shapes
         self.nbytes = nbytes
         self.data = data
+        # None for each contiguous row-major tensor, else its strides in
+        # elements (an engine-made layout may hold a view, e.g. transposed);
+        # a manifest with no strided tensor keeps None for the whole column.
+        self.strides = strides
         self._index = None
         self._infos = {}
 
@@ -162,18 +170,18 @@ class _Manifest:
             if i is None:
                 return None
             got = self._infos[name] = TensorInfo(name, self.dtypes[i], self.shapes[i], self.nbytes[i],
-                                                 self.data[i])
+                                                 self.data[i], self.strides[i] if self.strides else None)
         return got
 
 
-def _dense_nbytes(dtypes, shapes, nbytes):
-    """TensorInfo.nbytes: item size x elements for the dtypes this package
-    knows (for a strided tensor that is less than the span the holder
-    reports), the holder's nbytes for the others."""
+def _dense_nbytes(dtypes, shapes, nbytes, strides=None):
+    """TensorInfo.nbytes: item size x elements for a contiguous tensor of a
+    dtype this package knows; the holder's nbytes (the span its strides
+    cover, which a strided view needs whole) for the others."""
     out = []
-    for dtype, shape, nb in zip(dtypes, shapes, nbytes):
+    for i, (dtype, shape, nb) in enumerate(zip(dtypes, shapes, nbytes)):
         entry = DTYPES.get(dtype)
-        if entry is not None:
+        if entry is not None and (strides is None or strides[i] is None):
             nb = int(entry[0][2:])  # the typestr's item size
             for d in shape:
                 nb *= d
@@ -185,8 +193,8 @@ def _read_per_tensor(lib, p):
     """The manifest through the per-tensor calls (six per tensor)."""
     name_at, dtype_of, ndim_of, dim_of = (lib.wsup_tensor_name, lib.wsup_tensor_dtype, lib.wsup_tensor_ndim,
                                           lib.wsup_tensor_dim)
-    data_of, nbytes_of = lib.wsup_tensor_data, lib.wsup_tensor_nbytes
-    names, dtypes, shapes, sizes, data = [], [], [], [], []
+    data_of, nbytes_of, stride_of = lib.wsup_tensor_data, lib.wsup_tensor_nbytes, lib.wsup_tensor_stride
+    names, dtypes, shapes, sizes, data, strides = [], [], [], [], [], []
     for i in range(lib.wsup_num_tensors(p)):
         bname = name_at(p, i)
         dtype = dtype_of(p, bname).decode()
@@ -194,9 +202,14 @@ def _read_per_tensor(lib, p):
         names.append(bname.decode("utf-8", "replace"))
         dtypes.append(dtype)
         shapes.append(shape)
-        sizes.append(int(nbytes_of(p, bname)) if dtype not in DTYPES else 0)
+        st = tuple(stride_of(p, bname, d) for d in range(len(shape)))
+        st = None if st == _contiguous(shape) else st
+        strides.append(st)
+        sizes.append(int(nbytes_of(p, bname)) if dtype not in DTYPES or st is not None else 0)
         data.append(data_of(p, bname) or 0)
-    return _Manifest(names, dtypes, shapes, _dense_nbytes(dtypes, shapes, sizes), data)
+    if not any(x is not None for x in strides):
+        strides = None
+    return _Manifest(names, dtypes, shapes, _dense_nbytes(dtypes, shapes, sizes, strides), data, strides)
 
 
 def _bad_table(what):
@@ -255,19 +268,26 @@ def _read_table(lib, p):
         dtype_at[at] = spelling
         at += len(spelling.encode("utf-8")) + 1
     dims = mv[dims_offset:strings_offset].cast("q")
-    shape_at = {}
+    shape_at, stride_at = {}, {}
     for o, n in dict(zip(dims_index, ndims)).items():  # one entry per distinct shape
         if o + 2 * n > len(dims):
             raise _bad_table("dims at %d + 2 x %d, past the %d dims" % (o, n, len(dims)))
-        shape_at[o] = tuple(dims[o:o + n].tolist())
+        shape_at[o] = shape = tuple(dims[o:o + n].tolist())
+        if flags & _TABLE_STRIDED:
+            st = tuple(dims[o + n:o + 2 * n].tolist())
+            stride_at[o] = None if st == _contiguous(shape) else st
     try:
         dtypes = list(map(dtype_at.__getitem__, dtype_offsets))
     except KeyError as e:
         raise _bad_table("a dtype at offset %s, where none starts" % e) from None
     shapes = list(map(shape_at.__getitem__, dims_index))
+    strides = None
     if flags & _TABLE_STRIDED:
-        nbytes = _dense_nbytes(dtypes, shapes, nbytes)
-    return _Manifest(names, dtypes, shapes, nbytes, data)
+        strides = list(map(stride_at.__getitem__, dims_index))
+        if not any(x is not None for x in strides):
+            strides = None
+        nbytes = _dense_nbytes(dtypes, shapes, nbytes, strides)
+    return _Manifest(names, dtypes, shapes, nbytes, data, strides)
 
 
 class Attachment:
@@ -390,13 +410,13 @@ class Attachment:
         """name -> numpy array for the manifest entries at `indices` (None:
         every entry, walked column by column)."""
         import numpy as np
-        cols = (m.names, m.dtypes, m.shapes, m.nbytes, m.data)
+        cols = (m.names, m.dtypes, m.shapes, m.nbytes, m.data, m.strides or [None] * len(m.names))
         rows = zip(*cols) if indices is None else ([c[i] for c in cols] for i in indices)
         span = lo = None
         ndarray = np.ndarray
         dtypes = {}  # safetensors dtype -> numpy dtype, looked up once each
         out = {}
-        for name, dt, shape, nbytes, ptr in rows:
+        for name, dt, shape, nbytes, ptr, strides in rows:
             npdt = dtypes.get(dt)
             if npdt is None:
                 npdt = dtypes[dt] = np.dtype(self._dtype_of(name, dt)[0])
@@ -405,8 +425,10 @@ class Attachment:
             else:
                 if span is None:
                     span, lo = self._host_span()
-                # A read-only view into the span (its base), at the tensor's offset.
-                out[name] = ndarray(shape, npdt, span, ptr - lo)
+                # A read-only view into the span (its base), at the tensor's
+                # offset, with its strides (in bytes for numpy) if it has any.
+                out[name] = ndarray(shape, npdt, span, ptr - lo,
+                                    None if strides is None else [d * npdt.itemsize for d in strides])
         return out
 
     def _host_span(self):
@@ -445,6 +467,7 @@ class Attachment:
         kinds = {}  # safetensors dtype -> (code, bits, torch dtype to view as or None)
         items, views = [], []
         names, dts, shapes, data = m.names, m.dtypes, m.shapes, m.data
+        strides = m.strides or None
         for i in indices:
             dt = dts[i]
             kind = kinds.get(dt)
@@ -457,7 +480,10 @@ class Attachment:
                         raise WsupError("tensor %r is %s but this torch (%s) has no torch.%s; use a newer torch" %
                                         (names[i], dt, torch.__version__, view_as), INVALID_ARGUMENT)
                 kind = kinds[dt] = (code, bits, target)
-            items.append((data[i], shapes[i], kind[0], kind[1]))
+            if strides is None or strides[i] is None:
+                items.append((data[i], shapes[i], kind[0], kind[1]))
+            else:
+                items.append((data[i], shapes[i], kind[0], kind[1], strides[i]))
             views.append(kind[2])
         if self.is_cuda:
             dev_type, dev_id = _dlpack.KDL_CUDA, self.device
@@ -478,8 +504,9 @@ class Attachment:
         inf = self.info(name)
         _, (code, bits), _ = self._dtype_entry(inf)
         if self.is_cuda:
-            return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CUDA, self.device)
-        return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CPU, 0)
+            return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CUDA, self.device,
+                                    inf.strides)
+        return _dlpack.Exported(h, inf.data_ptr, inf.shape, code, bits, _dlpack.KDL_CPU, 0, inf.strides)
 
     def tensors(self, kind=None):
         """Every tensor, as a dict name -> tensor, in manifest order.
@@ -500,15 +527,22 @@ class Attachment:
 
     def copy_to_host(self, name):
         """A copy of the tensor's bytes in host memory, as a writable numpy
-        array (raw bits for BF16 / F8_*); works for host and cuda arenas."""
+        array (raw bits for BF16 / F8_*); works for host and cuda arenas. A
+        strided tensor comes with its strides (over a copy of its span)."""
         h = self._live()
         import numpy as np
         inf = self.info(name)
-        out = np.empty(inf.shape, dtype=np.dtype(self._dtype_entry(inf)[0]))
+        dtype = np.dtype(self._dtype_entry(inf)[0])
+        if inf.strides is None:
+            out = np.empty(inf.shape, dtype=dtype)
+        else:
+            out = np.empty(inf.nbytes // dtype.itemsize, dtype=dtype)
         rc = h.lib.wsup_tensor_copy_to_host(h.ptr, _b(name), out.ctypes.data_as(ctypes.c_void_p), out.nbytes)
         if rc != OK:
             raise WsupError("cannot copy tensor %r to host memory (status %d)" % (name, rc), rc)
-        return out
+        if inf.strides is None:
+            return out
+        return np.lib.stride_tricks.as_strided(out, shape=inf.shape, strides=[d * dtype.itemsize for d in inf.strides])
 
     def _dtype_entry(self, inf):
         return self._dtype_of(inf.name, inf.dtype)
@@ -528,9 +562,56 @@ class Attachment:
             len(self), "cuda:%d" % self.device if self.is_cuda else "host", self.attach_ms)
 
 
+def _contiguous(shape):
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= max(int(d), 1)
+    return tuple(reversed(out))
+
+
+def engine_options(engine):
+    """The C ABI's options for an engine's identity (the engine part of an
+    engine-made layout's fingerprint): `engine` is a dict with name (or
+    engine), version (or engine_version) and transform, or a (name, version,
+    transform) tuple; None adds nothing."""
+    if engine is None:
+        return {}
+    if isinstance(engine, (tuple, list)):
+        if len(engine) not in (2, 3):
+            raise WsupError("engine=%r: give (name, version) or (name, version, transform)" % (engine,),
+                            INVALID_ARGUMENT)
+        name, version = engine[0], engine[1]
+        transform = engine[2] if len(engine) == 3 else ""
+    elif isinstance(engine, dict):
+        unknown = set(engine) - {"name", "engine", "version", "engine_version", "transform"}
+        if unknown:
+            raise WsupError("engine=: unknown keys %s; use name, version, transform" % sorted(unknown),
+                            INVALID_ARGUMENT)
+        name = engine.get("name", engine.get("engine"))
+        version = engine.get("version", engine.get("engine_version"))
+        transform = engine.get("transform", "")
+    else:
+        raise WsupError("engine=%r: give a dict {name, version, transform} or a tuple" % (engine,), INVALID_ARGUMENT)
+    if not name or not version:
+        raise WsupError("engine=: name and version are required (they are part of the layout's fingerprint)",
+                        INVALID_ARGUMENT)
+    return {"engine": str(name), "engine_version": str(version), "transform": str(transform or "")}
+
+
+def request_options(*, checkpoint_dir, backend, device, client_name, timeout_ms, tp_size, tp_rank, pp_size,
+                    pp_rank, dp_size, ep_size, revision):
+    """options_json of wsup_attach and wsup_publish_begin (without the engine)."""
+    opts = {"client_name": client_name, "timeout_ms": int(timeout_ms), "device": int(device)}
+    if checkpoint_dir is not None:
+        opts.update(backend=backend, tp_size=int(tp_size), tp_rank=int(tp_rank), pp_size=int(pp_size),
+                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), revision=revision)
+    return opts
+
+
 def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None, backend="host", device=0,
            client_name="engine", timeout_ms=10000, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, dp_size=1,
-           ep_size=1, revision="", library=None):
+           ep_size=1, revision="", engine=None, wait_ms=0, library=None):
     """Connects to the holder at socket_path and attaches in `mode`.
 
     The modes are those of the C++ client (client/client.h):
@@ -549,6 +630,13 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
     `fingerprint` (a dict or JSON text of string fields, as the holder sends).
     Exactly one must be given, except in mode off.
 
+    engine: attach an engine-made layout (a holder started with --layout
+    engine): the engine's identity as wsup_client.publish takes it (a dict
+    {name, version, transform} or a tuple), added to the fingerprint, so
+    that a reader names the layout exactly as its writer did. wait_ms: how
+    long to wait for such a layout that another process is still writing
+    (default 0: an error at once).
+
     library: path of libwsup_client.so (default: see wsup_client.load_library).
     Misuse (a bad mode, both or neither fingerprint) raises WsupError with
     code INVALID_ARGUMENT.
@@ -556,10 +644,12 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
     _, lib = load_library(library)
     if fingerprint is not None and not isinstance(fingerprint, str):
         fingerprint = json.dumps(fingerprint)
-    opts = {"client_name": client_name, "timeout_ms": int(timeout_ms), "device": int(device)}
-    if checkpoint_dir is not None:
-        opts.update(backend=backend, tp_size=int(tp_size), tp_rank=int(tp_rank), pp_size=int(pp_size),
-                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), revision=revision)
+    opts = request_options(checkpoint_dir=checkpoint_dir, backend=backend, device=device, client_name=client_name,
+                           timeout_ms=timeout_ms, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
+                           dp_size=dp_size, ep_size=ep_size, revision=revision)
+    opts.update(engine_options(engine))
+    if wait_ms:
+        opts["wait_ms"] = int(wait_ms)
     ptr = lib.wsup_attach(_b(socket_path), _b(mode), _b(fingerprint),
                           _b(None if checkpoint_dir is None else str(checkpoint_dir)), _b(json.dumps(opts)))
     if not ptr:

@@ -125,13 +125,20 @@ _capsule_destructor_fn = _CAPSULE_DESTRUCTOR(_destroy_capsule)
 
 
 def make_capsules(owner, items, device_type, device_id):
-    """"dltensor" capsules for C-contiguous tensors, one per item of `items`:
-    (data_ptr, shape, code, bits). owner: any object that keeps the memory
-    alive; it is held until the consumer's deleter of the last one runs."""
+    """"dltensor" capsules, one per item of `items`: (data_ptr, shape, code,
+    bits) for a C-contiguous tensor, or (data_ptr, shape, code, bits,
+    strides) with strides in elements (None: contiguous). owner: any object
+    that keeps the memory alive; it is held until the consumer's deleter of
+    the last one runs."""
     n = len(items)
     flat = []
-    for _, shape, _, _ in items:
+    for item in items:
+        shape = item[1]
         flat.extend(shape)
+        given = item[4] if len(item) > 4 else None
+        if given is not None:
+            flat.extend(given)
+            continue
         stride = 1
         strides = []
         for d in reversed(shape):
@@ -148,7 +155,8 @@ def make_capsules(owner, items, device_type, device_id):
     new_capsule = _api.PyCapsule_New
     out = []
     with _live_lock:
-        for i, (data_ptr, shape, code, bits) in enumerate(items):
+        for i, item in enumerate(items):
+            data_ptr, shape, code, bits = item[:4]
             ndim = len(shape)
             address = base + i * _PACK.size
             pack(batch.structs, i * _PACK.size, data_ptr, device_type, device_id, ndim, code, bits, 1, dims,
@@ -167,17 +175,18 @@ def make_capsules(owner, items, device_type, device_id):
     return capsules
 
 
-def make_capsule(owner, data_ptr, shape, code, bits, device_type, device_id):
+def make_capsule(owner, data_ptr, shape, code, bits, device_type, device_id, strides=None):
     """One "dltensor" capsule (see make_capsules)."""
-    return make_capsules(owner, [(data_ptr, tuple(shape), code, bits)], device_type, device_id)[0]
+    return make_capsules(owner, [(data_ptr, tuple(shape), code, bits, strides)], device_type, device_id)[0]
 
 
 class Exported:
     """An object speaking the DLPack protocol (__dlpack__, __dlpack_device__)
     for consumers that take one, e.g. numpy.from_dlpack(Exported(...))."""
 
-    def __init__(self, owner, data_ptr, shape, code, bits, device_type, device_id):
-        self._args = (owner, data_ptr, tuple(int(d) for d in shape), code, bits, device_type, device_id)
+    def __init__(self, owner, data_ptr, shape, code, bits, device_type, device_id, strides=None):
+        self._args = (owner, data_ptr, tuple(int(d) for d in shape), code, bits, device_type, device_id,
+                      None if strides is None else tuple(int(d) for d in strides))
 
     def __dlpack__(self, stream=None, **kwargs):
         # The memory is written once by the holder before it is handed out;

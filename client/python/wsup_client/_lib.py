@@ -72,8 +72,23 @@ def _declare(lib):
         "wsup_tensor_stride": (c.c_int64, [p, s, c.c_int]),
         "wsup_manifest_table": (p, [p, c.POINTER(c.c_size_t)]),
         "wsup_tensor_copy_to_host": (c.c_int, [p, s, p, c.c_uint64]),
+        "wsup_tensor_stride": (c.c_int64, [p, s, c.c_int]),
         "wsup_detach": (None, [p]),
         "wsup_client_version": (s, []),
+        # Engine-made layouts (publish.py).
+        "wsup_publish_begin": (p, [s, s, s, s, s]),
+        "wsup_has_lease": (c.c_int, [p]),
+        "wsup_publish_alloc": (c.c_int, [p, c.c_uint64, c.POINTER(c.c_void_p), c.POINTER(c.c_uint64),
+                                         c.POINTER(c.c_uint32)]),
+        "wsup_publish_commit": (c.c_int, [p, s]),
+        "wsup_publish_abort": (c.c_int, [p, s]),
+        "wsup_publish_locate": (c.c_int, [p, p, c.POINTER(c.c_uint32), c.POINTER(c.c_uint64)]),
+        "wsup_publish_set_allocator_target": (c.c_int, [p]),
+        "wsup_torch_set_chunk_bytes": (c.c_int, [c.c_uint64]),
+        "wsup_torch_last_error": (s, []),
+        "wsup_torch_usage": (c.c_int, [p, c.POINTER(c.c_uint64), c.POINTER(c.c_uint64), c.POINTER(c.c_uint64)]),
+        "wsup_torch_malloc": (p, [c.c_ssize_t, c.c_int, p]),
+        "wsup_torch_free": (None, [p, c.c_ssize_t, c.c_int, p]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
