@@ -125,7 +125,7 @@ class LayoutStore {
 
   // A grant of more than this is refused, and at most this many per layout.
   static constexpr uint64_t kMaxGrantBytes = 1ull << 40;  // the manifest's 1 TiB
-  static constexpr uint64_t kMaxGrants = 4096;             // the manifest's allocations
+  static constexpr uint64_t kMaxGrants = kMaxLayoutAllocations;  // the manifest's allocations
 
  private:
   void Move(Layout* l, LayoutEvent event, const std::string& cause);
