@@ -660,5 +660,57 @@ TEST_CASE("a keeper takes each committed layout whole - a new holder adopts them
   CHECK(Has(bad.output, "start the holder without --adopt-layouts"));
 }
 
+
+TEST_CASE("a layout of the most grants (4096) is kept and adopted whole, its fds over many sendmsg calls",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess a = StartLayoutHolder(dir, "wide");
+  INFO(a.Log());
+  auto p = AttachOrPublish(Opts(a, "wide-writer"), LayoutFp(), 0);
+  REQUIRE(p.ok());
+  REQUIRE(p->publication != nullptr);
+  Publication& pub = *p->publication;
+  const uint64_t n = kMaxLayoutAllocations;
+  for (uint64_t i = 0; i < n; ++i) REQUIRE(pub.Allocate(4096).ok());
+  CHECK_FALSE(pub.Allocate(4096).ok());  // one more than a layout may have
+  auto& last = pub.regions().back();
+  static_cast<float*>(last.data)[3] = 42.0f;
+  auto committed = pub.Commit({{"w", "F32", {4}, static_cast<uint32_t>(n - 1), 0, 16}});
+  REQUIRE(committed.ok());
+
+  auto round = KeepLayouts(a.socket, "test-keeper", 30'000, {}, n);
+  REQUIRE(round.ok());
+  REQUIRE(round->fetched.size() == 1);
+  REQUIRE(round->fetched[0].fds.size() == n);
+  // This process keeps only the keeper's fds from here on.
+  committed->attachment.reset();
+  p->publication.reset();
+  a.child.Kill(SIGKILL);
+  a.child.Wait(10s);
+
+  LayoutRecord rec = round->fetched[0].record;
+  std::vector<int> inherit;
+  for (uint64_t i = 0; i < n; ++i) {
+    rec.fds.push_back(3 + static_cast<int>(i));
+    inherit.push_back(round->fetched[0].fds[i].get());
+  }
+  const std::string path = dir.Join("wide.layouts.json");
+  REQUIRE(WriteLayoutsRecord(path, {rec}).ok());
+  HolderProcess b =
+      StartHolder(dir, "wide2", {"--layout", "engine", "--backend", "host", "--adopt-layouts", path}, inherit);
+  INFO(b.Log());
+  REQUIRE(b.WaitReady(60s));
+  InfoMsg info = Info(b);
+  REQUIRE(info.layouts.size() == 1);
+  CHECK(info.layouts[0].adopted);
+  CHECK(info.layouts[0].allocations == n);
+  auto hit = AttachOrPublish(Opts(b, "reader"), LayoutFp(), 0);
+  REQUIRE(hit.ok());
+  REQUIRE(hit->attachment != nullptr);
+  TensorView t = hit->attachment->Find("w");
+  REQUIRE(t.entry != nullptr);
+  CHECK(static_cast<const float*>(t.data)[3] == 42.0f);
+}
+
 }  // namespace
 }  // namespace wsup
