@@ -115,6 +115,10 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
   if (m.layout == "engine") {
     // A holder of engine-made layouts: one per fingerprint.
     s += "layouts      " + std::to_string(m.layouts.size()) + " (engine-made)\n";
+    s += "layout bytes " + std::to_string(m.layout_bytes) + " (" + HumanBytes(m.layout_bytes) + ") granted, cap " +
+         (m.layout_max_bytes > 0 ? std::to_string(m.layout_max_bytes) + " (" + HumanBytes(m.layout_max_bytes) + ")"
+                                 : std::string("none")) +
+         " (weight_cache.layout_max_bytes)\n";
     for (const LayoutInfo& l : m.layouts) {
       s += "  layout " + std::to_string(l.id) + "  " + l.state + "  " + std::to_string(l.tensors) + " tensors, " +
            HumanBytes(l.bytes) + " in " + std::to_string(l.allocations) + " allocations";
@@ -123,6 +127,7 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
         if (l.waiters > 0) s += ", " + std::to_string(l.waiters) + " waiting";
       } else {
         s += ", " + std::to_string(l.attaches) + " attaches, hash " + l.layout_hash.substr(0, 16);
+        if (l.adopted) s += ", adopted from kept fds";
       }
       s += "\n    fingerprint " + FingerprintId(l.fingerprint) + ": engine " + l.fingerprint.Get("engine") + " " +
            l.fingerprint.Get("engine_version") + ", transform " + l.fingerprint.Get("transform") + ", revision '" +

@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "wire/cuda_driver.h"
@@ -263,6 +264,10 @@ Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string
     WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply.msg));
     return ErrorFromReply(m, socket_path);
   }
+  if (type == "committed") {
+    return Refused(socket_path + ": this holder keeps engine-made layouts (--layout engine), not one arena; "
+                   "keep its committed layouts one by one (KeepLayouts)");
+  }
   if (type != "attach") return UnexpectedReply(socket_path, reply, "attach");
   auto attach = DecodeAttach(reply.msg, reply.blob);
   if (!attach.ok()) return attach.error().With(socket_path);
@@ -277,6 +282,68 @@ Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string
   kept.fds = std::move(reply.fds);
   kept.channel = std::move(ch);
   return kept;
+}
+
+Result<LayoutKeepRound> KeepLayouts(const std::string& socket_path, const std::string& client_name, int timeout_ms,
+                                    const std::vector<CommittedLayout>& have, uint64_t max_fds) {
+  WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));
+  WSUP_ASSIGN_OR_RETURN(Frame reply, Hello(ch, client_name, ClientRole::kKeeper, nullptr, timeout_ms));
+  std::string type = reply.type();
+  if (type == "error") {
+    WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply.msg));
+    return ErrorFromReply(m, socket_path);
+  }
+  if (type == "attach") {
+    return Refused(socket_path + ": this holder serves a checkpoint arena, not engine-made layouts; keep it "
+                   "with AttachKeeper");
+  }
+  if (type != "committed") return UnexpectedReply(socket_path, reply, "committed");
+  auto committed = DecodeCommitted(reply.msg);
+  if (!committed.ok()) return committed.error().With(socket_path);
+  LayoutKeepRound round;
+  round.committed = committed->layouts;
+  uint64_t fds_left = max_fds;
+  for (const CommittedLayout& c : round.committed) {
+    bool kept = std::any_of(have.begin(), have.end(), [&](const CommittedLayout& h) {
+      return h.id == c.id && h.layout_hash == c.layout_hash;
+    });
+    if (kept) continue;
+    const std::string named = DescribeLayout(c.id, c.layout_hash);
+    if (c.allocations > fds_left) {
+      round.skipped.push_back(named + ": its " + std::to_string(c.allocations) + " fds do not fit in the " +
+                              std::to_string(fds_left) + " this keeper may still hold");
+      continue;
+    }
+    WSUP_ASSIGN_OR_RETURN(Frame k, ch.Call(EncodeKeep(KeepMsg{c.id}), timeout_ms));
+    if (k.type() == "error") {
+      auto m = DecodeError(k.msg);
+      round.skipped.push_back(named + ": " +
+                              (m.ok() ? ErrorFromReply(*m, socket_path).message() : m.error().message()));
+      continue;
+    }
+    if (k.type() != "kept") return UnexpectedReply(socket_path, k, "kept or error");
+    auto rec = DecodeKept(k.msg);
+    if (!rec.ok()) {
+      round.skipped.push_back(named + ": " + rec.error().message());
+      continue;
+    }
+    // Whole or not at all: a record that is not the one listed, or fds
+    // that do not match its allocations, are never kept.
+    if (rec->id != c.id || rec->layout_hash != c.layout_hash) {
+      round.skipped.push_back(named + ": the holder sent " + DescribeLayout(rec->id, rec->layout_hash) +
+                              " instead");
+      continue;
+    }
+    if (k.fds.size() != rec->manifest.allocations.size()) {
+      round.skipped.push_back(named + ": " + std::to_string(k.fds.size()) + " fds came for " +
+                              std::to_string(rec->manifest.allocations.size()) + " allocations");
+      continue;
+    }
+    fds_left -= k.fds.size();
+    round.fetched.push_back(KeptLayout{std::move(rec).value(), std::move(k.fds)});
+  }
+  (void)ch.Send(EncodeBye(), {}, 1000);  // the holder closes it anyway once idle
+  return round;
 }
 
 Result<InfoMsg> QueryHolderInfo(const std::string& socket_path, int timeout_ms) {

@@ -19,7 +19,8 @@
 // their checkpoint's headers and their deployment (ComputeFingerprint in
 // wire/local_fingerprint.h, which reads no tensor bytes). The supervisor's
 // fd keeper uses AttachKeeper(): manifest and raw fds, nothing mapped, no
-// CUDA. `wsup cache verify` uses AttachInspect(), which takes the holder's
+// CUDA; on a holder of engine-made layouts, KeepLayouts() instead.
+// `wsup cache verify` uses AttachInspect(), which takes the holder's
 // fingerprint as given.
 //
 // Ownership: an Attachment owns its mapping and its connection. The mapping
@@ -162,6 +163,27 @@ struct KeptArena {
 // `expected`, a differing holder is refused (Code::kMismatch).
 Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string& client_name, int timeout_ms,
                                const Fingerprint* expected = nullptr);
+
+// What a keeper holds of one committed engine-made layout: its record and
+// its fds, in allocation order (wire/layout_record.h).
+struct KeptLayout {
+  LayoutRecord record;
+  std::vector<UniqueFd> fds;
+};
+// One keeper round on a holder of engine-made layouts (wire/layout_protocol.h):
+// every layout the holder has committed (id, hash, allocations), and the
+// record and fds of each one that `have` lacks (by id and hash), fetched
+// while their fds fit in `max_fds`. A layout comes whole or not at all: one
+// whose reply is refused, damaged or short of fds is not fetched, and
+// `skipped` says why. Connection-level failures are the round's Error.
+// Blocking; nothing is mapped.
+struct LayoutKeepRound {
+  std::vector<CommittedLayout> committed;
+  std::vector<KeptLayout> fetched;
+  std::vector<std::string> skipped;
+};
+Result<LayoutKeepRound> KeepLayouts(const std::string& socket_path, const std::string& client_name, int timeout_ms,
+                                    const std::vector<CommittedLayout>& have, uint64_t max_fds);
 
 // The holder's `info` reply.
 Result<InfoMsg> QueryHolderInfo(const std::string& socket_path, int timeout_ms);

@@ -69,6 +69,17 @@ void Exercise(const wsup::DecodedMessage& m) {
     (void)wsup::LayoutHash(commit->manifest.entries);
     CheckTableRoundTrip(commit->manifest.entries);
   }
+  // The keeper's messages and the kept layouts' record file.
+  (void)wsup::DecodeCommitted(msg);
+  (void)wsup::DecodeKeep(msg);
+  auto kept = wsup::DecodeKept(msg);
+  if (kept.ok() && wsup::LayoutHash(kept->manifest.entries) != kept->layout_hash) std::abort();
+  auto layouts = wsup::LayoutsRecordFromJson(msg);
+  if (layouts.ok()) {
+    for (const auto& l : layouts->layouts) {
+      if (l.fds.size() != l.manifest.allocations.size() || !l.manifest.Validate().ok()) std::abort();
+    }
+  }
   auto record = wsup::ArenaRecordFromJson(msg);
   if (record.ok() && !record->manifest.Validate().ok()) std::abort();
   // What was accepted must encode again without throwing.

@@ -16,6 +16,7 @@
 #include "holder/arena.h"
 #include "holder/layout_store.h"
 #include "holder/server.h"
+#include "wire/layout_record.h"
 #include "wire/local_fingerprint.h"
 #include "wire/protocol.h"
 
@@ -203,6 +204,53 @@ int CloseLoop(uv_loop_t* loop, int exit_code) {
   return exit_code;
 }
 
+// --adopt-layouts: the kept layouts into the store. A layout that is refused
+// (its record damaged, or disagreeing with its fds) is logged with its id
+// and the fix, and its fds are closed; the others are adopted. Fails only
+// for a file that is no layouts record at all.
+Result<size_t> AdoptLayouts(const HolderConfig& cfg, LayoutStore* store, uint64_t now_ms) {
+  WSUP_ASSIGN_OR_RETURN(LayoutsRecord record, ReadLayoutsRecord(cfg.adopt_layouts));
+  auto ours = [&](int fd) { return fd != cfg.ready_fd && FdIsOpen(fd); };
+  const std::string not_adopted = "; it is not adopted (the next engine publishes it again)";
+  for (const RefusedLayout& r : record.refused) {
+    spdlog::error("{}: {}{}", cfg.adopt_layouts, r.error.message(), not_adopted);
+    for (int fd : r.fds) {
+      if (ours(fd)) ::close(fd);
+    }
+  }
+  size_t adopted = 0;
+  const size_t total = record.layouts.size() + record.refused.size();
+  for (LayoutRecord& rec : record.layouts) {
+    const std::string named = DescribeLayout(rec.id, rec.layout_hash);
+    std::vector<UniqueFd> fds;
+    std::string missing;
+    for (int n : rec.fds) {
+      if (!ours(n)) {
+        missing = "fd " + std::to_string(n) + " is not open in this process" +
+                  (n == cfg.ready_fd ? " (it is the --ready-fd)" : "");
+        continue;
+      }
+      ::fcntl(n, F_SETFD, FD_CLOEXEC);  // never leak a layout into a child
+      fds.emplace_back(n);
+    }
+    if (!missing.empty()) {
+      spdlog::error("{}: {}: {}; the parent must pass each kept layout's fds as the numbers its record "
+                    "names{}",
+                    cfg.adopt_layouts, named, missing, not_adopted);
+      continue;  // its open fds close with `fds`
+    }
+    auto l = store->Adopt(std::move(rec), std::move(fds), now_ms);
+    if (!l.ok()) {
+      spdlog::error("{}: {}", cfg.adopt_layouts, l.error().message());
+      continue;
+    }
+    ++adopted;
+  }
+  spdlog::info("adopted {} of {} kept layouts from {}{}; no engine loads or publishes them again", adopted, total,
+               cfg.adopt_layouts, adopted == total ? "" : " (the others were refused: see above)");
+  return adopted;
+}
+
 // --layout engine: nothing is loaded; engines publish into the store.
 int ServeLayouts(const HolderConfig& cfg) {
   std::unique_ptr<LayoutMemory> memory;
@@ -218,17 +266,31 @@ int ServeLayouts(const HolderConfig& cfg) {
   } else {
     memory = MakeHostLayoutMemory();
   }
-  LayoutStore store(std::move(memory));
+  LayoutStore store(std::move(memory), static_cast<uint64_t>(cfg.layout_max_bytes));
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  size_t adopted = 0;
+  if (!cfg.adopt_layouts.empty()) {
+    auto n = AdoptLayouts(cfg, &store, uv_now(&loop));
+    if (!n.ok()) {
+      spdlog::error("{}; start the holder without --adopt-layouts (its engines publish their layouts again)",
+                    n.error().ToString());
+      uv_loop_close(&loop);
+      return ExitCodeFor(n.error());
+    }
+    adopted = *n;
+  }
   Fingerprint fp;
   fp.Set("layout", "engine");
   fp.Set("backend", store.memory().backend());
   fp.Set("layout_version", std::to_string(kArenaLayoutVersion));
-  uv_loop_t loop;
-  uv_loop_init(&loop);
   int exit_code = kHolderExitOk;
   {
-    HolderServer server(&loop, &store, fp, ServerOptionsFor(cfg, false));
-    exit_code = Serve(&loop, server, cfg, " for engine-made layouts");
+    HolderServer server(&loop, &store, fp, ServerOptionsFor(cfg, adopted > 0));
+    std::string what = " for engine-made layouts";
+    if (adopted > 0) what += ", " + std::to_string(adopted) + " adopted from kept fds";
+    if (cfg.layout_max_bytes > 0) what += ", at most " + std::to_string(cfg.layout_max_bytes) + " bytes";
+    exit_code = Serve(&loop, server, cfg, what);
   }
   return CloseLoop(&loop, exit_code);
 }
@@ -284,8 +346,21 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
     }
     if (adopting) {
       return InvalidArgument("--adopt-manifest and --adopt-fds take a checkpoint arena; a holder of engine-made "
-                             "layouts (--layout engine) starts empty in this version: drop them");
+                             "layouts (--layout engine) adopts kept layouts with --adopt-layouts: drop them");
     }
+  } else {
+    if (!cfg.adopt_layouts.empty()) {
+      return InvalidArgument("--adopt-layouts takes kept engine-made layouts, for a holder started with --layout "
+                             "engine; a checkpoint holder adopts its arena with --adopt-manifest and --adopt-fds");
+    }
+    if (cfg.layout_max_bytes != 0) {
+      return InvalidArgument("--layout-max-bytes caps engine-made layouts, for a holder started with --layout "
+                             "engine; drop it");
+    }
+  }
+  if (cfg.layout_max_bytes < 0) {
+    return InvalidArgument("--layout-max-bytes " + std::to_string(cfg.layout_max_bytes) +
+                           ": expected 0 (no cap) or a number of bytes");
   }
   if (adopting && (cfg.adopt_manifest.empty() || cfg.adopt_fds.empty())) {
     return InvalidArgument("--adopt-manifest and --adopt-fds go together: the arena record and the inherited "

@@ -4,7 +4,11 @@
 // socket until SIGTERM or SIGINT, and exits cleanly. With --layout engine
 // it loads nothing and serves the layouts engines publish into it
 // (holder/layout_store.h; host memfds, or VMM memory on --device with
-// --backend cuda). holder_main.cc only parses flags into a HolderConfig.
+// --backend cuda), up to --layout-max-bytes of them, starting with the
+// committed layouts a supervisor kept (--adopt-layouts: each one that
+// disagrees with its fds is refused and its fds closed, and the holder
+// starts with the others). holder_main.cc only parses flags into a
+// HolderConfig.
 //
 // Readiness is proven, not assumed: with --ready-fd N the holder writes
 // "ready <socket>\n" to fd N and closes it once the socket accepts, which a
@@ -48,6 +52,10 @@ struct HolderConfig {
   std::string revision;
   std::string adopt_manifest;  // arena record (wire/protocol.h ArenaRecord)
   std::string adopt_fds;       // "3,4,...": inherited fds, one per allocation in order
+  // --layout engine: the kept layouts to adopt (wire/layout_record.h; the
+  // fds it names are inherited), and the cap on layout memory (0: none).
+  std::string adopt_layouts;
+  int64_t layout_max_bytes = 0;
   int read_threads = 4;
   int handshake_timeout_ms = 10'000;
   int idle_timeout_ms = 60'000;  // holder/server.h, "Limits"

@@ -29,6 +29,12 @@ int main(int argc, char** argv) {
   app.add_option("--adopt-manifest", cfg.adopt_manifest,
                  "arena record (manifest + fingerprint) of kept fds: start from them, reading no checkpoint");
   app.add_option("--adopt-fds", cfg.adopt_fds, "inherited arena fds, one per allocation in order, e.g. 3,4");
+  app.add_option("--adopt-layouts", cfg.adopt_layouts,
+                 "with --layout engine: a layouts record of kept engine-made layouts, whose inherited fds it "
+                 "names; start with them committed (one that disagrees with its fds is refused and logged)");
+  app.add_option("--layout-max-bytes", cfg.layout_max_bytes,
+                 "with --layout engine: the most bytes granted to writing and committed layouts together; a "
+                 "grant past it is refused (default 0: no cap)");
   app.add_option("--read-threads", cfg.read_threads, "parallel checkpoint readers (default 4)");
   app.add_option("--handshake-timeout-ms", cfg.handshake_timeout_ms,
                  "time a client has to send its first request, finish one it began, or take some of a "

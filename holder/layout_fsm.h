@@ -4,6 +4,7 @@
 // that is logged with its cause and tested.
 //
 //   (lease granted) writing --commit--> committed [seal_and_serve]
+//   (adopted from kept fds: --adopt-layouts) committed
 //   writing --commit_refused--> writing [refuse]   (the lease is kept)
 //   writing --abort--> released [release]
 //   writing --writer_lost--> released [release]     (its connection closed)
@@ -12,8 +13,9 @@
 //
 // "released" is final: the layout's memory is freed, and the holder gives a
 // new lease for the same fingerprint to the client that waited longest. A
-// committed layout lives as long as the holder. Readers only ever attach a
-// committed one.
+// committed layout lives as long as the holder, and, kept by the
+// supervisor, in the holder that replaces it after a crash (adopted, it
+// enters this table at committed). Readers only ever attach a committed one.
 //
 // Pure: no sockets, memory or time. Loop thread only.
 #pragma once

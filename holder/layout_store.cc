@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "wire/cuda_driver.h"
@@ -58,6 +60,25 @@ class HostLayoutMemory final : public LayoutMemory {
     }
     return Status::Ok();
   }
+
+  Status CheckAdopted(int fd, uint32_t index, uint64_t size) const override {
+    const std::string what = "allocation " + std::to_string(index) + " (fd " + std::to_string(fd) + ")";
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) return ErrnoError(what + ": fstat", errno);
+    if (!S_ISREG(st.st_mode)) return Mismatch(what + " is not a memfd");
+    if (static_cast<uint64_t>(st.st_size) != size) {
+      return Mismatch(what + " has " + std::to_string(st.st_size) + " bytes, the record says " +
+                      std::to_string(size));
+    }
+    int seals = ::fcntl(fd, F_GET_SEALS);
+    constexpr int kAll = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL;
+    if (seals < 0 || (seals & kAll) != kAll) {
+      // Anyone holding an unsealed fd could still change what readers map.
+      return Mismatch(what + " is not a sealed layout memfd (seals " + std::to_string(seals) +
+                      "): not the memory of a committed layout");
+    }
+    return Status::Ok();
+  }
 };
 
 class CudaLayoutMemory final : public LayoutMemory {
@@ -96,6 +117,22 @@ class CudaLayoutMemory final : public LayoutMemory {
   // VMM memory cannot be mapped read-only on the device that owns it.
   Status Seal(int, uint32_t) override { return Status::Ok(); }
 
+  // The driver tells neither an allocation's size nor its device from its
+  // fd without importing it into a context, so an adoption checks only that
+  // the fd is open and no regular file (a memfd or a file kept by mistake);
+  // a reader's import then fails with the driver's error if it is not VMM
+  // memory, and maps exactly the sizes of the manifest's allocations.
+  Status CheckAdopted(int fd, uint32_t index, uint64_t) const override {
+    const std::string what = "allocation " + std::to_string(index) + " (fd " + std::to_string(fd) + ")";
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) return ErrnoError(what + ": fstat", errno);
+    if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode)) {
+      return Mismatch(what + " is a file, not the fd of a CUDA VMM allocation: not the memory of a committed "
+                             "cuda layout");
+    }
+    return Status::Ok();
+  }
+
   void Idle() override { ctx_ = cuda::PrimaryContext(); }
 
  private:
@@ -122,7 +159,8 @@ Result<std::unique_ptr<LayoutMemory>> MakeCudaLayoutMemory(int device) {
   return m;
 }
 
-LayoutStore::LayoutStore(std::unique_ptr<LayoutMemory> memory) : memory_(std::move(memory)) {}
+LayoutStore::LayoutStore(std::unique_ptr<LayoutMemory> memory, uint64_t max_bytes)
+    : memory_(std::move(memory)), max_bytes_(max_bytes) {}
 
 std::string LayoutStore::Key(const Fingerprint& fp) {
   // The JSON object's keys are sorted: one fingerprint, one key, whatever
@@ -187,6 +225,21 @@ Result<LayoutStore::Grant> LayoutStore::Allocate(Layout* l, uint64_t bytes) {
   if (l->fds.size() >= kMaxGrants) {
     return InvalidArgument("layout " + std::to_string(l->id) + ": already " + std::to_string(l->fds.size()) +
                            " allocations, the most one layout may have; ask for fewer, larger ones");
+  }
+  if (max_bytes_ > 0) {
+    const uint64_t g = memory_->granularity();
+    const uint64_t asked = (bytes + g - 1) / g * g;
+    const uint64_t held = granted_bytes();
+    if (held + asked > max_bytes_) {
+      return Refused("layout " + std::to_string(l->id) + ": an allocation of " + std::to_string(bytes) + " bytes (" +
+                     std::to_string(asked) + " as granted) would take this holder's layout memory past its cap of " +
+                     std::to_string(max_bytes_) +
+                     " bytes (weight_cache.layout_max_bytes, wsup-holder --layout-max-bytes): it holds " +
+                     std::to_string(held) + " bytes in writing and committed layouts and was asked for " +
+                     std::to_string(asked) + " more; raise weight_cache.layout_max_bytes, or remove unused "
+                     "layouts (`wsup stop` releases every kept layout); the lease is kept: commit what was "
+                     "granted, ask for less, or abort");
+    }
   }
   Grant g;
   uint64_t size = 0;
@@ -261,6 +314,99 @@ Status LayoutStore::Commit(Layout* l, Manifest m, const std::string& layout_hash
   return Status::Ok();
 }
 
+Result<Layout*> LayoutStore::Adopt(LayoutRecord rec, std::vector<UniqueFd> fds, uint64_t now_ms) {
+  const std::string named = DescribeLayout(rec.id, rec.layout_hash);
+  const std::string fix =
+      "; it is not adopted and its kept memory is released: the next engine publishes it again";
+  const Manifest& m = rec.manifest;
+  if (rec.id == 0) return InvalidArgument("an adopted layout needs an id of 1 or more" + fix);
+  if (layouts_.count(rec.id) != 0) {
+    return InvalidArgument(named + ": another adopted layout has id " + std::to_string(rec.id) +
+                           "; the record names it twice" + fix);
+  }
+  if (!IsEngineLayout(rec.fingerprint)) {
+    return InvalidArgument(named + ": its fingerprint names no engine-made layout" + fix);
+  }
+  if (by_key_.count(Key(rec.fingerprint)) != 0) {
+    return InvalidArgument(named + ": layout " + std::to_string(by_key_[Key(rec.fingerprint)]) +
+                           " has the same fingerprint; a holder keeps one layout per fingerprint" + fix);
+  }
+  if (m.backend != memory_->backend() || m.device != memory_->device() || m.device_uuid != memory_->device_uuid()) {
+    return Mismatch(named + ": its manifest names backend " + m.backend.substr(0, 16) + ", device " +
+                    std::to_string(m.device) + " (" + m.device_uuid.substr(0, 64) + "), this holder keeps " +
+                    memory_->backend() + ", device " + std::to_string(memory_->device()) + fix);
+  }
+  if (fds.size() != m.allocations.size()) {
+    return Mismatch(named + ": " + std::to_string(fds.size()) + " fds for " + std::to_string(m.allocations.size()) +
+                    " allocations; the record disagrees with its fds" + fix);
+  }
+  if (m.allocations.size() > kMaxGrants) {
+    return InvalidArgument(named + ": " + std::to_string(m.allocations.size()) +
+                           " allocations, more than a layout may have (" + std::to_string(kMaxGrants) + ")" + fix);
+  }
+  for (size_t i = 0; i < fds.size(); ++i) {
+    Status ok = memory_->CheckAdopted(fds[i].get(), static_cast<uint32_t>(i), m.allocations[i].size);
+    if (!ok.ok()) {
+      return Error(ok.error().code(), named + ": " + ok.error().message() +
+                                          "; the record disagrees with its fds" + fix);
+    }
+  }
+  // The record's reader checked these already; a store trusts no caller.
+  Status valid = m.Validate();
+  if (!valid.ok()) return valid.error().With(named + fix);
+  if (m.entries.empty()) return InvalidArgument(named + ": its manifest names no tensors" + fix);
+  if (LayoutHash(m.entries) != rec.layout_hash) {
+    return Mismatch(named + ": its layout_hash is not the hash of its entries" + fix);
+  }
+  auto table = EncodeTensorTable(m.entries);
+  if (!table.ok()) return table.error().With(named + fix);
+
+  auto l = std::make_unique<Layout>();
+  l->id = rec.id;
+  l->fingerprint = std::move(rec.fingerprint);
+  l->state = LayoutState::kCommitted;
+  l->writer_name = "(adopted)";
+  l->fds = std::move(fds);
+  l->table_manifest = ManifestHeaderToJson(rec.manifest, table->size());
+  l->table = std::make_shared<const std::string>(std::move(table).value());
+  l->json_manifest = ManifestToJson(rec.manifest);
+  l->manifest = std::move(rec.manifest);
+  l->layout_hash = std::move(rec.layout_hash);
+  l->began_ms = now_ms;
+  l->adopted = true;
+  Layout* raw = l.get();
+  by_key_[Key(raw->fingerprint)] = raw->id;
+  layouts_[raw->id] = std::move(l);
+  next_id_ = std::max(next_id_, raw->id + 1);
+  spdlog::info("layout {}: adopted from kept fds: committed ({} tensors, {} bytes in {} allocations, hash {})",
+               raw->id, raw->manifest.entries.size(), raw->manifest.total_bytes(), raw->fds.size(),
+               raw->layout_hash.substr(0, 16));
+  if (max_bytes_ > 0 && granted_bytes() > max_bytes_) {
+    spdlog::warn("adopted layouts hold {} bytes, past the cap of {} bytes (--layout-max-bytes): they are kept (the "
+                 "memory exists already), and new grants are refused until the layout memory is under the cap",
+                 granted_bytes(), max_bytes_);
+  }
+  return raw;
+}
+
+std::vector<CommittedLayout> LayoutStore::Committed() const {
+  std::vector<CommittedLayout> out;
+  for (const auto& [id, l] : layouts_) {
+    if (l->state != LayoutState::kCommitted) continue;
+    out.push_back(CommittedLayout{id, l->layout_hash, l->fds.size()});
+  }
+  return out;
+}
+
+LayoutRecord LayoutStore::Record(const Layout& l) {
+  LayoutRecord r;
+  r.id = l.id;
+  r.layout_hash = l.layout_hash;
+  r.fingerprint = l.fingerprint;
+  r.manifest = l.manifest;
+  return r;
+}
+
 std::deque<uint64_t> LayoutStore::Release(Layout* l, LayoutEvent event, const std::string& cause) {
   Move(l, event, cause);
   std::deque<uint64_t> waiters = std::move(l->waiters);
@@ -311,6 +457,7 @@ std::vector<LayoutInfo> LayoutStore::Info(uint64_t now_ms) const {
     }
     i.waiters = l->waiters.size();
     i.attaches = l->attaches;
+    i.adopted = l->adopted;
     i.age_ms = now_ms > l->began_ms ? now_ms - l->began_ms : 0;
     out.push_back(std::move(i));
   }

@@ -27,6 +27,22 @@
 // States follow holder/layout_fsm.h; every change goes through
 // NextLayoutTransition and is logged with its cause.
 //
+// The cap (max_bytes, wsup-holder --layout-max-bytes; 0: none) bounds the
+// bytes granted to every writing and committed layout together. A grant
+// that would pass it is refused with an error naming the cap, the bytes
+// held and asked, and the fix; the layout stays writing, so its writer may
+// commit what it has, ask for less, or abort.
+//
+// Adoption (a holder restarted with --adopt-layouts): Adopt() takes a
+// committed layout from its record (wire/layout_record.h) and the fds the
+// supervisor kept, checks that they agree (one fd per allocation, each a
+// sealed memfd of the allocation's size; the manifest and its hash were
+// checked when the record was read), and enters it committed under its old
+// id, as if its writer had just committed it. A refusal names the layout
+// and the fix, and leaves the store as it was (the fds are closed). The cap
+// never refuses an adoption: the memory exists already; a store adopted
+// past its cap refuses new grants until it is under it again.
+//
 // Ownership: the store owns every layout and its fds; a Layout* stays
 // valid until Release() of that layout. Loop thread only.
 #pragma once
@@ -44,6 +60,7 @@
 #include "common/unique_fd.h"
 #include "holder/layout_fsm.h"
 #include "wire/layout_protocol.h"
+#include "wire/layout_record.h"
 #include "wire/manifest.h"
 
 namespace wsup {
@@ -64,6 +81,9 @@ class LayoutMemory {
   virtual Status Seal(int fd, uint32_t index) = 0;
   // No layout is being written any more: let go of what only writing needs.
   virtual void Idle() {}
+  // For an adoption: refuses an fd that is not allocation `index` of a
+  // committed layout of `size` bytes (sealed as Seal() leaves it).
+  virtual Status CheckAdopted(int fd, uint32_t index, uint64_t size) const = 0;
 };
 
 // memfds, sealed as the top of this file says.
@@ -88,12 +108,14 @@ struct Layout {
   nlohmann::json json_manifest;   // the whole manifest as JSON entries
   std::deque<uint64_t> waiters;   // connections waiting for the commit, oldest first
   uint64_t attaches = 0;
-  uint64_t began_ms = 0;  // when the lease was granted (the caller's clock)
+  uint64_t began_ms = 0;  // when the lease was granted, or the layout adopted (the caller's clock)
+  bool adopted = false;   // taken from kept fds (Adopt), not written here
 };
 
 class LayoutStore {
  public:
-  explicit LayoutStore(std::unique_ptr<LayoutMemory> memory);
+  // max_bytes: the cap on granted layout memory (see the top); 0: none.
+  explicit LayoutStore(std::unique_ptr<LayoutMemory> memory, uint64_t max_bytes = 0);
   LayoutStore(const LayoutStore&) = delete;
   LayoutStore& operator=(const LayoutStore&) = delete;
 
@@ -122,6 +144,14 @@ class LayoutStore {
   // what to fix.
   Status Commit(Layout* l, Manifest manifest, const std::string& layout_hash);
 
+  // A committed layout from a record and the fds kept for it (see the top).
+  Result<Layout*> Adopt(LayoutRecord record, std::vector<UniqueFd> fds, uint64_t now_ms);
+
+  // What a keeper is told: every committed layout, in id order, and the
+  // record of one (its fds are the caller's to duplicate).
+  std::vector<CommittedLayout> Committed() const;
+  static LayoutRecord Record(const Layout& l);
+
   // writing -> released (`event` is kAbort or kWriterLost): closes the
   // store's fds and forgets the layout. The Layout* is invalid afterwards.
   // Its waiters are handed back for the caller to serve.
@@ -129,18 +159,20 @@ class LayoutStore {
 
   std::vector<LayoutInfo> Info(uint64_t now_ms) const;
   uint64_t granted_bytes() const;  // sum of every grant still held
+  uint64_t max_bytes() const { return max_bytes_; }
   size_t size() const { return layouts_.size(); }
   const LayoutMemory& memory() const { return *memory_; }
 
   // A grant of more than this is refused, and at most this many per layout.
   static constexpr uint64_t kMaxGrantBytes = 1ull << 40;  // the manifest's 1 TiB
-  static constexpr uint64_t kMaxGrants = 4096;             // the manifest's allocations
+  static constexpr uint64_t kMaxGrants = kMaxLayoutAllocations;  // the manifest's allocations
 
  private:
   void Move(Layout* l, LayoutEvent event, const std::string& cause);
   void IdleIfNoWriter();
   static std::string Key(const Fingerprint& fp);
   std::unique_ptr<LayoutMemory> memory_;
+  uint64_t max_bytes_ = 0;
   std::map<uint64_t, std::unique_ptr<Layout>> layouts_;
   std::map<std::string, uint64_t> by_key_;
   uint64_t next_id_ = 1;

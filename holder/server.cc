@@ -547,9 +547,14 @@ void HolderServer::Handle(Conn* c, Frame frame) {
     HandleLayoutRequest(c, type, frame);
     return;
   }
+  if (layouts_ != nullptr && type == "keep") {
+    HandleKeep(c, frame);
+    return;
+  }
   std::string shown = type.empty() ? "(none)" : "'" + type.substr(0, 64) + "'";
   Error e = Corrupt("unknown message type " + shown + "; expected hello, info or bye" +
-                    (layouts_ != nullptr ? ", or alloc, commit or abort under a write lease" : ""));
+                    (layouts_ != nullptr ? ", or alloc, commit or abort under a write lease, or keep from a keeper"
+                                         : ""));
   Drop(c, "sent a message of unknown type " + shown, &e);
 }
 
@@ -647,6 +652,8 @@ InfoMsg HolderServer::Info() const {
     m.backend = layouts_->memory().backend();
     m.device = layouts_->memory().device();
     m.device_uuid = layouts_->memory().device_uuid();
+    m.layout_max_bytes = layouts_->max_bytes();
+    m.layout_bytes = layouts_->granted_bytes();
   }
   m.deployment = opts_.deployment;
   m.revision = opts_.revision;

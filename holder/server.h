@@ -62,7 +62,12 @@
 // waiter that came first (of those that offered to publish) gets a new
 // lease; the others keep waiting. The protocol is wire/layout_protocol.h.
 // Connections of such a holder may send one binary part (a commit's tensor
-// table, up to kMaxBlobBytes); any other message with one is refused.
+// table, up to kMaxBlobBytes); any other message with one is refused. The
+// supervisor's keeper (hello role keeper) is told every committed layout
+// and asks for each one's record and fds with `keep` (one layout per
+// reply); its connection is short-lived and has the usual idle limit. The
+// layouts a restarted holder adopts (--adopt-layouts) are committed from
+// its start. Grants past --layout-max-bytes are refused (LayoutStore).
 //
 // Attach replies: Start() encodes the arena's binary tensor table once; every
 // client that asks for it (hello's tensor_table) gets that one buffer, shared,
@@ -165,6 +170,8 @@ class HolderServer {
   void HandleAlloc(Conn* c, Layout* l, const Frame& frame);
   void HandleCommit(Conn* c, Layout* l, const Frame& frame);
   void HandleAbort(Conn* c, Layout* l, const Frame& frame);
+  // The supervisor's keeper asks for a committed layout's record and fds.
+  void HandleKeep(Conn* c, const Frame& frame);
   void GrantLease(Conn* c, const Fingerprint& fp);
   void ReplyLayoutAttach(Conn* c, Layout* l);
   // After a commit: every waiter gets the layout.

@@ -54,6 +54,7 @@ struct HolderServer::Conn {
   uint64_t wait_ms = 0;
   bool publish = false;
   bool wants_table = false;
+  bool keeper = false;  // said hello as the supervisor's keeper: may send `keep`
 
   // A request is in flight from its first byte until its reply has been sent
   // (a waiter's hello until the layout it waits for is answered); a writer

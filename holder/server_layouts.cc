@@ -18,6 +18,16 @@ void HolderServer::RefuseAndClose(Conn* c, const Error& e) {
 }
 
 void HolderServer::HandleLayoutHello(Conn* c, const HelloMsg& hello) {
+  if (hello.role == ClientRole::kKeeper) {
+    // The supervisor's keeper: told every committed layout, it asks for the
+    // ones it does not keep yet, one `keep` each.
+    CommittedMsg m;
+    m.layouts = layouts_->Committed();
+    c->keeper = true;
+    spdlog::info("{}: a keeper; {} committed layouts to keep", Describe(c), m.layouts.size());
+    Reply(c, EncodeCommitted(m));
+    return;
+  }
   if (hello.role != ClientRole::kEngine) {
     Error e = Refused(std::string("this holder keeps engine-made layouts (--layout engine); a ") +
                       ClientRoleName(hello.role) +
@@ -142,6 +152,42 @@ void HolderServer::HandleLayoutRequest(Conn* c, const std::string& type, const F
   } else {
     HandleAbort(c, l, frame);
   }
+}
+
+void HolderServer::HandleKeep(Conn* c, const Frame& frame) {
+  if (!c->keeper) {
+    Error e = Refused("'keep' from a client that is not a keeper; only the supervisor's keeper (hello role "
+                      "keeper) takes committed layouts' fds");
+    spdlog::warn("{}: {}", Describe(c), e.message());
+    RefuseAndClose(c, e);
+    return;
+  }
+  auto req = DecodeKeep(frame.msg);
+  if (!req.ok()) {
+    Reply(c, EncodeError(req.error()));
+    return;
+  }
+  Layout* l = layouts_->Get(req->layout);
+  if (l == nullptr || l->state != LayoutState::kCommitted) {
+    Reply(c, EncodeError(NotFound("layout " + std::to_string(req->layout) +
+                                  " is not committed on this holder (never, or it is still being written); "
+                                  "ask for a layout that 'committed' lists")));
+    return;
+  }
+  std::vector<UniqueFd> fds;
+  for (const UniqueFd& f : l->fds) {
+    auto d = f.Dup();
+    if (!d.ok()) {
+      // Out of fds for a moment: the keeper asks again at the next commit.
+      spdlog::error("{}: cannot duplicate layout {}'s fds for the keeper: {}", Describe(c), l->id,
+                    d.error().message());
+      Reply(c, EncodeError(d.error()));
+      return;
+    }
+    fds.push_back(std::move(d).value());
+  }
+  Reply(c, EncodeKept(LayoutStore::Record(*l)), std::move(fds));
+  spdlog::info("{}: kept layout {} ({} allocations)", Describe(c), l->id, l->fds.size());
 }
 
 void HolderServer::HandleAlloc(Conn* c, Layout* l, const Frame& frame) {

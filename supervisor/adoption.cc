@@ -35,6 +35,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
       h->rank = r;
       h->socket = HolderSocket(cfg_, r);
       h->record_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".arena.json");
+      h->layouts_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".layouts.json");
       holders_.push_back(std::move(h));
     }
     for (auto& h : holders_) {

@@ -95,7 +95,11 @@ void PrintStatus(std::ostream& o, const json& s) {
     o << "holders:\n";
     for (const auto& h : s["holders"]) {
       o << "  rank " << h.value("rank", 0) << "  pid " << h.value("pid", 0) << "  " << h.value("socket", "")
-        << "  kept fds " << h.value("kept_fds", 0) << "\n";
+        << "  kept fds " << h.value("kept_fds", 0);
+      if (h.value("kept_layouts", 0) > 0) {
+        o << "  kept layouts " << h.value("kept_layouts", 0) << " (" << h.value("kept_layout_fds", 0) << " fds)";
+      }
+      o << "\n";
     }
   }
   if (s.contains("ledger_writes") && s["ledger_writes"].value("write_errors", 0) > 0) {

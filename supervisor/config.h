@@ -99,6 +99,9 @@ struct Config {
     CacheBackend backend = CacheBackend::kHost;
     CacheLayout layout = CacheLayout::kCheckpoint;
     std::string socket;  // absolute; default <runtime_dir>/holder.sock
+    // layout engine: the cap on each holder's layout memory (writing and
+    // committed layouts; wsup-holder --layout-max-bytes); 0: none.
+    int64_t layout_max_bytes = 0;
   } weight_cache;
 
   struct Engine {

@@ -31,8 +31,9 @@ const std::vector<std::string>& EnginePlaceholders() {
 }
 
 const std::vector<std::string>& HolderPlaceholders() {
-  static const std::vector<std::string> names = {"rank",    "device", "socket",   "model",      "mode",
-                                                 "backend", "tp",     "revision", "runtime_dir", "layout"};
+  static const std::vector<std::string> names = {"rank",    "device", "socket",   "model",       "mode",
+                                                 "backend", "tp",     "revision", "runtime_dir", "layout",
+                                                 "layout_max_bytes"};
   return names;
 }
 
@@ -132,6 +133,7 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
   vars["rank"] = std::to_string(rank);
   vars["socket"] = HolderSocket(config, rank);
   vars["device"] = config.parallel.devices.empty() ? "cpu" : std::to_string(config.parallel.devices[rank]);
+  vars["layout_max_bytes"] = std::to_string(config.weight_cache.layout_max_bytes);
   std::vector<std::string> tmpl = config.holder.command;
   if (tmpl.empty() && config.weight_cache.layout == CacheLayout::kEngine) {
     // Loads nothing: the engines publish their layouts into it.
@@ -145,6 +147,10 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
     if (!config.parallel.devices.empty()) {
       tmpl.push_back("--device");
       tmpl.push_back("{device}");
+    }
+    if (config.weight_cache.layout_max_bytes > 0) {
+      tmpl.push_back("--layout-max-bytes");
+      tmpl.push_back("{layout_max_bytes}");
     }
   } else if (tmpl.empty()) {
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
@@ -172,7 +178,9 @@ std::string DescribeConfig(const Config& c) {
   os << "parallel: tp " << c.parallel.tp << ", devices " << DevicesArg(c) << "\n";
   os << "weight cache: mode " << CacheModeName(c.weight_cache.mode) << ", backend "
      << CacheBackendName(c.weight_cache.backend) << ", layout " << CacheLayoutName(c.weight_cache.layout)
-     << ", socket " << c.weight_cache.socket << "\n";
+     << ", socket " << c.weight_cache.socket;
+  if (c.weight_cache.layout_max_bytes > 0) os << ", layouts at most " << c.weight_cache.layout_max_bytes << " bytes";
+  os << "\n";
   os << "engines: " << c.engine.host << ":" << c.engine.primary_port << " and " << c.engine.host << ":"
      << c.engine.standby_port << ", ready within " << c.engine.ready_timeout_ms << " ms: " << c.engine.command[0]
      << "\n";

@@ -40,7 +40,7 @@ inline const std::vector<SectionSpec>& Schema() {
        "[node] name = \"node1\", state_dir = \"/var/lib/wsup\", runtime_dir = \"/run/wsup\""},
       {"model", {"path", "revision"}, true, "[model] path = \"/models/my-model\""},
       {"parallel", {"tp", "devices"}, false, ""},
-      {"weight_cache", {"mode", "backend", "socket", "layout"}, false, ""},
+      {"weight_cache", {"mode", "backend", "socket", "layout", "layout_max_bytes"}, false, ""},
       {"engine",
        {"command", "host", "primary_port", "standby_port", "ready_timeout_ms", "stop_timeout_ms", "env"},
        true,
@@ -68,6 +68,7 @@ inline const SectionSpec* FindSection(std::string_view name) {
 }
 
 inline constexpr int64_t kMaxMs = 7LL * 24 * 3600 * 1000;  // a week: larger is a typo
+inline constexpr int64_t kMaxLayoutBytes = 1LL << 50;      // 1 PiB of layouts per holder: larger is a typo
 
 // ---------------------------------------------------------------------------
 // Small helpers for messages.

@@ -55,6 +55,8 @@ Status Loader::Read(const toml::table& root, Config* c) {
     if (socket.empty() && value_src_.count("weight_cache.socket"))
       return Err("weight_cache.socket", "is empty; give a socket path or leave the key out for <runtime_dir>/holder.sock");
     c->weight_cache.socket = socket.empty() ? c->node.runtime_dir + "/holder.sock" : ResolvePath(dir_, socket);
+    WSUP_RETURN_IF_ERROR(Int(wc, "weight_cache", "layout_max_bytes", &c->weight_cache.layout_max_bytes, 0,
+                             kMaxLayoutBytes));
   }
 
   // [engine]
@@ -188,6 +190,9 @@ Status Loader::CheckRules(Config* c) {
     if (c->weight_cache.mode == CacheMode::kOff)
       return Err("weight_cache.layout", "\"engine\" needs a holder to publish to: set weight_cache.mode to "
                                         "\"daemon\" or \"client\", or leave layout out");
+  } else if (c->weight_cache.layout_max_bytes != 0) {
+    return Err("weight_cache.layout_max_bytes", "caps the memory of engine-made layouts; set weight_cache.layout "
+                                                "= \"engine\", or leave layout_max_bytes out");
   }
 
   // engine

@@ -1,6 +1,8 @@
 // The supervisor's surfaces: the control socket the `wsup` CLI talks to
 // (status, failover drills, stop) and the admin HTTP listener (/metrics,
 // /status).
+#include <numeric>
+
 #include "common/log.h"
 #include "supervisor/supervisor_impl.h"
 
@@ -49,6 +51,9 @@ json Supervisor::Impl::StatusJson() {
             {"state", ChildStateName(h->state)},
             {"ready", h->ready()},
             {"kept_fds", h->kept ? h->kept->fds.size() : 0},
+            {"kept_layouts", h->layouts.size()},
+            {"kept_layout_fds", std::accumulate(h->layouts.begin(), h->layouts.end(), size_t{0},
+                                                [](size_t n, const KeptLayout& k) { return n + k.fds.size(); })},
             {"restarts", h->throttle.total()}};
     if (!h->down_reason.empty()) hj["failure"] = h->down_reason;
     j["holders"].push_back(hj);

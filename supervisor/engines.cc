@@ -293,6 +293,12 @@ void Supervisor::Impl::RecordCache(Slot& s, const json& weights) {
   s.cache_reason = rec.miss_reason;
   metrics_.cache_lookups[rec.result]++;
   LedgerResult(ledger_->RecordCacheEvent(rec), "cache event");
+  // An engine that published committed a layout; one that attached may
+  // have found one committed by an engine that died before it said so.
+  // Either way the holders are asked for what is not kept yet.
+  if (cfg_.weight_cache.layout == CacheLayout::kEngine && (source == "published" || source == "holder")) {
+    KeepLayoutsEverywhere();
+  }
 }
 
 void Supervisor::Impl::StartProbing(Slot& s) {

@@ -4,14 +4,27 @@
 // of the checkpoint is read again.
 //
 // A holder of engine-made layouts (weight_cache.layout = "engine") has no
-// arena of its own: nothing is kept, and it is ready once it is up. When it
-// dies, the engines keep serving from their mappings and a new, empty
-// holder is started; the next engine to start publishes its layout again.
-// Keeping those layouts' fds across a holder crash (as for a checkpoint
-// arena) is the next step: the keeper would take each committed layout's
-// record and fds, and --adopt-* would hand them to the new holder.
+// arena of its own; the supervisor keeps its committed layouts instead, one
+// by one, whole or not at all (client/client.h KeepLayouts). A keep round
+// asks the holder which layouts it has committed (never one being written)
+// and takes the record and fds of each one not kept yet. Rounds run when
+// the holder is up (that round makes it ready) and whenever an engine
+// reports weights from the holders (it published, so a commit is new, or it
+// attached, which costs a round that finds nothing new); one runs at a time
+// per holder, and a trigger during a round asks for one more after it.
+// When the holder dies the engines keep serving from their mappings, and
+// the new holder is given every kept layout (--adopt-layouts: a layouts
+// record at <runtime_dir>/holder-RANK.layouts.json naming the fds it
+// inherits), so the next engine attaches them: no load, no publish. Its
+// first round reconciles: a kept layout the new holder does not list (it
+// refused it: see its log) is dropped and logged, never attached. A holder
+// that refuses the whole record (a permanent exit) is started once more
+// without kept layouts. Kept layouts are released at `wsup stop`.
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
+
+#include <algorithm>
 
 #include "common/fs.h"
 #include "common/log.h"
@@ -21,6 +34,9 @@ namespace wsup {
 
 namespace {
 constexpr int kKeeperTimeoutMs = 10'000;
+// Open fds the supervisor itself needs beside what it keeps (sockets,
+// pidfds, pipes, the ledger).
+constexpr uint64_t kFdReserve = 512;
 }  // namespace
 
 bool Supervisor::Impl::AllHoldersReady() const {
@@ -83,6 +99,33 @@ void Supervisor::Impl::SpawnHolder(HolderSlot& h) {
   }
   UniqueFd rd(pfd[0]), wr(pfd[1]);
   h.from_fds = h.kept.has_value();
+  h.from_layouts = false;
+  if (!h.layouts.empty()) {
+    // Restart from the kept layouts: the record names the fds the holder
+    // inherits, in order, as 3, 4, ...
+    std::vector<LayoutRecord> records;
+    size_t fds = 0;
+    for (KeptLayout& k : h.layouts) {
+      LayoutRecord r = k.record;
+      r.fds.clear();
+      for (UniqueFd& f : k.fds) {
+        r.fds.push_back(3 + static_cast<int>(fds++));
+        spec.pass_fds.push_back(f.get());
+      }
+      records.push_back(std::move(r));
+    }
+    Status st = WriteLayoutsRecord(h.layouts_path, records);
+    if (st.ok()) {
+      spec.argv.insert(spec.argv.end(), {"--adopt-layouts", h.layouts_path});
+      h.from_fds = true;
+      h.from_layouts = true;
+    } else {
+      spdlog::error("holder rank {}: {}; starting it without its {} kept layouts (engines publish them again)",
+                    h.rank, st.error().message(), h.layouts.size());
+      spec.pass_fds.clear();
+      h.layouts.clear();
+    }
+  }
   if (h.kept) {
     // Restart from the kept fds: no byte of the checkpoint is read.
     Status st = WriteArenaRecord(h.record_path, h.kept->record);
@@ -143,7 +186,7 @@ void Supervisor::Impl::WatchReadyLine(HolderSlot& h, UniqueFd read_end) {
 
 void Supervisor::Impl::AttachKeeperAsync(HolderSlot& h) {
   if (cfg_.weight_cache.layout == CacheLayout::kEngine) {
-    OnLayoutHolderUp(h);
+    KeepLayoutsAsync(h, true);
     return;
   }
   // The keeper's attach is a short blocking exchange; run it off the loop.
@@ -184,13 +227,120 @@ void Supervisor::Impl::RecordHolderRestart(HolderSlot& h, int64_t now) {
   h.restart_reason.clear();
 }
 
-void Supervisor::Impl::OnLayoutHolderUp(HolderSlot& h) {
-  int64_t now = clock_.WallMs();
-  RecordHolderRestart(h, now);
-  std::string what = "a holder of engine-made layouts: nothing to keep";
-  if (h.spawned_ms > 0) what += " (" + std::to_string(now - h.spawned_ms) + " ms after the spawn)";
-  SaveState();
-  FireHolder(h, ChildEvent::kKept, what);
+uint64_t Supervisor::Impl::KeptFds() const {
+  uint64_t n = 0;
+  for (const auto& h : holders_) {
+    if (h->kept) n += h->kept->fds.size();
+    for (const KeptLayout& k : h->layouts) n += k.fds.size();
+  }
+  return n;
+}
+
+uint64_t Supervisor::Impl::FdBudget() const {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return 1u << 20;
+  uint64_t cur = lim.rlim_cur;
+  return cur > kFdReserve ? (cur - kFdReserve) / 2 : 0;
+}
+
+void Supervisor::Impl::KeepLayoutsEverywhere() {
+  for (auto& h : holders_) {
+    if (h->ready()) KeepLayoutsAsync(*h, false);
+  }
+}
+
+void Supervisor::Impl::KeepLayoutsAsync(HolderSlot& h, bool first) {
+  // A round for the holder that is up now always starts (it makes it
+  // ready); a later trigger during a round asks for one more after it.
+  if (h.keeping_layouts && !first) {
+    h.keep_again = true;
+    return;
+  }
+  h.keeping_layouts = true;
+  h.keep_again = false;
+  const uint64_t seq = ++h.keep_seq;
+  std::vector<CommittedLayout> have;
+  for (const KeptLayout& k : h.layouts) {
+    have.push_back(CommittedLayout{k.record.id, k.record.layout_hash, k.fds.size()});
+  }
+  const uint64_t budget = FdBudget();
+  const uint64_t kept = KeptFds();
+  struct Work {
+    uv_work_t req;
+    Impl* self;
+    HolderSlot* h;
+    pid_t pid;
+    uint64_t seq;
+    bool first;
+    std::string socket;
+    std::vector<CommittedLayout> have;
+    uint64_t max_fds;
+    std::optional<Result<LayoutKeepRound>> result;
+  };
+  auto* w = new Work{{}, this, &h, h.pid, seq, first, h.socket, std::move(have), budget > kept ? budget - kept : 0,
+                     std::nullopt};
+  w->req.data = w;
+  uv_queue_work(
+      &loop_, &w->req,
+      [](uv_work_t* r) {
+        auto* w = static_cast<Work*>(r->data);
+        w->result.emplace(KeepLayouts(w->socket, "wsup-supervisor", kKeeperTimeoutMs, w->have, w->max_fds));
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+        // A holder that died (or was replaced) meanwhile: the answer is stale,
+        // and the fds it brought close here.
+        if (w->h->pid != w->pid || w->h->keep_seq != w->seq) return;
+        w->h->keeping_layouts = false;
+        w->self->OnLayoutsKept(*w->h, std::move(*w->result), w->first);
+      });
+}
+
+void Supervisor::Impl::OnLayoutsKept(HolderSlot& h, Result<LayoutKeepRound> round, bool first) {
+  if (!round.ok()) {
+    if (first) {
+      FireHolder(h, ChildEvent::kKeepFailed, "keeper round failed: " + round.error().message());
+      return;
+    }
+    spdlog::warn("holder rank {}: cannot keep its committed layouts now ({}); the next engine that reports its "
+                 "weights tries again",
+                 h.rank, round.error().message());
+  } else {
+    auto listed = [&](const LayoutRecord& r) {
+      return std::any_of(round->committed.begin(), round->committed.end(), [&](const CommittedLayout& c) {
+        return c.id == r.id && c.layout_hash == r.layout_hash;
+      });
+    };
+    std::erase_if(h.layouts, [&](const KeptLayout& k) {
+      if (listed(k.record)) return false;
+      // A new holder that refused it says why in its log; its fds close here.
+      spdlog::warn("holder rank {}: {} was kept, but the holder does not serve it (it refused to adopt it: see {}); "
+                   "dropped, never attached: the next engine publishes it again",
+                   h.rank, DescribeLayout(k.record.id, k.record.layout_hash),
+                   JoinPath(cfg_.node.state_dir, "logs/holder-" + std::to_string(h.rank) + ".log"));
+      return true;
+    });
+    for (const std::string& why : round->skipped) {
+      spdlog::warn("holder rank {}: {}; not kept: a holder crash loses it (raise the supervisor's open-file limit, "
+                   "LimitNOFILE, if fds ran out)",
+                   h.rank, why);
+    }
+    for (KeptLayout& k : round->fetched) {
+      spdlog::info("holder rank {}: kept {} ({} tensors in {} allocations, {}); a holder crash no longer loses it",
+                   h.rank, DescribeLayout(k.record.id, k.record.layout_hash), k.record.manifest.entries.size(),
+                   k.fds.size(), k.record.fingerprint.Get("engine") + " " + k.record.fingerprint.Get("engine_version"));
+      h.layouts.push_back(std::move(k));
+    }
+  }
+  if (first) {
+    int64_t now = clock_.WallMs();
+    RecordHolderRestart(h, now);
+    std::string what = std::to_string(h.layouts.size()) + " engine-made layouts kept";
+    if (h.spawned_ms > 0) what += " (" + std::to_string(now - h.spawned_ms) + " ms after the spawn)";
+    SaveState();
+    FireHolder(h, ChildEvent::kKept, what);
+  }
+  if (h.keep_again && h.ready()) KeepLayoutsAsync(h, false);
 }
 
 void Supervisor::Impl::OnKept(HolderSlot& h, Result<KeptArena> kept) {
@@ -228,6 +378,16 @@ void Supervisor::Impl::ScheduleHolderRestart(HolderSlot& h, int exit_code, const
   // arena from the kept fds. Without kept fds (it died before it was kept)
   // it loads again.
   h.restart_reason = how;
+  if (h.from_layouts && h.throttle.IsPermanent(exit_code)) {
+    // It refused the layouts record as a whole: the next start goes without
+    // it rather than never.
+    spdlog::error("holder rank {} refused to start from its {} kept layouts ({}); dropping them: the next holder "
+                  "starts empty and engines publish again",
+                  h.rank, h.layouts.size(), how);
+    h.layouts.clear();
+    h.from_layouts = false;
+    exit_code = -1;
+  }
   RestartDecision d = h.throttle.OnExit(clock_.MonotonicMs(), exit_code);
   std::string log = JoinPath(cfg_.node.state_dir, "logs/holder-" + std::to_string(h.rank) + ".log");
   if (d.kind == RestartDecision::Kind::kPermanent) {

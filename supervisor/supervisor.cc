@@ -4,6 +4,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -153,6 +154,19 @@ Status Supervisor::Impl::PrepareDirs() {
 
 Status Supervisor::Impl::Start() {
   WSUP_RETURN_IF_ERROR(PrepareDirs());
+  if (cfg_.weight_cache.layout == CacheLayout::kEngine) {
+    // Kept layouts are up to 4096 fds each, and a holder restart passes
+    // each one twice at once: the hard limit is ours to take.
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+      lim.rlim_cur = lim.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+        spdlog::warn("cannot raise the open-file limit ({}); fewer engine-made layouts can be kept across a "
+                     "holder crash",
+                     strerror(errno));
+      }
+    }
+  }
 
   // What a predecessor left: a live supervisor refuses this start; live
   // children are adopted; their ports are ours, not in the way.
@@ -303,7 +317,10 @@ void Supervisor::Impl::MaybeFinishStop() {
       signals_started_ = false;
     }
     for (Slot* s : {&a_, &b_}) s->monitor.reset();
-    for (auto& h : holders_) h->kept.reset();
+    for (auto& h : holders_) {
+      h->kept.reset();
+      h->layouts.clear();  // releases the kept layouts: the holders have stopped
+    }
     finished_ = true;
     uv_stop(&loop_);
   });

@@ -144,6 +144,15 @@ class Supervisor::Impl {
     std::string socket;
     std::string record_path;
     std::optional<KeptArena> kept;
+    // weight_cache.layout = "engine": the committed layouts kept for this
+    // rank, each whole (record and fds), handed to the next holder with
+    // --adopt-layouts through the record at layouts_path.
+    std::vector<KeptLayout> layouts;
+    std::string layouts_path;
+    bool keeping_layouts = false;  // a keep round is in flight
+    bool keep_again = false;       // a commit was seen meanwhile: one more round after it
+    uint64_t keep_seq = 0;         // the round in flight; older answers are stale
+    bool from_layouts = false;     // this start was given kept layouts
     LineWatch* ready_line = nullptr;  // its --ready-fd, until the line comes
     int64_t spawned_ms = 0;
     std::string restart_reason;  // set while a restart is in progress
@@ -215,8 +224,18 @@ class Supervisor::Impl {
   void CloseWatches(Slot& s);
   void AttachKeeperAsync(HolderSlot& h);
   void OnKept(HolderSlot& h, Result<KeptArena> kept);
-  // weight_cache.layout = "engine": the holder is ready once up, nothing kept.
-  void OnLayoutHolderUp(HolderSlot& h);
+  // weight_cache.layout = "engine" (holders.cc): a keep round asks the
+  // holder for its committed layouts and takes the record and fds of each
+  // one not kept yet (off the loop). `first`: the round that makes a
+  // holder ready (holder table: keeping --kept-->).
+  void KeepLayoutsAsync(HolderSlot& h, bool first);
+  void OnLayoutsKept(HolderSlot& h, Result<LayoutKeepRound> round, bool first);
+  // After an engine reports weights from the holders: a commit may be new.
+  void KeepLayoutsEverywhere();
+  // The fds kept for every holder, and how many this process may keep (a
+  // holder restart passes each one twice at once: process.h).
+  uint64_t KeptFds() const;
+  uint64_t FdBudget() const;
   // The holder_restarts row of a restart now complete (restart_reason set).
   void RecordHolderRestart(HolderSlot& h, int64_t now);
   void OnHolderExit(HolderSlot& h, const ExitInfo& info);

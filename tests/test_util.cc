@@ -104,9 +104,10 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
         ::close(fd);
       }
     }
-    // Move extra fds out of the way first, then into 3, 4, ...
+    // Move extra fds out of the way first, then into 3, 4, ... (dup2 clears
+    // close-on-exec on the target; the copies out of the way close at exec).
     std::vector<int> moved;
-    for (int fd : extra_fds) moved.push_back(::fcntl(fd, F_DUPFD, 100));
+    for (int fd : extra_fds) moved.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 100));
     for (size_t i = 0; i < moved.size(); ++i) ::dup2(moved[i], 3 + static_cast<int>(i));
     for (const auto& [k, v] : env_set) ::setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> args;

@@ -78,8 +78,21 @@ json LayoutInfoToJson(const LayoutInfo& l) {
     j["writer"] = l.writer;
     j["writer_pid"] = l.writer_pid;
   }
+  if (l.adopted) j["adopted"] = true;
   return j;
 }
+
+json EncodeCommitted(const CommittedMsg& m) {
+  json list = json::array();
+  for (const CommittedLayout& l : m.layouts) {
+    list.push_back({{"id", l.id}, {"layout_hash", l.layout_hash}, {"allocations", l.allocations}});
+  }
+  return {{"type", "committed"}, {"layouts", std::move(list)}};
+}
+
+json EncodeKeep(const KeepMsg& m) { return {{"type", "keep"}, {"layout", m.layout}}; }
+
+json EncodeKept(const LayoutRecord& r) { return {{"type", "kept"}, {"record", LayoutRecordToJson(r, false)}}; }
 
 // ---------------------------------------------------------------- decode
 
@@ -184,7 +197,51 @@ Result<LayoutInfo> LayoutInfoFromJson(const json& j) {
   if (j.contains("writer_pid")) {
     WSUP_ASSIGN_OR_RETURN(l.writer_pid, GetI64(j, kType, "writer_pid"));
   }
+  if (j.contains("adopted")) {
+    WSUP_ASSIGN_OR_RETURN(l.adopted, GetBool(j, kType, "adopted"));
+  }
   return l;
+}
+
+Result<CommittedMsg> DecodeCommitted(const json& j) {
+  constexpr const char* kType = "committed";
+  auto it = j.find("layouts");
+  if (it == j.end() || !it->is_array()) return FieldError(kType, "layouts", "an array");
+  CommittedMsg m;
+  for (const json& l : *it) {
+    if (!l.is_object()) return FieldError(kType, "layouts[]", "an object");
+    CommittedLayout c;
+    WSUP_ASSIGN_OR_RETURN(c.id, GetU64(l, kType, "id"));
+    WSUP_ASSIGN_OR_RETURN(c.layout_hash, GetString(l, kType, "layout_hash"));
+    WSUP_ASSIGN_OR_RETURN(c.allocations, GetU64(l, kType, "allocations"));
+    if (c.id == 0) return Bad(kType, "a layout with id 0");
+    if (c.allocations == 0 || c.allocations > kMaxLayoutAllocations) {
+      return Bad(kType, "layout " + std::to_string(c.id) + " has " + std::to_string(c.allocations) +
+                            " allocations, expected 1 to " + std::to_string(kMaxLayoutAllocations));
+    }
+    m.layouts.push_back(std::move(c));
+  }
+  return m;
+}
+
+Result<KeepMsg> DecodeKeep(const json& j) {
+  KeepMsg m;
+  WSUP_ASSIGN_OR_RETURN(m.layout, GetU64(j, "keep", "layout"));
+  if (m.layout == 0) return Bad("keep", "field 'layout' is 0; name a committed layout's id");
+  return m;
+}
+
+Result<LayoutRecord> DecodeKept(const json& j) {
+  auto it = j.find("record");
+  if (it == j.end() || !it->is_object()) return FieldError("kept", "record", "an object");
+  auto r = LayoutRecordFromJson(*it, false, "'kept' message: record");
+  if (!r.ok()) return r.error();
+  if (r->manifest.allocations.size() > kMaxLayoutAllocations) {
+    return Bad("kept", "the record has " + std::to_string(r->manifest.allocations.size()) +
+                           " allocations, more than a layout may have (" + std::to_string(kMaxLayoutAllocations) +
+                           ")");
+  }
+  return r;
 }
 
 std::string LayoutHash(const std::vector<ManifestEntry>& entries) {

@@ -49,7 +49,29 @@
 // holder closes its fds, so the memory is freed once the writer's own fds
 // and mappings are gone (a dead writer's are). alloc, commit or abort on a
 // connection without a lease is refused with an error, and the connection
-// is closed.
+// is closed. A grant that would take the holder's layout memory (every
+// grant of every writing and committed layout) past its cap
+// (--layout-max-bytes) is refused with an error that names the cap, the
+// bytes held and asked; the writer keeps its lease and may abort.
+//
+// The supervisor's keeper (role keeper) takes each committed layout's
+// record and fds, so that a holder restarted after a crash adopts them
+// (--adopt-layouts, wire/layout_record.h) and no engine loads them again:
+//   hello {role: keeper, client}
+//     -> committed {layouts: [{id, layout_hash, allocations}]}
+//                                      every committed layout, in id order;
+//                                      one being written is never listed
+//   keep {layout: id}
+//     -> kept {record: {id, layout_hash, fingerprint, manifest}, fds: N}
+//                                      (+ its N fds, one per allocation)
+//      | error {code, message}         (not_found: no such committed layout)
+//   bye
+// One layout per `kept`, so a reply carries at most one layout's fds (up to
+// 4096, a layout's most allocations, spread over several sendmsg calls:
+// wire/protocol.h); the
+// keeper checks that it got as many fds as the record has allocations, and
+// keeps the layout whole or not at all. keep from a connection that is not
+// a keeper's is refused.
 //
 // Thread-safety: values and pure functions.
 #pragma once
@@ -62,6 +84,7 @@
 
 #include "checkpoint/fingerprint.h"
 #include "common/status.h"
+#include "wire/layout_record.h"
 #include "wire/manifest.h"
 
 namespace wsup {
@@ -74,6 +97,8 @@ Result<HolderLayout> ParseHolderLayout(std::string_view name);
 
 // The longest a client may ask to wait for another's commit (an hour).
 inline constexpr uint64_t kMaxLayoutWaitMs = 3'600'000;
+// The most allocations (grants, fds) one layout may have.
+inline constexpr uint64_t kMaxLayoutAllocations = 4096;
 
 struct LeaseMsg {
   uint64_t layout = 0;  // the layout's id in this holder
@@ -123,7 +148,21 @@ struct LayoutInfo {
   int64_t writer_pid = 0;
   uint64_t waiters = 0;     // clients waiting for the commit
   uint64_t attaches = 0;    // attach replies sent for it
-  uint64_t age_ms = 0;      // since the lease was granted
+  uint64_t age_ms = 0;      // since the lease was granted (or, adopted, since the holder started)
+  bool adopted = false;     // taken over from kept fds at the holder's start (--adopt-layouts)
+};
+
+// The keeper's messages (see the top of this file).
+struct CommittedLayout {
+  uint64_t id = 0;
+  std::string layout_hash;
+  uint64_t allocations = 0;  // the fds a `kept` reply brings
+};
+struct CommittedMsg {
+  std::vector<CommittedLayout> layouts;
+};
+struct KeepMsg {
+  uint64_t layout = 0;
 };
 
 nlohmann::json EncodeLease(const LeaseMsg& m);
@@ -135,6 +174,10 @@ nlohmann::json EncodeCommit(const std::string& layout_hash, nlohmann::json manif
 nlohmann::json EncodeAbort(const AbortMsg& m);
 nlohmann::json EncodeAborted(const AbortedMsg& m);
 nlohmann::json LayoutInfoToJson(const LayoutInfo& l);
+nlohmann::json EncodeCommitted(const CommittedMsg& m);
+nlohmann::json EncodeKeep(const KeepMsg& m);
+// The record's manifest as JSON entries; the fds go to OutgoingFrame::Make.
+nlohmann::json EncodeKept(const LayoutRecord& r);
 
 Result<LeaseMsg> DecodeLease(const nlohmann::json& j);
 Result<AllocMsg> DecodeAlloc(const nlohmann::json& j);
@@ -144,6 +187,11 @@ Result<CommitMsg> DecodeCommit(const nlohmann::json& j, std::string_view table =
 Result<AbortMsg> DecodeAbort(const nlohmann::json& j);
 Result<AbortedMsg> DecodeAborted(const nlohmann::json& j);
 Result<LayoutInfo> LayoutInfoFromJson(const nlohmann::json& j);
+Result<CommittedMsg> DecodeCommitted(const nlohmann::json& j);
+Result<KeepMsg> DecodeKeep(const nlohmann::json& j);
+// Checked as LayoutRecordFromJson() checks (wire/layout_record.h); the
+// caller compares the fds that came with it against its allocations.
+Result<LayoutRecord> DecodeKept(const nlohmann::json& j);
 
 // The hash a commit names: sha256 (hex) over every entry's name, dtype,
 // shape, strides, allocation, offset and size, in entry order. Readers get

@@ -414,7 +414,9 @@ json EncodeInfo(const InfoMsg& m) {
           {"client_list", clients},
           {"clients_unlisted", m.clients_unlisted},
           {"layout", m.layout},
-          {"layouts", layouts}};
+          {"layouts", layouts},
+          {"layout_max_bytes", m.layout_max_bytes},
+          {"layout_bytes", m.layout_bytes}};
 }
 
 json EncodeBye() { return {{"type", "bye"}}; }
@@ -543,6 +545,8 @@ Result<InfoMsg> DecodeInfo(const json& j) {
       m.layouts.push_back(std::move(info));
     }
   }
+  WSUP_ASSIGN_OR_RETURN(m.layout_max_bytes, GetU64Or(j, "info", "layout_max_bytes", 0));
+  WSUP_ASSIGN_OR_RETURN(m.layout_bytes, GetU64Or(j, "info", "layout_bytes", 0));
   return m;
 }
 

@@ -25,8 +25,10 @@
 //      | error {code, message}
 //      | lease {layout, ...}   (a holder of engine-made layouts only: see
 //                               wire/layout_protocol.h for the writer's side)
+//      | committed {layouts}   (a keeper on a holder of engine-made layouts:
+//                               wire/layout_protocol.h, then keep -> kept)
 //   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, layout,
-//                 layouts: [...], ...}
+//                 layouts: [...], layout_max_bytes, layout_bytes, ...}
 //   bye  -> (the holder closes the connection)
 // The holder closes a connection that has no request in flight for its idle
 // limit, and may close an idle one early to make room at its connection
@@ -268,6 +270,11 @@ struct InfoMsg {
   // arena_bytes and allocations are their sums.
   std::string layout = "checkpoint";
   std::vector<LayoutInfo> layouts;
+  // A holder of engine-made layouts: its cap on layout memory
+  // (--layout-max-bytes; 0: none) and the bytes granted now, to writing
+  // and committed layouts, which the cap bounds.
+  uint64_t layout_max_bytes = 0;
+  uint64_t layout_bytes = 0;
 };
 
 nlohmann::json EncodeHello(const HelloMsg& m);

@@ -4,18 +4,22 @@
 // leaves handing its lease on, bad commits refused with clear errors, a
 // commit without a lease, a wait that passes its bound, abort, and what
 // `info` says about all of it.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <filesystem>
 #include <thread>
 
 #include "client/cache_commands.h"
 #include "client/publish.h"
 #include "client/wsup_client.h"
+#include "common/fs.h"
 #include "tests/holder/holder_fixture.h"
 #include "tests/holder/manifest_table_check.h"
 #include "wire/cuda_driver.h"
@@ -731,6 +735,284 @@ TEST_CASE("an aborted lease carves no more, and a new publication becomes the ta
   wsup_detach(next);
   REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
   CHECK(LayoutMappings() == mapped_before);
+
+
+TEST_CASE("a holder with --layout-max-bytes refuses a grant past its cap over the socket - the writer keeps its "
+          "lease - cache info shows the cap",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess h =
+      StartHolder(dir, "capped", {"--layout", "engine", "--backend", "host", "--layout-max-bytes", "8192"});
+  INFO(h.Log());
+  REQUIRE(h.WaitReady());
+  auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 0);
+  REQUIRE(first.ok());
+  REQUIRE(first->publication != nullptr);
+  Publication& pub = *first->publication;
+  auto entries = WriteTensors(pub);           // 4096 bytes
+  REQUIRE(pub.Allocate(4096).ok());           // 8192: the cap
+  auto over = pub.Allocate(1);
+  REQUIRE_FALSE(over.ok());
+  INFO(over.error().message());
+  CHECK(over.error().code() == Code::kRefused);
+  CHECK(Has(over.error().message(), "past its cap of 8192 bytes"));
+  CHECK(Has(over.error().message(), "it holds 8192 bytes in writing and committed layouts and was asked for 4096"));
+  CHECK(Has(over.error().message(), "raise weight_cache.layout_max_bytes, or remove unused layouts"));
+  InfoMsg during = Info(h);
+  CHECK(during.layout_max_bytes == 8192);
+  CHECK(during.layout_bytes == 8192);
+  REQUIRE(during.layouts.size() == 1);
+  CHECK(during.layouts[0].state == "writing");
+
+  // Another writer is bounded by the same total; it may abort.
+  auto other = AttachOrPublish(Opts(h, "other"), LayoutFp("r2"), 0);
+  REQUIRE(other.ok());
+  REQUIRE(other->publication != nullptr);
+  auto refused = other->publication->Allocate(4096);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(Has(refused.error().message(), "cap of 8192 bytes"));
+  REQUIRE(other->publication->Abort("over the cap").ok());
+
+  // The lease was kept: the first writer commits what it was granted.
+  auto committed = pub.Commit(entries);
+  REQUIRE(committed.ok());
+  CHECK(committed->outcome.source == WeightSource::kPublished);
+  CHECK(test::WaitFor([&] { return Info(h).layouts.size() == 1; }, 10s));
+
+  CommandOutput text = CacheInfoCommand(h.socket, false, 5000);
+  INFO(text.out);
+  CHECK(Has(text.out, "layout bytes 8192 (8.0 KiB) granted, cap 8192 (8.0 KiB) (weight_cache.layout_max_bytes)"));
+  auto j = nlohmann::json::parse(CacheInfoCommand(h.socket, true, 5000).out);
+  CHECK(j["layout_max_bytes"] == 8192);
+  CHECK(j["layout_bytes"] == 8192);
+  // Without a cap: 0, shown as none.
+  HolderProcess open = StartLayoutHolder(dir, "open");
+  CHECK(Info(open).layout_max_bytes == 0);
+  CHECK(Has(CacheInfoCommand(open.socket, false, 5000).out, "granted, cap none"));
+
+  // Bad flags are usage errors that name the fix.
+  auto negative = test::Run({test::BinPath("wsup-holder"), "--layout", "engine", "--layout-max-bytes", "-1",
+                             "--socket", dir.Join("x.sock")},
+                            30s);
+  CHECK(negative.exit_code == 2);
+  CHECK(Has(negative.output, "expected 0 (no cap) or a number of bytes"));
+  auto on_checkpoint = test::Run({test::BinPath("wsup-holder"), "--model", test::TestData("llama-tiny-f32"),
+                                  "--layout-max-bytes", "100", "--socket", dir.Join("x.sock")},
+                                 30s);
+  CHECK(on_checkpoint.exit_code == 2);
+  CHECK(Has(on_checkpoint.output, "caps engine-made layouts"));
+  auto adopt_checkpoint = test::Run({test::BinPath("wsup-holder"), "--model", test::TestData("llama-tiny-f32"),
+                                     "--adopt-layouts", dir.Join("x.json"), "--socket", dir.Join("x.sock")},
+                                    30s);
+  CHECK(adopt_checkpoint.exit_code == 2);
+  CHECK(Has(adopt_checkpoint.output, "--adopt-layouts takes kept engine-made layouts"));
+}
+
+// True when process `pid` has an fd open on the file behind `fd` (ours).
+bool HoldsFile(pid_t pid, int fd) {
+  struct stat mine{};
+  REQUIRE(::fstat(fd, &mine) == 0);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    struct stat theirs{};
+    if (::stat(e.path().c_str(), &theirs) == 0 && theirs.st_dev == mine.st_dev && theirs.st_ino == mine.st_ino) {
+      return true;
+    }
+  }
+  return false;
+}
+
+TEST_CASE("a keeper takes each committed layout whole - a new holder adopts them with no engine publishing - a "
+          "record that disagrees with its fds is refused, the others adopted",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess a = StartLayoutHolder(dir, "first");
+  INFO(a.Log());
+  std::vector<std::unique_ptr<Attachment>> mine;
+  for (const char* rev : {"r1", "r2"}) {
+    auto p = AttachOrPublish(Opts(a, std::string("writer-") + rev), LayoutFp(rev), 0);
+    REQUIRE(p.ok());
+    REQUIRE(p->publication != nullptr);
+    auto c = p->publication->Commit(WriteTensors(*p->publication));
+    REQUIRE(c.ok());
+    mine.push_back(std::move(c->attachment));
+  }
+  // Being written: never listed, never kept.
+  auto writing = AttachOrPublish(Opts(a, "writer-r3"), LayoutFp("r3"), 0);
+  REQUIRE(writing.ok());
+  REQUIRE(writing->publication != nullptr);
+  REQUIRE(writing->publication->Allocate(4096).ok());
+
+  auto round = KeepLayouts(a.socket, "test-keeper", 5000, {}, 1000);
+  REQUIRE(round.ok());
+  REQUIRE(round->committed.size() == 2);
+  CHECK(round->committed[0].id == 1);
+  CHECK(round->committed[1].id == 2);
+  CHECK(round->committed[0].allocations == 1);
+  REQUIRE(round->fetched.size() == 2);
+  CHECK(round->skipped.empty());
+  CHECK(round->fetched[0].record.id == 1);
+  CHECK(round->fetched[0].record.fingerprint.Get("revision") == "r1");
+  CHECK(round->fetched[0].record.layout_hash == round->committed[0].layout_hash);
+  REQUIRE(round->fetched[0].fds.size() == 1);
+  REQUIRE(round->fetched[1].fds.size() == 1);
+  // What it keeps already is not sent again; fds that do not fit are not fetched.
+  auto again = KeepLayouts(a.socket, "test-keeper", 5000, round->committed, 1000);
+  REQUIRE(again.ok());
+  CHECK(again->fetched.empty());
+  auto full = KeepLayouts(a.socket, "test-keeper", 5000, {}, 1);
+  REQUIRE(full.ok());
+  CHECK(full->fetched.size() == 1);
+  REQUIRE(full->skipped.size() == 1);
+  CHECK(Has(full->skipped[0], "do not fit"));
+  // A checkpoint keeper's attach is refused with the way to keep layouts.
+  auto arena_keeper = AttachKeeper(a.socket, "keeper", 5000);
+  REQUIRE_FALSE(arena_keeper.ok());
+  CHECK(Has(arena_keeper.error().message(), "keeps engine-made layouts"));
+  {
+    // keep from an engine's connection: refused; a keeper asking for a layout
+    // that is not committed: not found, and it may go on.
+    auto ch = Channel::Connect(a.socket, 5000);
+    REQUIRE(ch.ok());
+    auto reply = ch->Call(EncodeKeep(KeepMsg{1}), 5000);
+    REQUIRE(reply.ok());
+    REQUIRE(reply->type() == "error");
+    CHECK(Has(reply->msg.dump(), "not a keeper"));
+    auto k = Channel::Connect(a.socket, 5000);
+    REQUIRE(k.ok());
+    HelloMsg hello;
+    hello.client = "raw-keeper";
+    hello.role = ClientRole::kKeeper;
+    auto c = k->Call(EncodeHello(hello), 5000);
+    REQUIRE(c.ok());
+    REQUIRE(c->type() == "committed");
+    for (uint64_t id : {3, 99}) {
+      auto nf = k->Call(EncodeKeep(KeepMsg{id}), 5000);
+      REQUIRE(nf.ok());
+      REQUIRE(nf->type() == "error");
+      CHECK(Has(nf->msg.dump(), "is not committed on this holder"));
+    }
+    auto ok = k->Call(EncodeKeep(KeepMsg{2}), 5000);
+    REQUIRE(ok.ok());
+    CHECK(ok->type() == "kept");
+    CHECK(ok->fds.size() == 1);
+  }
+  a.child.Kill(SIGKILL);
+  a.child.Wait(10s);
+
+  // The record: layout 1 as kept; layout 2 claiming a size its fd does not
+  // have; a third entry that is no record at all, naming a pipe's fd.
+  std::vector<LayoutRecord> recs = {round->fetched[0].record, round->fetched[1].record};
+  recs[0].fds = {3};
+  recs[1].fds = {4};
+  recs[1].manifest.allocations[0].size = 8192;
+  nlohmann::json file = LayoutsRecordToJson(recs);
+  file["layouts"].push_back({{"id", 7}, {"fds", {5}}});
+  const std::string path = dir.Join("holder-0.layouts.json");
+  REQUIRE(WriteFileAtomic(path, file.dump(), 0600).ok());
+  int pipe_fds[2];
+  REQUIRE(::pipe2(pipe_fds, O_CLOEXEC) == 0);
+  UniqueFd pipe_r(pipe_fds[0]), pipe_w(pipe_fds[1]);
+  HolderProcess b = StartHolder(dir, "second", {"--layout", "engine", "--backend", "host", "--adopt-layouts", path},
+                                {round->fetched[0].fds[0].get(), round->fetched[1].fds[0].get(), pipe_r.get()});
+  INFO(b.Log());
+  REQUIRE(b.WaitReady());
+  InfoMsg info = Info(b);
+  CHECK(info.adopted);
+  REQUIRE(info.layouts.size() == 1);
+  CHECK(info.layouts[0].id == 1);
+  CHECK(info.layouts[0].state == "committed");
+  CHECK(info.layouts[0].adopted);
+  CHECK(info.layouts[0].layout_hash == round->committed[0].layout_hash);
+  CHECK(info.layout_bytes == 4096);
+  const std::string log = b.Log();
+  CHECK(Has(log, "layout 2 (hash " + round->committed[1].layout_hash.substr(0, 16) + ")"));
+  CHECK(Has(log, "has 4096 bytes, the record says 8192; the record disagrees with its fds"));
+  CHECK(Has(log, "layouts[2] (layout 7)"));
+  CHECK(Has(log, "it is not adopted"));
+  CHECK(Has(log, "adopted 1 of 3 kept layouts"));
+  // The refused layouts' fds were closed; the adopted one's is held.
+  CHECK(HoldsFile(b.child.pid(), round->fetched[0].fds[0].get()));
+  CHECK_FALSE(HoldsFile(b.child.pid(), round->fetched[1].fds[0].get()));
+  CHECK_FALSE(HoldsFile(b.child.pid(), pipe_r.get()));
+  CHECK(Has(CacheInfoCommand(b.socket, false, 5000).out, "adopted from kept fds"));
+
+  // The adopted layout is attached as it was written, by no publisher; the
+  // refused one is never attached: the next engine publishes it again.
+  auto hit = AttachOrPublish(Opts(b, "after"), LayoutFp("r1"), 0);
+  REQUIRE(hit.ok());
+  REQUIRE(hit->attachment != nullptr);
+  CHECK(hit->outcome.source == WeightSource::kHolder);
+  TensorView t = hit->attachment->Find("w.t");
+  REQUIRE(t.entry != nullptr);
+  CHECK(static_cast<const float*>(t.data)[11] == 11.0f);
+  auto republish = AttachOrPublish(Opts(b, "again"), LayoutFp("r2"), 0);
+  REQUIRE(republish.ok());
+  CHECK(republish->publication != nullptr);
+  // A new lease never takes an adopted id.
+  CHECK(republish->publication->lease().layout > 1);
+
+  // A file that is no layouts record: the holder refuses to start (exit 3)
+  // and says how to start it.
+  REQUIRE(WriteFileAtomic(path, "{\"format\": \"wsup-arena-record\"}", 0600).ok());
+  auto bad = test::Run({test::BinPath("wsup-holder"), "--layout", "engine", "--adopt-layouts", path, "--socket",
+                        dir.Join("bad.sock")},
+                       30s);
+  CHECK(bad.exit_code == 3);
+  CHECK(Has(bad.output, "not a wsup layouts record"));
+  CHECK(Has(bad.output, "start the holder without --adopt-layouts"));
+}
+
+
+TEST_CASE("a layout of the most grants (4096) is kept and adopted whole, its fds over many sendmsg calls",
+          "[holder][layout]") {
+  TempDir dir;
+  HolderProcess a = StartLayoutHolder(dir, "wide");
+  INFO(a.Log());
+  auto p = AttachOrPublish(Opts(a, "wide-writer"), LayoutFp(), 0);
+  REQUIRE(p.ok());
+  REQUIRE(p->publication != nullptr);
+  Publication& pub = *p->publication;
+  const uint64_t n = kMaxLayoutAllocations;
+  for (uint64_t i = 0; i < n; ++i) REQUIRE(pub.Allocate(4096).ok());
+  CHECK_FALSE(pub.Allocate(4096).ok());  // one more than a layout may have
+  auto& last = pub.regions().back();
+  static_cast<float*>(last.data)[3] = 42.0f;
+  auto committed = pub.Commit({{"w", "F32", {4}, static_cast<uint32_t>(n - 1), 0, 16}});
+  REQUIRE(committed.ok());
+
+  auto round = KeepLayouts(a.socket, "test-keeper", 30'000, {}, n);
+  REQUIRE(round.ok());
+  REQUIRE(round->fetched.size() == 1);
+  REQUIRE(round->fetched[0].fds.size() == n);
+  // This process keeps only the keeper's fds from here on.
+  committed->attachment.reset();
+  p->publication.reset();
+  a.child.Kill(SIGKILL);
+  a.child.Wait(10s);
+
+  LayoutRecord rec = round->fetched[0].record;
+  std::vector<int> inherit;
+  for (uint64_t i = 0; i < n; ++i) {
+    rec.fds.push_back(3 + static_cast<int>(i));
+    inherit.push_back(round->fetched[0].fds[i].get());
+  }
+  const std::string path = dir.Join("wide.layouts.json");
+  REQUIRE(WriteLayoutsRecord(path, {rec}).ok());
+  HolderProcess b =
+      StartHolder(dir, "wide2", {"--layout", "engine", "--backend", "host", "--adopt-layouts", path}, inherit);
+  INFO(b.Log());
+  REQUIRE(b.WaitReady(60s));
+  InfoMsg info = Info(b);
+  REQUIRE(info.layouts.size() == 1);
+  CHECK(info.layouts[0].adopted);
+  CHECK(info.layouts[0].allocations == n);
+  auto hit = AttachOrPublish(Opts(b, "reader"), LayoutFp(), 0);
+  REQUIRE(hit.ok());
+  REQUIRE(hit->attachment != nullptr);
+  TensorView t = hit->attachment->Find("w");
+  REQUIRE(t.entry != nullptr);
+  CHECK(static_cast<const float*>(t.data)[3] == 42.0f);
 }
 
 }  // namespace

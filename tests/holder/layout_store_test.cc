@@ -234,5 +234,174 @@ TEST_CASE("layout store: bad commits are refused with what to fix, and the lease
   CHECK((*l)->state == LayoutState::kCommitted);
 }
 
+
+// A store with one committed layout of `bytes` (one grant, one tensor).
+Layout* Committed(LayoutStore& store, const Fingerprint& fp, uint64_t bytes = 4096) {
+  auto l = store.Begin(fp, 1, "writer", 1, 0);
+  REQUIRE(l.ok());
+  auto g = store.Allocate(*l, bytes);
+  REQUIRE(g.ok());
+  Fill(g->fd.get(), g->msg.size, 0, 64, 9);
+  Manifest m = Header(**l);
+  m.entries = {{"w", "F32", {16}, 0, 0, 64}};
+  REQUIRE(store.Commit(*l, m, LayoutHash(m.entries)).ok());
+  return *l;
+}
+
+std::vector<UniqueFd> DupAll(const Layout& l) {
+  std::vector<UniqueFd> out;
+  for (const UniqueFd& f : l.fds) out.push_back(f.Dup().value());
+  return out;
+}
+
+TEST_CASE("layout store: the cap refuses a grant past it naming the cap and the fix - the lease is kept",
+          "[holder][layout]") {
+  LayoutStore store(MakeHostLayoutMemory(), 12288);
+  CHECK(store.max_bytes() == 12288);
+  auto l = store.Begin(Fp("r1"), 1, "writer", 1, 0);
+  REQUIRE(l.ok());
+  REQUIRE(store.Allocate(*l, 5000).ok());  // 8192 granted
+  auto fits = store.Allocate(*l, 4096);    // 12288: exactly the cap
+  REQUIRE(fits.ok());
+  auto over = store.Allocate(*l, 1);
+  REQUIRE_FALSE(over.ok());
+  INFO(over.error().message());
+  CHECK(over.error().code() == Code::kRefused);
+  CHECK(Has(over.error().message(), "past its cap of 12288 bytes"));
+  CHECK(Has(over.error().message(), "weight_cache.layout_max_bytes"));
+  CHECK(Has(over.error().message(), "it holds 12288 bytes in writing and committed layouts"));
+  CHECK(Has(over.error().message(), "asked for 4096 more"));
+  CHECK(Has(over.error().message(), "raise weight_cache.layout_max_bytes, or remove unused layouts"));
+  CHECK((*l)->state == LayoutState::kWriting);
+  CHECK((*l)->fds.size() == 2);
+  CHECK(store.granted_bytes() == 12288);
+
+  // Another writer is bounded by the same total.
+  auto other = store.Begin(Fp("r2"), 2, "other", 2, 0);
+  REQUIRE(other.ok());
+  auto refused = store.Allocate(*other, 1);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(Has(refused.error().message(), "layout " + std::to_string((*other)->id)));
+  // The first writer aborts: its bytes are free for the other.
+  store.Release(*l, LayoutEvent::kAbort, "test");
+  CHECK(store.granted_bytes() == 0);
+  CHECK(store.Allocate(*other, 12288).ok());
+  CHECK_FALSE(store.Allocate(*other, 1).ok());
+
+  // No cap: nothing is refused for its size below a grant's bound.
+  LayoutStore open(MakeHostLayoutMemory());
+  CHECK(open.max_bytes() == 0);
+  auto w = open.Begin(Fp("r"), 1, "w", 1, 0);
+  REQUIRE(w.ok());
+  CHECK(open.Allocate(*w, 1 << 20).ok());
+  CHECK(open.Allocate(*w, 1 << 20).ok());
+}
+
+TEST_CASE("layout store: a kept layout is adopted committed under its id - records that disagree with their fds "
+          "are refused naming the layout",
+          "[holder][layout]") {
+  LayoutStore first(MakeHostLayoutMemory());
+  first.Begin(Fp("writing"), 9, "w", 9, 0).value();  // never kept: only committed layouts are listed
+  Layout* l = Committed(first, Fp("r1"), 5000);
+  auto listed = first.Committed();
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].id == l->id);
+  CHECK(listed[0].layout_hash == l->layout_hash);
+  CHECK(listed[0].allocations == 1);
+  LayoutRecord rec = LayoutStore::Record(*l);
+  CHECK(rec.id == l->id);
+  CHECK(rec.manifest.allocations[0].size == 8192);
+
+  LayoutStore next(MakeHostLayoutMemory());
+  auto adopted = next.Adopt(rec, DupAll(*l), 500);
+  REQUIRE(adopted.ok());
+  Layout* a = *adopted;
+  CHECK(a->id == l->id);
+  CHECK(a->state == LayoutState::kCommitted);
+  CHECK(a->adopted);
+  CHECK(a->layout_hash == l->layout_hash);
+  CHECK(a->table != nullptr);
+  CHECK(next.Find(Fp("r1")) == a);
+  CHECK(next.granted_bytes() == 8192);
+  auto info = next.Info(700);
+  REQUIRE(info.size() == 1);
+  CHECK(info[0].state == "committed");
+  CHECK(info[0].adopted);
+  CHECK(info[0].tensors == 1);
+  CHECK(info[0].age_ms == 200);
+  // A new lease never reuses an adopted id.
+  auto fresh = next.Begin(Fp("r2"), 3, "w", 3, 0);
+  REQUIRE(fresh.ok());
+  CHECK((*fresh)->id > a->id);
+
+  auto refuses = [&](LayoutRecord r, std::vector<UniqueFd> fds, const std::string& says) {
+    LayoutStore store(MakeHostLayoutMemory());
+    if (says.find("same fingerprint") != std::string::npos) {
+      REQUIRE(store.Adopt(LayoutStore::Record(*l), DupAll(*l), 0).ok());
+      r.id += 100;
+    }
+    size_t before = store.size();
+    auto got = store.Adopt(std::move(r), std::move(fds), 0);
+    REQUIRE_FALSE(got.ok());
+    INFO(got.error().message());
+    CHECK(Has(got.error().message(), says));
+    CHECK(Has(got.error().message(), "it is not adopted"));
+    CHECK(store.size() == before);
+  };
+  auto memfd = [](uint64_t size, bool sealed) {
+    UniqueFd fd(::memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    REQUIRE(fd.valid());
+    REQUIRE(::ftruncate(fd.get(), static_cast<off_t>(size)) == 0);
+    if (sealed) REQUIRE(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) == 0);
+    std::vector<UniqueFd> v;
+    v.push_back(std::move(fd));
+    return v;
+  };
+  const std::string named = "layout " + std::to_string(l->id) + " (hash " + l->layout_hash.substr(0, 16) + ")";
+  refuses(rec, {}, named + ": 0 fds for 1 allocations; the record disagrees with its fds");
+  refuses(rec, memfd(4096, true), "has 4096 bytes, the record says 8192; the record disagrees with its fds");
+  refuses(rec, memfd(8192, false), "is not a sealed layout memfd");
+  {
+    int p[2];
+    REQUIRE(::pipe(p) == 0);
+    ::close(p[1]);
+    std::vector<UniqueFd> v;
+    v.emplace_back(p[0]);
+    refuses(rec, std::move(v), "is not a memfd");
+  }
+  LayoutRecord bad_hash = rec;
+  bad_hash.layout_hash = std::string(64, '0');
+  refuses(bad_hash, DupAll(*l), "is not the hash of its entries");
+  LayoutRecord cuda = rec;
+  cuda.manifest.backend = "cuda";
+  refuses(cuda, DupAll(*l), "names backend cuda");
+  LayoutRecord plain = rec;
+  plain.fingerprint = Fingerprint();
+  refuses(plain, DupAll(*l), "names no engine-made layout");
+  refuses(rec, DupAll(*l), "has the same fingerprint");
+  LayoutRecord twice = rec;
+  {
+    LayoutStore store(MakeHostLayoutMemory());
+    REQUIRE(store.Adopt(rec, DupAll(*l), 0).ok());
+    twice.fingerprint = Fp("r9");
+    auto got = store.Adopt(twice, DupAll(*l), 0);
+    REQUIRE_FALSE(got.ok());
+    CHECK(Has(got.error().message(), "another adopted layout has id"));
+  }
+}
+
+TEST_CASE("layout store: adoption is never refused for the cap - grants are, until under it", "[holder][layout]") {
+  LayoutStore first(MakeHostLayoutMemory());
+  Layout* l = Committed(first, Fp("r1"), 8192);
+  LayoutStore capped(MakeHostLayoutMemory(), 4096);
+  REQUIRE(capped.Adopt(LayoutStore::Record(*l), DupAll(*l), 0).ok());
+  CHECK(capped.granted_bytes() == 8192);
+  auto w = capped.Begin(Fp("r2"), 2, "w", 2, 0);
+  REQUIRE(w.ok());
+  auto g = capped.Allocate(*w, 1);
+  REQUIRE_FALSE(g.ok());
+  CHECK(Has(g.error().message(), "it holds 8192 bytes"));
+}
+
 }  // namespace
 }  // namespace wsup

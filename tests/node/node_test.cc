@@ -349,7 +349,7 @@ TEST_CASE("node: client mode with a fingerprint mismatch loads from disk and rec
 }
 
 TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with its load time), the next attaches "
-          "(a hit) - a holder crash restarts an empty holder and the next engine publishes again",
+          "(a hit) - a holder crash keeps the layout: the new holder adopts it and a re-armed engine attaches it",
           "[node][layout]") {
   if (!Have()) return;
   std::string eng = test::BinPath("wsup-engine");
@@ -371,38 +371,142 @@ TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with i
   auto hits = events("result='hit'");
   REQUIRE(hits.size() == 1);
   CHECK_FALSE(hits[0]["attach_ms"].empty());
-  auto info = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", n.dir().Join("run/holder.sock"),
-                         "--json"},
-                        30s);
-  REQUIRE(info.exit_code == 0);
-  auto ij = json::parse(info.output);
+  auto cache_info = [&] {
+    auto info = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", n.dir().Join("run/holder.sock"),
+                           "--json"},
+                          30s);
+    INFO(info.output);
+    REQUIRE(info.exit_code == 0);
+    return json::parse(info.output);
+  };
+  auto ij = cache_info();
   REQUIRE(ij["layouts"].size() == 1);
   CHECK(ij["layouts"][0]["state"] == "committed");
+  CHECK(ij["layout_max_bytes"] == 0);
+  CHECK(ij["layout_bytes"].get<uint64_t>() > 0);
+  const std::string hash = ij["layouts"][0].value("layout_hash", "");
+  REQUIRE(hash.size() == 64);
+  // The supervisor keeps the committed layout (its record and fds).
+  REQUIRE(n.WaitStatus([](const json& s) { return s["holders"][0].value("kept_layouts", 0) == 1; }, 15s));
+  CHECK(n.Status()->at("holders")[0].value("kept_layout_fds", 0) > 0);
+  auto text = n.Cli({"status"});
+  CHECK(text.output.find("kept layouts 1") != std::string::npos);
 
   // The standby re-armed: it attaches the committed layout.
   auto standby = n.Engine(*n.Status(), "standby");
   REQUIRE(standby.is_object());
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return events("result='hit'").size() == 2; }, 30s));
-  REQUIRE(n.WaitServing());  // the re-armed engine proven again: a standby to kill below
+  REQUIRE(n.WaitServing());
 
-  // A holder crash: the engines keep serving; an empty holder is started.
+  // A holder crash: the engines keep serving; the new holder adopts the kept
+  // layout, no byte loaded and nothing published.
   pid_t hpid = n.Status()->at("holders")[0].value("pid", 0);
   REQUIRE(hpid > 0);
   REQUIRE(::kill(hpid, SIGKILL) == 0);
   CHECK(Complete(n.FrontPort()) == kGolden);
   REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from holder_restarts").rows.size() == 1; }, 15s));
-  CHECK(Query(n.Db(), "select * from holder_restarts").rows[0]["from_fds"] == "0");
+  CHECK(Query(n.Db(), "select * from holder_restarts").rows[0]["from_fds"] == "1");
   REQUIRE(n.WaitStatus([&](const json& s) { return s["holders"][0].value("pid", 0) != hpid &&
                                                    s["holders"][0].value("state", "") == "ready"; }, 15s));
+  ij = cache_info();
+  REQUIRE(ij["layouts"].size() == 1);
+  CHECK(ij["layouts"][0]["state"] == "committed");
+  CHECK(ij["layouts"][0]["layout_hash"] == hash);
+  CHECK(ij["layouts"][0].value("adopted", false));
+  CHECK(ij.value("adopted", false));
+  CHECK(n.Status()->at("holders")[0].value("kept_layouts", 0) == 1);
+  const std::string hlog = test::ReadAll(n.dir().Join("state/logs/holder-0.log"));
+  CHECK(hlog.find("adopted 1 of 1 kept layouts") != std::string::npos);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+
+  // A kill drill: the re-armed engine attaches the adopted layout - a hit,
+  // no new publish and no miss.
   REQUIRE(n.WaitServing());
-  standby = n.Engine(*n.Status(), "standby");
+  auto drill = n.Cli({"failover", "--drill", "--kill", "--json"});
+  INFO(drill.output);
+  REQUIRE(drill.exit_code == 0);
+  REQUIRE(test::WaitFor([&] { return events("result='hit'").size() == 3; }, 30s));
+  REQUIRE(n.WaitServing());
+  CHECK(events("result='miss'").size() == 1);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  ij = cache_info();
+  REQUIRE(ij["layouts"].size() == 1);
+  CHECK(ij["layouts"][0]["attaches"] == 1);  // the re-armed engine; the keeper takes no attach
+  INFO(n.Log());
+  CHECK(n.Log().find("was kept, but the holder does not serve it") == std::string::npos);
+}
+
+TEST_CASE("node: a kept layout the new holder refuses is dropped and logged, never attached - the next engine "
+          "publishes it again",
+          "[node][layout]") {
+  if (!Have()) return;
+  // The holder's command: a wrapper that damages the kept layouts' record
+  // (a layout hash that is no hex) before it starts the real holder, as a
+  // record that disagrees with its fds would be.
+  test::TempDir tools;
+  const std::string wrap = tools.Join("holder-wrap.sh");
+  {
+    std::ofstream f(wrap);
+    f << "#!/bin/sh\n"
+         "p=; n=\n"
+         "for a in \"$@\"; do\n"
+         "  if [ \"$n\" = 1 ]; then p=$a; fi; n=\n"
+         "  if [ \"$a\" = --adopt-layouts ]; then n=1; fi\n"
+         "done\n"
+         "if [ -n \"$p\" ]; then sed -i 's/\"layout_hash\":\"[0-9a-f]/\"layout_hash\":\"g/' \"$p\"; fi\n"
+         "exec " << test::BinPath("wsup-holder") << " \"$@\"\n";
+  }
+  REQUIRE(::chmod(wrap.c_str(), 0755) == 0);
+  std::string eng = test::BinPath("wsup-engine");
+  Node n({"weight_cache.layout=\"engine\"",
+          "holder.command=[\"" + wrap + "\", \"--layout\", \"engine\", \"--socket\", \"{socket}\", \"--backend\", "
+              "\"{backend}\"]",
+          "engine.command=[\"" + eng +
+              "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+              "\"{socket}\", \"--layout\", \"{layout}\", \"--kv-cache-mib\", \"8\"]"});
+  n.Start();
+  REQUIRE(n.WaitServing());
+  auto events = [&](const std::string& where) {
+    return Query(n.Db(), "select * from cache_events where " + where).rows;
+  };
+  REQUIRE(test::WaitFor([&] { return events("1=1").size() == 2; }, 10s));
+  REQUIRE(n.WaitStatus([](const json& s) { return s["holders"][0].value("kept_layouts", 0) == 1; }, 15s));
+
+  pid_t hpid = n.Status()->at("holders")[0].value("pid", 0);
+  REQUIRE(hpid > 0);
+  REQUIRE(::kill(hpid, SIGKILL) == 0);
+  CHECK(Complete(n.FrontPort()) == kGolden);
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from holder_restarts").rows.size() == 1; }, 15s));
+  // The new holder refused the damaged layout; the supervisor drops it.
+  REQUIRE(n.WaitStatus([&](const json& s) { return s["holders"][0].value("pid", 0) != hpid &&
+                                                   s["holders"][0].value("state", "") == "ready" &&
+                                                   s["holders"][0].value("kept_layouts", -1) == 0; }, 15s));
+  INFO(n.Log());
+  CHECK(n.Log().find("was kept, but the holder does not serve it") != std::string::npos);
+  const std::string hlog = test::ReadAll(n.dir().Join("state/logs/holder-0.log"));
+  INFO(hlog);
+  CHECK(hlog.find("field 'layout_hash' is not 64 lower-case hex digits") != std::string::npos);
+  CHECK(hlog.find("it is not adopted") != std::string::npos);
+  auto info = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", n.dir().Join("run/holder.sock"),
+                         "--json"},
+                        30s);
+  REQUIRE(info.exit_code == 0);
+  CHECK(json::parse(info.output)["layouts"].empty());
+  CHECK(Complete(n.FrontPort()) == kGolden);
+
+  // Never attached: the re-armed engine publishes the layout again.
+  REQUIRE(n.WaitServing());
+  auto standby = n.Engine(*n.Status(), "standby");
   REQUIRE(standby.is_object());
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return events("result='miss'").size() == 2; }, 30s));
   CHECK(events("result='miss'")[1]["miss_reason"] == "published");
+  CHECK(events("result='hit'").size() == 1);
   REQUIRE(n.WaitServing());
   CHECK(Complete(n.FrontPort()) == kGolden);
+  // And the supervisor keeps the new commit.
+  CHECK(n.WaitStatus([](const json& s) { return s["holders"][0].value("kept_layouts", 0) == 1; }, 15s));
 }
 
 TEST_CASE("node: daemon mode with a mismatch: clear error, bounded retries, degraded", "[node]") {

@@ -366,6 +366,27 @@ TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint 
   REQUIRE(e.ok());
   CHECK(e->back() == "engine");
   CHECK(DescribeConfig(*r).find("layout engine") != std::string::npos);
+  // No cap unless one is set; then the holder gets it.
+  CHECK(r->weight_cache.layout_max_bytes == 0);
+  CHECK(std::find(h->begin(), h->end(), "--layout-max-bytes") == h->end());
+  auto capped = ParseConfig(kBase, "/srv/c.toml", {"weight_cache.layout=engine", "weight_cache.layout_max_bytes=1048576"});
+  REQUIRE(capped.ok());
+  CHECK(capped->weight_cache.layout_max_bytes == 1048576);
+  auto hcap = HolderArgv(*capped, 0, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(hcap.ok());
+  auto cap = std::find(hcap->begin(), hcap->end(), "--layout-max-bytes");
+  REQUIRE(cap != hcap->end());
+  CHECK(*(cap + 1) == "1048576");
+  CHECK(DescribeConfig(*capped).find("layouts at most 1048576 bytes") != std::string::npos);
+  // A holder.command of its own takes it as {layout_max_bytes}.
+  auto custom = ParseConfig(kBase, "/srv/c.toml",
+                            {"weight_cache.layout=engine", "weight_cache.layout_max_bytes=8192",
+                             "holder.command=[\"/bin/h\", \"--cap\", \"{layout_max_bytes}\"]"});
+  INFO((custom.ok() ? "" : custom.error().message()));
+  REQUIRE(custom.ok());
+  auto hcustom = HolderArgv(*custom, 0, "x");
+  REQUIRE(hcustom.ok());
+  CHECK(hcustom->back() == "8192");
   // The checkpoint layout's holder still loads the checkpoint.
   auto hc = HolderArgv(*def, 0, "/opt/wsup/bin/wsup-holder");
   REQUIRE(hc.ok());
@@ -393,6 +414,10 @@ TEST_CASE("config: weight_cache.layout engine starts holders with no checkpoint 
   for (const Case& c : std::vector<Case>{
            {{"weight_cache.layout=fused"}, "weight_cache.layout"},
            {{"weight_cache.layout=engine", "weight_cache.mode=off"}, "needs a holder to publish to"},
+           {{"weight_cache.layout_max_bytes=4096"}, "set weight_cache.layout = \"engine\""},
+           {{"weight_cache.layout=engine", "weight_cache.layout_max_bytes=-1"}, "is out of range"},
+           {{"weight_cache.layout=engine", "weight_cache.layout_max_bytes=1125899906842625"}, "is out of range"},
+           {{"weight_cache.layout=engine", "weight_cache.layout_max_bytes=\"1G\""}, "an integer from 0 to"},
        }) {
     auto bad = ParseConfig(kBase, "c.toml", c.sets);
     REQUIRE_FALSE(bad.ok());
