@@ -124,7 +124,7 @@ TEST_CASE("carver: ranges of two grants never merge, even when the grants touch"
   CHECK(src.asked == std::vector<uint64_t>{4096, 4096, 8192});
 }
 
-TEST_CASE("carver: a block larger than the chunk gets a grant of its size; the chunk size can change",
+TEST_CASE("carver: a block larger than the chunk gets a grant of its size - the chunk size can change",
           "[carver]") {
   FakeSource src;
   src.round = 2 << 20;  // a cuda holder rounds to its granularity

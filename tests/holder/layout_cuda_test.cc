@@ -211,7 +211,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "cuda layouts: a writer process SIGKILLed mid-publish releases its lease and its grant; the next "
+    "cuda layouts: a writer process SIGKILLed mid-publish releases its lease and its grant - the next "
     "client publishes",
     "[gpu][layout]") {
   WSUP_GPU_OR_SKIP();

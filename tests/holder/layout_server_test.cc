@@ -735,6 +735,7 @@ TEST_CASE("an aborted lease carves no more, and a new publication becomes the ta
   wsup_detach(next);
   REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
   CHECK(LayoutMappings() == mapped_before);
+}
 
 
 TEST_CASE("a holder with --layout-max-bytes refuses a grant past its cap over the socket - the writer keeps its "

@@ -268,22 +268,25 @@ def _read_table(lib, p):
         dtype_at[at] = spelling
         at += len(spelling.encode("utf-8")) + 1
     dims = mv[dims_offset:strings_offset].cast("q")
+    # Keyed by (offset, rank): a scalar's empty dims start where the next
+    # distinct shape's do, so the offset alone does not name one.
     shape_at, stride_at = {}, {}
-    for o, n in dict(zip(dims_index, ndims)).items():  # one entry per distinct shape
+    keys = list(zip(dims_index, ndims))
+    for o, n in set(keys):  # one entry per distinct shape
         if o + 2 * n > len(dims):
             raise _bad_table("dims at %d + 2 x %d, past the %d dims" % (o, n, len(dims)))
-        shape_at[o] = shape = tuple(dims[o:o + n].tolist())
+        shape_at[o, n] = shape = tuple(dims[o:o + n].tolist())
         if flags & _TABLE_STRIDED:
             st = tuple(dims[o + n:o + 2 * n].tolist())
-            stride_at[o] = None if st == _contiguous(shape) else st
+            stride_at[o, n] = None if st == _contiguous(shape) else st
     try:
         dtypes = list(map(dtype_at.__getitem__, dtype_offsets))
     except KeyError as e:
         raise _bad_table("a dtype at offset %s, where none starts" % e) from None
-    shapes = list(map(shape_at.__getitem__, dims_index))
+    shapes = list(map(shape_at.__getitem__, keys))
     strides = None
     if flags & _TABLE_STRIDED:
-        strides = list(map(stride_at.__getitem__, dims_index))
+        strides = list(map(stride_at.__getitem__, keys))
         if not any(x is not None for x in strides):
             strides = None
         nbytes = _dense_nbytes(dtypes, shapes, nbytes, strides)
