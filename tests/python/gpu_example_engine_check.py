@@ -159,9 +159,9 @@ def node_run(table, args, model_dir, cases, workdir, env):
         if args.layout == "engine":
             table.add(stage, "one engine published the layout, the other attached it", got == ["holder", "published"],
                       detail)
-            primary = src.get("a", (None, None))[1]
-            table.add(stage, "the primary (slot a) published, the standby (slot b) attached",
-                      primary == "published" and src.get("b", (None, None))[1] == "holder", detail)
+            # Which slot publishes is a race both engines start into (the
+            # first to ask the holder gets the lease); what matters is that
+            # exactly one loads and the other attaches its layout.
             wait_for(lambda: len(n.query("select * from cache_events")) >= 2, 10)
             misses = n.query("select * from cache_events where result='miss'")
             hits = n.query("select * from cache_events where result='hit'")
