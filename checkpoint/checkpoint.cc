@@ -331,6 +331,7 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
     if (!copy.contains("quant_method")) copy["quant_method"] = "compressed-tensors";
     WSUP_ASSIGN_OR_RETURN(c.quant, ParseQuantConfig(copy, path));
   }
+  c.json = std::string(json_text);
   return c;
 }
 

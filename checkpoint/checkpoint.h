@@ -85,6 +85,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;  // rope_theta, or rope_parameters.rope_theta
   bool tie_word_embeddings = false;
   QuantConfig quant;
+  // config.json as read: family-specific keys (mixture-of-experts, MLA) are
+  // read from it by the engine that computes that family.
+  std::string json;
 };
 
 // Parses config.json text; `path` is used in messages only.

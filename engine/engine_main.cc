@@ -10,7 +10,7 @@
 int main(int argc, char** argv) {
   wsup::engine::EngineOptions o;
   std::string log_level = "info";
-  CLI::App app{"wsup-engine: serves a Llama-family model over an OpenAI-compatible HTTP API"};
+  CLI::App app{"wsup-engine: serves a Llama-family, Qwen3-MoE or DeepSeek-V3 model over an OpenAI-compatible HTTP API"};
   app.add_option("--model", o.model_dir, "Hugging Face model folder")->required();
   app.add_option("--model-name", o.model_name, "name served as 'model' (default: the folder's name)");
   app.add_option("--host", o.host, "address to listen on");

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
+
+#include <nlohmann/json.hpp>
 
 namespace wsup::engine {
 
@@ -21,15 +24,158 @@ void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// Reads the mixture-of-experts and MLA keys of config.json into d.
+Status ReadFamilyConfig(const ModelConfig& cfg, ModelDims& d) {
+  const std::string where = "config.json";
+  const std::string fix = "; fix config.json or restore it from the model repository";
+  nlohmann::json j = nlohmann::json::parse(cfg.json, nullptr, false);
+  if (!j.is_object()) return Corrupt(where + ": cannot be read as a JSON object for " + cfg.architecture + fix);
+  auto num = [&](const char* key, bool required, double dflt, double* out) -> Status {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) {
+      if (required) return Corrupt(where + ": key '" + std::string(key) + "' is missing; " + cfg.architecture + " needs it" + fix);
+      *out = dflt;
+      return Status::Ok();
+    }
+    if (!it->is_number()) return Corrupt(where + ": key '" + std::string(key) + "' is " + it->dump() + ", not a number" + fix);
+    *out = it->get<double>();
+    return Status::Ok();
+  };
+  auto integer = [&](const char* key, bool required, int64_t dflt, int64_t* out) -> Status {
+    double v = 0;
+    WSUP_RETURN_IF_ERROR(num(key, required, static_cast<double>(dflt), &v));
+    if (v != std::floor(v)) return Corrupt(where + ": key '" + std::string(key) + "' is " + std::to_string(v) + ", not an integer" + fix);
+    *out = static_cast<int64_t>(v);
+    return Status::Ok();
+  };
+  auto boolean = [&](const char* key, bool dflt) -> Result<bool> {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return dflt;
+    if (!it->is_boolean()) return Corrupt(where + ": key '" + std::string(key) + "' is " + it->dump() + ", not true or false" + fix);
+    return it->get<bool>();
+  };
+  // rope_parameters (transformers 5) or rope_scaling (older): only the
+  // default rope; a scaled one (yarn and its mscale) would change the
+  // answers, so it is refused rather than ignored.
+  for (const char* key : {"rope_parameters", "rope_scaling"}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_object()) continue;
+    auto type = it->find("rope_type");
+    if (type == it->end()) type = it->find("type");
+    if (type != it->end() && type->is_string() && *type != "default") {
+      return Refused(where + ": " + key + ".rope_type is " + type->dump() + "; the reference engine computes " +
+                     cfg.architecture + " with the default rope only: use a checkpoint without rope scaling");
+    }
+  }
+  d.sparse.assign(static_cast<size_t>(std::max<int64_t>(d.layers, 0)), false);
+  WSUP_RETURN_IF_ERROR(integer("num_experts_per_tok", true, 0, &d.top_k));
+  WSUP_RETURN_IF_ERROR(integer("moe_intermediate_size", true, 0, &d.moe_inter));
+  WSUP_ASSIGN_OR_RETURN(d.norm_topk, boolean("norm_topk_prob", d.family == Family::kDeepseekV3));
+  if (d.family == Family::kQwen3Moe) {
+    auto it = j.find("num_local_experts");
+    WSUP_RETURN_IF_ERROR(integer(it != j.end() && !it->is_null() ? "num_local_experts" : "num_experts", true, 0, &d.experts));
+    int64_t step = 1;
+    WSUP_RETURN_IF_ERROR(integer("decoder_sparse_step", false, 1, &step));
+    if (step <= 0) return Corrupt(where + ": decoder_sparse_step is " + std::to_string(step) + "; it must be positive" + fix);
+    std::vector<int64_t> dense;
+    auto ml = j.find("mlp_only_layers");
+    if (ml != j.end() && !ml->is_null()) {
+      if (!ml->is_array()) return Corrupt(where + ": mlp_only_layers is " + ml->dump() + ", not a list of layer numbers" + fix);
+      for (const auto& v : *ml) {
+        if (!v.is_number_integer()) return Corrupt(where + ": mlp_only_layers holds " + v.dump() + ", not a layer number" + fix);
+        dense.push_back(v.get<int64_t>());
+      }
+    }
+    for (int64_t l = 0; l < d.layers; ++l) {
+      const bool only = std::find(dense.begin(), dense.end(), l) != dense.end();
+      d.sparse[static_cast<size_t>(l)] = !only && d.experts > 0 && (l + 1) % step == 0;
+    }
+    d.qk_norm = true;
+    d.q_dim = d.v_dim = d.kv_dim = d.head_dim;
+  } else {
+    WSUP_RETURN_IF_ERROR(integer("n_routed_experts", true, 0, &d.experts));
+    int64_t first_dense = 0, shared = 0;
+    WSUP_RETURN_IF_ERROR(integer("first_k_dense_replace", false, 0, &first_dense));
+    WSUP_RETURN_IF_ERROR(integer("n_shared_experts", false, 0, &shared));
+    WSUP_RETURN_IF_ERROR(integer("n_group", false, 1, &d.n_group));
+    WSUP_RETURN_IF_ERROR(integer("topk_group", false, 1, &d.topk_group));
+    double scale = 1.0;
+    WSUP_RETURN_IF_ERROR(num("routed_scaling_factor", false, 1.0, &scale));
+    d.routed_scale = static_cast<float>(scale);
+    d.shared_inter = shared * d.moe_inter;
+    for (int64_t l = 0; l < d.layers; ++l) d.sparse[static_cast<size_t>(l)] = l >= first_dense && d.experts > 0;
+    d.sigmoid_router = true;
+    WSUP_RETURN_IF_ERROR(integer("q_lora_rank", false, 0, &d.q_lora_rank));
+    WSUP_RETURN_IF_ERROR(integer("kv_lora_rank", true, 0, &d.kv_lora_rank));
+    WSUP_RETURN_IF_ERROR(integer("qk_nope_head_dim", true, 0, &d.qk_nope));
+    WSUP_RETURN_IF_ERROR(integer("qk_rope_head_dim", true, 0, &d.qk_rope));
+    WSUP_RETURN_IF_ERROR(integer("v_head_dim", true, 0, &d.v_dim));
+    WSUP_ASSIGN_OR_RETURN(d.rope_interleave, boolean("rope_interleave", true));
+    for (auto [v, key] : {std::pair{d.kv_lora_rank, "kv_lora_rank"}, {d.qk_nope, "qk_nope_head_dim"},
+                          {d.qk_rope, "qk_rope_head_dim"}, {d.v_dim, "v_head_dim"}}) {
+      if (v <= 0) return Corrupt(where + ": " + key + " is " + std::to_string(v) + "; it must be positive" + fix);
+    }
+    if (d.q_lora_rank < 0) return Corrupt(where + ": q_lora_rank is negative" + fix);
+    if (d.qk_rope > 512) return Refused(where + ": qk_rope_head_dim " + std::to_string(d.qk_rope) + " exceeds the 512 the reference engine supports");
+    if (d.qk_rope % 2 != 0) return Corrupt(where + ": qk_rope_head_dim " + std::to_string(d.qk_rope) + " is odd; rotary embeddings need it even" + fix);
+    // Rope runs over the rope part of each head only; every head has its
+    // own k and v (the cache holds them expanded).
+    d.head_dim = d.qk_rope;
+    d.kv_heads = d.heads;
+    d.q_dim = d.qk_nope + d.qk_rope;
+    d.kv_dim = std::max(d.q_dim, d.v_dim);
+    if (d.experts > 0) {
+      if (d.n_group <= 0 || d.experts % d.n_group != 0 || d.experts / d.n_group < 2) {
+        return Corrupt(where + ": n_group " + std::to_string(d.n_group) + " does not split n_routed_experts " +
+                       std::to_string(d.experts) + " into groups of at least 2" + fix);
+      }
+      if (d.topk_group <= 0 || d.topk_group > d.n_group) {
+        return Corrupt(where + ": topk_group " + std::to_string(d.topk_group) + " must be between 1 and n_group " +
+                       std::to_string(d.n_group) + fix);
+      }
+      if (d.top_k > d.topk_group * (d.experts / d.n_group)) {
+        return Corrupt(where + ": num_experts_per_tok " + std::to_string(d.top_k) + " exceeds the experts of the " +
+                       std::to_string(d.topk_group) + " groups kept (topk_group)" + fix);
+      }
+    }
+  }
+  const bool any_sparse = std::find(d.sparse.begin(), d.sparse.end(), true) != d.sparse.end();
+  if (any_sparse) {
+    if (d.experts <= 0 || d.top_k <= 0 || d.top_k > d.experts) {
+      return Corrupt(where + ": num_experts_per_tok " + std::to_string(d.top_k) + " must be between 1 and the " +
+                     std::to_string(d.experts) + " experts" + fix);
+    }
+    if (d.moe_inter <= 0) return Corrupt(where + ": moe_intermediate_size is " + std::to_string(d.moe_inter) + "; it must be positive" + fix);
+  }
+  d.attn_scale = 1.0f / std::sqrt(static_cast<float>(d.q_dim));
+  return Status::Ok();
+}
+
 }  // namespace
+
+const char* FamilyName(Family f) {
+  switch (f) {
+    case Family::kLlama: return "Llama";
+    case Family::kQwen3Moe: return "Qwen3-MoE";
+    case Family::kDeepseekV3: return "DeepSeek-V3";
+  }
+  return "?";
+}
 
 Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
   const std::string where = "config.json";
-  if (!cfg.architecture.empty() && cfg.architecture != "LlamaForCausalLM" && cfg.architecture != "MistralForCausalLM") {
-    return Refused(where + ": architecture '" + cfg.architecture +
-                   "' is not a Llama-family model; the reference engine serves LlamaForCausalLM checkpoints");
-  }
   ModelDims d;
+  if (cfg.architecture.empty() || cfg.architecture == "LlamaForCausalLM" || cfg.architecture == "MistralForCausalLM") {
+    d.family = Family::kLlama;
+  } else if (cfg.architecture == "Qwen3MoeForCausalLM") {
+    d.family = Family::kQwen3Moe;
+  } else if (cfg.architecture == "DeepseekV3ForCausalLM") {
+    d.family = Family::kDeepseekV3;
+  } else {
+    return Refused(where + ": architecture '" + cfg.architecture +
+                   "' is not one the reference engine computes; it serves LlamaForCausalLM (and Mistral), "
+                   "Qwen3MoeForCausalLM and DeepseekV3ForCausalLM checkpoints");
+  }
   d.vocab = cfg.vocab_size;
   d.hidden = cfg.hidden_size;
   d.inter = cfg.intermediate_size;
@@ -51,9 +197,15 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
   };
   WSUP_RETURN_IF_ERROR(positive(d.vocab, "vocab_size"));
   WSUP_RETURN_IF_ERROR(positive(d.hidden, "hidden_size"));
-  WSUP_RETURN_IF_ERROR(positive(d.inter, "intermediate_size"));
   WSUP_RETURN_IF_ERROR(positive(d.layers, "num_hidden_layers"));
   WSUP_RETURN_IF_ERROR(positive(d.heads, "num_attention_heads"));
+  d.q_dim = d.v_dim = d.kv_dim = d.head_dim;
+  if (d.family != Family::kLlama) WSUP_RETURN_IF_ERROR(ReadFamilyConfig(cfg, d));
+  d.attn_scale = 1.0f / std::sqrt(static_cast<float>(d.q_dim));
+  // A model whose every layer is sparse needs no intermediate_size.
+  if (std::find(d.sparse.begin(), d.sparse.end(), false) != d.sparse.end() || d.family == Family::kLlama) {
+    WSUP_RETURN_IF_ERROR(positive(d.inter, "intermediate_size"));
+  }
   WSUP_RETURN_IF_ERROR(positive(d.head_dim, "head_dim"));
   WSUP_RETURN_IF_ERROR(positive(d.block_rows, "quantization_config.weight_block_size[0]"));
   WSUP_RETURN_IF_ERROR(positive(d.block_cols, "quantization_config.weight_block_size[1]"));
@@ -64,6 +216,10 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
   }
   if (!(std::isfinite(d.theta) && d.theta > 1.0)) return Corrupt(where + ": rope_theta must be a finite number above 1");
   if (tp < 1 || rank < 0 || rank >= tp) return InvalidArgument("tensor parallel rank " + std::to_string(rank) + " of " + std::to_string(tp) + " is out of range");
+  if (tp > 1 && d.family != Family::kLlama) {
+    return InvalidArgument("--tp " + std::to_string(tp) + ": the reference engine computes " + FamilyName(d.family) +
+                           " (" + cfg.architecture + ") on one rank only for now; use --tp 1");
+  }
   auto divisible = [&](int64_t v, const char* key) -> Status {
     if (v % tp != 0) {
       return InvalidArgument("--tp " + std::to_string(tp) + " does not divide " + key + " " + std::to_string(v) +
@@ -72,7 +228,7 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
     return Status::Ok();
   };
   WSUP_RETURN_IF_ERROR(divisible(d.heads, "num_attention_heads"));
-  WSUP_RETURN_IF_ERROR(divisible(d.inter, "intermediate_size"));
+  if (d.inter > 0) WSUP_RETURN_IF_ERROR(divisible(d.inter, "intermediate_size"));
   WSUP_RETURN_IF_ERROR(divisible(d.vocab, "vocab_size"));
   d.tp = tp;
   d.rank = rank;
@@ -91,7 +247,7 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
     d.local_kv_heads = 1;
     d.kv_head_start = rank * d.kv_heads / tp;
   }
-  d.local_inter = d.inter / tp;
+  d.local_inter = d.inter > 0 ? d.inter / tp : 0;
   d.local_vocab = d.vocab / tp;
   d.vocab_start = rank * d.local_vocab;
   return d;
@@ -99,14 +255,14 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
 
 uint64_t KvStorage::BlockBytes(const ModelDims& d, int block_size) {
   return static_cast<uint64_t>(d.layers) * 2 * static_cast<uint64_t>(d.local_kv_heads) *
-         static_cast<uint64_t>(block_size) * static_cast<uint64_t>(d.head_dim) * sizeof(float);
+         static_cast<uint64_t>(block_size) * static_cast<uint64_t>(d.kv_dim) * sizeof(float);
 }
 
 Status KvStorage::Allocate(const ModelDims& d, int num_blocks, int block_size) {
   if (num_blocks <= 0 || block_size <= 0) return InvalidArgument("KV cache: no blocks to allocate");
   layers_ = static_cast<size_t>(d.layers);
   heads_ = static_cast<size_t>(d.local_kv_heads);
-  head_dim_ = static_cast<size_t>(d.head_dim);
+  head_dim_ = static_cast<size_t>(d.kv_dim);
   block_size_ = block_size;
   num_blocks_ = num_blocks;
   const size_t bytes = static_cast<size_t>(BlockBytes(d, block_size)) * static_cast<size_t>(num_blocks);
@@ -139,7 +295,9 @@ Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {
     const WeightTensor* t = w.Find(name);
     if (!t) {
       return NotFound("weights: tensor '" + name + "' is missing" + rank_note +
-                      "; the checkpoint is incomplete or not a Llama-family model: re-download it");
+                      "; the checkpoint is incomplete or not a " + FamilyName(d.family) +
+                      " model (config.json says " + (d.family == Family::kLlama ? "Llama" : FamilyName(d.family)) +
+                      "): re-download it");
     }
     if (t->shape != shape) {
       return Corrupt("weights: tensor '" + name + "' has shape " + Shape(t->shape) + rank_note + " but config.json implies " +
@@ -193,16 +351,83 @@ Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {
   for (int64_t l = 0; l < d.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     if (w.Find(p + "self_attn.q_proj.bias") || w.Find(p + "mlp.gate_proj.bias")) {
-      return Refused("weights: '" + p + "' has projection biases; the reference engine serves Llama models "
+      return Refused("weights: '" + p + "' has projection biases; the reference engine serves models "
                      "without biases (attention_bias and mlp_bias false)");
     }
     LayerWeights L;
     WSUP_RETURN_IF_ERROR(get(p + "input_layernorm.weight", {H}, &L.in_norm));
     WSUP_RETURN_IF_ERROR(get(p + "post_attention_layernorm.weight", {H}, &L.post_norm));
-    WSUP_RETURN_IF_ERROR(get(p + "self_attn.q_proj.weight", {d.local_heads * hd, H}, &L.q));
-    WSUP_RETURN_IF_ERROR(get(p + "self_attn.k_proj.weight", {d.local_kv_heads * hd, H}, &L.k));
-    WSUP_RETURN_IF_ERROR(get(p + "self_attn.v_proj.weight", {d.local_kv_heads * hd, H}, &L.v));
-    WSUP_RETURN_IF_ERROR(get(p + "self_attn.o_proj.weight", {H, d.local_heads * hd}, &L.o));
+    if (d.family == Family::kDeepseekV3) {
+      const std::string a = p + "self_attn.";
+      const int64_t nh = d.local_heads;
+      if (d.q_lora_rank > 0) {
+        WSUP_RETURN_IF_ERROR(get(a + "q_a_proj.weight", {d.q_lora_rank, H}, &L.q_a));
+        WSUP_RETURN_IF_ERROR(get(a + "q_a_layernorm.weight", {d.q_lora_rank}, &L.q_a_norm));
+        WSUP_RETURN_IF_ERROR(get(a + "q_b_proj.weight", {nh * d.q_dim, d.q_lora_rank}, &L.q_b));
+      } else {
+        WSUP_RETURN_IF_ERROR(get(a + "q_proj.weight", {nh * d.q_dim, H}, &L.q));
+      }
+      WSUP_RETURN_IF_ERROR(get(a + "kv_a_proj_with_mqa.weight", {d.kv_lora_rank + d.qk_rope, H}, &L.kv_a));
+      WSUP_RETURN_IF_ERROR(get(a + "kv_a_layernorm.weight", {d.kv_lora_rank}, &L.kv_a_norm));
+      WSUP_RETURN_IF_ERROR(get(a + "kv_b_proj.weight", {nh * (d.qk_nope + d.v_dim), d.kv_lora_rank}, &L.kv_b));
+      WSUP_RETURN_IF_ERROR(get(a + "o_proj.weight", {H, nh * d.v_dim}, &L.o));
+    } else {
+      WSUP_RETURN_IF_ERROR(get(p + "self_attn.q_proj.weight", {d.local_heads * hd, H}, &L.q));
+      WSUP_RETURN_IF_ERROR(get(p + "self_attn.k_proj.weight", {d.local_kv_heads * hd, H}, &L.k));
+      WSUP_RETURN_IF_ERROR(get(p + "self_attn.v_proj.weight", {d.local_kv_heads * hd, H}, &L.v));
+      WSUP_RETURN_IF_ERROR(get(p + "self_attn.o_proj.weight", {H, d.local_heads * hd}, &L.o));
+      if (d.qk_norm) {
+        WSUP_RETURN_IF_ERROR(get(p + "self_attn.q_norm.weight", {hd}, &L.q_norm));
+        WSUP_RETURN_IF_ERROR(get(p + "self_attn.k_norm.weight", {hd}, &L.k_norm));
+      }
+    }
+    if (!d.sparse.empty() && d.sparse[static_cast<size_t>(l)]) {
+      L.moe = true;
+      const std::string router = p + "mlp.gate.weight";
+      const WeightTensor* rt = w.Find(router);
+      if (rt && rt->shape != std::vector<int64_t>{d.experts, H}) {
+        return Corrupt("weights: router '" + router + "' has shape " + Shape(rt->shape) + " but config.json implies " +
+                       Shape({d.experts, H}) + " (one row of hidden_size " + std::to_string(H) + " per expert, " +
+                       std::to_string(d.experts) + " experts); the config and the weights belong to different "
+                       "models: restore the matching files");
+      }
+      WSUP_RETURN_IF_ERROR(get(router, {d.experts, H}, &L.router));
+      if (d.sigmoid_router) {
+        const std::string bias = p + "mlp.gate.e_score_correction_bias";
+        if (!w.Find(bias)) {
+          return NotFound("weights: tensor '" + bias + "' is missing" + rank_note + "; DeepSeek-V3 chooses experts with it (" +
+                          std::to_string(d.experts) + " values, one per expert): the checkpoint is incomplete, "
+                          "re-download it");
+        }
+        WSUP_RETURN_IF_ERROR(get(bias, {d.experts}, &L.router_bias));
+      }
+      if (w.Find(p + "mlp.experts.gate_up_proj") || w.Find(p + "mlp.experts.gate_up_proj.weight")) {
+        return Refused("weights: '" + p + "mlp.experts' holds fused experts (gate_up_proj); the reference engine "
+                       "reads one gate_proj, up_proj and down_proj per expert, as checkpoints store them: "
+                       "use the checkpoint's own files");
+      }
+      for (int64_t e = 0; e < d.experts; ++e) {
+        const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+        ExpertWeights E;
+        WSUP_RETURN_IF_ERROR(get(ep + "gate_proj.weight", {d.moe_inter, H}, &E.gate));
+        WSUP_RETURN_IF_ERROR(get(ep + "up_proj.weight", {d.moe_inter, H}, &E.up));
+        WSUP_RETURN_IF_ERROR(get(ep + "down_proj.weight", {H, d.moe_inter}, &E.down));
+        L.experts.push_back(E);
+      }
+      const std::string extra = p + "mlp.experts." + std::to_string(d.experts) + ".gate_proj.weight";
+      if (w.Find(extra)) {
+        return Corrupt("weights: '" + extra + "' exists but config.json says " + std::to_string(d.experts) +
+                       " experts; the config and the weights belong to different models: restore the matching files");
+      }
+      if (d.shared_inter > 0) {
+        const std::string sp = p + "mlp.shared_experts.";
+        WSUP_RETURN_IF_ERROR(get(sp + "gate_proj.weight", {d.shared_inter, H}, &L.shared.gate));
+        WSUP_RETURN_IF_ERROR(get(sp + "up_proj.weight", {d.shared_inter, H}, &L.shared.up));
+        WSUP_RETURN_IF_ERROR(get(sp + "down_proj.weight", {H, d.shared_inter}, &L.shared.down));
+      }
+      m->layers.push_back(L);
+      continue;
+    }
     const std::string fused = p + "mlp.gate_up_proj.weight";
     if (w.Find(fused)) {
       // The engine's own layout (engine/layout_publish.h): gate rows, then
@@ -250,22 +475,24 @@ Result<std::unique_ptr<RankModel>> RankModel::Bind(const ModelDims& d, const Wei
 void RankModel::Attention(const StepBatch& batch, KvStorage& kv, int64_t layer, const float* q, float* out) {
   const ModelDims& d = dims_;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  const int64_t hd = d.head_dim, nq = d.local_heads * hd;
+  // q and k are q_dim wide, v v_dim; a cached slot is kv_dim floats.
+  const int64_t qd = d.q_dim, vd = d.v_dim, sd = d.kv_dim;
+  const int64_t nq = d.local_heads * qd, nv = d.local_heads * vd;
   const int64_t group = d.heads / d.kv_heads;
   const int bs = kv.block_size();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = d.attn_scale;
   pool_.ParallelFor(T * d.local_heads, [&](int64_t task) {
     thread_local std::vector<float> scores;
     const int64_t t = task / d.local_heads, j = task % d.local_heads;
     const int64_t kvh = (d.head_start + j) / group - d.kv_head_start;
     const int64_t pos = batch.positions[static_cast<size_t>(t)];
     const std::vector<int32_t>& table = *batch.block_tables[static_cast<size_t>(batch.seq[static_cast<size_t>(t)])];
-    const float* qh = q + t * nq + j * hd;
+    const float* qh = q + t * nq + j * qd;
     if (static_cast<int64_t>(scores.size()) < pos + 1) scores.resize(static_cast<size_t>(pos + 1));
     float mx = -INFINITY;
     for (int64_t p = 0; p <= pos; ++p) {
-      const float* kp = kv.At(table[static_cast<size_t>(p / bs)], layer, 0, kvh) + (p % bs) * hd;
-      const float s = Dot(qh, kp, hd) * scale;
+      const float* kp = kv.At(table[static_cast<size_t>(p / bs)], layer, 0, kvh) + (p % bs) * sd;
+      const float s = Dot(qh, kp, qd) * scale;
       scores[static_cast<size_t>(p)] = s;
       mx = std::max(mx, s);
     }
@@ -275,33 +502,253 @@ void RankModel::Attention(const StepBatch& batch, KvStorage& kv, int64_t layer, 
       scores[static_cast<size_t>(p)] = e;
       sum += e;
     }
-    float* o = out + t * nq + j * hd;
-    std::fill(o, o + hd, 0.0f);
+    float* o = out + t * nv + j * vd;
+    std::fill(o, o + vd, 0.0f);
     const float inv = 1.0f / sum;
     for (int64_t p = 0; p <= pos; ++p) {
-      const float* vp = kv.At(table[static_cast<size_t>(p / bs)], layer, 1, kvh) + (p % bs) * hd;
+      const float* vp = kv.At(table[static_cast<size_t>(p / bs)], layer, 1, kvh) + (p % bs) * sd;
       const float a = scores[static_cast<size_t>(p)] * inv;
-      for (int64_t i = 0; i < hd; ++i) o[i] += a * vp[i];
+      for (int64_t i = 0; i < vd; ++i) o[i] += a * vp[i];
     }
   });
+}
+
+void RankModel::GqaProjections(const StepBatch& batch, KvStorage& kv, int64_t l, const Layer& L) {
+  const ModelDims& d = dims_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const int64_t hd = d.head_dim, nq = d.local_heads * hd, nkv = d.local_kv_heads * hd;
+  const int bs = kv.block_size();
+  MatMulT(L.q, h_.data(), T, q_.data(), pool_);
+  MatMulT(L.k, h_.data(), T, k_.data(), pool_);
+  MatMulT(L.v, h_.data(), T, v_.data(), pool_);
+  // Qwen3: each head's q and k RMS-normalised over head_dim before rope.
+  float* qn = nullptr;
+  float* kn = nullptr;
+  if (d.qk_norm) {
+    Grow(qk_norm_w_, static_cast<size_t>(2 * hd));
+    qn = qk_norm_w_.data();
+    kn = qn + hd;
+    LoadRow(L.q_norm, 0, qn);
+    LoadRow(L.k_norm, 0, kn);
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = batch.positions[static_cast<size_t>(t)];
+    for (int64_t j = 0; j < d.local_heads; ++j) {
+      float* qh = q_.data() + t * nq + j * hd;
+      if (qn) RmsNorm(qh, qn, hd, d.eps, qh);
+      ApplyRope(qh, hd, pos, inv_freq_.data());
+    }
+    const std::vector<int32_t>& table = *batch.block_tables[static_cast<size_t>(batch.seq[static_cast<size_t>(t)])];
+    const int block = table[static_cast<size_t>(pos / bs)];
+    for (int64_t j = 0; j < d.local_kv_heads; ++j) {
+      float* kh = k_.data() + t * nkv + j * hd;
+      if (kn) RmsNorm(kh, kn, hd, d.eps, kh);
+      ApplyRope(kh, hd, pos, inv_freq_.data());
+      std::memcpy(kv.At(block, l, 0, j) + (pos % bs) * hd, kh, static_cast<size_t>(hd) * sizeof(float));
+      std::memcpy(kv.At(block, l, 1, j) + (pos % bs) * hd, v_.data() + t * nkv + j * hd,
+                  static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
+}
+
+namespace {
+
+// transformers' apply_rotary_pos_emb_interleave: the rope part's pairs are
+// (2i, 2i+1); it regroups them as (evens, odds) and then rotates as
+// rotate_half does. q and k are regrouped alike, so their dot product is
+// that of the interleaved rotation.
+void RopeInterleaved(float* x, int64_t n, int64_t pos, const float* inv_freq, bool interleave) {
+  if (interleave) {
+    float tmp[512];
+    const int64_t half = n / 2;
+    for (int64_t i = 0; i < half; ++i) {
+      tmp[i] = x[2 * i];
+      tmp[half + i] = x[2 * i + 1];
+    }
+    std::memcpy(x, tmp, static_cast<size_t>(n) * sizeof(float));
+  }
+  ApplyRope(x, n, pos, inv_freq);
+}
+
+}  // namespace
+
+void RankModel::MlaProjections(const StepBatch& batch, KvStorage& kv, int64_t l, const Layer& L) {
+  const ModelDims& d = dims_;
+  const int64_t T = static_cast<int64_t>(batch.tokens.size());
+  const size_t uT = static_cast<size_t>(T);
+  const int64_t nh = d.local_heads, qd = d.q_dim, nq = nh * qd;
+  const int64_t rank = d.kv_lora_rank, rope = d.qk_rope, nope = d.qk_nope;
+  const int64_t kva = rank + rope, kvb = nh * (nope + d.v_dim);
+  const int bs = kv.block_size();
+  // q = q_b_proj(q_a_layernorm(q_a_proj(h))), or q_proj(h).
+  if (d.q_lora_rank > 0) {
+    Grow(lat_, uT * static_cast<size_t>(std::max(d.q_lora_rank, kva)));
+    Grow(lat_norm_, uT * static_cast<size_t>(std::max(d.q_lora_rank, rank)));
+    Grow(qk_norm_w_, static_cast<size_t>(std::max(d.q_lora_rank, rank)));
+    MatMulT(L.q_a, h_.data(), T, lat_.data(), pool_);
+    LoadRow(L.q_a_norm, 0, qk_norm_w_.data());
+    for (int64_t t = 0; t < T; ++t) {
+      RmsNorm(lat_.data() + t * d.q_lora_rank, qk_norm_w_.data(), d.q_lora_rank, d.latent_eps,
+              lat_norm_.data() + t * d.q_lora_rank);
+    }
+    MatMulT(L.q_b, lat_norm_.data(), T, q_.data(), pool_);
+  } else {
+    MatMulT(L.q, h_.data(), T, q_.data(), pool_);
+  }
+  // The compressed kv and the shared rope key, then the per-head k_nope and v.
+  Grow(lat_, uT * static_cast<size_t>(kva));
+  Grow(lat_norm_, uT * static_cast<size_t>(rank));
+  Grow(qk_norm_w_, static_cast<size_t>(rank));
+  Grow(v_, uT * static_cast<size_t>(kvb));
+  MatMulT(L.kv_a, h_.data(), T, lat_.data(), pool_);
+  LoadRow(L.kv_a_norm, 0, qk_norm_w_.data());
+  for (int64_t t = 0; t < T; ++t) {
+    RmsNorm(lat_.data() + t * kva, qk_norm_w_.data(), rank, d.latent_eps, lat_norm_.data() + t * rank);
+  }
+  MatMulT(L.kv_b, lat_norm_.data(), T, v_.data(), pool_);
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = batch.positions[static_cast<size_t>(t)];
+    float* k_rot = lat_.data() + t * kva + rank;
+    RopeInterleaved(k_rot, rope, pos, inv_freq_.data(), d.rope_interleave);
+    const std::vector<int32_t>& table = *batch.block_tables[static_cast<size_t>(batch.seq[static_cast<size_t>(t)])];
+    const int block = table[static_cast<size_t>(pos / bs)];
+    for (int64_t j = 0; j < nh; ++j) {
+      RopeInterleaved(q_.data() + t * nq + j * qd + nope, rope, pos, inv_freq_.data(), d.rope_interleave);
+      const float* kvh = v_.data() + t * kvb + j * (nope + d.v_dim);
+      float* kslot = kv.At(block, l, 0, j) + (pos % bs) * d.kv_dim;
+      std::memcpy(kslot, kvh, static_cast<size_t>(nope) * sizeof(float));
+      std::memcpy(kslot + nope, k_rot, static_cast<size_t>(rope) * sizeof(float));
+      std::memcpy(kv.At(block, l, 1, j) + (pos % bs) * d.kv_dim, kvh + nope, static_cast<size_t>(d.v_dim) * sizeof(float));
+    }
+  }
+}
+
+void RankModel::DenseMlp(const ExpertWeights& w, int64_t inter, const float* in, int64_t rows, float* out) {
+  const size_t n = static_cast<size_t>(rows * inter);
+  Grow(gate_, n);
+  Grow(up_, n);
+  MatMulT(w.gate, in, rows, gate_.data(), pool_);
+  MatMulT(w.up, in, rows, up_.data(), pool_);
+  for (size_t i = 0; i < n; ++i) gate_[i] = Silu(gate_[i]) * up_[i];
+  MatMulT(w.down, gate_.data(), rows, out, pool_);
+}
+
+void RankModel::Experts(const Layer& L, int64_t T) {
+  const ModelDims& d = dims_;
+  const int64_t H = d.hidden, E = d.experts, K = d.top_k;
+  const size_t uT = static_cast<size_t>(T);
+  Grow(router_logits_, uT * static_cast<size_t>(E));
+  MatMulT(L.router, h_.data(), T, router_logits_.data(), pool_);
+  std::vector<float> bias;
+  if (d.sigmoid_router) {
+    bias.resize(static_cast<size_t>(E));
+    LoadRow(L.router_bias, 0, bias.data());
+  }
+  // Each token's chosen experts and weights, as transformers routes them;
+  // ties go to the lower expert id.
+  std::vector<std::vector<std::pair<int64_t, float>>> by_expert(static_cast<size_t>(E));
+  std::vector<int64_t> idx(static_cast<size_t>(E));
+  std::vector<float> prob(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+  auto top = [&](const std::vector<float>& v, int64_t k) {
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)]; });
+    return std::vector<int64_t>(idx.begin(), idx.begin() + k);
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    const float* lg = router_logits_.data() + t * E;
+    std::vector<int64_t> chosen;
+    if (!d.sigmoid_router) {
+      // Qwen3-MoE: softmax over all experts, top-k, renormalised.
+      float mx = -INFINITY;
+      for (int64_t e = 0; e < E; ++e) mx = std::max(mx, lg[e]);
+      float sum = 0;
+      for (int64_t e = 0; e < E; ++e) sum += (prob[static_cast<size_t>(e)] = std::exp(lg[e] - mx));
+      for (int64_t e = 0; e < E; ++e) prob[static_cast<size_t>(e)] /= sum;
+      chosen = top(prob, K);
+    } else {
+      // DeepSeek-V3: sigmoid scores; the bias only chooses. Groups ranked
+      // by the sum of their two best biased scores, topk_group kept, the
+      // rest masked to 0, then top-k.
+      for (int64_t e = 0; e < E; ++e) {
+        prob[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-lg[e]));
+        choice[static_cast<size_t>(e)] = prob[static_cast<size_t>(e)] + bias[static_cast<size_t>(e)];
+      }
+      const int64_t G = d.n_group, per = E / G;
+      std::vector<float> gscore(static_cast<size_t>(G));
+      for (int64_t g = 0; g < G; ++g) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
+          const float c = choice[static_cast<size_t>(e)];
+          if (c > b1) {
+            b2 = b1;
+            b1 = c;
+          } else if (c > b2) {
+            b2 = c;
+          }
+        }
+        gscore[static_cast<size_t>(g)] = b1 + b2;
+      }
+      std::vector<int64_t> gidx(static_cast<size_t>(G));
+      std::iota(gidx.begin(), gidx.end(), 0);
+      std::stable_sort(gidx.begin(), gidx.end(), [&](int64_t a, int64_t b) { return gscore[static_cast<size_t>(a)] > gscore[static_cast<size_t>(b)]; });
+      std::vector<bool> keep(static_cast<size_t>(G), false);
+      for (int64_t i = 0; i < d.topk_group; ++i) keep[static_cast<size_t>(gidx[static_cast<size_t>(i)])] = true;
+      for (int64_t e = 0; e < E; ++e) {
+        if (!keep[static_cast<size_t>(e / per)]) choice[static_cast<size_t>(e)] = 0.0f;
+      }
+      chosen = top(choice, K);
+    }
+    float wsum = 0;
+    for (int64_t e : chosen) wsum += prob[static_cast<size_t>(e)];
+    if (d.sigmoid_router) wsum += 1e-20f;
+    for (int64_t e : chosen) {
+      float w = prob[static_cast<size_t>(e)];
+      if (d.norm_topk) w /= wsum;
+      w *= d.routed_scale;
+      by_expert[static_cast<size_t>(e)].push_back({t, w});
+    }
+  }
+  // Experts in id order, each over the tokens it was given, summed into
+  // proj_ as transformers' index_add does; then the shared experts.
+  std::fill(proj_.begin(), proj_.begin() + static_cast<std::ptrdiff_t>(uT * H), 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& toks = by_expert[static_cast<size_t>(e)];
+    if (toks.empty()) continue;
+    const int64_t n = static_cast<int64_t>(toks.size());
+    Grow(expert_in_, static_cast<size_t>(n * H));
+    Grow(expert_out_, static_cast<size_t>(n * H));
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(expert_in_.data() + i * H, h_.data() + toks[static_cast<size_t>(i)].first * H,
+                  static_cast<size_t>(H) * sizeof(float));
+    }
+    DenseMlp(L.experts[static_cast<size_t>(e)], d.moe_inter, expert_in_.data(), n, expert_out_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const auto [t, w] = toks[static_cast<size_t>(i)];
+      float* dst = proj_.data() + t * H;
+      const float* src = expert_out_.data() + i * H;
+      for (int64_t c = 0; c < H; ++c) dst[c] += src[c] * w;
+    }
+  }
+  if (d.shared_inter > 0) {
+    Grow(expert_out_, uT * H);
+    DenseMlp(L.shared, d.shared_inter, h_.data(), T, expert_out_.data());
+    for (size_t i = 0; i < uT * H; ++i) proj_[i] += expert_out_[i];
+  }
 }
 
 Status RankModel::Forward(const StepBatch& batch, KvStorage& kv, Communicator& comm, std::vector<float>* logits) {
   const ModelDims& d = dims_;
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  const int64_t H = d.hidden, hd = d.head_dim;
-  const int64_t nq = d.local_heads * hd, nkv = d.local_kv_heads * hd;
-  const int bs = kv.block_size();
+  const int64_t H = d.hidden;
+  const int64_t nq = d.local_heads * d.q_dim, nkv = d.local_kv_heads * d.head_dim;
   const size_t uT = static_cast<size_t>(T);
   Grow(x_, uT * H);
   Grow(h_, uT * H);
   Grow(q_, uT * nq);
   Grow(k_, uT * nkv);
   Grow(v_, uT * nkv);
-  Grow(attn_, uT * nq);
+  Grow(attn_, uT * d.local_heads * d.v_dim);
   Grow(proj_, uT * H);
-  Grow(gate_, uT * d.local_inter);
-  Grow(up_, uT * d.local_inter);
   Grow(norm_w_, static_cast<size_t>(H));
 
   // Embedding: each rank fills the tokens of its vocabulary slice; the sum
@@ -324,21 +771,10 @@ Status RankModel::Forward(const StepBatch& batch, KvStorage& kv, Communicator& c
   for (int64_t l = 0; l < d.layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     norm_rows(L.in_norm, x_.data(), h_.data(), T);
-    MatMulT(L.q, h_.data(), T, q_.data(), pool_);
-    MatMulT(L.k, h_.data(), T, k_.data(), pool_);
-    MatMulT(L.v, h_.data(), T, v_.data(), pool_);
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = batch.positions[static_cast<size_t>(t)];
-      for (int64_t j = 0; j < d.local_heads; ++j) ApplyRope(q_.data() + t * nq + j * hd, hd, pos, inv_freq_.data());
-      const std::vector<int32_t>& table = *batch.block_tables[static_cast<size_t>(batch.seq[static_cast<size_t>(t)])];
-      const int block = table[static_cast<size_t>(pos / bs)];
-      for (int64_t j = 0; j < d.local_kv_heads; ++j) {
-        float* kh = k_.data() + t * nkv + j * hd;
-        ApplyRope(kh, hd, pos, inv_freq_.data());
-        std::memcpy(kv.At(block, l, 0, j) + (pos % bs) * hd, kh, static_cast<size_t>(hd) * sizeof(float));
-        std::memcpy(kv.At(block, l, 1, j) + (pos % bs) * hd, v_.data() + t * nkv + j * hd,
-                    static_cast<size_t>(hd) * sizeof(float));
-      }
+    if (d.family == Family::kDeepseekV3) {
+      MlaProjections(batch, kv, l, L);
+    } else {
+      GqaProjections(batch, kv, l, L);
     }
     Attention(batch, kv, l, q_.data(), attn_.data());
     MatMulT(L.o, attn_.data(), T, proj_.data(), pool_);
@@ -346,10 +782,11 @@ Status RankModel::Forward(const StepBatch& batch, KvStorage& kv, Communicator& c
     for (size_t i = 0; i < uT * H; ++i) x_[i] += proj_[i];
 
     norm_rows(L.post_norm, x_.data(), h_.data(), T);
-    MatMulT(L.gate, h_.data(), T, gate_.data(), pool_);
-    MatMulT(L.up, h_.data(), T, up_.data(), pool_);
-    for (size_t i = 0; i < uT * static_cast<size_t>(d.local_inter); ++i) gate_[i] = Silu(gate_[i]) * up_[i];
-    MatMulT(L.down, gate_.data(), T, proj_.data(), pool_);
+    if (L.moe) {
+      Experts(L, T);
+    } else {
+      DenseMlp(ExpertWeights{L.gate, L.up, L.down}, d.local_inter, h_.data(), T, proj_.data());
+    }
     WSUP_RETURN_IF_ERROR(comm.AllReduceSum(proj_.data(), uT * H));
     for (size_t i = 0; i < uT * H; ++i) x_[i] += proj_[i];
   }

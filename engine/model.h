@@ -1,8 +1,28 @@
-// The Llama-family model, as one tensor-parallel rank computes it: RMSNorm,
-// rotary embeddings (HF "default" rope, rotate_half), grouped-query
-// attention over a paged KV cache, SwiGLU MLP, tied or untied lm_head.
+// The decoder models the reference engine computes, as one tensor-parallel
+// rank computes them, exactly as transformers 5 does:
+//  - Llama (LlamaForCausalLM, MistralForCausalLM): RMSNorm, rotary
+//    embeddings (HF "default" rope, rotate_half), grouped-query attention
+//    over a paged KV cache, SwiGLU MLP, tied or untied lm_head.
+//  - Qwen3-MoE (Qwen3MoeForCausalLM): the same attention with a per-head
+//    RMSNorm on q and k before rope; sparse layers route each token by
+//    softmax over the router's logits to its top-k SwiGLU experts
+//    (renormalised when norm_topk_prob), dense layers (mlp_only_layers,
+//    decoder_sparse_step) keep a SwiGLU MLP.
+//  - DeepSeek-V3 (DeepseekV3ForCausalLM): multi-head latent attention (low-
+//    rank q and kv, a rope key shared by the heads, interleaved rope), the
+//    first first_k_dense_replace layers dense, the others mixture-of-experts
+//    with sigmoid scores, group-limited choice biased by
+//    e_score_correction_bias, routed_scaling_factor and shared experts.
 // Compute is float32; weights stay where the WeightSource keeps them and
-// are converted row by row inside the kernels.
+// are converted row by row inside the kernels. Mixture-of-experts models
+// run at tp 1 for now (the CUDA path refuses them).
+//
+// KV cache: Llama and Qwen3-MoE cache each KV head's rotated k and its v.
+// DeepSeek-V3 caches the expanded per-head k (nope part then rotated rope
+// part, qk_nope + qk_rope wide) and v (v_head_dim, in a slot as wide as k),
+// not the compressed latent: attention then is the same loop for every
+// family, at the price of heads x (qk_head_dim + v) floats per position
+// instead of kv_lora_rank + qk_rope.
 //
 // A rank holds (checkpoint/sharding.h): q/k/v/gate/up rows, o/down columns,
 // a vocabulary slice of embed_tokens and lm_head; norms whole. It sums
@@ -32,13 +52,33 @@
 
 namespace wsup::engine {
 
+enum class Family { kLlama, kQwen3Moe, kDeepseekV3 };
+const char* FamilyName(Family f);
+
 struct ModelDims {
+  Family family = Family::kLlama;
   int64_t vocab = 0, hidden = 0, inter = 0, layers = 0;
   int64_t heads = 0, kv_heads = 0, head_dim = 0, max_pos = 0;
   float eps = 1e-6f;
   double theta = 10000.0;
   bool tied = false;
   int64_t block_rows = 128, block_cols = 128;  // FP8 scale blocks
+  // Attention as the cache sees it: a query head's q and k are q_dim wide,
+  // its v v_dim; a cached k or v slot is kv_dim floats. Llama: all head_dim.
+  int64_t q_dim = 0, v_dim = 0, kv_dim = 0;
+  float attn_scale = 1.0f;
+  bool qk_norm = false;  // Qwen3-MoE: RMSNorm per head on q and k
+  // DeepSeek-V3 attention (MLA). q_lora_rank 0: a plain q_proj.
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0;
+  bool rope_interleave = false;
+  float latent_eps = 1e-6f;  // q_a_layernorm, kv_a_layernorm (transformers' default)
+  // Mixture of experts: which layers are sparse, and how tokens are routed.
+  std::vector<bool> sparse;  // per layer
+  int64_t experts = 0, top_k = 0, moe_inter = 0, shared_inter = 0;
+  bool norm_topk = false;
+  bool sigmoid_router = false;  // DeepSeek-V3: sigmoid, bias, groups, scaling
+  int64_t n_group = 1, topk_group = 1;
+  float routed_scale = 1.0f;
   // This rank's slice.
   int tp = 1, rank = 0;
   int64_t local_heads = 0, head_start = 0;
@@ -69,7 +109,7 @@ class KvStorage {
   int num_blocks() const { return num_blocks_; }
   int block_size() const { return block_size_; }
   // K (kv = 0) or V (kv = 1) of `head` in `layer` at block offset 0; the
-  // block's positions follow at head_dim strides.
+  // block's positions follow at kv_dim strides.
   float* At(int block, int64_t layer, int kv, int64_t head) {
     return data_ + ((((static_cast<size_t>(block) * layers_ + layer) * 2 + kv) * heads_ + head) *
                                block_size_) * head_dim_;
@@ -100,9 +140,18 @@ struct StepBatch {
 // gate_up_proj (engine/layout_publish.h), read as two views of its halves. The CPU model and the CUDA rank
 // bind through this one function, so both refuse the same checkpoints with
 // the same words.
+struct ExpertWeights {
+  MatrixRef gate, up, down;
+};
 struct LayerWeights {
   MatrixRef in_norm, post_norm;
   MatrixRef q, k, v, o, gate, up, down;
+  MatrixRef q_norm, k_norm;                         // Qwen3-MoE
+  MatrixRef q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;  // DeepSeek-V3 (q: q_proj without q_lora_rank)
+  bool moe = false;
+  MatrixRef router, router_bias;      // [experts, hidden]; bias [experts] (DeepSeek-V3)
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;               // DeepSeek-V3 shared experts (shared_inter rows)
 };
 struct ModelWeights {
   MatrixRef embed, lm_head, final_norm;
@@ -126,6 +175,12 @@ class RankModel {
   using Layer = LayerWeights;
   explicit RankModel(const ModelDims& d, int threads) : dims_(d), pool_(threads) {}
   void Attention(const StepBatch& batch, KvStorage& kv, int64_t layer, const float* q, float* out);
+  // q_ gets the rotated queries; the new keys and values go to the cache.
+  void GqaProjections(const StepBatch& batch, KvStorage& kv, int64_t layer, const Layer& L);
+  void MlaProjections(const StepBatch& batch, KvStorage& kv, int64_t layer, const Layer& L);
+  // proj_ = the layer's MLP (dense or experts) of h_.
+  void DenseMlp(const ExpertWeights& w, int64_t inter, const float* in, int64_t rows, float* out);
+  void Experts(const Layer& L, int64_t T);
 
   ModelDims dims_;
   ThreadPool pool_;
@@ -134,6 +189,7 @@ class RankModel {
   std::vector<float> inv_freq_;
   // Scratch reused across steps (grown, never shrunk).
   std::vector<float> x_, h_, q_, k_, v_, attn_, proj_, gate_, up_, norm_w_, head_in_, local_logits_, gathered_;
+  std::vector<float> lat_, lat_norm_, qk_norm_w_, router_logits_, expert_in_, expert_out_;
 };
 
 }  // namespace wsup::engine

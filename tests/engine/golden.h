@@ -21,6 +21,8 @@ struct Golden {
   std::string prompt;
   std::vector<int> prompt_ids, output_ids, top5;
   std::vector<float> first8;
+  // The smallest top-1/top-2 logit gap over the case's steps.
+  double margin = 1.0;
 };
 
 inline std::vector<Golden> LoadGolden(const std::string& model) {
@@ -36,6 +38,7 @@ inline std::vector<Golden> LoadGolden(const std::string& model) {
     // The fp8 golden has outputs only.
     if (c.contains("last_prompt_logits_top5")) g.top5 = c["last_prompt_logits_top5"].get<std::vector<int>>();
     if (c.contains("last_prompt_logits_first8")) g.first8 = c["last_prompt_logits_first8"].get<std::vector<float>>();
+    if (c.contains("min_top1_top2_margin")) g.margin = c["min_top1_top2_margin"].get<double>();
     out.push_back(g);
   }
   return out;
