@@ -653,17 +653,25 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
     opts.update(engine_options(engine))
     if wait_ms:
         opts["wait_ms"] = int(wait_ms)
-    ptr = lib.wsup_attach(_b(socket_path), _b(mode), _b(fingerprint),
-                          _b(None if checkpoint_dir is None else str(checkpoint_dir)), _b(json.dumps(opts)))
+    handle = open_handle(lib, "wsup_attach", socket_path, mode, fingerprint, checkpoint_dir, opts)
+    return Attachment(handle, mode, int(device))
+
+
+def open_handle(lib, call, socket_path, mode, fingerprint, checkpoint_dir, opts):
+    """A _Handle from wsup_attach or wsup_publish_begin (`call`, which take
+    the same arguments); raises WsupError with the library's message when its
+    status is not OK (the handle is then detached)."""
+    ptr = getattr(lib, call)(_b(socket_path), _b(mode), _b(fingerprint),
+                             _b(None if checkpoint_dir is None else str(checkpoint_dir)), _b(json.dumps(opts)))
     if not ptr:
-        raise MemoryError("wsup_attach: out of memory")
+        raise MemoryError("%s: out of memory" % call)
     handle = _Handle(lib, ptr)
     status = lib.wsup_status(ptr)
     if status != OK:
         message = _s(lib.wsup_error(ptr))
         del handle  # detaches
         raise WsupError(message, status)
-    return Attachment(handle, mode, int(device))
+    return handle
 
 
 def library_version(library=None):

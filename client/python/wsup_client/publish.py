@@ -48,7 +48,7 @@ import threading
 import weakref
 
 from . import _dlpack
-from ._attach import DTYPES, MODES, Attachment, _Handle, _b, _s, engine_options, request_options
+from ._attach import DTYPES, MODES, Attachment, _b, _s, engine_options, open_handle, request_options
 from ._errors import INVALID_ARGUMENT, NOT_FOUND, OK, UNAVAILABLE, WsupError
 from ._lib import load_library
 
@@ -605,14 +605,5 @@ def publish(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None
                            dp_size=dp_size, ep_size=ep_size, revision=revision)
     opts.update(engine_options(engine))
     opts["wait_ms"] = int(wait_ms)
-    ptr = lib.wsup_publish_begin(_b(socket_path), _b(mode), _b(fingerprint),
-                                 _b(None if checkpoint_dir is None else str(checkpoint_dir)), _b(json.dumps(opts)))
-    if not ptr:
-        raise MemoryError("wsup_publish_begin: out of memory")
-    handle = _Handle(lib, ptr)
-    status = lib.wsup_status(ptr)
-    if status != OK:
-        message = _s(lib.wsup_error(ptr))
-        del handle  # detaches
-        raise WsupError(message, status)
+    handle = open_handle(lib, "wsup_publish_begin", socket_path, mode, fingerprint, checkpoint_dir, opts)
     return Publication(handle, mode, int(device), path)
