@@ -59,8 +59,8 @@ enum {
  *   "timeout_ms":  integer  (default 10000)
  *   "device":      integer  cuda ordinal to map on (default 0)
  *   and, with checkpoint_dir: "backend" ("host"|"cuda", default "host"),
- *   "tp_size", "tp_rank", "pp_size", "pp_rank", "dp_size", "ep_size"
- *   (integers), "revision" (string). */
+ *   "tp_size", "tp_rank", "pp_size", "pp_rank", "dp_size", "ep_size",
+ *   "ep_rank" (integers), "revision" (string). */
 wsup_attachment* wsup_attach(const char* socket_path, const char* mode, const char* fingerprint_json,
                              const char* checkpoint_dir, const char* options_json);
 

@@ -333,7 +333,7 @@ class Attachment:
 
 def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None, backend="host", device=0,
            client_name="engine", timeout_ms=10000, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, dp_size=1,
-           ep_size=1, revision="", library=None):
+           ep_size=1, ep_rank=0, revision="", library=None):
     """Connects to the holder at socket_path and attaches in `mode`.
 
     The modes are those of the C++ client (client/client.h):
@@ -348,7 +348,7 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
 
     The fingerprint is either checkpoint_dir (its headers and config are read,
     not its tensors, and the fingerprint computed as the holder computes it,
-    with backend, device, tp_*, pp_*, dp_size, ep_size and revision) or
+    with backend, device, tp_*, pp_*, dp_size, ep_* and revision) or
     `fingerprint` (a dict or JSON text of string fields, as the holder sends).
     Exactly one must be given, except in mode off.
 
@@ -362,7 +362,8 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
     opts = {"client_name": client_name, "timeout_ms": int(timeout_ms), "device": int(device)}
     if checkpoint_dir is not None:
         opts.update(backend=backend, tp_size=int(tp_size), tp_rank=int(tp_rank), pp_size=int(pp_size),
-                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), revision=revision)
+                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), ep_rank=int(ep_rank),
+                    revision=revision)
     ptr = lib.wsup_attach(_b(socket_path), _b(mode), _b(fingerprint),
                           _b(None if checkpoint_dir is None else str(checkpoint_dir)), _b(json.dumps(opts)))
     if not ptr:
