@@ -269,7 +269,8 @@ bool ModelConfig::IsMoeLayer(int64_t layer) const {
   if (num_experts <= 0) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
   // Each family leaves the other's keys at their defaults, so the rules combine.
-  return layer >= first_k_dense_replace && layer % moe_layer_freq == 0 && (layer + 1) % decoder_sparse_step == 0;
+  return layer >= first_k_dense_replace && layer % moe_layer_freq == 0 &&
+         (layer + 1) % decoder_sparse_step == 0;
 }
 
 int64_t TensorInfo::numel() const {
@@ -300,8 +301,9 @@ Status ParseMoeConfig(const json& j, const std::string& path, ModelConfig* c) {
       if (ok) c->mlp_only_layers.push_back((*it)[i].get<int64_t>());
     }
     if (!ok) {
-      return Corrupt(path + ": key 'mlp_only_layers' is " + Quote(*it) +
-                     ", not a list of layer numbers: fix config.json or restore it from the model repository");
+      return Corrupt(
+          path + ": key 'mlp_only_layers' is " + Quote(*it) +
+          ", not a list of layer numbers: fix config.json or restore it from the model repository");
     }
   }
   WSUP_ASSIGN_OR_RETURN(c->q_lora_rank, ConfigCount(j, "q_lora_rank", 0, path));

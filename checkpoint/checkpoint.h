@@ -91,11 +91,11 @@ struct ModelConfig {
   // n_routed_experts (DeepSeek).
   int64_t num_experts = 0;
   int64_t moe_intermediate_size = 0;
-  int64_t n_shared_experts = 0;            // DeepSeek: mlp.shared_experts
-  int64_t first_k_dense_replace = 0;       // DeepSeek: layers below it are dense
-  int64_t moe_layer_freq = 1;              // DeepSeek: every moe_layer_freq-th layer after those is sparse
-  int64_t decoder_sparse_step = 1;         // Qwen-MoE: layer l is sparse when (l + 1) % step == 0
-  std::vector<int64_t> mlp_only_layers;    // Qwen-MoE: layers kept dense
+  int64_t n_shared_experts = 0;          // DeepSeek: mlp.shared_experts
+  int64_t first_k_dense_replace = 0;     // DeepSeek: layers below it are dense
+  int64_t moe_layer_freq = 1;            // DeepSeek: every moe_layer_freq-th layer after those is sparse
+  int64_t decoder_sparse_step = 1;       // Qwen-MoE: layer l is sparse when (l + 1) % step == 0
+  std::vector<int64_t> mlp_only_layers;  // Qwen-MoE: layers kept dense
   // Multi-head latent attention (DeepSeek-V2/V3); all 0 when absent.
   int64_t q_lora_rank = 0;  // 0: q_proj directly, no q_a/q_b
   int64_t kv_lora_rank = 0;

@@ -12,12 +12,12 @@ namespace {
 // The canonical order: fields print and compare in this order, and FromJson
 // restores it whatever order the JSON object had.
 constexpr const char* kFieldOrder[] = {
-    "model_path",        "architecture", "revision",     "checkpoint",     "checkpoint_files",
-    "tp_size",           "tp_rank",      "pp_size",      "pp_rank",        "dp_size",
-    "ep_size",           "ep_rank",      "quant_method", "quant_config",   "dtype",
-    "backend",           "device_capability", "cuda_driver", "cuda_runtime", "layout_version",
+    "model_path", "architecture",      "revision",     "checkpoint",   "checkpoint_files",
+    "tp_size",    "tp_rank",           "pp_size",      "pp_rank",      "dp_size",
+    "ep_size",    "ep_rank",           "quant_method", "quant_config", "dtype",
+    "backend",    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version",
     // An engine-made layout's (AddEngineLayout).
-    "layout",            "engine",       "engine_version", "transform",
+    "layout",     "engine",            "engine_version", "transform",
 };
 
 // One line per file so that renaming, resizing or rewriting any header

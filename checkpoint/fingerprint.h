@@ -33,7 +33,7 @@ inline constexpr int kArenaLayoutVersion = 1;
 struct FingerprintInputs {
   std::string model_path;  // as configured (made absolute by the caller)
   std::string revision;    // operator-supplied revision label, "" if none
-  ShardSpec shard;  // tp and ep size and rank
+  ShardSpec shard;         // tp and ep size and rank
   int pp_size = 1, pp_rank = 0, dp_size = 1;
   std::string backend;            // "host" or "cuda"
   std::string device_capability;  // "9.0", or "cpu"

@@ -205,8 +205,8 @@ uint64_t Product(const std::vector<int64_t>& shape, size_t from) {
 struct Plan {
   Split split = Split::kReplicate;
   int64_t start = 0;
-  int64_t len = 0;    // along the split dimension
-  bool held = true;   // false: another rank's expert under expert parallelism
+  int64_t len = 0;   // along the split dimension
+  bool held = true;  // false: another rank's expert under expert parallelism
 };
 
 // "model.layers.3.mlp.experts.17.up_proj.weight" -> 17, or -1.
@@ -311,6 +311,14 @@ class Planner {
       // Whole experts: rank r holds [r*E/ep, (r+1)*E/ep). The index was
       // checked against num_experts (ValidateMoe).
       const int64_t e = ExpertIndex(t.name);
+      if (e < 0) {
+        *err = PlanError{
+            Corrupt(ckpt_.dir() + ": tensor " + Q(t.name) +
+                    " is named like a routed expert but has no expert number after 'experts.', so "
+                    "wsup cannot tell which rank holds it; the checkpoint is damaged: re-download it"),
+            false};
+        return p;
+      }
       const int64_t per_rank = cfg_.num_experts / spec_.ep_size;
       p.held = e >= spec_.ep_rank * per_rank && e < (spec_.ep_rank + 1) * per_rank;
       return p;
@@ -390,11 +398,12 @@ class Planner {
         const int64_t cut = p.start % b != 0 ? p.start : p.start + p.len;
         const int64_t block = cut / b;
         const char* unit_name = dim == 0 ? "rows" : "columns";
-        const std::string where =
-            "rank " + std::to_string(spec_.tp_rank) + "'s " + unit_name + " [" + std::to_string(p.start) + ", " +
-            std::to_string(p.start + p.len) + ") " + (cut == p.start ? "start" : "end") + " inside block " +
-            (dim == 0 ? "row " : "column ") + std::to_string(block) + " (" + unit_name + " " +
-            std::to_string(block * b) + " to " + std::to_string(std::min(size, (block + 1) * b) - 1) + ")";
+        const std::string where = "rank " + std::to_string(spec_.tp_rank) + "'s " + unit_name + " [" +
+                                  std::to_string(p.start) + ", " + std::to_string(p.start + p.len) + ") " +
+                                  (cut == p.start ? "start" : "end") + " inside block " +
+                                  (dim == 0 ? "row " : "column ") + std::to_string(block) + " (" + unit_name +
+                                  " " + std::to_string(block * b) + " to " +
+                                  std::to_string(std::min(size, (block + 1) * b) - 1) + ")";
         auto ok = [&](int s) {
           if (rule->unit == Unit::kKvHeads && s > cfg_.num_key_value_heads) {
             return s % cfg_.num_key_value_heads == 0 && cfg_.head_dim % b == 0;
@@ -515,12 +524,14 @@ Status ValidateMoe(const Checkpoint& ckpt, const Architecture& arch) {
   const ModelConfig& c = ckpt.config();
   const std::string& dir = ckpt.dir();
   const std::string redownload = "; the checkpoint is incomplete or damaged: re-download it";
-  const std::string mismatch = "; the config and the weights belong to different models: restore the matching "
-                               "config.json";
+  const std::string mismatch =
+      "; the config and the weights belong to different models: restore the matching "
+      "config.json";
   if (c.num_experts <= 0) {
     return Corrupt(dir + ": config.json names " + c.architecture +
                    ", a mixture-of-experts model, but has no expert count (num_experts, num_local_experts or "
-                   "n_routed_experts)" + mismatch);
+                   "n_routed_experts)" +
+                   mismatch);
   }
   const int64_t experts = c.num_experts;
   const int64_t inter = c.moe_intermediate_size > 0 ? c.moe_intermediate_size : c.intermediate_size;
@@ -555,8 +566,8 @@ Status ValidateMoe(const Checkpoint& ckpt, const Architecture& arch) {
     const std::string router_name = prefix + "gate.weight";
     const TensorInfo* router = ckpt.Find(router_name);
     if (!router) {
-      return Corrupt(dir + ": layer " + std::to_string(layer) + " is sparse by config.json but has no router " +
-                     Q(router_name) + redownload);
+      return Corrupt(dir + ": layer " + std::to_string(layer) +
+                     " is sparse by config.json but has no router " + Q(router_name) + redownload);
     }
     const std::vector<int64_t> router_shape = {experts, c.hidden_size};
     if (check_shapes && router->shape != router_shape) {
@@ -568,12 +579,12 @@ Status ValidateMoe(const Checkpoint& ckpt, const Architecture& arch) {
       const std::string bias_name = prefix + "gate.e_score_correction_bias";
       const TensorInfo* bias = ckpt.Find(bias_name);
       if (!bias) {
-        return Corrupt(dir + ": layer " + std::to_string(layer) + " has a router but no " + Q(bias_name) + ", which " +
-                       c.architecture + " adds to every expert's routing score" + redownload);
+        return Corrupt(dir + ": layer " + std::to_string(layer) + " has a router but no " + Q(bias_name) +
+                       ", which " + c.architecture + " adds to every expert's routing score" + redownload);
       }
       if (bias->shape != std::vector<int64_t>{experts}) {
-        return Corrupt(dir + ": " + Q(bias_name) + " is " + ShapeStr(bias->shape) + ", not one value per expert [" +
-                       std::to_string(experts) + "]" + mismatch);
+        return Corrupt(dir + ": " + Q(bias_name) + " is " + ShapeStr(bias->shape) +
+                       ", not one value per expert [" + std::to_string(experts) + "]" + mismatch);
       }
     }
     for (int64_t e = 0; e < experts; ++e) {
@@ -591,8 +602,8 @@ Status ValidateMoe(const Checkpoint& ckpt, const Architecture& arch) {
         if (check_shapes && t->shape != want) {
           return Corrupt(dir + ": tensor " + Q(name) + " is " + ShapeStr(t->shape) + ", but an expert of " +
                          (c.moe_intermediate_size > 0 ? "moe_intermediate_size " : "intermediate_size ") +
-                         std::to_string(inter) + " over hidden_size " + std::to_string(c.hidden_size) + " has " +
-                         proj + " " + ShapeStr(want) + mismatch);
+                         std::to_string(inter) + " over hidden_size " + std::to_string(c.hidden_size) +
+                         " has " + proj + " " + ShapeStr(want) + mismatch);
         }
       }
     }
@@ -663,9 +674,9 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
                            "0 <= ep_rank < ep_size");
   }
   if (spec.ep_size > 1 && (spec.ep_size != spec.tp_size || spec.ep_rank != spec.tp_rank)) {
-    return InvalidArgument("ep_size " + std::to_string(spec.ep_size) + " (ep_rank " + std::to_string(spec.ep_rank) +
-                           ") beside tp_size " + std::to_string(spec.tp_size) + " (tp_rank " +
-                           std::to_string(spec.tp_rank) +
+    return InvalidArgument("ep_size " + std::to_string(spec.ep_size) + " (ep_rank " +
+                           std::to_string(spec.ep_rank) + ") beside tp_size " + std::to_string(spec.tp_size) +
+                           " (tp_rank " + std::to_string(spec.tp_rank) +
                            "): expert parallelism spans the tensor-parallel group, so use ep_size " +
                            std::to_string(spec.tp_size) + " with ep_rank = tp_rank, or ep_size 1");
   }
@@ -675,8 +686,8 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
   const int64_t experts = ckpt.config().num_experts;
   if (spec.ep_size > 1 && !(arch && arch->moe)) {
     return Refused(ckpt.dir() + ": architecture '" + ckpt.config().architecture +
-                   "' has no routed experts that wsup can partition, so ep_size " + std::to_string(spec.ep_size) +
-                   " means nothing for it; use ep_size 1");
+                   "' has no routed experts that wsup can partition, so ep_size " +
+                   std::to_string(spec.ep_size) + " means nothing for it; use ep_size 1");
   }
   // Sizes this checkpoint can be split into, with or without expert parallelism.
   auto works = [&](int t, bool ep) {
@@ -685,9 +696,8 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
     return p.PlanAll(nullptr).ok();
   };
   auto sizes_note = [&]() {
-    std::string note = "; tp sizes this checkpoint can use: " + JoinInts(SizesWhere([&](int t) {
-                         return works(t, false);
-                       }));
+    std::string note =
+        "; tp sizes this checkpoint can use: " + JoinInts(SizesWhere([&](int t) { return works(t, false); }));
     if (arch && arch->moe) {
       note += "; with expert parallelism (ep_size = tp_size): " +
               JoinInts(SizesWhere([&](int t) { return works(t, true); }));

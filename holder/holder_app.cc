@@ -63,9 +63,9 @@ Result<Loaded> LoadFromDisk(const HolderConfig& cfg) {
   WSUP_RETURN_IF_ERROR(CheckZeroCopyAllowed(ckpt));
   auto shards = PlanShards(ckpt, spec);
   if (!shards.ok()) {
-    std::string ep = spec.ep_size > 1 ? ", ep rank " + std::to_string(spec.ep_rank) + " of " +
-                                            std::to_string(spec.ep_size)
-                                      : "";
+    std::string ep = spec.ep_size > 1
+                         ? ", ep rank " + std::to_string(spec.ep_rank) + " of " + std::to_string(spec.ep_size)
+                         : "";
     return shards.error().With(cfg.model_dir + " (tp rank " + std::to_string(spec.tp_rank) + " of " +
                                std::to_string(spec.tp_size) + ep + ")");
   }
@@ -79,11 +79,12 @@ Result<Loaded> LoadFromDisk(const HolderConfig& cfg) {
   lo.read_threads = cfg.read_threads;
   LoadStats stats;
   WSUP_ASSIGN_OR_RETURN(out.arena, Arena::Load(ckpt, *shards, lo, &stats));
-  spdlog::info("loaded {} tensors ({} bytes, tp rank {} of {}, ep rank {} of {}) from {} into {} allocations "
-               "({} backend) in {:.3f} s ({:.2f} GB/s)",
-               out.arena.manifest().entries.size(), out.arena.manifest().total_bytes(), spec.tp_rank,
-               spec.tp_size, spec.ep_rank, spec.ep_size, cfg.model_dir, out.arena.manifest().allocations.size(), backend, stats.seconds,
-               stats.read_gbps);
+  spdlog::info(
+      "loaded {} tensors ({} bytes, tp rank {} of {}, ep rank {} of {}) from {} into {} allocations "
+      "({} backend) in {:.3f} s ({:.2f} GB/s)",
+      out.arena.manifest().entries.size(), out.arena.manifest().total_bytes(), spec.tp_rank, spec.tp_size,
+      spec.ep_rank, spec.ep_size, cfg.model_dir, out.arena.manifest().allocations.size(), backend,
+      stats.seconds, stats.read_gbps);
   return out;
 }
 
@@ -109,8 +110,9 @@ Result<Loaded> Adopt(const HolderConfig& cfg) {
     const char* field;
     std::optional<int> value;
   };
-  for (const Given& g : {Given{"--tp-size", "tp_size", cfg.tp_size}, Given{"--tp-rank", "tp_rank", cfg.tp_rank},
-                         Given{"--ep-size", "ep_size", cfg.ep_size}, Given{"--ep-rank", "ep_rank", cfg.ep_rank}}) {
+  for (const Given& g :
+       {Given{"--tp-size", "tp_size", cfg.tp_size}, Given{"--tp-rank", "tp_rank", cfg.tp_rank},
+        Given{"--ep-size", "ep_size", cfg.ep_size}, Given{"--ep-rank", "ep_rank", cfg.ep_rank}}) {
     std::string held = record.fingerprint.Get(g.field);
     if (g.value && std::to_string(*g.value) != held) {
       return InvalidArgument(std::string(g.flag) + " " + std::to_string(*g.value) +
@@ -310,14 +312,17 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
   int ep_size = cfg.ep_size.value_or(1);
   int ep_rank = cfg.ep_rank.value_or(0);
   if (ep_size != 1 && ep_size != tp_size) {
-    return InvalidArgument("--ep-size " + std::to_string(ep_size) + " with --tp-size " + std::to_string(tp_size) +
+    return InvalidArgument("--ep-size " + std::to_string(ep_size) + " with --tp-size " +
+                           std::to_string(tp_size) +
                            ": expert parallelism spans the tensor-parallel group; use --ep-size " +
                            std::to_string(tp_size) + " (or 1, experts split by tensor parallelism)");
   }
   if (ep_size > 1 && ep_rank != tp_rank) {
     return InvalidArgument("--ep-rank " + std::to_string(ep_rank) + " differs from --tp-rank " +
-                           std::to_string(tp_rank) + "; a holder's expert-parallel rank is its tensor-parallel "
-                           "rank: pass --ep-rank " + std::to_string(tp_rank));
+                           std::to_string(tp_rank) +
+                           "; a holder's expert-parallel rank is its tensor-parallel "
+                           "rank: pass --ep-rank " +
+                           std::to_string(tp_rank));
   }
   if (ep_size == 1 && ep_rank != 0) {
     return InvalidArgument("--ep-rank " + std::to_string(ep_rank) + " without --ep-size: give --ep-size " +

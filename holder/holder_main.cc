@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
   auto* ep_size_opt = app.add_option("--ep-size", ep_size,
                                      "expert-parallel size: 1 (default), or --tp-size to partition a "
                                      "mixture-of-experts model's routed experts whole across the ranks");
-  auto* ep_rank_opt =
-      app.add_option("--ep-rank", ep_rank, "this holder's expert-parallel rank, equal to --tp-rank (default 0)");
+  auto* ep_rank_opt = app.add_option("--ep-rank", ep_rank,
+                                     "this holder's expert-parallel rank, equal to --tp-rank (default 0)");
   app.add_option("--ready-fd", cfg.ready_fd, "inherited fd to write \"ready <socket>\\n\" to once serving");
   app.add_option("--deployment", cfg.deployment, "deployment name, shown by 'wsup cache info'");
   app.add_option("--revision", cfg.revision, "revision label of the model; part of the fingerprint");

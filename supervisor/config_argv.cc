@@ -24,16 +24,16 @@ const char* CacheLayoutName(CacheLayout l) { return l == CacheLayout::kEngine ? 
 const char* ProbeKindName(ProbeKind k) { return k == ProbeKind::kPort ? "port" : "semantic"; }
 
 const std::vector<std::string>& EnginePlaceholders() {
-  static const std::vector<std::string> names = {"port",    "model",    "socket",   "devices",    "mode",
-                                                 "backend", "tp",       "revision", "runtime_dir", "nonce",
-                                                 "ready_fd", "layout",  "ep"};
+  static const std::vector<std::string> names = {"port",     "model",  "socket",   "devices",     "mode",
+                                                 "backend",  "tp",     "revision", "runtime_dir", "nonce",
+                                                 "ready_fd", "layout", "ep"};
   return names;
 }
 
 const std::vector<std::string>& HolderPlaceholders() {
-  static const std::vector<std::string> names = {"rank",    "device", "socket",   "model",      "mode",
-                                                 "backend", "tp",     "revision", "runtime_dir", "layout",
-                                                 "ep"};
+  static const std::vector<std::string> names = {"rank",        "device",  "socket", "model",
+                                                 "mode",        "backend", "tp",     "revision",
+                                                 "runtime_dir", "layout",  "ep"};
   return names;
 }
 
@@ -170,7 +170,8 @@ std::string DescribeConfig(const Config& c) {
   std::ostringstream os;
   os << "node " << c.node.name << ": state_dir " << c.node.state_dir << ", runtime_dir " << c.node.runtime_dir << "\n";
   os << "model " << c.model.path << (c.model.revision.empty() ? "" : " (revision " + c.model.revision + ")") << "\n";
-  os << "parallel: tp " << c.parallel.tp << (c.parallel.expert_parallel ? " (experts: ep " + std::to_string(c.parallel.ep()) + ")" : "")
+  os << "parallel: tp " << c.parallel.tp
+     << (c.parallel.expert_parallel ? " (experts: ep " + std::to_string(c.parallel.ep()) + ")" : "")
      << ", devices " << DevicesArg(c) << "\n";
   os << "weight cache: mode " << CacheModeName(c.weight_cache.mode) << ", backend "
      << CacheBackendName(c.weight_cache.backend) << ", layout " << CacheLayoutName(c.weight_cache.layout)

@@ -90,17 +90,19 @@ std::vector<Error> CheckConfigPaths(const Config& c, const std::string& default_
       // Expert parallelism needs routed experts that the ranks can share
       // evenly; the holders would refuse anything else at start.
       auto text = ReadFile(JoinPath(m, "config.json"), kMaxConfigBytes);
-      auto mc = text.ok() ? ParseModelConfig(*text, JoinPath(m, "config.json")) : Result<ModelConfig>(text.error());
+      auto mc =
+          text.ok() ? ParseModelConfig(*text, JoinPath(m, "config.json")) : Result<ModelConfig>(text.error());
       if (!mc.ok()) {
         add("model.path", mc.error().message());
       } else if (mc->num_experts <= 0) {
         add("parallel.expert_parallel", "is true, but " + m + " (" + mc->architecture +
                                             ") has no routed experts to partition; remove expert_parallel");
       } else if (mc->num_experts % c.parallel.tp != 0) {
-        add("parallel.expert_parallel", "is true, but the " + std::to_string(mc->num_experts) + " experts of " + m +
-                                            " do not divide among parallel.tp = " + std::to_string(c.parallel.tp) +
-                                            " ranks; choose a tp that divides " + std::to_string(mc->num_experts) +
-                                            ", or remove expert_parallel to split every expert by tensor parallelism");
+        add("parallel.expert_parallel",
+            "is true, but the " + std::to_string(mc->num_experts) + " experts of " + m +
+                " do not divide among parallel.tp = " + std::to_string(c.parallel.tp) +
+                " ranks; choose a tp that divides " + std::to_string(mc->num_experts) +
+                ", or remove expert_parallel to split every expert by tensor parallelism");
       }
     }
     bool weights = false;

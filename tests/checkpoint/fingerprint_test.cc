@@ -16,10 +16,10 @@ bool Has(const std::string& haystack, const std::string& needle) {
 }
 
 const std::vector<std::string> kFields = {
-    "model_path",        "architecture", "revision",     "checkpoint",    "checkpoint_files",
-    "tp_size",           "tp_rank",      "pp_size",      "pp_rank",       "dp_size",
-    "ep_size",           "ep_rank",      "quant_method", "quant_config",  "dtype",
-    "backend",           "device_capability", "cuda_driver", "cuda_runtime", "layout_version"};
+    "model_path", "architecture",      "revision",     "checkpoint",   "checkpoint_files",
+    "tp_size",    "tp_rank",           "pp_size",      "pp_rank",      "dp_size",
+    "ep_size",    "ep_rank",           "quant_method", "quant_config", "dtype",
+    "backend",    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version"};
 
 FingerprintInputs Inputs() {
   FingerprintInputs in;

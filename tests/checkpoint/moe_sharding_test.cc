@@ -207,9 +207,10 @@ TEST_CASE("MoE slices spelled out for a few tensors", "[moe]") {
   CHECK(o->split == Split::kCols);
   CHECK(o->start == 64);
   CHECK(o->shape == std::vector<int64_t>{256, 64});
-  for (const char* n : {"model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
-                        "model.layers.0.self_attn.q_a_layernorm.weight", "model.layers.0.self_attn.kv_a_layernorm.weight",
-                        "model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias"}) {
+  for (const char* n :
+       {"model.layers.0.self_attn.q_a_proj.weight", "model.layers.0.self_attn.kv_a_proj_with_mqa.weight",
+        "model.layers.0.self_attn.q_a_layernorm.weight", "model.layers.0.self_attn.kv_a_layernorm.weight",
+        "model.layers.1.mlp.gate.weight", "model.layers.1.mlp.gate.e_score_correction_bias"}) {
     INFO(n);
     REQUIRE(get(*p, n));
     CHECK(get(*p, n)->split == Split::kReplicate);
@@ -325,8 +326,9 @@ TEST_CASE("malformed MoE checkpoints are refused with the tensor and the fix", "
 
   SECTION("an expert missing") {
     Rewritten r;
-    auto ck = r.From("qwen3moe-tiny-f32",
-                     [](TensorToWrite& t) { return t.name != "model.layers.1.mlp.experts.5.up_proj.weight"; });
+    auto ck = r.From("qwen3moe-tiny-f32", [](TensorToWrite& t) {
+      return t.name != "model.layers.1.mlp.experts.5.up_proj.weight";
+    });
     REQUIRE(ck.ok());
     CheckRefusedEverywhere(*ck, Code::kCorrupt,
                            {"expert 5 of layer 1 has no 'model.layers.1.mlp.experts.5.up_proj.weight'",
@@ -339,9 +341,10 @@ TEST_CASE("malformed MoE checkpoints are refused with the tensor and the fix", "
       return true;
     });
     REQUIRE(ck.ok());
-    CheckRefusedEverywhere(*ck, Code::kCorrupt,
-                           {"tensor 'model.layers.1.mlp.experts.2.down_proj.weight' is [256, 48], but an expert "
-                            "of moe_intermediate_size 64 over hidden_size 256 has down_proj [256, 64]"});
+    CheckRefusedEverywhere(
+        *ck, Code::kCorrupt,
+        {"tensor 'model.layers.1.mlp.experts.2.down_proj.weight' is [256, 48], but an expert "
+         "of moe_intermediate_size 64 over hidden_size 256 has down_proj [256, 64]"});
   }
   SECTION("a router of the wrong width") {
     Rewritten r;
@@ -350,13 +353,15 @@ TEST_CASE("malformed MoE checkpoints are refused with the tensor and the fix", "
       return true;
     });
     REQUIRE(ck.ok());
-    CheckRefusedEverywhere(*ck, Code::kCorrupt,
-                           {"router 'model.layers.0.mlp.gate.weight' is [7, 256], but a router over 8 experts "
-                            "and hidden_size 256 is [8, 256]"});
+    CheckRefusedEverywhere(
+        *ck, Code::kCorrupt,
+        {"router 'model.layers.0.mlp.gate.weight' is [7, 256], but a router over 8 experts "
+         "and hidden_size 256 is [8, 256]"});
   }
   SECTION("a router missing") {
     Rewritten r;
-    auto ck = r.From("deepseekv3-tiny-f32", [](TensorToWrite& t) { return t.name != "model.layers.1.mlp.gate.weight"; });
+    auto ck = r.From("deepseekv3-tiny-f32",
+                     [](TensorToWrite& t) { return t.name != "model.layers.1.mlp.gate.weight"; });
     REQUIRE(ck.ok());
     CheckRefusedEverywhere(*ck, Code::kCorrupt, {"layer 1 is sparse by config.json but has no router"});
   }
@@ -366,9 +371,9 @@ TEST_CASE("malformed MoE checkpoints are refused with the tensor and the fix", "
       return t.name != "model.layers.1.mlp.gate.e_score_correction_bias";
     });
     REQUIRE(ck.ok());
-    CheckRefusedEverywhere(*ck, Code::kCorrupt,
-                           {"layer 1 has a router but no 'model.layers.1.mlp.gate.e_score_correction_bias'",
-                            "re-download it"});
+    CheckRefusedEverywhere(
+        *ck, Code::kCorrupt,
+        {"layer 1 has a router but no 'model.layers.1.mlp.gate.e_score_correction_bias'", "re-download it"});
   }
   SECTION("e_score_correction_bias of the wrong length") {
     Rewritten r;
@@ -381,19 +386,35 @@ TEST_CASE("malformed MoE checkpoints are refused with the tensor and the fix", "
   }
   SECTION("an expert beyond num_experts") {
     Rewritten r;
-    auto ck = r.From("qwen3moe-tiny-f32", keep, {},
-                     {TensorToWrite{"model.layers.0.mlp.experts.8.up_proj.weight", DType::kF32, {64, 256}, {}, {}}});
+    auto ck = r.From(
+        "qwen3moe-tiny-f32", keep, {},
+        {TensorToWrite{"model.layers.0.mlp.experts.8.up_proj.weight", DType::kF32, {64, 256}, {}, {}}});
     REQUIRE(ck.ok());
-    CheckRefusedEverywhere(*ck, Code::kCorrupt,
-                           {"'model.layers.0.mlp.experts.8.up_proj.weight' belongs to expert 8, but config.json "
-                            "has 8 experts (0 to 7)"});
+    CheckRefusedEverywhere(
+        *ck, Code::kCorrupt,
+        {"'model.layers.0.mlp.experts.8.up_proj.weight' belongs to expert 8, but config.json "
+         "has 8 experts (0 to 7)"});
   }
   SECTION("experts in a layer config.json makes dense") {
     Rewritten r;
-    auto ck = r.From("deepseekv3-tiny-f32", keep, {},
-                     {TensorToWrite{"model.layers.0.mlp.experts.0.up_proj.weight", DType::kF32, {64, 256}, {}, {}}});
+    auto ck = r.From(
+        "deepseekv3-tiny-f32", keep, {},
+        {TensorToWrite{"model.layers.0.mlp.experts.0.up_proj.weight", DType::kF32, {64, 256}, {}, {}}});
     REQUIRE(ck.ok());
     CheckRefusedEverywhere(*ck, Code::kCorrupt, {"config.json makes layer 0 dense"});
+  }
+  SECTION("an expert without a number, under expert parallelism") {
+    Rewritten r;
+    auto ck = r.From(
+        "qwen3moe-tiny-f32", keep, {},
+        {TensorToWrite{"model.layers.0.mlp.experts.x.up_proj.weight", DType::kF32, {64, 256}, {}, {}}});
+    REQUIRE(ck.ok());
+    auto p = PlanShards(*ck, ShardSpec{2, 0, 2, 0});
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.error().code() == Code::kCorrupt);
+    CHECK(Has(p.error().message(),
+              "'model.layers.0.mlp.experts.x.up_proj.weight' is named like a routed expert "
+              "but has no expert number"));
   }
   SECTION("no expert count in config.json") {
     Rewritten r;
@@ -468,7 +489,8 @@ Result<Checkpoint> WriteFp8Moe(const test::TempDir& tmp, int64_t inter) {
   add(l + "post_attention_layernorm.weight", DType::kBF16, {256});
   add(l + "self_attn.q_norm.weight", DType::kBF16, {128});
   add(l + "self_attn.k_norm.weight", DType::kBF16, {128});
-  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) fp8(l + "self_attn." + p + ".weight", 256, 256);
+  for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"})
+    fp8(l + "self_attn." + p + ".weight", 256, 256);
   add(l + "mlp.gate.weight", DType::kBF16, {4, 256});
   for (int e = 0; e < 4; ++e) {
     const std::string x = l + "mlp.experts." + std::to_string(e) + ".";
@@ -476,17 +498,17 @@ Result<Checkpoint> WriteFp8Moe(const test::TempDir& tmp, int64_t inter) {
     fp8(x + "up_proj.weight", inter, 256);
     fp8(x + "down_proj.weight", 256, inter);
   }
-  nlohmann::json cfg = {{"architectures", {"Qwen3MoeForCausalLM"}},
-                        {"vocab_size", 256},
-                        {"hidden_size", 256},
-                        {"num_hidden_layers", 1},
-                        {"num_attention_heads", 2},
-                        {"num_key_value_heads", 2},
-                        {"head_dim", 128},
-                        {"num_experts", 4},
-                        {"moe_intermediate_size", inter},
-                        {"quantization_config",
-                         {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}}}};
+  nlohmann::json cfg = {
+      {"architectures", {"Qwen3MoeForCausalLM"}},
+      {"vocab_size", 256},
+      {"hidden_size", 256},
+      {"num_hidden_layers", 1},
+      {"num_attention_heads", 2},
+      {"num_key_value_heads", 2},
+      {"head_dim", 128},
+      {"num_experts", 4},
+      {"moe_intermediate_size", inter},
+      {"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}}}};
   REQUIRE(WriteFileAtomic(tmp.Join("config.json"), cfg.dump()).ok());
   REQUIRE(WriteSafetensors(tmp.Join("model.safetensors"), ts).ok());
   return Checkpoint::Open(tmp.path());
@@ -521,10 +543,12 @@ TEST_CASE("block FP8 experts: scales move with their expert, and a split through
   const std::string& m = tp2.error().message();
   INFO(m);
   CHECK(tp2.error().code() == Code::kRefused);
-  CHECK(Has(m, "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight': dimension 0 (128): tp_size 2 gives each "
-               "rank 64 rows, which cuts through its 128x128 FP8 scale blocks "
-               "('model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv'): rank 1's rows [64, 128) start inside "
-               "block row 0 (rows 0 to 127)"));
+  CHECK(
+      Has(m,
+          "tensor 'model.layers.0.mlp.experts.0.gate_proj.weight': dimension 0 (128): tp_size 2 gives each "
+          "rank 64 rows, which cuts through its 128x128 FP8 scale blocks "
+          "('model.layers.0.mlp.experts.0.gate_proj.weight_scale_inv'): rank 1's rows [64, 128) start inside "
+          "block row 0 (rows 0 to 127)"));
   CHECK(Has(m, "tp sizes this checkpoint can use: 1; with expert parallelism (ep_size = tp_size): 1, 2"));
   CheckShards(*narrow, 2, true);
 }

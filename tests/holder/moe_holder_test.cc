@@ -29,7 +29,8 @@ struct Group {
 };
 
 std::vector<std::string> RankArgs(const std::string& path, const Group& g, int r) {
-  std::vector<std::string> a = {"--model", path, "--tp-size", std::to_string(g.tp), "--tp-rank", std::to_string(r)};
+  std::vector<std::string> a = {"--model",        path, "--tp-size", std::to_string(g.tp), "--tp-rank",
+                                std::to_string(r)};
   if (g.ep) a.insert(a.end(), {"--ep-size", std::to_string(g.tp), "--ep-rank", std::to_string(r)});
   return a;
 }
@@ -47,7 +48,8 @@ void VerifyGroup(const std::string& model, const Group& g) {
 
   TempDir dir;
   std::vector<HolderProcess> ranks;
-  for (int r = 0; r < g.tp; ++r) ranks.push_back(StartHolder(dir, "r" + std::to_string(r), RankArgs(path, g, r)));
+  for (int r = 0; r < g.tp; ++r)
+    ranks.push_back(StartHolder(dir, "r" + std::to_string(r), RankArgs(path, g, r)));
   uint64_t verified = 0;
   for (int r = 0; r < g.tp; ++r) {
     HolderProcess& h = ranks[static_cast<size_t>(r)];
@@ -65,7 +67,8 @@ void VerifyGroup(const std::string& model, const Group& g) {
     CHECK(j["tensors"].get<size_t>() == want);
     verified += j["verified"].get<uint64_t>();
   }
-  CHECK(verified == (g.ep ? others * static_cast<size_t>(g.tp) + experts : (others + experts) * static_cast<size_t>(g.tp)));
+  CHECK(verified == (g.ep ? others * static_cast<size_t>(g.tp) + experts
+                          : (others + experts) * static_cast<size_t>(g.tp)));
   for (HolderProcess& h : ranks) {
     h.child.Kill(SIGTERM);
     CHECK(h.child.Wait(30s) >= 0);
@@ -83,7 +86,8 @@ TEST_CASE("cache verify passes on every rank of TP 1, 2, 4 and EP 2 groups of th
   }
 }
 
-TEST_CASE("block-FP8 MoE checkpoints: TP 1 verifies, TP 2 and EP 2 are refused naming the block", "[holder][moe]") {
+TEST_CASE("block-FP8 MoE checkpoints: TP 1 verifies, TP 2 and EP 2 are refused naming the block",
+          "[holder][moe]") {
   for (const char* model : {"qwen3moe-tiny-fp8-block", "deepseekv3-tiny-fp8-block"}) {
     if (!test::HaveTestData(model)) continue;
     VerifyGroup(model, Group{1, false});
@@ -148,10 +152,10 @@ TEST_CASE("wsup-holder refuses --ep-size and --ep-rank that do not fit the TP gr
     std::vector<std::string> args;
     const char* says;
   };
-  for (const Bad& b : {Bad{{"--tp-size", "2", "--tp-rank", "0", "--ep-size", "4"}, "use --ep-size 2"},
-                       Bad{{"--tp-size", "2", "--tp-rank", "1", "--ep-size", "2", "--ep-rank", "0"},
-                           "pass --ep-rank 1"},
-                       Bad{{"--tp-size", "2", "--tp-rank", "1", "--ep-rank", "1"}, "without --ep-size"}}) {
+  for (const Bad& b :
+       {Bad{{"--tp-size", "2", "--tp-rank", "0", "--ep-size", "4"}, "use --ep-size 2"},
+        Bad{{"--tp-size", "2", "--tp-rank", "1", "--ep-size", "2", "--ep-rank", "0"}, "pass --ep-rank 1"},
+        Bad{{"--tp-size", "2", "--tp-rank", "1", "--ep-rank", "1"}, "without --ep-size"}}) {
     TempDir dir;
     std::vector<std::string> args = {"--model", path};
     args.insert(args.end(), b.args.begin(), b.args.end());

@@ -540,7 +540,8 @@ TEST_CASE("config: check finds what the config names on this machine, located, o
 namespace wsup {
 namespace {
 
-TEST_CASE("config: parallel.expert_parallel starts holders with --ep-size and gives engines {ep}", "[config]") {
+TEST_CASE("config: parallel.expert_parallel starts holders with --ep-size and gives engines {ep}",
+          "[config]") {
   auto plain = ParseConfig(kBase, "/srv/c.toml", {"parallel.tp=2"});
   REQUIRE(plain.ok());
   CHECK_FALSE(plain->parallel.expert_parallel);
@@ -592,8 +593,9 @@ TEST_CASE("config: check refuses expert_parallel for a model without experts or 
   CHECK(three.output.find("do not divide among parallel.tp = 3 ranks") != std::string::npos);
   // Without expert parallelism the same tp is not this check's business.
   CHECK(CheckConfig(path, {moe, "parallel.tp=3"}, true, d.holder).exit_code == 0);
-  auto dense = CheckConfig(path, {"model.path=\"" + test::TestData("llama-tiny-f32") + "\"", "parallel.tp=2",
-                                  "parallel.expert_parallel=true"},
+  auto dense = CheckConfig(path,
+                           {"model.path=\"" + test::TestData("llama-tiny-f32") + "\"", "parallel.tp=2",
+                            "parallel.expert_parallel=true"},
                            true, d.holder);
   INFO(dense.output);
   CHECK(dense.exit_code == 1);
