@@ -141,6 +141,17 @@ Result<int64_t> ConfigInt(const json& j, const char* key, bool required, int64_t
   return it->get<int64_t>();
 }
 
+// As ConfigInt, but 0 is allowed (first_k_dense_replace 0, n_shared_experts 0).
+Result<int64_t> ConfigCount(const json& j, const char* key, int64_t dflt, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return dflt;
+  if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+    return Corrupt(path + ": key '" + key + "' is " + Quote(*it) +
+                   ", not an integer of 0 or more: fix config.json or restore it from the model repository");
+  }
+  return it->get<int64_t>();
+}
+
 Result<std::string> ConfigString(const json& j, const char* key, const std::string& path) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return std::string();
@@ -254,11 +265,56 @@ Result<DType> DTypeFromTorchName(std::string_view name) {
       "int32, int16, int8, uint8, bool");
 }
 
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  // Each family leaves the other's keys at their defaults, so the rules combine.
+  return layer >= first_k_dense_replace && layer % moe_layer_freq == 0 &&
+         (layer + 1) % decoder_sparse_step == 0;
+}
+
 int64_t TensorInfo::numel() const {
   uint64_t n = 1;  // unsigned: a hand-built TensorInfo must not make this undefined
   for (int64_t d : shape) n *= static_cast<uint64_t>(d);
   return static_cast<int64_t>(n);
 }
+
+namespace {
+
+Status ParseMoeConfig(const json& j, const std::string& path, ModelConfig* c) {
+  for (const char* key : {"num_experts", "num_local_experts", "n_routed_experts"}) {
+    WSUP_ASSIGN_OR_RETURN(int64_t n, ConfigCount(j, key, 0, path));
+    if (n > 0) {
+      c->num_experts = n;
+      break;
+    }
+  }
+  WSUP_ASSIGN_OR_RETURN(c->moe_intermediate_size, ConfigCount(j, "moe_intermediate_size", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->n_shared_experts, ConfigCount(j, "n_shared_experts", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->first_k_dense_replace, ConfigCount(j, "first_k_dense_replace", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->moe_layer_freq, ConfigInt(j, "moe_layer_freq", false, 1, path));
+  WSUP_ASSIGN_OR_RETURN(c->decoder_sparse_step, ConfigInt(j, "decoder_sparse_step", false, 1, path));
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    bool ok = it->is_array();
+    for (size_t i = 0; ok && i < it->size(); ++i) {
+      ok = (*it)[i].is_number_integer() && (*it)[i].get<int64_t>() >= 0;
+      if (ok) c->mlp_only_layers.push_back((*it)[i].get<int64_t>());
+    }
+    if (!ok) {
+      return Corrupt(
+          path + ": key 'mlp_only_layers' is " + Quote(*it) +
+          ", not a list of layer numbers: fix config.json or restore it from the model repository");
+    }
+  }
+  WSUP_ASSIGN_OR_RETURN(c->q_lora_rank, ConfigCount(j, "q_lora_rank", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->kv_lora_rank, ConfigCount(j, "kv_lora_rank", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->qk_nope_head_dim, ConfigCount(j, "qk_nope_head_dim", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->qk_rope_head_dim, ConfigCount(j, "qk_rope_head_dim", 0, path));
+  WSUP_ASSIGN_OR_RETURN(c->v_head_dim, ConfigCount(j, "v_head_dim", 0, path));
+  return Status::Ok();
+}
+
+}  // namespace
 
 Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::string& path) {
   const std::string fix = "fix config.json or restore it from the model repository";
@@ -322,6 +378,7 @@ Result<ModelConfig> ParseModelConfig(std::string_view json_text, const std::stri
     }
     c.tie_word_embeddings = tie->get<bool>();
   }
+  WSUP_RETURN_IF_ERROR(ParseMoeConfig(j, path, &c));
   auto q = j.find("quantization_config");
   if (q != j.end() && !q->is_null()) {
     WSUP_ASSIGN_OR_RETURN(c.quant, ParseQuantConfig(*q, path));

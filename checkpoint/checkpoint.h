@@ -88,6 +88,27 @@ struct ModelConfig {
   // config.json as read: family-specific keys (mixture-of-experts, MLA) are
   // read from it by the engine that computes that family.
   std::string json;
+
+  // Mixture of experts; num_experts 0 for a dense model. The key names vary
+  // by family: num_experts or num_local_experts (Qwen-MoE, Mixtral),
+  // n_routed_experts (DeepSeek).
+  int64_t num_experts = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t n_shared_experts = 0;          // DeepSeek: mlp.shared_experts
+  int64_t first_k_dense_replace = 0;     // DeepSeek: layers below it are dense
+  int64_t moe_layer_freq = 1;            // DeepSeek: every moe_layer_freq-th layer after those is sparse
+  int64_t decoder_sparse_step = 1;       // Qwen-MoE: layer l is sparse when (l + 1) % step == 0
+  std::vector<int64_t> mlp_only_layers;  // Qwen-MoE: layers kept dense
+  // Multi-head latent attention (DeepSeek-V2/V3); all 0 when absent.
+  int64_t q_lora_rank = 0;  // 0: q_proj directly, no q_a/q_b
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+
+  // Whether layer l (< num_hidden_layers) has routed experts, by the rules
+  // of the config's family.
+  bool IsMoeLayer(int64_t layer) const;
 };
 
 // Parses config.json text; `path` is used in messages only.

@@ -12,12 +12,12 @@ namespace {
 // The canonical order: fields print and compare in this order, and FromJson
 // restores it whatever order the JSON object had.
 constexpr const char* kFieldOrder[] = {
-    "model_path",        "architecture", "revision",     "checkpoint",     "checkpoint_files",
-    "tp_size",           "tp_rank",      "pp_size",      "pp_rank",        "dp_size",
-    "ep_size",           "quant_method", "quant_config", "dtype",          "backend",
-    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version",
+    "model_path", "architecture",      "revision",     "checkpoint",   "checkpoint_files",
+    "tp_size",    "tp_rank",           "pp_size",      "pp_rank",      "dp_size",
+    "ep_size",    "ep_rank",           "quant_method", "quant_config", "dtype",
+    "backend",    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version",
     // An engine-made layout's (AddEngineLayout).
-    "layout",            "engine",       "engine_version", "transform",
+    "layout",     "engine",            "engine_version", "transform",
 };
 
 // One line per file so that renaming, resizing or rewriting any header
@@ -47,7 +47,8 @@ Fingerprint Fingerprint::Compute(const Checkpoint& ckpt, const FingerprintInputs
   add("pp_size", std::to_string(in.pp_size));
   add("pp_rank", std::to_string(in.pp_rank));
   add("dp_size", std::to_string(in.dp_size));
-  add("ep_size", std::to_string(in.ep_size));
+  add("ep_size", std::to_string(in.shard.ep_size));
+  add("ep_rank", std::to_string(in.shard.ep_rank));
   add("quant_method", c.quant.method);
   add("quant_config", c.quant.json_sha256.empty() ? "none" : c.quant.json_sha256);
   add("dtype", c.torch_dtype.empty() ? "unspecified" : c.torch_dtype);

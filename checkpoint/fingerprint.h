@@ -6,7 +6,7 @@
 // Fields (all strings, so they compare and print the same everywhere):
 //   model_path, architecture, revision, checkpoint (sha256 over every file's
 //   name, size and header sha256), checkpoint_files, tp_size, tp_rank,
-//   pp_size, pp_rank, dp_size, ep_size, quant_method, quant_config (sha256 of
+//   pp_size, pp_rank, dp_size, ep_size, ep_rank, quant_method, quant_config (sha256 of
 //   the quantization_config JSON, or "none"), dtype, backend,
 //   device_capability, cuda_driver, cuda_runtime, layout_version; and for an
 //   engine-made layout (AddEngineLayout) also layout ("engine"), engine,
@@ -33,8 +33,8 @@ inline constexpr int kArenaLayoutVersion = 1;
 struct FingerprintInputs {
   std::string model_path;  // as configured (made absolute by the caller)
   std::string revision;    // operator-supplied revision label, "" if none
-  ShardSpec shard;
-  int pp_size = 1, pp_rank = 0, dp_size = 1, ep_size = 1;
+  ShardSpec shard;         // tp and ep size and rank
+  int pp_size = 1, pp_rank = 0, dp_size = 1;
   std::string backend;            // "host" or "cuda"
   std::string device_capability;  // "9.0", or "cpu"
   std::string cuda_driver;        // e.g. "13000", or "none"

@@ -11,12 +11,20 @@ namespace {
 
 // What a split dimension is made of, which decides the sizes tp may take:
 // attention dimensions must be cut between heads, others anywhere even.
-enum class Unit { kEven, kQHeads, kKvHeads };
+// The multi-head latent attention units are heads of another size:
+// q_b_proj rows are per head qk_nope + qk_rope, kv_b_proj rows per head
+// qk_nope + v_head, o_proj columns per head v_head.
+enum class Unit { kEven, kQHeads, kKvHeads, kMlaQHeads, kMlaKvHeads, kMlaVHeads };
+
+// A routed expert's matrix (mlp.experts.E.*): split like a dense MLP under
+// tensor parallelism, held whole by one rank under expert parallelism.
+enum class Role { kPlain, kRoutedExpert };
 
 struct Rule {
-  const char* pattern;  // '*' matches one dotted segment (a layer number)
+  const char* pattern;  // '*' matches one dotted segment (a layer or expert number)
   Split split;
   Unit unit;
+  Role role = Role::kPlain;
 };
 
 // Llama and the architectures that share its tensor names. Another family is
@@ -48,9 +56,81 @@ constexpr Rule kLlamaRules[] = {
     {"model.layers.*.mlp.down_proj.bias", Split::kReplicate, Unit::kEven},
 };
 
+// Qwen3-MoE: Llama attention with q/k norms; every sparse layer a router
+// and routed experts (mlp_only_layers keep a dense MLP, as in Llama).
+constexpr Rule kQwen3MoeRules[] = {
+    {"model.embed_tokens.weight", Split::kRows, Unit::kEven},
+    {"lm_head.weight", Split::kRows, Unit::kEven},
+    {"model.norm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.input_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.post_attention_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.q_norm.weight", Split::kReplicate, Unit::kEven},  // per head_dim
+    {"model.layers.*.self_attn.k_norm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.q_proj.weight", Split::kRows, Unit::kQHeads},
+    {"model.layers.*.self_attn.q_proj.bias", Split::kRows, Unit::kQHeads},
+    {"model.layers.*.self_attn.k_proj.weight", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.k_proj.bias", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.v_proj.weight", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.v_proj.bias", Split::kRows, Unit::kKvHeads},
+    {"model.layers.*.self_attn.o_proj.weight", Split::kCols, Unit::kQHeads},
+    {"model.layers.*.self_attn.o_proj.bias", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.mlp.gate.weight", Split::kReplicate, Unit::kEven},  // the router: every rank routes
+    {"model.layers.*.mlp.experts.*.gate_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
+    {"model.layers.*.mlp.experts.*.up_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
+    {"model.layers.*.mlp.experts.*.down_proj.weight", Split::kCols, Unit::kEven, Role::kRoutedExpert},
+    {"model.layers.*.mlp.gate_proj.weight", Split::kRows, Unit::kEven},  // mlp_only_layers
+    {"model.layers.*.mlp.up_proj.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.down_proj.weight", Split::kCols, Unit::kEven},
+};
+
+// DeepSeek-V3: multi-head latent attention; the first first_k_dense_replace
+// layers dense, the others a router with a score correction bias, routed
+// experts and shared experts (a dense MLP every token goes through). The
+// multi-token-prediction layer (model.layers.<num_hidden_layers>) adds its
+// own embedding, norms, projection and head.
+constexpr Rule kDeepseekV3Rules[] = {
+    {"model.embed_tokens.weight", Split::kRows, Unit::kEven},
+    {"lm_head.weight", Split::kRows, Unit::kEven},
+    {"model.norm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.input_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.post_attention_layernorm.weight", Split::kReplicate, Unit::kEven},
+    // The low-rank down-projections and their norms are small and every head
+    // needs all of them.
+    {"model.layers.*.self_attn.q_a_proj.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.q_a_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.kv_a_proj_with_mqa.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.kv_a_layernorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.self_attn.q_b_proj.weight", Split::kRows, Unit::kMlaQHeads},
+    {"model.layers.*.self_attn.q_proj.weight", Split::kRows, Unit::kMlaQHeads},  // q_lora_rank null
+    {"model.layers.*.self_attn.kv_b_proj.weight", Split::kRows, Unit::kMlaKvHeads},
+    {"model.layers.*.self_attn.o_proj.weight", Split::kCols, Unit::kMlaVHeads},
+    {"model.layers.*.mlp.gate.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.mlp.gate.e_score_correction_bias", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.mlp.experts.*.gate_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
+    {"model.layers.*.mlp.experts.*.up_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
+    {"model.layers.*.mlp.experts.*.down_proj.weight", Split::kCols, Unit::kEven, Role::kRoutedExpert},
+    {"model.layers.*.mlp.shared_experts.gate_proj.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.shared_experts.up_proj.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.shared_experts.down_proj.weight", Split::kCols, Unit::kEven},
+    {"model.layers.*.mlp.gate_proj.weight", Split::kRows, Unit::kEven},  // dense layers
+    {"model.layers.*.mlp.up_proj.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.mlp.down_proj.weight", Split::kCols, Unit::kEven},
+    // Multi-token prediction.
+    {"model.layers.*.embed_tokens.weight", Split::kRows, Unit::kEven},
+    {"model.layers.*.enorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.hnorm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.eh_proj.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.shared_head.norm.weight", Split::kReplicate, Unit::kEven},
+    {"model.layers.*.shared_head.head.weight", Split::kRows, Unit::kEven},
+};
+
 struct Architecture {
   const char* name;
   std::span<const Rule> rules;
+  // Mixture of experts: the checkpoint is checked against config.json's
+  // expert counts and shapes before planning.
+  bool moe = false;
+  bool score_bias = false;  // the router has mlp.gate.e_score_correction_bias
 };
 
 constexpr Architecture kArchitectures[] = {
@@ -58,6 +138,8 @@ constexpr Architecture kArchitectures[] = {
     {"MistralForCausalLM", kLlamaRules},
     {"Qwen2ForCausalLM", kLlamaRules},
     {"Qwen3ForCausalLM", kLlamaRules},
+    {"Qwen3MoeForCausalLM", kQwen3MoeRules, true, false},
+    {"DeepseekV3ForCausalLM", kDeepseekV3Rules, true, true},
 };
 
 constexpr std::string_view kScaleSuffix = "_scale_inv";  // "<w>.weight" + "_scale_inv"
@@ -123,8 +205,64 @@ uint64_t Product(const std::vector<int64_t>& shape, size_t from) {
 struct Plan {
   Split split = Split::kReplicate;
   int64_t start = 0;
-  int64_t len = 0;  // along the split dimension
+  int64_t len = 0;   // along the split dimension
+  bool held = true;  // false: another rank's expert under expert parallelism
 };
+
+// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17, or -1.
+int64_t ExpertIndex(std::string_view name) {
+  constexpr std::string_view kExperts = ".experts.";
+  size_t at = name.find(kExperts);
+  if (at == std::string_view::npos) return -1;
+  int64_t e = 0;
+  size_t i = at + kExperts.size(), first = i;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
+    if (e > (int64_t{1} << 40)) return -1;
+    e = e * 10 + (name[i] - '0');
+  }
+  return i == first || i >= name.size() || name[i] != '.' ? -1 : e;
+}
+
+// "model.layers.3.<rest>" -> 3 and rest, or -1.
+int64_t LayerIndex(std::string_view name, std::string_view* rest) {
+  constexpr std::string_view kLayers = "model.layers.";
+  if (name.substr(0, kLayers.size()) != kLayers) return -1;
+  int64_t l = 0;
+  size_t i = kLayers.size();
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
+    if (l > (int64_t{1} << 40)) return -1;
+    l = l * 10 + (name[i] - '0');
+  }
+  if (i == kLayers.size() || i >= name.size() || name[i] != '.') return -1;
+  *rest = name.substr(i + 1);
+  return l;
+}
+
+// How a head-split dimension is made: `heads` heads of `per_head` each; the
+// names are config.json's keys, for messages.
+struct HeadLayout {
+  int64_t heads;
+  int64_t per_head;
+  const char* heads_key;
+  const char* per_head_key;
+};
+
+HeadLayout HeadsOf(Unit unit, const ModelConfig& c) {
+  switch (unit) {
+    case Unit::kKvHeads:
+      return {c.num_key_value_heads, c.head_dim, "num_key_value_heads", "head_dim"};
+    case Unit::kMlaQHeads:
+      return {c.num_attention_heads, c.qk_nope_head_dim + c.qk_rope_head_dim, "num_attention_heads",
+              "(qk_nope_head_dim + qk_rope_head_dim)"};
+    case Unit::kMlaKvHeads:
+      return {c.num_attention_heads, c.qk_nope_head_dim + c.v_head_dim, "num_attention_heads",
+              "(qk_nope_head_dim + v_head_dim)"};
+    case Unit::kMlaVHeads:
+      return {c.num_attention_heads, c.v_head_dim, "num_attention_heads", "v_head_dim"};
+    default:
+      return {c.num_attention_heads, c.head_dim, "num_attention_heads", "head_dim"};
+  }
+}
 
 struct PlanError {
   Error error;
@@ -169,6 +307,22 @@ class Planner {
           false};
       return p;
     }
+    if (rule->role == Role::kRoutedExpert && spec_.ep_size > 1) {
+      // Whole experts: rank r holds [r*E/ep, (r+1)*E/ep). The index was
+      // checked against num_experts (ValidateMoe).
+      const int64_t e = ExpertIndex(t.name);
+      if (e < 0) {
+        *err = PlanError{
+            Corrupt(ckpt_.dir() + ": tensor " + Q(t.name) +
+                    " is named like a routed expert but has no expert number after 'experts.', so "
+                    "wsup cannot tell which rank holds it; the checkpoint is damaged: re-download it"),
+            false};
+        return p;
+      }
+      const int64_t per_rank = cfg_.num_experts / spec_.ep_size;
+      p.held = e >= spec_.ep_rank * per_rank && e < (spec_.ep_rank + 1) * per_rank;
+      return p;
+    }
     p.split = rule->split;
     if (p.split == Split::kReplicate) return p;
     const size_t dim = p.split == Split::kRows ? 0 : 1;
@@ -185,12 +339,13 @@ class Planner {
     const std::string what = ckpt_.dir() + ": tensor " + Q(t.name) + ": dimension " + std::to_string(dim) +
                              " (" + std::to_string(size) + ")";
 
-    if (rule->unit == Unit::kQHeads || rule->unit == Unit::kKvHeads) {
-      const int64_t heads = rule->unit == Unit::kQHeads ? cfg_.num_attention_heads : cfg_.num_key_value_heads;
-      const char* key = rule->unit == Unit::kQHeads ? "num_attention_heads" : "num_key_value_heads";
-      if (size != heads * cfg_.head_dim) {
-        *err = PlanError{Corrupt(what + " is not " + key + " x head_dim = " + std::to_string(heads) + " x " +
-                                 std::to_string(cfg_.head_dim) +
+    if (rule->unit != Unit::kEven) {
+      const HeadLayout hl = HeadsOf(rule->unit, cfg_);
+      const int64_t heads = hl.heads;
+      const char* key = hl.heads_key;
+      if (size != heads * hl.per_head || hl.per_head <= 0) {
+        *err = PlanError{Corrupt(what + " is not " + key + " x " + hl.per_head_key + " = " +
+                                 std::to_string(heads) + " x " + std::to_string(hl.per_head) +
                                  " from config.json; the config and the weights belong to different models: "
                                  "restore the matching config.json"),
                          false};
@@ -208,8 +363,8 @@ class Planner {
               true};
           return p;
         }
-        p.start = spec_.tp_rank * heads / tp * cfg_.head_dim;
-        p.len = cfg_.head_dim;
+        p.start = spec_.tp_rank * heads / tp * hl.per_head;
+        p.len = hl.per_head;
       } else {
         if (heads % tp != 0) {
           *err = PlanError{
@@ -239,18 +394,29 @@ class Planner {
     if (const TensorInfo* scale = ckpt_.Find(t.name + std::string(kScaleSuffix)); scale && block_[0] > 0) {
       const int64_t b = block_[dim];
       if (p.len % b != 0 || p.start % b != 0) {
+        // The first block the rank's part starts or ends inside.
+        const int64_t cut = p.start % b != 0 ? p.start : p.start + p.len;
+        const int64_t block = cut / b;
+        const char* unit_name = dim == 0 ? "rows" : "columns";
+        const std::string where = "rank " + std::to_string(spec_.tp_rank) + "'s " + unit_name + " [" +
+                                  std::to_string(p.start) + ", " + std::to_string(p.start + p.len) + ") " +
+                                  (cut == p.start ? "start" : "end") + " inside block " +
+                                  (dim == 0 ? "row " : "column ") + std::to_string(block) + " (" + unit_name +
+                                  " " + std::to_string(block * b) + " to " +
+                                  std::to_string(std::min(size, (block + 1) * b) - 1) + ")";
         auto ok = [&](int s) {
           if (rule->unit == Unit::kKvHeads && s > cfg_.num_key_value_heads) {
             return s % cfg_.num_key_value_heads == 0 && cfg_.head_dim % b == 0;
           }
+          if (rule->unit != Unit::kEven && HeadsOf(rule->unit, cfg_).heads % s != 0) return false;
           return size % s == 0 && (size / s) % b == 0;
         };
         *err = PlanError{
             Refused(what + ": tp_size " + std::to_string(tp) + " gives each rank " + std::to_string(p.len) +
                     (dim == 0 ? " rows" : " columns") + ", which cuts through its " +
                     std::to_string(block_[0]) + "x" + std::to_string(block_[1]) + " FP8 scale blocks (" +
-                    Q(scale->name) +
-                    "); tp sizes that keep this tensor's blocks whole: " + JoinInts(SizesWhere(ok))),
+                    Q(scale->name) + "): " + where +
+                    "; tp sizes that keep this tensor's blocks whole: " + JoinInts(SizesWhere(ok))),
             true};
         return p;
       }
@@ -283,6 +449,7 @@ class Planner {
       return p;
     }
     p.split = wp.split;
+    p.held = wp.held;
     if (p.split == Split::kReplicate) return p;
     const int64_t b = block_[p.split == Split::kRows ? 0 : 1];
     p.start = wp.start / b;
@@ -308,7 +475,7 @@ class Planner {
         last_fixable_ = err->tp_fixable;
         return err->error;
       }
-      if (!out) continue;
+      if (!out || !p.held) continue;
       ShardedTensor s;
       s.name = t.name;
       s.dtype = t.dtype;
@@ -336,11 +503,112 @@ class Planner {
   mutable bool last_fixable_ = false;
 };
 
-std::span<const Rule> RulesFor(const std::string& architecture) {
+const Architecture* FindArchitecture(const std::string& architecture) {
   for (const Architecture& a : kArchitectures) {
-    if (architecture == a.name) return a.rules;
+    if (architecture == a.name) return &a;
   }
-  return {};
+  return nullptr;
+}
+
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// Checks a mixture-of-experts checkpoint against its config.json before
+// anything is planned, so that a missing or misshapen expert is an error
+// naming it rather than a slice that does not fit, or an engine that fails
+// much later.
+Status ValidateMoe(const Checkpoint& ckpt, const Architecture& arch) {
+  const ModelConfig& c = ckpt.config();
+  const std::string& dir = ckpt.dir();
+  const std::string redownload = "; the checkpoint is incomplete or damaged: re-download it";
+  const std::string mismatch =
+      "; the config and the weights belong to different models: restore the matching "
+      "config.json";
+  if (c.num_experts <= 0) {
+    return Corrupt(dir + ": config.json names " + c.architecture +
+                   ", a mixture-of-experts model, but has no expert count (num_experts, num_local_experts or "
+                   "n_routed_experts)" +
+                   mismatch);
+  }
+  const int64_t experts = c.num_experts;
+  const int64_t inter = c.moe_intermediate_size > 0 ? c.moe_intermediate_size : c.intermediate_size;
+  if (inter <= 0) {
+    return Corrupt(dir + ": config.json has no moe_intermediate_size, the width of each expert" + mismatch);
+  }
+  // Packed formats (int4 and the like) store other shapes than the matrix's.
+  const bool check_shapes = c.quant.method == "none" || c.quant.method == "fp8";
+
+  for (const TensorInfo& t : ckpt.tensors()) {
+    std::string_view rest;
+    const int64_t layer = LayerIndex(t.name, &rest);
+    if (layer < 0 || rest.substr(0, 12) != "mlp.experts.") continue;
+    const int64_t e = ExpertIndex(t.name);
+    if (e < 0) continue;  // not a per-expert name (a fused layout): no rule matches it when split
+    if (e >= experts) {
+      return Corrupt(dir + ": tensor " + Q(t.name) + " belongs to expert " + std::to_string(e) +
+                     ", but config.json has " + std::to_string(experts) + " experts (0 to " +
+                     std::to_string(experts - 1) + ")" + mismatch);
+    }
+    if (layer < c.num_hidden_layers && !c.IsMoeLayer(layer)) {
+      return Corrupt(dir + ": tensor " + Q(t.name) + " is a routed expert, but config.json makes layer " +
+                     std::to_string(layer) +
+                     " dense (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers)" +
+                     mismatch);
+    }
+  }
+
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    if (!c.IsMoeLayer(layer)) continue;
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".mlp.";
+    const std::string router_name = prefix + "gate.weight";
+    const TensorInfo* router = ckpt.Find(router_name);
+    if (!router) {
+      return Corrupt(dir + ": layer " + std::to_string(layer) +
+                     " is sparse by config.json but has no router " + Q(router_name) + redownload);
+    }
+    const std::vector<int64_t> router_shape = {experts, c.hidden_size};
+    if (check_shapes && router->shape != router_shape) {
+      return Corrupt(dir + ": router " + Q(router_name) + " is " + ShapeStr(router->shape) +
+                     ", but a router over " + std::to_string(experts) + " experts and hidden_size " +
+                     std::to_string(c.hidden_size) + " is " + ShapeStr(router_shape) + mismatch);
+    }
+    if (arch.score_bias) {
+      const std::string bias_name = prefix + "gate.e_score_correction_bias";
+      const TensorInfo* bias = ckpt.Find(bias_name);
+      if (!bias) {
+        return Corrupt(dir + ": layer " + std::to_string(layer) + " has a router but no " + Q(bias_name) +
+                       ", which " + c.architecture + " adds to every expert's routing score" + redownload);
+      }
+      if (bias->shape != std::vector<int64_t>{experts}) {
+        return Corrupt(dir + ": " + Q(bias_name) + " is " + ShapeStr(bias->shape) +
+                       ", not one value per expert [" + std::to_string(experts) + "]" + mismatch);
+      }
+    }
+    for (int64_t e = 0; e < experts; ++e) {
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+        const std::string name = prefix + "experts." + std::to_string(e) + "." + proj + ".weight";
+        const TensorInfo* t = ckpt.Find(name);
+        if (!t) {
+          return Corrupt(dir + ": expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
+                         " has no " + Q(name) + " (config.json: " + std::to_string(experts) + " experts)" +
+                         redownload);
+        }
+        const bool down = proj[0] == 'd';
+        const std::vector<int64_t> want =
+            down ? std::vector<int64_t>{c.hidden_size, inter} : std::vector<int64_t>{inter, c.hidden_size};
+        if (check_shapes && t->shape != want) {
+          return Corrupt(dir + ": tensor " + Q(name) + " is " + ShapeStr(t->shape) + ", but an expert of " +
+                         (c.moe_intermediate_size > 0 ? "moe_intermediate_size " : "intermediate_size ") +
+                         std::to_string(inter) + " over hidden_size " + std::to_string(c.hidden_size) +
+                         " has " + proj + " " + ShapeStr(want) + mismatch);
+        }
+      }
+    }
+  }
+  return Status::Ok();
 }
 
 Status PreadRows(const Checkpoint& ckpt, const TensorInfo& src, const ShardedTensor& t, uint8_t* dst) {
@@ -400,7 +668,47 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
                            std::to_string(spec.tp_rank) + " is not a rank of a group; use tp_size >= 1 and " +
                            "0 <= tp_rank < tp_size");
   }
-  std::span<const Rule> rules = RulesFor(ckpt.config().architecture);
+  if (spec.ep_size < 1 || spec.ep_rank < 0 || spec.ep_rank >= spec.ep_size) {
+    return InvalidArgument("ep_size " + std::to_string(spec.ep_size) + " with ep_rank " +
+                           std::to_string(spec.ep_rank) + " is not a rank of a group; use ep_size >= 1 and " +
+                           "0 <= ep_rank < ep_size");
+  }
+  if (spec.ep_size > 1 && (spec.ep_size != spec.tp_size || spec.ep_rank != spec.tp_rank)) {
+    return InvalidArgument("ep_size " + std::to_string(spec.ep_size) + " (ep_rank " +
+                           std::to_string(spec.ep_rank) + ") beside tp_size " + std::to_string(spec.tp_size) +
+                           " (tp_rank " + std::to_string(spec.tp_rank) +
+                           "): expert parallelism spans the tensor-parallel group, so use ep_size " +
+                           std::to_string(spec.tp_size) + " with ep_rank = tp_rank, or ep_size 1");
+  }
+  const Architecture* arch = FindArchitecture(ckpt.config().architecture);
+  std::span<const Rule> rules = arch ? arch->rules : std::span<const Rule>{};
+  if (arch && arch->moe) WSUP_RETURN_IF_ERROR(ValidateMoe(ckpt, *arch));
+  const int64_t experts = ckpt.config().num_experts;
+  if (spec.ep_size > 1 && !(arch && arch->moe)) {
+    return Refused(ckpt.dir() + ": architecture '" + ckpt.config().architecture +
+                   "' has no routed experts that wsup can partition, so ep_size " +
+                   std::to_string(spec.ep_size) + " means nothing for it; use ep_size 1");
+  }
+  // Sizes this checkpoint can be split into, with or without expert parallelism.
+  auto works = [&](int t, bool ep) {
+    if (ep && experts % t != 0) return false;
+    Planner p(ckpt, ShardSpec{t, 0, ep ? t : 1, 0}, rules);
+    return p.PlanAll(nullptr).ok();
+  };
+  auto sizes_note = [&]() {
+    std::string note =
+        "; tp sizes this checkpoint can use: " + JoinInts(SizesWhere([&](int t) { return works(t, false); }));
+    if (arch && arch->moe) {
+      note += "; with expert parallelism (ep_size = tp_size): " +
+              JoinInts(SizesWhere([&](int t) { return works(t, true); }));
+    }
+    return note;
+  };
+  if (spec.ep_size > 1 && experts % spec.ep_size != 0) {
+    return Refused(ckpt.dir() + ": num_experts " + std::to_string(experts) + " is not divisible by ep_size " +
+                   std::to_string(spec.ep_size) + ", so the ranks cannot hold equal shares of whole experts" +
+                   sizes_note());
+  }
   if (spec.tp_size > 1 && rules.empty()) {
     std::string known;
     for (const Architecture& a : kArchitectures) known += (known.empty() ? "" : ", ") + std::string(a.name);
@@ -415,12 +723,7 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
     if (!planner.last_fixable()) return s.error();
     // Say which sizes would work for the whole checkpoint, not only for the
     // tensor that failed first.
-    std::vector<int> ok = SizesWhere([&](int t) {
-      Planner p(ckpt, ShardSpec{t, 0}, rules);
-      return p.PlanAll(nullptr).ok();
-    });
-    return Error(s.error().code(),
-                 s.error().message() + "; tp sizes this checkpoint can use: " + JoinInts(ok));
+    return Error(s.error().code(), s.error().message() + sizes_note());
   }
   return out;
 }

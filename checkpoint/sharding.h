@@ -1,5 +1,5 @@
-// Tensor-parallel sharding rules: which slice of each checkpoint tensor a
-// rank holds.
+// Tensor- and expert-parallel sharding rules: which slice of each checkpoint
+// tensor a rank holds.
 //
 // The rules for an architecture are one table (name pattern -> split), so
 // another architecture is one more table. Llama family:
@@ -11,6 +11,21 @@
 // with their weights; a split that would cut through a block is refused.
 // When tp exceeds the number of KV heads, k/v are replicated so that each
 // rank holds whole heads (rank r holds head r * kv_heads / tp).
+//
+// Mixture of experts (Qwen3-MoE, DeepSeek-V3): attention as above (DeepSeek's
+// multi-head latent attention: q_a/kv_a projections and their norms
+// replicated, q_b/kv_b split by heads on their rows, o_proj by heads on its
+// columns); the router (mlp.gate) and its e_score_correction_bias
+// replicated; shared experts and dense layers like a Llama MLP. Routed
+// experts (mlp.experts.E.*) either follow tensor parallelism (each expert's
+// intermediate dimension split like a dense MLP) or, with ep_size > 1, are
+// partitioned whole: rank r holds experts [r*E/ep, (r+1)*E/ep) unsplit and
+// none of the others (their tensors are absent from its plan). ep_size is
+// either 1 or tp_size, with ep_rank = tp_rank (attention stays split by
+// tp). A MoE checkpoint is checked against its config.json before planning:
+// every sparse layer has a router [num_experts, hidden], every expert's
+// three matrices of the expected shape and (DeepSeek-V3) a score
+// correction bias [num_experts].
 //
 // At tp_size 1 every tensor is planned kReplicate (held whole), whatever the
 // architecture. A refusal says which tensor, which dimension, why, and the tp
@@ -36,6 +51,8 @@ const char* SplitName(Split split);
 struct ShardSpec {
   int tp_size = 1;
   int tp_rank = 0;
+  int ep_size = 1;  // 1, or tp_size: routed experts partitioned whole across the ranks
+  int ep_rank = 0;  // tp_rank when ep_size > 1
 };
 
 // One tensor as a rank holds it: a rectangular slice of a source tensor.
@@ -49,7 +66,8 @@ struct ShardedTensor {
   uint64_t nbytes = 0;
 };
 
-// Plans the rank's slice of every tensor, or refuses with an Error naming the
+// Plans the rank's slice of every tensor it holds (under expert parallelism
+// the other ranks' experts are left out), in checkpoint order, or refuses with an Error naming the
 // tensor and why (for example a split through an FP8 block).
 Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const ShardSpec& spec);
 

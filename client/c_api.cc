@@ -130,6 +130,8 @@ wsup::Result<Request> Prepare(const char* socket_path, const char* mode, const c
       wsup::ShardSpec shard;
       WSUP_ASSIGN_OR_RETURN(shard.tp_size, IntOption(opts, "tp_size", 1));
       WSUP_ASSIGN_OR_RETURN(shard.tp_rank, IntOption(opts, "tp_rank", 0));
+      WSUP_ASSIGN_OR_RETURN(shard.ep_size, IntOption(opts, "ep_size", 1));
+      WSUP_ASSIGN_OR_RETURN(shard.ep_rank, IntOption(opts, "ep_rank", 0));
       WSUP_ASSIGN_OR_RETURN(std::string backend, StringOption(opts, "backend", "host"));
       WSUP_ASSIGN_OR_RETURN(std::string revision, StringOption(opts, "revision", ""));
       WSUP_ASSIGN_OR_RETURN(wsup::FingerprintInputs in,
@@ -137,7 +139,6 @@ wsup::Result<Request> Prepare(const char* socket_path, const char* mode, const c
       WSUP_ASSIGN_OR_RETURN(in.pp_size, IntOption(opts, "pp_size", 1));
       WSUP_ASSIGN_OR_RETURN(in.pp_rank, IntOption(opts, "pp_rank", 0));
       WSUP_ASSIGN_OR_RETURN(in.dp_size, IntOption(opts, "dp_size", 1));
-      WSUP_ASSIGN_OR_RETURN(in.ep_size, IntOption(opts, "ep_size", 1));
       WSUP_ASSIGN_OR_RETURN(ours, wsup::ComputeFingerprint(checkpoint_dir, in));
     }
   }

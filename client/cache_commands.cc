@@ -153,7 +153,12 @@ CommandOutput CacheVerifyCommand(const std::string& socket_path, const std::stri
   if (!tp_rank.ok()) return Failure("verify", tp_rank.error(), as_json);
   auto ckpt = Checkpoint::Open(model_dir);
   if (!ckpt.ok()) return Failure("verify", ckpt.error(), as_json);
-  ShardSpec spec{*tp_size, *tp_rank};
+  // Absent in fingerprints from before expert parallelism: no EP.
+  auto int_or = [&](const char* f, int d) {
+    auto v = IntField(holder_fp, f);
+    return v.ok() ? *v : d;
+  };
+  ShardSpec spec{*tp_size, *tp_rank, int_or("ep_size", 1), int_or("ep_rank", 0)};
   auto shards = PlanShards(*ckpt, spec);
   if (!shards.ok()) return Failure("verify", shards.error().With(model_dir), as_json);
 
@@ -163,14 +168,9 @@ CommandOutput CacheVerifyCommand(const std::string& socket_path, const std::stri
   in.model_path = AbsoluteModelPath(model_dir);
   in.revision = holder_fp.Get("revision");
   in.shard = spec;
-  auto int_or = [&](const char* f, int d) {
-    auto v = IntField(holder_fp, f);
-    return v.ok() ? *v : d;
-  };
   in.pp_size = int_or("pp_size", 1);
   in.pp_rank = int_or("pp_rank", 0);
   in.dp_size = int_or("dp_size", 1);
-  in.ep_size = int_or("ep_size", 1);
   in.backend = holder_fp.Get("backend");
   in.device_capability = holder_fp.Get("device_capability");
   in.cuda_driver = holder_fp.Get("cuda_driver");

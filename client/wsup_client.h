@@ -60,8 +60,8 @@ enum {
  *   "timeout_ms":  integer  (default 10000)
  *   "device":      integer  cuda ordinal to map on (default 0)
  *   and, with checkpoint_dir: "backend" ("host"|"cuda", default "host"),
- *   "tp_size", "tp_rank", "pp_size", "pp_rank", "dp_size", "ep_size"
- *   (integers), "revision" (string).
+ *   "tp_size", "tp_rank", "pp_size", "pp_rank", "dp_size", "ep_size",
+ *   "ep_rank" (integers), "revision" (string).
  * To attach an engine-made layout (a holder started with --layout engine)
  * give the engine's identity as wsup_publish_begin takes it: "engine",
  * "engine_version", "transform" (added to the fingerprint), and "wait_ms"

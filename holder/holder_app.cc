@@ -58,13 +58,17 @@ struct Loaded {
 
 Result<Loaded> LoadFromDisk(const HolderConfig& cfg) {
   std::string backend = cfg.backend.empty() ? "host" : cfg.backend;
-  ShardSpec spec{cfg.tp_size.value_or(1), cfg.tp_rank.value_or(0)};
+  ShardSpec spec{cfg.tp_size.value_or(1), cfg.tp_rank.value_or(0), cfg.ep_size.value_or(1),
+                 cfg.ep_rank.value_or(0)};
   WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(cfg.model_dir));
   WSUP_RETURN_IF_ERROR(CheckZeroCopyAllowed(ckpt));
   auto shards = PlanShards(ckpt, spec);
   if (!shards.ok()) {
+    std::string ep = spec.ep_size > 1
+                         ? ", ep rank " + std::to_string(spec.ep_rank) + " of " + std::to_string(spec.ep_size)
+                         : "";
     return shards.error().With(cfg.model_dir + " (tp rank " + std::to_string(spec.tp_rank) + " of " +
-                               std::to_string(spec.tp_size) + ")");
+                               std::to_string(spec.tp_size) + ep + ")");
   }
   WSUP_ASSIGN_OR_RETURN(FingerprintInputs in,
                         LocalFingerprintInputs(cfg.model_dir, cfg.revision, spec, backend, cfg.device));
@@ -76,11 +80,12 @@ Result<Loaded> LoadFromDisk(const HolderConfig& cfg) {
   lo.read_threads = cfg.read_threads;
   LoadStats stats;
   WSUP_ASSIGN_OR_RETURN(out.arena, Arena::Load(ckpt, *shards, lo, &stats));
-  spdlog::info("loaded {} tensors ({} bytes, tp rank {} of {}) from {} into {} allocations ({} backend) in "
-               "{:.3f} s ({:.2f} GB/s)",
-               out.arena.manifest().entries.size(), out.arena.manifest().total_bytes(), spec.tp_rank,
-               spec.tp_size, cfg.model_dir, out.arena.manifest().allocations.size(), backend, stats.seconds,
-               stats.read_gbps);
+  spdlog::info(
+      "loaded {} tensors ({} bytes, tp rank {} of {}, ep rank {} of {}) from {} into {} allocations "
+      "({} backend) in {:.3f} s ({:.2f} GB/s)",
+      out.arena.manifest().entries.size(), out.arena.manifest().total_bytes(), spec.tp_rank, spec.tp_size,
+      spec.ep_rank, spec.ep_size, cfg.model_dir, out.arena.manifest().allocations.size(), backend,
+      stats.seconds, stats.read_gbps);
   return out;
 }
 
@@ -106,7 +111,9 @@ Result<Loaded> Adopt(const HolderConfig& cfg) {
     const char* field;
     std::optional<int> value;
   };
-  for (const Given& g : {Given{"--tp-size", "tp_size", cfg.tp_size}, Given{"--tp-rank", "tp_rank", cfg.tp_rank}}) {
+  for (const Given& g :
+       {Given{"--tp-size", "tp_size", cfg.tp_size}, Given{"--tp-rank", "tp_rank", cfg.tp_rank},
+        Given{"--ep-size", "ep_size", cfg.ep_size}, Given{"--ep-rank", "ep_rank", cfg.ep_rank}}) {
     std::string held = record.fingerprint.Get(g.field);
     if (g.value && std::to_string(*g.value) != held) {
       return InvalidArgument(std::string(g.flag) + " " + std::to_string(*g.value) +
@@ -385,6 +392,25 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
   if (tp_rank < 0 || tp_rank >= tp_size) {
     return InvalidArgument("--tp-rank " + std::to_string(tp_rank) + " is out of range for --tp-size " +
                            std::to_string(tp_size) + "; ranks count from 0 to tp-size - 1");
+  }
+  int ep_size = cfg.ep_size.value_or(1);
+  int ep_rank = cfg.ep_rank.value_or(0);
+  if (ep_size != 1 && ep_size != tp_size) {
+    return InvalidArgument("--ep-size " + std::to_string(ep_size) + " with --tp-size " +
+                           std::to_string(tp_size) +
+                           ": expert parallelism spans the tensor-parallel group; use --ep-size " +
+                           std::to_string(tp_size) + " (or 1, experts split by tensor parallelism)");
+  }
+  if (ep_size > 1 && ep_rank != tp_rank) {
+    return InvalidArgument("--ep-rank " + std::to_string(ep_rank) + " differs from --tp-rank " +
+                           std::to_string(tp_rank) +
+                           "; a holder's expert-parallel rank is its tensor-parallel "
+                           "rank: pass --ep-rank " +
+                           std::to_string(tp_rank));
+  }
+  if (ep_size == 1 && ep_rank != 0) {
+    return InvalidArgument("--ep-rank " + std::to_string(ep_rank) + " without --ep-size: give --ep-size " +
+                           std::to_string(tp_size) + " too, or drop --ep-rank");
   }
   if (cfg.read_threads < 1 || cfg.read_threads > 256) {
     return InvalidArgument("--read-threads " + std::to_string(cfg.read_threads) + ": expected 1 to 256");

@@ -47,6 +47,10 @@ struct HolderConfig {
   int device = 0;
   std::optional<int> tp_size;  // empty: 1 (or the adopted arena's)
   std::optional<int> tp_rank;
+  // Expert parallelism: empty: 1 (or the adopted arena's). ep_size is 1 or
+  // tp_size; the rank holds experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size).
+  std::optional<int> ep_size;
+  std::optional<int> ep_rank;
   int ready_fd = -1;
   std::string deployment;
   std::string revision;

@@ -9,7 +9,7 @@
 int main(int argc, char** argv) {
   wsup::HolderConfig cfg;
   std::string log_level = "info";
-  int tp_size = 1, tp_rank = 0;
+  int tp_size = 1, tp_rank = 0, ep_size = 1, ep_rank = 0;
   CLI::App app{"wsup-holder: keeps one rank's model weights resident (host memory or CUDA VMM) and hands them "
                "to engines over a Unix socket as file descriptors."};
   app.add_option("--model", cfg.model_dir, "checkpoint folder (config.json and *.safetensors)");
@@ -23,6 +23,11 @@ int main(int argc, char** argv) {
   app.add_option("--device", cfg.device, "cuda device ordinal (default 0)");
   auto* tp_size_opt = app.add_option("--tp-size", tp_size, "tensor-parallel size (default 1)");
   auto* tp_rank_opt = app.add_option("--tp-rank", tp_rank, "this holder's tensor-parallel rank (default 0)");
+  auto* ep_size_opt = app.add_option("--ep-size", ep_size,
+                                     "expert-parallel size: 1 (default), or --tp-size to partition a "
+                                     "mixture-of-experts model's routed experts whole across the ranks");
+  auto* ep_rank_opt = app.add_option("--ep-rank", ep_rank,
+                                     "this holder's expert-parallel rank, equal to --tp-rank (default 0)");
   app.add_option("--ready-fd", cfg.ready_fd, "inherited fd to write \"ready <socket>\\n\" to once serving");
   app.add_option("--deployment", cfg.deployment, "deployment name, shown by 'wsup cache info'");
   app.add_option("--revision", cfg.revision, "revision label of the model; part of the fingerprint");
@@ -55,6 +60,8 @@ int main(int argc, char** argv) {
   }
   if (tp_size_opt->count() > 0) cfg.tp_size = tp_size;
   if (tp_rank_opt->count() > 0) cfg.tp_rank = tp_rank;
+  if (ep_size_opt->count() > 0) cfg.ep_size = ep_size;
+  if (ep_rank_opt->count() > 0) cfg.ep_rank = ep_rank;
   wsup::InitLogging("wsup-holder", log_level);
   return wsup::RunHolder(cfg);
 }

@@ -92,6 +92,10 @@ struct Config {
   struct Parallel {
     int tp = 1;
     std::vector<int> devices;  // cuda ordinals, one per rank; may be empty for host
+    // Routed experts partitioned whole across the tp ranks (EP size = tp)
+    // rather than each split by tensor parallelism.
+    bool expert_parallel = false;
+    int ep() const { return expert_parallel ? tp : 1; }
   } parallel;
 
   struct WeightCache {

@@ -24,16 +24,16 @@ const char* CacheLayoutName(CacheLayout l) { return l == CacheLayout::kEngine ? 
 const char* ProbeKindName(ProbeKind k) { return k == ProbeKind::kPort ? "port" : "semantic"; }
 
 const std::vector<std::string>& EnginePlaceholders() {
-  static const std::vector<std::string> names = {"port",    "model",    "socket",   "devices",    "mode",
-                                                 "backend", "tp",       "revision", "runtime_dir", "nonce",
-                                                 "ready_fd", "layout"};
+  static const std::vector<std::string> names = {"port",     "model",  "socket",   "devices",     "mode",
+                                                 "backend",  "tp",     "revision", "runtime_dir", "nonce",
+                                                 "ready_fd", "layout", "ep"};
   return names;
 }
 
 const std::vector<std::string>& HolderPlaceholders() {
   static const std::vector<std::string> names = {"rank",    "device", "socket",   "model",       "mode",
                                                  "backend", "tp",     "revision", "runtime_dir", "layout",
-                                                 "layout_max_bytes"};
+                                                 "layout_max_bytes", "ep"};
   return names;
 }
 
@@ -101,6 +101,7 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
           {"backend", CacheBackendName(c.weight_cache.backend)},
           {"layout", CacheLayoutName(c.weight_cache.layout)},
           {"tp", std::to_string(c.parallel.tp)},
+          {"ep", std::to_string(c.parallel.ep())},
           {"revision", c.model.revision},
           {"runtime_dir", c.node.runtime_dir}};
 }
@@ -156,6 +157,10 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
             "--model", "{model}", "--socket", "{socket}", "--tp-size", "{tp}", "--tp-rank", "{rank}",
             "--backend", "{backend}", "--deployment", config.node.name};
+    if (config.parallel.expert_parallel) {
+      // Only when asked: holders of other versions know no --ep-size.
+      tmpl.insert(tmpl.end(), {"--ep-size", "{ep}", "--ep-rank", "{rank}"});
+    }
     if (!config.model.revision.empty()) {
       tmpl.push_back("--revision");
       tmpl.push_back("{revision}");
@@ -175,7 +180,9 @@ std::string DescribeConfig(const Config& c) {
   std::ostringstream os;
   os << "node " << c.node.name << ": state_dir " << c.node.state_dir << ", runtime_dir " << c.node.runtime_dir << "\n";
   os << "model " << c.model.path << (c.model.revision.empty() ? "" : " (revision " + c.model.revision + ")") << "\n";
-  os << "parallel: tp " << c.parallel.tp << ", devices " << DevicesArg(c) << "\n";
+  os << "parallel: tp " << c.parallel.tp
+     << (c.parallel.expert_parallel ? " (experts: ep " + std::to_string(c.parallel.ep()) + ")" : "")
+     << ", devices " << DevicesArg(c) << "\n";
   os << "weight cache: mode " << CacheModeName(c.weight_cache.mode) << ", backend "
      << CacheBackendName(c.weight_cache.backend) << ", layout " << CacheLayoutName(c.weight_cache.layout)
      << ", socket " << c.weight_cache.socket;

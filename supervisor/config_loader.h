@@ -39,7 +39,7 @@ inline const std::vector<SectionSpec>& Schema() {
       {"node", {"name", "state_dir", "runtime_dir"}, true,
        "[node] name = \"node1\", state_dir = \"/var/lib/wsup\", runtime_dir = \"/run/wsup\""},
       {"model", {"path", "revision"}, true, "[model] path = \"/models/my-model\""},
-      {"parallel", {"tp", "devices"}, false, ""},
+      {"parallel", {"tp", "devices", "expert_parallel"}, false, ""},
       {"weight_cache", {"mode", "backend", "socket", "layout", "layout_max_bytes"}, false, ""},
       {"engine",
        {"command", "host", "primary_port", "standby_port", "ready_timeout_ms", "stop_timeout_ms", "env"},

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "checkpoint/checkpoint.h"
 #include "common/fs.h"
 #include "supervisor/config.h"
 
@@ -85,6 +86,24 @@ std::vector<Error> CheckConfigPaths(const Config& c, const std::string& default_
     if (::stat(JoinPath(m, "config.json").c_str(), &st) != 0) {
       add("model.path", m + " has no config.json; it is not a Hugging Face checkpoint folder: point it at the folder "
                             "that holds config.json and the safetensors files");
+    } else if (c.parallel.expert_parallel) {
+      // Expert parallelism needs routed experts that the ranks can share
+      // evenly; the holders would refuse anything else at start.
+      auto text = ReadFile(JoinPath(m, "config.json"), kMaxConfigBytes);
+      auto mc =
+          text.ok() ? ParseModelConfig(*text, JoinPath(m, "config.json")) : Result<ModelConfig>(text.error());
+      if (!mc.ok()) {
+        add("model.path", mc.error().message());
+      } else if (mc->num_experts <= 0) {
+        add("parallel.expert_parallel", "is true, but " + m + " (" + mc->architecture +
+                                            ") has no routed experts to partition; remove expert_parallel");
+      } else if (mc->num_experts % c.parallel.tp != 0) {
+        add("parallel.expert_parallel",
+            "is true, but the " + std::to_string(mc->num_experts) + " experts of " + m +
+                " do not divide among parallel.tp = " + std::to_string(c.parallel.tp) +
+                " ranks; choose a tp that divides " + std::to_string(mc->num_experts) +
+                ", or remove expert_parallel to split every expert by tensor parallelism");
+      }
     }
     bool weights = false;
     std::error_code ec;

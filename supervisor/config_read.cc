@@ -39,6 +39,7 @@ Status Loader::Read(const toml::table& root, Config* c) {
     WSUP_RETURN_IF_ERROR(IntArray(par, "parallel", "devices", &devs, 0, 1023, &present));
     c->parallel.devices.assign(devs.begin(), devs.end());
   }
+  WSUP_RETURN_IF_ERROR(Bool(par, "parallel", "expert_parallel", &c->parallel.expert_parallel));
 
   // [weight_cache]
   const toml::table* wc = Section(root, "weight_cache");

@@ -16,10 +16,10 @@ bool Has(const std::string& haystack, const std::string& needle) {
 }
 
 const std::vector<std::string> kFields = {
-    "model_path",        "architecture", "revision",     "checkpoint",    "checkpoint_files",
-    "tp_size",           "tp_rank",      "pp_size",      "pp_rank",       "dp_size",
-    "ep_size",           "quant_method", "quant_config", "dtype",         "backend",
-    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version"};
+    "model_path", "architecture",      "revision",     "checkpoint",   "checkpoint_files",
+    "tp_size",    "tp_rank",           "pp_size",      "pp_rank",      "dp_size",
+    "ep_size",    "ep_rank",           "quant_method", "quant_config", "dtype",
+    "backend",    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version"};
 
 FingerprintInputs Inputs() {
   FingerprintInputs in;
@@ -29,7 +29,6 @@ FingerprintInputs Inputs() {
   in.pp_size = 1;
   in.pp_rank = 0;
   in.dp_size = 1;
-  in.ep_size = 1;
   in.backend = "cuda";
   in.device_capability = "9.0";
   in.cuda_driver = "13000";
@@ -85,6 +84,13 @@ TEST_CASE("each field changed alone yields one diff naming it with both values")
   auto d = diff_of(in);
   REQUIRE(d.size() == 1);
   CHECK(Fingerprint::DescribeDiffs(d) == "tp_rank: ours=1 holder=0");
+  // Expert parallelism: a holder of other experts is another fingerprint.
+  in = Inputs();
+  in.shard.ep_size = 2;
+  in.shard.ep_rank = 1;
+  d = diff_of(in);
+  REQUIRE(d.size() == 2);
+  CHECK(Fingerprint::DescribeDiffs(d) == "ep_size: ours=1 holder=2; ep_rank: ours=0 holder=1");
   in = Inputs();
   in.backend = "host";
   d = diff_of(in);

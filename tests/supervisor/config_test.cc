@@ -574,3 +574,71 @@ TEST_CASE("config: check finds what the config names on this machine, located, o
 
 }  // namespace
 }  // namespace wsup
+
+namespace wsup {
+namespace {
+
+TEST_CASE("config: parallel.expert_parallel starts holders with --ep-size and gives engines {ep}",
+          "[config]") {
+  auto plain = ParseConfig(kBase, "/srv/c.toml", {"parallel.tp=2"});
+  REQUIRE(plain.ok());
+  CHECK_FALSE(plain->parallel.expert_parallel);
+  CHECK(plain->parallel.ep() == 1);
+  auto hp = HolderArgv(*plain, 1, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(hp.ok());
+  CHECK(std::find(hp->begin(), hp->end(), "--ep-size") == hp->end());
+
+  auto r = ParseConfig(kBase, "/srv/c.toml",
+                       {"parallel.tp=2", "parallel.expert_parallel=true",
+                        "engine.command=[\"e\", \"--port\", \"{port}\", \"--ep\", \"{ep}\"]"});
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  CHECK(r->parallel.expert_parallel);
+  CHECK(r->parallel.ep() == 2);
+  auto h = HolderArgv(*r, 1, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(h.ok());
+  auto ep = std::find(h->begin(), h->end(), "--ep-size");
+  REQUIRE(ep != h->end());
+  REQUIRE(ep + 3 < h->end());
+  CHECK(*(ep + 1) == "2");
+  CHECK(*(ep + 2) == "--ep-rank");
+  CHECK(*(ep + 3) == "1");
+  auto e = EngineArgv(*r, 8001);
+  REQUIRE(e.ok());
+  CHECK(e->back() == "2");
+  CHECK(DescribeConfig(*r).find("experts: ep 2") != std::string::npos);
+
+  auto bad = ParseConfig(kBase, "c.toml", {"parallel.expert_parallel=2"});
+  REQUIRE_FALSE(bad.ok());
+  INFO(bad.error().message());
+  CHECK(bad.error().message().find("parallel.expert_parallel") != std::string::npos);
+  CHECK(bad.error().message().find("boolean") != std::string::npos);
+}
+
+TEST_CASE("config: check refuses expert_parallel for a model without experts or experts tp does not divide",
+          "[config]") {
+  if (!test::HaveTestData("qwen3moe-tiny-f32") || !test::HaveTestData("llama-tiny-f32")) return;
+  PathsDir d;
+  std::string path = d.Config(WithEngine(d.eng));
+  const std::string moe = "model.path=\"" + test::TestData("qwen3moe-tiny-f32") + "\"";
+  auto ok = CheckConfig(path, {moe, "parallel.tp=2", "parallel.expert_parallel=true"}, true, d.holder);
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+  auto three = CheckConfig(path, {moe, "parallel.tp=3", "parallel.expert_parallel=true"}, true, d.holder);
+  INFO(three.output);
+  CHECK(three.exit_code == 1);
+  CHECK(three.output.find("parallel.expert_parallel: is true, but the 8 experts of") != std::string::npos);
+  CHECK(three.output.find("do not divide among parallel.tp = 3 ranks") != std::string::npos);
+  // Without expert parallelism the same tp is not this check's business.
+  CHECK(CheckConfig(path, {moe, "parallel.tp=3"}, true, d.holder).exit_code == 0);
+  auto dense = CheckConfig(path,
+                           {"model.path=\"" + test::TestData("llama-tiny-f32") + "\"", "parallel.tp=2",
+                            "parallel.expert_parallel=true"},
+                           true, d.holder);
+  INFO(dense.output);
+  CHECK(dense.exit_code == 1);
+  CHECK(dense.output.find("has no routed experts to partition") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace wsup

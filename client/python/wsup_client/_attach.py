@@ -603,18 +603,19 @@ def engine_options(engine):
 
 
 def request_options(*, checkpoint_dir, backend, device, client_name, timeout_ms, tp_size, tp_rank, pp_size,
-                    pp_rank, dp_size, ep_size, revision):
+                    pp_rank, dp_size, ep_size, ep_rank=0, revision):
     """options_json of wsup_attach and wsup_publish_begin (without the engine)."""
     opts = {"client_name": client_name, "timeout_ms": int(timeout_ms), "device": int(device)}
     if checkpoint_dir is not None:
         opts.update(backend=backend, tp_size=int(tp_size), tp_rank=int(tp_rank), pp_size=int(pp_size),
-                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), revision=revision)
+                    pp_rank=int(pp_rank), dp_size=int(dp_size), ep_size=int(ep_size), ep_rank=int(ep_rank),
+                    revision=revision)
     return opts
 
 
 def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None, backend="host", device=0,
            client_name="engine", timeout_ms=10000, tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, dp_size=1,
-           ep_size=1, revision="", engine=None, wait_ms=0, library=None):
+           ep_size=1, ep_rank=0, revision="", engine=None, wait_ms=0, library=None):
     """Connects to the holder at socket_path and attaches in `mode`.
 
     The modes are those of the C++ client (client/client.h):
@@ -629,7 +630,7 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
 
     The fingerprint is either checkpoint_dir (its headers and config are read,
     not its tensors, and the fingerprint computed as the holder computes it,
-    with backend, device, tp_*, pp_*, dp_size, ep_size and revision) or
+    with backend, device, tp_*, pp_*, dp_size, ep_* and revision) or
     `fingerprint` (a dict or JSON text of string fields, as the holder sends).
     Exactly one must be given, except in mode off.
 
@@ -649,7 +650,8 @@ def attach(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None,
         fingerprint = json.dumps(fingerprint)
     opts = request_options(checkpoint_dir=checkpoint_dir, backend=backend, device=device, client_name=client_name,
                            timeout_ms=timeout_ms, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
-                           dp_size=dp_size, ep_size=ep_size, revision=revision)
+                           dp_size=dp_size, ep_size=ep_size, ep_rank=ep_rank,
+                           revision=revision)
     opts.update(engine_options(engine))
     if wait_ms:
         opts["wait_ms"] = int(wait_ms)

@@ -579,7 +579,7 @@ def _route(torch, pool, device, all_threads):
 
 def publish(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None, engine=None, backend="host",
             device=0, wait_ms=DEFAULT_WAIT_MS, client_name="engine", timeout_ms=10000, tp_size=1, tp_rank=0,
-            pp_size=1, pp_rank=0, dp_size=1, ep_size=1, revision="", library=None):
+            pp_size=1, pp_rank=0, dp_size=1, ep_size=1, ep_rank=0, revision="", library=None):
     """Attaches the engine-made layout of this fingerprint from the holder at
     socket_path, or gets the lease to write it (wsup_publish_begin).
 
@@ -602,7 +602,7 @@ def publish(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None
         fingerprint = json.dumps(fingerprint)
     opts = request_options(checkpoint_dir=checkpoint_dir, backend=backend, device=device, client_name=client_name,
                            timeout_ms=timeout_ms, tp_size=tp_size, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank,
-                           dp_size=dp_size, ep_size=ep_size, revision=revision)
+                           dp_size=dp_size, ep_size=ep_size, ep_rank=ep_rank, revision=revision)
     opts.update(engine_options(engine))
     opts["wait_ms"] = int(wait_ms)
     handle = open_handle(lib, "wsup_publish_begin", socket_path, mode, fingerprint, checkpoint_dir, opts)
