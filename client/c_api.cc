@@ -297,7 +297,7 @@ std::vector<uint64_t> BuildTable(const wsup::Attachment& att, size_t* total) {
   std::vector<uint64_t> dtype_offset(n);
   std::string dtypes;  // the distinct spellings, NUL after each
   size_t name_bytes = 0;
-  uint32_t flags = 0;
+  uint32_t flags = WSUP_MANIFEST_DIMS_UNIQUE;
   std::vector<int64_t> key;
   std::vector<int64_t> last_key;  // most entries repeat their neighbour's dims and dtype:
   uint64_t last_dims = 0;         // compare with it before searching
@@ -323,6 +323,9 @@ std::vector<uint64_t> BuildTable(const wsup::Attachment& att, size_t* total) {
       if (d == dims_at.end()) {
         d = dims_at.emplace(key, dims.size()).first;
         dims.insert(dims.end(), key.begin(), key.end());
+        // A scalar's dims are empty: one unused element keeps the next
+        // shape from starting at its index (WSUP_MANIFEST_DIMS_UNIQUE).
+        if (key.empty()) dims.push_back(0);
       }
       last_key = key;
       last_dims = d->second;

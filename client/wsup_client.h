@@ -137,7 +137,10 @@ int wsup_tensor_copy_to_host(const wsup_attachment* a, const char* name, void* d
  *            wsup_tensor_dim) followed by the strides (ndim values in
  *            elements, as wsup_tensor_stride: the contiguous row-major ones
  *            for a tensor stored without strides). Tensors of the same
- *            shape and strides share one dims_index;
+ *            shape and strides share one dims_index; with the header flag
+ *            WSUP_MANIFEST_DIMS_UNIQUE, tensors of different shapes or
+ *            strides never do (a scalar's empty dims take one unused
+ *            element), so dims_index alone names the shape;
  *   strings  strings_bytes bytes from strings_offset: the distinct dtype
  *            spellings, then every tensor's name in record order; each
  *            string is followed by one NUL (names hold no NUL: holders
@@ -160,13 +163,14 @@ int wsup_tensor_copy_to_host(const wsup_attachment* a, const char* name, void* d
 #define WSUP_MANIFEST_MAGIC "wsupMTAB" /* the header's 8 magic bytes, no NUL */
 #define WSUP_MANIFEST_VERSION 1
 #define WSUP_MANIFEST_STRIDED 1u /* header flag: some tensor is not contiguous row-major */
+#define WSUP_MANIFEST_DIMS_UNIQUE 2u /* header flag: one dims_index per distinct shape and strides */
 
 typedef struct wsup_manifest_header {
   char magic[8];           /* WSUP_MANIFEST_MAGIC */
   uint32_t version;        /* WSUP_MANIFEST_VERSION */
   uint32_t header_bytes;   /* 64: where the records start */
   uint32_t record_bytes;   /* 64: the step from one record to the next */
-  uint32_t flags;          /* WSUP_MANIFEST_STRIDED, or 0 */
+  uint32_t flags;          /* WSUP_MANIFEST_STRIDED | WSUP_MANIFEST_DIMS_UNIQUE, or 0 */
   uint64_t count;          /* records: wsup_num_tensors */
   uint64_t dims_offset;    /* bytes from the block's start to the dims */
   uint64_t strings_offset; /* bytes from the block's start to the strings */

@@ -8,14 +8,15 @@
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <string>
 
 #include "client/wsup_client.h"
 
 namespace wsup::test {
 
-// Returns the block's header flags (WSUP_MANIFEST_STRIDED), for tests that
-// expect them.
+// Returns the block's WSUP_MANIFEST_STRIDED flag, for tests that expect it
+// (WSUP_MANIFEST_DIMS_UNIQUE is always set, and checked here).
 inline uint32_t CheckManifestTable(const wsup_attachment* c) {
   size_t len = 12345;
   const char* t = static_cast<const char*>(wsup_manifest_table(c, &len));
@@ -38,6 +39,10 @@ inline uint32_t CheckManifestTable(const wsup_attachment* c) {
   const auto* dims = reinterpret_cast<const int64_t*>(t + h.dims_offset);
   const char* strings = t + h.strings_offset;
   bool strided = false;
+  // dims_index -> (ndim, shape and strides) of the first tensor there: with
+  // WSUP_MANIFEST_DIMS_UNIQUE every other tensor there has the same.
+  std::map<uint64_t, std::vector<int64_t>> at_index;
+  CHECK((h.flags & WSUP_MANIFEST_DIMS_UNIQUE) != 0);
   for (uint64_t i = 0; i < h.count; ++i) {
     wsup_tensor_record r;
     std::memcpy(&r, t + h.header_bytes + i * h.record_bytes, sizeof r);
@@ -54,6 +59,10 @@ inline uint32_t CheckManifestTable(const wsup_attachment* c) {
     CHECK(r.nbytes == wsup_tensor_nbytes(c, want_name));
     REQUIRE(static_cast<int64_t>(r.ndim) == wsup_tensor_ndim(c, want_name));
     REQUIRE(r.dims_index + 2 * r.ndim <= n_dims);
+    std::vector<int64_t> key = {static_cast<int64_t>(r.ndim)};
+    key.insert(key.end(), dims + r.dims_index, dims + r.dims_index + 2 * r.ndim);
+    auto [first, fresh] = at_index.emplace(r.dims_index, key);
+    CHECK((fresh || first->second == key));
     uint64_t contiguous = 1;
     for (uint64_t d = r.ndim; d-- > 0;) {
       INFO("dimension " << d);
@@ -70,7 +79,7 @@ inline uint32_t CheckManifestTable(const wsup_attachment* c) {
   CHECK(wsup_manifest_table(c, &again) == t);
   CHECK(again == len);
   CHECK(wsup_manifest_table(c, nullptr) == t);
-  return h.flags;
+  return h.flags & WSUP_MANIFEST_STRIDED;
 }
 
 }  // namespace wsup::test

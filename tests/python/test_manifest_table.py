@@ -130,7 +130,7 @@ class _Block:
         return self.count
 
 
-def block(magic=b"wsupMTAB", version=1, names=(b"w",), dims_index=0, name_offset=4):
+def block(magic=b"wsupMTAB", version=1, names=(b"w",), dims_index=0, name_offset=4, flags=0):
     """A version-1 block of one F32 [2, 3] tensor named names[0]; fields as given."""
     strings = b"F32\0" + b"".join(n + b"\0" for n in names)
     dims = struct.pack("=4q", 2, 3, 3, 1)
@@ -138,21 +138,41 @@ def block(magic=b"wsupMTAB", version=1, names=(b"w",), dims_index=0, name_offset
     dims_offset = 64 + len(rec)
     strings_offset = dims_offset + len(dims)
     total = strings_offset + len(strings)
-    header = struct.pack("=8sIIIIQQQQQ", magic, version, 64, 64, 0, 1, dims_offset, strings_offset, len(strings),
-                         total)
+    header = struct.pack("=8sIIIIQQQQQ", magic, version, 64, 64, flags, 1, dims_offset, strings_offset,
+                         len(strings), total)
     return header + rec + dims + strings
 
 
-def test_the_reader_reads_a_block_made_by_hand_and_refuses_bad_ones():
-    m = _attach._read_table(_Block(block(), 1), None)
-    assert (m.names, m.dtypes, m.shapes, m.nbytes, m.data) == (["w"], ["F32"], [(2, 3)], [24], [0x1000])
+def scalar_and_matrix(flags):
+    """A block of a scalar "s" then an F32 [2, 3] "w": with flags 0 the
+    scalar's dims index is the matrix's (as an older library wrote it), with
+    _TABLE_DIMS_UNIQUE it has one unused element of its own."""
+    pad = 1 if flags & _attach._TABLE_DIMS_UNIQUE else 0
+    strings = b"F32\0s\0w\0"
+    dims = struct.pack("=%dq" % (pad + 4), *([0] * pad + [2, 3, 3, 1]))
+    recs = (struct.pack("=8Q", 0x1000, 4, 4, 1, 0, 3, 0, 0) +
+            struct.pack("=8Q", 0x2000, 24, 6, 1, 0, 3, 2, pad))
+    dims_offset = 64 + len(recs)
+    strings_offset = dims_offset + len(dims)
+    header = struct.pack("=8sIIIIQQQQQ", b"wsupMTAB", 1, 64, 64, flags, 2, dims_offset, strings_offset,
+                         len(strings), strings_offset + len(strings))
+    return header + recs + dims + strings
+
+
+@pytest.mark.parametrize("flags", [0, 2], ids=["shared-dims-index", "unique-dims-index"])
+def test_the_reader_reads_a_block_made_by_hand_and_refuses_bad_ones(flags):
+    m = _attach._read_table(_Block(block(flags=flags), 1), None)
+    assert (m.names, m.dtypes, m.shapes, list(m.nbytes), list(m.data)) == (["w"], ["F32"], [(2, 3)], [24], [0x1000])
+    m = _attach._read_table(_Block(scalar_and_matrix(flags), 2), None)
+    assert (m.names, m.shapes, list(m.nbytes), list(m.data)) == (["s", "w"], [(), (2, 3)], [4, 24], [0x1000, 0x2000])
+    assert m.info("w").data_ptr == 0x2000 and m.info("s").shape == ()
     bad = [
         (_Block(block(magic=b"wsupXXXX"), 1), "magic"),
-        (_Block(block(version=2), 1), "version 2"),
+        (_Block(block(version=2, flags=flags), 1), "version 2"),
         (_Block(block(), 2), "bounds"),  # the library counts another number of tensors
         (_Block(block()[:40], 1), "less than a header"),
         (_Block(block(names=(b"w", b"x")), 1), "2 names for 1 tensors"),
-        (_Block(block(dims_index=3), 1), "past the 4 dims"),
+        (_Block(block(dims_index=3, flags=flags), 1), "past the 4 dims"),
         (_Block(block(name_offset=99), 1), "past the"),
     ]
     for lib, says in bad:

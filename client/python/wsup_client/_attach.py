@@ -64,6 +64,7 @@ _MANIFEST_READER = "table"
 _TABLE_HEADER = struct.Struct("=8sIIIIQQQQQ")
 _TABLE_MAGIC = b"wsupMTAB"
 _TABLE_STRIDED = 1
+_TABLE_DIMS_UNIQUE = 2  # one dims index per distinct shape and strides
 _RECORD_FIELDS = 8  # u64 each: data, nbytes, name offset, name bytes, dtype offset, dtype bytes, ndim, dims index
 
 _api = ctypes.pythonapi
@@ -142,6 +143,8 @@ class _Manifest:
     __slots__ = ("names", "dtypes", "shapes", "nbytes", "data", "strides", "_index", "_infos")
 
     def __init__(self, names, dtypes, shapes, nbytes, data, strides=None):
+        # data and nbytes are sequences of ints: lists, or (from the manifest
+        # table) memoryviews of format "Q" that index, iterate and zip alike.
         self.names = names
         self.dtypes = dtypes
         self.shapes = shapes
@@ -249,11 +252,16 @@ def _read_table(lib, p):
     if count == 0:
         return _Manifest([], [], [], [], [])
     records = mv[header_bytes:records_end].cast("Q")
-    data = records[0::k].tolist()
-    nbytes = records[1::k].tolist()
+    # The address and size columns are copied out of the library's block
+    # (tobytes of a strided view: one C loop each) and kept as memoryviews
+    # of the copies: indexing one makes its int on demand, where a list
+    # would make (and a fresh process fault in) 40,000 int objects now.
+    data = memoryview(records[0::k].tobytes()).cast("Q")
+    nbytes = memoryview(records[1::k].tobytes()).cast("Q")
     names_at = records[2]  # the names follow the distinct dtypes
+    # Walked once or twice below, never kept.
     dtype_offsets = records[4::k].tolist()
-    ndims = records[6::k].tolist()
+    ndims = records[6::k]
     dims_index = records[7::k].tolist()
     if names_at > strings_bytes:
         raise _bad_table("the first name at %d, past the %d string bytes" % (names_at, strings_bytes))
@@ -270,19 +278,33 @@ def _read_table(lib, p):
     dims = mv[dims_offset:strings_offset].cast("q")
     # Keyed by (offset, rank): a scalar's empty dims start where the next
     # distinct shape's do, so the offset alone does not name one.
+    # The (offset, rank) pairs are walked twice through zip and never kept as
+    # a list: zip reuses its tuple once the lookup drops it, so only the
+    # distinct shapes allocate one (a list of 20,000 pairs cost more than
+    # the rest of the read).
+    # With _TABLE_DIMS_UNIQUE (what this package's library writes) the dims
+    # index alone names a shape: its rank comes from dict(zip(...)), a C loop
+    # that reuses one pair throughout. Otherwise (an older library, where a
+    # scalar's index may be the next shape's) the key is (index, rank).
+    unique = bool(flags & _TABLE_DIMS_UNIQUE)
+    if unique:
+        distinct = dict(zip(dims_index, ndims)).items()
+    else:
+        distinct = set(zip(dims_index, ndims))
     shape_at, stride_at = {}, {}
-    keys = list(zip(dims_index, ndims))
-    for o, n in set(keys):  # one entry per distinct shape
+    for o, n in distinct:  # one entry per distinct shape
         if o + 2 * n > len(dims):
             raise _bad_table("dims at %d + 2 x %d, past the %d dims" % (o, n, len(dims)))
-        shape_at[o, n] = shape = tuple(dims[o:o + n].tolist())
+        key = o if unique else (o, n)
+        shape_at[key] = shape = tuple(dims[o:o + n].tolist())
         if flags & _TABLE_STRIDED:
             st = tuple(dims[o + n:o + 2 * n].tolist())
-            stride_at[o, n] = None if st == _contiguous(shape) else st
+            stride_at[key] = None if st == _contiguous(shape) else st
     try:
         dtypes = list(map(dtype_at.__getitem__, dtype_offsets))
     except KeyError as e:
         raise _bad_table("a dtype at offset %s, where none starts" % e) from None
+    keys = dims_index if unique else list(zip(dims_index, ndims))
     shapes = list(map(shape_at.__getitem__, keys))
     strides = None
     if flags & _TABLE_STRIDED:

@@ -27,6 +27,7 @@ _BUILD_DIRS = ("build", "build-release", "build-py")
 
 _lock = threading.Lock()
 _loaded = None  # (path, ctypes.CDLL)
+_by_path = {}  # the library argument as given -> (path, CDLL), for calls that name one
 
 
 def candidate_paths(path=None):
@@ -105,6 +106,12 @@ def load_library(path=None):
     with _lock:
         if _loaded is not None and path is None:
             return _loaded
+        # Every attach() or publish() that names its library comes here; the
+        # library is declared once per path (declaring its functions costs
+        # milliseconds, a good part of a whole attach).
+        key = None if path is None else str(path)
+        if key is not None and key in _by_path:
+            return _by_path[key]
         tried = []
         for cand, where in candidate_paths(path):
             is_bare_name = os.sep not in cand
@@ -129,6 +136,8 @@ def load_library(path=None):
             result = (os.path.abspath(cand) if not is_bare_name else cand, lib)
             if path is None:
                 _loaded = result
+            else:
+                _by_path[key] = result
             return result
         raise LibraryNotFoundError(
             "cannot find %s; looked at: %s. Build it with `ninja -C build wsup_client_shared` "
