@@ -129,7 +129,7 @@ def role(args):
         t1 = time.perf_counter()
         config = AutoConfig.from_pretrained(args.model)
         with torch.device("meta"):
-            model = LlamaForCausalLM(config)
+            model = LlamaForCausalLM(config).to(torch.bfloat16)  # the dtype the layout was written in
         wc.bind_module(model, tensors)
         torch.cuda.synchronize()
         t2 = time.perf_counter()

@@ -58,6 +58,8 @@ ALIGNMENT = 256
 DEFAULT_WAIT_MS = 600000
 # The least a host alloc_tensor() grant asks for.
 HOST_CHUNK_BYTES = 64 << 20
+# The smallest torch_pool grant when no checkpoint size says better (the C default).
+_GIB = 1 << 30
 
 # The dtypes a manifest holds (checkpoint/checkpoint.h DType), by torch name.
 TORCH_TO_ST = {
@@ -151,6 +153,7 @@ class Publication:
         self._chunks = []       # host alloc_tensor grants: [ptr, size, used]
         self._dtypes = {}       # host alloc_tensor: data address -> safetensors dtype
         self._arrays = []       # weak references to alloc_tensor's numpy arrays
+        self._size_hint = 0     # the checkpoint's bytes, for torch_pool's first grant
 
     # ------------------------------------------------------------ state
 
@@ -267,8 +270,11 @@ class Publication:
         library's pluggable allocator (wsup_torch_malloc), targeted at this
         publication. Everything torch allocates there in the block (e.g.
         from_pretrained(d, device_map="cuda:0")) is carved from grants of at
-        least chunk_bytes (default 1 GiB; the setting stays for later grants
-        of this process).
+        least chunk_bytes (the setting stays for later grants of this
+        process). The default is the size of checkpoint_dir's safetensors
+        files plus 1/64 (at least 64 MiB) of slack, so that a model loads into one grant (each grant is
+        a round trip to the holder and a mapping: at 1 GiB a 20 GiB model
+        paid for 21), or 1 GiB when the publication has no checkpoint_dir.
 
         all_threads (default): allocations of every thread and stream on the
         device go to the pool while the block runs (a loader may load on
@@ -284,6 +290,8 @@ class Publication:
         import torch
         lib = h.lib
         allocator = _pluggable(torch, self._lib_path)
+        if chunk_bytes is None and self._size_hint > 0:
+            chunk_bytes = max(_GIB, self._size_hint + max(64 << 20, self._size_hint // 64))
         if chunk_bytes is not None:
             if lib.wsup_torch_set_chunk_bytes(int(chunk_bytes)) != OK:
                 raise WsupError("torch_pool: chunk_bytes %r is out of range (1 byte to 1 TiB)" % (chunk_bytes,),
@@ -606,4 +614,21 @@ def publish(socket_path, mode="daemon", *, checkpoint_dir=None, fingerprint=None
     opts.update(engine_options(engine))
     opts["wait_ms"] = int(wait_ms)
     handle = open_handle(lib, "wsup_publish_begin", socket_path, mode, fingerprint, checkpoint_dir, opts)
-    return Publication(handle, mode, int(device), path)
+    pub = Publication(handle, mode, int(device), path)
+    pub._size_hint = _checkpoint_bytes(checkpoint_dir)
+    return pub
+
+
+def _checkpoint_bytes(checkpoint_dir):
+    """The bytes of checkpoint_dir's safetensors files (0 when unknown): how
+    much a loader will most likely allocate in the lease."""
+    if checkpoint_dir is None:
+        return 0
+    total = 0
+    try:
+        for entry in os.scandir(checkpoint_dir):
+            if entry.name.endswith(".safetensors"):
+                total += entry.stat().st_size
+    except OSError:
+        return 0
+    return total
