@@ -32,7 +32,8 @@ cp "$build"/lib/libwsup_client.so "$out/lib/" 2>/dev/null || true
 mkdir -p "$out/python"
 cp -r client/python/wsup_client "$out/python/"
 find "$out/python" -name __pycache__ -prune -exec rm -rf {} +
-cp tests/python/gpu_*.py tests/python/tiny_llama.py "$out/python/"
+# (gpu_example_engine_check.py runs from a checkout: it starts examples/.)
+cp tests/python/gpu_layout_check.py tests/python/gpu_torch_check.py tests/python/tiny_llama.py tests/python/check_table.py "$out/python/"
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/lib/libwsup_client.so 2>/dev/null || true
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'

@@ -43,29 +43,10 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from check_table import Table  # noqa: E402
 from example_engine_util import (CONFIG, SERVER, EventStream, Node, complete, start_engine,  # noqa: E402
                                  stream_tokens, tagged_pids, try_status, wait_for)
 
-
-class Table:
-    def __init__(self):
-        self.rows = []
-
-    def add(self, stage, check, ok, detail=""):
-        self.rows.append((stage, check, "PASS" if ok else "FAIL", detail))
-        print("%-4s %s: %s%s" % ("ok" if ok else "FAIL", stage, check, (" (" + detail + ")") if detail else ""),
-              flush=True)
-        return ok
-
-    def failed(self):
-        return any(r[2] == "FAIL" for r in self.rows)
-
-    def render(self):
-        head = ("stage", "check", "result", "detail")
-        w = [max(len(r[i]) for r in self.rows + [head]) for i in range(4)]
-        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
-        out = [line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|"]
-        return "\n".join(out + [line(r) for r in self.rows])
 
 
 def load_goldens(model_dir):
@@ -247,7 +228,7 @@ def main():
     if args.lib:
         env["WSUP_CLIENT_LIB"] = os.path.abspath(args.lib)
     workdir = tempfile.mkdtemp(prefix="wsup-example-gpu-")
-    table = Table()
+    table = Table("stage")
     try:
         stages = [] if args.skip_alone else [args.device] + ([] if args.no_cpu else ["cpu"])
         for device in stages:

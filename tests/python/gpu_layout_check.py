@@ -45,9 +45,11 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.join(HERE, "..", "..", "client", "python")
 sys.path.insert(0, PACKAGE)
+sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from check_table import Table  # noqa: E402
 import wsup_client as wc  # noqa: E402
 from wsup_client.holder import start_holder  # noqa: E402
 
@@ -55,25 +57,6 @@ MODEL = "qwen3moe-tiny-f32"
 ENGINE = {"name": "hf-transformers", "version": "5", "transform": "fused-experts/v1"}
 STEP_S = 600  # the longest any one step of a child may take
 
-
-class Table:
-    def __init__(self):
-        self.rows = []
-
-    def add(self, step, check, ok, detail=""):
-        self.rows.append((step, check, "PASS" if ok else "FAIL", detail))
-        print("%-4s %s: %s%s" % ("ok" if ok else "FAIL", step, check, (" (" + detail + ")") if detail else ""),
-              flush=True)
-        return ok
-
-    def failed(self):
-        return any(r[2] == "FAIL" for r in self.rows)
-
-    def render(self):
-        head = ("step", "check", "result", "detail")
-        w = [max(len(r[i]) for r in self.rows + [head]) for i in range(4)]
-        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
-        return "\n".join([line(head), "|" + "|".join("-" * (x + 2) for x in w) + "|"] + [line(r) for r in self.rows])
 
 
 # ---------------------------------------------------------------- the roles
@@ -411,7 +394,7 @@ def main():
         return role_reader(args) or 0
     if not args.holder:
         ap.error("--holder is required")
-    table = Table()
+    table = Table("step")
     try:
         import torch
         import transformers

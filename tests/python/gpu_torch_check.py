@@ -47,6 +47,7 @@ sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from check_table import Table  # noqa: E402
 import wsup_client as wc  # noqa: E402
 from wsup_client.holder import start_holder  # noqa: E402
 
@@ -54,25 +55,6 @@ MODELS = ("llama-tiny-f32", "llama-tiny-fp8-block")
 TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn",
                 "float16": "float16"}
 
-
-class Table:
-    def __init__(self):
-        self.rows = []
-
-    def add(self, model, check, ok, detail=""):
-        self.rows.append((model, check, "PASS" if ok else "FAIL", detail))
-        print("%-4s %s: %s%s" % ("ok" if ok else "FAIL", model, check, (" (" + detail + ")") if detail else ""),
-              flush=True)
-        return ok
-
-    def failed(self):
-        return any(r[2] == "FAIL" for r in self.rows)
-
-    def render(self):
-        w = [max(len(r[i]) for r in self.rows + [("model", "check", "result", "detail")]) for i in range(4)]
-        line = lambda r: "| " + " | ".join(c.ljust(w[i]) for i, c in enumerate(r)) + " |"  # noqa: E731
-        out = [line(("model", "check", "result", "detail")), "|" + "|".join("-" * (x + 2) for x in w) + "|"]
-        return "\n".join(out + [line(r) for r in self.rows])
 
 
 def sha_of(t):
@@ -235,7 +217,7 @@ def main():
     ap.add_argument("--impl", default="transformers", choices=("transformers", "tiny", "both"))
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated (default: %(default)s)")
     args = ap.parse_args()
-    table = Table()
+    table = Table("model")
     try:
         import torch
         version = "torch %s" % torch.__version__
