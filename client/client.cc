@@ -46,13 +46,61 @@ int DeviceForManifest(const Manifest& m) {
   return d.ok() ? *d : (m.device >= 0 ? m.device : 0);
 }
 
+// One attach in progress, split over Attach() and AttachFromReply(): the
+// result being built, the clock of its phases, and what a failure becomes.
+// In daemon mode a failure is the error; in client mode it is "load from
+// disk", with the reason and the fingerprint's differences.
+class AttachRun {
+ public:
+  AttachRun(const AttachOptions& opts, Clock::time_point t0)
+      : daemon_(opts.mode == AttachMode::kDaemon), t0_(t0), step_(Clock::now()) {}
+
+  bool daemon() const { return daemon_; }
+  AttachResult& result() { return result_; }
+  AttachPhases& phases() { return result_.outcome.phases; }
+
+  // Stores the milliseconds since the last lap (or the start) in *ms.
+  void Lap(double* ms) {
+    auto now = Clock::now();
+    *ms = std::chrono::duration<double, std::milli>(now - step_).count();
+    step_ = now;
+  }
+
+  Result<AttachResult> ToDisk(const std::string& reason, std::vector<FingerprintDiff> diffs = {}) {
+    result_.outcome.source = WeightSource::kDisk;
+    result_.outcome.reason = reason;
+    result_.outcome.diffs = std::move(diffs);
+    return Finish();
+  }
+
+  // Daemon mode: e. Client mode: from disk, the reason `prefix` + e's message.
+  Result<AttachResult> Fail(const Error& e, const std::string& prefix = "") {
+    if (daemon_) return e;
+    return ToDisk(prefix + e.message());
+  }
+
+  Result<AttachResult> Finish() {
+    result_.outcome.ms = MsSince(t0_);
+    return std::move(result_);
+  }
+
+ private:
+  const bool daemon_;
+  const Clock::time_point t0_;
+  Clock::time_point step_;
+  AttachResult result_;
+};
+
 }  // namespace
 
 const char* AttachModeName(AttachMode mode) {
   switch (mode) {
-    case AttachMode::kDaemon: return "daemon";
-    case AttachMode::kClient: return "client";
-    case AttachMode::kOff: return "off";
+    case AttachMode::kDaemon:
+      return "daemon";
+    case AttachMode::kClient:
+      return "client";
+    case AttachMode::kOff:
+      return "off";
   }
   return "unknown";
 }
@@ -67,9 +115,12 @@ Result<AttachMode> ParseAttachMode(std::string_view name) {
 
 const char* WeightSourceName(WeightSource source) {
   switch (source) {
-    case WeightSource::kHolder: return "holder";
-    case WeightSource::kDisk: return "disk";
-    case WeightSource::kPublished: return "published";
+    case WeightSource::kHolder:
+      return "holder";
+    case WeightSource::kDisk:
+      return "disk";
+    case WeightSource::kPublished:
+      return "published";
   }
   return "disk";
 }
@@ -100,114 +151,74 @@ void Attachment::Detach() {
 
 Result<AttachResult> Attach(const AttachOptions& opts, const Fingerprint& ours) {
   auto t0 = Clock::now();
-  AttachResult result;
+  AttachRun run(opts, t0);
   if (opts.mode == AttachMode::kOff) {
-    result.outcome.reason = "mode off";
-    result.outcome.ms = MsSince(t0);
-    return result;
+    run.result().outcome.reason = "mode off";
+    return run.Finish();
   }
   if (opts.socket_path.empty()) {
     return InvalidArgument("weight-cache mode " + std::string(AttachModeName(opts.mode)) +
                            " needs the holder's socket path; set it, or use mode off");
   }
-  const bool daemon = opts.mode == AttachMode::kDaemon;
-  // In client mode every failure becomes "load from disk", with its reason.
-  auto to_disk = [&](const std::string& reason, std::vector<FingerprintDiff> diffs = {}) -> Result<AttachResult> {
-    result.outcome.source = WeightSource::kDisk;
-    result.outcome.reason = reason;
-    result.outcome.diffs = std::move(diffs);
-    result.outcome.ms = MsSince(t0);
-    return std::move(result);
-  };
-
-  AttachPhases& phases = result.outcome.phases;
-  auto t_step = Clock::now();
-  auto lap = [&t_step](double* ms) {
-    auto now = Clock::now();
-    *ms = std::chrono::duration<double, std::milli>(now - t_step).count();
-    t_step = now;
-  };
+  AttachPhases& phases = run.phases();
   auto ch = Channel::Connect(opts.socket_path, opts.timeout_ms);
-  lap(&phases.connect_ms);
-  if (!ch.ok()) {
-    if (daemon) return ch.error();
-    return to_disk("holder unavailable: " + ch.error().message());
-  }
+  run.Lap(&phases.connect_ms);
+  if (!ch.ok()) return run.Fail(ch.error(), "holder unavailable: ");
   if (opts.layout_wait_ms > kMaxLayoutWaitMs) {
-    return InvalidArgument("a layout wait of " + std::to_string(opts.layout_wait_ms) + " ms is more than the " +
-                           std::to_string(kMaxLayoutWaitMs) + " ms (an hour) allowed");
+    return InvalidArgument("a layout wait of " + std::to_string(opts.layout_wait_ms) +
+                           " ms is more than the " + std::to_string(kMaxLayoutWaitMs) +
+                           " ms (an hour) allowed");
   }
   auto reply = Hello(*ch, opts.client_name, ClientRole::kEngine, &ours, opts.timeout_ms, opts.tensor_table,
                      opts.layout_wait_ms);
-  lap(&phases.handshake_ms);
-  if (!reply.ok()) {
-    if (daemon) return reply.error();
-    return to_disk("holder unavailable: " + reply.error().message());
-  }
+  run.Lap(&phases.handshake_ms);
+  if (!reply.ok()) return run.Fail(reply.error(), "holder unavailable: ");
   return AttachFromReply(opts, ours, std::move(ch).value(), std::move(reply).value(), t0, phases);
 }
 
-Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprint& ours, Channel ch, Frame reply,
-                                     std::chrono::steady_clock::time_point t0, AttachPhases before,
-                                     std::shared_ptr<GrantMapping> writer) {
-  AttachResult result;
-  result.outcome.phases = before;
-  const bool daemon = opts.mode == AttachMode::kDaemon;
-  auto to_disk = [&](const std::string& reason, std::vector<FingerprintDiff> diffs = {}) -> Result<AttachResult> {
-    result.outcome.source = WeightSource::kDisk;
-    result.outcome.reason = reason;
-    result.outcome.diffs = std::move(diffs);
-    result.outcome.ms = MsSince(t0);
-    return std::move(result);
-  };
-  AttachPhases& phases = result.outcome.phases;
-  auto t_step = Clock::now();
-  auto lap = [&t_step](double* ms) {
-    auto now = Clock::now();
-    *ms = std::chrono::duration<double, std::milli>(now - t_step).count();
-    t_step = now;
-  };
+Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprint& ours, Channel ch,
+                                     Frame reply, std::chrono::steady_clock::time_point t0,
+                                     AttachPhases before, std::shared_ptr<GrantMapping> writer) {
+  AttachRun run(opts, t0);
+  AttachPhases& phases = run.phases();
+  phases = before;
   std::string type = reply.type();
   if (type == "mismatch") {
     auto m = DecodeMismatch(reply.msg);
-    if (!m.ok()) return daemon ? Result<AttachResult>(m.error().With(opts.socket_path)) : to_disk(m.error().message());
+    if (!m.ok())
+      return run.daemon() ? Result<AttachResult>(m.error().With(opts.socket_path))
+                          : run.ToDisk(m.error().message());
     std::string described = Fingerprint::DescribeDiffs(m->diffs);
-    if (daemon) {
+    if (run.daemon()) {
       return Mismatch(opts.socket_path + ": the holder's weights differ from this engine's in: " + described +
                       "; start the holder with the same model and deployment settings, or use weight-cache "
                       "mode `client` to load from disk on a mismatch");
     }
-    return to_disk("fingerprint mismatch: " + described, std::move(m->diffs));
+    return run.ToDisk("fingerprint mismatch: " + described, std::move(m->diffs));
   }
   if (type == "error") {
     auto m = DecodeError(reply.msg);
-    Error e = m.ok() ? ErrorFromReply(*m, opts.socket_path) : m.error().With(opts.socket_path);
-    if (daemon) return e;
-    return to_disk("holder refused: " + e.message());
+    return run.Fail(m.ok() ? ErrorFromReply(*m, opts.socket_path) : m.error().With(opts.socket_path),
+                    "holder refused: ");
   }
   if (type != "attach") {
-    Error e = UnexpectedReply(opts.socket_path, reply, "attach, mismatch or error");
-    if (daemon) return e;
-    return to_disk("holder protocol error: " + e.message());
+    return run.Fail(UnexpectedReply(opts.socket_path, reply, "attach, mismatch or error"),
+                    "holder protocol error: ");
   }
   // Map() decodes the table's entries (while it maps) and validates them.
   auto attach = DecodeAttach(reply.msg, reply.blob, ManifestDecoding::kHeaderOnly);
-  lap(&phases.decode_ms);
-  if (!attach.ok()) {
-    Error e = attach.error().With(opts.socket_path);
-    if (daemon) return e;
-    return to_disk("holder protocol error: " + e.message());
-  }
+  run.Lap(&phases.decode_ms);
+  if (!attach.ok()) return run.Fail(attach.error().With(opts.socket_path), "holder protocol error: ");
   // The holder compared already; compare again so that a holder bug cannot
   // hand an engine the wrong weights silently.
   auto diffs = ours.Compare(attach->fingerprint);
   if (!diffs.empty()) {
     std::string described = Fingerprint::DescribeDiffs(diffs);
-    if (daemon) {
+    if (run.daemon()) {
       return Mismatch(opts.socket_path + ": the holder attached weights that differ in: " + described +
                       "; this is a holder bug: restart the holder");
     }
-    return to_disk("fingerprint mismatch: " + described, std::move(diffs));
+    return run.ToDisk("fingerprint mismatch: " + described, std::move(diffs));
   }
   MapStats map_stats;
   auto mapped = MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), opts.device, &map_stats,
@@ -217,20 +228,18 @@ Result<AttachResult> AttachFromReply(const AttachOptions& opts, const Fingerprin
   phases.index_ms = map_stats.index_ms;
   phases.map_ms = map_stats.map_ms;
   phases.overlapped = map_stats.overlapped;
-  if (!mapped.ok()) {
-    Error e = mapped.error().With(opts.socket_path + ": cannot map the holder's arena");
-    if (daemon) return e;
-    return to_disk(e.message());
-  }
-  result.outcome.source = WeightSource::kHolder;
-  result.outcome.ms = MsSince(t0);
-  result.attachment = std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(),
-                                                   std::move(attach->fingerprint), std::vector<FingerprintDiff>{});
-  return result;
+  if (!mapped.ok())
+    return run.Fail(mapped.error().With(opts.socket_path + ": cannot map the holder's arena"));
+  run.result().outcome.source = WeightSource::kHolder;
+  run.result().attachment =
+      std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(), std::move(attach->fingerprint),
+                                   std::vector<FingerprintDiff>{});
+  return run.Finish();
 }
 
-Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path, const std::string& client_name,
-                                                  int timeout_ms, const Fingerprint* ours) {
+Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path,
+                                                  const std::string& client_name, int timeout_ms,
+                                                  const Fingerprint* ours) {
   WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));
   WSUP_ASSIGN_OR_RETURN(Frame reply, Hello(ch, client_name, ClientRole::kInspect, ours, timeout_ms));
   std::string type = reply.type();
@@ -246,8 +255,8 @@ Result<std::unique_ptr<Attachment>> AttachInspect(const std::string& socket_path
   auto mapped =
       MappedArena::Map(std::move(attach->manifest), std::move(reply.fds), device, nullptr, reply.blob);
   if (!mapped.ok()) return mapped.error().With(socket_path + ": cannot map the holder's arena");
-  return std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(), std::move(attach->fingerprint),
-                                      std::move(attach->diffs));
+  return std::make_unique<Attachment>(std::move(ch), std::move(mapped).value(),
+                                      std::move(attach->fingerprint), std::move(attach->diffs));
 }
 
 Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string& client_name, int timeout_ms,
@@ -258,14 +267,16 @@ Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string
   if (type == "mismatch") {
     WSUP_ASSIGN_OR_RETURN(MismatchMsg m, DecodeMismatch(reply.msg));
     return Mismatch(socket_path + ": the holder's weights differ from the expected ones in: " +
-                    Fingerprint::DescribeDiffs(m.diffs) + "; restart the holder with the deployment's settings");
+                    Fingerprint::DescribeDiffs(m.diffs) +
+                    "; restart the holder with the deployment's settings");
   }
   if (type == "error") {
     WSUP_ASSIGN_OR_RETURN(ErrorMsg m, DecodeError(reply.msg));
     return ErrorFromReply(m, socket_path);
   }
   if (type == "committed") {
-    return Refused(socket_path + ": this holder keeps engine-made layouts (--layout engine), not one arena; "
+    return Refused(socket_path +
+                   ": this holder keeps engine-made layouts (--layout engine), not one arena; "
                    "keep its committed layouts one by one (KeepLayouts)");
   }
   if (type != "attach") return UnexpectedReply(socket_path, reply, "attach");
@@ -284,8 +295,9 @@ Result<KeptArena> AttachKeeper(const std::string& socket_path, const std::string
   return kept;
 }
 
-Result<LayoutKeepRound> KeepLayouts(const std::string& socket_path, const std::string& client_name, int timeout_ms,
-                                    const std::vector<CommittedLayout>& have, uint64_t max_fds) {
+Result<LayoutKeepRound> KeepLayouts(const std::string& socket_path, const std::string& client_name,
+                                    int timeout_ms, const std::vector<CommittedLayout>& have,
+                                    uint64_t max_fds) {
   WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));
   WSUP_ASSIGN_OR_RETURN(Frame reply, Hello(ch, client_name, ClientRole::kKeeper, nullptr, timeout_ms));
   std::string type = reply.type();
@@ -294,7 +306,8 @@ Result<LayoutKeepRound> KeepLayouts(const std::string& socket_path, const std::s
     return ErrorFromReply(m, socket_path);
   }
   if (type == "attach") {
-    return Refused(socket_path + ": this holder serves a checkpoint arena, not engine-made layouts; keep it "
+    return Refused(socket_path +
+                   ": this holder serves a checkpoint arena, not engine-made layouts; keep it "
                    "with AttachKeeper");
   }
   if (type != "committed") return UnexpectedReply(socket_path, reply, "committed");
