@@ -119,6 +119,8 @@ def role(args):
         t3 = time.perf_counter()
         out.update(lease_ms=(t1 - t0) * 1000, load_ms=(t2 - t1) * 1000, commit_ms=(t3 - t2) * 1000,
                    total_ms=(t3 - t0) * 1000, granted=granted, used=used, copied=len(att.report.copied),
+                   commit_prepare_ms=att.report.prepare_ms, commit_sync_ms=att.report.sync_ms,
+                   commit_holder_ms=att.report.holder_ms,
                    in_place=len(att.report.in_place), tensors=len(att.names()))
     else:
         mem0 = torch.cuda.memory_allocated(args.device)
@@ -213,6 +215,9 @@ def main():
         ("publish: lease", [x["lease_ms"] for x in pubs]),
         ("publish: `from_pretrained` inside `pub.torch_pool()`", [x["load_ms"] for x in pubs]),
         ("publish: `commit(model.state_dict())`", [x["commit_ms"] for x in pubs]),
+        ("- of which describing and placing the tensors", [x["commit_prepare_ms"] for x in pubs]),
+        ("- of which the device's queued writes", [x["commit_sync_ms"] for x in pubs]),
+        ("- of which the holder's commit and reply (`wsup_publish_commit`)", [x["commit_holder_ms"] for x in pubs]),
         ("publish, in all", [x["total_ms"] for x in pubs]),
         ("attach the layout (fresh process, every tensor as torch)", [x["attach_ms"] for x in atts]),
         ("attach + meta model + `bind_module`", [x["total_ms"] for x in atts]),
