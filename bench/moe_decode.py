@@ -233,7 +233,9 @@ def main():
     print("generating %s ..." % args.model_dir, flush=True)
     plan, total, nfiles = generate(args.model_dir, s, shards)
     params = sum(math.prod(sh) for name, d, sh in plan if not name.endswith("_scale_inv"))
-    print("%.2f B parameters, %.2f GiB in %d files" % (params / 1e9, total / 2**30, nfiles), flush=True)
+    size = "%.2f B parameters, %.2f GiB" % (params / 1e9, total / 2**30) if params >= 1e8 else \
+        "%.2f M parameters, %.1f MiB" % (params / 1e6, total / 2**20)
+    print("%s in %d files" % (size, nfiles), flush=True)
 
     eng_out = os.path.join(outdir, "engine")
     os.makedirs(eng_out, exist_ok=True)
@@ -252,7 +254,7 @@ def main():
     for b in sorted(decode):
         d = decode[b]
         nb, used = step_bytes(plan, s, b)
-        rows.append("| %d | %.1f | %.2f | %.2f | %.1f | %.0f | %.0f |" % (
+        rows.append("| %d | %.1f | %.2f | %.2f | %.1f | %.1f | %.1f |" % (
             b, d["tok_s"], d["step_ms"], d["fwd_ms"], used, nb / 2**20, nb / (d["fwd_ms"] / 1e3) / 1e9
             if d["fwd_ms"] > 0 else 0))
     cpu = ""
@@ -272,13 +274,13 @@ def main():
         ("Model: generated Qwen3-MoE-style (`Qwen3MoeForCausalLM`): hidden %d, %d layers, %d heads of %d "
          "(%d KV heads), %d experts of intermediate %d, top-%d, every layer sparse, vocabulary %d; "
          "attention and experts in block FP8 (128x128 scales), embeddings, router, norms and lm_head in bf16; "
-         "%.2f B parameters, %.2f GiB in %d files, pseudo-random weights.") % (
+         "%s in %d files, pseudo-random weights.") % (
             shape["hidden"], shape["layers"], shape["heads"], shape["head_dim"], shape["kv_heads"], shape["experts"],
-            shape["moe_inter"], shape["top_k"], shape["vocab"], params / 1e9, total / 2**30, nfiles),
+            shape["moe_inter"], shape["top_k"], shape["vocab"], size, nfiles),
         "",
         "| weights from | spawn to ready (ms) |",
         "|---|---:|",
-        "| cuda holder (`--weight-cache daemon`) | %.0f |" % ready_holder,
+        "| %s holder (`--weight-cache daemon`) | %.0f |" % ("cuda" if gpu else "host", ready_holder),
         "| disk (`--weight-cache off`) | %.0f |" % ready_disk,
         "",
         "| decode, batch | tokens/s | ms per step | forward pass (ms) | experts read a layer | weight MiB a step | "

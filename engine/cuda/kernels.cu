@@ -1,4 +1,5 @@
 #include "engine/cuda/kernels.h"
+#include "engine/cuda/routing.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -368,76 +369,19 @@ __global__ void MlaRopeStoreKernel(float* q, const float* lat, int64_t lat_strid
 
 // ---- mixture of experts ----
 
-// One block per token; thread 0 decides, in the order and float arithmetic
-// of RankModel::Experts (the choice is a handful of comparisons per expert;
-// the products around it are where the time goes). Ties go to the lower id.
+// One block per token; thread 0 decides (engine/cuda/routing.h: a handful
+// of comparisons per expert; the products around it are where the time
+// goes).
 __global__ void RouteKernel(const float* logits, DevMatrix bias, DevRouting r, int32_t* ids, float* weights) {
-  __shared__ float prob[kMaxExperts], choice[kMaxExperts];
+  __shared__ float prob[kMaxExperts], choice[kMaxExperts], b[kMaxExperts];
   __shared__ bool taken[kMaxExperts];
   if (threadIdx.x != 0) return;
   const int t = blockIdx.x;
-  const int64_t E = r.experts, K = r.top_k;
-  const float* lg = logits + static_cast<int64_t>(t) * E;
-  if (!r.sigmoid) {
-    float mx = -INFINITY;
-    for (int64_t e = 0; e < E; ++e) mx = fmaxf(mx, lg[e]);
-    float sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (prob[e] = expf(lg[e] - mx));
-    for (int64_t e = 0; e < E; ++e) choice[e] = prob[e] = prob[e] / sum;
-  } else {
-    for (int64_t e = 0; e < E; ++e) {
-      prob[e] = 1.0f / (1.0f + expf(-lg[e]));
-      choice[e] = prob[e] + LoadElem(bias, 0, e);
-    }
-    // Groups ranked by the sum of their two best biased scores; experts of
-    // the groups not kept score 0.
-    const int64_t G = r.n_group, per = E / G;
-    float gscore[kMaxExperts / 2];
-    bool gkeep[kMaxExperts / 2];
-    for (int64_t g = 0; g < G; ++g) {
-      float b1 = -INFINITY, b2 = -INFINITY;
-      for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-        const float c = choice[e];
-        if (c > b1) {
-          b2 = b1;
-          b1 = c;
-        } else if (c > b2) {
-          b2 = c;
-        }
-      }
-      gscore[g] = b1 + b2;
-      gkeep[g] = false;
-    }
-    for (int64_t i = 0; i < r.topk_group; ++i) {
-      int64_t best = -1;
-      for (int64_t g = 0; g < G; ++g) {
-        if (!gkeep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-      }
-      gkeep[best] = true;
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      if (!gkeep[e / per]) choice[e] = 0.0f;
-    }
+  if (r.sigmoid) {
+    for (int64_t e = 0; e < r.experts; ++e) b[e] = LoadElem(bias, 0, e);
   }
-  for (int64_t e = 0; e < E; ++e) taken[e] = false;
-  int32_t* out_ids = ids + static_cast<int64_t>(t) * K;
-  float* out_w = weights + static_cast<int64_t>(t) * K;
-  float wsum = 0;
-  for (int64_t k = 0; k < K; ++k) {
-    int64_t best = -1;
-    for (int64_t e = 0; e < E; ++e) {
-      if (!taken[e] && (best < 0 || choice[e] > choice[best])) best = e;
-    }
-    taken[best] = true;
-    out_ids[k] = static_cast<int32_t>(best);
-    wsum += prob[best];
-  }
-  if (r.sigmoid) wsum += 1e-20f;
-  for (int64_t k = 0; k < K; ++k) {
-    float w = prob[out_ids[k]];
-    if (r.norm_topk) w /= wsum;
-    out_w[k] = w * r.routed_scale;
-  }
+  RouteToken(logits + static_cast<int64_t>(t) * r.experts, b, r, prob, choice, taken,
+             ids + static_cast<int64_t>(t) * r.top_k, weights + static_cast<int64_t>(t) * r.top_k);
 }
 
 // One block: thread e counts expert e's slots, thread 0 turns the counts

@@ -15,7 +15,8 @@
 //
 // Mixture of experts: the router's logits are a plain product; the routing
 // (softmax or sigmoid, groups, top-k, weights) runs on the device, one
-// block per token, exactly as the CPU's RankModel::Experts decides. Then
+// block per token, exactly as the CPU's RankModel::Experts decides
+// (engine/cuda/routing.h, tested on the CPU). Then
 // each expert's token list is built on the device, and one launch per
 // projection multiplies every expert's rows against the tokens routed to
 // it (a block per expert and row slice reads each row once per step), and
