@@ -15,7 +15,8 @@
 //    e_score_correction_bias, routed_scaling_factor and shared experts.
 // Compute is float32; weights stay where the WeightSource keeps them and
 // are converted row by row inside the kernels. Mixture-of-experts models
-// run at tp 1 for now (the CUDA path refuses them).
+// run at tp 1 for now, on the CPU here or on one GPU (engine/cuda/, which
+// mirrors this file and keeps its KV cache layout).
 //
 // KV cache: Llama and Qwen3-MoE cache each KV head's rotated k and its v.
 // DeepSeek-V3 caches the expanded per-head k (nope part then rotated rope

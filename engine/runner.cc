@@ -57,10 +57,6 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
       WSUP_ASSIGN_OR_RETURN(auto model, RankModel::Bind(dims, w, threads));
       r->ranks_.push_back(std::make_unique<CpuRank>(std::move(model)));
     } else {
-      if (dims.family != Family::kLlama) {
-        return Refused(std::string("--device cuda: the CUDA path computes Llama-family models only; ") +
-                       FamilyName(dims.family) + " (" + cfg.architecture + ") runs on the CPU for now: use --device cpu");
-      }
       WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)]));
       r->ranks_.push_back(std::move(rank_engine));
     }

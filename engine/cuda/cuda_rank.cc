@@ -1,6 +1,10 @@
 // The CUDA rank: weights bound as DevMatrix views, step buffers and KV cache
 // in device memory, cuBLAS for wide products, NCCL for the collectives,
-// decode steps replayed from CUDA graphs.
+// decode steps replayed from CUDA graphs. It computes the families the CPU
+// model does (engine/model.h): Llama, Qwen3-MoE (q/k norms, routed SwiGLU
+// experts) and DeepSeek-V3 (MLA, group-limited routing, shared experts),
+// with the same KV cache layout; mixture-of-experts routing runs on the
+// device (engine/cuda/kernels.h), so MoE decode steps replay graphs too.
 //
 // A step is one function (Enqueue) that only enqueues work on the rank's
 // stream, reading every per-step value (tokens, positions, block tables,
@@ -136,6 +140,17 @@ class CudaRank : public RankEngine {
  public:
   struct Layer {
     DevMatrix in_norm, post_norm, q, k, v, o, gate, up, down;
+    DevMatrix q_norm, k_norm;                              // Qwen3-MoE
+    DevMatrix q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;  // DeepSeek-V3
+    bool moe = false;
+    DevMatrix router, router_bias;
+    // The experts' matrices as device arrays of DevMatrix (experts_dev_),
+    // each of one dtype.
+    const DevMatrix* e_gate = nullptr;
+    const DevMatrix* e_up = nullptr;
+    const DevMatrix* e_down = nullptr;
+    int e_gate_dtype = cuda::kDevF32, e_up_dtype = cuda::kDevF32, e_down_dtype = cuda::kDevF32;
+    DevMatrix s_gate, s_up, s_down;  // DeepSeek-V3 shared experts
   };
 
   CudaRank(const ModelDims& d, int device) : dims_(d), device_(device) {}
@@ -149,32 +164,84 @@ class CudaRank : public RankEngine {
 
   Status Init(const WeightSource& w) {
     WSUP_CUDA_TRY(cudaSetDevice(device_), "selecting cuda:" + std::to_string(device_));
-    if (dims_.head_dim > cuda::kMaxHeadDim) {
-      return Refused("config.json: head_dim " + std::to_string(dims_.head_dim) + " exceeds the " +
-                     std::to_string(cuda::kMaxHeadDim) + " the CUDA attention kernel supports; use --device cpu");
+    const ModelDims& d = dims_;
+    for (auto [v, key] : {std::pair{d.q_dim, "the query/key head width"}, {d.v_dim, "the value head width"}}) {
+      if (v > cuda::kMaxHeadDim) {
+        return Refused("config.json: " + std::string(key) + " " + std::to_string(v) + " exceeds the " +
+                       std::to_string(cuda::kMaxHeadDim) + " the CUDA attention kernel supports; use --device cpu");
+      }
+    }
+    const bool any_moe = std::find(d.sparse.begin(), d.sparse.end(), true) != d.sparse.end();
+    if (any_moe && (d.experts > cuda::kMaxExperts || d.top_k > cuda::kMaxTopK)) {
+      return Refused("config.json: " + std::to_string(d.experts) + " experts, " + std::to_string(d.top_k) +
+                     " per token exceed the " + std::to_string(cuda::kMaxExperts) + " and " +
+                     std::to_string(cuda::kMaxTopK) + " the CUDA routing kernels support; use --device cpu");
     }
     WSUP_ASSIGN_OR_RETURN(ModelWeights mw, BindWeights(dims_, w));
     WSUP_ASSIGN_OR_RETURN(embed_, ToDev(mw.embed));
     WSUP_ASSIGN_OR_RETURN(lm_head_, ToDev(mw.lm_head));
     WSUP_ASSIGN_OR_RETURN(final_norm_, ToDev(mw.final_norm));
     int64_t widest = 0;
+    // Matrices that go through MatMul (all but the experts') may need the
+    // dequantization scratch; a tensor the family does not have stays empty.
     auto conv = [&](const MatrixRef& m, DevMatrix* out) -> Status {
+      if (!m.data) return Status::Ok();
       WSUP_ASSIGN_OR_RETURN(*out, ToDev(m));
       if (out->dtype != cuda::kDevF32) widest = std::max(widest, out->rows * out->cols);
       return Status::Ok();
     };
-    for (const auto& L : mw.layers) {
+    // The experts' DevMatrix arrays: [layer][gate|up|down][expert], copied
+    // to the device once the layers are bound.
+    std::vector<DevMatrix> experts_host;
+    std::vector<size_t> experts_at;  // per MoE layer: its first entry
+    for (size_t li = 0; li < mw.layers.size(); ++li) {
+      const LayerWeights& L = mw.layers[li];
       Layer D;
-      WSUP_RETURN_IF_ERROR(conv(L.in_norm, &D.in_norm));
-      WSUP_RETURN_IF_ERROR(conv(L.post_norm, &D.post_norm));
-      WSUP_RETURN_IF_ERROR(conv(L.q, &D.q));
-      WSUP_RETURN_IF_ERROR(conv(L.k, &D.k));
-      WSUP_RETURN_IF_ERROR(conv(L.v, &D.v));
-      WSUP_RETURN_IF_ERROR(conv(L.o, &D.o));
-      WSUP_RETURN_IF_ERROR(conv(L.gate, &D.gate));
-      WSUP_RETURN_IF_ERROR(conv(L.up, &D.up));
-      WSUP_RETURN_IF_ERROR(conv(L.down, &D.down));
+      for (auto [src, dst] : {std::pair{&L.in_norm, &D.in_norm}, {&L.post_norm, &D.post_norm}, {&L.q, &D.q},
+                              {&L.k, &D.k}, {&L.v, &D.v}, {&L.o, &D.o}, {&L.gate, &D.gate}, {&L.up, &D.up},
+                              {&L.down, &D.down}, {&L.q_norm, &D.q_norm}, {&L.k_norm, &D.k_norm}, {&L.q_a, &D.q_a},
+                              {&L.q_a_norm, &D.q_a_norm}, {&L.q_b, &D.q_b}, {&L.kv_a, &D.kv_a},
+                              {&L.kv_a_norm, &D.kv_a_norm}, {&L.kv_b, &D.kv_b}, {&L.router, &D.router},
+                              {&L.router_bias, &D.router_bias}, {&L.shared.gate, &D.s_gate},
+                              {&L.shared.up, &D.s_up}, {&L.shared.down, &D.s_down}}) {
+        WSUP_RETURN_IF_ERROR(conv(*src, dst));
+      }
+      D.moe = L.moe;
+      if (L.moe) {
+        experts_at.push_back(experts_host.size());
+        const std::string where = "weights: layer " + std::to_string(li) + "'s experts ";
+        for (int which = 0; which < 3; ++which) {
+          const size_t first = experts_host.size();
+          for (const ExpertWeights& e : L.experts) {
+            const MatrixRef& m = which == 0 ? e.gate : (which == 1 ? e.up : e.down);
+            WSUP_ASSIGN_OR_RETURN(DevMatrix dm, ToDev(m));
+            if (experts_host.size() > first && dm.dtype != experts_host[first].dtype) {
+              return Refused(where + "mix dtypes in one projection; the CUDA expert kernel reads one dtype per "
+                             "projection: convert the checkpoint to one dtype");
+            }
+            experts_host.push_back(dm);
+          }
+        }
+      }
       layers_.push_back(D);
+    }
+    if (!experts_host.empty()) {
+      WSUP_RETURN_IF_ERROR(experts_dev_.Alloc(experts_host.size(), "the experts' matrix table"));
+      WSUP_CUDA_TRY(cudaMemcpy(experts_dev_.p, experts_host.data(), experts_host.size() * sizeof(DevMatrix),
+                               cudaMemcpyHostToDevice),
+                    "copying the experts' matrix table");
+      size_t next = 0;
+      const size_t E = static_cast<size_t>(d.experts);
+      for (Layer& D : layers_) {
+        if (!D.moe) continue;
+        const size_t at = experts_at[next++];
+        D.e_gate = experts_dev_.p + at;
+        D.e_up = experts_dev_.p + at + E;
+        D.e_down = experts_dev_.p + at + 2 * E;
+        D.e_gate_dtype = experts_host[at].dtype;
+        D.e_up_dtype = experts_host[at + E].dtype;
+        D.e_down_dtype = experts_host[at + 2 * E].dtype;
+      }
     }
     if (lm_head_.dtype != cuda::kDevF32) widest = std::max(widest, lm_head_.rows * lm_head_.cols);
     dequant_elems_ = static_cast<size_t>(widest);
@@ -235,18 +302,37 @@ class CudaRank : public RankEngine {
     meta_.max_blocks = max_blocks_;
 
     const size_t T = static_cast<size_t>(cap_), R = static_cast<size_t>(max_seqs_);
-    const size_t H = static_cast<size_t>(d.hidden), nq = static_cast<size_t>(d.local_heads * d.head_dim),
-                 nkv = static_cast<size_t>(d.local_kv_heads * d.head_dim), I = static_cast<size_t>(d.local_inter),
+    const size_t H = static_cast<size_t>(d.hidden), nq = static_cast<size_t>(d.local_heads * d.q_dim),
+                 nkv = static_cast<size_t>(d.local_kv_heads * d.head_dim),
+                 I = static_cast<size_t>(std::max(d.local_inter, d.shared_inter)),
                  lv = static_cast<size_t>(d.local_vocab);
+    // DeepSeek-V3: kv_b_proj's output lives in v_, the latents in lat_.
+    const size_t kvb = static_cast<size_t>(d.local_heads * (d.qk_nope + d.v_dim));
+    const size_t lat = static_cast<size_t>(std::max(d.q_lora_rank, d.kv_lora_rank + d.qk_rope));
     WSUP_RETURN_IF_ERROR(x_.Alloc(T * H, "activations"));
     WSUP_RETURN_IF_ERROR(h_.Alloc(T * H, "activations"));
     WSUP_RETURN_IF_ERROR(proj_.Alloc(T * H, "activations"));
     WSUP_RETURN_IF_ERROR(q_.Alloc(T * nq, "activations"));
-    WSUP_RETURN_IF_ERROR(attn_.Alloc(T * nq, "activations"));
+    WSUP_RETURN_IF_ERROR(attn_.Alloc(T * static_cast<size_t>(d.local_heads * d.v_dim), "activations"));
     WSUP_RETURN_IF_ERROR(k_.Alloc(T * nkv, "activations"));
-    WSUP_RETURN_IF_ERROR(v_.Alloc(T * nkv, "activations"));
+    WSUP_RETURN_IF_ERROR(v_.Alloc(T * std::max(nkv, d.family == Family::kDeepseekV3 ? kvb : 0), "activations"));
     WSUP_RETURN_IF_ERROR(gate_.Alloc(T * I, "activations"));
     WSUP_RETURN_IF_ERROR(up_.Alloc(T * I, "activations"));
+    if (d.family == Family::kDeepseekV3) {
+      WSUP_RETURN_IF_ERROR(lat_.Alloc(T * lat, "latent activations"));
+      WSUP_RETURN_IF_ERROR(lat_norm_.Alloc(T * lat, "latent activations"));
+    }
+    if (std::find(d.sparse.begin(), d.sparse.end(), true) != d.sparse.end()) {
+      // Per routed slot (T x top_k): the expert's gate and up rows and its
+      // down output; this is where a MoE step's memory goes.
+      const size_t P = T * static_cast<size_t>(d.top_k), E = static_cast<size_t>(d.experts);
+      WSUP_RETURN_IF_ERROR(router_logits_.Alloc(T * E, "router logits"));
+      WSUP_RETURN_IF_ERROR(route_w_.Alloc(P, "routing weights"));
+      WSUP_RETURN_IF_ERROR(route_ids_.Alloc(P + (E + 1) + P, "routing lists"));
+      WSUP_RETURN_IF_ERROR(e_gate_.Alloc(P * static_cast<size_t>(d.moe_inter), "expert activations"));
+      WSUP_RETURN_IF_ERROR(e_up_.Alloc(P * static_cast<size_t>(d.moe_inter), "expert activations"));
+      WSUP_RETURN_IF_ERROR(e_out_.Alloc(std::max(P, T) * H, "expert activations"));
+    }
     WSUP_RETURN_IF_ERROR(head_in_.Alloc(R * H, "activations"));
     WSUP_RETURN_IF_ERROR(local_logits_.Alloc(R * lv, "logits"));
     if (d.tp > 1) WSUP_RETURN_IF_ERROR(gathered_.Alloc(R * lv * static_cast<size_t>(d.tp), "logits"));
@@ -418,27 +504,38 @@ class CudaRank : public RankEngine {
                                     stream_),
                     "copying step metadata");
     }
-    const cuda::DevKvLayout kv{kv_.p, d.layers, d.local_kv_heads, hd, block_size_};
+    const cuda::DevKvLayout kv{kv_.p, d.layers, d.local_kv_heads, d.kv_dim, block_size_};
     cuda::LaunchEmbed(embed_, meta_, T, d.vocab_start, x_.p, stream_);
     WSUP_RETURN_IF_ERROR(AllReduce(x_.p, static_cast<size_t>(T) * H));
     const int64_t group = d.heads / d.kv_heads;
     for (int64_t l = 0; l < d.layers; ++l) {
       const Layer& L = layers_[static_cast<size_t>(l)];
       cuda::LaunchRmsNorm(x_.p, L.in_norm, nullptr, T, H, d.eps, h_.p, stream_);
-      MatMul(L.q, h_.p, T, q_.p);
-      MatMul(L.k, h_.p, T, k_.p);
-      MatMul(L.v, h_.p, T, v_.p);
-      cuda::LaunchRopeAndStore(q_.p, k_.p, v_.p, T, d.local_heads, inv_freq_.p, meta_, kv, l, stream_);
-      cuda::LaunchAttention(q_.p, T, d.local_heads, d.head_start, group, d.kv_head_start, meta_, kv, l, attn_.p,
-                            stream_);
+      if (d.family == Family::kDeepseekV3) {
+        MlaProjections(L, T, kv, l);
+      } else {
+        MatMul(L.q, h_.p, T, q_.p);
+        MatMul(L.k, h_.p, T, k_.p);
+        MatMul(L.v, h_.p, T, v_.p);
+        if (d.qk_norm) {
+          // Qwen3: each head's q and k RMS-normalised over head_dim, in place.
+          cuda::LaunchRmsNorm(q_.p, L.q_norm, nullptr, T * static_cast<int>(d.local_heads), hd, d.eps, q_.p, stream_);
+          cuda::LaunchRmsNorm(k_.p, L.k_norm, nullptr, T * static_cast<int>(d.local_kv_heads), hd, d.eps, k_.p,
+                              stream_);
+        }
+        cuda::LaunchRopeAndStore(q_.p, k_.p, v_.p, T, d.local_heads, inv_freq_.p, meta_, kv, l, stream_);
+      }
+      cuda::LaunchAttention(q_.p, T, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
+                            d.attn_scale, meta_, kv, l, attn_.p, stream_);
       MatMul(L.o, attn_.p, T, proj_.p);
       WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, static_cast<size_t>(T) * H));
       cuda::LaunchAdd(x_.p, proj_.p, T * H, stream_);
       cuda::LaunchRmsNorm(x_.p, L.post_norm, nullptr, T, H, d.eps, h_.p, stream_);
-      MatMul(L.gate, h_.p, T, gate_.p);
-      MatMul(L.up, h_.p, T, up_.p);
-      cuda::LaunchSiluMul(gate_.p, up_.p, static_cast<int64_t>(T) * d.local_inter, stream_);
-      MatMul(L.down, gate_.p, T, proj_.p);
+      if (L.moe) {
+        Experts(L, T);
+      } else {
+        DenseMlp(L.gate, L.up, L.down, d.local_inter, h_.p, T, proj_.p);
+      }
       WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, static_cast<size_t>(T) * H));
       cuda::LaunchAdd(x_.p, proj_.p, T * H, stream_);
     }
@@ -459,6 +556,67 @@ class CudaRank : public RankEngine {
     if (blas_failed_ != CUBLAS_STATUS_SUCCESS) return BlasFail(blas_failed_, "a matrix product");
     WSUP_CUDA_TRY(cudaGetLastError(), "launching the step's kernels");
     return Status::Ok();
+  }
+
+  // gate_ = silu(gate(in)) * up(in); out = down(gate_).
+  void DenseMlp(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, int64_t inter, const float* in,
+                int T, float* out) {
+    MatMul(gate, in, T, gate_.p);
+    MatMul(up, in, T, up_.p);
+    cuda::LaunchSiluMul(gate_.p, up_.p, static_cast<int64_t>(T) * inter, stream_);
+    MatMul(down, gate_.p, T, out);
+  }
+
+  // RankModel::MlaProjections on the device: q_ gets the rotated queries,
+  // the cache each head's k and v.
+  void MlaProjections(const Layer& L, int T, const cuda::DevKvLayout& kv, int64_t l) {
+    const ModelDims& d = dims_;
+    const int64_t rank = d.kv_lora_rank, kva = rank + d.qk_rope;
+    if (d.q_lora_rank > 0) {
+      MatMul(L.q_a, h_.p, T, lat_.p);
+      cuda::LaunchRmsNorm(lat_.p, L.q_a_norm, nullptr, T, d.q_lora_rank, d.latent_eps, lat_norm_.p, stream_);
+      MatMul(L.q_b, lat_norm_.p, T, q_.p);
+    } else {
+      MatMul(L.q, h_.p, T, q_.p);
+    }
+    MatMul(L.kv_a, h_.p, T, lat_.p);
+    cuda::LaunchRmsNorm(lat_.p, L.kv_a_norm, nullptr, T, rank, d.latent_eps, lat_norm_.p, stream_, kva);
+    MatMul(L.kv_b, lat_norm_.p, T, v_.p);
+    cuda::LaunchMlaRopeStore(q_.p, lat_.p, kva, rank, v_.p, T, d.local_heads, d.qk_nope, d.qk_rope, d.v_dim,
+                             d.rope_interleave, inv_freq_.p, meta_, kv, l, stream_);
+  }
+
+  // RankModel::Experts on the device: proj_ = the routed experts' weighted
+  // sum (plus the shared experts) of h_.
+  void Experts(const Layer& L, int T) {
+    const ModelDims& d = dims_;
+    const int64_t H = d.hidden, E = d.experts, K = d.top_k;
+    const int P = T * static_cast<int>(K);
+    int32_t* ids = route_ids_.p;
+    int32_t* offsets = ids + P;
+    int32_t* order = offsets + (E + 1);
+    MatMul(L.router, h_.p, T, router_logits_.p);
+    cuda::DevRouting r;
+    r.experts = E;
+    r.top_k = K;
+    r.sigmoid = d.sigmoid_router;
+    r.n_group = d.n_group;
+    r.topk_group = d.topk_group;
+    r.norm_topk = d.norm_topk;
+    r.routed_scale = d.routed_scale;
+    cuda::LaunchRoute(router_logits_.p, L.router_bias, r, T, ids, route_w_.p, stream_);
+    cuda::LaunchExpertLists(ids, P, E, offsets, order, stream_);
+    cuda::LaunchExpertGemv(L.e_gate, L.e_gate_dtype, E, d.moe_inter, offsets, order, h_.p, static_cast<int>(K),
+                           e_gate_.p, stream_);
+    cuda::LaunchExpertGemv(L.e_up, L.e_up_dtype, E, d.moe_inter, offsets, order, h_.p, static_cast<int>(K), e_up_.p,
+                           stream_);
+    cuda::LaunchSiluMul(e_gate_.p, e_up_.p, static_cast<int64_t>(P) * d.moe_inter, stream_);
+    cuda::LaunchExpertGemv(L.e_down, L.e_down_dtype, E, H, offsets, order, e_gate_.p, 1, e_out_.p, stream_);
+    cuda::LaunchExpertCombine(e_out_.p, ids, route_w_.p, T, K, H, proj_.p, stream_);
+    if (d.shared_inter > 0) {
+      DenseMlp(L.s_gate, L.s_up, L.s_down, d.shared_inter, h_.p, T, e_out_.p);
+      cuda::LaunchAdd(proj_.p, e_out_.p, static_cast<int64_t>(T) * H, stream_);
+    }
   }
 
   // logits_host_ holds, per rank, `rows` x local_vocab; the caller wants
@@ -493,6 +651,9 @@ class CudaRank : public RankEngine {
   DevBuf<int32_t> meta_dev_;
   HostBuf<int32_t> meta_host_;
   DevBuf<float> kv_, x_, h_, proj_, q_, attn_, k_, v_, gate_, up_, head_in_, local_logits_, gathered_, dequant_;
+  DevBuf<float> lat_, lat_norm_, router_logits_, route_w_, e_gate_, e_up_, e_out_;
+  DevBuf<int32_t> route_ids_;  // ids (T x top_k), offsets (experts + 1), order (T x top_k)
+  DevBuf<DevMatrix> experts_dev_;
   DevBuf<float> inv_freq_, keep_dev_;
   DevBuf<char> blas_ws_;
   HostBuf<float> logits_host_, keep_host_;

@@ -1,4 +1,5 @@
 #include "engine/cuda/kernels.h"
+#include "engine/cuda/routing.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -54,12 +55,12 @@ __global__ void EmbedKernel(DevMatrix emb, DevStepMeta meta, int64_t vocab_start
   for (int64_t c = threadIdx.x; c < emb.cols; c += blockDim.x) row[c] = mine ? LoadElem(emb, id, c) : 0.0f;
 }
 
-__global__ void RmsNormKernel(const float* x, DevMatrix w, const int32_t* rows_index, int64_t n, float eps,
-                              float* out) {
+__global__ void RmsNormKernel(const float* x, DevMatrix w, const int32_t* rows_index, int64_t n, int64_t stride,
+                              float eps, float* out) {
   __shared__ float partial[32];
   const int r = blockIdx.x;
   const int64_t src = rows_index ? rows_index[r] : r;
-  const float* in = x + src * n;
+  const float* in = x + src * stride;
   float ss = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += in[i] * in[i];
   ss = WarpSum(ss);
@@ -264,17 +265,15 @@ constexpr int kPerLane = static_cast<int>(kMaxHeadDim / kWarp);
 
 __global__ void __launch_bounds__(kAttnWarps* kWarp)
     AttentionKernel(const float* q, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
-                    DevStepMeta meta, DevKvLayout kv, int64_t layer, float* out) {
+                    int64_t qd, int64_t vd, float scale, DevStepMeta meta, DevKvLayout kv, int64_t layer, float* out) {
   __shared__ float qs[kMaxHeadDim];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
   __shared__ float wacc[kAttnWarps][kMaxHeadDim];
   const int t = blockIdx.x;
   const int64_t j = blockIdx.y;
-  const int64_t hd = kv.head_dim;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const float scale = 1.0f / sqrtf(static_cast<float>(hd));
-  const float* qh = q + (static_cast<int64_t>(t) * q_heads + j) * hd;
-  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = qh[i];
+  const float* qh = q + (static_cast<int64_t>(t) * q_heads + j) * qd;
+  for (int64_t i = threadIdx.x; i < qd; i += blockDim.x) qs[i] = qh[i];
   __syncthreads();
 
   const int64_t kvh = (head_start + j) / group - kv_head_start;
@@ -292,7 +291,7 @@ __global__ void __launch_bounds__(kAttnWarps* kWarp)
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int64_t i = lane + static_cast<int64_t>(k) * kWarp;
-      if (i < hd) dot += qs[i] * kp[i];
+      if (i < qd) dot += qs[i] * kp[i];
     }
     const float s = WarpSum(dot) * scale;
     const float m2 = fmaxf(m, s);
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(kAttnWarps* kWarp)
 #pragma unroll
     for (int k = 0; k < kPerLane; ++k) {
       const int64_t i = lane + static_cast<int64_t>(k) * kWarp;
-      if (i < hd) acc[k] = acc[k] * corr + e * vp[i];
+      if (i < vd) acc[k] = acc[k] * corr + e * vp[i];
     }
     m = m2;
   }
@@ -312,20 +311,189 @@ __global__ void __launch_bounds__(kAttnWarps* kWarp)
 #pragma unroll
   for (int k = 0; k < kPerLane; ++k) {
     const int64_t i = lane + static_cast<int64_t>(k) * kWarp;
-    if (i < hd) wacc[warp][i] = acc[k];
+    if (i < vd) wacc[warp][i] = acc[k];
   }
   __syncthreads();
   float mx = -INFINITY;
   for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, wm[w]);
   float total = 0.0f;
   for (int w = 0; w < kAttnWarps; ++w) total += wm[w] == -INFINITY ? 0.0f : wl[w] * expf(wm[w] - mx);
-  float* o = out + (static_cast<int64_t>(t) * q_heads + j) * hd;
-  for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) {
+  float* o = out + (static_cast<int64_t>(t) * q_heads + j) * vd;
+  for (int64_t i = threadIdx.x; i < vd; i += blockDim.x) {
     float v = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w) {
       if (wm[w] != -INFINITY) v += wacc[w][i] * expf(wm[w] - mx);
     }
     o[i] = v / total;
+  }
+}
+
+// ---- DeepSeek-V3 attention inputs ----
+
+// One block per (token, head): the head's q rope part and the shared rope
+// key, regrouped (evens, then odds) when interleaved, rotated as
+// rotate_half does; then the head's k and v slots.
+__global__ void MlaRopeStoreKernel(float* q, const float* lat, int64_t lat_stride, int64_t rope_at, const float* kvb,
+                                   int64_t nope, int64_t rope, int64_t vd, bool interleave, const float* inv_freq,
+                                   DevStepMeta meta, DevKvLayout kv, int64_t layer) {
+  __shared__ float qs[kMaxRope], ks[kMaxRope], kr[kMaxRope];
+  const int t = blockIdx.x;
+  const int64_t j = blockIdx.y, heads = gridDim.y;
+  const int64_t half = rope / 2, qd = nope + rope;
+  float* qh = q + (static_cast<int64_t>(t) * heads + j) * qd + nope;
+  const float* kh = lat + static_cast<int64_t>(t) * lat_stride + rope_at;
+  for (int64_t i = threadIdx.x; i < rope; i += blockDim.x) {
+    const int64_t dst = interleave ? (i % 2 == 0 ? i / 2 : half + i / 2) : i;
+    qs[dst] = qh[i];
+    ks[dst] = kh[i];
+  }
+  __syncthreads();
+  const int64_t pos = meta.positions[t];
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float angle = static_cast<float>(pos) * inv_freq[i];
+    const float c = cosf(angle), sn = sinf(angle);
+    qh[i] = qs[i] * c - qs[i + half] * sn;
+    qh[i + half] = qs[i + half] * c + qs[i] * sn;
+    kr[i] = ks[i] * c - ks[i + half] * sn;
+    kr[i + half] = ks[i + half] * c + ks[i] * sn;
+  }
+  __syncthreads();
+  const int32_t block = meta.block_table[static_cast<int64_t>(meta.seq[t]) * meta.max_blocks + pos / kv.block_size];
+  const int64_t off = pos % kv.block_size;
+  const float* src = kvb + (static_cast<int64_t>(t) * heads + j) * (nope + vd);
+  float* kslot = KvAt(kv, block, layer, 0, j, off);
+  float* vslot = KvAt(kv, block, layer, 1, j, off);
+  for (int64_t i = threadIdx.x; i < qd; i += blockDim.x) kslot[i] = i < nope ? src[i] : kr[i - nope];
+  for (int64_t i = threadIdx.x; i < vd; i += blockDim.x) vslot[i] = src[nope + i];
+}
+
+// ---- mixture of experts ----
+
+// One block per token; thread 0 decides (engine/cuda/routing.h: a handful
+// of comparisons per expert; the products around it are where the time
+// goes).
+__global__ void RouteKernel(const float* logits, DevMatrix bias, DevRouting r, int32_t* ids, float* weights) {
+  __shared__ float prob[kMaxExperts], choice[kMaxExperts], b[kMaxExperts];
+  __shared__ bool taken[kMaxExperts];
+  if (threadIdx.x != 0) return;
+  const int t = blockIdx.x;
+  if (r.sigmoid) {
+    for (int64_t e = 0; e < r.experts; ++e) b[e] = LoadElem(bias, 0, e);
+  }
+  RouteToken(logits + static_cast<int64_t>(t) * r.experts, b, r, prob, choice, taken,
+             ids + static_cast<int64_t>(t) * r.top_k, weights + static_cast<int64_t>(t) * r.top_k);
+}
+
+// One block: thread e counts expert e's slots, thread 0 turns the counts
+// into offsets, thread e lists its slots in ascending order.
+__global__ void ExpertListsKernel(const int32_t* ids, int P, int64_t E, int32_t* offsets, int32_t* order) {
+  __shared__ int32_t count[kMaxExperts];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t n = 0;
+    for (int p = 0; p < P; ++p) n += ids[p] == e;
+    count[e] = n;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t at = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      offsets[e] = at;
+      at += count[e];
+    }
+    offsets[E] = at;
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t at = offsets[e];
+    for (int p = 0; p < P; ++p) {
+      if (ids[p] == e) order[at++] = p;
+    }
+  }
+}
+
+// Block (row slice, expert): each warp one output row of the expert,
+// against the expert's slots kSmallBatch at a time.
+template <int DT>
+__global__ void __launch_bounds__(kGemvWarps* kWarp)
+    ExpertGemvKernel(const DevMatrix* ws, const int32_t* offsets, const int32_t* order, const float* x, int x_div,
+                     float* y) {
+  const int e = blockIdx.y;
+  const int beg = offsets[e], end = offsets[e + 1];
+  if (beg == end) return;
+  const DevMatrix w = ws[e];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
+  if (row >= w.rows) return;
+  constexpr int V = VecLoad<DT>::kVec;
+  constexpr int64_t kBytes = DT == kDevF32 ? 4 : (DT == kDevFp8E4M3 ? 1 : 2);
+  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   w.cols % V == 0 && (w.cols * kBytes) % 16 == 0 && w.cols % 4 == 0 &&
+                   (DT != kDevFp8E4M3 || w.block_cols % 16 == 0);
+  for (int base = beg; base < end; base += kSmallBatch) {
+    const int n = end - base < kSmallBatch ? end - base : kSmallBatch;
+    const float* xr[kSmallBatch];
+    float acc[kSmallBatch];
+#pragma unroll
+    for (int i = 0; i < kSmallBatch; ++i) {
+      acc[i] = 0.0f;
+      xr[i] = i < n ? x + static_cast<int64_t>(order[base + i] / x_div) * w.cols : x;
+    }
+    if (vec) {
+      float wv[V];
+      for (int64_t c = static_cast<int64_t>(lane) * V; c < w.cols; c += kWarp * V) {
+        VecLoad<DT>::Load(w, row, c, wv);
+#pragma unroll
+        for (int i = 0; i < kSmallBatch; ++i) {
+          if (i < n) {
+#pragma unroll
+            for (int k = 0; k < V; k += 4) {
+              const float4 xv = *reinterpret_cast<const float4*>(xr[i] + c + k);
+              acc[i] += wv[k] * xv.x + wv[k + 1] * xv.y + wv[k + 2] * xv.z + wv[k + 3] * xv.w;
+            }
+          }
+        }
+      }
+    } else {
+      for (int64_t c = lane; c < w.cols; c += kWarp) {
+        const float wv = LoadElem(w, row, c);
+#pragma unroll
+        for (int i = 0; i < kSmallBatch; ++i) {
+          if (i < n) acc[i] += wv * xr[i][c];
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kSmallBatch; ++i) {
+      if (i < n) {
+        const float v = WarpSum(acc[i]);
+        if (lane == 0) y[static_cast<int64_t>(order[base + i]) * w.rows + row] = v;
+      }
+    }
+  }
+}
+
+__global__ void ExpertCombineKernel(const float* y, const int32_t* ids, const float* weights, int64_t K, int64_t n,
+                                    float* out) {
+  const int t = blockIdx.x;
+  // The token's slots in ascending expert id (K is small).
+  int slot[kMaxTopK];
+  for (int64_t k = 0; k < K; ++k) slot[k] = static_cast<int>(k);
+  const int32_t* id = ids + static_cast<int64_t>(t) * K;
+  for (int64_t a = 1; a < K; ++a) {
+    for (int64_t b = a; b > 0 && id[slot[b]] < id[slot[b - 1]]; --b) {
+      const int tmp = slot[b];
+      slot[b] = slot[b - 1];
+      slot[b - 1] = tmp;
+    }
+  }
+  const float* w = weights + static_cast<int64_t>(t) * K;
+  for (int64_t c = threadIdx.x; c < n; c += blockDim.x) {
+    float v = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t p = static_cast<int64_t>(t) * K + slot[k];
+      v += y[p * n + c] * w[slot[k]];
+    }
+    out[static_cast<int64_t>(t) * n + c] = v;
   }
 }
 
@@ -341,8 +509,8 @@ void LaunchEmbed(const DevMatrix& emb, const DevStepMeta& meta, int T, int64_t v
 }
 
 void LaunchRmsNorm(const float* x, const DevMatrix& w, const int32_t* rows_index, int rows, int64_t n, float eps,
-                   float* out, Stream s) {
-  RmsNormKernel<<<rows, 256, 0, S(s)>>>(x, w, rows_index, n, eps, out);
+                   float* out, Stream s, int64_t in_stride) {
+  RmsNormKernel<<<rows, 256, 0, S(s)>>>(x, w, rows_index, n, in_stride > 0 ? in_stride : n, eps, out);
 }
 
 void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream s) {
@@ -368,10 +536,50 @@ void LaunchRopeAndStore(float* q, float* k, const float* v, int T, int64_t q_hea
 }
 
 void LaunchAttention(const float* q, int T, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
-                     const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, float* out, Stream s) {
+                     int64_t q_dim, int64_t v_dim, float scale, const DevStepMeta& meta, const DevKvLayout& kv,
+                     int64_t layer, float* out, Stream s) {
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(q_heads));
-  AttentionKernel<<<grid, kAttnWarps * kWarp, 0, S(s)>>>(q, q_heads, head_start, group, kv_head_start, meta, kv, layer,
-                                                          out);
+  AttentionKernel<<<grid, kAttnWarps * kWarp, 0, S(s)>>>(q, q_heads, head_start, group, kv_head_start, q_dim, v_dim,
+                                                          scale, meta, kv, layer, out);
+}
+
+void LaunchMlaRopeStore(float* q, const float* lat, int64_t lat_stride, int64_t rope_at, const float* kvb, int T,
+                        int64_t heads, int64_t nope, int64_t rope, int64_t v_dim, bool interleave,
+                        const float* inv_freq, const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer,
+                        Stream s) {
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(heads));
+  MlaRopeStoreKernel<<<grid, 64, 0, S(s)>>>(q, lat, lat_stride, rope_at, kvb, nope, rope, v_dim, interleave, inv_freq,
+                                            meta, kv, layer);
+}
+
+void LaunchRoute(const float* logits, const DevMatrix& bias, const DevRouting& r, int T, int32_t* ids, float* weights,
+                 Stream s) {
+  RouteKernel<<<T, kWarp, 0, S(s)>>>(logits, bias, r, ids, weights);
+}
+
+void LaunchExpertLists(const int32_t* ids, int P, int64_t experts, int32_t* offsets, int32_t* order, Stream s) {
+  ExpertListsKernel<<<1, 256, 0, S(s)>>>(ids, P, experts, offsets, order);
+}
+
+void LaunchExpertGemv(const DevMatrix* ws, int dtype, int64_t experts, int64_t rows, const int32_t* offsets,
+                      const int32_t* order, const float* x, int x_div, float* y, Stream s) {
+  const dim3 grid(static_cast<unsigned>((rows + kGemvWarps - 1) / kGemvWarps), static_cast<unsigned>(experts));
+  const int threads = kGemvWarps * kWarp;
+  switch (dtype) {
+    case kDevBf16:
+      return ExpertGemvKernel<kDevBf16><<<grid, threads, 0, S(s)>>>(ws, offsets, order, x, x_div, y);
+    case kDevF16:
+      return ExpertGemvKernel<kDevF16><<<grid, threads, 0, S(s)>>>(ws, offsets, order, x, x_div, y);
+    case kDevFp8E4M3:
+      return ExpertGemvKernel<kDevFp8E4M3><<<grid, threads, 0, S(s)>>>(ws, offsets, order, x, x_div, y);
+    default:
+      return ExpertGemvKernel<kDevF32><<<grid, threads, 0, S(s)>>>(ws, offsets, order, x, x_div, y);
+  }
+}
+
+void LaunchExpertCombine(const float* y, const int32_t* ids, const float* weights, int T, int64_t top_k, int64_t n,
+                         float* out, Stream s) {
+  ExpertCombineKernel<<<T, 256, 0, S(s)>>>(y, ids, weights, top_k, n, out);
 }
 
 void LaunchSiluMul(float* gate, const float* up, int64_t n, Stream s) {

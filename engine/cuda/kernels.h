@@ -9,7 +9,20 @@
 // product is a float32 product, as the golden outputs need.
 //
 // KV cache layout (per rank, float32), the same as the CPU's KvStorage:
-//   [block][layer][k|v][kv_head][position in block][head_dim]
+//   [block][layer][k|v][kv_head][position in block][kv_dim]
+// (kv_dim is head_dim for Llama and Qwen3-MoE; DeepSeek-V3 caches each
+// head's expanded k and v in slots of max(qk_nope + qk_rope, v_head_dim).)
+//
+// Mixture of experts: the router's logits are a plain product; the routing
+// (softmax or sigmoid, groups, top-k, weights) runs on the device, one
+// block per token, exactly as the CPU's RankModel::Experts decides
+// (engine/cuda/routing.h, tested on the CPU). Then
+// each expert's token list is built on the device, and one launch per
+// projection multiplies every expert's rows against the tokens routed to
+// it (a block per expert and row slice reads each row once per step), and
+// the weighted sum over a token's experts goes back in expert id order.
+// Every grid depends on the step's token count only, never on the routing,
+// so MoE steps are captured into CUDA graphs like dense ones.
 //
 // Every launcher enqueues on `stream` and never synchronizes, so a whole
 // step can be captured into a CUDA graph. This header is plain C++ (no CUDA
@@ -52,14 +65,28 @@ struct DevKvLayout {
   float* base = nullptr;
   int64_t layers = 0;
   int64_t kv_heads = 0;  // local
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // the slot width (kv_dim)
   int block_size = 0;
+};
+
+// How a mixture-of-experts layer picks its experts (engine/model.h).
+struct DevRouting {
+  int64_t experts = 0, top_k = 0;
+  bool sigmoid = false;  // DeepSeek-V3: sigmoid scores, bias, groups
+  int64_t n_group = 1, topk_group = 1;
+  bool norm_topk = false;
+  float routed_scale = 1.0f;
 };
 
 // Tokens per step up to which the fused small-batch product is used.
 inline constexpr int kSmallBatch = 8;
-// Largest head_dim the attention kernel supports.
+// Largest head_dim (q, k and v widths) the attention kernel supports.
 inline constexpr int64_t kMaxHeadDim = 256;
+// Largest expert count and top-k the routing kernels support, and the
+// widest rope part of a DeepSeek-V3 head.
+inline constexpr int64_t kMaxExperts = 512;
+inline constexpr int64_t kMaxTopK = 16;
+inline constexpr int64_t kMaxRope = 512;
 
 using Stream = void*;  // cudaStream_t
 
@@ -67,8 +94,11 @@ using Stream = void*;  // cudaStream_t
 void LaunchEmbed(const DevMatrix& emb, const DevStepMeta& meta, int T, int64_t vocab_start, float* x, Stream s);
 
 // out[r] = rmsnorm(x[rows_index ? rows_index[r] : r]) * w, rows of n values.
+// Input rows are in_stride apart (0: n), so the first n values of a wider
+// row can be normalised; out rows are n apart. In place works (x == out,
+// in_stride 0).
 void LaunchRmsNorm(const float* x, const DevMatrix& w, const int32_t* rows_index, int rows, int64_t n, float eps,
-                   float* out, Stream s);
+                   float* out, Stream s, int64_t in_stride = 0);
 
 // y[t][o] = sum_i x[t][i] * w[o][i], t < T <= kSmallBatch.
 void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream s);
@@ -82,11 +112,45 @@ void LaunchDequant(const DevMatrix& w, float* out, Stream s);
 void LaunchRopeAndStore(float* q, float* k, const float* v, int T, int64_t q_heads, const float* inv_freq,
                         const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, Stream s);
 
+// DeepSeek-V3 (MLA): q is T x heads x (nope + rope), lat T x lat_stride
+// with the shared rope key at column rope_at, kvb T x heads x (nope + v_dim)
+// (kv_b_proj's output). Rotates each head's q rope part in place and the
+// shared key (interleaved pairs regrouped first when interleave), then
+// caches per head k = [k_nope, rotated key] and v.
+void LaunchMlaRopeStore(float* q, const float* lat, int64_t lat_stride, int64_t rope_at, const float* kvb, int T,
+                        int64_t heads, int64_t nope, int64_t rope, int64_t v_dim, bool interleave,
+                        const float* inv_freq, const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer,
+                        Stream s);
+
 // Causal attention of each token's query heads over its sequence's cached
 // positions 0..positions[t]. Query head j (local) reads local KV head
-// (head_start + j) / group - kv_head_start.
+// (head_start + j) / group - kv_head_start. q and the cached k are q_dim
+// wide, v v_dim; out is T x q_heads x v_dim; scores are scaled by scale.
 void LaunchAttention(const float* q, int T, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
-                     const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, float* out, Stream s);
+                     int64_t q_dim, int64_t v_dim, float scale, const DevStepMeta& meta, const DevKvLayout& kv,
+                     int64_t layer, float* out, Stream s);
+
+// Routing of T tokens from the router's logits (T x experts): ids and
+// weights get T x top_k, slot k of token t at t * top_k + k. bias is the
+// DeepSeek-V3 e_score_correction_bias (one row; data null otherwise).
+void LaunchRoute(const float* logits, const DevMatrix& bias, const DevRouting& r, int T, int32_t* ids, float* weights,
+                 Stream s);
+
+// From the P = T x top_k routed slots: offsets[e]..offsets[e + 1] index
+// order, the slots routed to expert e in ascending slot order.
+void LaunchExpertLists(const int32_t* ids, int P, int64_t experts, int32_t* offsets, int32_t* order, Stream s);
+
+// For each expert e and each slot p routed to it:
+// y[p][o] = sum_i x[p / x_div][i] * ws[e][o][i]. ws is a device array of
+// `experts` matrices of rows x cols, all of dtype `dtype`. x_div is top_k
+// when x holds one row per token, 1 when one row per slot.
+void LaunchExpertGemv(const DevMatrix* ws, int dtype, int64_t experts, int64_t rows, const int32_t* offsets,
+                      const int32_t* order, const float* x, int x_div, float* y, Stream s);
+
+// out[t][c] = sum over token t's slots, in ascending expert id, of
+// weights[slot] * y[slot][c]; y is (T x top_k) x n.
+void LaunchExpertCombine(const float* y, const int32_t* ids, const float* weights, int T, int64_t top_k, int64_t n,
+                         float* out, Stream s);
 
 // gate[i] = silu(gate[i]) * up[i].
 void LaunchSiluMul(float* gate, const float* up, int64_t n, Stream s);

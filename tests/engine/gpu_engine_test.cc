@@ -4,7 +4,11 @@
 // eager ones. Process level: wsup-engine --device cuda:0 with weights from a
 // cuda wsup-holder in daemon and client modes and from disk, the goldens
 // over HTTP, 32 concurrent streams, the NCCL keepalive in status, and a
-// holder SIGKILLed under the engine.
+// holder SIGKILLed under the engine. The mixture-of-experts families
+// (Qwen3-MoE, DeepSeek-V3, f32 and block FP8) likewise: goldens and prompt
+// logits at model level with decode replayed from graphs, a wide batch
+// through the cuBLAS path, and the goldens over HTTP with weights from disk
+// and from a cuda holder in daemon and client modes.
 //
 // Run on a GPU node: build/tests/engine_gpu_test
 #include <catch2/catch.hpp>
@@ -128,7 +132,17 @@ std::vector<std::vector<int>> BatchedGreedy(ModelRunner& r, const std::vector<Go
   return out;
 }
 
-void CheckModel(const std::string& model, float first8_tol) {
+// Cases whose smallest top-1/top-2 gap is under exact_margin are run and
+// reported, not compared: a right float32 implementation may pick the other
+// token there (the test data's README), as on the CPU (model_test.cc).
+bool Compared(const Golden& g, double exact_margin, const std::vector<int>& out, const std::string& model) {
+  if (g.margin >= exact_margin) return true;
+  WARN(model << " prompt '" << g.prompt << "' (top-1/top-2 margin " << g.margin << ", under " << exact_margin
+             << ", not compared): " << (out == g.output_ids ? "matches the golden" : "differs from the golden"));
+  return false;
+}
+
+void CheckModel(const std::string& model, float first8_tol, double exact_margin = 0) {
   REQUIRE(test::HaveTestData(model));
   auto runner = GpuRunner(model);
   auto gs = LoadGolden(model);
@@ -137,12 +151,36 @@ void CheckModel(const std::string& model, float first8_tol) {
   const uint64_t graph_before = runner->graph_steps();
   auto outs = BatchedGreedy(*runner, gs, 16, &prompt_logits);
   CHECK(runner->graph_steps() - graph_before == 15);  // every decode step replayed a graph
+  int compared = 0;
   for (size_t i = 0; i < gs.size(); ++i) {
     INFO(model << " prompt '" << gs[i].prompt << "'");
+    if (!Compared(gs[i], exact_margin, outs[i], model)) continue;
+    ++compared;
     CHECK(outs[i] == gs[i].output_ids);
     if (!gs[i].top5.empty()) CHECK(Top5(prompt_logits[i]) == gs[i].top5);
     for (size_t k = 0; k < gs[i].first8.size(); ++k) CHECK(std::fabs(prompt_logits[i][k] - gs[i].first8[k]) < first8_tol);
   }
+  CHECK(compared > 0);
+}
+
+const char* const kMoeModels[] = {"qwen3moe-tiny-f32", "qwen3moe-tiny-fp8-block", "deepseekv3-tiny-f32",
+                                  "deepseekv3-tiny-fp8-block"};
+// As the CPU tests: cases under this top-1/top-2 gap are reported only.
+constexpr double kMoeExactMargin = 1e-3;
+
+// The goldens over HTTP, compared as above.
+void CheckHttpGoldens(int port, const std::string& model) {
+  int compared = 0;
+  for (const auto& g : LoadGolden(model)) {
+    std::string err;
+    auto out = wsup::test::Complete(port, g.prompt, 16, &err);
+    INFO(model << " prompt '" << g.prompt << "' " << err);
+    REQUIRE(out.size() == 16);
+    if (!Compared(g, kMoeExactMargin, out, model)) continue;
+    ++compared;
+    CHECK(out == g.output_ids);
+  }
+  CHECK(compared > 0);
 }
 
 std::vector<std::vector<int>> AllOutputs(int port, const std::string& model) {
@@ -173,6 +211,65 @@ TEST_CASE("cuda engine: llama-tiny-f32 goldens and prompt logits, decode replaye
 TEST_CASE("cuda engine: llama-tiny-fp8-block goldens, decode replayed from graphs", "[gpu]") {
   WSUP_GPU_OR_SKIP();
   CheckModel("llama-tiny-fp8-block", 1e-2f);
+}
+
+TEST_CASE("cuda engine: Qwen3-MoE and DeepSeek-V3 goldens and prompt logits, f32 and block FP8, decode replayed from graphs",
+          "[gpu][moe]") {
+  WSUP_GPU_OR_SKIP();
+  for (const char* model : kMoeModels) {
+    INFO(model);
+    const bool fp8 = std::string(model).find("fp8") != std::string::npos;
+    CheckModel(model, fp8 ? 1e-2f : 1e-3f, kMoeExactMargin);
+  }
+}
+
+TEST_CASE("cuda engine: MoE wide batches (cuBLAS path, more than 8 slots an expert) get the goldens", "[gpu][moe]") {
+  WSUP_GPU_OR_SKIP();
+  // 12 copies of the goldens: the dense products go through cuBLAS and each
+  // expert gets more slots than the expert kernel takes at once.
+  for (const std::string model : {"qwen3moe-tiny-f32", "deepseekv3-tiny-fp8-block"}) {
+    auto runner = GpuRunner(model, 16);
+    auto gs = LoadGolden(model);
+    std::vector<Golden> many;
+    for (int k = 0; k < 3; ++k) many.insert(many.end(), gs.begin(), gs.end());
+    std::vector<std::vector<float>> logits;
+    const uint64_t graph_before = runner->graph_steps();
+    auto outs = BatchedGreedy(*runner, many, 16, &logits);
+    CHECK(runner->graph_steps() - graph_before == 15);
+    for (size_t i = 0; i < many.size(); ++i) {
+      INFO(model << " sequence " << i);
+      if (!Compared(many[i], kMoeExactMargin, outs[i], model)) continue;
+      CHECK(outs[i] == many[i].output_ids);
+    }
+  }
+}
+
+TEST_CASE("cuda engine: MoE goldens over HTTP from disk and from a cuda holder in daemon and client modes",
+          "[gpu][moe]") {
+  WSUP_GPU_OR_SKIP();
+  for (const char* model : kMoeModels) {
+    TempDir dir;
+    const std::string sock = dir.Join("h.sock");
+    Proc holder = StartCudaHolder(dir, model, sock);
+    INFO(model << "\n" << holder.Log());
+    REQUIRE(holder.ready);
+    for (const std::string mode : {"daemon", "client", "off"}) {
+      std::vector<std::string> extra = {"--device", "cuda:0", "--weight-cache", mode};
+      if (mode != "off") extra.insert(extra.end(), {"--socket", sock});
+      Proc e = wsup::test::StartEngine(dir, model, extra, mode + ".log");
+      INFO(model << " " << mode << "\n" << e.Log());
+      REQUIRE(e.ready);
+      CheckHttpGoldens(e.port, model);
+      json st = wsup::test::GetJson(e.port, "/wsup/status");
+      INFO(st.dump());
+      CHECK(st["weights"]["source"] == (mode == "off" ? "disk" : "holder"));
+      CHECK(st["steps"]["graph"].get<uint64_t>() > 0);
+      e.child.Kill(SIGTERM);
+      CHECK(e.child.Wait(20s) == 0);
+    }
+    holder.child.Kill(SIGTERM);
+    CHECK(holder.child.Wait(20s) == 0);
+  }
 }
 
 TEST_CASE("cuda engine: wide batches (cuBLAS path) equal narrow ones", "[gpu]") {
