@@ -14,7 +14,8 @@
 // bound; --ready-fd gets the same line, and is closed, once the engine is
 // ready to serve (weights loaded, communicator warm, KV allocated, warmed up).
 //
-// /wsup/status: state ("starting", "ready", "stopping"); weights {mode,
+// /wsup/status: state ("starting", "ready", "stopping"); tp and ep (the
+// expert-parallel size: 1, or tp under --ep-size/--expert-parallel); weights {mode,
 // layout "checkpoint"|"engine", source "holder"|"published"|"disk"
 // ("published": this engine wrote the engine-made layout it computes from;
 // "holder": it attached one), miss_reason (client mode that fell back),
