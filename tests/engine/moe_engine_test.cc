@@ -2,7 +2,8 @@
 // Qwen3-MoE and DeepSeek-V3 goldens over HTTP with weights from disk and
 // from a wsup-holder in client mode (zero-copy), at tp 1, tensor parallel
 // (tp 2, tp 4: ranks as threads) and expert parallel (tp 2, --expert-parallel,
-// one holder per rank started with --ep-size); refusals at startup naming
+// one holder per rank started with --ep-size, and engine-made layouts
+// published and attached per rank); refusals at startup naming
 // the tensor or the size and the fix; and the MoE demo config accepted by
 // `wsup check`. That every rank's holder slice verifies is
 // tests/holder/moe_holder_test.cc.
@@ -327,4 +328,40 @@ TEST_CASE("moe engine: config/demo-moe.toml passes wsup check and probes the mod
   for (int id : golden[0].output_ids) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
   CHECK(text->find("expect_token_ids = [" + ids + "]") != std::string::npos);
   CHECK(text->find("prompt = \"" + golden[0].prompt + "\"") != std::string::npos);
+}
+
+TEST_CASE("moe engine: at tp 2 with expert parallelism the first engine publishes its layout per rank, the next "
+          "attaches it, both give the goldens",
+          "[moe]") {
+  const std::string model = "qwen3moe-tiny-f32";
+  REQUIRE(wsup::test::HaveTestData(model));
+  TempDir dir;
+  std::vector<Proc> procs;
+  std::string sockets;
+  for (int r = 0; r < 2; ++r) {
+    const std::string sock = dir.Join("h" + std::to_string(r) + ".sock");
+    procs.push_back(wsup::test::StartWithReadyFd({wsup::test::BinPath("wsup-holder"), "--layout", "engine", "--socket",
+                                                  sock, "--backend", "host", "--ready-fd", "3", "--log-level", "warn"},
+                                                 dir.Join("holder" + std::to_string(r) + ".log")));
+    INFO(procs.back().Log());
+    REQUIRE(procs.back().ready);
+    sockets += (r ? "," : "") + sock;
+  }
+  for (const char* want : {"published", "holder"}) {
+    Proc e = wsup::test::StartEngine(dir, model,
+                                     {"--tp", "2", "--expert-parallel", "--weight-cache", "client", "--socket", sockets,
+                                      "--layout", "engine"},
+                                     std::string("engine-") + want + ".log");
+    INFO(want << "\n" << e.Log());
+    REQUIRE(e.ready);
+    json st = wsup::test::GetJson(e.port, "/wsup/status");
+    CHECK(st["weights"]["layout"] == "engine");
+    CHECK(st["weights"]["source"] == want);
+    CheckRanks(e.port, Group{2, true});
+    CheckGoldens(e.port, model);
+    e.child.Kill(SIGTERM);
+    CHECK(e.child.Wait(10s) == 0);
+  }
+  for (Proc& p : procs) p.child.Kill(SIGTERM);
+  for (Proc& p : procs) CHECK(p.child.Wait(10s) == 0);
 }
