@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
                  "--layout engine: longest wait for another engine's commit of the same layout (default 600000)");
   app.add_option("--device", o.device, "cpu | cuda:N[,M...]");
   app.add_option("--tp", o.tp, "tensor-parallel ranks (threads) for --device cpu");
+  app.add_option("--ep-size", o.ep_size,
+                 "expert parallelism for mixture-of-experts models: 1 (every expert split by --tp, the default) "
+                 "or the tp size (each rank holds whole experts, as holders started with the same --ep-size)");
+  app.add_flag("--expert-parallel", o.expert_parallel, "expert parallelism with ep size = tp size (--ep-size TP)");
   app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV cache per rank, MiB, allocated at startup");
   app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");

@@ -204,7 +204,8 @@ Status Engine::StartupPhases() {
     for (const auto& n : names) context_note += (context_note.empty() ? "" : ", ") + n;
   }
   WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(opts_.model_dir));
-  WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), tp, 0).status());
+  const int ep = EngineEpSize(opts_, tp);
+  WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), tp, 0, ep).status());
   eos_ = EosTokens(opts_.model_dir);
   Phase("context", MsSince(t0), context_note);
   if (cancel_startup_) return Status::Ok();
@@ -215,6 +216,7 @@ Status Engine::StartupPhases() {
   wc.model_dir = opts_.model_dir;
   wc.mode = opts_.weight_cache;
   wc.tp = tp;
+  wc.ep = ep;
   wc.devices = devices;
   wc.revision = opts_.revision;
   wc.layout = opts_.layout;
@@ -232,6 +234,7 @@ Status Engine::StartupPhases() {
   RunnerOptions ro;
   ro.threads_per_rank = opts_.threads;
   ro.devices = devices;
+  ro.ep = ep;
   ro.max_batch = opts_.max_batch;
   ro.max_step_tokens = kMaxStepTokens;
   WSUP_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(ckpt.config(), std::move(*weights), ro));
@@ -580,6 +583,7 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
   {
     auto devices = ParseDevice(opts_.device);
     j["tp"] = devices.ok() && !devices->empty() ? static_cast<int>(devices->size()) : opts_.tp;
+    j["ep"] = EngineEpSize(opts_, j["tp"].get<int>());
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -677,6 +681,16 @@ Status ValidateEngineOptions(const EngineOptions& o) {
       return InvalidArgument("--device " + o.device + " lists a GPU twice; each rank needs its own GPU");
     }
   }
+  const int tp = devices->empty() ? o.tp : static_cast<int>(devices->size());
+  if (o.ep_size != 1 && o.ep_size != tp) {
+    return InvalidArgument("--ep-size " + std::to_string(o.ep_size) + " with " + std::to_string(tp) +
+                           " tensor-parallel rank(s): expert parallelism spans the tensor-parallel ranks, so pass "
+                           "--ep-size " + std::to_string(tp) + " (or --expert-parallel), or --ep-size 1");
+  }
+  if (o.expert_parallel && tp == 1) {
+    return InvalidArgument("--expert-parallel at --tp 1: one rank holds every expert already; pass --tp N "
+                           "(N dividing the experts) or drop --expert-parallel");
+  }
   if (o.kv_cache_mib < 1 || o.kv_cache_mib > (1 << 22)) {
     return InvalidArgument("--kv-cache-mib " + std::to_string(o.kv_cache_mib) + " is out of range; pass 1 to 4194304");
   }
@@ -687,6 +701,8 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   if (o.header_timeout_ms < 1 || o.idle_timeout_ms < 1) return InvalidArgument("HTTP timeouts must be at least 1 ms");
   return Status::Ok();
 }
+
+int EngineEpSize(const EngineOptions& opts, int tp) { return opts.expert_parallel ? tp : opts.ep_size; }
 
 int RunEngine(const EngineOptions& opts) {
   Status st = ValidateEngineOptions(opts);

@@ -14,7 +14,8 @@
 // bound; --ready-fd gets the same line, and is closed, once the engine is
 // ready to serve (weights loaded, communicator warm, KV allocated, warmed up).
 //
-// /wsup/status: state ("starting", "ready", "stopping"); weights {mode,
+// /wsup/status: state ("starting", "ready", "stopping"); tp and ep (the
+// expert-parallel size: 1, or tp under --ep-size/--expert-parallel); weights {mode,
 // layout "checkpoint"|"engine", source "holder"|"published"|"disk"
 // ("published": this engine wrote the engine-made layout it computes from;
 // "holder": it attached one), miss_reason (client mode that fell back),
@@ -59,6 +60,12 @@ struct EngineOptions {
   int64_t layout_wait_ms = 600'000;  // engine: longest wait for another engine's commit
   std::string device = "cpu";        // cpu | cuda:N[,M...]
   int tp = 1;                        // ranks (threads) for --device cpu
+  // Expert parallelism (mixture-of-experts models): each rank holds whole
+  // experts instead of a slice of every one. --ep-size is 1 or the tp size
+  // (the supervisor's {ep}, the holders' --ep-size); --expert-parallel sets
+  // it to the tp size, as vLLM's --enable-expert-parallel does.
+  int ep_size = 1;
+  bool expert_parallel = false;
   int64_t kv_cache_mib = 64;         // per rank
   int64_t comm_keepalive_ms = 1000;
   int ready_fd = -1;
@@ -77,6 +84,10 @@ struct EngineOptions {
 
 // Usage errors, each naming the flag and what to pass instead.
 Status ValidateEngineOptions(const EngineOptions& opts);
+
+// The expert-parallel size the options ask for at tensor-parallel size tp:
+// 1, or tp.
+int EngineEpSize(const EngineOptions& opts, int tp);
 
 // Serves until SIGTERM/SIGINT or a fatal startup error; returns the exit code.
 int RunEngine(const EngineOptions& opts);

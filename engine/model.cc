@@ -162,7 +162,7 @@ const char* FamilyName(Family f) {
   return "?";
 }
 
-Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
+Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank, int ep) {
   const std::string where = "config.json";
   ModelDims d;
   if (cfg.architecture.empty() || cfg.architecture == "LlamaForCausalLM" || cfg.architecture == "MistralForCausalLM") {
@@ -203,9 +203,9 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
   if (d.family != Family::kLlama) WSUP_RETURN_IF_ERROR(ReadFamilyConfig(cfg, d));
   d.attn_scale = 1.0f / std::sqrt(static_cast<float>(d.q_dim));
   // A model whose every layer is sparse needs no intermediate_size.
-  if (std::find(d.sparse.begin(), d.sparse.end(), false) != d.sparse.end() || d.family == Family::kLlama) {
-    WSUP_RETURN_IF_ERROR(positive(d.inter, "intermediate_size"));
-  }
+  const bool any_dense = std::find(d.sparse.begin(), d.sparse.end(), false) != d.sparse.end() || d.family == Family::kLlama;
+  const bool any_sparse = std::find(d.sparse.begin(), d.sparse.end(), true) != d.sparse.end();
+  if (any_dense) WSUP_RETURN_IF_ERROR(positive(d.inter, "intermediate_size"));
   WSUP_RETURN_IF_ERROR(positive(d.head_dim, "head_dim"));
   WSUP_RETURN_IF_ERROR(positive(d.block_rows, "quantization_config.weight_block_size[0]"));
   WSUP_RETURN_IF_ERROR(positive(d.block_cols, "quantization_config.weight_block_size[1]"));
@@ -216,22 +216,65 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
   }
   if (!(std::isfinite(d.theta) && d.theta > 1.0)) return Corrupt(where + ": rope_theta must be a finite number above 1");
   if (tp < 1 || rank < 0 || rank >= tp) return InvalidArgument("tensor parallel rank " + std::to_string(rank) + " of " + std::to_string(tp) + " is out of range");
-  if (tp > 1 && d.family != Family::kLlama) {
-    return InvalidArgument("--tp " + std::to_string(tp) + ": the reference engine computes " + FamilyName(d.family) +
-                           " (" + cfg.architecture + ") on one rank only for now; use --tp 1");
+  if (ep != 1 && ep != tp) {
+    return InvalidArgument("expert parallel size " + std::to_string(ep) + " with --tp " + std::to_string(tp) +
+                           ": expert parallelism spans the tensor-parallel ranks (ep = tp), so pass --ep-size " +
+                           std::to_string(tp) + " (or --expert-parallel), or --ep-size 1");
   }
+  if (ep > 1 && !any_sparse) {
+    return InvalidArgument("--ep-size " + std::to_string(ep) + ": " + FamilyName(d.family) + " (" +
+                           (cfg.architecture.empty() ? std::string("LlamaForCausalLM") : cfg.architecture) +
+                           ") has no routed experts to partition; drop --ep-size / --expert-parallel");
+  }
+  // The sizes that would work, for the refusals below: a tp must cut
+  // attention between heads and every split dimension evenly.
+  auto sizes_that_divide = [&](const std::vector<int64_t>& dims) {
+    std::string out;
+    for (int s = 1; s <= 64; ++s) {
+      bool ok = true;
+      for (int64_t v : dims) ok = ok && v % s == 0;
+      if (ok) out += (out.empty() ? "" : ", ") + std::to_string(s);
+    }
+    return out;
+  };
   auto divisible = [&](int64_t v, const char* key) -> Status {
     if (v % tp != 0) {
       return InvalidArgument("--tp " + std::to_string(tp) + " does not divide " + key + " " + std::to_string(v) +
-                             "; choose a tp that divides it");
+                             "; choose a tp that divides it (" + sizes_that_divide({v}) + ")");
     }
     return Status::Ok();
   };
   WSUP_RETURN_IF_ERROR(divisible(d.heads, "num_attention_heads"));
-  if (d.inter > 0) WSUP_RETURN_IF_ERROR(divisible(d.inter, "intermediate_size"));
+  if (any_dense && d.inter > 0) WSUP_RETURN_IF_ERROR(divisible(d.inter, "intermediate_size"));
   WSUP_RETURN_IF_ERROR(divisible(d.vocab, "vocab_size"));
+  if (any_sparse) {
+    if (ep > 1) {
+      if (d.experts % ep != 0) {
+        return InvalidArgument("expert parallelism at --tp " + std::to_string(tp) + ": num_experts " +
+                               std::to_string(d.experts) + " is not divisible by the expert-parallel size " +
+                               std::to_string(ep) + ", so the ranks cannot hold equal shares of whole experts; "
+                               "choose a tp that divides both num_attention_heads and num_experts (" +
+                               sizes_that_divide({d.heads, d.experts, d.vocab}) +
+                               "), or drop --expert-parallel to split every expert instead");
+      }
+    } else if (d.moe_inter % tp != 0) {
+      return InvalidArgument("--tp " + std::to_string(tp) + " does not divide moe_intermediate_size " +
+                             std::to_string(d.moe_inter) + " (each routed expert's width); choose a tp that divides it (" +
+                             sizes_that_divide({d.moe_inter}) + "), or hold whole experts per rank with --expert-parallel");
+    }
+    if (d.shared_inter % tp != 0) {
+      return InvalidArgument("--tp " + std::to_string(tp) + " does not divide the shared experts' width " +
+                             std::to_string(d.shared_inter) + " (n_shared_experts x moe_intermediate_size); choose a "
+                             "tp that divides it (" + sizes_that_divide({d.shared_inter}) + ")");
+    }
+  }
   d.tp = tp;
   d.rank = rank;
+  d.ep = ep;
+  d.local_moe_inter = ep > 1 ? d.moe_inter : d.moe_inter / tp;
+  d.local_shared_inter = d.shared_inter / tp;
+  d.local_experts = d.experts / ep;
+  d.expert_start = ep > 1 ? rank * d.local_experts : 0;
   d.local_heads = d.heads / tp;
   d.head_start = rank * d.local_heads;
   if (tp <= d.kv_heads) {
@@ -247,7 +290,7 @@ Result<ModelDims> ModelDims::From(const ModelConfig& cfg, int tp, int rank) {
     d.local_kv_heads = 1;
     d.kv_head_start = rank * d.kv_heads / tp;
   }
-  d.local_inter = d.inter > 0 ? d.inter / tp : 0;
+  d.local_inter = any_dense && d.inter > 0 ? d.inter / tp : 0;
   d.local_vocab = d.vocab / tp;
   d.vocab_start = rank * d.local_vocab;
   return d;
@@ -406,12 +449,12 @@ Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {
                        "reads one gate_proj, up_proj and down_proj per expert, as checkpoints store them: "
                        "use the checkpoint's own files");
       }
-      for (int64_t e = 0; e < d.experts; ++e) {
+      for (int64_t e = d.expert_start; e < d.expert_start + d.local_experts; ++e) {
         const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
         ExpertWeights E;
-        WSUP_RETURN_IF_ERROR(get(ep + "gate_proj.weight", {d.moe_inter, H}, &E.gate));
-        WSUP_RETURN_IF_ERROR(get(ep + "up_proj.weight", {d.moe_inter, H}, &E.up));
-        WSUP_RETURN_IF_ERROR(get(ep + "down_proj.weight", {H, d.moe_inter}, &E.down));
+        WSUP_RETURN_IF_ERROR(get(ep + "gate_proj.weight", {d.local_moe_inter, H}, &E.gate));
+        WSUP_RETURN_IF_ERROR(get(ep + "up_proj.weight", {d.local_moe_inter, H}, &E.up));
+        WSUP_RETURN_IF_ERROR(get(ep + "down_proj.weight", {H, d.local_moe_inter}, &E.down));
         L.experts.push_back(E);
       }
       const std::string extra = p + "mlp.experts." + std::to_string(d.experts) + ".gate_proj.weight";
@@ -421,9 +464,9 @@ Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {
       }
       if (d.shared_inter > 0) {
         const std::string sp = p + "mlp.shared_experts.";
-        WSUP_RETURN_IF_ERROR(get(sp + "gate_proj.weight", {d.shared_inter, H}, &L.shared.gate));
-        WSUP_RETURN_IF_ERROR(get(sp + "up_proj.weight", {d.shared_inter, H}, &L.shared.up));
-        WSUP_RETURN_IF_ERROR(get(sp + "down_proj.weight", {H, d.shared_inter}, &L.shared.down));
+        WSUP_RETURN_IF_ERROR(get(sp + "gate_proj.weight", {d.local_shared_inter, H}, &L.shared.gate));
+        WSUP_RETURN_IF_ERROR(get(sp + "up_proj.weight", {d.local_shared_inter, H}, &L.shared.up));
+        WSUP_RETURN_IF_ERROR(get(sp + "down_proj.weight", {H, d.local_shared_inter}, &L.shared.down));
       }
       m->layers.push_back(L);
       continue;
@@ -708,10 +751,12 @@ void RankModel::Experts(const Layer& L, int64_t T) {
       by_expert[static_cast<size_t>(e)].push_back({t, w});
     }
   }
-  // Experts in id order, each over the tokens it was given, summed into
-  // proj_ as transformers' index_add does; then the shared experts.
+  // This rank's experts in id order, each over the tokens it was given,
+  // summed into proj_ as transformers' index_add does; then the shared
+  // experts. With tp > 1 this is the rank's part: the all-reduce after the
+  // MLP adds the others' (their experts, or their slice of every expert).
   std::fill(proj_.begin(), proj_.begin() + static_cast<std::ptrdiff_t>(uT * H), 0.0f);
-  for (int64_t e = 0; e < E; ++e) {
+  for (int64_t e = d.expert_start; e < d.expert_start + d.local_experts; ++e) {
     const auto& toks = by_expert[static_cast<size_t>(e)];
     if (toks.empty()) continue;
     const int64_t n = static_cast<int64_t>(toks.size());
@@ -721,7 +766,8 @@ void RankModel::Experts(const Layer& L, int64_t T) {
       std::memcpy(expert_in_.data() + i * H, h_.data() + toks[static_cast<size_t>(i)].first * H,
                   static_cast<size_t>(H) * sizeof(float));
     }
-    DenseMlp(L.experts[static_cast<size_t>(e)], d.moe_inter, expert_in_.data(), n, expert_out_.data());
+    DenseMlp(L.experts[static_cast<size_t>(e - d.expert_start)], d.local_moe_inter, expert_in_.data(), n,
+             expert_out_.data());
     for (int64_t i = 0; i < n; ++i) {
       const auto [t, w] = toks[static_cast<size_t>(i)];
       float* dst = proj_.data() + t * H;
@@ -731,7 +777,7 @@ void RankModel::Experts(const Layer& L, int64_t T) {
   }
   if (d.shared_inter > 0) {
     Grow(expert_out_, uT * H);
-    DenseMlp(L.shared, d.shared_inter, h_.data(), T, expert_out_.data());
+    DenseMlp(L.shared, d.local_shared_inter, h_.data(), T, expert_out_.data());
     for (size_t i = 0; i < uT * H; ++i) proj_[i] += expert_out_[i];
   }
 }

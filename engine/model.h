@@ -15,8 +15,8 @@
 //    e_score_correction_bias, routed_scaling_factor and shared experts.
 // Compute is float32; weights stay where the WeightSource keeps them and
 // are converted row by row inside the kernels. Mixture-of-experts models
-// run at tp 1 for now, on the CPU here or on one GPU (engine/cuda/, which
-// mirrors this file and keeps its KV cache layout).
+// run on the CPU at any tp their heads allow, and at tp 1 on one GPU
+// (engine/cuda/, which mirrors this file and keeps its KV cache layout).
 //
 // KV cache: Llama and Qwen3-MoE cache each KV head's rotated k and its v.
 // DeepSeek-V3 caches the expanded per-head k (nope part then rotated rope
@@ -30,6 +30,16 @@
 // partial results over ranks with its Communicator after o_proj, down_proj
 // and the embedding lookup, and gathers the logits. When tp exceeds the KV
 // heads, each rank holds the one KV head its query heads use.
+// DeepSeek-V3's q_a_proj, kv_a_proj_with_mqa and their norms are whole on
+// every rank; q_b_proj and kv_b_proj hold the rank's heads (rows), o_proj
+// their columns. Mixture of experts: the router (and DeepSeek-V3's
+// e_score_correction_bias) is whole, so every rank routes every token the
+// same way; shared experts and dense layers split like a Llama MLP. Routed
+// experts either split each expert's intermediate dimension (ep 1), or,
+// under expert parallelism (ep = tp), rank r holds experts
+// [r*E/ep, (r+1)*E/ep) whole and computes only the tokens routed to them.
+// Either way a rank's experts give a partial sum of the layer's output, and
+// the all-reduce after down_proj completes it.
 //
 // One forward step takes a flat batch of tokens from any number of
 // sequences (prompt tokens of new sequences and the next token of running
@@ -82,13 +92,16 @@ struct ModelDims {
   float routed_scale = 1.0f;
   // This rank's slice.
   int tp = 1, rank = 0;
+  int ep = 1;  // 1, or tp: routed experts held whole, experts / ep a rank
   int64_t local_heads = 0, head_start = 0;
   int64_t local_kv_heads = 0, kv_head_start = 0;
   int64_t local_inter = 0, local_vocab = 0, vocab_start = 0;
+  int64_t local_moe_inter = 0, local_shared_inter = 0;  // a routed expert's and the shared experts' rows here
+  int64_t local_experts = 0, expert_start = 0;          // the routed experts this rank computes
 
-  // Checks the config (architecture, sizes) and that tp splits it the way
-  // checkpoint/sharding.h does.
-  static Result<ModelDims> From(const ModelConfig& cfg, int tp, int rank);
+  // Checks the config (architecture, sizes) and that tp (and ep) split it
+  // the way checkpoint/sharding.h does.
+  static Result<ModelDims> From(const ModelConfig& cfg, int tp, int rank, int ep = 1);
 };
 
 // One rank's KV cache: num_blocks blocks of block_size positions, each
@@ -151,7 +164,7 @@ struct LayerWeights {
   MatrixRef q_a, q_a_norm, q_b, kv_a, kv_a_norm, kv_b;  // DeepSeek-V3 (q: q_proj without q_lora_rank)
   bool moe = false;
   MatrixRef router, router_bias;      // [experts, hidden]; bias [experts] (DeepSeek-V3)
-  std::vector<ExpertWeights> experts;
+  std::vector<ExpertWeights> experts;  // this rank's: experts expert_start.. of ModelDims
   ExpertWeights shared;               // DeepSeek-V3 shared experts (shared_inter rows)
 };
 struct ModelWeights {

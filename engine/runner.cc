@@ -51,7 +51,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
   }
   const int threads = opts.threads_per_rank > 0 ? opts.threads_per_rank : ThreadPool::DefaultThreads(tp);
   for (int rank = 0; rank < tp; ++rank) {
-    WSUP_ASSIGN_OR_RETURN(ModelDims dims, ModelDims::From(cfg, tp, rank));
+    WSUP_ASSIGN_OR_RETURN(ModelDims dims, ModelDims::From(cfg, tp, rank, opts.ep));
     const WeightSource& w = *weights[static_cast<size_t>(rank)];
     if (opts.devices.empty()) {
       WSUP_ASSIGN_OR_RETURN(auto model, RankModel::Bind(dims, w, threads));

@@ -39,6 +39,9 @@ struct RunnerOptions {
   std::chrono::milliseconds comm_timeout{30'000};
   // Cuda ordinal of each rank; empty: every rank on the CPU.
   std::vector<int> devices;
+  // Expert parallelism: 1, or the tp size (each rank's weights then hold
+  // whole experts, the holder's --ep-size partition).
+  int ep = 1;
   // The largest step the scheduler makes: GPU step buffers are sized for
   // max_step_tokens + max_batch tokens of up to max_batch sequences.
   int max_step_tokens = 2048;

@@ -14,6 +14,13 @@ namespace wsup::engine {
 namespace {
 using Clock = std::chrono::steady_clock;
 double MsSince(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// Rank r's slice, as its holder was started (--tp-size/--tp-rank, and
+// --ep-size/--ep-rank under expert parallelism): the same spec plans the
+// disk load and computes the fingerprint the holder must match.
+ShardSpec RankShard(const WeightCacheOptions& opts, int r) {
+  return ShardSpec{opts.tp, r, opts.ep, opts.ep > 1 ? r : 0};
+}
 }  // namespace
 
 Result<std::vector<std::string>> RankSockets(const std::string& flag, int tp) {
@@ -53,7 +60,7 @@ Status AcquireEngineLayouts(const Checkpoint& ckpt, const WeightCacheOptions& op
   }
   bool published = false;
   for (int r = 0; r < opts.tp; ++r) {
-    ShardSpec shard{opts.tp, r};
+    ShardSpec shard = RankShard(opts, r);
     WSUP_ASSIGN_OR_RETURN(FingerprintInputs in, LocalFingerprintInputs(opts.model_dir, opts.revision, shard, "host", 0));
     Fingerprint fp = Fingerprint::Compute(ckpt, in);
     AddEngineLayout(&fp, ReferenceLayoutId());
@@ -98,7 +105,7 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
     auto t0 = Clock::now();
     ranks.clear();
     for (int r = 0; r < opts.tp; ++r) {
-      auto w = LoadWeightsFromDisk(ckpt, ShardSpec{opts.tp, r}, opts.read_threads);
+      auto w = LoadWeightsFromDisk(ckpt, RankShard(opts, r), opts.read_threads);
       if (!w.ok()) return w.error();
       if (!opts.devices.empty()) {
         w = UploadWeights(std::move(*w), opts.devices[static_cast<size_t>(r)]);
@@ -124,7 +131,7 @@ Result<std::vector<std::unique_ptr<WeightSource>>> AcquireWeights(const Checkpoi
     }
     std::string miss;
     for (int r = 0; r < opts.tp && miss.empty(); ++r) {
-      ShardSpec shard{opts.tp, r};
+      ShardSpec shard = RankShard(opts, r);
       const int dev = device_of(r);
       WSUP_ASSIGN_OR_RETURN(FingerprintInputs in, LocalFingerprintInputs(opts.model_dir, opts.revision, shard,
                                                                          dev < 0 ? "host" : "cuda", std::max(dev, 0)));

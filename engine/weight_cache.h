@@ -33,6 +33,7 @@ struct WeightCacheOptions {
   std::string mode = "off";           // daemon | client | off
   std::vector<std::string> sockets;   // one per rank (daemon, client)
   int tp = 1;
+  int ep = 1;  // 1, or tp: each rank's shard holds whole experts (ShardSpec::ep_size)
   // Cuda ordinal of each rank; empty: the CPU (host-backend holders).
   std::vector<int> devices;
   std::string revision;

@@ -171,6 +171,13 @@ class CudaRank : public RankEngine {
                        std::to_string(cuda::kMaxHeadDim) + " the CUDA attention kernel supports; use --device cpu");
       }
     }
+    // The expert kernels compute every expert of a layer whole: the CPU path
+    // splits them over ranks (tp or ep), this one does not yet.
+    if (d.family != Family::kLlama && d.tp > 1) {
+      return Refused(std::string(FamilyName(d.family)) + " on " + std::to_string(d.tp) +
+                     " GPUs: mixture-of-experts models run on one GPU for now; list one device "
+                     "(--device cuda:N), or run tensor and expert parallel on the CPU (--device cpu --tp N)");
+    }
     const bool any_moe = std::find(d.sparse.begin(), d.sparse.end(), true) != d.sparse.end();
     if (any_moe && (d.experts > cuda::kMaxExperts || d.top_k > cuda::kMaxTopK)) {
       return Refused("config.json: " + std::to_string(d.experts) + " experts, " + std::to_string(d.top_k) +

@@ -320,18 +320,45 @@ TEST_CASE("model: MoE configs the engine cannot compute are refused with the fix
   REQUIRE(test::HaveTestData("qwen3moe-tiny-f32"));
   auto ckpt = Checkpoint::Open(test::TestData("qwen3moe-tiny-f32"));
   REQUIRE(ckpt.ok());
-  SECTION("tensor parallel is not yet for MoE") {
-    auto d = ModelDims::From(ckpt->config(), 2, 0);
-    REQUIRE_FALSE(d.ok());
-    CHECK(Has(d.error().message(), "--tp 1"));
+  SECTION("tensor and expert parallel slices") {
+    auto d = ModelDims::From(ckpt->config(), 2, 1);
+    REQUIRE(d.ok());
+    CHECK(d->local_moe_inter == 32);
+    CHECK(d->local_experts == 8);
+    CHECK(d->expert_start == 0);
+    auto e = ModelDims::From(ckpt->config(), 2, 1, 2);
+    REQUIRE(e.ok());
+    CHECK(e->local_moe_inter == 64);
+    CHECK(e->local_experts == 4);
+    CHECK(e->expert_start == 4);
   }
-  auto edit = [&](const std::function<void(nlohmann::json&)>& f) {
+  SECTION("a tp that cuts the heads, and an ep that is not the tp") {
+    auto d = ModelDims::From(ckpt->config(), 3, 0);
+    REQUIRE_FALSE(d.ok());
+    CHECK(Has(d.error().message(), "--tp 3 does not divide num_attention_heads 4"));
+    auto e = ModelDims::From(ckpt->config(), 4, 0, 2);
+    REQUIRE_FALSE(e.ok());
+    CHECK(Has(e.error().message(), "pass --ep-size 4"));
+  }
+  auto edit = [&](const std::function<void(nlohmann::json&)>& f, int tp = 1, int ep = 1) {
     ModelConfig c = ckpt->config();
     auto j = nlohmann::json::parse(c.json);
     f(j);
     c.json = j.dump();
-    return ModelDims::From(c, 1, 0);
+    return ModelDims::From(c, tp, 0, ep);
   };
+  SECTION("experts that the ranks cannot share evenly") {
+    auto d = edit([](nlohmann::json& j) { j["num_local_experts"] = 6; }, 4, 4);
+    REQUIRE_FALSE(d.ok());
+    CHECK(Has(d.error().message(), "num_experts 6 is not divisible by the expert-parallel size 4"));
+    CHECK(Has(d.error().message(), "(1, 2)"));
+  }
+  SECTION("an expert width that tp does not divide") {
+    auto d = edit([](nlohmann::json& j) { j["moe_intermediate_size"] = 66; }, 4);
+    REQUIRE_FALSE(d.ok());
+    CHECK(Has(d.error().message(), "--tp 4 does not divide moe_intermediate_size 66"));
+    CHECK(Has(d.error().message(), "--expert-parallel"));
+  }
   SECTION("top-k above the experts") {
     auto d = edit([](nlohmann::json& j) { j["num_experts_per_tok"] = 9; });
     REQUIRE_FALSE(d.ok());

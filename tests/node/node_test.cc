@@ -519,6 +519,37 @@ TEST_CASE("node: a kept layout the new holder refuses is dropped and logged, nev
   CHECK(n.WaitStatus([](const json& s) { return s["holders"][0].value("kept_layouts", 0) == 1; }, 15s));
 }
 
+TEST_CASE("node: a MoE model at tp 2 with expert parallelism - holders and engines hold the same experts and serve "
+          "its golden", "[node][moe]") {
+  if (!Have()) return;
+  const std::string model = test::TestData("qwen3moe-tiny-f32");
+  REQUIRE(test::HaveTestData("qwen3moe-tiny-f32"));
+  auto g = json::parse(test::ReadAll(model + "/golden.json"));
+  REQUIRE(g["cases"][0]["prompt"] == "Hello, world");
+  const auto golden = g["cases"][0]["output_ids"].get<std::vector<int>>();
+  std::string ids;
+  for (int id : golden) ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+  std::string eng = test::BinPath("wsup-engine");
+  // The holders get --ep-size {ep} --ep-rank {rank} from the supervisor; the
+  // engines --tp {tp} --ep-size {ep} from their command. Daemon mode: a rank
+  // whose experts differ from its holder's is a mismatch and never serves.
+  Node n({"parallel.tp=2", "parallel.expert_parallel=true",
+          "engine.command=[\"" + eng +
+              "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", "
+              "\"--socket\", \"{socket}\", \"--device\", \"{devices}\", \"--tp\", \"{tp}\", \"--ep-size\", "
+              "\"{ep}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"]",
+          "probe.expect_token_ids=[" + ids + "]"},
+         model);
+  n.Start();
+  const bool serving = n.WaitServing();
+  INFO(n.Log());
+  REQUIRE(serving);
+  auto s = *n.Status();
+  CHECK(s["holders"].size() == 2);
+  CHECK(Complete(n.FrontPort()) == golden);
+  CHECK(Query(n.Db(), "select * from cache_events where result='miss'").rows.empty());
+}
+
 TEST_CASE("node: daemon mode with a mismatch: clear error, bounded retries, degraded", "[node]") {
   if (!Have()) return;
   std::string eng = test::BinPath("wsup-engine");
