@@ -1,9 +1,11 @@
 // A wsup node for the drill tests: `wsup start config/<config>` (demo.toml
 // unless told) on a test checkpoint (llama-tiny-f32 unless told), every port
-// chosen by the kernel and every path in a temporary directory; the
-// config's own model, engine and supervisor settings are kept except those
-// overridden below and by `extra_sets`. The destructor stops it (`wsup
-// stop`) and kills whatever it left behind by the pids in its state.json.
+// chosen by the kernel and every path in a temporary directory. Start()
+// overrides the folders, ports, model.path, the engine program (the tested
+// build's), the probe timing and the restart budget; everything else, the
+// revision and the probe's expected answer included, is the config's own,
+// then the spec's `sets`. The destructor stops it (`wsup stop`) and kills
+// whatever it left behind by the pids in its state.json.
 #pragma once
 
 #include <chrono>
@@ -31,9 +33,9 @@ inline constexpr int kDrillProbeMs = 1000;
 
 // Which node a DrillNode starts.
 struct DrillNodeSpec {
-  std::string config = "demo.toml";    // a file in config/
+  std::string config = "demo.toml";      // a file in config/
   std::string model = "llama-tiny-f32";  // a checkpoint in the test data
-  std::vector<std::string> sets;       // more `--set` overrides, applied last
+  std::vector<std::string> sets;         // more `--set` overrides, applied last
 };
 
 class DrillNode {

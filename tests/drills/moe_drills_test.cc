@@ -9,12 +9,10 @@
 // differ from the golden token ids, and `wsup report` counts the hits.
 //
 // Kept small for the CI's time: 4 clients, 8 tokens, 5 drills.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <chrono>
-
 #include <nlohmann/json.hpp>
 
 #include "bench/failover_drill.h"
@@ -49,9 +47,10 @@ std::string TextOfIds(const std::vector<int>& ids) {
   return s;
 }
 
-TEST_CASE("drills: the MoE demo node survives a holder SIGKILL and 5 kill drills under load - 0 failed, 0 wrong, "
-          "the re-armed engines hit the cache",
-          "[drills][moe]") {
+TEST_CASE(
+    "drills: the MoE demo node survives a holder SIGKILL and 5 kill drills under load - 0 failed, 0 wrong, "
+    "the re-armed engines hit the cache",
+    "[drills][moe]") {
   if (!test::HaveTestData("qwen3moe-tiny-f32")) {
     WARN("SKIP: ../shared/testdata/qwen3moe-tiny-f32 is missing");
     return;

@@ -9,13 +9,11 @@
 // Each case writes a checkpoint into a temporary folder: config.json
 // (edited or not) and model.safetensors rewritten from the test checkpoint
 // with one change; the other files are symlinks to the originals.
-#include <catch2/catch.hpp>
-
 #include <signal.h>
 
+#include <catch2/catch.hpp>
 #include <filesystem>
 #include <functional>
-
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
@@ -71,8 +69,8 @@ void WriteChanged(const Change& c, const std::string& dir) {
 // wsup-holder on the checkpoint, with `args` (TP and EP flags).
 test::RunResult RunHolder(const test::TempDir& tmp, const std::string& model_dir,
                           const std::vector<std::string>& args = {}) {
-  std::vector<std::string> a = {test::BinPath("wsup-holder"), "--model", model_dir, "--socket", tmp.Join("h.sock"),
-                                "--backend", "host"};
+  std::vector<std::string> a = {test::BinPath("wsup-holder"), "--model",   model_dir, "--socket",
+                                tmp.Join("h.sock"),           "--backend", "host"};
   a.insert(a.end(), args.begin(), args.end());
   return test::Run(a, 60s);
 }
@@ -95,18 +93,20 @@ struct Case {
   std::vector<std::string> says;
 };
 
-TEST_CASE("moe: malformed checkpoints - wsup-holder refuses them at startup and wsup-engine from disk exits, "
-          "both naming the tensor and the fix",
-          "[moe]") {
+TEST_CASE(
+    "moe: malformed checkpoints - wsup-holder refuses them at startup and wsup-engine from disk exits, "
+    "both naming the tensor and the fix",
+    "[moe]") {
   if (!test::HaveTestData("qwen3moe-tiny-f32") || !test::HaveTestData("deepseekv3-tiny-f32")) {
     WARN("SKIP: ../shared/testdata/qwen3moe-tiny-f32 or deepseekv3-tiny-f32 is missing");
     return;
   }
   const std::vector<Case> cases = {
       {"an expert missing",
-       {"qwen3moe-tiny-f32", [](TensorToWrite& t) { return t.name != "model.layers.1.mlp.experts.5.up_proj.weight"; }},
-       {"expert 5 of layer 1 has no 'model.layers.1.mlp.experts.5.up_proj.weight'", "(config.json: 8 experts)",
-        "re-download it"}},
+       {"qwen3moe-tiny-f32",
+        [](TensorToWrite& t) { return t.name != "model.layers.1.mlp.experts.5.up_proj.weight"; }},
+       {"expert 5 of layer 1 has no 'model.layers.1.mlp.experts.5.up_proj.weight'",
+        "(config.json: 8 experts)", "re-download it"}},
       {"an expert of the wrong shape",
        {"deepseekv3-tiny-f32",
         [](TensorToWrite& t) {
@@ -121,7 +121,8 @@ TEST_CASE("moe: malformed checkpoints - wsup-holder refuses them at startup and 
           if (t.name == "model.layers.0.mlp.gate.weight") t.shape = {7, 256};
           return true;
         }},
-       {"router 'model.layers.0.mlp.gate.weight' is [7, 256], but a router over 8 experts and hidden_size 256 is "
+       {"router 'model.layers.0.mlp.gate.weight' is [7, 256], but a router over 8 experts and hidden_size "
+        "256 is "
         "[8, 256]",
         "restore the matching config.json"}},
       {"e_score_correction_bias missing",
@@ -152,9 +153,10 @@ TEST_CASE("moe: malformed checkpoints - wsup-holder refuses them at startup and 
   }
 }
 
-TEST_CASE("moe: wsup-holder refuses an expert count that its EP size does not divide, naming both and the sizes "
-          "that work",
-          "[moe]") {
+TEST_CASE(
+    "moe: wsup-holder refuses an expert count that its EP size does not divide, naming both and the sizes "
+    "that work",
+    "[moe]") {
   if (!test::HaveTestData("qwen3moe-tiny-f32")) {
     WARN("SKIP: ../shared/testdata/qwen3moe-tiny-f32 is missing");
     return;
