@@ -9,11 +9,23 @@ namespace wsup::test {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-DrillNode::DrillNode(std::vector<std::string> extra_sets) : sets_(std::move(extra_sets)) {}
+DrillNode::DrillNode(std::vector<std::string> extra_sets) { spec_.sets = std::move(extra_sets); }
+
+DrillNode::DrillNode(DrillNodeSpec spec) : spec_(std::move(spec)) {}
+
+std::string DrillNode::ConfigPath() const { return std::string(WSUP_SOURCE_DIR) + "/config/" + spec_.config; }
+
+RunResult DrillNode::Cli(std::vector<std::string> args) const {
+  std::vector<std::string> a = {BinPath("wsup")};
+  a.insert(a.end(), args.begin(), args.end());
+  a.push_back("--socket");
+  a.push_back(SupervisorSocket());
+  return Run(a, 60s);
+}
 
 void DrillNode::Start() {
   std::string eng = BinPath("wsup-engine");
-  std::vector<std::string> a = {BinPath("wsup"), "start", std::string(WSUP_SOURCE_DIR) + "/config/demo.toml"};
+  std::vector<std::string> a = {BinPath("wsup"), "start", ConfigPath()};
   std::vector<std::string> sets = {
       "node.state_dir=" + dir_.Join("state"),
       "node.runtime_dir=" + dir_.Join("run"),
@@ -24,7 +36,7 @@ void DrillNode::Start() {
       "engine.standby_port=0",
       "front.listen=127.0.0.1:0",
       "admin.listen=127.0.0.1:0",
-      "model.path=" + TestData("llama-tiny-f32"),
+      "model.path=" + TestData(spec_.model),
       "probe.interval_ms=" + std::to_string(kDrillProbeMs),
       "probe.timeout_ms=" + std::to_string(kDrillProbeMs),
       "probe.jitter_ms=0",
@@ -32,7 +44,7 @@ void DrillNode::Start() {
       // Every crash drill is a restart; the drills must not exhaust the budget.
       "supervisor.max_restarts=1000",
   };
-  sets.insert(sets.end(), sets_.begin(), sets_.end());
+  sets.insert(sets.end(), spec_.sets.begin(), spec_.sets.end());
   for (const auto& s : sets) {
     a.push_back("--set");
     a.push_back(s);

@@ -1,6 +1,10 @@
-// A wsup node for the drill tests: `wsup start config/demo.toml` with the
-// test checkpoint, every port chosen by the kernel and every path in a
-// temporary directory. The destructor stops it (`wsup stop`) and kills
+// A wsup node for the drill tests: `wsup start config/<config>` (demo.toml
+// unless told) on a test checkpoint (llama-tiny-f32 unless told), every port
+// chosen by the kernel and every path in a temporary directory. Start()
+// overrides the folders, ports, model.path, the engine program (the tested
+// build's), the probe timing and the restart budget; everything else, the
+// revision and the probe's expected answer included, is the config's own,
+// then the spec's `sets`. The destructor stops it (`wsup stop`) and kills
 // whatever it left behind by the pids in its state.json.
 #pragma once
 
@@ -27,9 +31,17 @@ inline constexpr bool kSanitized = false;
 inline constexpr int kDrillProbeMs = 1000;
 #endif
 
+// Which node a DrillNode starts.
+struct DrillNodeSpec {
+  std::string config = "demo.toml";      // a file in config/
+  std::string model = "llama-tiny-f32";  // a checkpoint in the test data
+  std::vector<std::string> sets;         // more `--set` overrides, applied last
+};
+
 class DrillNode {
  public:
   explicit DrillNode(std::vector<std::string> extra_sets = {});
+  explicit DrillNode(DrillNodeSpec spec);
   ~DrillNode();
   DrillNode(const DrillNode&) = delete;
   DrillNode& operator=(const DrillNode&) = delete;
@@ -43,11 +55,14 @@ class DrillNode {
   std::string SupervisorSocket() const { return dir_.Join("run/wsup.sock"); }
   std::string FrontSocket() const { return dir_.Join("run/front.sock"); }
   std::string Log() const { return ReadAll(dir_.Join("supervisor.log")); }
+  std::string ConfigPath() const;
+  // Runs `wsup ARGS... --socket <the supervisor's socket>`.
+  RunResult Cli(std::vector<std::string> args) const;
   const TempDir& dir() const { return dir_; }
 
  private:
   TempDir dir_;
-  std::vector<std::string> sets_;
+  DrillNodeSpec spec_;
   Child sup_;
 };
 

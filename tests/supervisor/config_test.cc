@@ -311,6 +311,47 @@ TEST_CASE("config: ling.toml loads", "[config]") {
   CHECK(r->engine.env.size() == 2);
 }
 
+TEST_CASE("config: ling.toml is a block-FP8 MoE at TP 8 with expert parallelism, and wsup check --no-paths passes it",
+          "[config]") {
+  const std::string path = std::string(WSUP_SOURCE_DIR) + "/config/ling.toml";
+  auto r = LoadConfig(path);
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  CHECK(r->parallel.tp == 8);
+  CHECK(r->parallel.expert_parallel);
+  CHECK(r->parallel.ep() == 8);
+  // Every rank's holder partitions the experts with its own rank.
+  for (int rank : {0, 7}) {
+    auto h = HolderArgv(*r, rank, "/usr/local/bin/wsup-holder");
+    REQUIRE(h.ok());
+    auto ep = std::find(h->begin(), h->end(), "--ep-size");
+    REQUIRE(ep != h->end());
+    REQUIRE(ep + 3 < h->end());
+    CHECK(*(ep + 1) == "8");
+    CHECK(*(ep + 2) == "--ep-rank");
+    CHECK(*(ep + 3) == std::to_string(rank));
+    CHECK(std::find(h->begin(), h->end(), "cuda") != h->end());
+  }
+  // The engines are told the EP size too.
+  auto e = EngineArgv(*r, 8001);
+  REQUIRE(e.ok());
+  auto eep = std::find(e->begin(), e->end(), "--ep-size");
+  REQUIRE(eep != e->end());
+  REQUIRE(eep + 1 < e->end());
+  CHECK(*(eep + 1) == "8");
+  // The file says what it is written for.
+  std::string text = test::ReadAll(path);
+  CHECK(text.find("DeepseekV3ForCausalLM") != std::string::npos);
+  CHECK(text.find("128x128") != std::string::npos);
+  CHECK(text.find("expert_parallel = true") != std::string::npos);
+  // `wsup check --no-paths` (its model.path is a placeholder on this machine).
+  auto c = CheckConfig(path, {}, /*check_paths=*/false);
+  INFO(c.output);
+  CHECK(c.exit_code == 0);
+  CHECK(c.output.find("(paths not checked: --no-paths)") != std::string::npos);
+  CHECK(c.output.find("parallel: tp 8 (experts: ep 8)") != std::string::npos);
+}
+
 TEST_CASE("config: defaults, relative paths and overrides", "[config]") {
   auto r = ParseConfig(kBase, "/srv/wsup/conf/node.toml",
                        {"probe.failures=5", "node.name=other", "engine.command=[\"./bin/e\", \"-p\", \"{port}\"]",
