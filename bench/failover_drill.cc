@@ -207,7 +207,10 @@ class WsupTarget final : public DrillTarget {
 
   Status Planned(DrillRecord* d) override {
     // The supervisor refuses a drill while an earlier failover still waits
-    // for its first answer through the front: wait and ask again (bounded).
+    // for its first answer through the front, or while the standby is being
+    // re-armed (it can fail its probes and restart between our ready check
+    // and the drill on a slow machine): wait until ready and ask again
+    // (bounded).
     auto deadline = Steady::now() + 60s;
     for (;;) {
       auto st = SupStatus();
@@ -229,7 +232,9 @@ class WsupTarget final : public DrillTarget {
       if (!reply.ok()) return reply.error();
       if (!reply->value("ok", false)) {
         std::string why = reply->value("error", reply->dump());
-        if (Steady::now() < deadline && why.find("try again") != std::string::npos) {
+        const bool transient =
+            why.find("try again") != std::string::npos || why.find("not proven ready") != std::string::npos;
+        if (Steady::now() < deadline && transient) {
           std::this_thread::sleep_for(20ms);
           WSUP_RETURN_IF_ERROR(WaitReady(60s));
           continue;
