@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/sanitized.h"
 #include "tests/test_util.h"
 
 namespace wsup::test {
@@ -23,7 +24,7 @@ namespace wsup::test {
 // engines with 16 busy clients on a small machine: a tight timeout would
 // trip a healthy, loaded engine and add failovers the test did not ask for.
 // Sanitizer builds run the engines several times slower.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if WSUP_TEST_SANITIZED
 inline constexpr bool kSanitized = true;
 inline constexpr int kDrillProbeMs = 3000;
 #else

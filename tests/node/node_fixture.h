@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/http/http_test_client.h"
+#include "tests/sanitized.h"
 #include "tests/test_util.h"
 #include "wire/json_call.h"
 
@@ -33,7 +34,7 @@ using nlohmann::json;
 
 // Sanitizer builds run the engines several times slower: the probe's
 // budget grows with them, and so does every bound derived from it.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if WSUP_TEST_SANITIZED
 constexpr bool kSanitizedNode = true;
 constexpr int kProbeMs = 1000;
 #else
