@@ -120,7 +120,7 @@ def role(args):
         out.update(lease_ms=(t1 - t0) * 1000, load_ms=(t2 - t1) * 1000, commit_ms=(t3 - t2) * 1000,
                    total_ms=(t3 - t0) * 1000, granted=granted, used=used, copied=len(att.report.copied),
                    commit_prepare_ms=att.report.prepare_ms, commit_sync_ms=att.report.sync_ms,
-                   commit_holder_ms=att.report.holder_ms,
+                   commit_holder_ms=att.report.holder_ms, grant_ms=att.report.grant_ms,
                    in_place=len(att.report.in_place), tensors=len(att.names()))
     else:
         mem0 = torch.cuda.memory_allocated(args.device)
@@ -214,6 +214,7 @@ def main():
         ("plain `from_pretrained(device_map=cuda)`", [x["load_ms"] for x in plain]),
         ("publish: lease", [x["lease_ms"] for x in pubs]),
         ("publish: `from_pretrained` inside `pub.torch_pool()`", [x["load_ms"] for x in pubs]),
+        ("- of which the lease's grants (holder round trips, mappings)", [x["grant_ms"] for x in pubs]),
         ("publish: `commit(model.state_dict())`", [x["commit_ms"] for x in pubs]),
         ("- of which describing and placing the tensors", [x["commit_prepare_ms"] for x in pubs]),
         ("- of which the device's queued writes", [x["commit_sync_ms"] for x in pubs]),

@@ -514,6 +514,12 @@ int wsup_publish_abort(wsup_attachment* a, const char* reason) {
   });
 }
 
+double wsup_publish_grant_ms(const wsup_attachment* a) {
+  if (a == nullptr || !a->pub) return 0.0;
+  std::lock_guard<std::mutex> lock(Allocator().mutex());
+  return a->pub->grant_ms();
+}
+
 int wsup_status(const wsup_attachment* a) { return a ? a->status : WSUP_ERR_INVALID_ARGUMENT; }
 const char* wsup_error(const wsup_attachment* a) { return a ? a->error.c_str() : "no handle (NULL)"; }
 int wsup_from_holder(const wsup_attachment* a) { return a && a->att ? 1 : 0; }

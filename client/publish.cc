@@ -50,6 +50,12 @@ Status Publication::Unpark() {
 
 Result<Publication::Region> Publication::Allocate(uint64_t bytes) {
   if (done_) return Internal("Publication::Allocate after the commit or abort");
+  const auto t0 = Clock::now();
+  struct AddTime {
+    double* total;
+    Clock::time_point t0;
+    ~AddTime() { *total += MsSince(t0); }
+  } add_time{&grant_ms_, t0};
   const bool cuda = lease_.backend == "cuda";
   const char* handle = cuda ? "cuda_vmm" : "memfd";
   if (!mapping_) {

@@ -101,6 +101,9 @@ class Publication {
   Status Abort(const std::string& reason);
 
   bool done() const { return done_; }
+  // Wall milliseconds spent in Allocate() so far: the holder's round trips
+  // and this process's mappings (what a publish costs beyond the load).
+  double grant_ms() const { return grant_ms_; }
 
  private:
   Status Unpark();
@@ -114,6 +117,7 @@ class Publication {
   std::vector<UniqueFd> fds_;
   std::shared_ptr<GrantMapping> mapping_;
   bool done_ = false;
+  double grant_ms_ = 0;
 };
 
 struct LayoutResult {

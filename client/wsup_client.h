@@ -262,6 +262,10 @@ int wsup_publish_abort(wsup_attachment* a, const char* reason);
  * WSUP_ERR_NOT_FOUND when no grant holds it, WSUP_ERR_INVALID_ARGUMENT
  * for a handle without the lease or NULL outputs. Sets no error text. */
 int wsup_publish_locate(const wsup_attachment* a, const void* ptr, uint32_t* alloc, uint64_t* offset);
+/* Wall milliseconds this handle's lease has spent getting grants so far
+ * (wsup_publish_alloc and the torch allocator's: the holder's round trips
+ * and the mappings); 0 for a handle without the lease. */
+double wsup_publish_grant_ms(const wsup_attachment* a);
 
 /* ---- The torch allocator: a model's tensors carved out of a lease ----
  *

@@ -310,7 +310,6 @@ Status LayoutStore::Commit(Layout* l, Manifest m, const std::string& layout_hash
        std::to_string(l->manifest.entries.size()) + " tensors, " + std::to_string(l->manifest.total_bytes()) +
            " bytes in " + std::to_string(l->fds.size()) + " allocations, hash " + hash.substr(0, 16));
   l->writer = 0;
-  IdleIfNoWriter();
   return Status::Ok();
 }
 

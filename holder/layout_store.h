@@ -141,8 +141,14 @@ class LayoutStore {
   // allocation per grant with its size), Validate()s it, checks its hash,
   // seals the memory and moves the layout to committed. On any refusal the
   // layout stays writing (LayoutEvent::kCommitRefused) and the error says
-  // what to fix.
+  // what to fix. The device context kept for writers is not let go here:
+  // the caller calls IdleIfNoWriter() once the writer has its reply.
   Status Commit(Layout* l, Manifest manifest, const std::string& layout_hash);
+
+  // Lets the device context go when no layout is being written. Tearing a
+  // CUDA context down takes tens of milliseconds, so the server does it
+  // after the committing writer's reply is on its way, not before.
+  void IdleIfNoWriter();
 
   // A committed layout from a record and the fds kept for it (see the top).
   Result<Layout*> Adopt(LayoutRecord record, std::vector<UniqueFd> fds, uint64_t now_ms);
@@ -169,7 +175,6 @@ class LayoutStore {
 
  private:
   void Move(Layout* l, LayoutEvent event, const std::string& cause);
-  void IdleIfNoWriter();
   static std::string Key(const Fingerprint& fp);
   std::unique_ptr<LayoutMemory> memory_;
   uint64_t max_bytes_ = 0;

@@ -380,6 +380,10 @@ void HolderServer::Flush(Conn* c) {
       c->out.pop_front();
     }
     if (!c->out.empty()) break;
+    if (c->idle_after_flush) {
+      c->idle_after_flush = false;
+      if (layouts_ != nullptr) layouts_->IdleIfNoWriter();
+    }
     if (c->close_after_flush) {
       spdlog::debug("{}: replied, closing", Describe(c));
       CloseConn(c);
@@ -489,7 +493,10 @@ void HolderServer::Drop(Conn* c, const std::string& why, const Error* tell) {
 void HolderServer::CloseConn(Conn* c) {
   if (c->closing) return;
   c->closing = true;
-  if (layouts_ != nullptr) LayoutConnGone(c);
+  if (layouts_ != nullptr) {
+    LayoutConnGone(c);
+    if (c->idle_after_flush) layouts_->IdleIfNoWriter();
+  }
   conns_.erase(c->id);
   ++closing_conns_;
   uv_close(reinterpret_cast<uv_handle_t*>(&c->poll), &HolderServer::OnConnHandleClosed);

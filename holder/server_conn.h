@@ -44,6 +44,7 @@ struct HolderServer::Conn {
   bool restart_deadline = false;  // a request was handled or a reply moved on
   uint64_t idle_since = 0;        // uv_now() when it last had nothing in flight
   bool close_after_flush = false;
+  bool idle_after_flush = false;  // a commit's reply: let the writers' device context go once it is sent
   bool peer_eof = false;
   bool closing = false;
   // Engine-made layouts: the layout this connection writes (its lease), or

@@ -220,6 +220,9 @@ void HolderServer::HandleCommit(Conn* c, Layout* l, const Frame& frame) {
     return;
   }
   c->lease = 0;
+  // The writer waits for this reply; the context goes after it is sent
+  // (Flush), or when the connection closes first (CloseConn).
+  c->idle_after_flush = true;
   ReplyLayoutAttach(c, l);
   ServeWaiters(l);
 }

@@ -8,14 +8,18 @@
 #include <uv.h>
 
 #include <catch2/catch.hpp>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <filesystem>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
 #include "client/client.h"
+#include "client/publish.h"
 #include "holder/arena.h"
+#include "holder/layout_store.h"
 #include "holder/server.h"
 #include "tests/holder/holder_fixture.h"
 
@@ -38,6 +42,9 @@ Arena LoadArena(const std::string& model) {
 class LoopThread {
  public:
   LoopThread(const Arena& arena, Fingerprint fp, ServerOptions so) : server_(&loop_, arena, std::move(fp), so) {
+    uv_loop_init(&loop_);
+  }
+  LoopThread(LayoutStore* layouts, Fingerprint fp, ServerOptions so) : server_(&loop_, layouts, std::move(fp), so) {
     uv_loop_init(&loop_);
   }
   ~LoopThread() {
@@ -235,6 +242,116 @@ TEST_CASE("PrepareSocketPath removes a stale socket and refuses what is not one"
   CHECK(PrepareSocketPath("").code() == Code::kInvalidArgument);
   CHECK(PrepareSocketPath(dir.Join(std::string(200, 'a'))).code() == Code::kInvalidArgument);
   CHECK(PrepareSocketPath(plain + "/under-a-file.sock").code() == Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace wsup
+
+namespace wsup {
+namespace {
+
+// Host layout memory whose Idle() (on a cuda holder: tearing the writers'
+// context down, tens of milliseconds) blocks until the test lets it go, and
+// records when it ran.
+class SlowIdleMemory final : public LayoutMemory {
+ public:
+  SlowIdleMemory() : host_(MakeHostLayoutMemory()) {}
+  const char* backend() const override { return host_->backend(); }
+  const char* handle() const override { return host_->handle(); }
+  int device() const override { return host_->device(); }
+  std::string device_uuid() const override { return host_->device_uuid(); }
+  uint64_t granularity() const override { return host_->granularity(); }
+  Result<UniqueFd> Allocate(uint64_t bytes, uint64_t* size) override { return host_->Allocate(bytes, size); }
+  Status Seal(int fd, uint32_t index) override { return host_->Seal(fd, index); }
+  Status CheckAdopted(int fd, uint32_t index, uint64_t size) const override {
+    return host_->CheckAdopted(fd, index, size);
+  }
+  void Idle() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++started_;
+    cv_.notify_all();
+    // Bounded: a server that idles before replying blocks its writer until
+    // here, and the test then sees this finished before the commit returned.
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return go_; });
+    ++finished_;
+    cv_.notify_all();
+  }
+
+  void Go() {
+    std::lock_guard<std::mutex> lock(mu_);
+    go_ = true;
+    cv_.notify_all();
+  }
+  int finished() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finished_;
+  }
+  int started() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return started_;
+  }
+  bool WaitFinished(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(20), [&] { return finished_ >= n; });
+  }
+
+ private:
+  std::unique_ptr<LayoutMemory> host_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool go_ = false;
+  int started_ = 0;
+  int finished_ = 0;
+};
+
+TEST_CASE("a layout commit is answered before the holder lets the writers' device context go",
+          "[holder][server][inprocess][layout]") {
+  auto owned = std::make_unique<SlowIdleMemory>();
+  SlowIdleMemory* memory = owned.get();
+  LayoutStore store(std::move(owned));
+  Fingerprint holder_fp;
+  holder_fp.Set("layout", "engine");
+  holder_fp.Set("backend", "host");
+  test::TempDir dir;
+  ServerOptions so;
+  so.socket_path = dir.Join("h.sock");
+  so.deployment = "inproc";
+  LoopThread lt(&store, holder_fp, so);
+  REQUIRE(lt.Start().ok());
+
+  Fingerprint fp;
+  fp.Set("checkpoint", "0123");
+  fp.Set("tp_rank", "0");
+  AddEngineLayout(&fp, EngineLayoutId{"test-engine", "1", "none"});
+  AttachOptions o;
+  o.socket_path = so.socket_path;
+  o.mode = AttachMode::kDaemon;
+  o.client_name = "writer";
+  o.timeout_ms = 30'000;
+  auto first = AttachOrPublish(o, fp, 30'000);
+  REQUIRE(first.ok());
+  REQUIRE(first->publication != nullptr);
+  auto r = first->publication->Allocate(4096);
+  REQUIRE(r.ok());
+  static_cast<float*>(r->data)[0] = 1.5f;
+  CHECK(memory->started() == 0);  // a writer is writing: the context stays
+
+  auto committed = first->publication->Commit({{"w", "F32", {1}, r->alloc, 0, 4}});
+  // The reply came while Idle() had not finished: it was sent first.
+  CHECK(memory->finished() == 0);
+  memory->Go();
+  REQUIRE(committed.ok());
+  REQUIRE(committed->attachment != nullptr);
+  TensorView v = committed->attachment->Find("w");
+  REQUIRE(v.entry);
+  CHECK(*static_cast<const float*>(v.data) == 1.5f);
+  // ... and once it was sent, the context went, once.
+  REQUIRE(memory->WaitFinished(1));
+  CHECK(memory->started() == 1);
+
+  committed->attachment.reset();
+  CHECK(lt.Stop() == 0);
+  CHECK(memory->finished() == 1);
 }
 
 }  // namespace

@@ -84,6 +84,7 @@ def _declare(lib):
         "wsup_publish_commit": (c.c_int, [p, s]),
         "wsup_publish_abort": (c.c_int, [p, s]),
         "wsup_publish_locate": (c.c_int, [p, p, c.POINTER(c.c_uint32), c.POINTER(c.c_uint64)]),
+        "wsup_publish_grant_ms": (c.c_double, [p]),
         "wsup_publish_set_allocator_target": (c.c_int, [p]),
         "wsup_torch_set_chunk_bytes": (c.c_int, [c.c_uint64]),
         "wsup_torch_last_error": (s, []),

@@ -101,10 +101,12 @@ class CommitReport:
     in-place tensors (in_place_bytes). Where the time went, in ms: prepare_ms
     (describing and placing the tensors, and any copies), sync_ms (waiting
     for the device's queued writes) and holder_ms (the library's commit: the
-    holder's checks and its reply, mapped)."""
+    holder's checks and its reply, mapped); grant_ms: the time the lease spent
+    getting its grants before the commit (the holder's round trips and the
+    mappings, inside the load)."""
 
     def __init__(self):
-        self.prepare_ms = self.sync_ms = self.holder_ms = 0.0
+        self.prepare_ms = self.sync_ms = self.holder_ms = self.grant_ms = 0.0
         self.in_place = []
         self.in_place_bytes = 0
         self.tied = {}
@@ -378,6 +380,7 @@ class Publication:
             import torch
             torch.cuda.synchronize(self.device)  # the C library waits for the device too
         t2 = time.perf_counter()
+        report.grant_ms = h.lib.wsup_publish_grant_ms(h.ptr)
         rc = h.lib.wsup_publish_commit(h.ptr, body)
         t3 = time.perf_counter()
         report.prepare_ms, report.sync_ms, report.holder_ms = ((t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
