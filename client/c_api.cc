@@ -657,6 +657,21 @@ void wsup_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   }
 }
 
+int wsup_torch_reserve(wsup_attachment* a, uint64_t bytes) {
+  if (a == nullptr) return WSUP_ERR_INVALID_ARGUMENT;
+  try {
+    // The error is set under the allocator's lock: wsup_torch_malloc may
+    // report to this handle from another thread at the same time.
+    std::lock_guard<std::mutex> lock(Allocator().mutex());
+    wsup::Status s = Allocator().Reserve(a, bytes);
+    if (s.ok()) return WSUP_OK;
+    a->error = s.error().ToString();
+    return StatusCode(s.code());
+  } catch (...) {
+    return WSUP_ERR_INTERNAL;
+  }
+}
+
 int wsup_torch_set_chunk_bytes(uint64_t bytes) {
   if (bytes > wsup::Carver::kMaxBlockBytes) return WSUP_ERR_INVALID_ARGUMENT;
   try {

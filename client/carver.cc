@@ -60,10 +60,33 @@ Result<uint64_t> Carver::Allocate(uint64_t bytes) {
     }
   }
   const uint64_t ask = std::max(size, chunk_bytes_);
+  auto grown = Grow(ask);
+  if (!grown.ok())
+    return grown.error().With("carving a block of " + std::to_string(size) + " bytes from a new grant of " +
+                              std::to_string(ask) + " bytes");
+  const uint64_t at = TakeFirstFit(**grown, size);
+  blocks_.emplace(at, size);
+  used_bytes_ += size;
+  return at;
+}
+
+Status Carver::Reserve(uint64_t bytes) {
+  if (bytes == 0 || bytes > kMaxBlockBytes) {
+    return InvalidArgument("a reservation of " + std::to_string(bytes) + " bytes: ask for 1 byte to 1 TiB");
+  }
+  if (!source_) {
+    return Unavailable("nothing can be reserved: " +
+                       (closed_why_.empty() ? std::string("no grant source") : closed_why_));
+  }
+  const uint64_t size = (bytes + alignment_ - 1) / alignment_ * alignment_;
+  auto grown = Grow(std::max(size, chunk_bytes_));
+  if (!grown.ok()) return grown.error().With("reserving a grant of " + std::to_string(size) + " bytes");
+  return Status::Ok();
+}
+
+Result<Carver::GrantRanges*> Carver::Grow(uint64_t ask) {
   auto got = source_(ask);
-  if (!got.ok())
-    return got.error().With("carving a block of " + std::to_string(size) + " bytes from a new grant of " +
-                            std::to_string(ask) + " bytes");
+  if (!got.ok()) return got.error();
   const Grant grant = *got;
   if (grant.base == 0 || grant.base % alignment_ != 0 || grant.size < ask ||
       grant.base + grant.size < grant.base) {
@@ -84,10 +107,7 @@ Result<uint64_t> Carver::Allocate(uint64_t bytes) {
   // Whole multiples of the alignment only, so every block stays aligned.
   g.size = grant.size / alignment_ * alignment_;
   g.free.emplace(grant.base, g.size);
-  const uint64_t at = TakeFirstFit(g, size);
-  blocks_.emplace(at, size);
-  used_bytes_ += size;
-  return at;
+  return &g;
 }
 
 Status Carver::Free(uint64_t address) {

@@ -50,6 +50,10 @@ class Carver {
 
   // The address of a new block of at least `bytes` (1 to kMaxBlockBytes).
   Result<uint64_t> Allocate(uint64_t bytes);
+  // Asks the source for a grant of max(bytes, the chunk size) now, before
+  // any block needs it, so that a loader's first allocations find it ready
+  // (the Python client asks for it while the loader builds its model).
+  Status Reserve(uint64_t bytes);
   // Gives back a block Allocate() returned; anything else (an unknown or
   // already freed address) is an error and changes nothing.
   Status Free(uint64_t address);
@@ -88,6 +92,8 @@ class Carver {
   std::map<uint64_t, GrantRanges>::const_iterator GrantOf(uint64_t address) const;
   // Takes `bytes` from the first range of `g` that fits; 0 when none does.
   static uint64_t TakeFirstFit(GrantRanges& g, uint64_t bytes);
+  // A new grant of at least `ask` bytes from the source, free in full.
+  Result<GrantRanges*> Grow(uint64_t ask);
 
   GrantSource source_;
   std::string closed_why_;

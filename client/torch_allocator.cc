@@ -73,6 +73,16 @@ void LeaseAllocator::DropIfDone(Pool* p) {
                pools_.end());
 }
 
+Status LeaseAllocator::Reserve(const void* owner, uint64_t bytes) {
+  Pool* p = Find(owner);
+  if (p == nullptr || p->pub == nullptr) {
+    return InvalidArgument(
+        "wsup_torch_reserve: this handle has no open pool; call wsup_publish_set_allocator_target with it "
+        "while it holds the write lease first");
+  }
+  return p->carver->Reserve(bytes);
+}
+
 Result<void*> LeaseAllocator::Malloc(uint64_t bytes, int device) {
   if (target_ == nullptr) {
     return InvalidArgument(

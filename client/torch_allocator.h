@@ -48,6 +48,9 @@ class LeaseAllocator {
   // A block of `bytes` from the target on cuda `device` (ignored for host
   // leases). The error names the reason and, where it has one, the target.
   Result<void*> Malloc(uint64_t bytes, int device);
+  // Gets the owner's pool a grant of max(bytes, the chunk size) now
+  // (Carver::Reserve); the owner must have been made the target before.
+  Status Reserve(const void* owner, uint64_t bytes);
   Status Free(void* p);
 
   // The size of grants asked for from now on (default Carver::kDefaultChunkBytes).

@@ -305,6 +305,13 @@ void* wsup_torch_malloc(ssize_t size, int device, void* stream);
 void wsup_torch_free(void* ptr, ssize_t size, int device, void* stream);
 /* The least a new grant asks for, from now on (0: back to 1 GiB). */
 int wsup_torch_set_chunk_bytes(uint64_t bytes);
+/* Gets the pool of `a` (the target, or a handle that was) a grant of
+ * max(bytes, the chunk size) now, so that the loader's first allocations
+ * find it ready: called on a thread of its own while the loader builds its
+ * model, it takes the holder's round trip and the mapping off the load.
+ * wsup_torch_malloc waits while it runs. WSUP_OK, or an error code with
+ * wsup_error(a) saying why (no pool: set the target first). */
+int wsup_torch_reserve(wsup_attachment* a, uint64_t bytes);
 /* The last failure of wsup_torch_malloc or wsup_torch_free in this process
  * ("" when none); valid until the calling thread's next call of it. */
 const char* wsup_torch_last_error(void);

@@ -242,3 +242,48 @@ TEST_CASE("carver: a loader's pattern of many allocations and frees stays inside
 
 }  // namespace
 }  // namespace wsup
+
+namespace wsup {
+namespace {
+
+TEST_CASE("carver: a reservation is one grant asked for ahead, and blocks come from it", "[carver]") {
+  FakeSource src;
+  Carver c(src.Fn(), 4096, 512);
+  REQUIRE(c.Reserve(10000).ok());  // more than the chunk: its own size, aligned
+  CHECK(src.asked == std::vector<uint64_t>{10240});
+  CHECK(c.stats().grants == 1);
+  CHECK(c.stats().blocks == 0);
+  auto a = c.Allocate(4096);
+  auto b = c.Allocate(6000);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(src.asked.size() == 1);  // both from the reservation
+  CHECK(*a == (1u << 20));
+  CHECK(*b == *a + 4096);
+  // A small reservation asks for a whole chunk.
+  REQUIRE(c.Reserve(1).ok());
+  CHECK(src.asked == std::vector<uint64_t>{10240, 4096});
+}
+
+TEST_CASE("carver: bad, closed and refused reservations are errors that change nothing", "[carver]") {
+  FakeSource src;
+  src.fail_after = 0;
+  Carver c(src.Fn(), 4096, 512);
+  auto zero = c.Reserve(0);
+  REQUIRE_FALSE(zero.ok());
+  CHECK(zero.error().message().find("ask for 1 byte to 1 TiB") != std::string::npos);
+  CHECK(src.asked.empty());
+  auto refused = c.Reserve(100);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().code() == Code::kUnavailable);
+  CHECK(refused.error().message().find("out of memory (fake)") != std::string::npos);
+  CHECK(c.stats().grants == 0);
+  c.CloseSource("the layout was committed");
+  auto closed = c.Reserve(100);
+  REQUIRE_FALSE(closed.ok());
+  CHECK(closed.error().message().find("the layout was committed") != std::string::npos);
+  CHECK(src.asked.size() == 1);
+}
+
+}  // namespace
+}  // namespace wsup

@@ -701,6 +701,51 @@ TEST_CASE("the torch allocator entry points carve a host lease: locate, reuse, c
   REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
 }
 
+TEST_CASE("wsup_torch_reserve gets the pool its first grant ahead, from another thread; blocks come from it",
+          "[holder][layout][c][torch]") {
+  TempDir dir;
+  HolderProcess h = StartLayoutHolder(dir);
+  INFO(h.Log());
+  const std::string fp = LayoutFp().ToJson().dump();
+  wsup_attachment* w = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr, R"({"wait_ms":0})");
+  INFO(wsup_error(w));
+  REQUIRE(wsup_has_lease(w) == 1);
+  // No pool yet: an error that says to set the target first.
+  CHECK(wsup_torch_reserve(w, 1 << 20) == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_error(w), "call wsup_publish_set_allocator_target"));
+  CHECK(wsup_torch_reserve(nullptr, 1) == WSUP_ERR_INVALID_ARGUMENT);
+  REQUIRE(wsup_torch_set_chunk_bytes(64 << 10) == WSUP_OK);
+  REQUIRE(wsup_publish_set_allocator_target(w) == WSUP_OK);
+  int rc = -1;
+  std::thread reserver([&] { rc = wsup_torch_reserve(w, 256 << 10); });
+  reserver.join();
+  REQUIRE(rc == WSUP_OK);
+  uint64_t granted = 0, used = 0, blocks = 0;
+  REQUIRE(wsup_torch_usage(w, &granted, &used, &blocks) == WSUP_OK);
+  CHECK(granted == (256u << 10));
+  CHECK(blocks == 0);
+  CHECK(Info(h).layouts.at(0).allocations == 1);
+  // The loader's allocations are carved from the reserved grant: no new one.
+  void* p1 = wsup_torch_malloc(100 << 10, 0, nullptr);
+  void* p2 = wsup_torch_malloc(100 << 10, 0, nullptr);
+  REQUIRE(p1 != nullptr);
+  REQUIRE(p2 != nullptr);
+  uint32_t alloc = 99;
+  uint64_t offset = 0;
+  REQUIRE(wsup_publish_locate(w, p2, &alloc, &offset) == WSUP_OK);
+  CHECK(alloc == 0);
+  CHECK(offset == (100u << 10));
+  CHECK(Info(h).layouts.at(0).allocations == 1);
+  CHECK(wsup_publish_grant_ms(w) > 0);
+  REQUIRE(wsup_publish_abort(w, "test done") == WSUP_OK);
+  // A pool whose lease is gone reserves nothing, and says why.
+  CHECK(wsup_torch_reserve(w, 1) == WSUP_ERR_INVALID_ARGUMENT);
+  wsup_torch_free(p1, 100 << 10, 0, nullptr);
+  wsup_torch_free(p2, 100 << 10, 0, nullptr);
+  wsup_detach(w);
+  REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
+}
+
 TEST_CASE("an aborted lease carves no more, and a new publication becomes the target", "[holder][layout][c][torch]") {
   TempDir dir;
   HolderProcess h = StartLayoutHolder(dir);

@@ -87,6 +87,7 @@ def _declare(lib):
         "wsup_publish_grant_ms": (c.c_double, [p]),
         "wsup_publish_set_allocator_target": (c.c_int, [p]),
         "wsup_torch_set_chunk_bytes": (c.c_int, [c.c_uint64]),
+        "wsup_torch_reserve": (c.c_int, [p, c.c_uint64]),
         "wsup_torch_last_error": (s, []),
         "wsup_torch_usage": (c.c_int, [p, c.POINTER(c.c_uint64), c.POINTER(c.c_uint64), c.POINTER(c.c_uint64)]),
         "wsup_torch_malloc": (p, [c.c_ssize_t, c.c_int, p]),

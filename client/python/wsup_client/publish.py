@@ -93,6 +93,23 @@ def _contiguous(shape):
     return tuple(reversed(out))
 
 
+class _Reserve:
+    """wsup_torch_reserve on a thread of its own; error: its message, or None."""
+
+    def __init__(self, lib, ptr, nbytes):
+        self.error = None
+        self._lib, self._ptr, self._nbytes = lib, ptr, nbytes
+        self._thread = threading.Thread(target=self._run, name="wsup-reserve", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        if self._lib.wsup_torch_reserve(self._ptr, self._nbytes) != OK:
+            self.error = _s(self._lib.wsup_error(self._ptr)) or "wsup_torch_reserve failed"
+
+    def join(self):
+        self._thread.join()
+
+
 class CommitReport:
     """What commit() did with each name: in_place (names recorded where
     they lie in the lease), tied ({alias: name} for views identical to an
@@ -156,6 +173,7 @@ class Publication:
         self.attachment = Attachment(handle, mode, device) if self.attached else None
         self.is_cuda = bool(lib.wsup_is_cuda(p))
         self.report = None
+        self.reserve_error = None  # why torch_pool's first grant, asked for ahead, was refused
         self._pools = []        # torch MemPools, kept for the tensors in them
         self._chunks = []       # host alloc_tensor grants: [ptr, size, used]
         self._dtypes = {}       # host alloc_tensor: data address -> safetensors dtype
@@ -282,6 +300,10 @@ class Publication:
         files plus 1/64 (at least 64 MiB) of slack, so that a model loads into one grant (each grant is
         a round trip to the holder and a mapping: at 1 GiB a 20 GiB model
         paid for 21), or 1 GiB when the publication has no checkpoint_dir.
+        With a known size (a checkpoint_dir, or chunk_bytes), that first
+        grant is asked for on entry, on a thread of its own, while the loader
+        builds its model; a refusal is kept in reserve_error, and the
+        loader's own allocations then ask again.
 
         all_threads (default): allocations of every thread and stream on the
         device go to the pool while the block runs (a loader may load on
@@ -313,6 +335,14 @@ class Publication:
         if expandable:
             # A pool with a pluggable allocator cannot use expandable segments.
             torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        # The first grant (a round trip to the holder and a mapping: over
+        # 100 ms for 20 GiB) is asked for at once, on a thread of its own,
+        # while the loader reads configs and builds its model; its first
+        # allocation then finds the grant ready (or waits for it). ctypes
+        # lets go of the GIL for the call.
+        reserve = None
+        if chunk_bytes is not None:
+            reserve = _Reserve(lib, h.ptr, int(chunk_bytes))
         try:
             with _route(torch, pool, self.device, all_threads):
                 yield pool
@@ -320,6 +350,11 @@ class Publication:
             raise WsupError("torch_pool: an allocation in the lease failed: %s" %
                             (_s(lib.wsup_torch_last_error()) or e), UNAVAILABLE) from e
         finally:
+            if reserve is not None:
+                reserve.join()
+                # A refused reservation leaves the loader to ask for its own
+                # grants, which fail the load if the holder refuses them too.
+                self.reserve_error = reserve.error
             lib.wsup_publish_set_allocator_target(None)
             if expandable:
                 torch.cuda.memory._set_allocator_settings("expandable_segments:True")
