@@ -701,7 +701,7 @@ TEST_CASE("the torch allocator entry points carve a host lease: locate, reuse, c
   REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
 }
 
-TEST_CASE("wsup_torch_reserve gets the pool its first grant ahead, from another thread; blocks come from it",
+TEST_CASE("wsup_torch_reserve gets the pool its first grant ahead, from another thread - blocks come from it",
           "[holder][layout][c][torch]") {
   TempDir dir;
   HolderProcess h = StartLayoutHolder(dir);
