@@ -41,17 +41,23 @@ uint64_t Carver::TakeFirstFit(GrantRanges& g, uint64_t bytes) {
   return 0;
 }
 
-Result<uint64_t> Carver::Allocate(uint64_t bytes) {
+Result<uint64_t> Carver::Check(uint64_t bytes, const char* what) const {
   if (bytes == 0 || bytes > kMaxBlockBytes) {
-    return InvalidArgument("a block of " + std::to_string(bytes) + " bytes: ask for 1 byte to 1 TiB");
+    return InvalidArgument(std::string(what) + " of " + std::to_string(bytes) + " bytes: ask for 1 byte to 1 TiB");
   }
   if (!source_) {
     // Once the lease is gone its memory is no one's to hand out: a block
     // in a committed layout would change what its readers see.
-    return Unavailable("no more blocks can be carved: " +
+    return Unavailable(std::string("no ") + what + " can be carved: " +
                        (closed_why_.empty() ? std::string("no grant source") : closed_why_));
   }
-  const uint64_t size = (bytes + alignment_ - 1) / alignment_ * alignment_;
+  return (bytes + alignment_ - 1) / alignment_ * alignment_;
+}
+
+Result<uint64_t> Carver::Allocate(uint64_t bytes) {
+  auto checked = Check(bytes, "block");
+  if (!checked.ok()) return checked.error();
+  const uint64_t size = *checked;
   for (auto& [base, g] : grants_) {
     if (uint64_t at = TakeFirstFit(g, size)) {
       blocks_.emplace(at, size);
@@ -71,16 +77,10 @@ Result<uint64_t> Carver::Allocate(uint64_t bytes) {
 }
 
 Status Carver::Reserve(uint64_t bytes) {
-  if (bytes == 0 || bytes > kMaxBlockBytes) {
-    return InvalidArgument("a reservation of " + std::to_string(bytes) + " bytes: ask for 1 byte to 1 TiB");
-  }
-  if (!source_) {
-    return Unavailable("nothing can be reserved: " +
-                       (closed_why_.empty() ? std::string("no grant source") : closed_why_));
-  }
-  const uint64_t size = (bytes + alignment_ - 1) / alignment_ * alignment_;
-  auto grown = Grow(std::max(size, chunk_bytes_));
-  if (!grown.ok()) return grown.error().With("reserving a grant of " + std::to_string(size) + " bytes");
+  auto checked = Check(bytes, "reservation");
+  if (!checked.ok()) return checked.error();
+  auto grown = Grow(std::max(*checked, chunk_bytes_));
+  if (!grown.ok()) return grown.error().With("reserving a grant of " + std::to_string(*checked) + " bytes");
   return Status::Ok();
 }
 

@@ -90,6 +90,9 @@ class Carver {
   // The grant that holds `address`, or grants_.end().
   std::map<uint64_t, GrantRanges>::iterator GrantOf(uint64_t address);
   std::map<uint64_t, GrantRanges>::const_iterator GrantOf(uint64_t address) const;
+  // `bytes` rounded up to the alignment, or why a block (or reservation:
+  // `what`) of that size cannot be carved at all.
+  Result<uint64_t> Check(uint64_t bytes, const char* what) const;
   // Takes `bytes` from the first range of `g` that fits; 0 when none does.
   static uint64_t TakeFirstFit(GrantRanges& g, uint64_t bytes);
   // A new grant of at least `ask` bytes from the source, free in full.

@@ -240,15 +240,14 @@ TEST_CASE("carver: a loader's pattern of many allocations and frees stays inside
   CHECK(c.stats().free_ranges == st.grants);
 }
 
-}  // namespace
-}  // namespace wsup
-
-namespace wsup {
-namespace {
-
-TEST_CASE("carver: a reservation is one grant asked for ahead, and blocks come from it", "[carver]") {
+// A carver of 4096-byte chunks and 512-byte blocks over a fake source.
+struct SmallChunks {
   FakeSource src;
-  Carver c(src.Fn(), 4096, 512);
+  Carver c{src.Fn(), 4096, 512};
+};
+
+TEST_CASE_METHOD(SmallChunks, "carver: a reservation is one grant asked for ahead, and blocks come from it",
+                 "[carver]") {
   REQUIRE(c.Reserve(10000).ok());  // more than the chunk: its own size, aligned
   CHECK(src.asked == std::vector<uint64_t>{10240});
   CHECK(c.stats().grants == 1);
@@ -265,10 +264,9 @@ TEST_CASE("carver: a reservation is one grant asked for ahead, and blocks come f
   CHECK(src.asked == std::vector<uint64_t>{10240, 4096});
 }
 
-TEST_CASE("carver: bad, closed and refused reservations are errors that change nothing", "[carver]") {
-  FakeSource src;
+TEST_CASE_METHOD(SmallChunks, "carver: bad, closed and refused reservations are errors that change nothing",
+                 "[carver]") {
   src.fail_after = 0;
-  Carver c(src.Fn(), 4096, 512);
   auto zero = c.Reserve(0);
   REQUIRE_FALSE(zero.ok());
   CHECK(zero.error().message().find("ask for 1 byte to 1 TiB") != std::string::npos);
