@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Checks that no Catch2 test name in the tests can be split by CTest.
+
+catch_discover_tests registers each TEST_CASE under its name, and CTest
+reads a ';' in a name as a list separator: the test then runs as two
+filters that match nothing and passes empty (the reserve test of the
+carver once did). This reads every TEST_CASE, TEST_CASE_METHOD and
+SCENARIO name under ROOT/tests (adjacent string literals joined, as the
+compiler joins them) and names each file, line and test that has one.
+
+  scripts/check_test_names.py [ROOT]     # exit 1 and one line per bad name
+"""
+import os
+import re
+import sys
+
+# The macro, an optional fixture argument, then the name's literals.
+MACRO = re.compile(r'\b(TEST_CASE_METHOD|TEST_CASE|SCENARIO)\s*\(\s*(?:[A-Za-z_][\w:<>, ]*?,\s*)?((?:"(?:[^"\\]|\\.)*"\s*)+)')
+LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
+BAD = {";": "a ';' (CTest splits names there)"}
+
+
+def names(text):
+    for m in MACRO.finditer(text):
+        name = "".join(LITERAL.findall(m.group(2)))
+        yield text.count("\n", 0, m.start()) + 1, name
+
+
+def main():
+    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    bad = []
+    seen = 0
+    for top, _, files in os.walk(os.path.join(root, "tests")):
+        for f in sorted(files):
+            if not f.endswith((".cc", ".cpp", ".h")):
+                continue
+            path = os.path.join(top, f)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+            for line, name in names(text):
+                seen += 1
+                for ch, why in BAD.items():
+                    if ch in name:
+                        rel = os.path.relpath(path, root)
+                        bad.append(f"{rel}:{line}: test '{name}' has {why}; use ',' or ':' instead")
+    for b in bad:
+        print(b)
+    if seen == 0:
+        print(f"{root}/tests: no TEST_CASE found; pass the repository root")
+        return 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

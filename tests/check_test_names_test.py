@@ -1,0 +1,47 @@
+#!/usr/bin/env python3
+"""Tests of scripts/check_test_names.py: the repository's test names are
+whole for CTest, and the checker refuses a ';' in a name, also in a
+fixture's test and across joined literals."""
+import os
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+CHECK = os.path.join(ROOT, "scripts", "check_test_names.py")
+
+
+def run(root):
+    p = subprocess.run([sys.executable, CHECK, root], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout + p.stderr
+
+
+def tree(text):
+    d = tempfile.mkdtemp(prefix="wsup-names-")
+    os.makedirs(os.path.join(d, "tests"))
+    with open(os.path.join(d, "tests", "a_test.cc"), "w") as f:
+        f.write(text)
+    return d
+
+
+def expect(cond, what, out):
+    if not cond:
+        print(f"FAILED: {what}\n{out}")
+        sys.exit(1)
+
+
+rc, out = run(ROOT)
+expect(rc == 0, "the repository's test names have no ';'", out)
+
+rc, out = run(tree('TEST_CASE("fine, with a comma", "[x]") {}\nTEST_CASE("a; b", "[x]") {}\n'))
+expect(rc == 1 and "a_test.cc:2:" in out and "'a; b'" in out, "a plain TEST_CASE with ';' is named", out)
+
+rc, out = run(tree('TEST_CASE_METHOD(Fixture, "one;"\n                 " two", "[x]") {}\n'))
+expect(rc == 1 and "'one; two'" in out, "a fixture's test with ';' in joined literals is named", out)
+
+rc, out = run(tree('TEST_CASE("clean", "[x]") {}\n'))
+expect(rc == 0, "a clean tree passes", out)
+
+rc, out = run(tree("int main() {}\n"))
+expect(rc == 1 and "no TEST_CASE" in out, "a tree without tests is an error, not a pass", out)
+print("ok")
