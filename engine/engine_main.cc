@@ -29,7 +29,13 @@ int main(int argc, char** argv) {
                  "expert parallelism for mixture-of-experts models: 1 (every expert split by --tp, the default) "
                  "or the tp size (each rank holds whole experts, as holders started with the same --ep-size)");
   app.add_flag("--expert-parallel", o.expert_parallel, "expert parallelism with ep size = tp size (--ep-size TP)");
-  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV cache per rank, MiB, allocated at startup");
+  app.add_option("--kv-cache-mib", o.kv_cache_mib, "KV cache per rank, MiB, allocated at startup (a private cache)");
+  app.add_flag("--kv-pool", o.kv_pool,
+               "use the node's KV pool (each rank's holder makes it: wsup-holder --kv-pool-mib) while the supervisor "
+               "makes this engine its owner (POST /wsup/role), and a scratch of --kv-scratch-mib otherwise; "
+               "--kv-cache-mib is then not used");
+  app.add_option("--kv-scratch-mib", o.kv_scratch_mib,
+                 "with --kv-pool: this engine's own KV cache per rank, MiB (probes and the first requests)");
   app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
   if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;

@@ -24,6 +24,7 @@
 #include "common/json_limits.h"
 #include "engine/api.h"
 #include "engine/cuda/cuda_engine.h"
+#include "engine/kv_pool_link.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/weight_cache.h"
@@ -137,6 +138,11 @@ class Engine {
   void HandleStatus(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleHealth(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleModels(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleRole(const std::shared_ptr<http::ResponseWriter>& w);
+  json KvJson();
+  json MemoryJson(const json& kv);
+  // Runs fn on the loop thread (from the scheduler thread).
+  void OnLoop(std::function<void()> fn);
   void SendError(const std::shared_ptr<http::ResponseWriter>& w, int status, const std::string& message,
                  const std::string& type, std::vector<http::Header> extra = {});
   void FinishPending(uint64_t id, Pending& p, const GenEvent& ev);
@@ -169,11 +175,13 @@ class Engine {
   std::map<std::string, std::string> phase_notes_;
   WeightsReport weights_;
   std::vector<GenEvent> outbox_;
+  std::vector<std::function<void()>> loop_tasks_;
 
   // Set by the startup thread before it finishes; read by the loop after.
   std::unique_ptr<ModelRunner> runner_;
   std::vector<int32_t> eos_;
   std::string comm_kind_;
+  std::unique_ptr<KvPoolLink> pool_link_;  // --kv-pool
 
   // Loop thread only.
   std::string state_ = "starting";
@@ -182,6 +190,9 @@ class Engine {
   uint64_t next_id_ = 0;
   std::mt19937_64 seed_rng_{std::random_device{}()};
   double listen_ms_ = 0;
+  std::string role_ = "standby";
+  int64_t pool_mapped_at_ms_ = 0, pool_released_at_ms_ = 0;
+  double pool_map_ms_ = 0;
 };
 
 // ---------------------------------------------------------------- startup
@@ -251,9 +262,25 @@ Status Engine::StartupPhases() {
         std::string(runner->comm_kind()) + ", " + std::to_string(runner->tp()) + " rank" + (runner->tp() > 1 ? "s" : ""));
 
   t0 = Clock::now();
-  WSUP_RETURN_IF_ERROR(runner->AllocateKv(static_cast<uint64_t>(opts_.kv_cache_mib) << 20, opts_.block_size));
-  Phase("kv_cache", MsSince(t0),
-        std::to_string(runner->num_blocks()) + " blocks of " + std::to_string(runner->block_size()) + " tokens per rank");
+  if (opts_.kv_pool) {
+    // The pool's shape fixes the block ids; it is mapped only when the
+    // supervisor says so (POST /wsup/role).
+    auto link = std::make_unique<KvPoolLink>(wc.sockets, 10'000);
+    WSUP_ASSIGN_OR_RETURN(auto pools, link->Describe());
+    WSUP_RETURN_IF_ERROR(
+        runner->AllocatePooledKv(pools, static_cast<uint64_t>(opts_.kv_scratch_mib) << 20, opts_.block_size));
+    pool_link_ = std::move(link);
+  } else {
+    WSUP_RETURN_IF_ERROR(runner->AllocateKv(static_cast<uint64_t>(opts_.kv_cache_mib) << 20, opts_.block_size));
+  }
+  {
+    const KvLayout& kv = runner->kv_layout();
+    Phase("kv_cache", MsSince(t0),
+          kv.pooled() ? std::to_string(kv.scratch_blocks) + " scratch blocks and " + std::to_string(kv.pool_blocks) +
+                            " in the node's pool (not mapped) of " + std::to_string(kv.block_size) + " tokens per rank"
+                      : std::to_string(kv.scratch_blocks) + " blocks of " + std::to_string(kv.block_size) +
+                            " tokens per rank");
+  }
 
   t0 = Clock::now();
   WSUP_ASSIGN_OR_RETURN(int graphs, runner->CaptureGraphs());
@@ -337,6 +364,19 @@ void Engine::OnAsync() {
   }
   if (startup_ready) OnStartupDone();
   OnEvents();
+  std::vector<std::function<void()>> tasks;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    tasks.swap(loop_tasks_);
+  }
+  for (auto& t : tasks) t();
+}
+
+void Engine::OnLoop(std::function<void()> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (async_closed_) return;
+  loop_tasks_.push_back(std::move(fn));
+  uv_async_send(&async_);
 }
 
 void Engine::OnStartupDone() {
@@ -491,9 +531,12 @@ void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
     if (only("GET")) HandleStatus(w);
   } else if (r.path == "/v1/models") {
     if (only("GET")) HandleModels(w);
+  } else if (r.path == "/wsup/role") {
+    if (only("POST")) HandleRole(w);
   } else {
     SendError(w, 404, "no route " + r.path.substr(0, 200) +
-                          "; the engine serves POST /v1/completions, GET /v1/models, /health and /wsup/status",
+                          "; the engine serves POST /v1/completions, GET /v1/models, /health, /wsup/status and "
+                          "POST /wsup/role",
               "not_found_error");
   }
 }
@@ -547,6 +590,123 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
     pending_.erase(id);
   });
   pending_.emplace(id, std::move(p));
+}
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void Engine::HandleRole(const std::shared_ptr<http::ResponseWriter>& w) {
+  if (state_ != "ready" || !scheduler_) {
+    SendError(w, 503, "the engine is " + state_ + "; give it a role once GET /wsup/status says ready",
+              "unavailable_error", {{"Retry-After", "1"}});
+    return;
+  }
+  auto req = ParseRoleRequest(w->request().body);
+  if (!req.ok()) {
+    SendError(w, 400, req.error().message(), "invalid_request_error");
+    return;
+  }
+  role_ = req->role;
+  auto answer = [this, w, role = req->role](const Status& st) {
+    json j{{"role", role}, {"kv", KvJson()}};
+    if (!st.ok()) {
+      j["error"] = st.error().message();
+      w->Send(http::HttpResponse::Json(409, j.dump()));
+      return;
+    }
+    w->Send(http::HttpResponse::Json(200, j.dump()));
+  };
+  if (!pool_link_) {
+    answer(Status::Ok());  // a private cache: the role changes nothing of it
+    return;
+  }
+  const auto t0 = Clock::now();
+  if (req->pool) {
+    KvPoolLink* link = pool_link_.get();
+    scheduler_->OpenPool([link] { return link->Fetch(); },
+                         [this, answer, t0](Status st) {
+                           const double ms = MsSince(t0);
+                           const int64_t at = WallMs();
+                           OnLoop([this, answer, st, ms, at] {
+                             if (st.ok()) {
+                               pool_mapped_at_ms_ = at;
+                               pool_map_ms_ = ms;
+                               spdlog::info("KV pool {} mapped in {:.2f} ms: this engine is its owner",
+                                            pool_link_->pool_id(), ms);
+                             } else {
+                               spdlog::error("KV pool: not mapped: {}", st.ToString());
+                             }
+                             answer(st);
+                           });
+                         });
+  } else {
+    scheduler_->ClosePool([this, answer](Status st) {
+      const int64_t at = WallMs();
+      OnLoop([this, answer, st, at] {
+        if (st.ok()) {
+          pool_released_at_ms_ = at;
+          spdlog::info("KV pool let go: this engine serves from its scratch");
+        } else {
+          spdlog::error("KV pool: not let go: {}", st.ToString());
+        }
+        answer(st);
+      });
+    });
+  }
+}
+
+json Engine::KvJson() {
+  const KvLayout& kv = runner_->kv_layout();
+  SchedulerStats s = scheduler_->stats();
+  json j;
+  const uint64_t pool_now = s.pool_mapped ? kv.pool_bytes() : 0;
+  j["source"] = !kv.pooled() ? "private" : s.pool_mapped ? "pool" : "scratch";
+  j["bytes"] = kv.scratch_bytes() + pool_now;
+  j["scratch_bytes"] = kv.scratch_bytes();
+  j["block_size"] = kv.block_size;
+  j["blocks"] = s.total_blocks;
+  j["free_blocks"] = s.free_blocks;
+  if (kv.pooled()) {
+    j["pool_bytes"] = kv.pool_bytes();
+    j["pool_id"] = pool_link_ ? pool_link_->pool_id() : "";
+    j["pool_mapped"] = s.pool_mapped;
+    j["pool_closing"] = s.pool_closing;
+    j["pool_blocks_in_use"] = s.pool_blocks_in_use;
+    j["mapped_at_ms"] = pool_mapped_at_ms_;
+    j["released_at_ms"] = pool_released_at_ms_;
+    j["map_ms"] = pool_map_ms_;
+  }
+  return j;
+}
+
+// Resident anonymous memory of this process (heap, stacks, private
+// mappings), from /proc/self/status; 0 when unreadable.
+uint64_t RssAnonBytes() {
+  auto text = ReadFile("/proc/self/status");
+  if (!text.ok()) return 0;
+  size_t at = text->find("RssAnon:");
+  if (at == std::string::npos) return 0;
+  return std::strtoull(text->c_str() + at + 8, nullptr, 10) * 1024;
+}
+
+json Engine::MemoryJson(const json& kv) {
+  const uint64_t ranks = static_cast<uint64_t>(runner_->tp());
+  json m;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    m["weights_bytes"] = weights_.bytes;
+  }
+  m["kv_bytes"] = kv["bytes"].get<uint64_t>() * ranks;
+  if (!runner_->on_gpu()) {
+    // The scratch (or private cache) is anonymous memory touched at startup;
+    // the pool and the holder's weights are shared memory, not counted here.
+    const uint64_t own_kv = kv["scratch_bytes"].get<uint64_t>() * ranks;
+    const uint64_t anon = RssAnonBytes();
+    m["other_bytes"] = anon > own_kv ? anon - own_kv : 0;
+  }
+  return m;
 }
 
 void Engine::HandleHealth(const std::shared_ptr<http::ResponseWriter>& w) {
@@ -620,7 +780,10 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
     comm["keepalive_failures"] = s.keepalive_failures;
     comm["keepalive_interval_ms"] = opts_.comm_keepalive_ms;
     if (!s.comm_ok) comm["error"] = s.comm_error;
-    j["kv_cache"] = {{"mib_per_rank", opts_.kv_cache_mib},
+    j["role"] = role_;
+    j["kv"] = KvJson();
+    j["memory"] = MemoryJson(j["kv"]);
+    j["kv_cache"] = {{"mib_per_rank", opts_.kv_pool ? opts_.kv_scratch_mib : opts_.kv_cache_mib},
                      {"block_size", runner_->block_size()},
                      {"blocks", s.total_blocks},
                      {"free_blocks", s.free_blocks}};
@@ -693,6 +856,13 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   }
   if (o.kv_cache_mib < 1 || o.kv_cache_mib > (1 << 22)) {
     return InvalidArgument("--kv-cache-mib " + std::to_string(o.kv_cache_mib) + " is out of range; pass 1 to 4194304");
+  }
+  if (o.kv_pool && o.weight_cache == "off") {
+    return InvalidArgument("--kv-pool maps the KV pool each rank's holder makes: pass --weight-cache daemon or "
+                           "client with --socket, or drop --kv-pool");
+  }
+  if (o.kv_scratch_mib < 1 || o.kv_scratch_mib > (1 << 20)) {
+    return InvalidArgument("--kv-scratch-mib " + std::to_string(o.kv_scratch_mib) + " is out of range; pass 1 to 1048576");
   }
   if (o.comm_keepalive_ms < 1) return InvalidArgument("--comm-keepalive-ms must be at least 1");
   if (o.max_batch < 1) return InvalidArgument("--max-batch must be at least 1");

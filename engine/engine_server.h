@@ -8,7 +8,9 @@
 // computes. Both hand results to the loop through one uv_async.
 //
 // Routes: POST /v1/completions, GET /v1/models, GET /health (liveness: the
-// loop, the scheduler and the communicator are alive), GET /wsup/status.
+// loop, the scheduler and the communicator are alive), GET /wsup/status,
+// POST /wsup/role (the supervisor's word on this engine's role and the
+// node's KV pool: engine/kv_pool_link.h).
 //
 // Readiness: stdout gets "listening on HOST:PORT" as soon as the socket is
 // bound; --ready-fd gets the same line, and is closed, once the engine is
@@ -23,7 +25,13 @@
 // graph_capture (0: skipped on the CPU), warmup, listening; comm {kind,
 // ranks, warm, last_keepalive_ms (since the last keepalive succeeded),
 // keepalive_latency_us, keepalives, keepalive_failures, error}; kv_cache
-// and requests counters.
+// and requests counters; role ("standby" until told otherwise) and kv
+// {source "pool"|"scratch"|"private", bytes (per rank, usable now),
+// scratch_bytes, pool_bytes, pool_id, pool_mapped, pool_closing,
+// pool_blocks_in_use, mapped_at_ms and released_at_ms (wall clock, the
+// last time), map_ms}; memory {weights_bytes, kv_bytes, other_bytes} (all
+// ranks; other: this process's resident anonymous memory beyond its KV on
+// the CPU, absent on GPUs).
 //
 // Exit codes: 0 after SIGTERM/SIGINT; 1 a failure a retry may cure (I/O,
 // holder unavailable in daemon mode); 2 a usage error; 78 (EX_CONFIG) a
@@ -66,7 +74,12 @@ struct EngineOptions {
   // it to the tp size, as vLLM's --enable-expert-parallel does.
   int ep_size = 1;
   bool expert_parallel = false;
-  int64_t kv_cache_mib = 64;         // per rank
+  int64_t kv_cache_mib = 64;         // per rank (a private cache)
+  // The node's KV pool (engine/kv_pool_link.h): the holders' pools, mapped
+  // while the supervisor makes this engine their owner, beside a scratch
+  // of its own (per rank) that serves probes and the first requests.
+  bool kv_pool = false;
+  int64_t kv_scratch_mib = 64;
   int64_t comm_keepalive_ms = 1000;
   int ready_fd = -1;
   // This start's identity, echoed as "nonce" in GET /wsup/status so the

@@ -301,32 +301,17 @@ uint64_t KvStorage::BlockBytes(const ModelDims& d, int block_size) {
          static_cast<uint64_t>(block_size) * static_cast<uint64_t>(d.kv_dim) * sizeof(float);
 }
 
-Status KvStorage::Allocate(const ModelDims& d, int num_blocks, int block_size) {
-  if (num_blocks <= 0 || block_size <= 0) return InvalidArgument("KV cache: no blocks to allocate");
+Status KvStorage::Allocate(const ModelDims& d, const KvLayout& layout) {
+  if (layout.id_count() <= 0 || layout.block_size <= 0) return InvalidArgument("KV cache: no blocks to allocate");
   layers_ = static_cast<size_t>(d.layers);
   heads_ = static_cast<size_t>(d.local_kv_heads);
   head_dim_ = static_cast<size_t>(d.kv_dim);
-  block_size_ = block_size;
-  num_blocks_ = num_blocks;
-  const size_t bytes = static_cast<size_t>(BlockBytes(d, block_size)) * static_cast<size_t>(num_blocks);
-  if (data_) ::munmap(data_, bytes_);
+  block_size_ = layout.block_size;
   data_ = nullptr;
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    return Unavailable("KV cache: cannot allocate " + std::to_string(bytes) +
-                       " bytes; lower --kv-cache-mib or free memory");
-  }
-  ::madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages it still works
-  // Touch every page now: the memory is really there from startup on.
-  auto* bytes_p = static_cast<volatile char*>(p);
-  for (size_t off = 0; off < bytes; off += 4096) bytes_p[off] = 0;
-  data_ = static_cast<float*>(p);
-  bytes_ = bytes;
+  mem_.reset();
+  WSUP_ASSIGN_OR_RETURN(mem_, KvMemory::CreateHost(layout));
+  data_ = reinterpret_cast<float*>(mem_->base());
   return Status::Ok();
-}
-
-KvStorage::~KvStorage() {
-  if (data_) ::munmap(data_, bytes_);
 }
 
 Result<ModelWeights> BindWeights(const ModelDims& d, const WeightSource& w) {

@@ -56,6 +56,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "common/status.h"
+#include "engine/kv_memory.h"
 #include "engine/communicator.h"
 #include "engine/kernels.h"
 #include "engine/thread_pool.h"
@@ -104,23 +105,21 @@ struct ModelDims {
   static Result<ModelDims> From(const ModelConfig& cfg, int tp, int rank, int ep = 1);
 };
 
-// One rank's KV cache: num_blocks blocks of block_size positions, each
-// holding K and V for every layer and local KV head. Allocated (and
-// touched) once at startup; the scheduler hands out block ids.
+// One rank's KV cache on the CPU: blocks of block_size positions, each
+// holding K and V for every layer and local KV head, at the block ids of a
+// KvLayout (engine/kv_memory.h: the scratch, and the node's pool while this
+// engine owns it). Allocated (and touched) once at startup; the scheduler
+// hands out block ids.
 //
-// The memory is an anonymous mapping advised to use huge pages: a killed
+// The scratch is anonymous memory advised to use huge pages: a killed
 // engine's exit frees it in a few hundred page-table entries instead of a
 // quarter million 4 KiB pages per GiB, and that teardown is what delays
 // everyone who waits for the process to die (the supervisor, the front).
 class KvStorage {
  public:
-  KvStorage() = default;
-  ~KvStorage();
-  KvStorage(const KvStorage&) = delete;
-  KvStorage& operator=(const KvStorage&) = delete;
   static uint64_t BlockBytes(const ModelDims& d, int block_size);
-  Status Allocate(const ModelDims& d, int num_blocks, int block_size);
-  int num_blocks() const { return num_blocks_; }
+  Status Allocate(const ModelDims& d, const KvLayout& layout);
+  KvMemory& memory() { return *mem_; }
   int block_size() const { return block_size_; }
   // K (kv = 0) or V (kv = 1) of `head` in `layer` at block offset 0; the
   // block's positions follow at kv_dim strides.
@@ -130,9 +129,8 @@ class KvStorage {
   }
 
  private:
+  std::unique_ptr<KvMemory> mem_;
   float* data_ = nullptr;
-  size_t bytes_ = 0;
-  int num_blocks_ = 0;
   int block_size_ = 0;
   size_t layers_ = 0, heads_ = 0, head_dim_ = 0;
 };

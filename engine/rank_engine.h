@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
+#include "engine/kv_memory.h"
 #include "engine/model.h"
 
 namespace wsup::engine {
@@ -27,9 +29,16 @@ class RankEngine {
 
   // Bytes of one KV block of block_size positions on this rank.
   virtual uint64_t KvBlockBytes(int block_size) const = 0;
-  // Allocates (and touches) the cache, and the step buffers for batches of
-  // up to max_tokens tokens from up to max_seqs sequences.
-  virtual Status AllocateKv(int num_blocks, int block_size, int max_tokens, int max_seqs) = 0;
+  // Allocates (and touches) the cache at the layout's block ids
+  // (engine/kv_memory.h), and the step buffers for batches of up to
+  // max_tokens tokens from up to max_seqs sequences.
+  virtual Status AllocateKv(const KvLayout& layout, int max_tokens, int max_seqs) = 0;
+  // Maps the node's KV pool (one fd per allocation of the layout's pool)
+  // over the layout's pool span; the fds stay the caller's.
+  virtual Status MapKvPool(const std::vector<UniqueFd>& fds) = 0;
+  // Lets the pool go, once every step that used it has finished on the
+  // device (this waits for that).
+  virtual Status UnmapKvPool() = 0;
 
   // One forward step; logits gets logit_rows.size() x vocab floats.
   virtual Status Forward(const StepBatch& batch, std::vector<float>* logits) = 0;

@@ -16,9 +16,10 @@ class CpuRank : public RankEngine {
   const ModelDims& dims() const override { return model_->dims(); }
   std::string device_name() const override { return "cpu"; }
   uint64_t KvBlockBytes(int block_size) const override { return KvStorage::BlockBytes(dims(), block_size); }
-  Status AllocateKv(int num_blocks, int block_size, int, int) override {
-    return kv_.Allocate(dims(), num_blocks, block_size);
-  }
+  Status AllocateKv(const KvLayout& layout, int, int) override { return kv_.Allocate(dims(), layout); }
+  Status MapKvPool(const std::vector<UniqueFd>& fds) override { return kv_.memory().MapPool(fds); }
+  // The CPU computes synchronously: no step is running when this is called.
+  Status UnmapKvPool() override { return kv_.memory().UnmapPool(); }
   Status Forward(const StepBatch& batch, std::vector<float>* logits) override {
     if (!comm_) return Internal("Forward() before the communicator exists");
     return model_->Forward(batch, kv_, *comm_, logits);
@@ -155,27 +156,64 @@ Status ModelRunner::InitCommunicator(std::vector<std::unique_ptr<Communicator>> 
 }
 
 Status ModelRunner::AllocateKv(uint64_t bytes_per_rank, int block_size) {
-  const uint64_t per_block = ranks_[0]->KvBlockBytes(block_size);
-  const uint64_t blocks = bytes_per_rank / per_block;
-  if (blocks == 0) {
-    return InvalidArgument("--kv-cache-mib gives each rank " + std::to_string(bytes_per_rank) +
-                           " bytes, less than one KV block of " + std::to_string(block_size) + " tokens (" +
-                           std::to_string(per_block) + " bytes); raise --kv-cache-mib");
+  WSUP_ASSIGN_OR_RETURN(KvLayout layout,
+                        KvLayout::Private(ranks_[0]->KvBlockBytes(block_size), block_size, bytes_per_rank));
+  return AllocateKv(layout);
+}
+
+Status ModelRunner::AllocatePooledKv(const std::vector<std::vector<uint64_t>>& pool_allocations,
+                                     uint64_t scratch_bytes_per_rank, int block_size) {
+  if (pool_allocations.size() != static_cast<size_t>(tp())) {
+    return InvalidArgument(std::to_string(pool_allocations.size()) + " KV pools for " + std::to_string(tp()) +
+                           " ranks; each rank's holder makes one");
   }
-  const int nb = static_cast<int>(std::min<uint64_t>(blocks, 1u << 30));
+  for (size_t r = 1; r < pool_allocations.size(); ++r) {
+    if (pool_allocations[r] != pool_allocations[0]) {
+      return Mismatch("rank " + std::to_string(r) + "'s KV pool is laid out unlike rank 0's; start every holder "
+                      "with the same --kv-pool-mib and backend");
+    }
+  }
+  WSUP_ASSIGN_OR_RETURN(KvLayout layout, KvLayout::Pooled(ranks_[0]->KvBlockBytes(block_size), block_size,
+                                                          pool_allocations[0], scratch_bytes_per_rank));
+  return AllocateKv(layout);
+}
+
+Status ModelRunner::AllocateKv(const KvLayout& layout) {
   const int max_tokens = std::max(1, opts_.max_step_tokens) + std::max(1, opts_.max_batch);
   // Each rank allocates and touches its own cache, on its own thread.
   WSUP_RETURN_IF_ERROR(OnAllRanks([&](int rank) {
-    return ranks_[static_cast<size_t>(rank)]->AllocateKv(nb, block_size, max_tokens, std::max(1, opts_.max_batch));
+    return ranks_[static_cast<size_t>(rank)]->AllocateKv(layout, max_tokens, std::max(1, opts_.max_batch));
   }));
-  num_blocks_ = nb;
-  block_size_ = block_size;
-  kv_bytes_ = per_block * static_cast<uint64_t>(nb);
+  layout_ = layout;
+  pool_mapped_ = false;
+  return Status::Ok();
+}
+
+Status ModelRunner::MapKvPool(const std::vector<std::vector<UniqueFd>>& fds) {
+  if (!layout_.pooled()) return Refused("this engine has a private KV cache; start it with --kv-pool");
+  if (fds.size() != static_cast<size_t>(tp())) {
+    return InvalidArgument(std::to_string(fds.size()) + " KV pools for " + std::to_string(tp()) + " ranks");
+  }
+  Status st = OnAllRanks([&](int rank) { return ranks_[static_cast<size_t>(rank)]->MapKvPool(fds[static_cast<size_t>(rank)]); });
+  if (!st.ok()) {
+    // Never half mapped: ranks that mapped let it go again.
+    Status undo = OnAllRanks([&](int rank) { return ranks_[static_cast<size_t>(rank)]->UnmapKvPool(); });
+    if (!undo.ok()) return st.error().With("and unmapping it again failed too: " + undo.error().message());
+    return st;
+  }
+  pool_mapped_ = true;
+  return Status::Ok();
+}
+
+Status ModelRunner::UnmapKvPool() {
+  if (!pool_mapped_) return Status::Ok();
+  WSUP_RETURN_IF_ERROR(OnAllRanks([&](int rank) { return ranks_[static_cast<size_t>(rank)]->UnmapKvPool(); }));
+  pool_mapped_ = false;
   return Status::Ok();
 }
 
 Result<int> ModelRunner::CaptureGraphs() {
-  if (num_blocks_ == 0) return Internal("CaptureGraphs() before AllocateKv()");
+  if (num_blocks() == 0) return Internal("CaptureGraphs() before AllocateKv()");
   std::vector<int> counts(static_cast<size_t>(tp()), 0);
   WSUP_RETURN_IF_ERROR(OnAllRanks([&](int rank) -> Status {
     WSUP_ASSIGN_OR_RETURN(counts[static_cast<size_t>(rank)],
@@ -186,11 +224,12 @@ Result<int> ModelRunner::CaptureGraphs() {
 }
 
 Status ModelRunner::Warmup() {
-  if (num_blocks_ == 0) return Internal("Warmup() before AllocateKv()");
+  if (num_blocks() == 0) return Internal("Warmup() before AllocateKv()");
+  // On the engine's own blocks: the pool may be another engine's now.
   const int bs = block_size();
-  const int n = std::min<int>(4, num_blocks() * bs);
+  const int n = std::min<int>(4, layout_.scratch_blocks * bs);
   std::vector<int32_t> table;
-  for (int i = 0; i * bs < n; ++i) table.push_back(i);
+  for (int i = 0; i * bs < n; ++i) table.push_back(layout_.scratch_first + i);
   StepBatch b;
   for (int i = 0; i < n; ++i) {
     b.tokens.push_back(i % static_cast<int32_t>(dims().vocab));
@@ -204,7 +243,7 @@ Status ModelRunner::Warmup() {
 }
 
 Status ModelRunner::Step(const StepBatch& batch, std::vector<float>* logits) {
-  if (!comm_ready_ || num_blocks_ == 0) return Internal("Step() before InitCommunicator() and AllocateKv()");
+  if (!comm_ready_ || num_blocks() == 0) return Internal("Step() before InitCommunicator() and AllocateKv()");
   const auto t0 = std::chrono::steady_clock::now();
   Status st = OnAllRanks([&](int rank) {
     std::vector<float>* out = rank == 0 ? logits : &rank_logits_[static_cast<size_t>(rank)];

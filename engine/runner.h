@@ -60,9 +60,20 @@ class ModelRunner {
   // Same with communicators made elsewhere (one per rank, in rank order):
   // another transport, or a fault-injecting one in tests (CPU ranks only).
   Status InitCommunicator(std::vector<std::unique_ptr<Communicator>> comms);
-  // Sizes the cache from the bytes each rank may use; refuses a budget that
+  // A private cache of the bytes each rank may use; refuses a budget that
   // holds no block.
   Status AllocateKv(uint64_t bytes_per_rank, int block_size);
+  // A cache over the node's KV pool (engine/kv_memory.h): each rank's
+  // pool allocation sizes (the same on every rank) and the scratch each
+  // rank keeps of its own. Nothing of the pool is mapped yet.
+  Status AllocatePooledKv(const std::vector<std::vector<uint64_t>>& pool_allocations, uint64_t scratch_bytes_per_rank,
+                          int block_size);
+  // Maps the pool on every rank (fds[r]: rank r's, one per allocation), or
+  // on none. Between steps only (the scheduler thread).
+  Status MapKvPool(const std::vector<std::vector<UniqueFd>>& fds);
+  // Lets the pool go on every rank, after the device work that used it.
+  // Between steps only, and only once no sequence holds a pool block.
+  Status UnmapKvPool();
   // Captures the decode steps as CUDA graphs; returns how many (0 on the CPU).
   Result<int> CaptureGraphs();
   // One forward pass over a short dummy sequence (blocks 0.. of the cache).
@@ -77,9 +88,12 @@ class ModelRunner {
   int tp() const { return static_cast<int>(ranks_.size()); }
   bool on_gpu() const { return !opts_.devices.empty(); }
   const ModelDims& dims() const { return ranks_[0]->dims(); }
-  int num_blocks() const { return num_blocks_; }
-  int block_size() const { return block_size_; }
-  uint64_t kv_bytes_per_rank() const { return kv_bytes_; }
+  // Block ids the scheduler may hand out are below num_blocks(); which of
+  // them are usable now is the layout's and the pool's business.
+  int num_blocks() const { return layout_.id_count(); }
+  int block_size() const { return layout_.block_size; }
+  const KvLayout& kv_layout() const { return layout_; }
+  bool kv_pool_mapped() const { return pool_mapped_; }
   const char* comm_kind() const;
   // Rank 0's step counts: replayed from a graph, and eager.
   uint64_t graph_steps() const { return ranks_[0]->graph_steps(); }
@@ -102,8 +116,9 @@ class ModelRunner {
   std::vector<std::unique_ptr<RankEngine>> ranks_;
   bool comm_ready_ = false;
   std::vector<std::vector<float>> rank_logits_;
-  int num_blocks_ = 0, block_size_ = 0;
-  uint64_t kv_bytes_ = 0;
+  Status AllocateKv(const KvLayout& layout);
+  KvLayout layout_;
+  bool pool_mapped_ = false;
   std::atomic<double> step_ms_total_{0};
   std::atomic<uint64_t> steps_{0};
 

@@ -20,8 +20,10 @@ Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
   opts_.max_batch = std::max(1, opts_.max_batch);
   opts_.max_step_tokens = std::max(1, opts_.max_step_tokens);
   opts_.keepalive_ms = std::max<int64_t>(1, opts_.keepalive_ms);
-  for (int b = runner_->num_blocks() - 1; b >= 0; --b) free_blocks_.push_back(b);
-  stats_.total_blocks = runner_->num_blocks();
+  // Handed out from the back: the lowest ids first.
+  const KvLayout& kv = runner_->kv_layout();
+  for (int b = kv.scratch_first + kv.scratch_blocks - 1; b >= kv.scratch_first; --b) free_scratch_.push_back(b);
+  stats_.total_blocks = kv.scratch_blocks;
   stats_.free_blocks = stats_.total_blocks;
   // The runner's communicator was proven at startup.
   stats_.last_keepalive_mono_ms = NowMs();
@@ -55,8 +57,9 @@ int Scheduler::BlocksFor(int64_t tokens) const {
 }
 
 int64_t Scheduler::max_sequence_tokens() const {
+  const KvLayout& kv = runner_->kv_layout();
   return std::min<int64_t>(runner_->dims().max_pos,
-                           static_cast<int64_t>(runner_->num_blocks()) * runner_->block_size());
+                           (static_cast<int64_t>(kv.pool_blocks) + kv.scratch_blocks) * runner_->block_size());
 }
 
 Status Scheduler::Submit(GenRequest req) {
@@ -67,11 +70,13 @@ Status Scheduler::Submit(GenRequest req) {
                            std::to_string(req.max_tokens) + ") exceeds the model's context of " +
                            std::to_string(runner_->dims().max_pos) + " tokens; shorten the prompt or lower max_tokens");
   }
-  const int64_t kv_tokens = static_cast<int64_t>(runner_->num_blocks()) * runner_->block_size();
+  const KvLayout& kv = runner_->kv_layout();
+  const int64_t kv_tokens = (static_cast<int64_t>(kv.pool_blocks) + kv.scratch_blocks) * runner_->block_size();
   if (need > kv_tokens) {
     return InvalidArgument("prompt plus max_tokens needs " + std::to_string(need) + " positions of KV cache but the "
                            "engine's whole cache holds " + std::to_string(kv_tokens) +
-                           "; lower max_tokens, or restart the engine with a larger --kv-cache-mib");
+                           (kv.pooled() ? "; lower max_tokens, or give the node a larger KV pool ([kv] pool_mib)"
+                                        : "; lower max_tokens, or restart the engine with a larger --kv-cache-mib"));
   }
   std::lock_guard<std::mutex> lk(mu_);
   if (!stats_.comm_ok) {
@@ -85,6 +90,18 @@ Status Scheduler::Submit(GenRequest req) {
   incoming_.push_back(std::move(req));
   cv_.notify_all();
   return Status::Ok();
+}
+
+void Scheduler::OpenPool(PoolFetch fetch, PoolDone done) {
+  std::lock_guard<std::mutex> lk(mu_);
+  pool_cmds_.push_back(PoolCommand{true, std::move(fetch), std::move(done)});
+  cv_.notify_all();
+}
+
+void Scheduler::ClosePool(PoolDone done) {
+  std::lock_guard<std::mutex> lk(mu_);
+  pool_cmds_.push_back(PoolCommand{false, nullptr, std::move(done)});
+  cv_.notify_all();
 }
 
 void Scheduler::Cancel(uint64_t id) {
@@ -107,7 +124,10 @@ void Scheduler::Loop() {
       std::unique_lock<std::mutex> lk(mu_);
       for (;;) {
         if (stop_) return;
-        if (!active_.empty() || !waiting_.empty() || !incoming_.empty() || !cancels_.empty()) break;
+        if (!active_.empty() || !waiting_.empty() || !incoming_.empty() || !cancels_.empty() ||
+            !pool_cmds_.empty()) {
+          break;
+        }
         const int64_t now = NowMs();
         if (now >= next_keepalive_ms_) break;
         cv_.wait_for(lk, std::chrono::milliseconds(next_keepalive_ms_ - now));
@@ -131,8 +151,7 @@ void Scheduler::Loop() {
       cancelled_ += std::erase_if(waiting_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
       for (auto& s : active_) {
         if (cancels.count(s.req.id)) {
-          free_blocks_.insert(free_blocks_.end(), s.blocks.begin(), s.blocks.end());
-          s.blocks.clear();
+          FreeBlocks(&s.blocks);
           s.req.id = 0;  // marks it for removal
           ++cancelled_;
         }
@@ -140,12 +159,19 @@ void Scheduler::Loop() {
       std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
     }
     if (NowMs() >= next_keepalive_ms_) RunKeepalive();
+    RunPoolCommands();
     Admit();
     if (!active_.empty()) StepOnce();
+    MaybeFinishClose();
     std::lock_guard<std::mutex> lk(mu_);
     stats_.active = static_cast<int>(active_.size());
     stats_.waiting = static_cast<int>(waiting_.size());
-    stats_.free_blocks = static_cast<int>(free_blocks_.size());
+    stats_.free_blocks = FreeCount();
+    const KvLayout& kv = runner_->kv_layout();
+    stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks : 0);
+    stats_.pool_mapped = runner_->kv_pool_mapped();
+    stats_.pool_closing = pool_ == PoolState::kClosing;
+    stats_.pool_blocks_in_use = pool_in_use_;
     stats_.finished = finished_;
     stats_.cancelled = cancelled_;
   }
@@ -174,12 +200,103 @@ void Scheduler::Admit() {
   while (!waiting_.empty() && static_cast<int>(active_.size()) < opts_.max_batch) {
     Seq& s = waiting_.front();
     const int need = BlocksFor(static_cast<int64_t>(s.req.prompt.size()) + s.req.max_tokens);
-    if (need > static_cast<int>(free_blocks_.size())) break;  // first come, first served
-    s.blocks.assign(free_blocks_.end() - need, free_blocks_.end());
-    free_blocks_.resize(free_blocks_.size() - static_cast<size_t>(need));
+    if (need > FreeCount()) break;  // first come, first served
+    // The pool's blocks first: the scratch stays free for the probes and
+    // the first requests after a promotion.
+    const int from_pool = std::min<int>(need, static_cast<int>(free_pool_.size()));
+    s.blocks.assign(free_pool_.end() - from_pool, free_pool_.end());
+    free_pool_.resize(free_pool_.size() - static_cast<size_t>(from_pool));
+    pool_in_use_ += from_pool;
+    const int rest = need - from_pool;
+    s.blocks.insert(s.blocks.end(), free_scratch_.end() - rest, free_scratch_.end());
+    free_scratch_.resize(free_scratch_.size() - static_cast<size_t>(rest));
     active_.push_back(std::move(s));
     waiting_.pop_front();
   }
+}
+
+void Scheduler::FreeBlocks(std::vector<int32_t>* blocks) {
+  const int pool_blocks = runner_->kv_layout().pool_blocks;
+  for (int32_t b : *blocks) {
+    if (b < pool_blocks) {
+      --pool_in_use_;
+      if (pool_ == PoolState::kOpen) free_pool_.push_back(b);
+    } else {
+      free_scratch_.push_back(b);
+    }
+  }
+  blocks->clear();
+}
+
+void Scheduler::RunPoolCommands() {
+  std::deque<PoolCommand> cmds;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    cmds.swap(pool_cmds_);
+  }
+  const KvLayout& kv = runner_->kv_layout();
+  for (auto& c : cmds) {
+    if (!kv.pooled()) {
+      c.done(Refused("this engine keeps a private KV cache (started without --kv-pool)"));
+      continue;
+    }
+    if (!c.open) {
+      if (pool_ == PoolState::kOpen) {
+        pool_ = PoolState::kClosing;
+        free_pool_.clear();  // handed out no more; the held ones are dropped as they come back
+      }
+      if (pool_ == PoolState::kClosed) {
+        c.done(Status::Ok());
+      } else {
+        close_waiters_.push_back(std::move(c.done));
+      }
+      continue;
+    }
+    if (pool_ == PoolState::kOpen) {
+      c.done(Status::Ok());
+      continue;
+    }
+    if (pool_ == PoolState::kClosing) {
+      // Still mapped: keep it, and hand out again the blocks nobody holds.
+      std::vector<bool> held(static_cast<size_t>(kv.pool_blocks), false);
+      for (const auto& s : active_) {
+        for (int32_t b : s.blocks) {
+          if (b < kv.pool_blocks) held[static_cast<size_t>(b)] = true;
+        }
+      }
+      for (int b = kv.pool_blocks - 1; b >= 0; --b) {
+        if (!held[static_cast<size_t>(b)]) free_pool_.push_back(b);
+      }
+      pool_ = PoolState::kOpen;
+      for (auto& w : close_waiters_) w(Refused("the pool was opened again before its blocks came back"));
+      close_waiters_.clear();
+      c.done(Status::Ok());
+      continue;
+    }
+    auto fds = c.fetch();
+    Status st = fds.ok() ? runner_->MapKvPool(*fds) : Status(fds.error());
+    if (st.ok()) {
+      free_pool_.clear();
+      for (int b = kv.pool_blocks - 1; b >= 0; --b) free_pool_.push_back(b);
+      pool_ = PoolState::kOpen;
+    }
+    c.done(st);
+  }
+}
+
+void Scheduler::MaybeFinishClose() {
+  // Without a waiter nothing is retried: a pool that could not be unmapped
+  // stays closing (mapped, handed out no more) until the next ClosePool().
+  if (pool_ != PoolState::kClosing || pool_in_use_ > 0 || close_waiters_.empty()) return;
+  Status st = runner_->UnmapKvPool();
+  if (st.ok()) {
+    pool_ = PoolState::kClosed;
+  } else {
+    spdlog::error("KV pool: {}", st.ToString());
+  }
+  std::vector<PoolDone> waiters;
+  waiters.swap(close_waiters_);
+  for (auto& w : waiters) w(st);
 }
 
 void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error) {
@@ -187,8 +304,7 @@ void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason
   e.done = true;
   e.finish_reason = std::move(reason);
   e.error = std::move(error);
-  free_blocks_.insert(free_blocks_.end(), s.blocks.begin(), s.blocks.end());
-  s.blocks.clear();
+  FreeBlocks(&s.blocks);
   s.req.id = 0;
   ++finished_;
 }

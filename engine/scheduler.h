@@ -10,6 +10,15 @@
 // sequence never waits for memory; a request that could never fit is
 // refused at Submit() with a message saying how much fits.
 //
+// An engine over the node's KV pool (engine/kv_memory.h) has two kinds of
+// blocks: its scratch, always there, and the pool's, usable only while the
+// pool is open here. OpenPool() maps the pool between two steps and hands
+// its blocks out (first, before the scratch's); ClosePool() stops handing
+// them out at once, lets the sequences that hold some run to their end,
+// and then unmaps the pool and says so; in between the engine goes on
+// serving from its scratch. A request that fits the scratch and the pool
+// together but not what is free now waits for blocks, as any request does.
+//
 // Between steps (and while idle) the scheduler runs the communicator
 // keepalive every keepalive_ms and records its outcome.
 //
@@ -65,7 +74,10 @@ struct SchedulerStats {
   int active = 0;
   int waiting = 0;
   int free_blocks = 0;
-  int total_blocks = 0;
+  int total_blocks = 0;       // usable now: the scratch, and the pool's while it is open
+  bool pool_mapped = false;   // the node's KV pool is mapped here
+  bool pool_closing = false;  // ClosePool(): waiting for its blocks to come back
+  int pool_blocks_in_use = 0;
   uint64_t steps = 0;
   uint64_t generated_tokens = 0;
   uint64_t finished = 0;   // requests that ran to their end (length, stop or error)
@@ -99,8 +111,21 @@ class Scheduler {
   void Cancel(uint64_t id);
 
   SchedulerStats stats() const;
-  // Positions one sequence may use: the model's context, bounded by the KV cache.
+  // Positions one sequence may use: the model's context, bounded by the KV
+  // cache (the scratch and the pool together).
   int64_t max_sequence_tokens() const;
+
+  // The node's KV pool (a pooled runner only). `fetch` gets every rank's
+  // pool fds (it runs on the scheduler thread, between steps); `done` is
+  // called on the scheduler thread once the pool is mapped and its blocks
+  // are handed out (or with why not). Opening an open pool is done at once;
+  // opening one that is closing keeps it.
+  using PoolFetch = std::function<Result<std::vector<std::vector<UniqueFd>>>()>;
+  using PoolDone = std::function<void(Status)>;
+  void OpenPool(PoolFetch fetch, PoolDone done);
+  // No new sequence gets a pool block; `done` once the last sequence that
+  // holds one has ended and the pool is unmapped on every rank.
+  void ClosePool(PoolDone done);
 
  private:
   struct Seq {
@@ -118,6 +143,11 @@ class Scheduler {
   void Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error = {});
   int32_t Sample(Seq& s, const float* logits);
   int BlocksFor(int64_t tokens) const;
+  // Blocks go back to the list of their kind; a closing pool's are kept out.
+  void FreeBlocks(std::vector<int32_t>* blocks);
+  void RunPoolCommands();
+  void MaybeFinishClose();
+  int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
 
   ModelRunner* runner_;
   SchedulerOptions opts_;
@@ -129,12 +159,22 @@ class Scheduler {
   bool stop_ = false;
   std::deque<GenRequest> incoming_;
   std::unordered_set<uint64_t> cancels_;
+  struct PoolCommand {
+    bool open = false;
+    PoolFetch fetch;
+    PoolDone done;
+  };
+  std::deque<PoolCommand> pool_cmds_;
   SchedulerStats stats_;
 
   // Scheduler thread only.
   std::deque<Seq> waiting_;
   std::vector<Seq> active_;
-  std::vector<int32_t> free_blocks_;
+  std::vector<int32_t> free_scratch_, free_pool_;
+  enum class PoolState { kClosed, kOpen, kClosing };
+  PoolState pool_ = PoolState::kClosed;
+  int pool_in_use_ = 0;                  // pool blocks held by sequences
+  std::vector<PoolDone> close_waiters_;  // ClosePool() callers, until the pool is unmapped
   int64_t next_keepalive_ms_ = 0;
   uint64_t finished_ = 0;
   uint64_t cancelled_ = 0;

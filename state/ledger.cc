@@ -80,7 +80,7 @@ std::optional<std::string_view> OptText(const std::string& s) {
 // The writer thread's connection and prepared statements.
 struct Ledger::Writer {
   Db db;
-  Stmt failover, first_ok, cache, recovery, holder, probe;
+  Stmt failover, first_ok, kv_full, cache, recovery, holder, probe;
   // Failover ids whose row could not be written, and why (bounded).
   std::unordered_map<int64_t, std::string> lost_failovers;
 
@@ -100,15 +100,18 @@ struct Ledger::Writer {
     }
     return st;
   }
-  Status Write(const FirstOk& r) {
-    first_ok.Reset();
-    first_ok.Bind(1, r.id).Bind(2, r.first_ok_ms);
-    WSUP_RETURN_IF_ERROR(first_ok.Run());
+  Status Write(const FailoverTime& r) {
+    const bool first = r.field == FailoverTime::Field::kFirstOk;
+    Stmt& stmt = first ? first_ok : kv_full;
+    const char* column = first ? "first_ok_ms" : "kv_full_ms";
+    stmt.Reset();
+    stmt.Bind(1, r.id).Bind(2, r.ms);
+    WSUP_RETURN_IF_ERROR(stmt.Run());
     if (sqlite3_changes(db.get()) == 1) return Status::Ok();
     if (auto lost = lost_failovers.find(r.id); lost != lost_failovers.end())
-      return Unavailable(db.path() + ": first_ok_ms of failover " + std::to_string(r.id) +
+      return Unavailable(db.path() + ": " + column + " of failover " + std::to_string(r.id) +
                          " is lost with the failover's own row, which was not written: " + lost->second);
-    return NotFound(db.path() + ": no failover with id " + std::to_string(r.id) + " to set first_ok_ms on");
+    return NotFound(db.path() + ": no failover with id " + std::to_string(r.id) + " to set " + column + " on");
   }
   Status Write(const CacheEventRecord& r) {
     cache.Reset();
@@ -173,6 +176,7 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
       "INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, "
       "first_ok_ms, reconstructed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"));
   WSUP_ASSIGN_OR_RETURN(w.first_ok, w.db.Prepare("UPDATE failovers SET first_ok_ms = ?2 WHERE id = ?1"));
+  WSUP_ASSIGN_OR_RETURN(w.kv_full, w.db.Prepare("UPDATE failovers SET kv_full_ms = ?2 WHERE id = ?1"));
   WSUP_ASSIGN_OR_RETURN(w.cache, w.db.Prepare(
       "INSERT INTO cache_events (id, time_ms, slot, rank, result, mode, miss_reason, diff_json, attach_ms, load_ms) "
       "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"));
@@ -216,7 +220,7 @@ Result<int64_t> Ledger::Enqueue(Item item, int64_t* counter) {
   if (counter) {
     id = (*counter)++;
     std::visit([id](auto& r) {
-      if constexpr (!std::is_same_v<std::decay_t<decltype(r)>, FirstOk>) r.id = id;
+      if constexpr (!std::is_same_v<std::decay_t<decltype(r)>, FailoverTime>) r.id = id;
     }, item);
   }
   queue_.emplace_back(next_seq_++, std::move(item));
@@ -251,14 +255,21 @@ Result<int64_t> Ledger::RecordProbeTransition(ProbeTransitionRecord row) {
 }
 
 Status Ledger::SetFailoverFirstOk(int64_t failover_id, int64_t first_ok_ms) {
+  return SetFailoverTime(FailoverTime{failover_id, FailoverTime::Field::kFirstOk, first_ok_ms});
+}
+
+Status Ledger::SetFailoverKvFull(int64_t failover_id, int64_t kv_full_ms) {
+  return SetFailoverTime(FailoverTime{failover_id, FailoverTime::Field::kKvFull, kv_full_ms});
+}
+
+Status Ledger::SetFailoverTime(FailoverTime t) {
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (failover_id < 1 || failover_id >= next_failover_)
-      return InvalidArgument("no failover with id " + std::to_string(failover_id) +
+    if (t.id < 1 || t.id >= next_failover_)
+      return InvalidArgument("no failover with id " + std::to_string(t.id) +
                              " was recorded; pass the id RecordFailover returned");
   }
-  auto r = Enqueue(FirstOk{failover_id, first_ok_ms}, nullptr);
-  return r.status();
+  return Enqueue(t, nullptr).status();
 }
 
 void Ledger::Run() {

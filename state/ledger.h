@@ -64,6 +64,8 @@ class Ledger {
   Result<int64_t> RecordProbeTransition(ProbeTransitionRecord row);
   // Fills in first_ok_ms of a failover recorded earlier.
   Status SetFailoverFirstOk(int64_t failover_id, int64_t first_ok_ms);
+  // Fills in kv_full_ms of a failover recorded earlier.
+  Status SetFailoverKvFull(int64_t failover_id, int64_t kv_full_ms);
 
   // Blocks until every row queued before the call is committed. Returns the
   // first write error since the previous Flush(), if any.
@@ -91,17 +93,21 @@ class Ledger {
   Stats stats() const;
   const std::string& path() const { return path_; }
 
-  struct FirstOk {
+  // A time filled in later on a failover's row: first_ok_ms or kv_full_ms.
+  struct FailoverTime {
+    enum class Field { kFirstOk, kKvFull };
     int64_t id;
-    int64_t first_ok_ms;
+    Field field;
+    int64_t ms;
   };
   using Item = std::variant<FailoverRecord, CacheEventRecord, RecoveryRecord, HolderRestartRecord,
-                            ProbeTransitionRecord, FirstOk>;
+                            ProbeTransitionRecord, FailoverTime>;
 
  private:
   struct Writer;
   Ledger(std::string path, const LedgerOptions& options);
   Result<int64_t> Enqueue(Item item, int64_t* counter);
+  Status SetFailoverTime(FailoverTime t);
   void Run();
 
   const std::string path_;

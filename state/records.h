@@ -27,6 +27,9 @@ struct FailoverRecord {
   int64_t detected_ms = 0;  // when the supervisor knew
   int64_t swapped_ms = 0;   // when the front pointed at to_slot
   std::optional<int64_t> first_ok_ms;  // first good answer through the front after the swap
+  // With a node KV pool: when the promoted engine had the pool mapped (its
+  // full KV capacity back).
+  std::optional<int64_t> kv_full_ms;
   // Happened while no supervisor ran; recorded by the next one from what it
   // could prove (the front's own log of its switch, the last saved state).
   bool reconstructed = false;
@@ -36,6 +39,7 @@ struct FailoverRecord {
   int64_t swap_ms = 0;      // swapped - detected
   int64_t failover_ms = 0;  // swapped - fault
   std::optional<int64_t> outage_ms;  // first_ok - fault
+  std::optional<int64_t> kv_back_ms; // kv_full - fault
 };
 
 // One weight-cache lookup by an engine (per rank when tp > 1).

@@ -70,7 +70,8 @@ Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill 
 Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
   return ReadRows<FailoverRecord>(db_,
       "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
-      "detect_ms, swap_ms, failover_ms, outage_ms, reconstructed FROM failovers WHERE fault_ms >= ?1 "
+      "detect_ms, swap_ms, failover_ms, outage_ms, reconstructed, kv_full_ms, kv_back_ms FROM failovers "
+      "WHERE fault_ms >= ?1 "
       "ORDER BY fault_ms, id",
       since_ms, [](Stmt& st, FailoverRecord& r) {
       r.id = st.Int(0);
@@ -88,6 +89,8 @@ Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
       r.failover_ms = st.Int(12);
       r.outage_ms = st.OptInt(13);
       r.reconstructed = st.Int(14) != 0;
+      r.kv_full_ms = st.OptInt(15);
+      r.kv_back_ms = st.OptInt(16);
       });
 }
 
@@ -195,7 +198,7 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
                    [](const auto& a, const auto& b) { return a.second > b.second; });
 
   WSUP_ASSIGN_OR_RETURN(auto failovers, reader.Failovers(rep.from_ms));
-  std::vector<int64_t> detect, swap, failover, outage;
+  std::vector<int64_t> detect, swap, failover, outage, kv_back;
   for (const auto& f : failovers) {
     ++rep.failovers.count;
     if (f.drill) ++rep.failovers.drills;
@@ -205,11 +208,13 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     swap.push_back(f.swap_ms);
     failover.push_back(f.failover_ms);
     if (f.outage_ms) outage.push_back(*f.outage_ms);
+    if (f.kv_back_ms) kv_back.push_back(*f.kv_back_ms);
   }
   rep.failovers.detect = Percentiles(std::move(detect));
   rep.failovers.swap = Percentiles(std::move(swap));
   rep.failovers.failover = Percentiles(std::move(failover));
   rep.failovers.outage = Percentiles(std::move(outage));
+  rep.failovers.kv_back = Percentiles(std::move(kv_back));
 
   WSUP_ASSIGN_OR_RETURN(auto recoveries, reader.Recoveries(rep.from_ms));
   std::vector<int64_t> all, hit, miss;
@@ -289,6 +294,7 @@ std::string RenderReportText(const Report& r) {
     os << "  swap:     " << Dist(r.failovers.swap) << "\n";
     os << "  failover: " << Dist(r.failovers.failover) << "\n";
     os << "  outage:   " << Dist(r.failovers.outage) << "\n";
+    if (r.failovers.kv_back.count) os << "  full KV:  " << Dist(r.failovers.kv_back) << "\n";
   }
   os << "recovery: " << Dist(r.recovery) << "\n";
   os << "  after a hit:  " << Dist(r.recovery_hit) << "\n";
@@ -321,7 +327,8 @@ std::string RenderReportJson(const Report& r) {
   j["failovers"] = {{"count", r.failovers.count},        {"crash", r.failovers.crash},
                     {"probe", r.failovers.probe},        {"drills", r.failovers.drills},
                     {"detect", DistJson(r.failovers.detect)}, {"swap", DistJson(r.failovers.swap)},
-                    {"failover", DistJson(r.failovers.failover)}, {"outage", DistJson(r.failovers.outage)}};
+                    {"failover", DistJson(r.failovers.failover)}, {"outage", DistJson(r.failovers.outage)},
+                    {"kv_back", DistJson(r.failovers.kv_back)}};
   j["recovery"] = {{"all", DistJson(r.recovery)}, {"hit", DistJson(r.recovery_hit)}, {"miss", DistJson(r.recovery_miss)}};
   nlohmann::json tail = nlohmann::json::array();
   for (const auto& m : r.miss_tail) {

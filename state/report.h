@@ -77,6 +77,7 @@ struct Report {
   struct Failovers {
     int64_t count = 0, drills = 0, crash = 0, probe = 0;
     Distribution detect, swap, failover, outage;  // outage: only rows with first_ok_ms
+    Distribution kv_back;  // fault -> the promoted engine's full KV (node KV pool); rows with kv_full_ms
   } failovers;
 
   Distribution recovery;       // all recoveries

@@ -280,20 +280,23 @@ class CudaRank : public RankEngine {
 
   uint64_t KvBlockBytes(int block_size) const override { return KvStorage::BlockBytes(dims_, block_size); }
 
-  Status AllocateKv(int num_blocks, int block_size, int max_tokens, int max_seqs) override {
+  Status AllocateKv(const KvLayout& layout, int max_tokens, int max_seqs) override {
     WSUP_CUDA_TRY(cudaSetDevice(device_), "selecting cuda:" + std::to_string(device_));
     const ModelDims& d = dims_;
-    num_blocks_ = num_blocks;
+    const int block_size = layout.block_size;
+    spare_block_ = layout.spare();
     block_size_ = block_size;
     cap_ = std::max(max_tokens, 1);
     max_seqs_ = std::max(max_seqs, 1);
-    const int64_t ctx = std::min<int64_t>(d.max_pos, static_cast<int64_t>(num_blocks) * block_size);
+    // A sequence may hold every usable block, pool and scratch.
+    const int64_t usable = static_cast<int64_t>(layout.pool_blocks) + layout.scratch_blocks;
+    const int64_t ctx = std::min<int64_t>(d.max_pos, usable * block_size);
     max_blocks_ = static_cast<int>((ctx + block_size - 1) / block_size);
 
-    // One extra block: padded rows of a replayed decode batch write there.
-    const size_t kv_floats = KvBlockBytes(block_size) / sizeof(float) * static_cast<size_t>(num_blocks + 1);
-    WSUP_RETURN_IF_ERROR(kv_.Alloc(kv_floats, "the KV cache"));
-    WSUP_CUDA_TRY(cudaMemsetAsync(kv_.p, 0, kv_floats * sizeof(float), stream_), "clearing the KV cache");
+    // The layout's spare block takes the padded rows of a replayed decode
+    // batch; the scratch (with the spare) is zeroed, the pool is the node's.
+    kv_mem_.reset();
+    WSUP_ASSIGN_OR_RETURN(kv_mem_, KvMemory::CreateCuda(layout, device_));
 
     // Step metadata: tokens, positions, seq, logit rows, then block tables
     // (max_seqs rows and one padding row).
@@ -363,6 +366,19 @@ class CudaRank : public RankEngine {
     WSUP_CUDA_TRY(cudaStreamSynchronize(stream_), "keepalive");
     std::memcpy(v, keep_host_.p, n * sizeof(float));
     return Status::Ok();
+  }
+
+  Status MapKvPool(const std::vector<UniqueFd>& fds) override {
+    if (!kv_mem_) return Internal("MapKvPool() before AllocateKv()");
+    return kv_mem_->MapPool(fds);
+  }
+  Status UnmapKvPool() override {
+    if (!kv_mem_) return Internal("UnmapKvPool() before AllocateKv()");
+    // Every step ends with a synchronize, but a captured graph's replay is
+    // the stream's too: wait for all of it before the pages go.
+    WSUP_CUDA_TRY(cudaSetDevice(device_), "selecting cuda:" + std::to_string(device_));
+    WSUP_CUDA_TRY(cudaStreamSynchronize(stream_), "waiting for the steps that used the KV pool");
+    return kv_mem_->UnmapPool();
   }
 
   Status Forward(const StepBatch& b, std::vector<float>* logits) override {
@@ -468,7 +484,7 @@ class CudaRank : public RankEngine {
       int32_t* row = tables + static_cast<size_t>(s) * static_cast<size_t>(max_blocks_);
       const int n = src ? std::min<int>(static_cast<int>(src->size()), max_blocks_) : 0;
       if (n) std::memcpy(row, src->data(), static_cast<size_t>(n) * sizeof(int32_t));
-      std::fill(row + n, row + max_blocks_, num_blocks_);
+      std::fill(row + n, row + max_blocks_, spare_block_);
     };
     for (int s = 0; s < S; ++s) fill(s, b.block_tables[static_cast<size_t>(s)]);
     fill(max_seqs_, nullptr);
@@ -511,7 +527,8 @@ class CudaRank : public RankEngine {
                                     stream_),
                     "copying step metadata");
     }
-    const cuda::DevKvLayout kv{kv_.p, d.layers, d.local_kv_heads, d.kv_dim, block_size_};
+    const cuda::DevKvLayout kv{reinterpret_cast<float*>(kv_mem_->base()), d.layers, d.local_kv_heads, d.kv_dim,
+                               block_size_};
     cuda::LaunchEmbed(embed_, meta_, T, d.vocab_start, x_.p, stream_);
     WSUP_RETURN_IF_ERROR(AllReduce(x_.p, static_cast<size_t>(T) * H));
     const int64_t group = d.heads / d.kv_heads;
@@ -652,12 +669,13 @@ class CudaRank : public RankEngine {
   std::vector<Layer> layers_;
   size_t dequant_elems_ = 0;
 
-  int num_blocks_ = 0, block_size_ = 0, cap_ = 0, max_seqs_ = 0, max_blocks_ = 0;
+  int spare_block_ = 0, block_size_ = 0, cap_ = 0, max_seqs_ = 0, max_blocks_ = 0;
   size_t meta_ints_ = 0;
   cuda::DevStepMeta meta_;
   DevBuf<int32_t> meta_dev_;
   HostBuf<int32_t> meta_host_;
-  DevBuf<float> kv_, x_, h_, proj_, q_, attn_, k_, v_, gate_, up_, head_in_, local_logits_, gathered_, dequant_;
+  std::unique_ptr<KvMemory> kv_mem_;
+  DevBuf<float> x_, h_, proj_, q_, attn_, k_, v_, gate_, up_, head_in_, local_logits_, gathered_, dequant_;
   DevBuf<float> lat_, lat_norm_, router_logits_, route_w_, e_gate_, e_up_, e_out_;
   DevBuf<int32_t> route_ids_;  // ids (T x top_k), offsets (experts + 1), order (T x top_k)
   DevBuf<DevMatrix> experts_dev_;

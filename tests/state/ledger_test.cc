@@ -128,6 +128,7 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   REQUIRE(fid.ok());
   CHECK(*fid == 1);
   REQUIRE(l->SetFailoverFirstOk(*fid, f.fault_ms + 40).ok());
+  REQUIRE(l->SetFailoverKvFull(*fid, f.fault_ms + 95).ok());
 
   CacheEventRecord hit{0, f.fault_ms + 10, "b", 0, "hit", "daemon", "", "", 3, std::nullopt};
   CacheEventRecord miss{0, f.fault_ms + 11, "a", 1, "miss", "client", "fingerprint",
@@ -156,8 +157,8 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   REQUIRE(*l->RecordProbeTransition({0, f.fault_ms + 1, "a", "healthy", "unhealthy", "3 failures"}) == 1);
   REQUIRE(l->Flush().ok());
   auto stats = l->stats();
-  CHECK(stats.queued == 8);
-  CHECK(stats.committed == 8);
+  CHECK(stats.queued == 9);
+  CHECK(stats.committed == 9);
   CHECK(stats.failed == 0);
   CHECK(stats.waiting == 0);
 
@@ -181,6 +182,8 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   CHECK(g.swap_ms == 3);
   CHECK(g.failover_ms == 5);
   CHECK(g.outage_ms == 40);
+  CHECK(g.kv_full_ms == f.fault_ms + 95);
+  CHECK(g.kv_back_ms == 95);
 
   auto ce = reader->CacheEvents();
   REQUIRE(ce.ok());
@@ -350,6 +353,25 @@ TEST_CASE("ledger: a failover row that could not be written - its first_ok_ms na
   // Rows after it are written again.
   REQUIRE(l->RecordFailover(Failover(2000)).ok());
   CHECK(l->Flush().ok());
+}
+
+TEST_CASE("ledger: kv_full_ms of a failover never recorded is refused; a failover without it reads as none", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  auto l = MustOpen(path);
+  auto bad = l->SetFailoverKvFull(7, 5);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message().find("RecordFailover") != std::string::npos);
+  auto fid = l->RecordFailover(Failover(1'700'000'000'000));
+  REQUIRE(fid.ok());
+  REQUIRE(l->Flush().ok());
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  auto fo = reader->Failovers();
+  REQUIRE(fo.ok());
+  REQUIRE(fo->size() == 1);
+  CHECK_FALSE((*fo)[0].kv_full_ms.has_value());
+  CHECK_FALSE((*fo)[0].kv_back_ms.has_value());
 }
 
 }  // namespace

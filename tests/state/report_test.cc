@@ -135,6 +135,7 @@ TEST_CASE("report: hit rate, recovery percentiles, miss tail and the since windo
   REQUIRE(r->cache.miss_reasons.size() == 1);
   CHECK(r->cache.miss_reasons[0] == std::pair<std::string, int64_t>{"cold", 3});
   CHECK(r->failovers.count == 10);
+  CHECK(r->failovers.kv_back.count == 0);  // no node KV pool in these rows
   CHECK(r->failovers.drills == 1);
   CHECK(r->failovers.probe == 3);
   CHECK(r->failovers.crash == 6);

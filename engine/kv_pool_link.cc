@@ -1,0 +1,78 @@
+#include "engine/kv_pool_link.h"
+
+#include <nlohmann/json.hpp>
+
+#include "client/kv_pool.h"
+#include "common/json_limits.h"
+
+namespace wsup::engine {
+
+using nlohmann::json;
+
+Result<RoleRequest> ParseRoleRequest(const std::string& body) {
+  auto parsed = ParseJsonChecked(body, "the /wsup/role body", R"(send {"role": "active", "kv": "pool"})");
+  if (!parsed.ok()) return parsed.error();
+  const json& j = *parsed;
+  if (!j.is_object() || !j.contains("role") || !j["role"].is_string()) {
+    return InvalidArgument(R"(the /wsup/role body needs "role": "active" or "standby")");
+  }
+  RoleRequest r;
+  r.role = j["role"].get<std::string>();
+  if (r.role != "active" && r.role != "standby") {
+    return InvalidArgument("role '" + r.role.substr(0, 32) + "' is not one of active, standby");
+  }
+  std::string kv = "scratch";
+  if (j.contains("kv")) {
+    if (!j["kv"].is_string()) return InvalidArgument(R"("kv" must be "pool" or "scratch")");
+    kv = j["kv"].get<std::string>();
+  }
+  if (kv != "pool" && kv != "scratch") return InvalidArgument("kv '" + kv.substr(0, 32) + "' is not one of pool, scratch");
+  if (kv == "pool" && r.role != "active") {
+    return InvalidArgument(R"(only the active engine maps the KV pool: send "kv": "scratch" with role standby)");
+  }
+  r.pool = kv == "pool";
+  return r;
+}
+
+Result<std::vector<std::vector<uint64_t>>> KvPoolLink::Describe() {
+  std::vector<std::vector<uint64_t>> out;
+  std::string id;
+  for (size_t r = 0; r < sockets_.size(); ++r) {
+    auto pool = FetchKvPool(sockets_[r], timeout_ms_);
+    if (!pool.ok()) {
+      return pool.error().With("--kv-pool: rank " + std::to_string(r) +
+                               "'s holder (start it with --kv-pool-mib, or the node with [kv] pool_mib)");
+    }
+    if (r == 0) id = pool->pool.id;
+    out.push_back(pool->pool.allocations);
+  }
+  allocations_ = out;
+  std::lock_guard<std::mutex> lk(mu_);
+  pool_id_ = id;
+  return out;
+}
+
+Result<std::vector<std::vector<UniqueFd>>> KvPoolLink::Fetch() {
+  std::vector<std::vector<UniqueFd>> out;
+  std::string id;
+  for (size_t r = 0; r < sockets_.size(); ++r) {
+    WSUP_ASSIGN_OR_RETURN(KvPoolFds pool, FetchKvPool(sockets_[r], timeout_ms_));
+    if (r < allocations_.size() && pool.pool.allocations != allocations_[r]) {
+      return Mismatch("rank " + std::to_string(r) + "'s KV pool is not laid out as it was when this engine started (" +
+                      std::to_string(pool.pool.bytes()) + " bytes in " + std::to_string(pool.pool.allocations.size()) +
+                      " allocations now); restart the engine so that it lays its blocks out over the new pool");
+    }
+    if (r == 0) id = pool.pool.id;
+    out.push_back(std::move(pool.fds));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  pool_id_ = id;
+  return out;
+}
+
+std::string KvPoolLink::pool_id() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return pool_id_;
+}
+
+}  // namespace wsup::engine

@@ -1,0 +1,381 @@
+// The engine's side of the node's KV pool, in process: the block ids of a
+// pooled cache (engine/kv_memory.h), the host mapping of a pool made of
+// memfds, and the scheduler opening and closing the pool between steps
+// (engine/scheduler.h) with the tiny Llama: what a sequence computes does
+// not depend on where its blocks are, a closing pool waits for the
+// sequences that hold its blocks, and a request that needs the pool waits
+// for it.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "checkpoint/checkpoint.h"
+#include "engine/kv_memory.h"
+#include "engine/kv_pool_link.h"
+#include "engine/runner.h"
+#include "engine/scheduler.h"
+#include "tests/test_util.h"
+
+using namespace wsup;
+using namespace wsup::engine;
+
+namespace {
+
+constexpr uint64_t kBlock = 32768;  // llama-tiny-f32: 2 layers x 2 (k, v) x 2 heads x 16 positions x 64 x 4 bytes
+
+// A pool allocation as a holder makes one: a memfd sealed against growing
+// and shrinking, writable.
+UniqueFd PoolMemfd(uint64_t bytes) {
+  int fd = ::memfd_create("test-kv-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, static_cast<off_t>(bytes)) == 0);
+  REQUIRE(::fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK) == 0);
+  return UniqueFd(fd);
+}
+
+// The permissions /proc/self/maps shows for the mapping that holds p.
+std::string MapsPerms(const void* p) {
+  std::ifstream in("/proc/self/maps");
+  std::string line;
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string range, perms;
+    ls >> range >> perms;
+    auto dash = range.find('-');
+    uintptr_t lo = std::stoull(range.substr(0, dash), nullptr, 16), hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+    if (a >= lo && a < hi) return perms;
+  }
+  return "";
+}
+
+TEST_CASE("kv layout: a private cache starts at id 0, a pooled one after the pool's span", "[kv_pool]") {
+  auto priv = KvLayout::Private(kBlock, 16, 10 * kBlock + 5);
+  REQUIRE(priv.ok());
+  CHECK(priv->scratch_first == 0);
+  CHECK(priv->scratch_blocks == 10);
+  CHECK(priv->pool_blocks == 0);
+  CHECK_FALSE(priv->pooled());
+  CHECK(priv->spare() == 10);
+
+  // A pool of two allocations whose span is not a whole number of blocks:
+  // the block that straddles its end is nobody's.
+  auto pooled = KvLayout::Pooled(kBlock, 16, {3 * kBlock + 4096, 2 * kBlock}, 4 * kBlock);
+  REQUIRE(pooled.ok());
+  CHECK(pooled->pool_span == 5 * kBlock + 4096);
+  CHECK(pooled->pool_blocks == 5);
+  CHECK(pooled->scratch_first == 6);
+  CHECK(pooled->scratch_blocks == 4);
+  CHECK(pooled->id_count() == 10);
+  CHECK(pooled->spare() == 10);
+  CHECK(pooled->span() == 11 * kBlock);
+
+  auto tiny_scratch = KvLayout::Pooled(kBlock, 16, {4 * kBlock}, kBlock - 1);
+  REQUIRE_FALSE(tiny_scratch.ok());
+  CHECK(tiny_scratch.error().message().find("--kv-scratch-mib") != std::string::npos);
+  auto tiny_pool = KvLayout::Pooled(kBlock, 16, {4096}, 4 * kBlock);
+  REQUIRE_FALSE(tiny_pool.ok());
+  CHECK(tiny_pool.error().message().find("pool_mib") != std::string::npos);
+  auto no_cache = KvLayout::Private(kBlock, 16, kBlock - 1);
+  REQUIRE_FALSE(no_cache.ok());
+  CHECK(no_cache.error().message().find("--kv-cache-mib") != std::string::npos);
+}
+
+TEST_CASE("kv memory (host): the pool is mapped in place, shared with its memfd, and let go", "[kv_pool]") {
+  auto layout = KvLayout::Pooled(kBlock, 16, {64 * 1024, 64 * 1024}, 2 * kBlock);
+  REQUIRE(layout.ok());
+  auto mem = KvMemory::CreateHost(*layout);
+  REQUIRE(mem.ok());
+  uint8_t* base = (*mem)->base();
+  CHECK(MapsPerms(base).substr(0, 3) == "---");  // reserved, not mapped
+  uint8_t* scratch = base + layout->scratch_first * kBlock;
+  scratch[0] = 7;  // the scratch is there from the start
+  CHECK(MapsPerms(scratch).substr(0, 2) == "rw");
+
+  std::vector<UniqueFd> fds;
+  fds.push_back(PoolMemfd(64 * 1024));
+  fds.push_back(PoolMemfd(64 * 1024));
+  REQUIRE((*mem)->MapPool(fds).ok());
+  CHECK((*mem)->pool_mapped());
+  CHECK(MapsPerms(base).substr(0, 4) == "rw-s");
+  base[10] = 42;                 // allocation 0
+  base[64 * 1024 + 3] = 43;      // allocation 1, right after it
+  uint8_t byte = 0;
+  REQUIRE(::pread(fds[0].get(), &byte, 1, 10) == 1);
+  CHECK(byte == 42);
+  REQUIRE(::pread(fds[1].get(), &byte, 1, 3) == 1);
+  CHECK(byte == 43);
+
+  REQUIRE((*mem)->UnmapPool().ok());
+  CHECK_FALSE((*mem)->pool_mapped());
+  CHECK(MapsPerms(base).substr(0, 3) == "---");
+  CHECK(scratch[0] == 7);  // the scratch is untouched
+  // The bytes stay the node's: mapped again, they are still there.
+  REQUIRE((*mem)->MapPool(fds).ok());
+  CHECK(base[10] == 42);
+  REQUIRE((*mem)->UnmapPool().ok());
+
+  std::vector<UniqueFd> one;
+  one.push_back(PoolMemfd(64 * 1024));
+  auto short_fds = (*mem)->MapPool(one);
+  REQUIRE_FALSE(short_fds.ok());
+  CHECK(MapsPerms(base).substr(0, 3) == "---");
+}
+
+TEST_CASE("role requests: active with the pool, active on scratch, standby; bad bodies named", "[kv_pool]") {
+  auto a = ParseRoleRequest(R"({"role": "active", "kv": "pool"})");
+  REQUIRE(a.ok());
+  CHECK(a->role == "active");
+  CHECK(a->pool);
+  auto s = ParseRoleRequest(R"({"role": "standby"})");
+  REQUIRE(s.ok());
+  CHECK_FALSE(s->pool);
+  CHECK(ParseRoleRequest(R"({"role": "active", "kv": "scratch"})").ok());
+  auto bad_role = ParseRoleRequest(R"({"role": "leader"})");
+  REQUIRE_FALSE(bad_role.ok());
+  CHECK(bad_role.error().message().find("active, standby") != std::string::npos);
+  auto standby_pool = ParseRoleRequest(R"({"role": "standby", "kv": "pool"})");
+  REQUIRE_FALSE(standby_pool.ok());
+  CHECK(standby_pool.error().message().find("only the active engine") != std::string::npos);
+  CHECK_FALSE(ParseRoleRequest("[1]").ok());
+  CHECK_FALSE(ParseRoleRequest("{").ok());
+  CHECK_FALSE(ParseRoleRequest(R"({"role": "active", "kv": 3})").ok());
+}
+
+// ---------------------------------------------------------------- scheduler
+
+std::unique_ptr<ModelRunner> TinyRunner() {
+  auto ckpt = Checkpoint::Open(test::TestData("llama-tiny-f32"));
+  REQUIRE(ckpt.ok());
+  std::vector<std::unique_ptr<engine::WeightSource>> w;
+  auto src = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 2);
+  REQUIRE(src.ok());
+  w.push_back(std::move(*src));
+  RunnerOptions o;
+  o.threads_per_rank = 1;
+  auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
+  REQUIRE(runner.ok());
+  REQUIRE((*runner)->InitCommunicator().ok());
+  return std::move(*runner);
+}
+
+// Collects what the scheduler says, per request.
+struct Outcomes {
+  std::mutex mu;
+  std::map<uint64_t, std::vector<int32_t>> tokens;
+  std::map<uint64_t, std::string> finish;
+  Scheduler::Sink Sink() {
+    return [this](std::vector<GenEvent> events) {
+      std::lock_guard<std::mutex> lk(mu);
+      for (auto& e : events) {
+        auto& t = tokens[e.id];
+        t.insert(t.end(), e.tokens.begin(), e.tokens.end());
+        if (e.done) finish[e.id] = e.error ? "error: " + e.error->message() : e.finish_reason;
+      }
+    };
+  }
+  bool Done(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu);
+    return finish.count(id) > 0;
+  }
+  std::vector<int32_t> Tokens(uint64_t id) {
+    std::lock_guard<std::mutex> lk(mu);
+    return tokens[id];
+  }
+};
+
+GenRequest Req(uint64_t id, int max_tokens) {
+  GenRequest g;
+  g.id = id;
+  g.prompt = {72, 101, 108, 108, 111, 44, 32, 119, 111, 114, 108, 100};  // "Hello, world"
+  g.max_tokens = max_tokens;
+  return g;
+}
+
+// A callback's outcome, waited for by the test.
+struct Done {
+  std::atomic<bool> called{false};
+  Status st;
+  std::mutex mu;
+  Scheduler::PoolDone Fn() {
+    return [this](Status s) {
+      std::lock_guard<std::mutex> lk(mu);
+      st = s;
+      called = true;
+    };
+  }
+};
+
+TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same tokens either way", "[kv_pool]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  // The tokens of a private cache, for comparison.
+  std::vector<int32_t> want;
+  {
+    auto runner = TinyRunner();
+    REQUIRE(runner->AllocateKv(1 << 20, 16).ok());
+    Outcomes out;
+    Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
+    sched.Start();
+    REQUIRE(sched.Submit(Req(1, 100)).ok());
+    REQUIRE(test::WaitFor([&] { return out.Done(1); }, std::chrono::seconds(60)));
+    want = out.Tokens(1);
+    REQUIRE(want.size() == 100);
+  }
+
+  auto runner = TinyRunner();
+  // 4 scratch blocks (64 positions), 32 pool blocks.
+  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+  CHECK(runner->kv_layout().scratch_first == 32);
+  Outcomes out;
+  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
+  sched.Start();
+  CHECK(sched.max_sequence_tokens() == 512);  // the model's context: scratch and pool hold 576
+
+  // 12 + 40 positions fit the scratch: served before any pool.
+  REQUIRE(sched.Submit(Req(1, 40)).ok());
+  REQUIRE(test::WaitFor([&] { return out.Done(1); }, std::chrono::seconds(60)));
+  CHECK(out.Tokens(1) == std::vector<int32_t>(want.begin(), want.begin() + 40));
+  CHECK_FALSE(sched.stats().pool_mapped);
+
+  // 112 positions need the pool: the request waits for it.
+  REQUIRE(sched.Submit(Req(2, 100)).ok());
+  REQUIRE(test::WaitFor([&] { return sched.stats().waiting == 1; }, std::chrono::seconds(10)));
+  CHECK_FALSE(out.Done(2));
+
+  std::vector<UniqueFd> pool;
+  pool.push_back(PoolMemfd(1 << 20));
+  const int pool_fd = pool[0].get();
+  Done opened;
+  sched.OpenPool(
+      [pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
+        std::vector<std::vector<UniqueFd>> fds(1);
+        fds[0].push_back(UniqueFd(::dup(pool_fd)));
+        return fds;
+      },
+      opened.Fn());
+  REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE(opened.st.ok());
+  REQUIRE(test::WaitFor([&] { return out.Done(2); }, std::chrono::seconds(60)));
+  CHECK(out.Tokens(2) == want);
+  // Its KV went to the pool (its blocks came from there first): the memfd's
+  // bytes are no longer all zero.
+  {
+    std::vector<char> bytes(1 << 20);
+    REQUIRE(::pread(pool_fd, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()));
+    CHECK(std::any_of(bytes.begin(), bytes.end(), [](char c) { return c != 0; }));
+  }
+  SchedulerStats st = sched.stats();
+  CHECK(st.pool_mapped);
+  CHECK(st.total_blocks == 36);
+  CHECK(st.pool_blocks_in_use == 0);
+}
+
+TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its blocks", "[kv_pool]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+  Outcomes out;
+  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
+  sched.Start();
+  std::vector<UniqueFd> pool;
+  pool.push_back(PoolMemfd(1 << 20));
+  const int pool_fd = pool[0].get();
+  auto fetch = [pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
+    std::vector<std::vector<UniqueFd>> fds(1);
+    fds[0].push_back(UniqueFd(::dup(pool_fd)));
+    return fds;
+  };
+  Done opened;
+  sched.OpenPool(fetch, opened.Fn());
+  REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE(opened.st.ok());
+
+  // A long sequence on the pool, then the pool is closed under it.
+  REQUIRE(sched.Submit(Req(1, 400)).ok());
+  REQUIRE(test::WaitFor([&] { return out.Tokens(1).size() >= 2; }, std::chrono::seconds(30)));
+  Done closed;
+  sched.ClosePool(closed.Fn());
+  // New requests are served from the scratch meanwhile.
+  REQUIRE(sched.Submit(Req(2, 8)).ok());
+  REQUIRE(test::WaitFor([&] { return out.Done(2); }, std::chrono::seconds(30)));
+  // The close is done only after the sequence that held pool blocks ended.
+  REQUIRE(test::WaitFor([&] { return closed.called.load(); }, std::chrono::seconds(120)));
+  REQUIRE(closed.st.ok());
+  CHECK(out.Done(1));
+  CHECK(out.Tokens(1).size() == 400);
+  SchedulerStats st = sched.stats();
+  CHECK_FALSE(st.pool_mapped);
+  CHECK(st.pool_blocks_in_use == 0);
+  CHECK(st.total_blocks == 4);
+
+  // Opened again (a later promotion): mapped once more, blocks handed out.
+  Done again;
+  sched.OpenPool(fetch, again.Fn());
+  REQUIRE(test::WaitFor([&] { return again.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE(again.st.ok());
+  CHECK(sched.stats().pool_mapped);
+}
+
+TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its scratch; a private cache refuses",
+          "[kv_pool]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+  Outcomes out;
+  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
+  sched.Start();
+  Done failed;
+  sched.OpenPool([]() -> Result<std::vector<std::vector<UniqueFd>>> { return Unavailable("holder down (test)"); },
+                 failed.Fn());
+  REQUIRE(test::WaitFor([&] { return failed.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE_FALSE(failed.st.ok());
+  CHECK(failed.st.error().message().find("holder down") != std::string::npos);
+  CHECK_FALSE(sched.stats().pool_mapped);
+  // A pool of another shape is refused by the mapping, and nothing stays mapped.
+  Done wrong;
+  sched.OpenPool(
+      []() -> Result<std::vector<std::vector<UniqueFd>>> {
+        std::vector<std::vector<UniqueFd>> fds(1);
+        fds[0].push_back(PoolMemfd(1 << 20));
+        fds[0].push_back(PoolMemfd(1 << 20));
+        return fds;
+      },
+      wrong.Fn());
+  REQUIRE(test::WaitFor([&] { return wrong.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE_FALSE(wrong.st.ok());
+  CHECK_FALSE(sched.stats().pool_mapped);
+  REQUIRE(sched.Submit(Req(1, 8)).ok());
+  REQUIRE(test::WaitFor([&] { return out.Done(1); }, std::chrono::seconds(30)));
+  CHECK(out.Tokens(1).size() == 8);
+  // More than scratch and pool together hold: refused at once, naming the pool.
+  auto small_runner = TinyRunner();
+  REQUIRE(small_runner->AllocatePooledKv({{8 * kBlock}}, 4 * kBlock, 16).ok());  // 192 positions in all
+  Scheduler small(small_runner.get(), SchedulerOptions{}, out.Sink());
+  auto refused = small.Submit(Req(2, 200));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().message().find("[kv] pool_mib") != std::string::npos);
+  CHECK(small.Submit(Req(2, 180)).ok());  // 192 positions: fits once the pool is open
+
+  auto priv_runner = TinyRunner();
+  REQUIRE(priv_runner->AllocateKv(4 * kBlock, 16).ok());
+  Scheduler priv(priv_runner.get(), SchedulerOptions{}, out.Sink());
+  priv.Start();
+  Done refused_open;
+  priv.OpenPool([]() -> Result<std::vector<std::vector<UniqueFd>>> { return std::vector<std::vector<UniqueFd>>{}; },
+                refused_open.Fn());
+  REQUIRE(test::WaitFor([&] { return refused_open.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE_FALSE(refused_open.st.ok());
+  CHECK(refused_open.st.error().message().find("private KV cache") != std::string::npos);
+  auto too_big = priv.Submit(Req(3, 100));
+  REQUIRE_FALSE(too_big.ok());
+  CHECK(too_big.error().message().find("--kv-cache-mib") != std::string::npos);
+}
+
+}  // namespace
