@@ -110,6 +110,13 @@ CommandOutput CacheInfoCommand(const std::string& socket_path, bool as_json, int
          std::to_string(m.idle_timeout_ms) + " ms (" + std::to_string(m.closed_idle) + " so far, " +
          std::to_string(m.evicted) + " early to make room)\n";
   }
+  if (m.kv_pool) {
+    s += "kv pool      " + m.kv_pool->id + ", " + std::to_string(m.kv_pool->bytes) + " bytes (" +
+         HumanBytes(m.kv_pool->bytes) + ") in " + std::to_string(m.kv_pool->allocations) + " allocations" +
+         (m.kv_pool->adopted ? ", adopted from kept fds" : "") + "\n";
+  } else {
+    s += "kv pool      none (wsup-holder --kv-pool-mib, [kv] pool_mib)\n";
+  }
   s += "fingerprint  " + FingerprintId(m.fingerprint) + "\n";
   for (const auto& [k, v] : m.fingerprint.fields()) s += "  " + k + ": " + v + "\n";
   if (m.layout == "engine") {

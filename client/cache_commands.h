@@ -3,7 +3,8 @@
 // thin layer.
 //
 //   info:   asks a holder what it serves (fingerprint, tensors, bytes,
-//           backend, allocations, attached clients; for a holder of
+//           backend, allocations, attached clients, the KV pool's id,
+//           bytes and allocations when it has one; for a holder of
 //           engine-made layouts, `layout` "engine" and `layouts`: each one's
 //           state "writing" or "committed", tensors, bytes, fingerprint,
 //           writer or hash).

@@ -1,38 +1,8 @@
 #include "client/kv_pool.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-
 #include "wire/protocol.h"
 
 namespace wsup {
-
-Status CheckKvPoolFd(const std::string& backend, size_t index, int fd, uint64_t size) {
-  const std::string what = "KV pool allocation " + std::to_string(index);
-  if (fd < 0) return InvalidArgument(what + ": no fd");
-  if (backend != "host") return {};  // a VMM handle is checked when it is imported
-  int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0) {
-    return ErrnoError(what + ": fd " + std::to_string(fd) +
-                          " is not a memfd (F_GET_SEALS); a KV pool is made by wsup-holder --kv-pool-mib",
-                      errno);
-  }
-  if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    return Refused(what + ": the memfd is not sealed against shrinking and growing, so a mapping of it could "
-                          "fault; use the pool a wsup holder made");
-  }
-  if (seals & F_SEAL_WRITE) {
-    return Refused(what + ": the memfd is sealed against writing, so it cannot hold a KV cache; it is a weight "
-                          "arena, not a KV pool");
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(what + ": fstat", errno);
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    return Mismatch(what + ": the memfd holds " + std::to_string(st.st_size) + " bytes but the pool says " +
-                    std::to_string(size) + "; the fds and the description come from different pools: ask again");
-  }
-  return {};
-}
 
 Result<KvPoolFds> FetchKvPool(const std::string& socket_path, int timeout_ms) {
   WSUP_ASSIGN_OR_RETURN(Channel ch, Channel::Connect(socket_path, timeout_ms));

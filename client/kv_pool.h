@@ -27,9 +27,7 @@ struct KvPoolFds {
 // sealed against shrinking) is Code::kCorrupt or kMismatch.
 Result<KvPoolFds> FetchKvPool(const std::string& socket_path, int timeout_ms);
 
-// The checks FetchKvPool() makes on each fd, for fds from elsewhere (a
-// holder adopting kept fds): host, a memfd of at least `size` bytes sealed
-// against shrinking and growing and not against writing.
-Status CheckKvPoolFd(const std::string& backend, size_t index, int fd, uint64_t size);
+// The checks FetchKvPool() makes on each fd are CheckKvPoolFd() in
+// wire/kv_pool.h, where a holder adopting kept fds finds them too.
 
 }  // namespace wsup

@@ -9,13 +9,16 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/quant.h"
 #include "checkpoint/sharding.h"
 #include "holder/arena.h"
+#include "holder/kv_pool.h"
 #include "holder/layout_store.h"
 #include "holder/server.h"
+#include "wire/kv_pool_record.h"
 #include "wire/layout_record.h"
 #include "wire/local_fingerprint.h"
 #include "wire/protocol.h"
@@ -145,6 +148,127 @@ Result<Loaded> Adopt(const HolderConfig& cfg) {
   return out;
 }
 
+// ---------------------------------------------------------------- the KV pool
+
+// The memory a pool of this holder lives in: its weights' backend and GPU.
+Result<std::unique_ptr<LayoutMemory>> PoolMemory(const std::string& backend, int device) {
+  if (backend != "cuda") return MakeHostLayoutMemory();
+  return MakeCudaLayoutMemory(device);
+}
+
+// --adopt-kv-pool: the kept pool from its record and the inherited fds it
+// names. `taken`: fds that are someone else's (the ready fd, the arena's,
+// the layouts'), never adopted or closed here. On a refusal the fds the
+// record names that are ours are closed, so the old memory is not held.
+Result<KvPool> AdoptKeptPool(const HolderConfig& cfg, const LayoutMemory& memory,
+                             const std::set<int>& taken) {
+  auto ours = [&](int fd) { return taken.count(fd) == 0 && FdIsOpen(fd); };
+  auto close_named = [&] {
+    for (int fd : ReadKvPoolRecordNamedFds(cfg.adopt_kv_pool)) {
+      if (ours(fd)) ::close(fd);
+    }
+  };
+  auto record = ReadKvPoolRecord(cfg.adopt_kv_pool);
+  if (!record.ok()) {
+    close_named();
+    return record.error();
+  }
+  std::vector<UniqueFd> fds;
+  for (int n : record->fds) {
+    if (!ours(n)) {
+      close_named();
+      return InvalidArgument(cfg.adopt_kv_pool + ": fd " + std::to_string(n) +
+                             (taken.count(n) != 0
+                                  ? " is another kept thing's (the ready fd, an arena or layout fd)"
+                                  : " is not open in this process") +
+                             "; the parent must pass the kept pool's fds as the numbers its record names");
+    }
+  }
+  for (int n : record->fds) {
+    ::fcntl(n, F_SETFD, FD_CLOEXEC);  // never leak the pool into a child
+    fds.emplace_back(n);
+  }
+  auto pool = AdoptKvPool(memory, std::move(record->pool), std::move(fds));  // closes them on a refusal
+  if (!pool.ok()) return pool.error().With(cfg.adopt_kv_pool + ": the record disagrees with its fds");
+  return pool;
+}
+
+std::string DescribePool(const KvPool& p) {
+  std::string where = p.msg.backend == "cuda"
+                          ? "cuda device " + std::to_string(p.msg.device) + " (" + p.msg.device_uuid + ")"
+                          : std::string("host memory");
+  return "KV pool " + p.msg.id + ": " + std::to_string(p.msg.bytes()) + " bytes (" +
+         std::to_string(p.msg.bytes() / kMiB) + " MiB) in " + std::to_string(p.fds.size()) +
+         " allocations in " + where;
+}
+
+// The inherited fds that are not the KV pool's: the ready fd and the
+// arena's (the layouts' are added as their record is read).
+std::set<int> TakenFds(const HolderConfig& cfg) {
+  std::set<int> taken;
+  if (cfg.ready_fd >= 0) taken.insert(cfg.ready_fd);
+  if (!cfg.adopt_fds.empty()) {
+    auto list = ParseFdList(cfg.adopt_fds);
+    if (list.ok()) taken.insert(list->begin(), list->end());
+  }
+  return taken;
+}
+
+// For the ready line.
+std::string PoolWords(const std::optional<KvPool>& pool) {
+  if (!pool) return "";
+  return ", with KV pool " + pool->msg.id + " (" + std::to_string(pool->msg.bytes() / kMiB) + " MiB" +
+         (pool->adopted ? ", adopted" : "") + ")";
+}
+
+// The pool this holder serves: the kept one (--adopt-kv-pool), else a new
+// one (--kv-pool-mib), else none. Fails only when a new pool cannot be made.
+Result<std::optional<KvPool>> PreparePool(const HolderConfig& cfg, const std::string& backend, int device,
+                                          const std::set<int>& taken) {
+  if (cfg.kv_pool_mib == 0 && cfg.adopt_kv_pool.empty()) return std::optional<KvPool>();
+  auto memory = PoolMemory(backend, device);
+  if (!memory.ok()) {
+    return memory.error().With("--kv-pool-mib " + std::to_string(cfg.kv_pool_mib) + " on " + backend +
+                               " device " + std::to_string(device));
+  }
+  const uint64_t asked = static_cast<uint64_t>(cfg.kv_pool_mib) * kMiB;
+  if (!cfg.adopt_kv_pool.empty()) {
+    auto kept = AdoptKeptPool(cfg, **memory, taken);
+    if (kept.ok()) {
+      spdlog::info("{}: adopted from kept fds ({}); what the KV held is kept", DescribePool(*kept),
+                   cfg.adopt_kv_pool);
+      if (asked > 0 && kept->msg.bytes() != KvPoolSize(**memory, asked)) {
+        spdlog::warn(
+            "the kept KV pool has {} bytes, --kv-pool-mib {} asks for {}: the kept pool is served as it "
+            "is (its memory exists); a pool of the new size is made when the node starts afresh "
+            "(wsup stop, then wsup start)",
+            kept->msg.bytes(), cfg.kv_pool_mib, KvPoolSize(**memory, asked));
+      }
+      return std::optional<KvPool>(std::move(kept).value());
+    }
+    // The error names the record once.
+    spdlog::error(
+        "--adopt-kv-pool: {}; the kept KV pool is not adopted and its fds are closed{}; if this repeats, "
+        "run the same wsup version for the supervisor and its holders",
+        kept.error().message(),
+        asked > 0 ? ": a new pool is made (--kv-pool-mib), so what the KV held is lost"
+                  : ", and without --kv-pool-mib this holder serves no pool");
+  }
+  if (asked == 0) return std::optional<KvPool>();
+  auto made = MakeKvPool(**memory, asked);
+  if (!made.ok()) {
+    return Error(
+        made.error().code(),
+        "--kv-pool-mib " + std::to_string(cfg.kv_pool_mib) + ": cannot make a KV pool of " +
+            std::to_string(cfg.kv_pool_mib) + " MiB in " +
+            (backend == "cuda" ? "cuda device " + std::to_string(device) : std::string("host memory")) +
+            ": " + made.error().message() +
+            "; give a smaller --kv-pool-mib ([kv] pool_mib), or free that memory");
+  }
+  spdlog::info("{}: made", DescribePool(*made));
+  return std::optional<KvPool>(std::move(made).value());
+}
+
 // Signal watchers and the server's shutdown, on the loop thread.
 struct Shutdown {
   HolderServer* server = nullptr;
@@ -215,8 +339,12 @@ int CloseLoop(uv_loop_t* loop, int exit_code) {
 // (its record damaged, or disagreeing with its fds) is logged with its id
 // and the fix, and its fds are closed; the others are adopted. Fails only
 // for a file that is no layouts record at all.
-Result<size_t> AdoptLayouts(const HolderConfig& cfg, LayoutStore* store, uint64_t now_ms) {
+// `named` gets every fd number the record names (none are the KV pool's).
+Result<size_t> AdoptLayouts(const HolderConfig& cfg, LayoutStore* store, uint64_t now_ms,
+                            std::set<int>* named) {
   WSUP_ASSIGN_OR_RETURN(LayoutsRecord record, ReadLayoutsRecord(cfg.adopt_layouts));
+  for (const RefusedLayout& r : record.refused) named->insert(r.fds.begin(), r.fds.end());
+  for (const LayoutRecord& r : record.layouts) named->insert(r.fds.begin(), r.fds.end());
   auto ours = [&](int fd) { return fd != cfg.ready_fd && FdIsOpen(fd); };
   const std::string not_adopted = "; it is not adopted (the next engine publishes it again)";
   for (const RefusedLayout& r : record.refused) {
@@ -277,8 +405,9 @@ int ServeLayouts(const HolderConfig& cfg) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   size_t adopted = 0;
+  std::set<int> taken = TakenFds(cfg);
   if (!cfg.adopt_layouts.empty()) {
-    auto n = AdoptLayouts(cfg, &store, uv_now(&loop));
+    auto n = AdoptLayouts(cfg, &store, uv_now(&loop), &taken);
     if (!n.ok()) {
       spdlog::error("{}; start the holder without --adopt-layouts (its engines publish their layouts again)",
                     n.error().ToString());
@@ -291,13 +420,20 @@ int ServeLayouts(const HolderConfig& cfg) {
   fp.Set("layout", "engine");
   fp.Set("backend", store.memory().backend());
   fp.Set("layout_version", std::to_string(kArenaLayoutVersion));
+  auto pool = PreparePool(cfg, store.memory().backend(), store.memory().device(), taken);
+  if (!pool.ok()) {
+    spdlog::error("{}", pool.error().ToString());
+    uv_loop_close(&loop);
+    return ExitCodeFor(pool.error());
+  }
   int exit_code = kHolderExitOk;
   {
     HolderServer server(&loop, &store, fp, ServerOptionsFor(cfg, adopted > 0));
+    if (*pool) server.ServeKvPool(&**pool);
     std::string what = " for engine-made layouts";
     if (adopted > 0) what += ", " + std::to_string(adopted) + " adopted from kept fds";
     if (cfg.layout_max_bytes > 0) what += ", at most " + std::to_string(cfg.layout_max_bytes) + " bytes";
-    exit_code = Serve(&loop, server, cfg, what);
+    exit_code = Serve(&loop, server, cfg, what + PoolWords(*pool));
   }
   return CloseLoop(&loop, exit_code);
 }
@@ -412,6 +548,10 @@ Status ValidateHolderConfig(const HolderConfig& cfg) {
     return InvalidArgument("--ep-rank " + std::to_string(ep_rank) + " without --ep-size: give --ep-size " +
                            std::to_string(tp_size) + " too, or drop --ep-rank");
   }
+  if (cfg.kv_pool_mib < 0 || cfg.kv_pool_mib > kMaxKvPoolMib) {
+    return InvalidArgument("--kv-pool-mib " + std::to_string(cfg.kv_pool_mib) +
+                           ": expected 0 (no KV pool) to " + std::to_string(kMaxKvPoolMib) + " MiB (16 TiB)");
+  }
   if (cfg.read_threads < 1 || cfg.read_threads > 256) {
     return InvalidArgument("--read-threads " + std::to_string(cfg.read_threads) + ": expected 1 to 256");
   }
@@ -452,12 +592,21 @@ int RunHolder(const HolderConfig& cfg) {
     return ExitCodeFor(loaded.error());
   }
 
+  const Manifest& m = loaded->arena.manifest();
+  auto pool = PreparePool(cfg, m.backend, m.device, TakenFds(cfg));
+  if (!pool.ok()) {
+    spdlog::error("{}", pool.error().ToString());
+    return ExitCodeFor(pool.error());
+  }
+
   uv_loop_t loop;
   uv_loop_init(&loop);
   int exit_code = kHolderExitOk;
   {
     HolderServer server(&loop, loaded->arena, loaded->fingerprint, ServerOptionsFor(cfg, adopting));
-    exit_code = Serve(&loop, server, cfg, adopting ? " from adopted fds" : "");
+    if (*pool) server.ServeKvPool(&**pool);
+    exit_code =
+        Serve(&loop, server, cfg, std::string(adopting ? " from adopted fds" : "") + PoolWords(*pool));
   }
   return CloseLoop(&loop, exit_code);
 }

@@ -10,6 +10,14 @@
 // starts with the others). holder_main.cc only parses flags into a
 // HolderConfig.
 //
+// Either kind of holder makes the node's KV pool for its rank at start
+// (--kv-pool-mib N; holder/kv_pool.h), on its backend and device, or adopts
+// the one a supervisor kept (--adopt-kv-pool). A kept pool that is refused
+// (its record damaged, or disagreeing with its fds) is logged with the
+// record and the fix, its fds are closed, and a fresh pool is made: the
+// weights matter more than what the KV held, so that never stops a start.
+// A pool that cannot be made (out of memory) does (exit 1).
+//
 // Readiness is proven, not assumed: with --ready-fd N the holder writes
 // "ready <socket>\n" to fd N and closes it once the socket accepts, which a
 // supervisor (or a test) tells apart from "spawned".
@@ -60,6 +68,11 @@ struct HolderConfig {
   // fds it names are inherited), and the cap on layout memory (0: none).
   std::string adopt_layouts;
   int64_t layout_max_bytes = 0;
+  // The node's KV pool (holder/kv_pool.h): its size in MiB (0: none), and
+  // the record of a kept pool to adopt (wire/kv_pool_record.h; the fds it
+  // names are inherited). Either layout has one.
+  int64_t kv_pool_mib = 0;
+  std::string adopt_kv_pool;
   int read_threads = 4;
   int handshake_timeout_ms = 10'000;
   int idle_timeout_ms = 60'000;  // holder/server.h, "Limits"

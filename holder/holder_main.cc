@@ -1,5 +1,6 @@
 // wsup-holder: keeps one rank's model weights resident and hands them to
-// engines as file descriptors. Flags only; the program is holder/holder_app.h.
+// engines as file descriptors, and the rank's KV pool beside them. Flags
+// only; the program is holder/holder_app.h.
 
 #include <CLI/CLI.hpp>
 
@@ -40,6 +41,16 @@ int main(int argc, char** argv) {
   app.add_option("--layout-max-bytes", cfg.layout_max_bytes,
                  "with --layout engine: the most bytes granted to writing and committed layouts together; a "
                  "grant past it is refused (default 0: no cap)");
+  app.add_option(
+      "--kv-pool-mib", cfg.kv_pool_mib,
+      "make the node's KV pool for this rank at start: N MiB on the holder's backend (host: one memfd, "
+      "every page allocated now; cuda: VMM memory on --device), served to engines as fds by the "
+      "kv_pool request; a pool that cannot be made fails the start (default 0: no pool)");
+  app.add_option(
+      "--adopt-kv-pool", cfg.adopt_kv_pool,
+      "a KV pool record of a kept pool, whose inherited fds it names: serve that pool, under its id, "
+      "instead of making one (one that disagrees with its fds is logged, its fds closed, and a new "
+      "pool made with --kv-pool-mib)");
   app.add_option("--read-threads", cfg.read_threads, "parallel checkpoint readers (default 4)");
   app.add_option("--handshake-timeout-ms", cfg.handshake_timeout_ms,
                  "time a client has to send its first request, finish one it began, or take some of a "

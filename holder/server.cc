@@ -545,6 +545,10 @@ void HolderServer::Handle(Conn* c, Frame frame) {
     Reply(c, EncodeInfo(Info()));
     return;
   }
+  if (type == "kv_pool") {
+    HandleKvPool(c);
+    return;
+  }
   if (type == "bye") {
     spdlog::debug("{}: said bye", Describe(c));
     CloseConn(c);
@@ -559,9 +563,9 @@ void HolderServer::Handle(Conn* c, Frame frame) {
     return;
   }
   std::string shown = type.empty() ? "(none)" : "'" + type.substr(0, 64) + "'";
-  Error e = Corrupt("unknown message type " + shown + "; expected hello, info or bye" +
-                    (layouts_ != nullptr ? ", or alloc, commit or abort under a write lease, or keep from a keeper"
-                                         : ""));
+  Error e = Corrupt(
+      "unknown message type " + shown + "; expected hello, info, kv_pool or bye" +
+      (layouts_ != nullptr ? ", or alloc, commit or abort under a write lease, or keep from a keeper" : ""));
   Drop(c, "sent a message of unknown type " + shown, &e);
 }
 
@@ -635,6 +639,26 @@ void HolderServer::HandleHello(Conn* c, const Frame& frame) {
                    : " (inspection; fingerprint differs in " + std::to_string(diffs.size()) + " fields)");
 }
 
+void HolderServer::HandleKvPool(Conn* c) {
+  if (!c->greeted) {
+    c->greeted = true;
+    c->role = "kv_pool";
+  }
+  if (kv_pool_ == nullptr) {
+    Reply(c, EncodeError(NotFound("this holder has no KV pool; start it with --kv-pool-mib N (the supervisor "
+                                  "does when [kv] pool_mib is set)")));
+    return;
+  }
+  auto fds = kv_pool_->DupFds();
+  if (!fds.ok()) {
+    spdlog::error("{}: cannot duplicate the KV pool's fds: {}", Describe(c), fds.error().message());
+    Reply(c, EncodeError(fds.error()));
+    return;
+  }
+  Reply(c, EncodeKvPool(kv_pool_->msg), std::move(fds).value());
+  spdlog::debug("{}: sent KV pool {} ({} allocations)", Describe(c), kv_pool_->msg.id, kv_pool_->fds.size());
+}
+
 InfoMsg HolderServer::Info() const {
   InfoMsg m;
   m.fingerprint = fingerprint_;
@@ -662,6 +686,7 @@ InfoMsg HolderServer::Info() const {
     m.layout_max_bytes = layouts_->max_bytes();
     m.layout_bytes = layouts_->granted_bytes();
   }
+  if (kv_pool_ != nullptr) m.kv_pool = kv_pool_->Info();
   m.deployment = opts_.deployment;
   m.revision = opts_.revision;
   m.adopted = opts_.adopted;

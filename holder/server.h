@@ -69,6 +69,12 @@
 // layouts a restarted holder adopts (--adopt-layouts) are committed from
 // its start. Grants past --layout-max-bytes are refused (LayoutStore).
 //
+// The KV pool (--kv-pool-mib, --adopt-kv-pool; wire/kv_pool.h): any
+// connection may ask for it with `kv_pool`, without a hello, and gets its
+// description and a dup of every fd; a holder without one answers an error
+// (not_found) that names the flag. The connection stays open like an
+// `info` asker's, with the usual idle limit.
+//
 // Attach replies: Start() encodes the arena's binary tensor table once; every
 // client that asks for it (hello's tensor_table) gets that one buffer, shared,
 // beside a small JSON reply, so an attach costs the holder no per-tensor
@@ -96,6 +102,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "holder/arena.h"
+#include "holder/kv_pool.h"
 #include "holder/layout_store.h"
 #include "wire/protocol.h"
 
@@ -143,6 +150,11 @@ class HolderServer {
   // has fired (the server may be destroyed from then on).
   void Close(std::function<void()> on_closed = nullptr);
 
+  // The node's KV pool (holder/kv_pool.h), served to any connection that
+  // asks (`kv_pool`, no hello needed, like `info`); borrowed, it must
+  // outlive the server. Without one, `kv_pool` is answered not_found.
+  void ServeKvPool(const KvPool* pool) { kv_pool_ = pool; }
+
   InfoMsg Info() const;
   size_t connections() const { return conns_.size(); }
   // Connections closed for their idle limit, and to make room at the limit.
@@ -164,6 +176,7 @@ class HolderServer {
   void ReadFrom(Conn* c);
   void Handle(Conn* c, Frame frame);
   void HandleHello(Conn* c, const Frame& frame);
+  void HandleKvPool(Conn* c);
   // Engine-made layouts (server_layouts.cc).
   void HandleLayoutHello(Conn* c, const HelloMsg& hello);
   void HandleLayoutRequest(Conn* c, const std::string& type, const Frame& frame);
@@ -206,6 +219,7 @@ class HolderServer {
   uv_loop_t* loop_;
   const Arena* arena_ = nullptr;     // a checkpoint holder's
   LayoutStore* layouts_ = nullptr;   // a holder of engine-made layouts
+  const KvPool* kv_pool_ = nullptr;  // the node's KV pool, when this holder made or adopted one
   Fingerprint fingerprint_;
   // Built once by Start(): the arena's tensor table, shared by every attach
   // reply that carries it, and the manifest header that announces it.

@@ -36,6 +36,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
       h->socket = HolderSocket(cfg_, r);
       h->record_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".arena.json");
       h->layouts_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".layouts.json");
+      h->kv_pool_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".kvpool.json");
       holders_.push_back(std::move(h));
     }
     for (auto& h : holders_) {

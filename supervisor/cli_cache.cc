@@ -34,7 +34,7 @@ void RegisterCacheCommands(CLI::App& app, CliContext& ctx) {
   cache->require_subcommand(1);
 
   CLI::App* info = cache->add_subcommand(
-      "info", "fingerprint, tensors, bytes, backend, allocations and attached clients of a holder");
+      "info", "fingerprint, tensors, bytes, backend, allocations, attached clients and KV pool of a holder");
   info->add_option("--socket", flags->socket, "the holder's socket")->required();
   info->add_flag("--json", flags->json, "one JSON object instead of text");
   info->add_option("--timeout-ms", flags->timeout_ms, "bound on connecting and the reply (default 10000)")

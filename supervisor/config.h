@@ -152,6 +152,16 @@ struct Config {
     std::string log_level = "info";
   } supervisor;
 
+  // The node's KV pool (docs/architecture.md, "The KV pool"), per rank.
+  struct Kv {
+    // MiB each holder makes at its start and the supervisor keeps (daemon
+    // mode; wsup-holder --kv-pool-mib); 0: no pool, engines keep their own.
+    int64_t pool_mib = 0;
+    // MiB of the standby engine's own small KV cache, for its probes and a
+    // first request or two after a promotion.
+    int64_t scratch_mib = 64;
+  } kv;
+
   struct Holder {
     std::string binary;                // absolute, or "" for wsup-holder beside the wsup binary
     std::vector<std::string> command;  // overrides binary when not empty

@@ -26,14 +26,14 @@ const char* ProbeKindName(ProbeKind k) { return k == ProbeKind::kPort ? "port" :
 const std::vector<std::string>& EnginePlaceholders() {
   static const std::vector<std::string> names = {"port",     "model",  "socket",   "devices",     "mode",
                                                  "backend",  "tp",     "revision", "runtime_dir", "nonce",
-                                                 "ready_fd", "layout", "ep"};
+                                                 "ready_fd", "layout", "ep",       "kv_pool_mib", "kv_scratch_mib"};
   return names;
 }
 
 const std::vector<std::string>& HolderPlaceholders() {
   static const std::vector<std::string> names = {"rank",    "device", "socket",   "model",       "mode",
                                                  "backend", "tp",     "revision", "runtime_dir", "layout",
-                                                 "layout_max_bytes", "ep"};
+                                                 "layout_max_bytes", "ep", "kv_pool_mib", "kv_scratch_mib"};
   return names;
 }
 
@@ -103,7 +103,13 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
           {"tp", std::to_string(c.parallel.tp)},
           {"ep", std::to_string(c.parallel.ep())},
           {"revision", c.model.revision},
-          {"runtime_dir", c.node.runtime_dir}};
+          {"runtime_dir", c.node.runtime_dir},
+          {"kv_pool_mib", std::to_string(c.kv.pool_mib)},
+          {"kv_scratch_mib", std::to_string(c.kv.scratch_mib)}};
+}
+// Only when asked: holders of other versions know no --kv-pool-mib.
+void AddKvPoolArgs(const Config& c, std::vector<std::string>* argv) {
+  if (c.kv.pool_mib > 0) argv->insert(argv->end(), {"--kv-pool-mib", "{kv_pool_mib}"});
 }
 }  // namespace
 
@@ -153,6 +159,7 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
       tmpl.push_back("--layout-max-bytes");
       tmpl.push_back("{layout_max_bytes}");
     }
+    AddKvPoolArgs(config, &tmpl);
   } else if (tmpl.empty()) {
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
             "--model", "{model}", "--socket", "{socket}", "--tp-size", "{tp}", "--tp-rank", "{rank}",
@@ -170,6 +177,7 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
       tmpl.push_back("--device");
       tmpl.push_back("{device}");
     }
+    AddKvPoolArgs(config, &tmpl);
   }
   auto r = ExpandPlaceholders(tmpl, vars);
   if (!r.ok()) return r.error().With("holder.command");
@@ -188,6 +196,10 @@ std::string DescribeConfig(const Config& c) {
      << ", socket " << c.weight_cache.socket;
   if (c.weight_cache.layout_max_bytes > 0) os << ", layouts at most " << c.weight_cache.layout_max_bytes << " bytes";
   os << "\n";
+  if (c.kv.pool_mib > 0) {
+    os << "kv: a pool of " << c.kv.pool_mib << " MiB per rank, made by the holders and kept by the supervisor; "
+       << "the standby's scratch " << c.kv.scratch_mib << " MiB\n";
+  }
   os << "engines: " << c.engine.host << ":" << c.engine.primary_port << " and " << c.engine.host << ":"
      << c.engine.standby_port << ", ready within " << c.engine.ready_timeout_ms << " ms: " << c.engine.command[0]
      << "\n";

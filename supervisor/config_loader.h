@@ -57,6 +57,7 @@ inline const std::vector<SectionSpec>& Schema() {
         "log_level"},
        false, ""},
       {"holder", {"binary", "command", "ready_timeout_ms"}, false, ""},
+      {"kv", {"pool_mib", "scratch_mib"}, false, ""},
   };
   return schema;
 }
@@ -69,6 +70,8 @@ inline const SectionSpec* FindSection(std::string_view name) {
 
 inline constexpr int64_t kMaxMs = 7LL * 24 * 3600 * 1000;  // a week: larger is a typo
 inline constexpr int64_t kMaxLayoutBytes = 1LL << 50;      // 1 PiB of layouts per holder: larger is a typo
+inline constexpr int64_t kMaxKvPoolMib = 1LL << 24;        // 16 TiB per rank, the most a holder makes
+inline constexpr int64_t kMaxKvScratchMib = 1LL << 20;     // 1 TiB: larger is a typo
 
 // ---------------------------------------------------------------------------
 // Small helpers for messages.

@@ -161,6 +161,11 @@ Status Loader::Read(const toml::table& root, Config* c) {
       c->holder.command[0] = ResolvePath(dir_, c->holder.command[0]);
   }
   WSUP_RETURN_IF_ERROR(Int(holder, "holder", "ready_timeout_ms", &c->holder.ready_timeout_ms, 1, kMaxMs));
+
+  // [kv]
+  const toml::table* kv = Section(root, "kv");
+  WSUP_RETURN_IF_ERROR(Int(kv, "kv", "pool_mib", &c->kv.pool_mib, 0, kMaxKvPoolMib));
+  WSUP_RETURN_IF_ERROR(Int(kv, "kv", "scratch_mib", &c->kv.scratch_mib, 1, kMaxKvScratchMib));
   return Status::Ok();
 }
 
@@ -195,6 +200,13 @@ Status Loader::CheckRules(Config* c) {
     return Err("weight_cache.layout_max_bytes", "caps the memory of engine-made layouts; set weight_cache.layout "
                                                 "= \"engine\", or leave layout_max_bytes out");
   }
+
+  // kv: the holders the supervisor runs make the pool and it keeps it.
+  if (c->kv.pool_mib > 0 && c->weight_cache.mode != CacheMode::kDaemon)
+    return Err("kv.pool_mib", std::to_string(c->kv.pool_mib) + " MiB needs weight_cache.mode = \"daemon\" (the pool "
+                              "is made by the holders the supervisor runs, and kept by it), not \"" +
+                              std::string(CacheModeName(c->weight_cache.mode)) +
+                              "\"; set mode = \"daemon\", or leave pool_mib out (0: engines keep their own KV)");
 
   // engine
   // Port 0: the supervisor picks a free port at each start (tests, ad-hoc runs).

@@ -56,6 +56,7 @@ json Supervisor::Impl::StatusJson() {
                                                 [](size_t n, const KeptLayout& k) { return n + k.fds.size(); })},
             {"restarts", h->throttle.total()}};
     if (!h->down_reason.empty()) hj["failure"] = h->down_reason;
+    if (h->kv_pool) hj["kv_pool"] = KvPoolStatus(*h);
     j["holders"].push_back(hj);
   }
   json fj{{"listen", HostPortString(cfg_.front.listen.host, front_.port)},

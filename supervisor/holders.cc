@@ -20,6 +20,19 @@
 // refused it: see its log) is dropped and logged, never attached. A holder
 // that refuses the whole record (a permanent exit) is started once more
 // without kept layouts. Kept layouts are released at `wsup stop`.
+//
+// The node's KV pool ([kv] pool_mib > 0): each holder makes its rank's pool
+// at start (--kv-pool-mib). Once a holder is ready, the supervisor fetches
+// the pool (its description and one fd per allocation; nothing mapped) on
+// the thread pool and keeps it in HolderSlot::kv_pool, as it keeps the
+// weights. When the holder dies, the new one is given the kept fds and
+// --adopt-kv-pool <runtime_dir>/holder-RANK.kvpool.json (wire/kv_pool_record.h)
+// and serves the same pool under the same id; the fetch after it is ready
+// checks that (a new id is logged as an error, and the new pool is kept:
+// the holder refused the kept one, see its log). A restarted supervisor
+// fetches the pool from the running holder as at a normal start. The kept
+// fds close with the supervisor (`wsup stop`), which releases the pool once
+// no engine maps it.
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -29,6 +42,7 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "supervisor/supervisor_impl.h"
+#include "wire/kv_pool_record.h"
 
 namespace wsup {
 
@@ -56,6 +70,8 @@ void Supervisor::Impl::FireHolder(HolderSlot& h, ChildEvent event, const std::st
   spdlog::info("holder rank {}: {} --{}--> {} [{}] {}", h.rank, ChildStateName(t->from), ChildEventName(event),
                ChildStateName(t->to), ChildActionName(t->action), cause);
   h.state = t->to;
+  // Ready: its weights are kept, and now its KV pool.
+  if (t->to == ChildState::kReady && t->from != ChildState::kReady) KeepKvPoolAsync(h);
   switch (t->action) {
     case ChildAction::kNone:
     case ChildAction::kPushRoutes:
@@ -136,6 +152,25 @@ void Supervisor::Impl::SpawnHolder(HolderSlot& h) {
       list += (i ? "," : "") + std::to_string(3 + i);
     }
     spec.argv.insert(spec.argv.end(), {"--adopt-manifest", h.record_path, "--adopt-fds", list});
+  }
+  if (h.kv_pool) {
+    // The kept KV pool: the new holder serves the same memory under the
+    // same id. Its record names the fds it inherits, after the others.
+    KvPoolRecord rec;
+    rec.pool = h.kv_pool->pool;
+    for (size_t i = 0; i < h.kv_pool->fds.size(); ++i) {
+      rec.fds.push_back(3 + static_cast<int>(spec.pass_fds.size() + i));
+    }
+    Status st = WriteKvPoolRecord(h.kv_pool_path, rec);
+    if (st.ok()) {
+      for (const UniqueFd& f : h.kv_pool->fds) spec.pass_fds.push_back(f.get());
+      spec.argv.insert(spec.argv.end(), {"--adopt-kv-pool", h.kv_pool_path});
+    } else {
+      spdlog::error(
+          "holder rank {}: {}; starting it without its kept KV pool {} (it makes a new one, and what the "
+          "KV held is lost)",
+          h.rank, st.error().message(), h.kv_pool->pool.id);
+    }
   }
   spec.pass_fds.push_back(wr.get());
   spec.argv.insert(spec.argv.end(), {"--ready-fd", std::to_string(3 + spec.pass_fds.size() - 1)});
@@ -232,6 +267,7 @@ uint64_t Supervisor::Impl::KeptFds() const {
   for (const auto& h : holders_) {
     if (h->kept) n += h->kept->fds.size();
     for (const KeptLayout& k : h->layouts) n += k.fds.size();
+    if (h->kv_pool) n += h->kv_pool->fds.size();
   }
   return n;
 }
@@ -341,6 +377,79 @@ void Supervisor::Impl::OnLayoutsKept(HolderSlot& h, Result<LayoutKeepRound> roun
     FireHolder(h, ChildEvent::kKept, what);
   }
   if (h.keep_again && h.ready()) KeepLayoutsAsync(h, false);
+}
+
+void Supervisor::Impl::KeepKvPoolAsync(HolderSlot& h) {
+  if (cfg_.kv.pool_mib == 0) return;
+  // A short blocking exchange, like the keeper's attach: off the loop.
+  struct Work {
+    uv_work_t req;
+    Impl* self;
+    HolderSlot* h;
+    pid_t pid;
+    uint64_t seq;
+    std::string socket;
+    std::optional<Result<KvPoolFds>> result;
+  };
+  auto* w = new Work{{}, this, &h, h.pid, ++h.kv_pool_seq, h.socket, std::nullopt};
+  w->req.data = w;
+  uv_queue_work(
+      &loop_, &w->req,
+      [](uv_work_t* r) {
+        auto* w = static_cast<Work*>(r->data);
+        w->result.emplace(FetchKvPool(w->socket, kKeeperTimeoutMs));
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+        // A holder that died (or was replaced) meanwhile: the answer is stale,
+        // and the fds it brought close here.
+        if (w->h->pid != w->pid || w->h->kv_pool_seq != w->seq) return;
+        w->self->OnKvPoolFetched(*w->h, std::move(*w->result));
+      });
+}
+
+void Supervisor::Impl::OnKvPoolFetched(HolderSlot& h, Result<KvPoolFds> fetched) {
+  const std::string log = JoinPath(cfg_.node.state_dir, "logs/holder-" + std::to_string(h.rank) + ".log");
+  if (!fetched.ok()) {
+    const bool none = fetched.error().code() == Code::kNotFound;
+    spdlog::error("holder rank {}: cannot keep its KV pool: {}{}", h.rank, fetched.error().message(),
+                  none ? "; a holder.command of its own must pass \"--kv-pool-mib\", \"{kv_pool_mib}\""
+                       : "; see " + log);
+    if (h.kv_pool) {
+      spdlog::warn("holder rank {}: the KV pool {} kept before stays kept, for the next holder", h.rank,
+                   h.kv_pool->pool.id);
+    }
+    return;
+  }
+  const uint64_t held = h.kv_pool ? h.kv_pool->fds.size() : 0;
+  const uint64_t others = KeptFds() - held;
+  if (others + fetched->fds.size() > FdBudget()) {
+    spdlog::warn(
+        "holder rank {}: KV pool {} has {} allocations, more fds than this supervisor may keep beside the "
+        "{} it keeps ({}); not kept: a holder crash loses it (raise LimitNOFILE)",
+        h.rank, fetched->pool.id, fetched->fds.size(), others, FdBudget());
+    return;
+  }
+  if (h.kv_pool && h.kv_pool->pool.id != fetched->pool.id) {
+    spdlog::error(
+        "holder rank {}: the new holder serves KV pool {}, not the kept pool {} it was given (it refused "
+        "it: see {}); keeping the new one, and what the old one held is lost once no engine maps it",
+        h.rank, fetched->pool.id, h.kv_pool->pool.id, log);
+  } else if (h.kv_pool) {
+    spdlog::info("holder rank {}: serves the kept KV pool {} again ({} bytes)", h.rank, fetched->pool.id,
+                 fetched->pool.bytes());
+  } else {
+    spdlog::info(
+        "holder rank {}: kept KV pool {} ({} bytes in {} allocations, {}); a holder crash no longer "
+        "loses it",
+        h.rank, fetched->pool.id, fetched->pool.bytes(), fetched->fds.size(), fetched->pool.backend);
+  }
+  h.kv_pool = std::move(fetched).value();
+}
+
+nlohmann::json Supervisor::Impl::KvPoolStatus(const HolderSlot& h) const {
+  if (!h.kv_pool) return nullptr;
+  return {{"id", h.kv_pool->pool.id}, {"bytes", h.kv_pool->pool.bytes()}};
 }
 
 void Supervisor::Impl::OnKept(HolderSlot& h, Result<KeptArena> kept) {

@@ -17,8 +17,9 @@
 // table (engine_fsm.h, child_fsm.h): Fire() / FireChild() look the row up,
 // log it with its cause, and carry out its action.
 //
-// Threads: the loop thread only, except the keeper attaches, which run on
-// libuv's thread pool and come back through their after-work callbacks.
+// Threads: the loop thread only, except the keeper attaches and KV pool
+// fetches, which run on libuv's thread pool and come back through their
+// after-work callbacks.
 #pragma once
 
 #include <uv.h>
@@ -34,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "client/client.h"
+#include "client/kv_pool.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "http/client.h"
@@ -153,6 +155,13 @@ class Supervisor::Impl {
     bool keep_again = false;       // a commit was seen meanwhile: one more round after it
     uint64_t keep_seq = 0;         // the round in flight; older answers are stale
     bool from_layouts = false;     // this start was given kept layouts
+    // [kv] pool_mib > 0: the node's KV pool of this rank, fetched from the
+    // holder once it is ready (its description and fds; nothing mapped),
+    // and handed to the next holder with --adopt-kv-pool through the record
+    // at kv_pool_path, so that the pool outlives the holder under its id.
+    std::optional<KvPoolFds> kv_pool;
+    std::string kv_pool_path;
+    uint64_t kv_pool_seq = 0;      // the fetch in flight; older answers are stale
     LineWatch* ready_line = nullptr;  // its --ready-fd, until the line comes
     int64_t spawned_ms = 0;
     std::string restart_reason;  // set while a restart is in progress
@@ -232,6 +241,13 @@ class Supervisor::Impl {
   void OnLayoutsKept(HolderSlot& h, Result<LayoutKeepRound> round, bool first);
   // After an engine reports weights from the holders: a commit may be new.
   void KeepLayoutsEverywhere();
+  // [kv] pool_mib > 0 (holders.cc): fetches a ready holder's KV pool (off
+  // the loop) and keeps it in HolderSlot::kv_pool; after a restart, checks
+  // that the new holder serves the pool it was given.
+  void KeepKvPoolAsync(HolderSlot& h);
+  void OnKvPoolFetched(HolderSlot& h, Result<KvPoolFds> fetched);
+  // {"id", "bytes"} of a holder's kept pool, for `wsup status`; null when none.
+  nlohmann::json KvPoolStatus(const HolderSlot& h) const;
   // The fds kept for every holder, and how many this process may keep (a
   // holder restart passes each one twice at once: process.h).
   uint64_t KeptFds() const;

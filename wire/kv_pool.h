@@ -63,4 +63,11 @@ nlohmann::json EncodeKvPool(const KvPoolMsg& m);
 // that came with it against its allocations.
 Result<KvPoolMsg> DecodeKvPool(const nlohmann::json& j);
 
+// The checks a client makes on each fd of a `kv_pool` reply
+// (client/kv_pool.h FetchKvPool), and a holder on each kept fd it adopts
+// (holder/kv_pool.h): host, a memfd of at least `size` bytes sealed against
+// shrinking and growing and not against writing; cuda, only that an fd is
+// there (a VMM handle is checked when it is imported).
+Status CheckKvPoolFd(const std::string& backend, size_t index, int fd, uint64_t size);
+
 }  // namespace wsup

@@ -390,33 +390,40 @@ json EncodeInfo(const InfoMsg& m) {
     clients.push_back(
         {{"name", c.name}, {"role", c.role}, {"pid", c.pid}, {"uid", c.uid}, {"attached", c.attached}});
   }
-  return {{"type", "info"},
-          {"fingerprint", m.fingerprint.ToJson()},
-          {"tensors", m.tensors},
-          {"bytes", m.bytes},
-          {"arena_bytes", m.arena_bytes},
-          {"allocations", m.allocations},
-          {"backend", m.backend},
-          {"device", m.device},
-          {"device_uuid", m.device_uuid},
-          {"deployment", m.deployment},
-          {"revision", m.revision},
-          {"adopted", m.adopted},
-          {"holder_pid", m.holder_pid},
-          {"socket", m.socket},
-          {"clients", m.clients},
-          {"connections", m.connections},
-          {"max_connections", m.max_connections},
-          {"idle_timeout_ms", m.idle_timeout_ms},
-          {"attaches", m.attaches},
-          {"closed_idle", m.closed_idle},
-          {"evicted", m.evicted},
-          {"client_list", clients},
-          {"clients_unlisted", m.clients_unlisted},
-          {"layout", m.layout},
-          {"layouts", layouts},
-          {"layout_max_bytes", m.layout_max_bytes},
-          {"layout_bytes", m.layout_bytes}};
+  json j = {{"type", "info"},
+            {"fingerprint", m.fingerprint.ToJson()},
+            {"tensors", m.tensors},
+            {"bytes", m.bytes},
+            {"arena_bytes", m.arena_bytes},
+            {"allocations", m.allocations},
+            {"backend", m.backend},
+            {"device", m.device},
+            {"device_uuid", m.device_uuid},
+            {"deployment", m.deployment},
+            {"revision", m.revision},
+            {"adopted", m.adopted},
+            {"holder_pid", m.holder_pid},
+            {"socket", m.socket},
+            {"clients", m.clients},
+            {"connections", m.connections},
+            {"max_connections", m.max_connections},
+            {"idle_timeout_ms", m.idle_timeout_ms},
+            {"attaches", m.attaches},
+            {"closed_idle", m.closed_idle},
+            {"evicted", m.evicted},
+            {"client_list", clients},
+            {"clients_unlisted", m.clients_unlisted},
+            {"layout", m.layout},
+            {"layouts", layouts},
+            {"layout_max_bytes", m.layout_max_bytes},
+            {"layout_bytes", m.layout_bytes}};
+  if (m.kv_pool) {
+    j["kv_pool"] = {{"id", m.kv_pool->id},
+                    {"bytes", m.kv_pool->bytes},
+                    {"allocations", m.kv_pool->allocations},
+                    {"adopted", m.kv_pool->adopted}};
+  }
+  return j;
 }
 
 json EncodeBye() { return {{"type", "bye"}}; }
@@ -547,6 +554,20 @@ Result<InfoMsg> DecodeInfo(const json& j) {
   }
   WSUP_ASSIGN_OR_RETURN(m.layout_max_bytes, GetU64Or(j, "info", "layout_max_bytes", 0));
   WSUP_ASSIGN_OR_RETURN(m.layout_bytes, GetU64Or(j, "info", "layout_bytes", 0));
+  // Absent: no pool (or a holder from before pools).
+  if (j.contains("kv_pool") && !j["kv_pool"].is_null()) {
+    const json& p = j["kv_pool"];
+    if (!p.is_object()) return FieldError("info", "kv_pool", "an object");
+    KvPoolInfo k;
+    WSUP_ASSIGN_OR_RETURN(k.id, GetString(p, "info kv_pool", "id"));
+    if (k.id.size() > 64 || HasControlChars(k.id)) return FieldError("info kv_pool", "id", "a pool id");
+    WSUP_ASSIGN_OR_RETURN(k.bytes, GetU64(p, "info kv_pool", "bytes"));
+    WSUP_ASSIGN_OR_RETURN(k.allocations, GetU64(p, "info kv_pool", "allocations"));
+    if (p.contains("adopted")) {
+      WSUP_ASSIGN_OR_RETURN(k.adopted, GetBool(p, "info kv_pool", "adopted"));
+    }
+    m.kv_pool = std::move(k);
+  }
   return m;
 }
 

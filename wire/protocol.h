@@ -28,7 +28,9 @@
 //      | committed {layouts}   (a keeper on a holder of engine-made layouts:
 //                               wire/layout_protocol.h, then keep -> kept)
 //   info -> info {fingerprint, tensors, bytes, backend, allocations, clients, layout,
-//                 layouts: [...], layout_max_bytes, layout_bytes, ...}
+//                 layouts: [...], layout_max_bytes, layout_bytes,
+//                 kv_pool?: {id, bytes, allocations, adopted}, ...}
+//   kv_pool -> kv_pool {...} (+ fds) | error   (no hello needed: wire/kv_pool.h)
 //   bye  -> (the holder closes the connection)
 // The holder closes a connection that has no request in flight for its idle
 // limit, and may close an idle one early to make room at its connection
@@ -234,6 +236,15 @@ struct ClientEntry {
 
 inline constexpr size_t kMaxListedClients = 256;
 
+// The node's KV pool as `info` reports it (wire/kv_pool.h has the pool's
+// own message, which carries its fds).
+struct KvPoolInfo {
+  std::string id;
+  uint64_t bytes = 0;
+  uint64_t allocations = 0;
+  bool adopted = false;  // the kept pool of a holder before this one
+};
+
 struct InfoMsg {
   Fingerprint fingerprint;
   uint64_t tensors = 0;
@@ -275,6 +286,9 @@ struct InfoMsg {
   // and committed layouts, which the cap bounds.
   uint64_t layout_max_bytes = 0;
   uint64_t layout_bytes = 0;
+  // The KV pool this holder makes and serves (wsup-holder --kv-pool-mib);
+  // absent from a holder without one, and from older holders.
+  std::optional<KvPoolInfo> kv_pool;
 };
 
 nlohmann::json EncodeHello(const HelloMsg& m);

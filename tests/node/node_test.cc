@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "client/client.h"
 #include "tests/http/http_test_client.h"
 #include "tests/node/node_fixture.h"
 #include "tests/test_util.h"
@@ -173,6 +174,56 @@ TEST_CASE("node: SIGKILL of the holder: engines keep answering, the holder retur
   auto standby = n.Engine(*n.Status(), "standby");
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == 3; }, 15s));
+  CHECK(Complete(n.FrontPort()) == kGolden);
+}
+
+TEST_CASE("node: kv.pool_mib - the supervisor keeps the holder's KV pool, and a SIGKILLed holder comes back "
+          "serving the same pool",
+          "[node][kv]") {
+  if (!Have()) return;
+  Node n({"kv.pool_mib=8"});
+  n.Start();
+  REQUIRE(n.WaitServing());
+  // The pool's id, once the supervisor has kept it.
+  auto kept_id = [&](const json& s) -> std::string {
+    const json& h = s["holders"][0];
+    if (!h.contains("kv_pool") || !h["kv_pool"].is_object()) return "";
+    return h["kv_pool"].value("id", "");
+  };
+  std::string id;
+  REQUIRE(n.WaitStatus([&](const json& s) { return !(id = kept_id(s)).empty(); }, 10s));
+  auto s = *n.Status();
+  CHECK(s["holders"][0]["kv_pool"].value("bytes", uint64_t{0}) == 8u << 20);
+  const std::string socket = s["holders"][0].value("socket", "");
+  auto info = QueryHolderInfo(socket, 5000);
+  REQUIRE(info.ok());
+  REQUIRE(info->kv_pool.has_value());
+  CHECK(info->kv_pool->id == id);
+  CHECK_FALSE(info->kv_pool->adopted);
+
+  pid_t hpid = s["holders"][0].value("pid", 0);
+  REQUIRE(hpid > 0);
+  REQUIRE(::kill(hpid, SIGKILL) == 0);
+  CHECK(Complete(n.FrontPort()) == kGolden);  // engines keep serving
+  // A new holder, ready, serving the kept pool under its id.
+  REQUIRE(n.WaitStatus(
+      [&](const json& st) {
+        const json& h = st["holders"][0];
+        return h.value("pid", 0) != hpid && h.value("pid", 0) > 0 && h.value("ready", false) &&
+               n.Log().find("serves the kept KV pool " + id + " again") != std::string::npos;
+      },
+      15s));
+  CHECK(kept_id(*n.Status()) == id);
+  auto again = QueryHolderInfo(socket, 5000);
+  REQUIRE(again.ok());
+  REQUIRE(again->kv_pool.has_value());
+  CHECK(again->kv_pool->id == id);
+  CHECK(again->kv_pool->adopted);
+  CHECK(again->kv_pool->bytes == 8u << 20);
+  CHECK(std::filesystem::exists(n.dir().Join("run/holder-0.kvpool.json")));
+  std::string holder_log = test::ReadAll(n.dir().Join("state/logs/holder-0.log"));
+  CHECK(holder_log.find("KV pool " + id + ": 8388608 bytes (8 MiB) in 1 allocations in host memory: adopted from "
+                        "kept fds") != std::string::npos);
   CHECK(Complete(n.FrontPort()) == kGolden);
 }
 

@@ -172,6 +172,25 @@ std::vector<BadCase> BadCases() {
        "\"a\\x0ab\""},
       {"mode with a newline", Add("path = \"model\"", "[weight_cache]\nmode = \"off\\n\""), {}, "weight_cache.mode",
        9, "\"off\\x0a\" is not allowed"},
+      // [kv]
+      {"kv pool negative", Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mib = -1"), {}, "kv.pool_mib", 28,
+       "out of range; allowed: an integer from 0 to 16777216"},
+      {"kv pool past 16 TiB", Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mib = 16777217"), {}, "kv.pool_mib", 28,
+       "out of range"},
+      {"kv pool quoted", Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mib = \"8\""), {}, "kv.pool_mib", 28,
+       "without quotes"},
+      {"kv scratch zero", Add("listen = \"127.0.0.1:9090\"", "[kv]\nscratch_mib = 0"), {}, "kv.scratch_mib", 28,
+       "allowed: an integer from 1 to 1048576"},
+      {"kv scratch past 1 TiB", Add("listen = \"127.0.0.1:9090\"", "[kv]\nscratch_mib = 1048577"), {},
+       "kv.scratch_mib", 28, "out of range"},
+      {"kv pool without the daemon mode",
+       Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mib = 8\n[weight_cache]\nmode = \"client\""), {},
+       "kv.pool_mib", 28, "needs weight_cache.mode = \"daemon\""},
+      {"kv unknown key", Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mb = 8"), {}, "kv.pool_mb", 28,
+       "did you mean pool_mib"},
+      {"kv as a value", "kv = 8\n" + std::string(kBase), {}, "kv", 1, "expected a section [kv]"},
+      {"set kv pool without the daemon mode", kBase, {"weight_cache.mode=off", "kv.pool_mib=8"}, "kv.pool_mib", 2,
+       "leave pool_mib out"},
       // --set
       {"set without =", kBase, {"probe.failures"}, "probe.failures", 1, "has no '='"},
       {"set unknown key", kBase, {"probe.failurs=3"}, "probe.failurs", 1, "did you mean failures"},
@@ -496,6 +515,61 @@ TEST_CASE("config: listen addresses", "[config]") {
     INFO(bad);
     CHECK_FALSE(ParseListenAddress(bad).ok());
   }
+}
+
+TEST_CASE("config: the kv section sizes the KV pool per rank - holders make it, placeholders carry both sizes",
+          "[config]") {
+  auto def = ParseConfig(kBase, "/srv/c.toml");
+  REQUIRE(def.ok());
+  CHECK(def->kv.pool_mib == 0);
+  CHECK(def->kv.scratch_mib == 64);
+  // No pool: no flag (holders of other versions know none), no line.
+  auto h0 = HolderArgv(*def, 0, "/opt/wsup/bin/wsup-holder");
+  REQUIRE(h0.ok());
+  CHECK(std::find(h0->begin(), h0->end(), "--kv-pool-mib") == h0->end());
+  CHECK(DescribeConfig(*def).find("kv:") == std::string::npos);
+
+  const std::string text = std::string(kBase) + "\n[kv]\npool_mib = 8\nscratch_mib = 16\n";
+  auto r = ParseConfig(text, "/srv/c.toml",
+                       {"engine.command=[\"e\", \"--port\", \"{port}\", \"--kv-pool-mib\", \"{kv_pool_mib}\", "
+                        "\"--kv-scratch-mib={kv_scratch_mib}\"]"});
+  INFO((r.ok() ? "" : r.error().message()));
+  REQUIRE(r.ok());
+  CHECK(r->kv.pool_mib == 8);
+  CHECK(r->kv.scratch_mib == 16);
+  auto e = EngineArgv(*r, 8001);
+  REQUIRE(e.ok());
+  CHECK(*e == std::vector<std::string>{"e", "--port", "8001", "--kv-pool-mib", "8", "--kv-scratch-mib=16"});
+  CHECK(DescribeConfig(*r).find("kv: a pool of 8 MiB per rank") != std::string::npos);
+  CHECK(DescribeConfig(*r).find("scratch 16 MiB") != std::string::npos);
+
+  // The standard holder arguments, both layouts, get the pool.
+  for (const char* layout : {"checkpoint", "engine"}) {
+    INFO(layout);
+    auto c = ParseConfig(text, "/srv/c.toml", {std::string("weight_cache.layout=") + layout});
+    REQUIRE(c.ok());
+    auto h = HolderArgv(*c, 0, "/opt/wsup/bin/wsup-holder");
+    REQUIRE(h.ok());
+    auto pool = std::find(h->begin(), h->end(), "--kv-pool-mib");
+    REQUIRE(pool != h->end());
+    REQUIRE(pool + 1 != h->end());
+    CHECK(*(pool + 1) == "8");
+  }
+  // A holder.command of its own passes them itself.
+  auto custom = ParseConfig(text, "/srv/c.toml",
+                            {"holder.command=[\"/bin/h\", \"--pool\", \"{kv_pool_mib}\", \"{kv_scratch_mib}\"]"});
+  INFO((custom.ok() ? "" : custom.error().message()));
+  REQUIRE(custom.ok());
+  auto hc = HolderArgv(*custom, 0, "x");
+  REQUIRE(hc.ok());
+  CHECK(*hc == std::vector<std::string>{"/bin/h", "--pool", "8", "16"});
+  for (const auto* names : {&EnginePlaceholders(), &HolderPlaceholders()}) {
+    CHECK(std::find(names->begin(), names->end(), "kv_pool_mib") != names->end());
+    CHECK(std::find(names->begin(), names->end(), "kv_scratch_mib") != names->end());
+  }
+  // A pool in client or off mode is refused, none is fine.
+  CHECK(ParseConfig(kBase, "c.toml", {"weight_cache.mode=client", "kv.scratch_mib=8"}).ok());
+  CHECK_FALSE(ParseConfig(text, "c.toml", {"weight_cache.mode=off"}).ok());
 }
 
 TEST_CASE("config: placeholders expand, unknown ones are refused", "[config]") {
