@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Checks that no Catch2 test name in the tests can be split by CTest.
+"""Checks that every Catch2 test name in the tests reaches CTest whole.
 
 catch_discover_tests registers each TEST_CASE under its name, and CTest
 reads a ';' in a name as a list separator: the test then runs as two
 filters that match nothing and passes empty (the reserve test of the
-carver once did). This reads every TEST_CASE, TEST_CASE_METHOD and
+carver once did); a name that starts with '-' is read by the test
+binary as an option and runs nothing. This reads every TEST_CASE, TEST_CASE_METHOD and
 SCENARIO name under ROOT/tests (adjacent string literals joined, as the
 compiler joins them) and names each file, line and test that has one.
 
@@ -18,6 +19,8 @@ import sys
 MACRO = re.compile(r'\b(TEST_CASE_METHOD|TEST_CASE|SCENARIO)\s*\(\s*(?:[A-Za-z_][\w:<>, ]*?,\s*)?((?:"(?:[^"\\]|\\.)*"\s*)+)')
 LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
 BAD = {";": "a ';' (CTest splits names there)"}
+# Catch2 reads a name that starts with '-' as an option of its own.
+LEADING = {"-": "a leading '-' (Catch2 takes it for a command-line option)"}
 
 
 def names(text):
@@ -39,10 +42,13 @@ def main():
                 text = fh.read()
             for line, name in names(text):
                 seen += 1
+                rel = os.path.relpath(path, root)
                 for ch, why in BAD.items():
                     if ch in name:
-                        rel = os.path.relpath(path, root)
                         bad.append(f"{rel}:{line}: test '{name}' has {why}; use ',' or ':' instead")
+                for ch, why in LEADING.items():
+                    if name.startswith(ch):
+                        bad.append(f"{rel}:{line}: test '{name}' has {why}; start it with a word")
     for b in bad:
         print(b)
     if seen == 0:

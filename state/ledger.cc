@@ -80,7 +80,7 @@ std::optional<std::string_view> OptText(const std::string& s) {
 // The writer thread's connection and prepared statements.
 struct Ledger::Writer {
   Db db;
-  Stmt failover, first_ok, kv_full, cache, recovery, holder, probe;
+  Stmt failover, first_ok, gone, kv_full, cache, recovery, holder, probe;
   // Failover ids whose row could not be written, and why (bounded).
   std::unordered_map<int64_t, std::string> lost_failovers;
 
@@ -101,9 +101,9 @@ struct Ledger::Writer {
     return st;
   }
   Status Write(const FailoverTime& r) {
-    const bool first = r.field == FailoverTime::Field::kFirstOk;
-    Stmt& stmt = first ? first_ok : kv_full;
-    const char* column = first ? "first_ok_ms" : "kv_full_ms";
+    using F = FailoverTime::Field;
+    Stmt& stmt = r.field == F::kFirstOk ? first_ok : r.field == F::kGone ? gone : kv_full;
+    const char* column = r.field == F::kFirstOk ? "first_ok_ms" : r.field == F::kGone ? "gone_ms" : "kv_full_ms";
     stmt.Reset();
     stmt.Bind(1, r.id).Bind(2, r.ms);
     WSUP_RETURN_IF_ERROR(stmt.Run());
@@ -176,6 +176,7 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
       "INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, "
       "first_ok_ms, reconstructed) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)"));
   WSUP_ASSIGN_OR_RETURN(w.first_ok, w.db.Prepare("UPDATE failovers SET first_ok_ms = ?2 WHERE id = ?1"));
+  WSUP_ASSIGN_OR_RETURN(w.gone, w.db.Prepare("UPDATE failovers SET gone_ms = ?2 WHERE id = ?1"));
   WSUP_ASSIGN_OR_RETURN(w.kv_full, w.db.Prepare("UPDATE failovers SET kv_full_ms = ?2 WHERE id = ?1"));
   WSUP_ASSIGN_OR_RETURN(w.cache, w.db.Prepare(
       "INSERT INTO cache_events (id, time_ms, slot, rank, result, mode, miss_reason, diff_json, attach_ms, load_ms) "
@@ -256,6 +257,10 @@ Result<int64_t> Ledger::RecordProbeTransition(ProbeTransitionRecord row) {
 
 Status Ledger::SetFailoverFirstOk(int64_t failover_id, int64_t first_ok_ms) {
   return SetFailoverTime(FailoverTime{failover_id, FailoverTime::Field::kFirstOk, first_ok_ms});
+}
+
+Status Ledger::SetFailoverGone(int64_t failover_id, int64_t gone_ms) {
+  return SetFailoverTime(FailoverTime{failover_id, FailoverTime::Field::kGone, gone_ms});
 }
 
 Status Ledger::SetFailoverKvFull(int64_t failover_id, int64_t kv_full_ms) {

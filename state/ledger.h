@@ -64,7 +64,8 @@ class Ledger {
   Result<int64_t> RecordProbeTransition(ProbeTransitionRecord row);
   // Fills in first_ok_ms of a failover recorded earlier.
   Status SetFailoverFirstOk(int64_t failover_id, int64_t first_ok_ms);
-  // Fills in kv_full_ms of a failover recorded earlier.
+  // Fills in gone_ms, or kv_full_ms, of a failover recorded earlier.
+  Status SetFailoverGone(int64_t failover_id, int64_t gone_ms);
   Status SetFailoverKvFull(int64_t failover_id, int64_t kv_full_ms);
 
   // Blocks until every row queued before the call is committed. Returns the
@@ -93,9 +94,9 @@ class Ledger {
   Stats stats() const;
   const std::string& path() const { return path_; }
 
-  // A time filled in later on a failover's row: first_ok_ms or kv_full_ms.
+  // A time filled in later on a failover's row.
   struct FailoverTime {
-    enum class Field { kFirstOk, kKvFull };
+    enum class Field { kFirstOk, kGone, kKvFull };
     int64_t id;
     Field field;
     int64_t ms;

@@ -27,8 +27,10 @@ struct FailoverRecord {
   int64_t detected_ms = 0;  // when the supervisor knew
   int64_t swapped_ms = 0;   // when the front pointed at to_slot
   std::optional<int64_t> first_ok_ms;  // first good answer through the front after the swap
-  // With a node KV pool: when the promoted engine had the pool mapped (its
-  // full KV capacity back).
+  // When the failed engine's process was seen to exit (its pidfd), and,
+  // with a node KV pool, when the promoted engine had the pool mapped (its
+  // full KV capacity back), which is never before gone_ms.
+  std::optional<int64_t> gone_ms;
   std::optional<int64_t> kv_full_ms;
   // Happened while no supervisor ran; recorded by the next one from what it
   // could prove (the front's own log of its switch, the last saved state).

@@ -70,7 +70,7 @@ Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill 
 Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
   return ReadRows<FailoverRecord>(db_,
       "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
-      "detect_ms, swap_ms, failover_ms, outage_ms, reconstructed, kv_full_ms, kv_back_ms FROM failovers "
+      "detect_ms, swap_ms, failover_ms, outage_ms, reconstructed, kv_full_ms, kv_back_ms, gone_ms FROM failovers "
       "WHERE fault_ms >= ?1 "
       "ORDER BY fault_ms, id",
       since_ms, [](Stmt& st, FailoverRecord& r) {
@@ -91,6 +91,7 @@ Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
       r.reconstructed = st.Int(14) != 0;
       r.kv_full_ms = st.OptInt(15);
       r.kv_back_ms = st.OptInt(16);
+      r.gone_ms = st.OptInt(17);
       });
 }
 
@@ -198,7 +199,7 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
                    [](const auto& a, const auto& b) { return a.second > b.second; });
 
   WSUP_ASSIGN_OR_RETURN(auto failovers, reader.Failovers(rep.from_ms));
-  std::vector<int64_t> detect, swap, failover, outage, kv_back;
+  std::vector<int64_t> detect, swap, failover, outage, kv_back, kv_after_gone;
   for (const auto& f : failovers) {
     ++rep.failovers.count;
     if (f.drill) ++rep.failovers.drills;
@@ -209,12 +210,14 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     failover.push_back(f.failover_ms);
     if (f.outage_ms) outage.push_back(*f.outage_ms);
     if (f.kv_back_ms) kv_back.push_back(*f.kv_back_ms);
+    if (f.kv_full_ms && f.gone_ms) kv_after_gone.push_back(*f.kv_full_ms - *f.gone_ms);
   }
   rep.failovers.detect = Percentiles(std::move(detect));
   rep.failovers.swap = Percentiles(std::move(swap));
   rep.failovers.failover = Percentiles(std::move(failover));
   rep.failovers.outage = Percentiles(std::move(outage));
   rep.failovers.kv_back = Percentiles(std::move(kv_back));
+  rep.failovers.kv_after_gone = Percentiles(std::move(kv_after_gone));
 
   WSUP_ASSIGN_OR_RETURN(auto recoveries, reader.Recoveries(rep.from_ms));
   std::vector<int64_t> all, hit, miss;
@@ -295,6 +298,9 @@ std::string RenderReportText(const Report& r) {
     os << "  failover: " << Dist(r.failovers.failover) << "\n";
     os << "  outage:   " << Dist(r.failovers.outage) << "\n";
     if (r.failovers.kv_back.count) os << "  full KV:  " << Dist(r.failovers.kv_back) << "\n";
+    if (r.failovers.kv_after_gone.count) {
+      os << "  full KV after the old engine's exit: " << Dist(r.failovers.kv_after_gone) << "\n";
+    }
   }
   os << "recovery: " << Dist(r.recovery) << "\n";
   os << "  after a hit:  " << Dist(r.recovery_hit) << "\n";
@@ -328,7 +334,8 @@ std::string RenderReportJson(const Report& r) {
                     {"probe", r.failovers.probe},        {"drills", r.failovers.drills},
                     {"detect", DistJson(r.failovers.detect)}, {"swap", DistJson(r.failovers.swap)},
                     {"failover", DistJson(r.failovers.failover)}, {"outage", DistJson(r.failovers.outage)},
-                    {"kv_back", DistJson(r.failovers.kv_back)}};
+                    {"kv_back", DistJson(r.failovers.kv_back)},
+                    {"kv_after_gone", DistJson(r.failovers.kv_after_gone)}};
   j["recovery"] = {{"all", DistJson(r.recovery)}, {"hit", DistJson(r.recovery_hit)}, {"miss", DistJson(r.recovery_miss)}};
   nlohmann::json tail = nlohmann::json::array();
   for (const auto& m : r.miss_tail) {

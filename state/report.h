@@ -78,6 +78,9 @@ struct Report {
     int64_t count = 0, drills = 0, crash = 0, probe = 0;
     Distribution detect, swap, failover, outage;  // outage: only rows with first_ok_ms
     Distribution kv_back;  // fault -> the promoted engine's full KV (node KV pool); rows with kv_full_ms
+    // The failed engine's exit -> the promoted engine's full KV: the
+    // handover's own cost; rows with both gone_ms and kv_full_ms.
+    Distribution kv_after_gone;
   } failovers;
 
   Distribution recovery;       // all recoveries

@@ -79,6 +79,7 @@ CREATE INDEX recoveries_fault_ms ON recoveries (fault_ms);
 ALTER TABLE failovers ADD COLUMN reconstructed INTEGER NOT NULL DEFAULT 0 CHECK (reconstructed IN (0, 1));
 )sql"},
     {4, R"sql(
+ALTER TABLE failovers ADD COLUMN gone_ms INTEGER;
 ALTER TABLE failovers ADD COLUMN kv_full_ms INTEGER;
 ALTER TABLE failovers ADD COLUMN kv_back_ms INTEGER GENERATED ALWAYS AS (kv_full_ms - fault_ms) VIRTUAL;
 )sql"},

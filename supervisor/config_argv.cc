@@ -107,6 +107,7 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
           {"kv_pool_mib", std::to_string(c.kv.pool_mib)},
           {"kv_scratch_mib", std::to_string(c.kv.scratch_mib)}};
 }
+
 // Only when asked: holders of other versions know no --kv-pool-mib.
 void AddKvPoolArgs(const Config& c, std::vector<std::string>* argv) {
   if (c.kv.pool_mib > 0) argv->insert(argv->end(), {"--kv-pool-mib", "{kv_pool_mib}"});

@@ -201,12 +201,13 @@ Status Loader::CheckRules(Config* c) {
                                                 "= \"engine\", or leave layout_max_bytes out");
   }
 
-  // kv: the holders the supervisor runs make the pool and it keeps it.
-  if (c->kv.pool_mib > 0 && c->weight_cache.mode != CacheMode::kDaemon)
-    return Err("kv.pool_mib", std::to_string(c->kv.pool_mib) + " MiB needs weight_cache.mode = \"daemon\" (the pool "
-                              "is made by the holders the supervisor runs, and kept by it), not \"" +
-                              std::string(CacheModeName(c->weight_cache.mode)) +
-                              "\"; set mode = \"daemon\", or leave pool_mib out (0: engines keep their own KV)");
+  // kv: the holders make the pool (daemon: the supervisor's, which it keeps;
+  // client: holders run by someone else with --kv-pool-mib), and the
+  // supervisor says which engine maps it. Without holders there is none.
+  if (c->kv.pool_mib > 0 && c->weight_cache.mode == CacheMode::kOff)
+    return Err("kv.pool_mib", std::to_string(c->kv.pool_mib) + " MiB needs holders to make the pool, and "
+                              "weight_cache.mode = \"off\" has none; set mode = \"daemon\" (the supervisor runs "
+                              "the holders and keeps the pool), or leave pool_mib out (0: engines keep their own KV)");
 
   // engine
   // Port 0: the supervisor picks a free port at each start (tests, ad-hoc runs).

@@ -41,6 +41,14 @@ json Supervisor::Impl::StatusJson() {
            {"restarts", s->throttle.total()},
            {"adopted", s->adopted}};
     if (s->permanent_failure) e["failure"] = s->failure_reason;
+    // What the engine last said of its KV (source pool, scratch or
+    // private) and memory; absent for an engine that does not say.
+    if (s->kv.is_object()) {
+      e["kv"] = s->kv;
+    } else if (PoolEnabled() && !s->kv_capable) {
+      e["kv"] = json{{"source", "private"}};
+    }
+    if (s->memory.is_object()) e["memory"] = s->memory;
     j["engines"].push_back(e);
   }
   j["holders"] = json::array();
@@ -68,6 +76,7 @@ json Supervisor::Impl::StatusJson() {
   if (!front_.last_exit.empty()) fj["last_exit"] = front_.last_exit;
   if (!front_.down_reason.empty()) fj["failure"] = front_.down_reason;
   j["front"] = fj;
+  if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
   j["state_dir"] = cfg_.node.state_dir;
   j["ledger"] = ledger_->path();
   Ledger::Stats ls = ledger_->stats();
@@ -154,6 +163,9 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
   rec.swapped_ms = swapped;
   auto id = LedgerResult(ledger_->RecordFailover(rec), "drill failover");
   metrics_.failovers[rec.trigger]++;
+  // Planned: the old engine lives on, as the standby.
+  TrackFailover(id, act->name, false, promoted ? stby->name : "", fault);
+  if (tail_) tail_->await_gone = false;
   pending_ = PendingFailover{id ? *id : 0, act->name, promoted ? stby->name : "", fault, fault, swapped, {c}, true};
   if (promoted) {
     ProbeThroughFront([this](bool ok, int64_t at) {

@@ -37,6 +37,9 @@ constexpr SlotTransition kTable[] = {
     // Found stopped or silent when it was about to take the traffic: it is
     // not promoted, and it is replaced.
     {S::kStandby, E::kUnfit, S::kFailed, A::kKillGroup},
+    // It keeps the node's KV pool after it was asked to let it go: killed,
+    // its exit frees the pool for the active engine.
+    {S::kStandby, E::kKvStuck, S::kFailed, A::kKillGroup},
     {S::kStandby, E::kProbePass, S::kStandby, A::kNone},
     {S::kStandby, E::kEngineReady, S::kStandby, A::kNone},
 
@@ -56,6 +59,7 @@ constexpr SlotTransition kTable[] = {
     {S::kDraining, E::kProbeTrip, S::kFailed, A::kKillGroup},
     {S::kDraining, E::kStop, S::kStopping, A::kTerminate},
     {S::kDraining, E::kProbePass, S::kDraining, A::kNone},
+    {S::kDraining, E::kKvStuck, S::kFailed, A::kKillGroup},
 
     // kKillGroup from a live state leads here first; the exit then arrives.
     {S::kFailed, E::kExited, S::kFailed, A::kScheduleRestart},
@@ -107,6 +111,7 @@ const char* SlotEventName(SlotEvent e) {
     case E::kStop: return "stop";
     case E::kAdopt: return "adopt";
     case E::kUnfit: return "unfit";
+    case E::kKvStuck: return "kv_stuck";
   }
   return "?";
 }

@@ -10,6 +10,7 @@
 //   idle --spawn--> starting --engine_ready--> warming --probe_pass--> standby
 //   standby --promote--> active --demote--> draining --drained--> standby
 //   standby --unfit--> failed (the check before a promotion: stopped, silent)
+//   standby | draining --kv_stuck--> failed (it would not let the KV pool go)
 //   any live state --exited / dying / probe_trip / start_timeout--> failed
 //   failed --restart--> starting (after backoff; the supervisor decides when)
 //   any state --stop--> stopping --exited--> stopped
@@ -49,6 +50,7 @@ enum class SlotEvent {
   kStop,          // the supervisor is shutting the slot down
   kAdopt,         // a restarted supervisor found this engine running and proven
   kUnfit,         // the check before a promotion found it stopped, gone or silent
+  kKvStuck,       // it holds the node's KV pool and did not let it go when asked
 };
 
 // What the supervisor must do after a transition.

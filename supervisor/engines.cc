@@ -27,6 +27,7 @@ using nlohmann::json;
 namespace {
 
 constexpr int64_t kStatusPollMs = 25;  // while an engine starts
+constexpr int64_t kStatusRefreshMs = 1000;  // while it serves
 
 
 // 16 random bytes as hex: unguessable by another process on the node.
@@ -135,6 +136,9 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   s.drill_kill = false;
   s.adopted = false;
   s.identity_logged = false;
+  s.kv = json();
+  s.memory = json();
+  s.kv_capable = true;
   // Recorded before anything else can happen: a supervisor that dies now
   // leaves a process its successor and `wsup stop` can find.
   SaveState();
@@ -334,6 +338,8 @@ void Supervisor::Impl::StartProbing(Slot& s) {
         metrics_.ObserveProbe(s.name, o.ok, o.latency_ms);
       });
   s.monitor->Start();
+  // What it says of its KV and memory, while it serves.
+  s.status_timer->Start(kStatusRefreshMs, [this, sp] { RefreshStatus(*sp); }, kStatusRefreshMs);
 }
 
 void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) {
@@ -346,6 +352,9 @@ void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) 
   spdlog::info("engine {}: {} --{}--> {} [{}] {}", s.name, SlotStateName(t->from), SlotEventName(event),
                SlotStateName(t->to), SlotActionName(t->action), cause);
   s.state = t->to;
+  // The pool first: a slot that failed is fenced before its standby is
+  // promoted by the action below.
+  PoolOnSlotMoved(s, t->from, t->to, cause);
   Apply(s, *t, cause);
   if (s.state == SlotState::kStandby && !s.recovery_cause.empty()) {
     // Proven ready again: one recovery row with the engine's own phases.
@@ -437,10 +446,21 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   s.comm_warm = false;
   s.poll->Stop();
   s.stop_timer->Stop();
+  s.status_timer->Stop();
   if (s.monitor) s.monitor->Stop();
   std::string why = "pid " + std::to_string(s.pid) + " " + info.Describe();
   s.pid = 0;
+  s.kv = json();
+  s.memory = json();
+  metrics_.engine_memory.erase(s.name);
+  if (tail_ && tail_->await_gone && tail_->from == s.name) {
+    LedgerResult(ledger_->SetFailoverGone(tail_->id, clock_.WallMs()), "failover gone");
+    tail_->await_gone = false;
+  }
   Fire(s, SlotEvent::kExited, why);
+  // Only the exit frees the pool of an engine that held it: none of its
+  // work can still be running now (its lifeline's EOF came earlier).
+  if (PoolEnabled()) PoolFire(s, PoolEvent::kGone, why);
   // The row for an exit is failed/stopped; a failed slot is restarted with
   // the exit code in hand (a permanent-failure code is not retried).
   if (s.state == SlotState::kFailed) ScheduleRestart(s, info.known && !info.signal ? info.exit_code : -1);

@@ -71,6 +71,7 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   rec.swapped_ms = swapped;
   auto id = LedgerResult(ledger_->RecordFailover(rec), "failover");
   metrics_.failovers[rec.trigger]++;
+  TrackFailover(id, failed.name, failed.pid != 0, to_name, fault_ms);
   failed.recovery_cause = rec.trigger;
   failed.recovery_fault_ms = fault_ms;
   if (id) failed.recovery_failover_id = *id;
@@ -90,6 +91,19 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
       if (ok) CompletePending(at);
     }, 200);
   }
+}
+
+void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::string& from, bool from_alive,
+                                     const std::string& to, int64_t fault_ms) {
+  if (!id) return;
+  tail_ = FailoverTimes{*id, from, to, fault_ms, false, false};
+  if (from_alive) {
+    tail_->await_gone = true;
+  } else {
+    // Reaped already (an adopted engine, seen through its pidfd alone).
+    LedgerResult(ledger_->SetFailoverGone(*id, clock_.WallMs()), "failover gone");
+  }
+  tail_->await_kv = PoolEnabled() && !to.empty();
 }
 
 void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
@@ -177,6 +191,8 @@ void Supervisor::Impl::MaybePromote() {
     if (pending_ && pending_->to.empty()) {
       pending_->to = s->name;
       pending_->swapped_ms = clock_.WallMs();
+      if (tail_ && tail_->id == pending_->id) tail_->await_kv = PoolEnabled();
+      if (tail_ && tail_->id == pending_->id) tail_->to = s->name;
     }
     ProbeThroughFront(
         [this](bool ok, int64_t at) {

@@ -17,7 +17,11 @@ std::string Num(double v) {
 Metrics::Metrics() {
   recovery_.bounds = {0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600};
   recovery_.counts.assign(recovery_.bounds.size() + 1, 0);
+  kv_back_.bounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+  kv_back_.counts.assign(kv_back_.bounds.size() + 1, 0);
 }
+
+void Metrics::ObserveKvBack(double seconds) { kv_back_.Observe(seconds); }
 
 void Metrics::Histogram::Observe(double v) {
   size_t i = 0;
@@ -75,6 +79,25 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_recovery_seconds From a fault to a semantically ready engine again.\n"
        "# TYPE wsup_recovery_seconds histogram\n";
   hist("wsup_recovery_seconds", "", recovery_);
+  o << "# HELP wsup_kv_full_seconds From a failover's fault to the promoted engine mapping the node's KV pool.\n"
+       "# TYPE wsup_kv_full_seconds histogram\n";
+  hist("wsup_kv_full_seconds", "", kv_back_);
+  o << "# HELP wsup_kv_pool_events_total The KV pool's handover events (supervisor/kv_handover.h), by event.\n"
+       "# TYPE wsup_kv_pool_events_total counter\n";
+  for (const auto& [e, n] : kv_pool_events) o << "wsup_kv_pool_events_total{event=\"" << e << "\"} " << n << "\n";
+  o << "# HELP wsup_kv_pool_owner 1 for the engine slot that maps the node's KV pool.\n"
+       "# TYPE wsup_kv_pool_owner gauge\n";
+  for (const char* slot : {"a", "b"}) {
+    o << "wsup_kv_pool_owner{slot=\"" << slot << "\"} " << (kv_pool_owner == slot ? 1 : 0) << "\n";
+  }
+  o << "# HELP wsup_engine_memory_bytes What each engine says it holds: weights mapped, KV (pool, scratch or "
+       "private), other (its own memory beyond them; CPU engines).\n"
+       "# TYPE wsup_engine_memory_bytes gauge\n";
+  for (const auto& [slot, parts] : engine_memory) {
+    for (const auto& [part, bytes] : parts) {
+      o << "wsup_engine_memory_bytes{slot=\"" << slot << "\",part=\"" << part << "\"} " << bytes << "\n";
+    }
+  }
   o << "# HELP wsup_engine_up 1 when the slot's engine is live, by slot and role.\n"
        "# TYPE wsup_engine_up gauge\n";
   for (const auto& [slot, v] : slots_) {

@@ -23,6 +23,12 @@ class Metrics {
   bool front_crash_looping = false;
   uint64_t ledger_write_errors = 0;   // rows refused or not committed
   uint64_t reconstructed_failovers = 0;
+  // The node's KV pool: the handover table's events, the engine that holds
+  // it ("" when none), and each engine's memory by part (weights, kv, other).
+  std::map<std::string, uint64_t> kv_pool_events;
+  std::string kv_pool_owner;
+  std::map<std::string, std::map<std::string, uint64_t>> engine_memory;
+  void ObserveKvBack(double seconds);
 
   void ObserveRecovery(double seconds);
   void ObserveProbe(const std::string& slot, bool ok, int64_t latency_ms);
@@ -39,6 +45,7 @@ class Metrics {
     void Observe(double v);
   };
   Histogram recovery_;
+  Histogram kv_back_;
   std::map<std::string, Histogram> probe_latency_;  // by slot, seconds
   std::map<std::string, uint64_t> probe_failures_;  // by slot
   struct SlotView {

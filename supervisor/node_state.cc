@@ -42,6 +42,7 @@ RuntimeState Supervisor::Impl::BuildState() {
   st.supervisor = ProcessRef{::getpid(), ProcessStartTime(::getpid()).ok() ? *ProcessStartTime(::getpid()) : 0};
   st.epoch = epoch_;
   st.saved_ms = clock_.WallMs();
+  st.kv_pool_owner = kv_.owner();
   if (front_.pid > 0) {
     st.front = RuntimeState::Front{ProcessRef{front_.pid, front_.start_time}, front_.control_path,
                                    HostPortString(cfg_.front.listen.host, front_.port)};

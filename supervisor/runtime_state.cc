@@ -50,6 +50,7 @@ std::string RuntimeState::ToJson() const {
   j["supervisor"] = ProcToJson(supervisor);
   j["epoch"] = epoch;
   j["saved_ms"] = saved_ms;
+  if (!kv_pool_owner.empty()) j["kv_pool_owner"] = kv_pool_owner;
   if (front) {
     j["front"] = {{"proc", ProcToJson(front->proc)},
                   {"control_socket", front->control_socket},
@@ -90,6 +91,7 @@ Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::
     s.supervisor = ProcFromJson(j.at("supervisor"));
     s.epoch = j.value("epoch", int64_t{0});
     s.saved_ms = j.value("saved_ms", int64_t{0});
+    s.kv_pool_owner = j.value("kv_pool_owner", std::string());
     if (!j.at("front").is_null()) {
       const auto& f = j.at("front");
       s.front = Front{ProcFromJson(f.at("proc")), f.at("control_socket").get<std::string>(),

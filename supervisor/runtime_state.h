@@ -75,6 +75,10 @@ struct RuntimeState {
     std::string nonce;         // the per-start nonce the engine was given (WSUP_ENGINE_NONCE)
   };
   std::vector<Engine> engines;
+  // The engine slot that may map the node's KV pool ("" when none): a
+  // restarted supervisor must not give the pool to another before that one
+  // let it go or is gone (supervisor/kv_handover.h).
+  std::string kv_pool_owner;
 
   std::string ToJson() const;
   static Result<RuntimeState> FromJson(const std::string& text, const std::string& path);

@@ -92,7 +92,10 @@ Supervisor::Impl::~Impl() {
   for (Slot* s : {&a_, &b_}) {
     CloseWatches(*s);
     s->monitor.reset();
+    s->status_timer->Stop();
   }
+  if (kv_fence_watch_) kv_fence_watch_->Close();
+  kv_fence_watch_ = nullptr;
   for (auto& h : holders_) {
     if (h->watch) h->watch->Close();
     h->watch = nullptr;
@@ -316,7 +319,12 @@ void Supervisor::Impl::MaybeFinishStop() {
       uv_close(reinterpret_cast<uv_handle_t*>(&sigpipe_), nullptr);
       signals_started_ = false;
     }
-    for (Slot* s : {&a_, &b_}) s->monitor.reset();
+    for (Slot* s : {&a_, &b_}) {
+      s->monitor.reset();
+      s->status_timer->Stop();
+    }
+    if (kv_fence_watch_) kv_fence_watch_->Close();
+    kv_fence_watch_ = nullptr;
     for (auto& h : holders_) {
       h->kept.reset();
       h->layouts.clear();  // releases the kept layouts: the holders have stopped

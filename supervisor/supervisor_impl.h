@@ -10,6 +10,8 @@
 //                  table's actions, restarts
 //   failover.cc    failover and promotion (the standby checked first), the
 //                  probe through the front, answers to `wsup failover`
+//   kv_pool.cc     the node's KV pool: which engine maps it (kv_handover.h),
+//                  the role requests, what engines say of their KV and memory
 //   control.cc     the control socket (CLI), drills, /metrics and /status
 //   node_state.cc  state.json, the status line, ledger writes
 //
@@ -44,6 +46,7 @@
 #include "state/ledger.h"
 #include "supervisor/child_fsm.h"
 #include "supervisor/engine_fsm.h"
+#include "supervisor/kv_handover.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/metrics.h"
@@ -85,6 +88,7 @@ class Supervisor::Impl {
           poll(timers.Make()),
           stop_timer(timers.Make()),
           restart_timer(timers.Make()),
+          status_timer(timers.Make()),
           throttle(std::move(policy)) {}
     std::string name;
     SlotState state = SlotState::kIdle;
@@ -107,6 +111,7 @@ class Supervisor::Impl {
     std::unique_ptr<Timer> poll;           // status polling while starting
     std::unique_ptr<Timer> stop_timer;     // SIGKILL after the stop budget
     std::unique_ptr<Timer> restart_timer;  // backoff
+    std::unique_ptr<Timer> status_timer;   // its /wsup/status while it serves (KV, memory)
 
     // What the probes and the engine say.
     std::unique_ptr<HealthMonitor> monitor;
@@ -116,6 +121,12 @@ class Supervisor::Impl {
     std::string last_probe_reason;
     int64_t last_probe_ms = 0;       // latency of the last probe
     int64_t last_ok_mono = 0;        // when a probe last passed (0: never, this start)
+    // The node's KV pool: what the engine last said of its KV and memory,
+    // and whether it takes the pool at all (false once it answered that it
+    // keeps a private cache, or has no /wsup/role).
+    nlohmann::json kv;
+    nlohmann::json memory;
+    bool kv_capable = true;
 
     // Recovery bookkeeping for the next time this slot becomes ready.
     std::optional<int64_t> recovery_failover_id;
@@ -215,6 +226,9 @@ class Supervisor::Impl {
   Status AdoptOrStart(std::optional<RuntimeState> prev);
   void AdoptFront(const RuntimeState::Front& pf, int64_t epoch);
   bool AdoptEngine(const RuntimeState::Engine& pe);
+  // The KV pool's owner before the restart (kv_.AdoptHeld): kept, released
+  // (it is the standby now), or freed once its process is gone.
+  void AdoptPoolOwner(const RuntimeState& prev);
   void ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead);
 
   // front_link.cc
@@ -281,8 +295,26 @@ class Supervisor::Impl {
   void MaybePromote();
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
   void CompletePending(int64_t first_ok_ms);
+  // The failover's row gets gone_ms once `from`'s process exits (a crash:
+  // `from_alive`) and, with a KV pool, kv_full_ms once `to` maps it.
+  void TrackFailover(std::optional<int64_t> id, const std::string& from, bool from_alive, const std::string& to,
+                     int64_t fault_ms);
   void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
                          int64_t since_mono);
+
+  // kv_pool.cc (see kv_handover.h)
+  bool PoolEnabled() const;
+  // The pool's events that follow from a move of the engine table.
+  void PoolOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause);
+  KvHandover::Step PoolFire(Slot& s, PoolEvent event, const std::string& why);
+  void GrantPool(Slot& s);
+  void ReleasePool(Slot& s);
+  // POST /wsup/role; the answer's `kv` is kept in the slot before `done`.
+  void SendRole(Slot& s, const std::string& role, bool pool, int64_t timeout_ms,
+                std::function<void(Result<http::HttpResponse>)> done);
+  // GET /wsup/status of a serving engine: its kv and memory (gauges).
+  void RefreshStatus(Slot& s);
+  nlohmann::json PoolStatusJson() const;
 
   // control.cc
   void OnControl(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
@@ -350,6 +382,18 @@ class Supervisor::Impl {
   std::string routed_active_, routed_standby_;
 
   std::optional<PendingFailover> pending_;
+  // The node's KV pool: who maps it.
+  KvHandover kv_;
+  // The latest failover whose later times are still to be recorded: the
+  // failed engine's exit and the promoted engine's full KV.
+  struct FailoverTimes {
+    int64_t id = 0;
+    std::string from, to;
+    int64_t fault_ms = 0;
+    bool await_gone = false, await_kv = false;
+  };
+  std::optional<FailoverTimes> tail_;
+  ProcessWatch* kv_fence_watch_ = nullptr;  // the exit of a pool owner that was not adopted
   bool ready_notified_ = false;
   bool degraded_ = false;
   std::string degraded_reason_;

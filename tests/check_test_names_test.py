@@ -39,6 +39,9 @@ expect(rc == 1 and "a_test.cc:2:" in out and "'a; b'" in out, "a plain TEST_CASE
 rc, out = run(tree('TEST_CASE_METHOD(Fixture, "one;"\n                 " two", "[x]") {}\n'))
 expect(rc == 1 and "'one; two'" in out, "a fixture's test with ';' in joined literals is named", out)
 
+rc, out = run(tree('TEST_CASE("--flag-like name", "[x]") {}\n'))
+expect(rc == 1 and "leading '-'" in out, "a name that starts with '-' is named", out)
+
 rc, out = run(tree('TEST_CASE("clean", "[x]") {}\n'))
 expect(rc == 0, "a clean tree passes", out)
 

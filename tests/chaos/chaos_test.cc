@@ -250,7 +250,7 @@ TEST_CASE("chaos 3: an answer on the engine's port from a process with another n
     std::ofstream f(py);
     f << script;
   }
-  Node n({"engine.command=[\"python3\", \"" + py + "\", \"{port}\"]", "weight_cache.mode=\"off\""});
+  Node n({"engine.command=[\"python3\", \"" + py + "\", \"{port}\"]", "weight_cache.mode=\"off\"", "kv.pool_mib=0"});
   n.Start();
   REQUIRE(test::WaitFor([&] { return n.Log().find("is answered by another process") != std::string::npos; }, 30s));
   auto s = n.Status();

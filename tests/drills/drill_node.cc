@@ -24,14 +24,15 @@ RunResult DrillNode::Cli(std::vector<std::string> args) const {
 }
 
 void DrillNode::Start() {
-  std::string eng = BinPath("wsup-engine");
+  std::string eng = "\"" + BinPath("wsup-engine") + "\"";
   std::vector<std::string> a = {BinPath("wsup"), "start", ConfigPath()};
   std::vector<std::string> sets = {
       "node.state_dir=" + dir_.Join("state"),
       "node.runtime_dir=" + dir_.Join("run"),
-      "engine.command=[\"" + eng +
-          "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
-          "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"]",
+      "engine.command=[" + eng +
+          ", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+          "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"" +
+          std::string(spec_.kv_pool ? ", \"--kv-pool\", \"--kv-scratch-mib\", \"{kv_scratch_mib}\"" : "") + "]",
       "engine.primary_port=0",
       "engine.standby_port=0",
       "front.listen=127.0.0.1:0",

@@ -37,6 +37,9 @@ struct DrillNodeSpec {
   std::string config = "demo.toml";      // a file in config/
   std::string model = "llama-tiny-f32";  // a checkpoint in the test data
   std::vector<std::string> sets;         // more `--set` overrides, applied last
+  // Engines take the node's KV pool (the config must make one: [kv]
+  // pool_mib): --kv-pool --kv-scratch-mib {kv_scratch_mib}.
+  bool kv_pool = false;
 };
 
 class DrillNode {

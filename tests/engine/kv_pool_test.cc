@@ -129,7 +129,7 @@ TEST_CASE("kv memory (host): the pool is mapped in place, shared with its memfd,
   CHECK(MapsPerms(base).substr(0, 3) == "---");
 }
 
-TEST_CASE("role requests: active with the pool, active on scratch, standby; bad bodies named", "[kv_pool]") {
+TEST_CASE("role requests: active with the pool, active on scratch, standby - bad bodies named", "[kv_pool]") {
   auto a = ParseRoleRequest(R"({"role": "active", "kv": "pool"})");
   REQUIRE(a.ok());
   CHECK(a->role == "active");
@@ -323,7 +323,7 @@ TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its 
   CHECK(sched.stats().pool_mapped);
 }
 
-TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its scratch; a private cache refuses",
+TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its scratch - a private cache refuses",
           "[kv_pool]") {
   REQUIRE(test::HaveTestData("llama-tiny-f32"));
   auto runner = TinyRunner();

@@ -192,7 +192,7 @@ TEST_CASE("a holder of engine-made layouts makes and serves the pool too", "[hol
   CHECK(info->kv_pool->id == p->pool.id);
 }
 
-TEST_CASE("--kv-pool-mib out of range is a usage error naming the flag", "[holder][kv]") {
+TEST_CASE("holder: --kv-pool-mib out of range is a usage error naming the flag", "[holder][kv]") {
   TempDir dir;
   for (const char* mib : {"-1", "16777217"}) {
     auto r = test::Run({test::BinPath("wsup-holder"), "--socket", dir.Join("h.sock"), "--layout", "engine",

@@ -128,6 +128,7 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   REQUIRE(fid.ok());
   CHECK(*fid == 1);
   REQUIRE(l->SetFailoverFirstOk(*fid, f.fault_ms + 40).ok());
+  REQUIRE(l->SetFailoverGone(*fid, f.fault_ms + 90).ok());
   REQUIRE(l->SetFailoverKvFull(*fid, f.fault_ms + 95).ok());
 
   CacheEventRecord hit{0, f.fault_ms + 10, "b", 0, "hit", "daemon", "", "", 3, std::nullopt};
@@ -157,8 +158,8 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   REQUIRE(*l->RecordProbeTransition({0, f.fault_ms + 1, "a", "healthy", "unhealthy", "3 failures"}) == 1);
   REQUIRE(l->Flush().ok());
   auto stats = l->stats();
-  CHECK(stats.queued == 9);
-  CHECK(stats.committed == 9);
+  CHECK(stats.queued == 10);
+  CHECK(stats.committed == 10);
   CHECK(stats.failed == 0);
   CHECK(stats.waiting == 0);
 
@@ -184,6 +185,7 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   CHECK(g.outage_ms == 40);
   CHECK(g.kv_full_ms == f.fault_ms + 95);
   CHECK(g.kv_back_ms == 95);
+  CHECK(g.gone_ms == f.fault_ms + 90);
 
   auto ce = reader->CacheEvents();
   REQUIRE(ce.ok());
@@ -355,7 +357,7 @@ TEST_CASE("ledger: a failover row that could not be written - its first_ok_ms na
   CHECK(l->Flush().ok());
 }
 
-TEST_CASE("ledger: kv_full_ms of a failover never recorded is refused; a failover without it reads as none", "[state]") {
+TEST_CASE("ledger: kv_full_ms of a failover never recorded is refused - a failover without it reads as none", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
   auto l = MustOpen(path);

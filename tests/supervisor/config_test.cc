@@ -183,9 +183,9 @@ std::vector<BadCase> BadCases() {
        "allowed: an integer from 1 to 1048576"},
       {"kv scratch past 1 TiB", Add("listen = \"127.0.0.1:9090\"", "[kv]\nscratch_mib = 1048577"), {},
        "kv.scratch_mib", 28, "out of range"},
-      {"kv pool without the daemon mode",
-       Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mib = 8\n[weight_cache]\nmode = \"client\""), {},
-       "kv.pool_mib", 28, "needs weight_cache.mode = \"daemon\""},
+      {"kv pool without holders",
+       Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mib = 8\n[weight_cache]\nmode = \"off\""), {},
+       "kv.pool_mib", 28, "needs holders to make the pool"},
       {"kv unknown key", Add("listen = \"127.0.0.1:9090\"", "[kv]\npool_mb = 8"), {}, "kv.pool_mb", 28,
        "did you mean pool_mib"},
       {"kv as a value", "kv = 8\n" + std::string(kBase), {}, "kv", 1, "expected a section [kv]"},
@@ -311,8 +311,11 @@ TEST_CASE("config: demo.toml loads and matches the golden answer", "[config]") {
   REQUIRE(argv.ok());
   std::vector<std::string> want = {c.engine.command[0], "--model", c.model.path, "--port", "18001", "--weight-cache",
                                    "daemon", "--socket", c.weight_cache.socket, "--device", "cpu",
-                                   "--revision", "llama-tiny-f32", "--kv-cache-mib", "16"};
+                                   "--revision", "llama-tiny-f32", "--kv-pool", "--kv-scratch-mib", "2"};
   CHECK(*argv == want);
+  // The demo node keeps a KV pool: the active engine's KV.
+  CHECK(c.kv.pool_mib == 16);
+  CHECK(c.kv.scratch_mib == 2);
 }
 
 TEST_CASE("config: ling.toml loads", "[config]") {

@@ -1,0 +1,194 @@
+// The node's KV pool, in-process: the real Supervisor on fake processes
+// (logic_rig.h) whose engines answer HTTP (fake_engine.h), so the test
+// decides when an engine's lifeline closes and when its process is gone.
+// Checked: the pool goes to the promoted engine only after the old active's
+// exit (never at its lifeline's EOF), a planned drill releases before it
+// grants, and an engine that will not let the pool go is killed and the
+// pool waits for its exit. At no moment do two engines map the pool.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/supervisor_core/fake_engine.h"
+#include "tests/supervisor_core/logic_rig.h"
+#include "wire/json_call.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+using logic::FakeEngine;
+using logic::Rig;
+using nlohmann::json;
+
+// Fast real-time probes (they run on real timers against the fake engines),
+// and the pool.
+constexpr const char* kPoolToml =
+    "interval_ms = 40\ntimeout_ms = 30\njitter_ms = 0\nsuccesses = 1\nfailures = 2\n"
+    "[kv]\npool_mib = 8\nscratch_mib = 1\n";
+
+// The rig with a FakeEngine for every engine process, and the order of the
+// deaths it saw.
+struct PoolRig {
+  std::map<pid_t, std::unique_ptr<FakeEngine>> engines;
+  std::map<pid_t, uint64_t> died_at;  // FakeEngine::NextSeq() when the process died
+  std::unique_ptr<Rig> rig;
+  // Two engines mapping the pool at one moment, seen by Watch().
+  int overlaps = 0;
+
+  PoolRig() {
+    rig = std::make_unique<Rig>("client", 600'000, kPoolToml, [this](Rig& r) {
+      r.procs.on_spawn = [this](pid_t pid, const std::string& kind, const ChildSpec& spec) {
+        if (kind.rfind("engine-", 0) != 0) return;
+        std::string port, nonce;
+        for (size_t i = 0; i + 1 < spec.argv.size(); ++i) {
+          if (spec.argv[i] == "--port") port = spec.argv[i + 1];
+        }
+        for (const auto& [k, v] : spec.env_set) {
+          if (k == "WSUP_ENGINE_NONCE") nonce = v;
+        }
+        auto e = std::make_unique<FakeEngine>(std::atoi(port.c_str()), nonce, "world");
+        REQUIRE(e->Start());
+        engines[pid] = std::move(e);
+      };
+      r.procs.on_death = [this](pid_t pid) {
+        auto it = engines.find(pid);
+        if (it == engines.end()) return;
+        if (!died_at.count(pid)) died_at[pid] = FakeEngine::NextSeq();
+        // A dead engine answers nothing, and maps nothing any more.
+        it->second->Stop();
+      };
+    });
+  }
+  ~PoolRig() {
+    rig.reset();
+    engines.clear();
+  }
+
+  json Status() { return rig->Status(); }
+  pid_t PidOf(const std::string& role) {
+    const json s = Status();
+    for (const auto& e : s["engines"]) {
+      if (e.value("role", "") == role) return e.value("pid", 0);
+    }
+    return 0;
+  }
+  FakeEngine* Engine(pid_t pid) {
+    auto it = engines.find(pid);
+    return it == engines.end() ? nullptr : it->second.get();
+  }
+  int Mapping() {
+    int n = 0;
+    for (auto& [pid, e] : engines) {
+      if (!died_at.count(pid) && e->pool_mapped()) ++n;
+    }
+    return n;
+  }
+  // Settles until cond, watching that never two live engines map the pool.
+  bool Until(const std::function<bool()>& cond, std::chrono::milliseconds limit) {
+    return rig->SettleUntil(
+        [&] {
+          if (Mapping() > 1) ++overlaps;
+          return cond();
+        },
+        limit, 5);
+  }
+  // Serving: an active engine that maps the pool, a proven standby.
+  bool Settled() {
+    json s = Status();
+    pid_t a = PidOf("active"), b = PidOf("standby");
+    return a > 0 && b > 0 && s["kv_pool"].value("state", "") == "held" && Engine(a) && Engine(a)->pool_mapped() &&
+           Engine(b) && !Engine(b)->pool_mapped();
+  }
+  // The first role call to `pid` that asked for the pool (seq 0: none).
+  uint64_t PoolCallSeq(pid_t pid) {
+    for (const auto& c : Engine(pid)->role_calls()) {
+      if (c.kv == "pool") return c.seq;
+    }
+    return 0;
+  }
+};
+
+TEST_CASE("kv pool logic: a crash - the promoted engine waits for the old one's exit, not its lifeline",
+          "[logic][kv_pool]") {
+  PoolRig p;
+  bool settled = p.Until([&] { return p.Settled(); }, 20s);
+  INFO(p.Status().dump(1));
+  REQUIRE(settled);
+  const pid_t old_active = p.PidOf("active"), standby = p.PidOf("standby");
+  FakeEngine* next = p.Engine(standby);
+  CHECK(p.PoolCallSeq(standby) == 0);
+
+  // Killed, but its process lives on (a GPU engine's teardown): the
+  // lifeline closes now, the exit comes when the test says.
+  p.rig->procs.kill_is_slow = true;
+  p.rig->procs.Dying(old_active);
+  REQUIRE(p.Until([&] { return p.PidOf("active") == standby; }, 10s));
+  // Fake time passes (restart backoff and the like) and real time too:
+  // the pool stays fenced, the new active serves from its scratch.
+  p.rig->Advance(5000);
+  CHECK_FALSE(p.Until([&] { return next->pool_mapped(); }, 300ms));
+  CHECK(p.Status()["kv_pool"].value("state", "") == "fenced");
+  CHECK(p.Status()["kv_pool"].value("owner", "") != p.Status()["active"].get<std::string>());
+  CHECK(p.PoolCallSeq(standby) == 0);
+  // It was told it is active, on its scratch.
+  bool told = false;
+  for (const auto& c : next->role_calls()) told |= c.role == "active" && c.kv == "scratch";
+  CHECK(told);
+
+  // The old process is gone: the pool is the new active engine's.
+  p.rig->procs.Exit(old_active, -1, SIGKILL);
+  REQUIRE(p.Until([&] { return next->pool_mapped() && p.Status()["kv_pool"].value("state", "") == "held"; }, 10s));
+  REQUIRE(p.died_at.count(old_active));
+  CHECK(p.PoolCallSeq(standby) > p.died_at[old_active]);
+  CHECK(p.overlaps == 0);
+}
+
+TEST_CASE("kv pool logic: a planned drill - the old active lets go after its drain, then the new one maps it",
+          "[logic][kv_pool]") {
+  PoolRig p;
+  REQUIRE(p.Until([&] { return p.Settled(); }, 20s));
+  const pid_t old_active = p.PidOf("active"), standby = p.PidOf("standby");
+  const std::string sock = p.rig->dir.Join("run/wsup.sock");
+  std::thread drill([&] { (void)JsonCall(sock, json{{"type", "failover"}, {"drill", true}}, 3000); });
+  REQUIRE(p.Until([&] { return p.PidOf("active") == standby && p.Settled(); }, 10s));
+  drill.join();
+  // The release came first, then the grant.
+  uint64_t released = 0;
+  for (const auto& c : p.Engine(old_active)->role_calls()) {
+    if (c.role == "standby") released = c.seq;
+  }
+  REQUIRE(released > 0);
+  CHECK(p.PoolCallSeq(standby) > released);
+  CHECK_FALSE(p.Engine(old_active)->pool_mapped());
+  CHECK(p.overlaps == 0);
+}
+
+TEST_CASE("kv pool logic: an engine that will not let the pool go is killed, and the pool waits for its exit",
+          "[logic][kv_pool]") {
+  PoolRig p;
+  REQUIRE(p.Until([&] { return p.Settled(); }, 20s));
+  const pid_t old_active = p.PidOf("active"), standby = p.PidOf("standby");
+  p.Engine(old_active)->set_release(FakeEngine::Release::kRefuse);
+  p.rig->procs.kill_is_slow = true;
+  const std::string sock = p.rig->dir.Join("run/wsup.sock");
+  std::thread drill([&] { (void)JsonCall(sock, json{{"type", "failover"}, {"drill", true}}, 3000); });
+  // Refused: the supervisor kills it (slowly: its exit is the test's).
+  REQUIRE(p.Until([&] { return !p.rig->procs.slow_kills.empty(); }, 10s));
+  drill.join();
+  CHECK(p.rig->procs.slow_kills.front() == old_active);
+  CHECK(p.Status()["kv_pool"].value("state", "") == "fenced");
+  CHECK_FALSE(p.Until([&] { return p.Engine(standby)->pool_mapped(); }, 300ms));
+  p.rig->procs.Exit(old_active, -1, SIGKILL);
+  REQUIRE(p.Until([&] { return p.Engine(standby)->pool_mapped(); }, 10s));
+  CHECK(p.PoolCallSeq(standby) > p.died_at[old_active]);
+  CHECK(p.overlaps == 0);
+}
+
+}  // namespace
+}  // namespace wsup
