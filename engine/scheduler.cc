@@ -166,12 +166,7 @@ void Scheduler::Loop() {
     std::lock_guard<std::mutex> lk(mu_);
     stats_.active = static_cast<int>(active_.size());
     stats_.waiting = static_cast<int>(waiting_.size());
-    stats_.free_blocks = FreeCount();
-    const KvLayout& kv = runner_->kv_layout();
-    stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks : 0);
-    stats_.pool_mapped = runner_->kv_pool_mapped();
-    stats_.pool_closing = pool_ == PoolState::kClosing;
-    stats_.pool_blocks_in_use = pool_in_use_;
+    PoolStatsLocked();
     stats_.finished = finished_;
     stats_.cancelled = cancelled_;
   }
@@ -215,6 +210,24 @@ void Scheduler::Admit() {
   }
 }
 
+void Scheduler::PoolStatsLocked() {
+  const KvLayout& kv = runner_->kv_layout();
+  stats_.free_blocks = FreeCount();
+  stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks : 0);
+  stats_.pool_mapped = runner_->kv_pool_mapped();
+  stats_.pool_closing = pool_ == PoolState::kClosing;
+  stats_.pool_blocks_in_use = pool_in_use_;
+}
+
+void Scheduler::Done(const PoolDone& done, const Status& st) {
+  // What the caller reads in stats() once told must already be true.
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    PoolStatsLocked();
+  }
+  done(st);
+}
+
 void Scheduler::FreeBlocks(std::vector<int32_t>* blocks) {
   const int pool_blocks = runner_->kv_layout().pool_blocks;
   for (int32_t b : *blocks) {
@@ -237,7 +250,7 @@ void Scheduler::RunPoolCommands() {
   const KvLayout& kv = runner_->kv_layout();
   for (auto& c : cmds) {
     if (!kv.pooled()) {
-      c.done(Refused("this engine keeps a private KV cache (started without --kv-pool)"));
+      Done(c.done, Refused("this engine keeps a private KV cache (started without --kv-pool)"));
       continue;
     }
     if (!c.open) {
@@ -246,14 +259,14 @@ void Scheduler::RunPoolCommands() {
         free_pool_.clear();  // handed out no more; the held ones are dropped as they come back
       }
       if (pool_ == PoolState::kClosed) {
-        c.done(Status::Ok());
+        Done(c.done, Status::Ok());
       } else {
         close_waiters_.push_back(std::move(c.done));
       }
       continue;
     }
     if (pool_ == PoolState::kOpen) {
-      c.done(Status::Ok());
+      Done(c.done, Status::Ok());
       continue;
     }
     if (pool_ == PoolState::kClosing) {
@@ -268,9 +281,9 @@ void Scheduler::RunPoolCommands() {
         if (!held[static_cast<size_t>(b)]) free_pool_.push_back(b);
       }
       pool_ = PoolState::kOpen;
-      for (auto& w : close_waiters_) w(Refused("the pool was opened again before its blocks came back"));
+      for (auto& w : close_waiters_) Done(w, Refused("the pool was opened again before its blocks came back"));
       close_waiters_.clear();
-      c.done(Status::Ok());
+      Done(c.done, Status::Ok());
       continue;
     }
     auto fds = c.fetch();
@@ -280,7 +293,7 @@ void Scheduler::RunPoolCommands() {
       for (int b = kv.pool_blocks - 1; b >= 0; --b) free_pool_.push_back(b);
       pool_ = PoolState::kOpen;
     }
-    c.done(st);
+    Done(c.done, st);
   }
 }
 
@@ -296,7 +309,7 @@ void Scheduler::MaybeFinishClose() {
   }
   std::vector<PoolDone> waiters;
   waiters.swap(close_waiters_);
-  for (auto& w : waiters) w(st);
+  for (auto& w : waiters) Done(w, st);
 }
 
 void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error) {

@@ -147,6 +147,10 @@ class Scheduler {
   void FreeBlocks(std::vector<int32_t>* blocks);
   void RunPoolCommands();
   void MaybeFinishClose();
+  // The pool's counters in stats_ (mu_ held), and a PoolDone called after
+  // them, so that an answer never reads stats older than the change.
+  void PoolStatsLocked();
+  void Done(const PoolDone& done, const Status& st);
   int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
 
   ModelRunner* runner_;
