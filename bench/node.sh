@@ -13,8 +13,16 @@
 # 2.1 GiB of bf16) so that a weight copy is visible in nvidia-smi; the probe's
 # expected answer is recorded from it first with a plain engine.
 #
-#   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10
-# Prints a table and writes it to OUTDIR/node.md.
+# With KV_POOL_MIB, the node keeps a KV pool of that many MiB per rank
+# ([kv] pool_mib; engines --kv-pool with a scratch of SCRATCH_MIB): the
+# active engine maps the pool, the standby serves from its scratch, and the
+# drills add kill to the old engine's exit and to the promoted engine's full
+# KV (the ledger's gone_ms and kv_full_ms). Without it each engine has a
+# private cache of KV_MIB. FILL_GIB holds that much more GPU memory in a
+# process of its own for the whole run (a GPU left nearly full).
+#
+#   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10 KV_POOL_MIB=0 KV_MIB=2048
+# Prints a table and writes it to OUTDIR/node.md (and OUTDIR/node.json).
 set -euo pipefail
 out=${1:?usage: bench/node.sh OUTDIR [BIN_DIR]}
 bin=$(cd "${2:-build/bin}" && pwd)
@@ -48,7 +56,10 @@ PY
 model=${MODEL_DIR:-/tmp/wsup-bench-llama}
 drills=${DRILLS:-10}
 load_secs=${LOAD_SECS:-10}
-kv_mib=2048; [ "$device" = cpu ] && kv_mib=64
+kv_mib=${KV_MIB:-2048}; [ "$device" = cpu ] && kv_mib=${KV_MIB:-64}
+pool_mib=${KV_POOL_MIB:-0}
+scratch_mib=${SCRATCH_MIB:-64}
+fill_gib=${FILL_GIB:-0}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 W="$bin/wsup"
@@ -70,9 +81,42 @@ expect=$(post "$port" '{"prompt": "Hello, world", "max_tokens": 8, "temperature"
 kill "$rec"; wait "$rec" || true
 echo "probe answer: $expect"
 
+# A process that only holds GPU memory (and one that only holds a CUDA
+# context, to measure a bare context), through the driver: no torch needed.
+gpu_holder() {  # gpu_holder BYTES -> runs until killed
+  python3 - "$dev" "$1" <<'PY'
+import ctypes, signal, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, nbytes = int(sys.argv[1].split(",")[0]), int(sys.argv[2])
+assert cuda.cuInit(0) == 0
+d = ctypes.c_int(); assert cuda.cuDeviceGet(ctypes.byref(d), dev) == 0
+ctx = ctypes.c_void_p(); assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), d) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+if nbytes:
+    p = ctypes.c_uint64(); assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(nbytes)) == 0
+print("holding", flush=True)
+signal.sigwait([signal.SIGTERM])
+PY
+}
+filler=""
+if [ "$fill_gib" != 0 ]; then
+  gpu_holder $((fill_gib << 30)) > "$out/filler.log" 2>&1 &
+  filler=$!
+  for _ in $(seq 1 300); do grep -q holding "$out/filler.log" && break; sleep 0.1; done
+fi
+
 node="$out/node"
 rm -rf "$node"; mkdir -p "$node/state" "$node/run"; chmod 700 "$node/run"
 cfg="$node/node.toml"
+if [ "$pool_mib" != 0 ]; then
+  kv_args='"--kv-pool", "--kv-scratch-mib", "{kv_scratch_mib}"'
+  kv_section="[kv]
+pool_mib = $pool_mib
+scratch_mib = $scratch_mib"
+else
+  kv_args="\"--kv-cache-mib\", \"$kv_mib\""
+  kv_section=""
+fi
 cat > "$cfg" <<EOF
 [node]
 name = "bench-gpu"
@@ -92,7 +136,7 @@ backend = "$backend"
 
 [engine]
 command = ["$bin/wsup-engine", "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
-           "--socket", "{socket}", "--device", "{devices}", "--revision", "{revision}", "--kv-cache-mib", "$kv_mib"]
+           "--socket", "{socket}", "--device", "{devices}", "--revision", "{revision}", $kv_args]
 host = "127.0.0.1"
 primary_port = 0
 standby_port = 0
@@ -117,6 +161,8 @@ queue_timeout_ms = 10000
 
 [admin]
 listen = "127.0.0.1:0"
+
+$kv_section
 EOF
 "$W" check "$cfg"
 setsid "$W" start "$cfg" > "$out/wsup.log" 2>&1 < /dev/null &
@@ -127,8 +173,26 @@ for _ in $(seq 1 1200); do ready2 && break; sleep 0.1; done
 "$W" status --config "$cfg" --json > "$out/status.json"
 front=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["front"]["listen"])' "$out/status.json")
 
+# With a pool: the active maps it once the grant is back (a few ms after
+# both are proven).
+if [ "$pool_mib" != 0 ]; then
+  for _ in $(seq 1 300); do
+    "$W" status --config "$cfg" --json | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s.get("kv_pool",{}).get("state") == "held" else 1)' && break
+    sleep 0.1
+  done
+  "$W" status --config "$cfg" --json > "$out/status.json"
+fi
 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits > "$out/gpu_apps.csv" || true
-nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i "$dev" > "$out/gpu_used.txt" || true
+nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -i "${dev%%,*}" > "$out/gpu_used.txt" || true
+# A bare CUDA context on the same GPU, for comparison.
+if [ "$device" != cpu ]; then
+  gpu_holder 0 > "$out/bare.log" 2>&1 &
+  bare=$!
+  for _ in $(seq 1 300); do grep -q holding "$out/bare.log" && break; sleep 0.1; done
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits |
+    awk -F', ' -v p="$bare" '$1 == p {print $2}' > "$out/bare_mib.txt" || true
+  kill "$bare"; wait "$bare" || true
+fi
 
 # Load through the front while the supervisor's CPU is measured.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
@@ -192,12 +256,16 @@ for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
 "$W" report --config "$cfg" > "$out/report.txt" || true
 "$W" stop --config "$cfg" || kill "$sup"
 wait "$sup" || true
+if [ -n "$filler" ]; then kill "$filler"; wait "$filler" || true; fi
 
-python3 - "$out" "$t0" "$t1" "$s0" "$s1" "$hwm" "$rss" "$reqs" "$(getconf CLK_TCK)" "$device" <<'PY'
-import json, sys, statistics, datetime, subprocess
-out, t0, t1, s0, s1, hwm, rss, reqs, hz, device = sys.argv[1:]
+python3 - "$out" "$t0" "$t1" "$s0" "$s1" "$hwm" "$rss" "$reqs" "$(getconf CLK_TCK)" "$device" "$node/state/wsup.db" "$pool_mib" "$scratch_mib" "$kv_mib" "$fill_gib" <<'PY'
+import json, sys, statistics, datetime, subprocess, sqlite3
+out, t0, t1, s0, s1, hwm, rss, reqs, hz, device, db, pool_mib, scratch_mib, kv_mib, fill_gib = sys.argv[1:]
 st = json.load(open(f"{out}/status.json"))
-pids = {e["pid"]: f"engine {e['slot']} ({e['role']})" for e in st["engines"]}
+def kv_of(e):
+    kv = e.get("kv") or {}
+    return f", KV {kv.get('source', '?')} {kv.get('bytes', 0) >> 20} MiB" if kv else ""
+pids = {e["pid"]: f"engine {e['slot']} ({e['role']}{kv_of(e)})" for e in st["engines"]}
 pids.update({h["pid"]: "holder" for h in st["holders"]})
 apps = []
 import os
@@ -205,7 +273,16 @@ for line in (open(f"{out}/gpu_apps.csv") if os.path.exists(f"{out}/gpu_apps.csv"
     parts = [p.strip() for p in line.split(",")]
     if len(parts) == 2 and parts[0].isdigit():
         apps.append((pids.get(int(parts[0]), f"pid {parts[0]}"), int(parts[1])))
-used = open(f"{out}/gpu_used.txt").read().strip() if os.path.exists(f"{out}/gpu_used.txt") else "n/a"
+used_total = open(f"{out}/gpu_used.txt").read().strip().split(",") if os.path.exists(f"{out}/gpu_used.txt") else ["n/a"]
+used = used_total[0].strip()
+bare = open(f"{out}/bare_mib.txt").read().strip() if os.path.exists(f"{out}/bare_mib.txt") else ""
+# The ledger's own times of each crash drill: the old engine's exit seen
+# (gone_ms) and, with a pool, the promoted engine's full KV (kv_full_ms).
+rows = sqlite3.connect(db).execute(
+    "SELECT fault_ms, swapped_ms, first_ok_ms, gone_ms, kv_full_ms FROM failovers WHERE drill = 1 ORDER BY id").fetchall()
+gone = [r[3] - r[0] for r in rows if r[3] is not None]
+kv_full = [r[4] - r[0] for r in rows if r[4] is not None]
+kv_after = [r[4] - r[3] for r in rows if r[4] is not None and r[3] is not None]
 d = [json.loads(l) for l in open(f"{out}/drills.jsonl") if l.strip()]
 ok = [x for x in d if x.get("ok")]
 def pct(v, p):
@@ -216,9 +293,15 @@ try:
     gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True, text=True).stdout.strip().splitlines()
 except OSError:
     gpu = []
-md = [f"Machine: {gpu[0] if gpu else 'unknown'}; device {device}; {datetime.date.today().isoformat()}", "",
+kv_line = (f"KV pool {pool_mib} MiB per rank (scratch {scratch_mib} MiB)" if pool_mib != "0"
+           else f"private KV cache {kv_mib} MiB per engine")
+md = [f"Machine: {gpu[0] if gpu else 'unknown'}; device {device}; {kv_line}"
+      + (f"; {fill_gib} GiB held by another process" if fill_gib != "0" else "")
+      + f"; {datetime.date.today().isoformat()}", "",
       "| GPU memory (nvidia-smi, per process) | MiB |", "|---|---:|"]
 md += [f"| {name} | {mib} |" for name, mib in apps]
+if bare:
+    md += [f"| a bare CUDA context (another process, for comparison) | {bare} |"]
 md += [f"| whole GPU (memory.used) | {used} |", "",
        "| supervisor while serving | measured |", "|---|---|",
        f"| load | 4 clients streaming 32-token completions through the front for {wall:.1f} s: {reqs} requests |",
@@ -226,7 +309,15 @@ md += [f"| whole GPU (memory.used) | {used} |", "",
        f"| supervisor RSS | {int(rss) / 1024:.1f} MiB now, peak {int(hwm) / 1024:.1f} MiB |", "",
        f"| crash drills (`wsup failover --drill --kill`), n = {len(ok)} of {len(d)} | p50 | p99 | max |", "|---|---:|---:|---:|",
        f"| kill to swap (ms) | {pct(swap, 50)} | {pct(swap, 99)} | {max(swap) if swap else 'nan'} |",
-       f"| kill to first correct answer through the front (ms) | {pct(first, 50)} | {pct(first, 99)} | {max(first) if first else 'nan'} |"]
+       f"| kill to first correct answer through the front (ms) | {pct(first, 50)} | {pct(first, 99)} | {max(first) if first else 'nan'} |",
+       f"| kill to the killed engine's exit (ms, the ledger's gone_ms) | {pct(gone, 50)} | {pct(gone, 99)} | {max(gone) if gone else 'nan'} |"]
+if kv_full:
+    md += [f"| kill to the promoted engine's full KV (ms, kv_full_ms) | {pct(kv_full, 50)} | {pct(kv_full, 99)} | {max(kv_full)} |",
+           f"| the killed engine's exit to the promoted engine's full KV (ms) | {pct(kv_after, 50)} | {pct(kv_after, 99)} | {max(kv_after) if kv_after else 'nan'} |"]
+json.dump({"apps": apps, "used_mib": used, "bare_mib": bare, "swap": swap, "first_ok": first, "gone": gone,
+           "kv_full": kv_full, "kv_after_gone": kv_after, "pool_mib": pool_mib, "kv_mib": kv_mib,
+           "fill_gib": fill_gib, "engines": st["engines"], "holders": st["holders"]},
+          open(f"{out}/node.json", "w"), indent=1)
 try:
     c = json.load(open(f"{out}/comm_after_takeover.json"))
     a = c.get("active", {})
