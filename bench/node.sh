@@ -83,8 +83,8 @@ echo "probe answer: $expect"
 
 # A process that only holds GPU memory (and one that only holds a CUDA
 # context, to measure a bare context), through the driver: no torch needed.
-gpu_holder() {  # gpu_holder BYTES -> runs until killed
-  python3 - "$dev" "$1" <<'PY'
+gpu_holder() {  # gpu_holder BYTES -> runs until killed (the caller's $! is python's pid)
+  exec python3 - "$dev" "$1" <<'PY'
 import ctypes, signal, sys, time
 cuda = ctypes.CDLL("libcuda.so.1")
 dev, nbytes = int(sys.argv[1].split(",")[0]), int(sys.argv[2])
@@ -167,7 +167,7 @@ EOF
 "$W" check "$cfg"
 setsid "$W" start "$cfg" > "$out/wsup.log" 2>&1 < /dev/null &
 sup=$!
-ready2() { "$W" status --config "$cfg" --json 2>/dev/null | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if sorted(e["role"] for e in s["engines"] if e["semantic_ready"]) == ["active", "standby"] else 1)'; }
+ready2() { "$W" status --config "$cfg" --json 2>/dev/null | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if sorted(e["role"] for e in s["engines"] if e["semantic_ready"]) == ["active", "standby"] else 1)' 2>/dev/null; }
 for _ in $(seq 1 1200); do ready2 && break; sleep 0.1; done
 "$W" status --config "$cfg" | tee "$out/status.txt"
 "$W" status --config "$cfg" --json > "$out/status.json"
@@ -177,7 +177,7 @@ front=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["front"]
 # both are proven).
 if [ "$pool_mib" != 0 ]; then
   for _ in $(seq 1 300); do
-    "$W" status --config "$cfg" --json | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s.get("kv_pool",{}).get("state") == "held" else 1)' && break
+    "$W" status --config "$cfg" --json | python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(0 if s.get("kv_pool",{}).get("state") == "held" and all("kv" in e and "memory" in e for e in s["engines"]) else 1)' && break
     sleep 0.1
   done
   "$W" status --config "$cfg" --json > "$out/status.json"

@@ -24,6 +24,7 @@
 #include "common/json_limits.h"
 #include "engine/api.h"
 #include "engine/cuda/cuda_engine.h"
+#include "engine/gpu_memory.h"
 #include "engine/kv_pool_link.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
@@ -192,6 +193,8 @@ class Engine {
   double listen_ms_ = 0;
   std::string role_ = "standby";
   int64_t pool_mapped_at_ms_ = 0, pool_released_at_ms_ = 0;
+  int64_t gpu_read_ms_ = 0, gpu_used_ = -1;  // ProcessGpuMemory, cached
+  bool gpu_warned_ = false;
   double pool_map_ms_ = 0;
 };
 
@@ -699,12 +702,31 @@ json Engine::MemoryJson(const json& kv) {
     m["weights_bytes"] = weights_.bytes;
   }
   m["kv_bytes"] = kv["bytes"].get<uint64_t>() * ranks;
+  // Its own KV (the scratch, or the private cache) is counted as KV; the
+  // pool and the holder's weights are the node's, not this process's.
+  const uint64_t own_kv = kv["scratch_bytes"].get<uint64_t>() * ranks;
   if (!runner_->on_gpu()) {
-    // The scratch (or private cache) is anonymous memory touched at startup;
-    // the pool and the holder's weights are shared memory, not counted here.
-    const uint64_t own_kv = kv["scratch_bytes"].get<uint64_t>() * ranks;
+    // The scratch is anonymous memory touched at startup.
     const uint64_t anon = RssAnonBytes();
     m["other_bytes"] = anon > own_kv ? anon - own_kv : 0;
+  } else {
+    // What the driver charges to this process beyond its own KV: contexts,
+    // step buffers, graphs, cuBLAS workspaces. Read at most once a second.
+    const int64_t now = MonoMs();
+    if (now - gpu_read_ms_ >= 1000 || gpu_read_ms_ == 0) {
+      gpu_read_ms_ = now;
+      auto devices = ParseDevice(opts_.device);
+      auto used = devices.ok() ? ProcessGpuMemory(*devices) : Result<uint64_t>(devices.error());
+      gpu_used_ = used.ok() ? static_cast<int64_t>(*used) : -1;
+      if (!used.ok() && !gpu_warned_) {
+        gpu_warned_ = true;
+        spdlog::warn("memory.other_bytes is not reported: {}", used.error().message());
+      }
+    }
+    if (gpu_used_ >= 0) {
+      m["gpu_used_bytes"] = gpu_used_;
+      m["other_bytes"] = static_cast<uint64_t>(gpu_used_) > own_kv ? static_cast<uint64_t>(gpu_used_) - own_kv : 0;
+    }
   }
   return m;
 }

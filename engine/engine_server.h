@@ -30,8 +30,9 @@
 // scratch_bytes, pool_bytes, pool_id, pool_mapped, pool_closing,
 // pool_blocks_in_use, mapped_at_ms and released_at_ms (wall clock, the
 // last time), map_ms}; memory {weights_bytes, kv_bytes, other_bytes} (all
-// ranks; other: this process's resident anonymous memory beyond its KV on
-// the CPU, absent on GPUs).
+// ranks; other: what this process holds beyond its own KV: on the CPU its
+// resident anonymous memory, on GPUs what the driver charges to it
+// (gpu_used_bytes, through NVML), absent where that cannot be read).
 //
 // Exit codes: 0 after SIGTERM/SIGINT; 1 a failure a retry may cure (I/O,
 // holder unavailable in daemon mode); 2 a usage error; 78 (EX_CONFIG) a

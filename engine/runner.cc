@@ -194,11 +194,20 @@ Status ModelRunner::MapKvPool(const std::vector<std::vector<UniqueFd>>& fds) {
   if (fds.size() != static_cast<size_t>(tp())) {
     return InvalidArgument(std::to_string(fds.size()) + " KV pools for " + std::to_string(tp()) + " ranks");
   }
-  Status st = OnAllRanks([&](int rank) { return ranks_[static_cast<size_t>(rank)]->MapKvPool(fds[static_cast<size_t>(rank)]); });
+  // On this thread, rank after rank, while steps may run on the rank
+  // threads: no step touches the pool's span before the scheduler hands
+  // out its blocks, and mapping (mmap MAP_FIXED over the reservation, VMM
+  // map and access) does not disturb what runs on the rest of the range.
+  Status st;
+  size_t mapped = 0;
+  for (; mapped < fds.size() && st.ok(); ++mapped) st = ranks_[mapped]->MapKvPool(fds[mapped]);
   if (!st.ok()) {
-    // Never half mapped: ranks that mapped let it go again.
-    Status undo = OnAllRanks([&](int rank) { return ranks_[static_cast<size_t>(rank)]->UnmapKvPool(); });
-    if (!undo.ok()) return st.error().With("and unmapping it again failed too: " + undo.error().message());
+    // Never half mapped: the ranks that mapped let it go again (nothing
+    // used it, so there is no device work to wait for).
+    for (size_t r = 0; r + 1 < mapped; ++r) {
+      Status undo = ranks_[r]->UnmapKvPool();
+      if (!undo.ok()) return st.error().With("and unmapping it again failed too: " + undo.error().message());
+    }
     return st;
   }
   pool_mapped_ = true;

@@ -69,7 +69,9 @@ class ModelRunner {
   Status AllocatePooledKv(const std::vector<std::vector<uint64_t>>& pool_allocations, uint64_t scratch_bytes_per_rank,
                           int block_size);
   // Maps the pool on every rank (fds[r]: rank r's, one per allocation), or
-  // on none. Between steps only (the scheduler thread).
+  // on none. From any one thread, also while a step runs, as long as no
+  // block of the pool is in that step (the scheduler hands them out only
+  // once this returned).
   Status MapKvPool(const std::vector<std::vector<UniqueFd>>& fds);
   // Lets the pool go on every rank, after the device work that used it.
   // Between steps only, and only once no sequence holds a pool block.
@@ -93,7 +95,7 @@ class ModelRunner {
   int num_blocks() const { return layout_.id_count(); }
   int block_size() const { return layout_.block_size; }
   const KvLayout& kv_layout() const { return layout_; }
-  bool kv_pool_mapped() const { return pool_mapped_; }
+  bool kv_pool_mapped() const { return pool_mapped_.load(); }
   const char* comm_kind() const;
   // Rank 0's step counts: replayed from a graph, and eager.
   uint64_t graph_steps() const { return ranks_[0]->graph_steps(); }
@@ -118,7 +120,7 @@ class ModelRunner {
   std::vector<std::vector<float>> rank_logits_;
   Status AllocateKv(const KvLayout& layout);
   KvLayout layout_;
-  bool pool_mapped_ = false;
+  std::atomic<bool> pool_mapped_{false};
   std::atomic<double> step_ms_total_{0};
   std::atomic<uint64_t> steps_{0};
 

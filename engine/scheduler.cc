@@ -47,6 +47,7 @@ void Scheduler::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (map_thread_.joinable()) map_thread_.join();
   std::lock_guard<std::mutex> lk(mu_);
   stats_.running = false;
 }
@@ -93,9 +94,54 @@ Status Scheduler::Submit(GenRequest req) {
 }
 
 void Scheduler::OpenPool(PoolFetch fetch, PoolDone done) {
-  std::lock_guard<std::mutex> lk(mu_);
+  std::unique_lock<std::mutex> lk(mu_);
+  if (map_phase_ == MapPhase::kMapping) {
+    map_waiters_.push_back(std::move(done));
+    return;
+  }
+  // Not mapped (and not being unmapped: stats_ says mapped until the
+  // unmap is done), by a pooled runner: map it now, beside the step.
+  if (runner_->kv_layout().pooled() && map_phase_ == MapPhase::kIdle && !stats_.pool_mapped) {
+    map_phase_ = MapPhase::kMapping;
+    map_waiters_.push_back(std::move(done));
+    std::thread previous = std::move(map_thread_);
+    lk.unlock();
+    if (previous.joinable()) previous.join();  // it finished: the phase was idle
+    std::lock_guard<std::mutex> relock(mu_);
+    map_thread_ = std::thread([this, fetch = std::move(fetch)] { MapPool(fetch); });
+    return;
+  }
+  // Mapped already, or closing, or a private cache: the scheduler thread answers.
   pool_cmds_.push_back(PoolCommand{true, std::move(fetch), std::move(done)});
   cv_.notify_all();
+}
+
+void Scheduler::MapPool(PoolFetch fetch) {
+  auto fds = fetch();
+  Status st = fds.ok() ? runner_->MapKvPool(*fds) : Status(fds.error());
+  std::vector<PoolDone> waiters;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    map_phase_ = st.ok() ? MapPhase::kMapped : MapPhase::kIdle;
+    // Said mapped before anyone is told (PoolStatsLocked on the scheduler
+    // thread agrees: the runner says so too).
+    stats_.pool_mapped = runner_->kv_pool_mapped();
+    waiters.swap(map_waiters_);
+  }
+  cv_.notify_all();
+  for (auto& w : waiters) w(st);
+}
+
+void Scheduler::HandOutPool() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (map_phase_ != MapPhase::kMapped) return;
+    map_phase_ = MapPhase::kIdle;
+  }
+  const KvLayout& kv = runner_->kv_layout();
+  free_pool_.clear();
+  for (int b = kv.pool_blocks - 1; b >= 0; --b) free_pool_.push_back(b);
+  pool_ = PoolState::kOpen;
 }
 
 void Scheduler::ClosePool(PoolDone done) {
@@ -124,8 +170,10 @@ void Scheduler::Loop() {
       std::unique_lock<std::mutex> lk(mu_);
       for (;;) {
         if (stop_) return;
-        if (!active_.empty() || !waiting_.empty() || !incoming_.empty() || !cancels_.empty() ||
-            !pool_cmds_.empty()) {
+        // Pool commands wait for a mapping in flight (its end wakes us).
+        const bool pool_work = (!pool_cmds_.empty() && map_phase_ == MapPhase::kIdle) ||
+                               map_phase_ == MapPhase::kMapped;
+        if (!active_.empty() || !waiting_.empty() || !incoming_.empty() || !cancels_.empty() || pool_work) {
           break;
         }
         const int64_t now = NowMs();
@@ -159,6 +207,7 @@ void Scheduler::Loop() {
       std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
     }
     if (NowMs() >= next_keepalive_ms_) RunKeepalive();
+    HandOutPool();
     RunPoolCommands();
     Admit();
     if (!active_.empty()) StepOnce();
@@ -245,6 +294,9 @@ void Scheduler::RunPoolCommands() {
   std::deque<PoolCommand> cmds;
   {
     std::lock_guard<std::mutex> lk(mu_);
+    // A mapping still running finishes first: what comes after it waits
+    // (a close must not unmap what is being mapped).
+    if (map_phase_ != MapPhase::kIdle) return;
     cmds.swap(pool_cmds_);
   }
   const KvLayout& kv = runner_->kv_layout();
@@ -286,6 +338,8 @@ void Scheduler::RunPoolCommands() {
       Done(c.done, Status::Ok());
       continue;
     }
+    // Closed: mapped here, between steps (OpenPool maps off this thread
+    // when it can; a command queued while the pool was being let go lands here).
     auto fds = c.fetch();
     Status st = fds.ok() ? runner_->MapKvPool(*fds) : Status(fds.error());
     if (st.ok()) {

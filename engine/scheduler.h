@@ -12,12 +12,15 @@
 //
 // An engine over the node's KV pool (engine/kv_memory.h) has two kinds of
 // blocks: its scratch, always there, and the pool's, usable only while the
-// pool is open here. OpenPool() maps the pool between two steps and hands
-// its blocks out (first, before the scratch's); ClosePool() stops handing
-// them out at once, lets the sequences that hold some run to their end,
-// and then unmaps the pool and says so; in between the engine goes on
-// serving from its scratch. A request that fits the scratch and the pool
-// together but not what is free now waits for blocks, as any request does.
+// pool is open here. OpenPool() maps the pool at once, on a thread of its
+// own, while the current step goes on (a step of a large model takes tens
+// of milliseconds, and a promoted engine must not wait for one to have its
+// KV back), and the next step boundary hands its blocks out (first, before
+// the scratch's). ClosePool() stops handing them out at once, lets the
+// sequences that hold some run to their end, and then, between two steps,
+// unmaps the pool and says so; in between the engine goes on serving from
+// its scratch. A request that fits the scratch and the pool together but
+// not what is free now waits for blocks, as any request does.
 //
 // Between steps (and while idle) the scheduler runs the communicator
 // keepalive every keepalive_ms and records its outcome.
@@ -116,10 +119,11 @@ class Scheduler {
   int64_t max_sequence_tokens() const;
 
   // The node's KV pool (a pooled runner only). `fetch` gets every rank's
-  // pool fds (it runs on the scheduler thread, between steps); `done` is
-  // called on the scheduler thread once the pool is mapped and its blocks
-  // are handed out (or with why not). Opening an open pool is done at once;
-  // opening one that is closing keeps it.
+  // pool fds; it and the mapping run on the mapping thread. `done` is
+  // called once the pool is mapped (its blocks are handed out at the next
+  // step boundary), or with why not, on the mapping or the scheduler
+  // thread. Opening an open pool is done at once; opening one that is
+  // closing keeps it.
   using PoolFetch = std::function<Result<std::vector<std::vector<UniqueFd>>>()>;
   using PoolDone = std::function<void(Status)>;
   void OpenPool(PoolFetch fetch, PoolDone done);
@@ -151,6 +155,9 @@ class Scheduler {
   // them, so that an answer never reads stats older than the change.
   void PoolStatsLocked();
   void Done(const PoolDone& done, const Status& st);
+  // The mapping thread's work, and the scheduler thread's side of it.
+  void MapPool(PoolFetch fetch);
+  void HandOutPool();
   int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
 
   ModelRunner* runner_;
@@ -169,6 +176,11 @@ class Scheduler {
     PoolDone done;
   };
   std::deque<PoolCommand> pool_cmds_;
+  // Mapping the pool, off the scheduler thread (guarded by mu_).
+  enum class MapPhase { kIdle, kMapping, kMapped };  // kMapped: its blocks not handed out yet
+  MapPhase map_phase_ = MapPhase::kIdle;
+  std::vector<PoolDone> map_waiters_;
+  std::thread map_thread_;
   SchedulerStats stats_;
 
   // Scheduler thread only.

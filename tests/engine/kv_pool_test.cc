@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <future>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -376,6 +377,47 @@ TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its sc
   auto too_big = priv.Submit(Req(3, 100));
   REQUIRE_FALSE(too_big.ok());
   CHECK(too_big.error().message().find("--kv-cache-mib") != std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not between them", "[kv_pool]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+  Outcomes out;
+  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
+  sched.Start();
+  // A sequence on the scratch, generating.
+  REQUIRE(sched.Submit(Req(1, 50)).ok());
+  REQUIRE(test::WaitFor([&] { return out.Tokens(1).size() >= 2; }, std::chrono::seconds(30)));
+  // The pool's fetch blocks until the test lets it go; the steps go on.
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  std::vector<UniqueFd> pool;
+  pool.push_back(PoolMemfd(1 << 20));
+  const int pool_fd = pool[0].get();
+  Done opened;
+  sched.OpenPool(
+      [go, pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
+        go.wait();
+        std::vector<std::vector<UniqueFd>> fds(1);
+        fds[0].push_back(UniqueFd(::dup(pool_fd)));
+        return fds;
+      },
+      opened.Fn());
+  const size_t before = out.Tokens(1).size();
+  CHECK(test::WaitFor([&] { return out.Tokens(1).size() >= before + 3 || out.Done(1); }, std::chrono::seconds(30)));
+  CHECK_FALSE(opened.called.load());
+  release.set_value();
+  REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE(opened.st.ok());
+  CHECK(sched.stats().pool_mapped);
+  // Its blocks are handed out at the next step boundary.
+  REQUIRE(test::WaitFor([&] { return sched.stats().total_blocks == 36; }, std::chrono::seconds(10)));
+  REQUIRE(test::WaitFor([&] { return out.Done(1); }, std::chrono::seconds(30)));
 }
 
 }  // namespace
