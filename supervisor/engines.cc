@@ -338,8 +338,8 @@ void Supervisor::Impl::StartProbing(Slot& s) {
         metrics_.ObserveProbe(s.name, o.ok, o.latency_ms);
       });
   s.monitor->Start();
-  // What it says of its KV and memory, while it serves.
-  s.status_timer->Start(kStatusRefreshMs, [this, sp] { RefreshStatus(*sp); }, kStatusRefreshMs);
+  // What it says of its KV and memory, at once and then while it serves.
+  s.status_timer->Start(0, [this, sp] { RefreshStatus(*sp); }, kStatusRefreshMs);
 }
 
 void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) {
