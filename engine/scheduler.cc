@@ -95,25 +95,34 @@ Status Scheduler::Submit(GenRequest req) {
 
 void Scheduler::OpenPool(PoolFetch fetch, PoolDone done) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (map_phase_ == MapPhase::kMapping) {
+  // Role requests take effect in the order they came, so only an open with
+  // nothing queued before it is started from here.
+  if (pool_cmds_.empty() && map_phase_ == MapPhase::kMapping) {
     map_waiters_.push_back(std::move(done));
     return;
   }
   // Not mapped (and not being unmapped: stats_ says mapped until the
   // unmap is done), by a pooled runner: map it now, beside the step.
-  if (runner_->kv_layout().pooled() && map_phase_ == MapPhase::kIdle && !stats_.pool_mapped) {
-    map_phase_ = MapPhase::kMapping;
-    map_waiters_.push_back(std::move(done));
-    std::thread previous = std::move(map_thread_);
-    lk.unlock();
-    if (previous.joinable()) previous.join();  // it finished: the phase was idle
-    std::lock_guard<std::mutex> relock(mu_);
-    map_thread_ = std::thread([this, fetch = std::move(fetch)] { MapPool(fetch); });
+  if (pool_cmds_.empty() && runner_->kv_layout().pooled() && map_phase_ == MapPhase::kIdle && !stats_.pool_mapped) {
+    StartMapping(lk, std::move(fetch), std::move(done));
     return;
   }
-  // Mapped already, or closing, or a private cache: the scheduler thread answers.
+  // Mapped already, closing, a private cache, or behind another request:
+  // the scheduler thread takes it in turn.
   pool_cmds_.push_back(PoolCommand{true, std::move(fetch), std::move(done)});
   cv_.notify_all();
+}
+
+void Scheduler::StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done) {
+  map_phase_ = MapPhase::kMapping;
+  map_waiters_.push_back(std::move(done));
+  // The last mapping thread is done with the pool (the phase was idle);
+  // it may still be telling its waiters.
+  std::thread previous = std::move(map_thread_);
+  lk.unlock();
+  if (previous.joinable()) previous.join();
+  lk.lock();
+  map_thread_ = std::thread([this, fetch = std::move(fetch)] { MapPool(fetch); });
 }
 
 void Scheduler::MapPool(PoolFetch fetch) {
@@ -300,7 +309,9 @@ void Scheduler::RunPoolCommands() {
     cmds.swap(pool_cmds_);
   }
   const KvLayout& kv = runner_->kv_layout();
-  for (auto& c : cmds) {
+  while (!cmds.empty()) {
+    PoolCommand c = std::move(cmds.front());
+    cmds.pop_front();
     if (!kv.pooled()) {
       Done(c.done, Refused("this engine keeps a private KV cache (started without --kv-pool)"));
       continue;
@@ -338,16 +349,15 @@ void Scheduler::RunPoolCommands() {
       Done(c.done, Status::Ok());
       continue;
     }
-    // Closed: mapped here, between steps (OpenPool maps off this thread
-    // when it can; a command queued while the pool was being let go lands here).
-    auto fds = c.fetch();
-    Status st = fds.ok() ? runner_->MapKvPool(*fds) : Status(fds.error());
-    if (st.ok()) {
-      free_pool_.clear();
-      for (int b = kv.pool_blocks - 1; b >= 0; --b) free_pool_.push_back(b);
-      pool_ = PoolState::kOpen;
+    // Closed: mapped off this thread, as OpenPool does; the commands after
+    // it wait for the mapping, in their order.
+    std::unique_lock<std::mutex> lk(mu_);
+    while (!cmds.empty()) {
+      pool_cmds_.push_front(std::move(cmds.back()));
+      cmds.pop_back();
     }
-    Done(c.done, st);
+    StartMapping(lk, std::move(c.fetch), std::move(c.done));
+    return;
   }
 }
 

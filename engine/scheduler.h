@@ -155,8 +155,10 @@ class Scheduler {
   // them, so that an answer never reads stats older than the change.
   void PoolStatsLocked();
   void Done(const PoolDone& done, const Status& st);
-  // The mapping thread's work, and the scheduler thread's side of it.
+  // The mapping thread's work, its start (mu_ held by lk; released while
+  // the last mapping thread is joined), and the scheduler thread's side.
   void MapPool(PoolFetch fetch);
+  void StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done);
   void HandOutPool();
   int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
 

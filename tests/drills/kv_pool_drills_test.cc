@@ -83,8 +83,9 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   REQUIRE((*st)["kv_pool"].value("pool_mib", 0) > 0);
   REQUIRE(scratch_mib > 0);
   std::string why;
+  const bool settled = PoolRolesSettle(node, scratch_mib, &why);
   INFO(why);
-  REQUIRE(PoolRolesSettle(node, scratch_mib, &why));
+  REQUIRE(settled);
 
   auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
   bench::LoadOptions lo;
@@ -107,8 +108,9 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
     INFO("drill " << i << ": " << (ran.ok() ? std::string("ran") : ran.error().message()));
     REQUIRE(ran.ok());
     drills.insert(drills.end(), one.begin(), one.end());
-    INFO("after drill " << i);
-    CHECK(PoolRolesSettle(node, scratch_mib, &why, 120s));
+    const bool again = PoolRolesSettle(node, scratch_mib, &why, 120s);
+    INFO("after drill " << i << ": " << why);
+    CHECK(again);
   }
   load.Stop();
   json a = bench::Analyze(drills, load.records());

@@ -421,3 +421,43 @@ TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not betwe
 }
 
 }  // namespace
+
+namespace {
+
+TEST_CASE("scheduler over a pool: role requests take effect in their order", "[kv_pool]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+  Outcomes out;
+  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
+  sched.Start();
+  std::vector<UniqueFd> pool;
+  pool.push_back(PoolMemfd(1 << 20));
+  const int pool_fd = pool[0].get();
+  auto fetch = [pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
+    std::vector<std::vector<UniqueFd>> fds(1);
+    fds[0].push_back(UniqueFd(::dup(pool_fd)));
+    return fds;
+  };
+  // Busy with a sequence, so that requests meet queued ones; whichever way
+  // they interleave with the steps, the last one decides.
+  REQUIRE(sched.Submit(Req(1, 400)).ok());
+  for (int round = 0; round < 10; ++round) {
+    Done first, second;
+    sched.ClosePool(first.Fn());
+    sched.OpenPool(fetch, second.Fn());
+    REQUIRE(test::WaitFor([&] { return first.called.load() && second.called.load(); }, std::chrono::seconds(30)));
+    INFO("round " << round << ": close then open");
+    REQUIRE(second.st.ok());
+    CHECK(sched.stats().pool_mapped);
+    Done third, fourth;
+    sched.OpenPool(fetch, third.Fn());
+    sched.ClosePool(fourth.Fn());
+    REQUIRE(test::WaitFor([&] { return third.called.load() && fourth.called.load(); }, std::chrono::seconds(60)));
+    INFO("round " << round << ": open then close");
+    REQUIRE(fourth.st.ok());
+    CHECK_FALSE(sched.stats().pool_mapped);
+  }
+}
+
+}  // namespace
