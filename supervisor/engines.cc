@@ -10,9 +10,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <fstream>
 
 #include "common/fs.h"
+#include "common/random_id.h"
 #include "common/json_limits.h"
 #include "common/log.h"
 #include "probes/probe.h"
@@ -28,21 +28,6 @@ namespace {
 
 constexpr int64_t kStatusPollMs = 25;  // while an engine starts
 constexpr int64_t kStatusRefreshMs = 1000;  // while it serves
-
-
-// 16 random bytes as hex: unguessable by another process on the node.
-std::string MakeNonce() {
-  unsigned char b[16] = {};
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  in.read(reinterpret_cast<char*>(b), sizeof b);
-  static const char* kHex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += kHex[c >> 4];
-    s += kHex[c & 15];
-  }
-  return s;
-}
 
 }  // namespace
 
@@ -73,7 +58,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     }
     port = *p;
   }
-  std::string nonce = MakeNonce();
+  std::string nonce = RandomHexId();
   ChildSpec spec;
   // The engine inherits the write end of its lifeline as fd 3 (before it
   // opens anything of its own, so it is among the first files closed when

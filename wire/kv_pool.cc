@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/random_id.h"
 #include "wire/message_fields.h"
 
 namespace wsup {
@@ -38,18 +38,7 @@ uint64_t KvPoolMsg::bytes() const {
   return n;
 }
 
-std::string MakeKvPoolId() {
-  unsigned char b[16] = {};
-  std::ifstream in("/dev/urandom", std::ios::binary);
-  in.read(reinterpret_cast<char*>(b), sizeof b);
-  static const char* kHex = "0123456789abcdef";
-  std::string s;
-  for (unsigned char c : b) {
-    s += kHex[c >> 4];
-    s += kHex[c & 15];
-  }
-  return s;
-}
+std::string MakeKvPoolId() { return RandomHexId(); }
 
 json EncodeKvPoolRequest() { return {{"type", "kv_pool"}}; }
 

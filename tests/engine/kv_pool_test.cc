@@ -214,6 +214,21 @@ struct Done {
   }
 };
 
+// One rank's pool as a holder hands it out: a memfd, and fetches that give
+// a dup of it (after `gate`, when one is given).
+struct TestPool {
+  UniqueFd fd = PoolMemfd(1 << 20);
+  Scheduler::PoolFetch Fetch(std::shared_future<void> gate = {}) const {
+    const int raw = fd.get();
+    return [raw, gate]() -> Result<std::vector<std::vector<UniqueFd>>> {
+      if (gate.valid()) gate.wait();
+      std::vector<std::vector<UniqueFd>> fds(1);
+      fds[0].push_back(UniqueFd(::dup(raw)));
+      return fds;
+    };
+  }
+};
+
 TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same tokens either way", "[kv_pool]") {
   REQUIRE(test::HaveTestData("llama-tiny-f32"));
   // The tokens of a private cache, for comparison.
@@ -250,17 +265,10 @@ TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same 
   REQUIRE(test::WaitFor([&] { return sched.stats().waiting == 1; }, std::chrono::seconds(10)));
   CHECK_FALSE(out.Done(2));
 
-  std::vector<UniqueFd> pool;
-  pool.push_back(PoolMemfd(1 << 20));
-  const int pool_fd = pool[0].get();
+  TestPool pool;
+  const int pool_fd = pool.fd.get();
   Done opened;
-  sched.OpenPool(
-      [pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
-        std::vector<std::vector<UniqueFd>> fds(1);
-        fds[0].push_back(UniqueFd(::dup(pool_fd)));
-        return fds;
-      },
-      opened.Fn());
+  sched.OpenPool(pool.Fetch(), opened.Fn());
   REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
   REQUIRE(opened.st.ok());
   REQUIRE(test::WaitFor([&] { return out.Done(2); }, std::chrono::seconds(60)));
@@ -285,14 +293,8 @@ TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its 
   Outcomes out;
   Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
   sched.Start();
-  std::vector<UniqueFd> pool;
-  pool.push_back(PoolMemfd(1 << 20));
-  const int pool_fd = pool[0].get();
-  auto fetch = [pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
-    std::vector<std::vector<UniqueFd>> fds(1);
-    fds[0].push_back(UniqueFd(::dup(pool_fd)));
-    return fds;
-  };
+  TestPool pool;
+  auto fetch = pool.Fetch();
   Done opened;
   sched.OpenPool(fetch, opened.Fn());
   REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
@@ -396,18 +398,9 @@ TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not betwe
   // The pool's fetch blocks until the test lets it go; the steps go on.
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
-  std::vector<UniqueFd> pool;
-  pool.push_back(PoolMemfd(1 << 20));
-  const int pool_fd = pool[0].get();
+  TestPool pool;
   Done opened;
-  sched.OpenPool(
-      [go, pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
-        go.wait();
-        std::vector<std::vector<UniqueFd>> fds(1);
-        fds[0].push_back(UniqueFd(::dup(pool_fd)));
-        return fds;
-      },
-      opened.Fn());
+  sched.OpenPool(pool.Fetch(go), opened.Fn());
   const size_t before = out.Tokens(1).size();
   CHECK(test::WaitFor([&] { return out.Tokens(1).size() >= before + 3 || out.Done(1); }, std::chrono::seconds(30)));
   CHECK_FALSE(opened.called.load());
@@ -431,14 +424,8 @@ TEST_CASE("scheduler over a pool: role requests take effect in their order", "[k
   Outcomes out;
   Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
   sched.Start();
-  std::vector<UniqueFd> pool;
-  pool.push_back(PoolMemfd(1 << 20));
-  const int pool_fd = pool[0].get();
-  auto fetch = [pool_fd]() -> Result<std::vector<std::vector<UniqueFd>>> {
-    std::vector<std::vector<UniqueFd>> fds(1);
-    fds[0].push_back(UniqueFd(::dup(pool_fd)));
-    return fds;
-  };
+  TestPool pool;
+  auto fetch = pool.Fetch();
   // Busy with a sequence, so that requests meet queued ones; whichever way
   // they interleave with the steps, the last one decides.
   REQUIRE(sched.Submit(Req(1, 400)).ok());
