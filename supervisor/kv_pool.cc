@@ -126,7 +126,7 @@ void Supervisor::Impl::SendRole(Slot& s, const std::string& role, bool pool, int
   Slot* sp = &s;
   const pid_t pid = s.pid;
   http_->Send(cfg_.engine.host, s.port, std::move(req),
-              [this, sp, pid, done = std::move(done)](Result<http::HttpResponse> r) {
+              [sp, pid, done = std::move(done)](Result<http::HttpResponse> r) {
                 if (sp->pid == pid && pid != 0) {
                   json kv = KvOf(r);
                   if (kv.is_object()) sp->kv = kv;
