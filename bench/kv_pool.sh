@@ -99,6 +99,19 @@ row("holder, nvidia-smi (MiB; the weights and the pool are charged to no process
 row("a bare CUDA context, nvidia-smi (MiB)", lambda j: j.get("bare_mib") or None)
 row("standby above a bare context (MiB: its scratch, step buffers, graphs, kernels)",
     lambda j: (mem(j, "standby") - int(j["bare_mib"])) if mem(j, "standby") and j.get("bare_mib") else None)
+def graphs(j, role):
+    for e in j["engines"]:
+        if e["role"] == role and (e.get("memory") or {}).get("graphs_bytes") is not None:
+            return e["memory"]["graphs_bytes"] >> 20
+    return None
+row("standby engine: its decode graphs (MiB, captured at startup)", lambda j: graphs(j, "standby"))
+def above_all(j):
+    m, g = mem(j, "standby"), graphs(j, "standby")
+    if not m or g is None or not j.get("bare_mib"):
+        return None
+    own_kv = int(j["pool_mib"]) and int(j.get("scratch_mib", 0)) or int(j["kv_mib"])
+    return m - int(j["bare_mib"]) - g - own_kv
+row("standby above its bare context, graphs and own KV (MiB; goal <= 1024)", above_all)
 row("goal: the standby at most a parked Dynamo shadow's 2.7 GiB (2765 MiB)",
     lambda j: ("met" if mem(j, "standby") <= 2765 else "not met") if mem(j, "standby") else None)
 row("another process holding GPU memory (GiB)", lambda j: j.get("fill_gib"))

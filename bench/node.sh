@@ -316,6 +316,7 @@ if kv_full:
            f"| the killed engine's exit to the promoted engine's full KV (ms) | {pct(kv_after, 50)} | {pct(kv_after, 99)} | {max(kv_after) if kv_after else 'nan'} |"]
 json.dump({"apps": apps, "used_mib": used, "bare_mib": bare, "swap": swap, "first_ok": first, "gone": gone,
            "kv_full": kv_full, "kv_after_gone": kv_after, "pool_mib": pool_mib, "kv_mib": kv_mib,
+           "scratch_mib": scratch_mib,
            "fill_gib": fill_gib, "engines": st["engines"], "holders": st["holders"]},
           open(f"{out}/node.json", "w"), indent=1)
 try:

@@ -183,6 +183,7 @@ class Engine {
   std::vector<int32_t> eos_;
   std::string comm_kind_;
   std::unique_ptr<KvPoolLink> pool_link_;  // --kv-pool
+  int64_t graphs_bytes_ = -1;              // GPU memory the decode graphs took (NVML); -1: not known
 
   // Loop thread only.
   std::string state_ = "starting";
@@ -286,9 +287,18 @@ Status Engine::StartupPhases() {
   }
 
   t0 = Clock::now();
+  // What the graphs take on the GPU: what the driver charges to this
+  // process before and after (a standby's own memory is mostly these, its
+  // context and its scratch).
+  auto gpu_before = devices.empty() ? Result<uint64_t>(uint64_t{0}) : ProcessGpuMemory(devices);
   WSUP_ASSIGN_OR_RETURN(int graphs, runner->CaptureGraphs());
+  auto gpu_after = devices.empty() ? Result<uint64_t>(uint64_t{0}) : ProcessGpuMemory(devices);
+  if (graphs && gpu_before.ok() && gpu_after.ok() && *gpu_after >= *gpu_before) {
+    graphs_bytes_ = static_cast<int64_t>(*gpu_after - *gpu_before);
+  }
   Phase("graph_capture", graphs ? MsSince(t0) : 0,
-        graphs ? std::to_string(graphs) + " decode graphs, batch 1 to " + std::to_string(opts_.max_batch)
+        graphs ? std::to_string(graphs) + " decode graphs, batch 1 to " + std::to_string(opts_.max_batch) +
+                     (graphs_bytes_ >= 0 ? ", " + std::to_string(graphs_bytes_ >> 20) + " MiB of GPU memory" : "")
                : std::string("cpu: none"));
   if (cancel_startup_) return Status::Ok();
 
@@ -723,6 +733,7 @@ json Engine::MemoryJson(const json& kv) {
         spdlog::warn("memory.other_bytes is not reported: {}", used.error().message());
       }
     }
+    if (graphs_bytes_ >= 0) m["graphs_bytes"] = graphs_bytes_;
     if (gpu_used_ >= 0) {
       m["gpu_used_bytes"] = gpu_used_;
       m["other_bytes"] = static_cast<uint64_t>(gpu_used_) > own_kv ? static_cast<uint64_t>(gpu_used_) - own_kv : 0;

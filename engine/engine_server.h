@@ -32,7 +32,8 @@
 // last time), map_ms}; memory {weights_bytes, kv_bytes, other_bytes} (all
 // ranks; other: what this process holds beyond its own KV: on the CPU its
 // resident anonymous memory, on GPUs what the driver charges to it
-// (gpu_used_bytes, through NVML), absent where that cannot be read).
+// (gpu_used_bytes, through NVML), absent where that cannot be read;
+// graphs_bytes: what capturing the decode graphs added to it).
 //
 // Exit codes: 0 after SIGTERM/SIGINT; 1 a failure a retry may cure (I/O,
 // holder unavailable in daemon mode); 2 a usage error; 78 (EX_CONFIG) a
