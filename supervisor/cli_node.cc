@@ -89,13 +89,31 @@ void PrintStatus(std::ostream& o, const json& s) {
     o << "  " << e.value("slot", "") << "  " << e.value("state", "") << "  pid " << e.value("pid", 0) << "  port "
       << e.value("port", 0) << "  semantic_ready " << (e.value("semantic_ready", false) ? "yes" : "no")
       << "  comm_warm " << (e.value("comm_warm", false) ? "yes" : "no") << "  cache "
-      << (e.value("cache", "").empty() ? "-" : e.value("cache", "")) << "\n";
+      << (e.value("cache", "").empty() ? "-" : e.value("cache", ""));
+    // Its KV: the node's pool, its scratch, or a cache of its own.
+    if (e.contains("kv") && e["kv"].is_object()) {
+      const json& kv = e["kv"];
+      o << "  kv " << kv.value("source", "?");
+      if (kv.contains("bytes") && kv["bytes"].is_number_unsigned()) o << " " << (kv["bytes"].get<uint64_t>() >> 20) << " MiB";
+    }
+    o << "\n";
+  }
+  if (s.contains("kv_pool") && s["kv_pool"].is_object()) {
+    const json& p = s["kv_pool"];
+    o << "kv pool: " << p.value("pool_mib", int64_t{0}) << " MiB per rank, "
+      << (p["owner"].is_string() ? "mapped by " + p["owner"].get<std::string>() + " (" + p.value("state", "?") + ")"
+                                 : std::string("mapped by no engine (") + p.value("state", "?") + ")")
+      << ", scratch " << p.value("scratch_mib", int64_t{0}) << " MiB\n";
   }
   if (!s["holders"].empty()) {
     o << "holders:\n";
     for (const auto& h : s["holders"]) {
       o << "  rank " << h.value("rank", 0) << "  pid " << h.value("pid", 0) << "  " << h.value("socket", "")
         << "  kept fds " << h.value("kept_fds", 0);
+      if (h.contains("kv_pool") && h["kv_pool"].is_object()) {
+        o << "  kv pool " << h["kv_pool"].value("id", "?").substr(0, 8) << " ("
+          << (h["kv_pool"].value("bytes", uint64_t{0}) >> 20) << " MiB)";
+      }
       if (h.value("kept_layouts", 0) > 0) {
         o << "  kept layouts " << h.value("kept_layouts", 0) << " (" << h.value("kept_layout_fds", 0) << " fds)";
       }
