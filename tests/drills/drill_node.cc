@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <filesystem>
+
 #include "wire/json_call.h"
 
 namespace wsup::test {
@@ -51,6 +53,27 @@ void DrillNode::Start() {
     a.push_back(s);
   }
   sup_ = Child::Start(a, dir_.Join("supervisor.log"));
+}
+
+namespace {
+std::string Tail(const std::string& text, size_t lines) {
+  size_t at = text.size();
+  for (size_t n = 0; n <= lines && at > 0; ++n) {
+    size_t nl = text.rfind('\n', at - 1);
+    if (nl == std::string::npos) return text;
+    at = nl;
+  }
+  return text.substr(at);
+}
+}  // namespace
+
+std::string DrillNode::LogTails(size_t lines) const {
+  std::string out = "== supervisor.log (last " + std::to_string(lines) + " lines)" + Tail(Log(), lines) + "\n";
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("state/logs"), ec)) {
+    out += "== " + f.path().filename().string() + Tail(ReadAll(f.path().string()), lines) + "\n";
+  }
+  return out;
 }
 
 std::optional<json> DrillNode::Status() const {

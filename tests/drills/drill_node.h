@@ -59,6 +59,10 @@ class DrillNode {
   std::string SupervisorSocket() const { return dir_.Join("run/wsup.sock"); }
   std::string FrontSocket() const { return dir_.Join("run/front.sock"); }
   std::string Log() const { return ReadAll(dir_.Join("supervisor.log")); }
+  // The last `lines` lines of the supervisor's log and of every child's
+  // (engines, holders, the front), each under its name: what a failed
+  // drill test prints, so a rare failure can be read from CI's output.
+  std::string LogTails(size_t lines = 400) const;
   std::string ConfigPath() const;
   // Runs `wsup ARGS... --socket <the supervisor's socket>`.
   RunResult Cli(std::vector<std::string> args) const;

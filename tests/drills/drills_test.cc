@@ -63,6 +63,7 @@ TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and d
   load.Start();
   Status ran = bench::RunDrills(*target, load, plan, &drills);
   load.Stop();
+  INFO(node.LogTails());
   json a = bench::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));

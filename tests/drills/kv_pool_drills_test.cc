@@ -113,6 +113,7 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
     CHECK(again);
   }
   load.Stop();
+  INFO(node.LogTails());
   json a = bench::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));

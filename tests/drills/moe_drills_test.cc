@@ -118,6 +118,7 @@ TEST_CASE(
   std::vector<bench::DrillRecord> drills;
   Status ran = bench::RunDrills(*target, load, plan, &drills);
   load.Stop();
+  INFO(node.LogTails());
   json a = bench::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));
