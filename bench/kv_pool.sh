@@ -125,6 +125,29 @@ for name, key in [("kill to swap", "swap"), ("kill to first correct answer", "fi
     row(f"{name}, p99 (ms)", lambda j, k=key: pct(j.get(k, []), 99))
 row("goal: full KV at most 5 ms after the exit, p99",
     lambda j: (("met" if pct(j["kv_after_gone"], 99) <= 5 else "not met") if j.get("kv_after_gone") else None))
+# The promoted engine's mapping after each takeover (its log): fetched and
+# imported ahead of the grant, so the grant only maps and grants access.
+def parts(j, k, p):
+    v = [x[k] for x in j.get("map_parts", []) if x["ahead"]]
+    r = pct(v, p)
+    return None if r is None else round(r, 2)
+row("takeovers whose pool was fetched and imported ahead of the grant",
+    lambda j: len([x for x in j.get("map_parts", []) if x["ahead"]]) if j.get("map_parts") else None)
+for k, label in (("total", "the promoted engine: grant request to mapped"), ("import", "of which importing"),
+                 ("map", "of which mapping"), ("access", "of which granting access")):
+    row(f"{label}, p50 (ms)", lambda j, k=k: parts(j, k, 50))
+    row(f"{label}, p99 (ms)", lambda j, k=k: parts(j, k, 99))
+# Where the standby's own GPU memory went, by startup phase (NVML deltas).
+def phase(j, name):
+    for e in j["engines"]:
+        if e["role"] == "standby":
+            b = (e.get("memory") or {}).get("by_phase")
+            return None if not b or name not in b else b[name] >> 20
+    return None
+for name, label in (("context", "its CUDA context and devices"), ("weights", "binding the weights (cuBLAS handle and workspace)"),
+                    ("communicator", "the communicator"), ("kv_cache", "its KV scratch (or cache), step buffers, dequantization scratch"),
+                    ("graph_capture", "capturing the decode graphs (with the kernels they load)"), ("warmup", "the warmup (kernels it loads)")):
+    row(f"standby's own memory by startup phase: {label} (MiB)", lambda j, n=name: phase(j, n))
 row("drills", lambda j: len(j["swap"]))
 print(f"Machine: {gpu[0] if gpu else device}; {datetime.date.today().isoformat()}.")
 print(f"Model: the generated 1.1B Llama of bench/node.sh (2.1 GiB of bf16), one holder (cuda VMM), "

@@ -314,7 +314,34 @@ md += [f"| whole GPU (memory.used) | {used} |", "",
 if kv_full:
     md += [f"| kill to the promoted engine's full KV (ms, kv_full_ms) | {pct(kv_full, 50)} | {pct(kv_full, 99)} | {max(kv_full)} |",
            f"| the killed engine's exit to the promoted engine's full KV (ms) | {pct(kv_after, 50)} | {pct(kv_after, 99)} | {max(kv_after) if kv_after else 'nan'} |"]
-json.dump({"apps": apps, "used_mib": used, "bare_mib": bare, "swap": swap, "first_ok": first, "gone": gone,
+# The promoted engines' own account of each mapping (their logs): the fds
+# fetched at the grant or ahead of it, the import, the mapping, the access.
+import glob, re
+parts = []
+pat = re.compile(r"mapped in ([\d.]+) ms \((prefetched; take|fetch) ([\d.]+) ms, import ([\d.]+), map ([\d.]+), access ([\d.]+)\)")
+for f in glob.glob(f"{out}/node/**/*.log", recursive=True) + glob.glob(f"{out}/node/**/*.out", recursive=True):
+    for line in open(f, errors="replace"):
+        m = pat.search(line)
+        if m:
+            parts.append({"total": float(m[1]), "ahead": m[2].startswith("prefetched"), "fetch": float(m[3]),
+                          "import": float(m[4]), "map": float(m[5]), "access": float(m[6])})
+ahead = [x for x in parts if x["ahead"]]
+if parts:
+    md += ["", f"| the promoted engine's mapping of the pool (its log), n = {len(parts)}, {len(ahead)} fetched and imported ahead | p50 | p99 |", "|---|---:|---:|"]
+    for k, label in (("total", "the role request to mapped (ms)"), ("fetch", "getting the fds at the grant (ms)"),
+                     ("import", "importing them at the grant (ms)"), ("map", "mapping (ms)"), ("access", "granting access (ms)")):
+        v = [x[k] for x in parts]
+        md += [f"| {label} | {pct(v, 50):.2f} | {pct(v, 99):.2f} |"]
+# Where each engine's own GPU memory went, by startup phase (NVML deltas).
+phases = ["context", "weights", "communicator", "kv_cache", "graph_capture", "warmup"]
+by = [(e, (e.get("memory") or {}).get("by_phase")) for e in st["engines"]]
+if any(b for _, b in by):
+    md += ["", "| engine's own GPU memory by startup phase (MiB, NVML) | " + " | ".join(phases) + " |",
+           "|---|" + "---:|" * len(phases)]
+    for e, b in by:
+        if b:
+            md += [f"| engine {e['slot']} ({e['role']}{kv_of(e)}) | " + " | ".join(str(b.get(p, 0) >> 20) for p in phases) + " |"]
+json.dump({"map_parts": parts, "by_phase": {e["slot"]: b for e, b in by if b}, "apps": apps, "used_mib": used, "bare_mib": bare, "swap": swap, "first_ok": first, "gone": gone,
            "kv_full": kv_full, "kv_after_gone": kv_after, "pool_mib": pool_mib, "kv_mib": kv_mib,
            "scratch_mib": scratch_mib,
            "fill_gib": fill_gib, "engines": st["engines"], "holders": st["holders"]},

@@ -110,6 +110,13 @@ std::string DefaultModelName(const std::string& dir) {
 }
 
 // One completion in flight, on the loop thread.
+// How the last mapping of the pool went, by part.
+struct PoolMapParts {
+  bool prefetched = false;  // its fds were fetched (and imported) ahead
+  double fetch_ms = 0;      // getting the fds at the grant
+  KvMemory::MapTimes times;
+};
+
 struct Pending {
   std::shared_ptr<http::ResponseWriter> writer;
   CompletionText text;
@@ -184,6 +191,11 @@ class Engine {
   std::string comm_kind_;
   std::unique_ptr<KvPoolLink> pool_link_;  // --kv-pool
   int64_t graphs_bytes_ = -1;              // GPU memory the decode graphs took (NVML); -1: not known
+  std::vector<int> gpu_devices_;           // set first by the startup thread
+  // GPU memory each startup phase added (NVML; the context phase from 0),
+  // and the reading after the last one (mu_).
+  std::vector<std::pair<std::string, int64_t>> phase_gpu_;
+  int64_t gpu_after_last_phase_ = -1;
 
   // Loop thread only.
   std::string state_ = "starting";
@@ -197,20 +209,33 @@ class Engine {
   int64_t gpu_read_ms_ = 0, gpu_used_ = -1;  // ProcessGpuMemory, cached
   bool gpu_warned_ = false;
   double pool_map_ms_ = 0;
+  PoolMapParts pool_map_parts_;
 };
 
 // ---------------------------------------------------------------- startup
 
 void Engine::Phase(const std::string& name, double ms, const std::string& note) {
+  // On GPUs, what each phase added to the memory the driver charges to
+  // this process: where a standby's own memory goes (memory.by_phase).
+  int64_t gpu = -1;
+  if (!gpu_devices_.empty()) {
+    auto used = ProcessGpuMemory(gpu_devices_);
+    if (used.ok()) gpu = static_cast<int64_t>(*used);
+  }
   std::lock_guard<std::mutex> lk(mu_);
   phases_.emplace_back(name, ms);
   if (!note.empty()) phase_notes_[name] = note;
+  if (gpu >= 0) {
+    phase_gpu_.emplace_back(name, gpu - std::max<int64_t>(gpu_after_last_phase_, 0));
+    gpu_after_last_phase_ = gpu;
+  }
 }
 
 Status Engine::StartupPhases() {
   // Context: the checkpoint's headers and config, the device.
   auto t0 = Clock::now();
   WSUP_ASSIGN_OR_RETURN(std::vector<int> devices, ParseDevice(opts_.device));
+  gpu_devices_ = devices;
   const int tp = devices.empty() ? opts_.tp : static_cast<int>(devices.size());
   std::string context_note = "cpu";
   if (!devices.empty()) {
@@ -252,6 +277,7 @@ Status Engine::StartupPhases() {
   ro.ep = ep;
   ro.max_batch = opts_.max_batch;
   ro.max_step_tokens = kMaxStepTokens;
+  ro.dequant_scratch_bytes = static_cast<uint64_t>(opts_.dequant_scratch_mib) << 20;
   WSUP_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(ckpt.config(), std::move(*weights), ro));
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -361,6 +387,7 @@ int Engine::Run() {
   uv_run(&loop_, UV_RUN_DEFAULT);
   if (startup_thread_.joinable()) startup_thread_.join();
   scheduler_.reset();
+  pool_link_.reset();  // a prefetch in flight prepares into the runner
   runner_.reset();
   http_.reset();
   int rc = uv_loop_close(&loop_);
@@ -638,23 +665,44 @@ void Engine::HandleRole(const std::shared_ptr<http::ResponseWriter>& w) {
   const auto t0 = Clock::now();
   if (req->pool) {
     KvPoolLink* link = pool_link_.get();
-    scheduler_->OpenPool([link] { return link->Fetch(); },
-                         [this, answer, t0](Status st) {
-                           const double ms = MsSince(t0);
-                           const int64_t at = WallMs();
-                           OnLoop([this, answer, st, ms, at] {
-                             if (st.ok()) {
-                               pool_mapped_at_ms_ = at;
-                               pool_map_ms_ = ms;
-                               spdlog::info("KV pool {} mapped in {:.2f} ms: this engine is its owner",
-                                            pool_link_->pool_id(), ms);
-                             } else {
-                               spdlog::error("KV pool: not mapped: {}", st.ToString());
-                             }
-                             answer(st);
-                           });
-                         });
+    ModelRunner* runner = runner_.get();
+    // Filled on the mapping thread (the fetch, then the done callback).
+    auto parts = std::make_shared<PoolMapParts>();
+    scheduler_->OpenPool(
+        [link, parts] {
+          const auto f0 = Clock::now();
+          auto fds = link->Take(&parts->prefetched);
+          parts->fetch_ms = MsSince(f0);
+          return fds;
+        },
+        [this, answer, t0, runner, parts](Status st) {
+          const double ms = MsSince(t0);
+          const int64_t at = WallMs();
+          parts->times = runner->last_kv_map_times();
+          OnLoop([this, answer, st, ms, at, parts] {
+            if (st.ok()) {
+              pool_mapped_at_ms_ = at;
+              pool_map_ms_ = ms;
+              pool_map_parts_ = *parts;
+              spdlog::info("KV pool {} mapped in {:.2f} ms ({} {:.2f} ms, import {:.2f}, map {:.2f}, access {:.2f}): "
+                           "this engine is its owner",
+                           pool_link_->pool_id(), ms, parts->prefetched ? "prefetched; take" : "fetch",
+                           parts->fetch_ms, parts->times.import_ms, parts->times.map_ms, parts->times.access_ms);
+            } else {
+              spdlog::error("KV pool: not mapped: {}", st.ToString());
+            }
+            answer(st);
+          });
+        });
   } else {
+    ModelRunner* runner = runner_.get();
+    if (req->role == "active") {
+      // Promoted while another engine may still write the pool: serve from
+      // the scratch, with the pool's fds and import ready for the grant.
+      pool_link_->Prefetch([runner](const PoolFds& fds) { return runner->PrepareKvPool(fds); });
+    } else {
+      pool_link_->Discard([runner] { runner->DropPreparedKvPool(); });
+    }
     scheduler_->ClosePool([this, answer](Status st) {
       const int64_t at = WallMs();
       OnLoop([this, answer, st, at] {
@@ -690,6 +738,14 @@ json Engine::KvJson() {
     j["mapped_at_ms"] = pool_mapped_at_ms_;
     j["released_at_ms"] = pool_released_at_ms_;
     j["map_ms"] = pool_map_ms_;
+    // The last mapping by part: fetching the fds (or taking them, fetched
+    // ahead), importing, mapping, granting access.
+    j["map_parts"] = {{"prefetched", pool_map_parts_.prefetched},
+                      {"imported_ahead", pool_map_parts_.times.prepared},
+                      {"fetch_ms", pool_map_parts_.fetch_ms},
+                      {"import_ms", pool_map_parts_.times.import_ms},
+                      {"map_ms", pool_map_parts_.times.map_ms},
+                      {"access_ms", pool_map_parts_.times.access_ms}};
   }
   return j;
 }
@@ -734,6 +790,14 @@ json Engine::MemoryJson(const json& kv) {
       }
     }
     if (graphs_bytes_ >= 0) m["graphs_bytes"] = graphs_bytes_;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (!phase_gpu_.empty()) {
+        json by = json::object();
+        for (const auto& [name, bytes] : phase_gpu_) by[name] = bytes;
+        m["by_phase"] = by;
+      }
+    }
     if (gpu_used_ >= 0) {
       m["gpu_used_bytes"] = gpu_used_;
       m["other_bytes"] = static_cast<uint64_t>(gpu_used_) > own_kv ? static_cast<uint64_t>(gpu_used_) - own_kv : 0;
@@ -896,6 +960,10 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   }
   if (o.kv_scratch_mib < 1 || o.kv_scratch_mib > (1 << 20)) {
     return InvalidArgument("--kv-scratch-mib " + std::to_string(o.kv_scratch_mib) + " is out of range; pass 1 to 1048576");
+  }
+  if (o.dequant_scratch_mib < 1 || o.dequant_scratch_mib > 65536) {
+    return InvalidArgument("--dequant-scratch-mib " + std::to_string(o.dequant_scratch_mib) +
+                           " is out of range; pass 1 to 65536");
   }
   if (o.comm_keepalive_ms < 1) return InvalidArgument("--comm-keepalive-ms must be at least 1");
   if (o.max_batch < 1) return InvalidArgument("--max-batch must be at least 1");

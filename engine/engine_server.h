@@ -82,6 +82,7 @@ struct EngineOptions {
   // of its own (per rank) that serves probes and the first requests.
   bool kv_pool = false;
   int64_t kv_scratch_mib = 64;
+  int64_t dequant_scratch_mib = 32;  // cuda: engine/cuda/cuda_engine.h MakeCudaRank
   int64_t comm_keepalive_ms = 1000;
   int ready_fd = -1;
   // This start's identity, echoed as "nonce" in GET /wsup/status so the

@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 
 #include "wire/cuda_driver.h"
 
@@ -15,6 +17,11 @@ namespace {
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::string MiB(uint64_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+
+using Clock = std::chrono::steady_clock;
+double MsSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
 
 }  // namespace
 
@@ -107,6 +114,7 @@ class HostKvMemory : public KvMemory {
   Status MapPool(const std::vector<UniqueFd>& fds) override {
     if (pool_mapped_) return Status::Ok();
     WSUP_RETURN_IF_ERROR(CheckFds(fds));
+    const auto t0 = Clock::now();
     uint64_t off = 0;
     for (size_t i = 0; i < fds.size(); ++i) {
       const uint64_t len = layout_.pool_allocations[i];
@@ -119,6 +127,8 @@ class HostKvMemory : public KvMemory {
       }
       off += len;
     }
+    times_ = MapTimes{};
+    times_.map_ms = MsSince(t0);
     pool_mapped_ = true;
     return Status::Ok();
   }
@@ -157,6 +167,7 @@ class HostKvMemory : public KvMemory {
 class CudaKvMemory : public KvMemory {
  public:
   ~CudaKvMemory() override {
+    DropPrepared();
     if (base_ == 0) return;
     if (pool_mapped_) (void)cuda::VmmUnmap(base_, layout_.pool_span);
     if (scratch_mapped_) (void)cuda::VmmUnmap(base_ + layout_.pool_span, size_ - layout_.pool_span);
@@ -197,44 +208,69 @@ class CudaKvMemory : public KvMemory {
     return cuda::ContextSynchronize();
   }
 
+  Status PreparePool(const std::vector<UniqueFd>& fds) override {
+    std::vector<cuda::MemHandle> handles;
+    Status st = Import(fds, &handles);
+    std::lock_guard<std::mutex> lk(prepared_mu_);
+    ReleaseLocked();
+    if (!st.ok()) return st;
+    prepared_ = std::move(handles);
+    prepared_from_ = FdNumbers(fds);
+    return Status::Ok();
+  }
+
+  void DropPrepared() override {
+    std::lock_guard<std::mutex> lk(prepared_mu_);
+    ReleaseLocked();
+  }
+
   Status MapPool(const std::vector<UniqueFd>& fds) override {
     if (pool_mapped_) return Status::Ok();
-    if (fds.size() != layout_.pool_allocations.size()) {
-      return InvalidArgument("KV pool: " + std::to_string(fds.size()) + " fds for " +
-                             std::to_string(layout_.pool_allocations.size()) + " allocations");
+    MapTimes t;
+    std::vector<cuda::MemHandle> handles;
+    {
+      // A preparation of these very fds is used up here; any other goes.
+      std::lock_guard<std::mutex> lk(prepared_mu_);
+      if (!prepared_.empty() && prepared_from_ == FdNumbers(fds)) {
+        handles = std::move(prepared_);
+        prepared_.clear();
+        prepared_from_.clear();
+        t.prepared = true;
+      }
+      ReleaseLocked();
+    }
+    if (!t.prepared) {
+      const auto t0 = Clock::now();
+      Status imported = Import(fds, &handles);
+      t.import_ms = MsSince(t0);
+      if (!imported.ok()) return imported;
     }
     uint64_t off = 0;
     Status st;
-    for (size_t i = 0; i < fds.size() && st.ok(); ++i) {
+    const auto t1 = Clock::now();
+    for (size_t i = 0; i < handles.size() && st.ok(); ++i) {
       const uint64_t len = layout_.pool_allocations[i];
-      auto h = cuda::VmmImport(fds[i].get());
-      if (!h.ok()) {
-        st = h.error().With("KV pool: importing allocation " + std::to_string(i));
-        break;
-      }
-      auto props = cuda::VmmGetProperties(*h);
-      if (!props.ok() || props->device != device_) {
-        st = Mismatch("KV pool: allocation " + std::to_string(i) + " lives on " +
-                      (props.ok() ? "cuda:" + std::to_string(props->device) : std::string("an unknown device")) +
-                      ", not on this rank's cuda:" + std::to_string(device_) +
-                      "; give each rank's holder the rank's GPU (parallel.devices)");
-      } else {
-        st = cuda::VmmMap(base_ + off, len, *h);
-        if (st.ok()) mapped_ += len;
-      }
-      (void)cuda::VmmRelease(*h);
+      st = cuda::VmmMap(base_ + off, len, handles[i]);
+      if (st.ok()) mapped_ += len;
       off += len;
     }
+    // The mappings keep the memory; the handles are not needed again.
+    for (cuda::MemHandle h : handles) (void)cuda::VmmRelease(h);
+    t.map_ms = MsSince(t1);
+    const auto t2 = Clock::now();
     if (st.ok()) st = cuda::VmmSetAccess(base_, layout_.pool_span, device_);
+    t.access_ms = MsSince(t2);
     if (!st.ok()) {
       UnmapPrefix();
       return st;
     }
+    times_ = t;
     pool_mapped_ = true;
     return Status::Ok();
   }
 
   Status UnmapPool() override {
+    DropPrepared();
     if (!pool_mapped_) return Status::Ok();
     WSUP_RETURN_IF_ERROR(cuda::VmmUnmap(base_, layout_.pool_span));
     pool_mapped_ = false;
@@ -248,6 +284,53 @@ class CudaKvMemory : public KvMemory {
     if (mapped_ > 0) (void)cuda::VmmUnmap(base_, mapped_);
     mapped_ = 0;
   }
+
+  static std::vector<int> FdNumbers(const std::vector<UniqueFd>& fds) {
+    std::vector<int> out;
+    for (const UniqueFd& fd : fds) out.push_back(fd.get());
+    return out;
+  }
+
+  // One handle per fd, each checked to live on this rank's device; on an
+  // error none is kept.
+  Status Import(const std::vector<UniqueFd>& fds, std::vector<cuda::MemHandle>* out) const {
+    if (fds.size() != layout_.pool_allocations.size()) {
+      return InvalidArgument("KV pool: " + std::to_string(fds.size()) + " fds for " +
+                             std::to_string(layout_.pool_allocations.size()) + " allocations");
+    }
+    Status st;
+    for (size_t i = 0; i < fds.size() && st.ok(); ++i) {
+      auto h = cuda::VmmImport(fds[i].get());
+      if (!h.ok()) {
+        st = h.error().With("KV pool: importing allocation " + std::to_string(i));
+        break;
+      }
+      out->push_back(*h);
+      auto props = cuda::VmmGetProperties(*h);
+      if (!props.ok() || props->device != device_) {
+        st = Mismatch("KV pool: allocation " + std::to_string(i) + " lives on " +
+                      (props.ok() ? "cuda:" + std::to_string(props->device) : std::string("an unknown device")) +
+                      ", not on this rank's cuda:" + std::to_string(device_) +
+                      "; give each rank's holder the rank's GPU (parallel.devices)");
+      }
+    }
+    if (!st.ok()) {
+      for (cuda::MemHandle h : *out) (void)cuda::VmmRelease(h);
+      out->clear();
+    }
+    return st;
+  }
+
+  void ReleaseLocked() {
+    for (cuda::MemHandle h : prepared_) (void)cuda::VmmRelease(h);
+    prepared_.clear();
+    prepared_from_.clear();
+  }
+
+  // PreparePool()'s handles, and the fd numbers they came from.
+  std::mutex prepared_mu_;
+  std::vector<cuda::MemHandle> prepared_;
+  std::vector<int> prepared_from_;
 
   int device_ = -1;
   cuda::DevicePtr base_ = 0;

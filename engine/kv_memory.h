@@ -30,8 +30,10 @@
 // on the rank's device: the scratch one cuMemCreate allocation, the pool's
 // fds imported and mapped, access granted).
 //
-// Thread-safety: one thread at a time (the rank's thread); base() may be
-// read from any thread once Create() has returned.
+// Thread-safety: one thread at a time (the rank's thread), except
+// PreparePool() and DropPrepared(), which may run on another thread beside
+// the rest (the preparation is kept under a lock); base() may be read from
+// any thread once Create() has returned.
 #pragma once
 
 #include <cstdint>
@@ -83,11 +85,32 @@ class KvMemory {
   bool pool_mapped() const { return pool_mapped_; }
 
   // Maps the pool's allocations (one fd each, sizes as the layout's) over
-  // the pool span, read-write; the fds stay the caller's.
+  // the pool span, read-write; the fds stay the caller's. Uses what
+  // PreparePool() imported from the same fds, if anything.
   virtual Status MapPool(const std::vector<UniqueFd>& fds) = 0;
-  // Puts the reservation back over the pool span. The caller makes sure
-  // nothing reads or writes it any more (the device is synchronized).
+  // Puts the reservation back over the pool span (and drops a
+  // preparation). The caller makes sure nothing reads or writes it any
+  // more (the device is synchronized).
   virtual Status UnmapPool() = 0;
+
+  // Imports the pool's allocations without mapping them, so that a later
+  // MapPool() of the same fds only maps and grants access: a promoted
+  // engine does this while the old active may still write the pool, and
+  // nothing can read or write memory through an import. cuda: one handle
+  // per allocation, checked to live on this rank's device; host: nothing
+  // to do (mmap is the whole of it). Replaces an earlier preparation.
+  virtual Status PreparePool(const std::vector<UniqueFd>& fds) { return Status::Ok(); }
+  // Lets a preparation go (its handles pin the pool's memory).
+  virtual void DropPrepared() {}
+
+  // What the last MapPool() took, by part.
+  struct MapTimes {
+    bool prepared = false;  // the import was done ahead by PreparePool()
+    double import_ms = 0;   // importing the fds (in MapPool(): 0 when prepared)
+    double map_ms = 0;      // mapping them over the span
+    double access_ms = 0;   // granting this device access
+  };
+  MapTimes last_map_times() const { return times_; }
 
   // A host cache (CPU ranks).
   static Result<std::unique_ptr<KvMemory>> CreateHost(const KvLayout& layout);
@@ -98,6 +121,7 @@ class KvMemory {
  protected:
   KvLayout layout_;
   bool pool_mapped_ = false;
+  MapTimes times_;
 };
 
 }  // namespace wsup::engine

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <spdlog/spdlog.h>
+
 #include "client/kv_pool.h"
 #include "common/json_limits.h"
 
@@ -52,7 +54,7 @@ Result<std::vector<std::vector<uint64_t>>> KvPoolLink::Describe() {
   return out;
 }
 
-Result<std::vector<std::vector<UniqueFd>>> KvPoolLink::Fetch() {
+Result<PoolFds> KvPoolLink::Fetch() {
   std::vector<std::vector<UniqueFd>> out;
   std::string id;
   for (size_t r = 0; r < sockets_.size(); ++r) {
@@ -68,6 +70,61 @@ Result<std::vector<std::vector<UniqueFd>>> KvPoolLink::Fetch() {
   std::lock_guard<std::mutex> lk(mu_);
   pool_id_ = id;
   return out;
+}
+
+PoolPrefetch::~PoolPrefetch() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void PoolPrefetch::Start(Prepare prepare) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (in_flight_ || kept_) return;
+  in_flight_ = true;
+  const uint64_t gen = generation_;
+  // The last prefetch is over (not in flight): joining it does not block.
+  std::thread previous = std::move(thread_);
+  lk.unlock();
+  if (previous.joinable()) previous.join();
+  lk.lock();
+  thread_ = std::thread([this, gen, prepare = std::move(prepare)] {
+    auto fds = fetch_();
+    std::lock_guard<std::mutex> g(mu_);
+    // Prepared under the lock, so that a Discard() either comes first (and
+    // nothing is prepared) or after (and drops it).
+    if (gen != generation_) {
+      // Discarded while fetching: the fds close here.
+    } else if (!fds.ok()) {
+      spdlog::warn("KV pool: fetching it ahead of its grant: {}; it is fetched at the grant", fds.error().ToString());
+    } else if (Status st = prepare(*fds); !st.ok()) {
+      spdlog::warn("KV pool: importing it ahead of its grant: {}; it is imported at the grant", st.ToString());
+    } else {
+      kept_ = std::move(*fds);
+    }
+    in_flight_ = false;
+    cv_.notify_all();
+  });
+}
+
+Result<PoolFds> PoolPrefetch::Take(bool* prefetched) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [this] { return !in_flight_; });
+    if (kept_) {
+      PoolFds out = std::move(*kept_);
+      kept_.reset();
+      *prefetched = true;
+      return out;
+    }
+  }
+  *prefetched = false;
+  return fetch_();
+}
+
+void PoolPrefetch::Discard(const Drop& drop) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++generation_;
+  kept_.reset();
+  drop();
 }
 
 std::string KvPoolLink::pool_id() const {

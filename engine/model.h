@@ -120,6 +120,7 @@ class KvStorage {
   static uint64_t BlockBytes(const ModelDims& d, int block_size);
   Status Allocate(const ModelDims& d, const KvLayout& layout);
   KvMemory& memory() { return *mem_; }
+  bool allocated() const { return mem_ != nullptr; }
   int block_size() const { return block_size_; }
   // K (kv = 0) or V (kv = 1) of `head` in `layer` at block offset 0; the
   // block's positions follow at kv_dim strides.

@@ -39,6 +39,9 @@ class RankEngine {
   // Lets the pool go, once every step that used it has finished on the
   // device (this waits for that).
   virtual Status UnmapKvPool() = 0;
+  // The cache's memory (null before AllocateKv()): for what may be done
+  // to it off the rank's thread (KvMemory::PreparePool) and its timings.
+  virtual KvMemory* kv_memory() = 0;
 
   // One forward step; logits gets logit_rows.size() x vocab floats.
   virtual Status Forward(const StepBatch& batch, std::vector<float>* logits) = 0;

@@ -20,6 +20,7 @@ class CpuRank : public RankEngine {
   Status MapKvPool(const std::vector<UniqueFd>& fds) override { return kv_.memory().MapPool(fds); }
   // The CPU computes synchronously: no step is running when this is called.
   Status UnmapKvPool() override { return kv_.memory().UnmapPool(); }
+  KvMemory* kv_memory() override { return kv_.allocated() ? &kv_.memory() : nullptr; }
   Status Forward(const StepBatch& batch, std::vector<float>* logits) override {
     if (!comm_) return Internal("Forward() before the communicator exists");
     return model_->Forward(batch, kv_, *comm_, logits);
@@ -58,7 +59,8 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
       WSUP_ASSIGN_OR_RETURN(auto model, RankModel::Bind(dims, w, threads));
       r->ranks_.push_back(std::make_unique<CpuRank>(std::move(model)));
     } else {
-      WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)]));
+      WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)],
+                                                                 opts.dequant_scratch_bytes));
       r->ranks_.push_back(std::move(rank_engine));
     }
   }
@@ -212,6 +214,44 @@ Status ModelRunner::MapKvPool(const std::vector<std::vector<UniqueFd>>& fds) {
   }
   pool_mapped_ = true;
   return Status::Ok();
+}
+
+Status ModelRunner::PrepareKvPool(const std::vector<std::vector<UniqueFd>>& fds) {
+  if (!layout_.pooled()) return Refused("this engine has a private KV cache; start it with --kv-pool");
+  if (fds.size() != static_cast<size_t>(tp())) {
+    return InvalidArgument(std::to_string(fds.size()) + " KV pools for " + std::to_string(tp()) + " ranks");
+  }
+  for (size_t r = 0; r < fds.size(); ++r) {
+    KvMemory* m = ranks_[r]->kv_memory();
+    if (!m) return Internal("PrepareKvPool() before AllocateKv()");
+    Status st = m->PreparePool(fds[r]);
+    if (!st.ok()) {
+      DropPreparedKvPool();
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+void ModelRunner::DropPreparedKvPool() {
+  for (auto& rank : ranks_) {
+    if (KvMemory* m = rank->kv_memory()) m->DropPrepared();
+  }
+}
+
+KvMemory::MapTimes ModelRunner::last_kv_map_times() {
+  KvMemory::MapTimes sum;
+  sum.prepared = true;
+  for (auto& rank : ranks_) {
+    KvMemory* m = rank->kv_memory();
+    if (!m) continue;
+    const KvMemory::MapTimes t = m->last_map_times();
+    sum.prepared = sum.prepared && t.prepared;
+    sum.import_ms += t.import_ms;
+    sum.map_ms += t.map_ms;
+    sum.access_ms += t.access_ms;
+  }
+  return sum;
 }
 
 Status ModelRunner::UnmapKvPool() {

@@ -46,6 +46,9 @@ struct RunnerOptions {
   // max_step_tokens + max_batch tokens of up to max_batch sequences.
   int max_step_tokens = 2048;
   int max_batch = 64;
+  // GPU ranks: the float32 scratch for products over narrower weights
+  // (engine/cuda/cuda_engine.h MakeCudaRank).
+  uint64_t dequant_scratch_bytes = 32ull << 20;
 };
 
 class ModelRunner {
@@ -76,6 +79,14 @@ class ModelRunner {
   // Lets the pool go on every rank, after the device work that used it.
   // Between steps only, and only once no sequence holds a pool block.
   Status UnmapKvPool();
+  // Imports every rank's pool without mapping it (KvMemory::PreparePool),
+  // so that a MapKvPool() of the same fds only maps; on any thread, beside
+  // steps. On an error nothing stays prepared.
+  Status PrepareKvPool(const std::vector<std::vector<UniqueFd>>& fds);
+  void DropPreparedKvPool();
+  // The last MapKvPool()'s parts, summed over the ranks (mapped one after
+  // another); prepared only if every rank's import was.
+  KvMemory::MapTimes last_kv_map_times();
   // Captures the decode steps as CUDA graphs; returns how many (0 on the CPU).
   Result<int> CaptureGraphs();
   // One forward pass over a short dummy sequence (blocks 0.. of the cache).

@@ -21,6 +21,8 @@
 
 namespace wsup::engine {
 
+inline constexpr uint64_t kDefaultDequantScratchBytes = 32ull << 20;
+
 // True when this build has the CUDA path.
 bool CudaEngineBuilt();
 
@@ -30,7 +32,12 @@ Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>& devices
 
 // Binds one rank to weights already on `device` (a cuda arena or
 // UploadWeights), naming any tensor that does not fit.
-Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device);
+// dequant_scratch_bytes bounds the float32 scratch that products over
+// bf16, f16 and FP8 weights widen them into (wider matrices are multiplied
+// in row slices): without a bound it is as large as the widest matrix,
+// the lm_head, 250 MiB for a 32k x 2k one.
+Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device,
+                                                 uint64_t dequant_scratch_bytes = kDefaultDequantScratchBytes);
 
 // Copies host weights (a disk load) into one device allocation.
 Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource> host, int device);

@@ -153,7 +153,8 @@ class CudaRank : public RankEngine {
     DevMatrix s_gate, s_up, s_down;  // DeepSeek-V3 shared experts
   };
 
-  CudaRank(const ModelDims& d, int device) : dims_(d), device_(device) {}
+  CudaRank(const ModelDims& d, int device, uint64_t dequant_scratch_bytes)
+      : dims_(d), device_(device), dequant_cap_elems_(std::max<uint64_t>(dequant_scratch_bytes / sizeof(float), 1)) {}
   ~CudaRank() override {
     cudaSetDevice(device_);
     for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
@@ -188,13 +189,20 @@ class CudaRank : public RankEngine {
     WSUP_ASSIGN_OR_RETURN(embed_, ToDev(mw.embed));
     WSUP_ASSIGN_OR_RETURN(lm_head_, ToDev(mw.lm_head));
     WSUP_ASSIGN_OR_RETURN(final_norm_, ToDev(mw.final_norm));
-    int64_t widest = 0;
     // Matrices that go through MatMul (all but the experts') may need the
-    // dequantization scratch; a tensor the family does not have stays empty.
+    // dequantization scratch: the widest, and the largest smallest slice
+    // (one scale block of rows); a tensor the family does not have stays
+    // empty.
+    int64_t widest = 0, narrowest_slice = 0;
+    auto note = [&](const DevMatrix& m) {
+      if (m.dtype == cuda::kDevF32) return;
+      widest = std::max(widest, m.rows * m.cols);
+      narrowest_slice = std::max(narrowest_slice, SliceRows(m, 1) * m.cols);
+    };
     auto conv = [&](const MatrixRef& m, DevMatrix* out) -> Status {
       if (!m.data) return Status::Ok();
       WSUP_ASSIGN_OR_RETURN(*out, ToDev(m));
-      if (out->dtype != cuda::kDevF32) widest = std::max(widest, out->rows * out->cols);
+      note(*out);
       return Status::Ok();
     };
     // The experts' DevMatrix arrays: [layer][gate|up|down][expert], copied
@@ -250,8 +258,11 @@ class CudaRank : public RankEngine {
         D.e_down_dtype = experts_host[at + 2 * E].dtype;
       }
     }
-    if (lm_head_.dtype != cuda::kDevF32) widest = std::max(widest, lm_head_.rows * lm_head_.cols);
-    dequant_elems_ = static_cast<size_t>(widest);
+    note(lm_head_);
+    // Bounded: a wider matrix is widened and multiplied a row slice at a
+    // time (MatMul), and a slice is never less than one scale block.
+    dequant_elems_ = std::min(static_cast<size_t>(widest), static_cast<size_t>(dequant_cap_elems_));
+    dequant_elems_ = std::max(dequant_elems_, static_cast<size_t>(narrowest_slice));
 
     WSUP_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     cublasStatus_t bs = cublasCreate(&blas_);
@@ -372,6 +383,7 @@ class CudaRank : public RankEngine {
     if (!kv_mem_) return Internal("MapKvPool() before AllocateKv()");
     return kv_mem_->MapPool(fds);
   }
+  KvMemory* kv_memory() override { return kv_mem_.get(); }
   Status UnmapKvPool() override {
     if (!kv_mem_) return Internal("UnmapKvPool() before AllocateKv()");
     // Every step ends with a synchronize, but a captured graph's replay is
@@ -495,18 +507,61 @@ class CudaRank : public RankEngine {
       cuda::LaunchGemvSmall(w, x, T, y, stream_);
       return;
     }
-    const float* a = static_cast<const float*>(w.data);
-    if (w.dtype != cuda::kDevF32) {
-      cuda::LaunchDequant(w, dequant_.p, stream_);
-      a = dequant_.p;
+    if (w.dtype == cuda::kDevF32) {
+      Sgemm(static_cast<const float*>(w.data), w.rows, w.cols, x, T, y, w.rows);
+      return;
     }
+    // Widened into the scratch a row slice at a time: rows [r0, r0 + n)
+    // of w give columns [r0, r0 + n) of y.
+    const int64_t step = SliceRows(w, static_cast<int64_t>(dequant_elems_) / w.cols);
+    for (int64_t r0 = 0; r0 < w.rows; r0 += step) {
+      const int64_t n = std::min(step, w.rows - r0);
+      cuda::LaunchDequant(RowSlice(w, r0, n), dequant_.p, stream_);
+      Sgemm(dequant_.p, n, w.cols, x, T, y + r0, w.rows);
+    }
+  }
+
+  // Row-major y (T x rows, row stride ldy) = x (T x cols) . a^T for a
+  // row-major rows x cols; in cuBLAS's column-major terms: y^T (rows x T)
+  // = a^T^T . x^T, with a read as cols x rows.
+  void Sgemm(const float* a, int64_t rows, int64_t cols, const float* x, int T, float* y, int64_t ldy) {
     const float one = 1.0f, zero = 0.0f;
-    // Row-major y (T x rows) = x (T x cols) . w^T; in cuBLAS's column-major
-    // terms: y^T (rows x T) = w^T^T . x^T, with w read as cols x rows.
-    last_blas_ = cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), T, static_cast<int>(w.cols),
-                             &one, a, static_cast<int>(w.cols), x, static_cast<int>(w.cols), &zero, y,
-                             static_cast<int>(w.rows));
+    last_blas_ = cublasSgemm(blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows), T, static_cast<int>(cols), &one,
+                             a, static_cast<int>(cols), x, static_cast<int>(cols), &zero, y, static_cast<int>(ldy));
     if (last_blas_ != CUBLAS_STATUS_SUCCESS) blas_failed_ = last_blas_;
+  }
+
+  // The rows of a slice of w that fit `want` rows: at least one, and whole
+  // scale blocks (an FP8 matrix's scales go by block_rows; a per-tensor
+  // scale, block_rows >= rows, allows any slice).
+  static int64_t SliceRows(const DevMatrix& w, int64_t want) {
+    int64_t n = std::clamp<int64_t>(want, 1, std::max<int64_t>(w.rows, 1));
+    if (w.dtype == cuda::kDevFp8E4M3 && w.block_rows > 1 && w.block_rows < w.rows) {
+      n = std::max(w.block_rows, n / w.block_rows * w.block_rows);
+    }
+    return n;
+  }
+
+  // Rows [r0, r0 + n) of w as a matrix of its own (r0 a multiple of the
+  // slice size SliceRows gave).
+  static DevMatrix RowSlice(const DevMatrix& w, int64_t r0, int64_t n) {
+    DevMatrix s = w;
+    s.rows = n;
+    s.data = static_cast<const uint8_t*>(w.data) + r0 * w.cols * ElemBytes(w.dtype);
+    if (w.dtype == cuda::kDevFp8E4M3 && w.block_rows < w.rows) s.scale = w.scale + (r0 / w.block_rows) * w.scale_cols;
+    return s;
+  }
+
+  static int64_t ElemBytes(int dtype) {
+    switch (dtype) {
+      case cuda::kDevBf16:
+      case cuda::kDevF16:
+        return 2;
+      case cuda::kDevFp8E4M3:
+        return 1;
+      default:
+        return 4;
+    }
   }
 
   Status AllReduce(float* p, size_t n) {
@@ -668,6 +723,7 @@ class CudaRank : public RankEngine {
   DevMatrix embed_, lm_head_, final_norm_;
   std::vector<Layer> layers_;
   size_t dequant_elems_ = 0;
+  uint64_t dequant_cap_elems_ = 0;
 
   int spare_block_ = 0, block_size_ = 0, cap_ = 0, max_seqs_ = 0, max_blocks_ = 0;
   size_t meta_ints_ = 0;
@@ -713,11 +769,12 @@ Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>& devices
   return out;
 }
 
-Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device) {
+Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device,
+                                                 uint64_t dequant_scratch_bytes) {
   if (weights.device() != device) {
     WSUP_RETURN_IF_ERROR(CheckWeightsDevice(weights, device));
   }
-  auto r = std::make_unique<CudaRank>(dims, device);
+  auto r = std::make_unique<CudaRank>(dims, device, dequant_scratch_bytes);
   WSUP_RETURN_IF_ERROR(r->Init(weights));
   return std::unique_ptr<RankEngine>(std::move(r));
 }

@@ -14,7 +14,9 @@ Error NotBuilt() {
 
 bool CudaEngineBuilt() { return false; }
 Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>&) { return NotBuilt(); }
-Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims&, const WeightSource&, int) { return NotBuilt(); }
+Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims&, const WeightSource&, int, uint64_t) {
+  return NotBuilt();
+}
 Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource>, int) { return NotBuilt(); }
 Status InitCudaCommunicators(const std::vector<RankEngine*>&) { return NotBuilt(); }
 

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,6 +23,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engine/cuda/cuda_engine.h"
+#include "engine/kv_memory.h"
 #include "engine/runner.h"
 #include "tests/engine/engine_fixture.h"
 #include "tests/engine/golden.h"
@@ -59,7 +61,8 @@ using test::Golden;
 using test::LoadGolden;
 using test::Top5;
 
-std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch = 8) {
+std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch = 8,
+                                       uint64_t dequant_scratch_bytes = kDefaultDequantScratchBytes) {
   auto ckpt = Checkpoint::Open(test::TestData(model));
   REQUIRE(ckpt.ok());
   auto host = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 2);
@@ -72,6 +75,7 @@ std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch =
   o.devices = {0};
   o.max_batch = max_batch;
   o.max_step_tokens = 256;
+  o.dequant_scratch_bytes = dequant_scratch_bytes;
   auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
   if (!runner.ok()) FAIL(runner.error().ToString());
   Status st = runner.value()->InitCommunicator();
@@ -286,6 +290,96 @@ TEST_CASE("cuda engine: wide batches (cuBLAS path) equal narrow ones", "[gpu]") 
     INFO("sequence " << i);
     CHECK(outs[i] == many[i].output_ids);
   }
+}
+
+TEST_CASE("cuda engine: products over narrow weights in row slices (a one-byte scratch) equal whole ones", "[gpu]") {
+  WSUP_GPU_OR_SKIP();
+  // A one-byte bound leaves the scratch one scale block (FP8) or one row
+  // (bf16) of the widest matrix: every widened product goes in slices,
+  // with a partial last one where the rows are not a multiple. 12 copies
+  // of the prompts, so decode goes through cuBLAS too.
+  for (const std::string model : {"llama-tiny-fp8-block", "llama-tiny-bf16-sharded", "deepseekv3-tiny-fp8-block"}) {
+    INFO(model);
+    auto gs = LoadGolden(model == "llama-tiny-bf16-sharded" ? "llama-tiny-f32" : model);
+    std::vector<Golden> many;
+    for (int k = 0; k < 3; ++k) many.insert(many.end(), gs.begin(), gs.end());
+    std::vector<std::vector<float>> whole_logits, sliced_logits;
+    auto whole = BatchedGreedy(*GpuRunner(model, 16), many, 16, &whole_logits);
+    auto sliced = BatchedGreedy(*GpuRunner(model, 16, 1), many, 16, &sliced_logits);
+    CHECK(sliced == whole);
+    REQUIRE(sliced_logits.size() == whole_logits.size());
+    float worst = 0;
+    for (size_t i = 0; i < whole_logits.size(); ++i) {
+      for (size_t k = 0; k < whole_logits[i].size(); ++k) {
+        worst = std::max(worst, std::fabs(sliced_logits[i][k] - whole_logits[i][k]));
+      }
+    }
+    INFO("largest prompt logit difference " << worst);
+    CHECK(worst < 1e-3f);
+  }
+}
+
+TEST_CASE("cuda kv memory: a pool imported ahead is mapped only by MapPool, onto the same memory", "[gpu][kv_pool]") {
+  WSUP_GPU_OR_SKIP();
+  auto gran = wsup::cuda::VmmGranularity(0);
+  REQUIRE(gran.ok());
+  // Two allocations made and exported as a holder makes the pool.
+  std::vector<UniqueFd> fds;
+  for (int i = 0; i < 2; ++i) {
+    auto h = wsup::cuda::VmmCreate(0, *gran);
+    REQUIRE(h.ok());
+    auto fd = wsup::cuda::VmmExport(*h);
+    REQUIRE(fd.ok());
+    REQUIRE(wsup::cuda::VmmRelease(*h).ok());  // the fd keeps the memory
+    fds.push_back(std::move(*fd));
+  }
+  auto layout = KvLayout::Pooled(*gran, 16, {*gran, *gran}, *gran);
+  REQUIRE(layout.ok());
+  auto a = KvMemory::CreateCuda(*layout, 0);
+  auto b = KvMemory::CreateCuda(*layout, 0);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  auto ctx = wsup::cuda::PrimaryContext::Retain(0);
+  REQUIRE(ctx.ok());
+  wsup::cuda::ContextScope scope;
+  REQUIRE(scope.Enter(*ctx).ok());
+
+  // Wrong fds are refused ahead as at the mapping.
+  std::vector<UniqueFd> one;
+  one.push_back(UniqueFd(::dup(fds[0].get())));
+  CHECK_FALSE((*a)->PreparePool(one).ok());
+
+  REQUIRE((*a)->PreparePool(fds).ok());
+  CHECK_FALSE((*a)->pool_mapped());
+  REQUIRE((*a)->MapPool(fds).ok());
+  CHECK((*a)->last_map_times().prepared);
+  CHECK((*a)->last_map_times().import_ms == 0);
+  const uint64_t span = 2 * *gran;
+  std::vector<uint8_t> pattern(span);
+  for (size_t i = 0; i < span; ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  const auto base_a = static_cast<wsup::cuda::DevicePtr>(reinterpret_cast<uintptr_t>((*a)->base()));
+  REQUIRE(wsup::cuda::CopyHtoD(base_a, pattern.data(), span).ok());
+
+  // Another mapping of the same fds, imported at the mapping, sees it.
+  REQUIRE((*b)->MapPool(fds).ok());
+  CHECK_FALSE((*b)->last_map_times().prepared);
+  std::vector<uint8_t> seen(span);
+  const auto base_b = static_cast<wsup::cuda::DevicePtr>(reinterpret_cast<uintptr_t>((*b)->base()));
+  REQUIRE(wsup::cuda::CopyDtoH(seen.data(), base_b, span).ok());
+  CHECK(seen == pattern);
+
+  // A preparation of other fds (dups) is not used, and a dropped one is gone.
+  REQUIRE((*a)->UnmapPool().ok());
+  REQUIRE((*a)->PreparePool(fds).ok());
+  std::vector<UniqueFd> dups;
+  for (const UniqueFd& fd : fds) dups.push_back(UniqueFd(::dup(fd.get())));
+  REQUIRE((*a)->MapPool(dups).ok());
+  CHECK_FALSE((*a)->last_map_times().prepared);
+  REQUIRE((*a)->UnmapPool().ok());
+  REQUIRE((*a)->PreparePool(fds).ok());
+  (*a)->DropPrepared();
+  REQUIRE((*a)->MapPool(fds).ok());
+  CHECK_FALSE((*a)->last_map_times().prepared);
 }
 
 TEST_CASE("cuda engine: daemon, client and off modes serve the goldens over HTTP - status shows NCCL and graphs",

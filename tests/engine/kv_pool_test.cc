@@ -447,4 +447,95 @@ TEST_CASE("scheduler over a pool: role requests take effect in their order", "[k
   }
 }
 
+// ---------------------------------------------------------------- prefetch
+
+// A fetch that counts, gives one memfd's dup, and waits for `gate` first
+// when one is set.
+struct CountingFetch {
+  TestPool pool;
+  std::atomic<int> fetches{0}, prepares{0}, drops{0};
+  std::shared_future<void> gate;
+  PoolPrefetch::Fetch Fetch() {
+    return [this]() -> Result<PoolFds> {
+      ++fetches;
+      if (gate.valid()) gate.wait();
+      return pool.Fetch()();
+    };
+  }
+  PoolPrefetch::Prepare Prepare(Status result = Status::Ok()) {
+    return [this, result](const PoolFds& fds) -> Status {
+      if (fds.size() != 1 || fds[0].size() != 1 || !fds[0][0].valid()) return Internal("no fd to prepare");
+      ++prepares;
+      return result;
+    };
+  }
+  PoolPrefetch::Drop Drop() {
+    return [this] { ++drops; };
+  }
+};
+
+TEST_CASE("pool prefetch: fetched and imported ahead, taken once; a take without one fetches", "[kv_pool]") {
+  CountingFetch c;
+  std::promise<void> open;
+  c.gate = open.get_future().share();
+  PoolPrefetch p(c.Fetch());
+  p.Start(c.Prepare());
+  p.Start(c.Prepare());  // one in flight: nothing more
+  // The take waits for the prefetch in flight, and gets its fds.
+  auto taken = std::async(std::launch::async, [&] {
+    bool ahead = false;
+    auto fds = p.Take(&ahead);
+    return std::make_pair(ahead, fds.ok() && fds->size() == 1 && fds->at(0).at(0).valid());
+  });
+  CHECK(taken.wait_for(std::chrono::milliseconds(50)) == std::future_status::timeout);
+  open.set_value();
+  auto [ahead, good] = taken.get();
+  CHECK(ahead);
+  CHECK(good);
+  CHECK(c.fetches == 1);
+  CHECK(c.prepares == 1);
+  // Taken once: the next take fetches.
+  bool again = true;
+  REQUIRE(p.Take(&again).ok());
+  CHECK_FALSE(again);
+  CHECK(c.fetches == 2);
+}
+
+TEST_CASE("pool prefetch: a discard drops what was prepared, and one in flight ends unprepared", "[kv_pool]") {
+  CountingFetch c;
+  PoolPrefetch p(c.Fetch());
+  p.Start(c.Prepare());
+  REQUIRE(test::WaitFor([&] { return c.prepares.load() == 1; }, std::chrono::seconds(10)));
+  p.Start(c.Prepare());  // kept already: nothing more
+  p.Discard(c.Drop());
+  CHECK(c.drops == 1);
+  bool ahead = true;
+  REQUIRE(p.Take(&ahead).ok());
+  CHECK_FALSE(ahead);
+  CHECK(c.fetches == 2);
+
+  // Discarded while its fetch waits: it finishes without preparing.
+  std::promise<void> open;
+  c.gate = open.get_future().share();
+  p.Start(c.Prepare());
+  REQUIRE(test::WaitFor([&] { return c.fetches.load() == 3; }, std::chrono::seconds(10)));
+  p.Discard(c.Drop());
+  open.set_value();
+  REQUIRE(p.Take(&ahead).ok());  // waits for the prefetch, then fetches
+  CHECK_FALSE(ahead);
+  CHECK(c.prepares == 1);
+  CHECK(c.fetches == 4);
+}
+
+TEST_CASE("pool prefetch: an import that fails keeps nothing - the take fetches", "[kv_pool]") {
+  CountingFetch c;
+  PoolPrefetch p(c.Fetch());
+  p.Start(c.Prepare(Unavailable("the device is busy")));
+  bool ahead = true;
+  REQUIRE(p.Take(&ahead).ok());
+  CHECK_FALSE(ahead);
+  CHECK(c.prepares == 1);
+  CHECK(c.fetches == 2);
+}
+
 }  // namespace
