@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   app.add_option("--dequant-scratch-mib", o.dequant_scratch_mib,
                  "cuda: the float32 scratch that wide products over bf16/f16/FP8 weights widen them into, MiB "
                  "(wider matrices go in row slices)");
+  app.add_option("--nccl-max-ctas", o.nccl_max_ctas,
+                 "cuda: channels per NCCL communicator (0: one for a single rank, NCCL's choice for more)");
   app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
   if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;

@@ -278,6 +278,7 @@ Status Engine::StartupPhases() {
   ro.max_batch = opts_.max_batch;
   ro.max_step_tokens = kMaxStepTokens;
   ro.dequant_scratch_bytes = static_cast<uint64_t>(opts_.dequant_scratch_mib) << 20;
+  ro.nccl_max_ctas = opts_.nccl_max_ctas;
   WSUP_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(ckpt.config(), std::move(*weights), ro));
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -964,6 +965,9 @@ Status ValidateEngineOptions(const EngineOptions& o) {
   if (o.dequant_scratch_mib < 1 || o.dequant_scratch_mib > 65536) {
     return InvalidArgument("--dequant-scratch-mib " + std::to_string(o.dequant_scratch_mib) +
                            " is out of range; pass 1 to 65536");
+  }
+  if (o.nccl_max_ctas < 0 || o.nccl_max_ctas > 64) {
+    return InvalidArgument("--nccl-max-ctas " + std::to_string(o.nccl_max_ctas) + " is out of range; pass 0 to 64");
   }
   if (o.comm_keepalive_ms < 1) return InvalidArgument("--comm-keepalive-ms must be at least 1");
   if (o.max_batch < 1) return InvalidArgument("--max-batch must be at least 1");

@@ -83,6 +83,7 @@ struct EngineOptions {
   bool kv_pool = false;
   int64_t kv_scratch_mib = 64;
   int64_t dequant_scratch_mib = 32;  // cuda: engine/cuda/cuda_engine.h MakeCudaRank
+  int nccl_max_ctas = 0;             // cuda: RunnerOptions::nccl_max_ctas
   int64_t comm_keepalive_ms = 1000;
   int ready_fd = -1;
   // This start's identity, echoed as "nonce" in GET /wsup/status so the

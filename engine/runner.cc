@@ -131,7 +131,9 @@ Status ModelRunner::InitCommunicator() {
   if (on_gpu()) {
     std::vector<RankEngine*> raw;
     for (auto& r : ranks_) raw.push_back(r.get());
-    WSUP_RETURN_IF_ERROR(InitCudaCommunicators(raw));
+    // One rank's communicator carries only the keepalive: one channel.
+    const int ctas = opts_.nccl_max_ctas > 0 ? opts_.nccl_max_ctas : (tp() == 1 ? 1 : 0);
+    WSUP_RETURN_IF_ERROR(InitCudaCommunicators(raw, ctas));
     comm_ready_ = true;
     return Keepalive();
   }

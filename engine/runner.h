@@ -49,6 +49,10 @@ struct RunnerOptions {
   // GPU ranks: the float32 scratch for products over narrower weights
   // (engine/cuda/cuda_engine.h MakeCudaRank).
   uint64_t dequant_scratch_bytes = 32ull << 20;
+  // GPU ranks: the channels each NCCL communicator sets up (each has its
+  // buffers); 0: one for a single rank (it only carries the keepalive),
+  // NCCL's choice otherwise.
+  int nccl_max_ctas = 0;
 };
 
 class ModelRunner {

@@ -461,6 +461,22 @@ void Supervisor::Impl::ScheduleRestart(Slot& s, int exit_code) {
     SetDegraded(s.failure_reason);
     return;
   }
+  if (s.drill_kill) {
+    // The operator's kill drill, not a crash: re-armed at once and not
+    // counted toward the crash-loop budget (a dozen drills in a row must
+    // not leave the node degraded; a real crash after them is still
+    // throttled as any other).
+    if (s.recovery_cause.empty()) {
+      s.recovery_cause = "restart";
+      s.recovery_fault_ms = clock_.WallMs();
+    }
+    spdlog::info("engine {}: killed by a drill; restarting it at once", s.name);
+    Slot* sp = &s;
+    s.restart_timer->Start(0, [this, sp] {
+      if (sp->state == SlotState::kFailed) SpawnEngine(*sp);
+    });
+    return;
+  }
   RestartDecision d = s.throttle.OnExit(clock_.MonotonicMs(), exit_code);
   if (d.kind == RestartDecision::Kind::kPermanent) {
     s.permanent_failure = true;

@@ -43,7 +43,10 @@ Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const We
 Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource> host, int device);
 
 // Creates the NCCL communicators of the group (one per rank, on the ranks'
-// devices; also with a single rank), made by MakeCudaRank.
-Status InitCudaCommunicators(const std::vector<RankEngine*>& ranks);
+// devices; also with a single rank), made by MakeCudaRank. max_ctas caps
+// the channels (and so the buffers) each communicator sets up; 0 leaves
+// it to NCCL, which takes 64 channels (578 MiB on an H200) even for one
+// rank ($NCCL_MAX_CTAS still overrides it).
+Status InitCudaCommunicators(const std::vector<RankEngine*>& ranks, int max_ctas = 0);
 
 }  // namespace wsup::engine

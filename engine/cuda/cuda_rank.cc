@@ -803,7 +803,7 @@ Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource
   return std::unique_ptr<WeightSource>(std::move(w));
 }
 
-Status InitCudaCommunicators(const std::vector<RankEngine*>& ranks) {
+Status InitCudaCommunicators(const std::vector<RankEngine*>& ranks, int max_ctas) {
   std::vector<CudaRank*> cr;
   std::vector<int> devs;
   for (RankEngine* r : ranks) {
@@ -813,8 +813,27 @@ Status InitCudaCommunicators(const std::vector<RankEngine*>& ranks) {
     devs.push_back(c->device());
   }
   std::vector<ncclComm_t> comms(cr.size(), nullptr);
-  ncclResult_t res = ncclCommInitAll(comms.data(), static_cast<int>(comms.size()), devs.data());
-  if (res != ncclSuccess) return NcclFail(res, "creating the communicators of " + std::to_string(cr.size()) + " rank(s)");
+  const std::string what = "creating the communicators of " + std::to_string(cr.size()) + " rank(s)";
+  // All ranks of this process in one group: each rank's init on its device.
+  ncclUniqueId id;
+  ncclResult_t res = ncclGetUniqueId(&id);
+  if (res != ncclSuccess) return NcclFail(res, what);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  if (max_ctas > 0) config.maxCTAs = max_ctas;
+  res = ncclGroupStart();
+  if (res != ncclSuccess) return NcclFail(res, what);
+  for (size_t i = 0; i < cr.size() && res == ncclSuccess; ++i) {
+    if (cudaSetDevice(devs[i]) != cudaSuccess) return Internal(what + ": selecting cuda:" + std::to_string(devs[i]));
+    res = ncclCommInitRankConfig(&comms[i], static_cast<int>(cr.size()), id, static_cast<int>(i), &config);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (res == ncclSuccess) res = end;
+  if (res != ncclSuccess) {
+    for (ncclComm_t c : comms) {
+      if (c) ncclCommDestroy(c);
+    }
+    return NcclFail(res, what);
+  }
   for (size_t i = 0; i < cr.size(); ++i) cr[i]->SetComm(comms[i]);
   return Status::Ok();
 }

@@ -18,6 +18,6 @@ Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims&, const WeightS
   return NotBuilt();
 }
 Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource>, int) { return NotBuilt(); }
-Status InitCudaCommunicators(const std::vector<RankEngine*>&) { return NotBuilt(); }
+Status InitCudaCommunicators(const std::vector<RankEngine*>&, int) { return NotBuilt(); }
 
 }  // namespace wsup::engine

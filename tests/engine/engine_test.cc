@@ -422,6 +422,7 @@ TEST_CASE("engine: usage errors exit 2 naming the flag") {
       {{"--model", model, "--tp", "3", "--port", "0"}, "--tp 3"},
       {{"--model", model, "--kv-cache-mib", "0"}, "--kv-cache-mib"},
       {{"--model", model, "--dequant-scratch-mib", "0"}, "--dequant-scratch-mib 0 is out of range"},
+      {{"--model", model, "--nccl-max-ctas", "65"}, "--nccl-max-ctas 65 is out of range"},
       {{"--port", "0"}, "--model"},
   };
   for (const auto& c : cases) {

@@ -645,6 +645,36 @@ TEST_CASE("node: failover drills through the CLI, planned and with --kill", "[no
   CHECK(no.exit_code != 0);
 }
 
+TEST_CASE("node: kill drills are the operator's - more of them than the crash-loop budget leave the node serving",
+          "[node]") {
+  if (!Have()) return;
+  // A budget of one restart per slot: without the drills' exemption the
+  // second kill of a slot would leave it down and the node degraded.
+  Node n({"supervisor.max_restarts=1"});
+  n.Start();
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(n.WaitServing());
+    // A drill waits for the standby's next passing probe (it refuses one
+    // not proven recently): asked again until it is taken.
+    test::RunResult r;
+    REQUIRE(test::WaitFor(
+        [&] {
+          r = n.Cli({"failover", "--drill", "--kill", "--json"});
+          return r.exit_code == 0 || r.output.find("not proven recently") == std::string::npos;
+        },
+        30s));
+    INFO("drill " << i << ": " << r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(json::parse(r.output).value("ok", false));
+  }
+  REQUIRE(n.WaitServing());
+  auto st = n.Status();
+  REQUIRE(st);
+  INFO(st->dump());
+  CHECK(st->value("state", "") == "serving");
+  CHECK(Query(n.Db(), "select * from failovers where drill=1").rows.size() == 4);
+}
+
 TEST_CASE("node: status, report and stop find the node through --config and --set", "[node]") {
   if (!Have()) return;
   Node n;
