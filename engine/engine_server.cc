@@ -109,7 +109,6 @@ std::string DefaultModelName(const std::string& dir) {
   return BaseName(d);
 }
 
-// One completion in flight, on the loop thread.
 // How the last mapping of the pool went, by part.
 struct PoolMapParts {
   bool prefetched = false;  // its fds were fetched (and imported) ahead
@@ -117,6 +116,7 @@ struct PoolMapParts {
   KvMemory::MapTimes times;
 };
 
+// One completion in flight, on the loop thread.
 struct Pending {
   std::shared_ptr<http::ResponseWriter> writer;
   CompletionText text;
