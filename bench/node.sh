@@ -21,7 +21,11 @@
 # private cache of KV_MIB. FILL_GIB holds that much more GPU memory in a
 # process of its own for the whole run (a GPU left nearly full).
 #
-#   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10 KV_POOL_MIB=0 KV_MIB=2048
+# With ROLL=1, after the drills: a rolling upgrade under load (`wsup reload`
+# once "--max-batch 32" is added to the engine command in the node's config
+# file), timed, with 4 streaming clients' requests before, during and after.
+#
+#   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10 KV_POOL_MIB=0 KV_MIB=2048 ROLL=0
 # Prints a table and writes it to OUTDIR/node.md (and OUTDIR/node.json).
 set -euo pipefail
 out=${1:?usage: bench/node.sh OUTDIR [BIN_DIR]}
@@ -253,6 +257,49 @@ PY
   fi
 done
 for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
+# With ROLL=1: a rolling upgrade under load (`wsup reload` after a flag is
+# added to the engine command in the config file), timed from the reload
+# to both engines on the new version, with every request of 4 streaming
+# clients recorded (before, during and after the roll).
+if [ "${ROLL:-0}" = 1 ]; then
+  for _ in $(seq 1 600); do ready2 && break; sleep 0.1; done
+  python3 - "$front" "$out/roll_stop" > "$out/roll_load.jsonl" <<'PY' &
+import json, os, sys, time, threading, urllib.request
+front, stop = sys.argv[1], sys.argv[2]
+body = b'{"prompt": "Hello, world", "max_tokens": 32, "temperature": 0, "stream": true}'
+lock = threading.Lock()
+def client():
+    while not os.path.exists(stop):
+        t0 = time.time(); ok = False; err = ""
+        try:
+            req = urllib.request.Request(f"http://{front}/v1/completions", data=body, headers={"Content-Type": "application/json"})
+            r = urllib.request.urlopen(req, timeout=60).read()
+            ok = b"[DONE]" in r
+        except Exception as e:
+            err = str(e)[:200]
+        with lock:
+            print(json.dumps({"start": t0, "end": time.time(), "ok": ok, "error": err}), flush=True)
+ts = [threading.Thread(target=client) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+PY
+  roll_load=$!
+  sleep 2
+  python3 - "$cfg" <<'PY'
+import sys
+p = sys.argv[1]
+t = open(p).read()
+t = t.replace('"--revision", "{revision}",', '"--revision", "{revision}", "--max-batch", "32",', 1)
+open(p + ".new", "w").write(t)
+PY
+  mv "$cfg.new" "$cfg"
+  r0=$(date +%s.%N)
+  "$W" reload --config "$cfg" --json > "$out/roll.json" || true
+  r1=$(date +%s.%N)
+  sleep 2
+  touch "$out/roll_stop"; wait "$roll_load" || true
+  "$W" status --config "$cfg" --json > "$out/status_after_roll.json" || true
+  echo "$r0 $r1" > "$out/roll_times.txt"
+fi
 "$W" report --config "$cfg" > "$out/report.txt" || true
 "$W" stop --config "$cfg" || kill "$sup"
 wait "$sup" || true
@@ -355,6 +402,26 @@ try:
            f"| re-armed slot: a fresh communicator over the same GPUs (its startup phase) | {s_.get('communicator_init_ms', float('nan')):.1f} ms |"]
 except (OSError, ValueError, TypeError):
     pass
+if os.path.exists(f"{out}/roll_times.txt"):
+    r0, r1 = (float(x) for x in open(f"{out}/roll_times.txt").read().split())
+    roll = json.load(open(f"{out}/roll.json")) if os.path.getsize(f"{out}/roll.json") else {}
+    recs = [json.loads(l) for l in open(f"{out}/roll_load.jsonl") if l.strip()]
+    before = [x for x in recs if x["end"] < r0]
+    during = [x for x in recs if x["end"] >= r0 and x["start"] <= r1]
+    after = [x for x in recs if x["start"] > r1]
+    def lat(v):
+        v = [1000 * (x["end"] - x["start"]) for x in v if x["ok"]]
+        return (f"{pct(v, 50):.0f}", f"{pct(v, 99):.0f}") if v else ("-", "-")
+    sa = json.load(open(f"{out}/status_after_roll.json"))
+    versions = sorted(e.get("version", "") for e in sa["engines"])
+    both_new = all("--max-batch" in v for v in versions)
+    md += ["", f"| rolling upgrade under load (`wsup reload`, a flag added to the engine command) | measured |", "|---|---|",
+           f"| outcome | {roll.get('outcome', '?')} |",
+           f"| reload to both engines on the new version (ms; includes the watch window, supervisor.rollout_watch_ms) | {1000 * (r1 - r0):.0f} |",
+           f"| both engines on the new version afterwards | {'yes' if both_new else 'no'} |"]
+    for name, v in (("before the roll", before), ("during the roll", during), ("after the roll", after)):
+        p50, p99 = lat(v)
+        md += [f"| 32-token streams {name}: requests, not ok, latency p50 / p99 (ms) | {len(v)}, {sum(1 for x in v if not x['ok'])}, {p50} / {p99} |"]
 open(f"{out}/node.md", "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY

@@ -159,7 +159,19 @@ nlohmann::json Front::HandleControl(const nlohmann::json& msg) {
     if (!st.ok()) return ErrorReply(st.error().message());
     return {{"ok", true}, {"epoch", epoch->get<int64_t>()}};
   }
-  return ErrorReply("control: unknown message type '" + t.substr(0, 64) + "'; send one of: status, set_routes");
+  if (t == "set_limits") {
+    auto qt = msg.find("queue_timeout_ms");
+    auto mq = msg.find("max_queued");
+    if (qt == msg.end() || !qt->is_number_integer() || qt->get<int64_t>() < 0 || mq == msg.end() ||
+        !mq->is_number_integer() || mq->get<int64_t>() < 0) {
+      return ErrorReply("set_limits: fields 'queue_timeout_ms' and 'max_queued' must be non-negative integers");
+    }
+    proxy_->SetLimits(qt->get<int64_t>(), static_cast<size_t>(mq->get<int64_t>()));
+    spdlog::info("front: queue timeout {} ms, at most {} queued", qt->get<int64_t>(), mq->get<int64_t>());
+    return {{"ok", true}};
+  }
+  return ErrorReply("control: unknown message type '" + t.substr(0, 64) +
+                    "'; send one of: status, set_routes, set_limits");
 }
 
 void Front::Stop(std::function<void()> done) {

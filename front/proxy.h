@@ -100,6 +100,12 @@ class Proxy {
   // on the previous active finish there). A standby is used when the active
   // fails. An epoch lower than the current one is refused (a stale sender).
   Status SetRoutes(const std::optional<HostPort>& active, const std::optional<HostPort>& standby, int64_t epoch);
+  // New queue limits (the supervisor's reload); requests already queued
+  // keep the deadline they were given.
+  void SetLimits(int64_t queue_timeout_ms, size_t max_queued) {
+    options_.queue_timeout_ms = queue_timeout_ms;
+    options_.max_queued = max_queued;
+  }
 
   // active, standby, epoch, inflight per backend, queued, down, counters,
   // backends (per backend: what the front knows of it) and events (the log).

@@ -70,6 +70,13 @@ Status Check(const ProbeTransitionRecord& r) {
   return Status::Ok();
 }
 
+Status Check(const RolloutRecord& r) {
+  if (!OneOf(r.outcome, {"running", "done", "rolled_back", "refused", "failed"}))
+    return InvalidArgument("rollout outcome \"" + r.outcome + "\" is not one of running, done, rolled_back, refused, failed");
+  if (r.started_ms <= 0) return InvalidArgument("rollout started_ms is not set; pass the wall time it began");
+  return Status::Ok();
+}
+
 std::optional<std::string_view> OptText(const std::string& s) {
   if (s.empty()) return std::nullopt;
   return std::string_view(s);
@@ -80,7 +87,7 @@ std::optional<std::string_view> OptText(const std::string& s) {
 // The writer thread's connection and prepared statements.
 struct Ledger::Writer {
   Db db;
-  Stmt failover, first_ok, gone, kv_full, cache, recovery, holder, probe;
+  Stmt failover, first_ok, gone, kv_full, cache, recovery, holder, probe, rollout;
   // Failover ids whose row could not be written, and why (bounded).
   std::unordered_map<int64_t, std::string> lost_failovers;
 
@@ -140,6 +147,13 @@ struct Ledger::Writer {
     probe.Bind(1, r.id).Bind(2, r.time_ms).Bind(3, r.slot).Bind(4, r.from_state).Bind(5, r.to_state).Bind(6, r.cause);
     return probe.Run();
   }
+  Status Write(const RolloutRecord& r) {
+    rollout.Reset();
+    rollout.Bind(1, r.id).Bind(2, r.started_ms).Bind(3, r.ended_ms).Bind(4, r.outcome).Bind(5, r.reason);
+    rollout.Bind(6, r.command_before).Bind(7, r.command_after);
+    rollout.Bind(8, r.steps_json.empty() ? std::string_view("[]") : std::string_view(r.steps_json));
+    return rollout.Run();
+  }
   Status Write(const Item& item) {
     return std::visit([this](const auto& r) { return Write(r); }, item);
   }
@@ -168,7 +182,7 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
   };
   for (Counter c : {Counter{"failovers", &ledger->next_failover_}, Counter{"cache_events", &ledger->next_cache_},
                     Counter{"recoveries", &ledger->next_recovery_}, Counter{"holder_restarts", &ledger->next_holder_},
-                    Counter{"probe_transitions", &ledger->next_probe_}}) {
+                    Counter{"probe_transitions", &ledger->next_probe_}, Counter{"rollouts", &ledger->next_rollout_}}) {
     WSUP_ASSIGN_OR_RETURN(int64_t max_id, w.db.QueryInt(std::string("SELECT COALESCE(MAX(id), 0) FROM ") + c.table));
     *c.next = max_id + 1;
   }
@@ -188,6 +202,10 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
       "INSERT INTO holder_restarts (id, time_ms, rank, reason, from_fds, restart_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"));
   WSUP_ASSIGN_OR_RETURN(w.probe, w.db.Prepare(
       "INSERT INTO probe_transitions (id, time_ms, slot, from_state, to_state, cause) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"));
+
+  WSUP_ASSIGN_OR_RETURN(w.rollout, w.db.Prepare(
+      "INSERT OR REPLACE INTO rollouts (id, started_ms, ended_ms, outcome, reason, command_before, command_after, "
+      "steps_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"));
 
   ledger->thread_ = std::thread([l = ledger.get()] { l->Run(); });
   return ledger;
@@ -253,6 +271,21 @@ Result<int64_t> Ledger::RecordHolderRestart(HolderRestartRecord row) {
 Result<int64_t> Ledger::RecordProbeTransition(ProbeTransitionRecord row) {
   WSUP_RETURN_IF_ERROR(Check(row));
   return Enqueue(std::move(row), &next_probe_);
+}
+
+Result<int64_t> Ledger::RecordRollout(RolloutRecord row) {
+  WSUP_RETURN_IF_ERROR(Check(row));
+  return Enqueue(std::move(row), &next_rollout_);
+}
+
+Status Ledger::UpdateRollout(RolloutRecord row) {
+  WSUP_RETURN_IF_ERROR(Check(row));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (row.id < 1 || row.id >= next_rollout_)
+      return InvalidArgument("no rollout with id " + std::to_string(row.id) + " was recorded; pass the id RecordRollout returned");
+  }
+  return Enqueue(std::move(row), nullptr).status();
 }
 
 Status Ledger::SetFailoverFirstOk(int64_t failover_id, int64_t first_ok_ms) {

@@ -62,6 +62,10 @@ class Ledger {
   Result<int64_t> RecordRecovery(RecoveryRecord row);
   Result<int64_t> RecordHolderRestart(HolderRestartRecord row);
   Result<int64_t> RecordProbeTransition(ProbeTransitionRecord row);
+  // A rollout as it begins (its id assigned), then the same id again,
+  // whole, as it goes on and ends (the row is replaced).
+  Result<int64_t> RecordRollout(RolloutRecord row);
+  Status UpdateRollout(RolloutRecord row);
   // Fills in first_ok_ms of a failover recorded earlier.
   Status SetFailoverFirstOk(int64_t failover_id, int64_t first_ok_ms);
   // Fills in gone_ms, or kv_full_ms, of a failover recorded earlier.
@@ -102,7 +106,7 @@ class Ledger {
     int64_t ms;
   };
   using Item = std::variant<FailoverRecord, CacheEventRecord, RecoveryRecord, HolderRestartRecord,
-                            ProbeTransitionRecord, FailoverTime>;
+                            ProbeTransitionRecord, FailoverTime, RolloutRecord>;
 
  private:
   struct Writer;
@@ -125,7 +129,8 @@ class Ledger {
   bool closed_ = false;
   Status first_error_;
   Stats stats_;
-  int64_t next_failover_ = 1, next_cache_ = 1, next_recovery_ = 1, next_holder_ = 1, next_probe_ = 1;
+  int64_t next_failover_ = 1, next_cache_ = 1, next_recovery_ = 1, next_holder_ = 1, next_probe_ = 1,
+          next_rollout_ = 1;
   std::thread thread_;
 };
 

@@ -93,4 +93,17 @@ struct ProbeTransitionRecord {
   std::string cause;
 };
 
+// A rolling upgrade of the engines (`wsup reload`): written when it
+// begins (outcome "running") and again, whole, when it ends.
+struct RolloutRecord {
+  int64_t id = 0;  // assigned by Ledger::RecordRollout
+  int64_t started_ms = 0;
+  std::optional<int64_t> ended_ms;
+  std::string outcome;  // "running" | "done" | "rolled_back" | "refused" | "failed"
+  std::string reason;   // why it was rolled back, refused or failed; "" when done
+  std::string command_before;  // the engine version (command and env) before
+  std::string command_after;   // and the one it rolled to
+  std::string steps_json;      // [{"step": "starting_new", "slot": "b", "at_ms": ...}, ...]
+};
+
 }  // namespace wsup

@@ -159,6 +159,22 @@ Result<std::vector<ProbeTransitionRecord>> LedgerReader::ProbeTransitions(int64_
       });
 }
 
+Result<std::vector<RolloutRecord>> LedgerReader::Rollouts(int64_t since_ms) {
+  return ReadRows<RolloutRecord>(db_,
+      "SELECT id, started_ms, ended_ms, outcome, reason, command_before, command_after, steps_json FROM rollouts "
+      "WHERE started_ms >= ?1 ORDER BY started_ms, id",
+      since_ms, [](Stmt& st, RolloutRecord& r) {
+      r.id = st.Int(0);
+      r.started_ms = st.Int(1);
+      r.ended_ms = st.OptInt(2);
+      r.outcome = st.Text(3);
+      r.reason = st.Text(4);
+      r.command_before = st.Text(5);
+      r.command_after = st.Text(6);
+      r.steps_json = st.Text(7);
+      });
+}
+
 Distribution Percentiles(std::vector<int64_t> values) {
   Distribution d;
   d.count = static_cast<int64_t>(values.size());
@@ -244,6 +260,7 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     ++rep.holder_restarts;
     if (h.from_fds) ++rep.holder_restarts_from_fds;
   }
+  WSUP_ASSIGN_OR_RETURN(rep.rollouts, reader.Rollouts(rep.from_ms));
   return rep;
 }
 
@@ -315,6 +332,13 @@ std::string RenderReportText(const Report& r) {
     }
   }
   os << "holder restarts: " << r.holder_restarts << " (" << r.holder_restarts_from_fds << " from kept fds)\n";
+  os << "rollouts: " << r.rollouts.size() << "\n";
+  for (const auto& ro : r.rollouts) {
+    os << "  #" << ro.id << " " << ro.outcome;
+    if (ro.ended_ms) os << " in " << (*ro.ended_ms - ro.started_ms) << " ms";
+    if (!ro.reason.empty()) os << ": " << ro.reason;
+    os << "\n    from " << ro.command_before << "\n    to   " << ro.command_after << "\n";
+  }
   return os.str();
 }
 
@@ -352,6 +376,19 @@ std::string RenderReportJson(const Report& r) {
   }
   j["miss_tail"] = tail;
   j["holder_restarts"] = {{"count", r.holder_restarts}, {"from_fds", r.holder_restarts_from_fds}};
+  nlohmann::json rolls = nlohmann::json::array();
+  for (const auto& ro : r.rollouts) {
+    nlohmann::json steps = nlohmann::json::parse(ro.steps_json, nullptr, /*allow_exceptions=*/false);
+    rolls.push_back({{"id", ro.id},
+                     {"started_ms", ro.started_ms},
+                     {"ended_ms", ro.ended_ms ? nlohmann::json(*ro.ended_ms) : nlohmann::json(nullptr)},
+                     {"outcome", ro.outcome},
+                     {"reason", ro.reason},
+                     {"command_before", ro.command_before},
+                     {"command_after", ro.command_after},
+                     {"steps", steps.is_discarded() ? nlohmann::json(ro.steps_json) : steps}});
+  }
+  j["rollouts"] = rolls;
   return j.dump(2) + "\n";
 }
 

@@ -42,6 +42,7 @@ class LedgerReader {
   Result<std::vector<RecoveryRecord>> Recoveries(int64_t since_ms = 0);
   Result<std::vector<HolderRestartRecord>> HolderRestarts(int64_t since_ms = 0);
   Result<std::vector<ProbeTransitionRecord>> ProbeTransitions(int64_t since_ms = 0);
+  Result<std::vector<RolloutRecord>> Rollouts(int64_t since_ms = 0);  // by started_ms
 
   Db& db() { return db_; }
 
@@ -89,6 +90,7 @@ struct Report {
   std::vector<RecoveryRecord> miss_tail;  // slowest first
 
   int64_t holder_restarts = 0, holder_restarts_from_fds = 0;
+  std::vector<RolloutRecord> rollouts;  // oldest first
 };
 
 Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options);

@@ -83,6 +83,19 @@ ALTER TABLE failovers ADD COLUMN gone_ms INTEGER;
 ALTER TABLE failovers ADD COLUMN kv_full_ms INTEGER;
 ALTER TABLE failovers ADD COLUMN kv_back_ms INTEGER GENERATED ALWAYS AS (kv_full_ms - fault_ms) VIRTUAL;
 )sql"},
+    {5, R"sql(
+CREATE TABLE rollouts (
+  id             INTEGER PRIMARY KEY,
+  started_ms     INTEGER NOT NULL,
+  ended_ms       INTEGER,
+  outcome        TEXT    NOT NULL CHECK (outcome IN ('running', 'done', 'rolled_back', 'refused', 'failed')),
+  reason         TEXT    NOT NULL DEFAULT '',
+  command_before TEXT    NOT NULL,
+  command_after  TEXT    NOT NULL,
+  steps_json     TEXT    NOT NULL DEFAULT '[]'
+);
+CREATE INDEX rollouts_started_ms ON rollouts (started_ms);
+)sql"},
 };
 
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,

@@ -120,6 +120,19 @@ void PrintStatus(std::ostream& o, const json& s) {
       o << "\n";
     }
   }
+  if (s.contains("rollout") && s["rollout"].is_object()) {
+    const json& r = s["rollout"];
+    if (r.value("in_progress", false)) {
+      o << "rollout #" << r.value("id", int64_t{0}) << ": step " << r.value("step", "?") << " (new version on engine "
+        << r.value("new_slot", "?") << " first, then " << r.value("old_slot", "?") << ")\n  to " << r.value("command_after", "")
+        << "\n";
+    } else if (r.contains("last") && r["last"].is_object()) {
+      const json& l = r["last"];
+      o << "last rollout #" << l.value("id", int64_t{0}) << ": " << l.value("outcome", "?");
+      if (!l.value("reason", "").empty()) o << " (" << l.value("reason", "") << ")";
+      o << "\n";
+    }
+  }
   if (s.contains("ledger_writes") && s["ledger_writes"].value("write_errors", 0) > 0) {
     const json& l = s["ledger_writes"];
     o << "ledger: " << l.value("write_errors", 0) << " row(s) NOT recorded";
@@ -245,6 +258,47 @@ void RegisterFailover(CLI::App& app, CliContext& ctx) {
   });
 }
 
+void RegisterReload(CLI::App& app, CliContext& ctx) {
+  auto* c = app.add_subcommand(
+      "reload", "read the config file again: apply what can change at once, roll a new engine version through the "
+                "standby first (rolled back if it fails); waits until it is done");
+  auto t = std::make_shared<Target>();
+  auto as_json = std::make_shared<bool>(false);
+  auto timeout = std::make_shared<int>(3'600'000);
+  t->AddFlags(c);
+  c->add_flag("--json", *as_json, "print JSON");
+  c->add_option("--timeout-ms", *timeout, "how long to wait for the roll to end (default one hour)");
+  c->callback([&ctx, t, as_json, timeout] {
+    auto where = t->Resolve();
+    if (!where.ok()) {
+      *ctx.err << where.error().message() << "\n";
+      ctx.exit_code = 1;
+      return;
+    }
+    auto r = Call(where->first, json{{"type", "reload"}}, *timeout);
+    if (!r.ok()) {
+      *ctx.err << "wsup reload: " << r.error().message() << "\n";
+      ctx.exit_code = 1;
+      return;
+    }
+    r->erase("type");
+    const bool ok = r->value("ok", false);
+    const std::string outcome = r->value("outcome", "?");
+    if (*as_json) {
+      *ctx.out << r->dump(2) << "\n";
+    } else if (outcome == "done") {
+      *ctx.out << "rollout #" << r->value("rollout_id", int64_t{0}) << " done in " << r->value("ms", int64_t{0})
+               << " ms: both engines run the new version\n";
+    } else if (outcome == "applied" || outcome == "unchanged") {
+      *ctx.out << "reload: " << (outcome == "applied" ? "applied at once" : "nothing changed") << "\n";
+    } else {
+      std::string why = r->value("error", r->value("reason", ""));
+      *ctx.err << "wsup reload: " << outcome << (why.empty() ? "" : ": " + why) << "\n";
+    }
+    ctx.exit_code = ok ? 0 : 1;
+  });
+}
+
 void RegisterReport(CLI::App& app, CliContext& ctx) {
   auto* c = app.add_subcommand("report", "cache hit rate, recovery percentiles, failovers, the miss tail");
   auto t = std::make_shared<Target>();
@@ -352,6 +406,7 @@ void RegisterNodeCommands(CLI::App& app, CliContext& ctx) {
   RegisterCheck(app, ctx);
   RegisterStatus(app, ctx);
   RegisterFailover(app, ctx);
+  RegisterReload(app, ctx);
   RegisterReport(app, ctx);
   RegisterStop(app, ctx);
 }

@@ -233,6 +233,7 @@ Result<Config> ParseConfig(std::string_view text, const std::string& path, const
   Config config;
   config.path = abs.string();
   config.dir = abs.parent_path().string();
+  config.overrides = overrides;
   Loader loader(path, config.dir);
 
   toml::table root;

@@ -73,10 +73,14 @@ const char* ProbeKindName(ProbeKind k);
 struct Config {
   std::string path;  // absolute path of the config file
   std::string dir;   // its directory; relative paths in the file are resolved against it
-  // Where some keys were written ("FILE:LINE:COL" or "--set:N:COL"), for
-  // checks made after loading (CheckConfigPaths): model.path, engine.command,
-  // holder.binary, holder.command, node.state_dir, node.runtime_dir.
+  // Where each key of the schema was written ("FILE:LINE:COL" or
+  // "--set:N:COL"; its section's, or the file's top, for a key left out),
+  // for checks made after loading: CheckConfigPaths, and a reload's
+  // refusals (supervisor/reload_plan.h).
   std::map<std::string, std::string> where;
+  // The --set overrides it was loaded with: a reload reads the file again
+  // with the same ones.
+  std::vector<std::string> overrides;
 
   struct Node {
     std::string name;
@@ -148,6 +152,10 @@ struct Config {
     int64_t restart_backoff_max_ms = 30'000;
     int max_restarts = 5;
     int64_t restart_window_ms = 600'000;
+    // A rollout keeps the old version as the standby this long after the
+    // new one took the traffic; a new active that fails meanwhile fails
+    // over to it (a rollback).
+    int64_t rollout_watch_ms = 10'000;
     std::string control_socket;  // absolute; default <runtime_dir>/wsup.sock
     std::string log_level = "info";
   } supervisor;

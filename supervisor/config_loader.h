@@ -53,8 +53,8 @@ inline const std::vector<SectionSpec>& Schema() {
       {"front", {"listen", "queue_timeout_ms", "max_queued"}, true, "[front] listen = \"127.0.0.1:8000\""},
       {"admin", {"listen"}, true, "[admin] listen = \"127.0.0.1:9090\""},
       {"supervisor",
-       {"restart_backoff_ms", "restart_backoff_max_ms", "max_restarts", "restart_window_ms", "control_socket",
-        "log_level"},
+       {"restart_backoff_ms", "restart_backoff_max_ms", "max_restarts", "restart_window_ms", "rollout_watch_ms",
+        "control_socket", "log_level"},
        false, ""},
       {"holder", {"binary", "command", "ready_timeout_ms"}, false, ""},
       {"kv", {"pool_mib", "scratch_mib"}, false, ""},
@@ -230,12 +230,14 @@ class Loader {
   Status CheckUnknown(const toml::table& root);
   Status Read(const toml::table& root, Config* c);
   Status CheckRules(Config* c);
-  // Fills c->where for the keys later checks name.
+  // Fills c->where for every key of the schema.
   void RecordWhere(Config* c) const {
-    for (const char* key : {"model.path", "engine.command", "holder.binary", "holder.command", "node.state_dir",
-                            "node.runtime_dir"}) {
-      Location l = Where(key);
-      c->where[key] = l.file + ":" + std::to_string(std::max(1, l.line)) + ":" + std::to_string(std::max(1, l.col));
+    for (const SectionSpec& s : Schema()) {
+      for (std::string_view k : s.keys) {
+        const std::string key = std::string(s.name) + "." + std::string(k);
+        Location l = Where(key);
+        c->where[key] = l.file + ":" + std::to_string(std::max(1, l.line)) + ":" + std::to_string(std::max(1, l.col));
+      }
     }
   }
 

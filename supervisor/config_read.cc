@@ -143,6 +143,7 @@ Status Loader::Read(const toml::table& root, Config* c) {
       Int(sup, "supervisor", "restart_backoff_max_ms", &c->supervisor.restart_backoff_max_ms, 0, kMaxMs));
   WSUP_RETURN_IF_ERROR(Int(sup, "supervisor", "max_restarts", &c->supervisor.max_restarts, 0, 1'000'000));
   WSUP_RETURN_IF_ERROR(Int(sup, "supervisor", "restart_window_ms", &c->supervisor.restart_window_ms, 1, kMaxMs));
+  WSUP_RETURN_IF_ERROR(Int(sup, "supervisor", "rollout_watch_ms", &c->supervisor.rollout_watch_ms, 0, kMaxMs));
   WSUP_RETURN_IF_ERROR(Str(sup, "supervisor", "control_socket", &c->supervisor.control_socket, false));
   c->supervisor.control_socket = c->supervisor.control_socket.empty()
                                      ? c->node.runtime_dir + "/wsup.sock"

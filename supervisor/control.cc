@@ -39,7 +39,8 @@ json Supervisor::Impl::StatusJson() {
            {"last_probe_ms", s->last_probe_ms},
            {"last_probe_error", s->last_probe_reason},
            {"restarts", s->throttle.total()},
-           {"adopted", s->adopted}};
+           {"adopted", s->adopted},
+           {"version", s->version_text}};
     if (s->permanent_failure) e["failure"] = s->failure_reason;
     // What the engine last said of its KV (source pool, scratch or
     // private) and memory; absent for an engine that does not say.
@@ -77,6 +78,7 @@ json Supervisor::Impl::StatusJson() {
   if (!front_.down_reason.empty()) fj["failure"] = front_.down_reason;
   j["front"] = fj;
   if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
+  j["rollout"] = RollStatusJson();
   j["state_dir"] = cfg_.node.state_dir;
   j["ledger"] = ledger_->path();
   Ledger::Stats ls = ledger_->stats();
@@ -99,33 +101,43 @@ void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json&
       return;
     }
     Drill(c, msg.value("kill", false));
+  } else if (type == "reload") {
+    Reload(c, "wsup reload");
   } else if (type == "stop") {
     stop_waiters_.push_back(c);
     BeginStop("wsup stop", 0);
   } else {
     c->Send(json{{"type", "error"},
-                 {"message", "unknown request type '" + type + "'; use status, failover or stop"}});
+                 {"message", "unknown request type '" + type + "'; use status, failover, reload or stop"}});
   }
+}
+
+std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
+  if (!act) return "no active engine to fail over from";
+  if (pending_) return "a failover is still in progress; try again when it completes";
+  if (stby->state != SlotState::kStandby) {
+    return "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
+           ", not proven ready; wait for `wsup status` to show it semantically ready";
+  }
+  if (PromotionCheck check = CheckStandby(*stby); !check.unfit.empty()) {
+    return "the standby (" + stby->name + ") is not fit to take the traffic: " + check.unfit;
+  } else if (!check.note.empty()) {
+    // A planned swap moves traffic off a healthy active: only onto a
+    // standby proven just now. (A crash promotes it anyway; see
+    // promotion_check.h.)
+    return "the standby (" + stby->name + ") is not proven recently: " + check.note.substr(0, check.note.find(" but")) +
+           "; try again once its next probe passes";
+  }
+  return "";
 }
 
 void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
   Slot* act = Active();
   Slot* stby = act ? Other(act) : nullptr;
-  std::string refuse;
-  if (!act) {
-    refuse = "no active engine to fail over from";
-  } else if (pending_) {
-    refuse = "a failover is still in progress; try again when it completes";
-  } else if (stby->state != SlotState::kStandby) {
-    refuse = "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
-             ", not proven ready; wait for `wsup status` to show it semantically ready";
-  } else if (PromotionCheck check = CheckStandby(*stby); !check.unfit.empty()) {
-    refuse = "the standby (" + stby->name + ") is not fit to take the traffic: " + check.unfit;
-  } else if (!check.note.empty()) {
-    // A drill moves traffic off a healthy active: only onto a standby
-    // proven just now. (A crash promotes it anyway; see promotion_check.h.)
-    refuse = "the standby (" + stby->name + ") is not proven recently: " + check.note.substr(0, check.note.find(" but")) +
-             "; try again once its next probe passes";
+  std::string refuse = SwapRefusal(act, stby);
+  if (refuse.empty() && roll_) {
+    refuse = "a rollout is in progress (step " + std::string(RollStateName(roll_->state)) +
+             "); drill once `wsup status` shows it ended";
   }
   if (!refuse.empty()) {
     c->Send(json{{"type", "failover"}, {"ok", false}, {"error", refuse}});
@@ -142,37 +154,48 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
     Logged(launcher_.Signal(act->pid, SIGKILL), "drill: killing the active engine");
     return;
   }
-  // Planned: the standby takes new traffic at once; the old active drains,
-  // then becomes the standby. Both moves are rows of the engine table.
+  PlannedSwap(*act, *stby, "planned drill", c);
+}
+
+bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why, std::shared_ptr<JsonConn> c) {
+  // The standby takes new traffic at once; the old active drains, then
+  // becomes the standby. Both moves are rows of the engine table.
   int64_t fault = clock_.WallMs();
   swapping_ = true;
-  Fire(*act, SlotEvent::kDemote, "planned drill");
+  Fire(act, SlotEvent::kDemote, why);
   std::string unfit;
-  bool promoted = Promote(*stby, "planned drill", &unfit);
+  bool promoted = Promote(stby, why, &unfit);
   swapping_ = false;
   PushRoutes();
   int64_t swapped = clock_.WallMs();
   FailoverRecord rec;
   rec.trigger = FailoverTriggerName(FailoverTrigger::kDrill);
-  rec.reason = promoted ? "planned swap" : "planned swap; standby " + stby->name + " not promoted: " + unfit;
+  // "planned swap" for a drill (what the ledger has always said), with
+  // the cause for anything else (a rollout).
+  const std::string kind = why == "planned drill" ? "planned swap" : "planned swap (" + why + ")";
+  rec.reason = promoted ? kind : kind + "; standby " + stby.name + " not promoted: " + unfit;
   rec.drill = true;
-  rec.from_slot = act->name;
-  rec.to_slot = promoted ? stby->name : "none";
+  rec.from_slot = act.name;
+  rec.to_slot = promoted ? stby.name : "none";
   rec.fault_ms = fault;
   rec.detected_ms = fault;
   rec.swapped_ms = swapped;
-  auto id = LedgerResult(ledger_->RecordFailover(rec), "drill failover");
+  auto id = LedgerResult(ledger_->RecordFailover(rec), "planned failover");
   metrics_.failovers[rec.trigger]++;
   // Planned: the old engine lives on, as the standby.
-  TrackFailover(id, act->name, false, promoted ? stby->name : "", fault);
+  TrackFailover(id, act.name, false, promoted ? stby.name : "", fault);
   if (tail_) tail_->await_gone = false;
-  pending_ = PendingFailover{id ? *id : 0, act->name, promoted ? stby->name : "", fault, fault, swapped, {c}, true};
+  std::vector<std::shared_ptr<JsonConn>> waiters;
+  if (c) waiters.push_back(c);
+  pending_ = PendingFailover{id ? *id : 0, act.name, promoted ? stby.name : "", fault, fault, swapped,
+                             std::move(waiters), true};
   if (promoted) {
     ProbeThroughFront([this](bool ok, int64_t at) {
       if (ok) CompletePending(at);
     }, 200);
   }
-  FinishDrain(*act, c, clock_.MonotonicMs());
+  FinishDrain(act, c, clock_.MonotonicMs());
+  return promoted;
 }
 
 void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono) {

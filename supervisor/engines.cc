@@ -83,19 +83,41 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
       spdlog::warn("engine {}: pipe for {{ready_fd}}: {}; polling its status instead", s.name, strerror(errno));
     }
   }
-  auto argv = EngineArgv(cfg_, port, nonce, ready_fd);
+  // A rollout's version for this slot, else the node's.
+  const Config* cfg = &cfg_;
+  std::optional<Config> versioned;
+  if (s.version) {
+    versioned = cfg_;
+    versioned->engine.command = s.version->command;
+    versioned->engine.env = s.version->env;
+    cfg = &*versioned;
+  }
+  auto argv = EngineArgv(*cfg, port, nonce, ready_fd);
   if (!argv.ok()) {
+    if (s.version) {
+      // The new version's command cannot be expanded: that version fails,
+      // the node goes on.
+      RollSpawnFailed(s, argv.error().message());
+      return;
+    }
     BeginStop(argv.error().message(), kExitConfig);
     return;
   }
   spec.argv = std::move(*argv);
-  spec.env_set = cfg_.engine.env;
+  spec.env_set = cfg->engine.env;
+  s.version_text = EngineVersionText(*cfg);
   spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
   spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
   auto pid = launcher_.Spawn(spec);
   if (line.ok()) line->write_end.Reset();
   ready_wr.Reset();
+  if (!pid.ok() && s.version) {
+    // A rollout's new version that cannot be started: that version fails
+    // (and is rolled back), the node goes on.
+    RollSpawnFailed(s, pid.error().message());
+    return;
+  }
   if (!pid.ok()) {
     // The program cannot be started at all: no restart can help.
     s.permanent_failure = true;
@@ -341,6 +363,7 @@ void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) 
   // promoted by the action below.
   PoolOnSlotMoved(s, t->from, t->to, cause);
   Apply(s, *t, cause);
+  RollOnSlotMoved(s, t->from, t->to, cause);
   if (s.state == SlotState::kStandby && !s.recovery_cause.empty()) {
     // Proven ready again: one recovery row with the engine's own phases.
     RecoveryRecord rec;

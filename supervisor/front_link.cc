@@ -202,4 +202,12 @@ void Supervisor::Impl::PushRoutes() {
   front_.link->Send(m);
 }
 
+void Supervisor::Impl::PushFrontLimits() {
+  // A front started later gets them on its command line.
+  if (!front_.link) return;
+  front_.link->Send(json{{"type", "set_limits"},
+                         {"queue_timeout_ms", cfg_.front.queue_timeout_ms},
+                         {"max_queued", cfg_.front.max_queued}});
+}
+
 }  // namespace wsup

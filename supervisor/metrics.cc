@@ -51,6 +51,12 @@ void Metrics::SetSlots(const std::string& a, const std::string& a_state, bool a_
 
 std::string Metrics::Render() const {
   std::ostringstream o;
+  o << "# HELP wsup_rollouts_total Rolling upgrades of the engines (wsup reload), by outcome.\n"
+       "# TYPE wsup_rollouts_total counter\n";
+  for (const char* t : {"done", "rolled_back", "failed"}) {
+    auto it = rollouts.find(t);
+    o << "wsup_rollouts_total{outcome=\"" << t << "\"} " << (it == rollouts.end() ? 0 : it->second) << "\n";
+  }
   o << "# HELP wsup_failovers_total Traffic switches from one engine to another, by trigger.\n"
        "# TYPE wsup_failovers_total counter\n";
   for (const char* t : {"crash", "probe", "drill"}) {

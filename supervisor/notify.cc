@@ -1,6 +1,7 @@
 #include "supervisor/notify.h"
 
 #include <cstdlib>
+#include <ctime>
 
 #ifdef WSUP_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
@@ -20,6 +21,18 @@ Notifier::Notifier() {
 void Notifier::Ready(const std::string& status) {
 #ifdef WSUP_HAVE_SYSTEMD
   if (enabled_) sd_notifyf(0, "READY=1\nSTATUS=%s", status.c_str());
+#endif
+}
+
+void Notifier::Reloading(const std::string& status) {
+#ifdef WSUP_HAVE_SYSTEMD
+  if (enabled_) {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    const unsigned long long usec =
+        static_cast<unsigned long long>(ts.tv_sec) * 1000000ull + static_cast<unsigned long long>(ts.tv_nsec) / 1000ull;
+    sd_notifyf(0, "RELOADING=1\nMONOTONIC_USEC=%llu\nSTATUS=%s", usec, status.c_str());
+  }
 #endif
 }
 

@@ -26,6 +26,9 @@ class Notifier {
   int64_t WatchdogIntervalMs() const { return watchdog_ms_; }
 
   void Ready(const std::string& status);
+  // RELOADING=1 with MONOTONIC_USEC (systemd's reload protocol); Ready()
+  // ends the reload.
+  void Reloading(const std::string& status);
   void Status(const std::string& status);
   void Watchdog();
   void Stopping();

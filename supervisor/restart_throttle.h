@@ -64,6 +64,9 @@ class RestartThrottle {
   uint64_t total() const { return total_; }
   bool crash_looping() const { return crash_looping_; }
   const RestartPolicy& policy() const { return policy_; }
+  // A new policy (a reload) for what comes next; the restarts seen so far
+  // still count.
+  void set_policy(RestartPolicy policy) { policy_ = std::move(policy); }
   bool IsPermanent(int exit_code) const;
 
  private:

@@ -115,6 +115,7 @@ Supervisor::Impl::~Impl() {
     uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&sigpipe_), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&sighup_), nullptr);
     signals_started_ = false;
   }
   uv_run(&loop_, UV_RUN_DEFAULT);
@@ -211,8 +212,9 @@ Status Supervisor::Impl::Start() {
   uv_signal_init(&loop_, &sigterm_);
   uv_signal_init(&loop_, &sigint_);
   uv_signal_init(&loop_, &sigpipe_);
+  uv_signal_init(&loop_, &sighup_);
   signals_started_ = true;
-  sigterm_.data = sigint_.data = this;
+  sigterm_.data = sigint_.data = sighup_.data = this;
   uv_signal_start(&sigterm_, [](uv_signal_t* h, int) {
     static_cast<Impl*>(h->data)->BeginStop("SIGTERM", 0);
   }, SIGTERM);
@@ -220,6 +222,9 @@ Status Supervisor::Impl::Start() {
     static_cast<Impl*>(h->data)->BeginStop("SIGINT", 0);
   }, SIGINT);
   uv_signal_start(&sigpipe_, [](uv_signal_t*, int) {}, SIGPIPE);
+  // systemd's reload (Type=notify-reload sends SIGHUP): as `wsup reload`.
+  uv_signal_start(&sighup_, [](uv_signal_t* h, int) { static_cast<Impl*>(h->data)->Reload(nullptr, "SIGHUP"); },
+                  SIGHUP);
 
   int64_t wd = notifier_.WatchdogIntervalMs();
   if (wd > 0) watchdog_->Start(wd / 3, [this] { notifier_.Watchdog(); }, wd / 3);
@@ -275,6 +280,7 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
   exit_code_ = exit_code;
   spdlog::info("stopping: {}", why);
   notifier_.Stopping();
+  RollFire(RollEvent::kAbort, "the node is stopping: " + why);
   for (Slot* s : {&a_, &b_}) {
     s->restart_timer->Stop();
     Fire(*s, SlotEvent::kStop, why);
@@ -317,6 +323,7 @@ void Supervisor::Impl::MaybeFinishStop() {
       uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
       uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
       uv_close(reinterpret_cast<uv_handle_t*>(&sigpipe_), nullptr);
+      uv_close(reinterpret_cast<uv_handle_t*>(&sighup_), nullptr);
       signals_started_ = false;
     }
     for (Slot* s : {&a_, &b_}) {

@@ -47,6 +47,8 @@
 #include "supervisor/child_fsm.h"
 #include "supervisor/engine_fsm.h"
 #include "supervisor/kv_handover.h"
+#include "supervisor/reload_plan.h"
+#include "supervisor/rollout_fsm.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/metrics.h"
@@ -143,6 +145,11 @@ class Supervisor::Impl {
     // Fault injected by a drill: the exit that follows is the drill's.
     bool drill_kill = false;
     int64_t drill_fault_ms = 0;
+
+    // A rollout's engine version for this slot's next starts (its command
+    // and env), instead of cfg_.engine's; none outside a rollout.
+    std::optional<Config::Engine> version;
+    std::string version_text;  // what the running process was started with (EngineVersionText)
   };
 
   // ---- a weight holder (one per rank, daemon mode)
@@ -239,6 +246,8 @@ class Supervisor::Impl {
   void OnFrontMessage(const nlohmann::json& m);
   void OnFrontExit(const ExitInfo& info);
   void PushRoutes();
+  // The front's queue limits (a reload changed them).
+  void PushFrontLimits();
 
   // holders.cc
   void SpawnHolder(HolderSlot& h);
@@ -316,10 +325,29 @@ class Supervisor::Impl {
   void RefreshStatus(Slot& s);
   nlohmann::json PoolStatusJson() const;
 
+  // rollout.cc (see rollout_fsm.h, reload_plan.h)
+  // `wsup reload` (c) or SIGHUP (null c): the config file read again.
+  void Reload(std::shared_ptr<JsonConn> c, const std::string& why);
+  void RollOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause);
+  void RollFire(RollEvent event, const std::string& why);
+  void RollStep(const std::string& step, const std::string& slot, const std::string& why);
+  void RollEnd(const std::string& outcome, const std::string& reason);
+  void RollMaybeWatchOver();
+  // The rollout's version could not even be started on this slot.
+  void RollSpawnFailed(Slot& s, const std::string& why);
+  void ApplyAtOnce(const Config& next, const ReloadPlan& plan);
+  nlohmann::json RollStatusJson() const;
+
   // control.cc
   void OnControl(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
   nlohmann::json StatusJson();
   void Drill(const std::shared_ptr<JsonConn>& c, bool kill);
+  // Why the active engine's traffic cannot be moved to the standby now ("" if it can).
+  std::string SwapRefusal(Slot* act, Slot* stby);
+  // A planned swap: stby takes new traffic, act drains and becomes the
+  // standby; `c` (may be null) gets the failover's answer. False when the
+  // standby could not be promoted.
+  bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, std::shared_ptr<JsonConn> c);
   void FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono);
   void OnAdmin(std::shared_ptr<http::ResponseWriter> w);
 
@@ -382,6 +410,23 @@ class Supervisor::Impl {
   std::string routed_active_, routed_standby_;
 
   std::optional<PendingFailover> pending_;
+  // A rolling upgrade in progress (rollout.cc).
+  struct Roll {
+    RollState state = RollState::kIdle;
+    std::string new_slot, old_slot;
+    Config next;               // the config read again; cfg_ until the roll ends
+    RolloutRecord rec;         // its ledger row, rewritten at each step
+    nlohmann::json steps = nlohmann::json::array();
+    std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup reload` callers
+    bool watch_elapsed = false;
+    int64_t step_since_ms = 0;
+  };
+  std::optional<Roll> roll_;
+  // Its timers, made once (a roll may end inside one's callback): the
+  // step's budget, and the watch window after the swap.
+  std::unique_ptr<Timer> roll_budget_, roll_watch_;
+  nlohmann::json last_roll_;  // the last one's outcome, for `wsup status`
+  uv_signal_t sighup_{};
   // The node's KV pool: who maps it.
   KvHandover kv_;
   // The latest failover whose later times are still to be recorded: the

@@ -15,7 +15,9 @@ DrillNode::DrillNode(std::vector<std::string> extra_sets) { spec_.sets = std::mo
 
 DrillNode::DrillNode(DrillNodeSpec spec) : spec_(std::move(spec)) {}
 
-std::string DrillNode::ConfigPath() const { return std::string(WSUP_SOURCE_DIR) + "/config/" + spec_.config; }
+std::string DrillNode::ConfigPath() const {
+  return spec_.config_file.empty() ? std::string(WSUP_SOURCE_DIR) + "/config/" + spec_.config : spec_.config_file;
+}
 
 RunResult DrillNode::Cli(std::vector<std::string> args) const {
   std::vector<std::string> a = {BinPath("wsup")};
@@ -25,21 +27,24 @@ RunResult DrillNode::Cli(std::vector<std::string> args) const {
   return Run(a, 60s);
 }
 
+std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extra) {
+  std::string cmd = "[\"" + BinPath("wsup-engine") +
+                    "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+                    "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"" +
+                    std::string(kv_pool ? ", \"--kv-pool\", \"--kv-scratch-mib\", \"{kv_scratch_mib}\"" : "");
+  for (const auto& e : extra) cmd += ", \"" + e + "\"";
+  return cmd + "]";
+}
+
 void DrillNode::Start() {
-  std::string eng = "\"" + BinPath("wsup-engine") + "\"";
   std::vector<std::string> a = {BinPath("wsup"), "start", ConfigPath()};
   std::vector<std::string> sets = {
       "node.state_dir=" + dir_.Join("state"),
       "node.runtime_dir=" + dir_.Join("run"),
-      "engine.command=[" + eng +
-          ", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
-          "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"" +
-          std::string(spec_.kv_pool ? ", \"--kv-pool\", \"--kv-scratch-mib\", \"{kv_scratch_mib}\"" : "") + "]",
       "engine.primary_port=0",
       "engine.standby_port=0",
       "front.listen=127.0.0.1:0",
       "admin.listen=127.0.0.1:0",
-      "model.path=" + TestData(spec_.model),
       "probe.interval_ms=" + std::to_string(kDrillProbeMs),
       "probe.timeout_ms=" + std::to_string(kDrillProbeMs),
       "probe.jitter_ms=0",
@@ -47,6 +52,10 @@ void DrillNode::Start() {
       // Every crash drill is a restart; the drills must not exhaust the budget.
       "supervisor.max_restarts=1000",
   };
+  if (!spec_.command_in_file) {
+    sets.push_back("engine.command=" + EngineCommandToml(spec_.kv_pool));
+    sets.push_back("model.path=" + TestData(spec_.model));
+  }
   sets.insert(sets.end(), spec_.sets.begin(), spec_.sets.end());
   for (const auto& s : sets) {
     a.push_back("--set");

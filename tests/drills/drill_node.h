@@ -40,7 +40,17 @@ struct DrillNodeSpec {
   // Engines take the node's KV pool (the config must make one: [kv]
   // pool_mib): --kv-pool --kv-scratch-mib {kv_scratch_mib}.
   bool kv_pool = false;
+  // A config file of the test's own instead of config/<config>; with
+  // command_in_file its [engine] command and model.path are used as
+  // written (a reload test edits them), else they are overridden as for
+  // the others.
+  std::string config_file;
+  bool command_in_file = false;
 };
+
+// The tested build's engine command as a TOML array (what Start() sets,
+// unless the spec keeps the file's), with `extra` arguments at its end.
+std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extra = {});
 
 class DrillNode {
  public:

@@ -474,7 +474,7 @@ struct CountingFetch {
   }
 };
 
-TEST_CASE("pool prefetch: fetched and imported ahead, taken once; a take without one fetches", "[kv_pool]") {
+TEST_CASE("pool prefetch: fetched and imported ahead, taken once - a take without one fetches", "[kv_pool]") {
   CountingFetch c;
   std::promise<void> open;
   c.gate = open.get_future().share();

@@ -57,7 +57,7 @@ TEST_CASE("ledger: a new ledger gets the latest schema in WAL mode", "[state]") 
   CHECK(*SchemaVersion(*db) == kSchemaVersion);
   CHECK(*db->QueryText("PRAGMA journal_mode") == "wal");
   CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "holder_restarts", "probe_transitions",
-                                                "recoveries"});
+                                                "recoveries", "rollouts"});
   CHECK(*db->QueryText("PRAGMA integrity_check") == "ok");
 }
 

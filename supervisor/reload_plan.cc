@@ -1,0 +1,143 @@
+#include "supervisor/reload_plan.h"
+
+#include <nlohmann/json.hpp>
+
+namespace wsup {
+
+namespace {
+
+using nlohmann::json;
+
+std::string Text(const json& j) { return j.dump(); }
+
+}  // namespace
+
+const char* ReloadEffectName(ReloadEffect e) {
+  switch (e) {
+    case ReloadEffect::kRoll: return "roll";
+    case ReloadEffect::kAtOnce: return "at_once";
+    case ReloadEffect::kCold: return "cold";
+  }
+  return "?";
+}
+
+ReloadEffect EffectOf(const std::string& key) {
+  if (key == "engine.command" || key == "engine.env") return ReloadEffect::kRoll;
+  if (key.rfind("probe.", 0) == 0) return ReloadEffect::kAtOnce;
+  for (const char* k : {"engine.ready_timeout_ms", "engine.stop_timeout_ms", "front.queue_timeout_ms",
+                        "front.max_queued", "supervisor.restart_backoff_ms", "supervisor.restart_backoff_max_ms",
+                        "supervisor.max_restarts", "supervisor.restart_window_ms", "supervisor.rollout_watch_ms",
+                        "supervisor.log_level"}) {
+    if (key == k) return ReloadEffect::kAtOnce;
+  }
+  return ReloadEffect::kCold;
+}
+
+std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> v;
+  auto add = [&](const char* key, const json& value) { v.emplace_back(key, Text(value)); };
+  add("node.name", c.node.name);
+  add("node.state_dir", c.node.state_dir);
+  add("node.runtime_dir", c.node.runtime_dir);
+  add("model.path", c.model.path);
+  add("model.revision", c.model.revision);
+  add("parallel.tp", c.parallel.tp);
+  add("parallel.devices", c.parallel.devices);
+  add("parallel.expert_parallel", c.parallel.expert_parallel);
+  add("weight_cache.mode", CacheModeName(c.weight_cache.mode));
+  add("weight_cache.backend", CacheBackendName(c.weight_cache.backend));
+  add("weight_cache.socket", c.weight_cache.socket);
+  add("weight_cache.layout", CacheLayoutName(c.weight_cache.layout));
+  add("weight_cache.layout_max_bytes", c.weight_cache.layout_max_bytes);
+  add("engine.command", c.engine.command);
+  add("engine.host", c.engine.host);
+  add("engine.primary_port", c.engine.primary_port);
+  add("engine.standby_port", c.engine.standby_port);
+  add("engine.ready_timeout_ms", c.engine.ready_timeout_ms);
+  add("engine.stop_timeout_ms", c.engine.stop_timeout_ms);
+  {
+    json env = json::object();
+    for (const auto& [k, val] : c.engine.env) env[k] = val;
+    add("engine.env", env);
+  }
+  add("probe.kind", ProbeKindName(c.probe.kind));
+  add("probe.prompt", c.probe.prompt);
+  add("probe.expect", c.probe.expect ? json(*c.probe.expect) : json(nullptr));
+  add("probe.expect_token_ids", c.probe.expect_token_ids ? json(*c.probe.expect_token_ids) : json(nullptr));
+  add("probe.max_tokens", c.probe.max_tokens);
+  add("probe.interval_ms", c.probe.interval_ms);
+  add("probe.timeout_ms", c.probe.timeout_ms);
+  add("probe.failures", c.probe.failures);
+  add("probe.successes", c.probe.successes);
+  add("probe.jitter_ms", c.probe.jitter_ms);
+  add("probe.comm", c.probe.comm);
+  add("probe.comm_max_age_ms", c.probe.comm_max_age_ms);
+  add("front.listen", c.front.listen.ToString());
+  add("front.queue_timeout_ms", c.front.queue_timeout_ms);
+  add("front.max_queued", c.front.max_queued);
+  add("admin.listen", c.admin.listen.ToString());
+  add("supervisor.restart_backoff_ms", c.supervisor.restart_backoff_ms);
+  add("supervisor.restart_backoff_max_ms", c.supervisor.restart_backoff_max_ms);
+  add("supervisor.max_restarts", c.supervisor.max_restarts);
+  add("supervisor.restart_window_ms", c.supervisor.restart_window_ms);
+  add("supervisor.rollout_watch_ms", c.supervisor.rollout_watch_ms);
+  add("supervisor.control_socket", c.supervisor.control_socket);
+  add("supervisor.log_level", c.supervisor.log_level);
+  add("holder.binary", c.holder.binary);
+  add("holder.command", c.holder.command);
+  add("holder.ready_timeout_ms", c.holder.ready_timeout_ms);
+  add("kv.pool_mib", c.kv.pool_mib);
+  add("kv.scratch_mib", c.kv.scratch_mib);
+  return v;
+}
+
+bool ReloadPlan::roll() const {
+  for (const auto& c : changes) {
+    if (c.effect == ReloadEffect::kRoll) return true;
+  }
+  return false;
+}
+
+bool ReloadPlan::at_once() const {
+  for (const auto& c : changes) {
+    if (c.effect == ReloadEffect::kAtOnce) return true;
+  }
+  return false;
+}
+
+ReloadPlan PlanReload(const Config& running, const Config& next) {
+  ReloadPlan plan;
+  auto before = ConfigValues(running);
+  auto after = ConfigValues(next);
+  for (size_t i = 0; i < before.size() && i < after.size(); ++i) {
+    if (before[i].second == after[i].second) continue;
+    ReloadChange ch;
+    ch.key = after[i].first;
+    ch.effect = EffectOf(ch.key);
+    ch.before = before[i].second;
+    ch.after = after[i].second;
+    auto w = next.where.find(ch.key);
+    ch.where = w != next.where.end() ? w->second : next.path + ":1:1";
+    if (ch.effect == ReloadEffect::kCold) {
+      const std::string shown_before = ch.before.size() > 120 ? ch.before.substr(0, 117) + "..." : ch.before;
+      plan.refused.push_back(Refused(ch.where + ": " + ch.key + ": cannot change while the node runs (it is " +
+                                     shown_before + "); put it back to reload the rest, or apply it with a cold "
+                                     "start (`wsup stop`, then `wsup start`)"));
+    }
+    plan.changes.push_back(std::move(ch));
+  }
+  return plan;
+}
+
+std::string EngineVersionText(const Config& c) {
+  json j = c.engine.command;
+  std::string out = j.dump();
+  if (!c.engine.env.empty()) {
+    json env = json::object();
+    for (const auto& [k, v] : c.engine.env) env[k] = v;
+    out += " env " + env.dump();
+  }
+  return out;
+}
+
+}  // namespace wsup

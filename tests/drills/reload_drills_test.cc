@@ -1,0 +1,230 @@
+// Rolling upgrades on a real node under load (issue 16, acceptance 1):
+// config/demo.toml copied into the test's folder with the tested build's
+// engine command in its [engine] section, 8 clients (half streaming)
+// through the front, and `wsup reload` after the test rewrites the file:
+//   - a new engine version (an extra flag): both engines end on it, not one
+//     request fails, is lost or wrong, every attach is a cache hit, and the
+//     ledger has a `rollouts` row `done` with its steps;
+//   - a version that answers wrongly (its own, corrupted, weights): rolled
+//     back, the old active never stopped, not one request failed, a row
+//     `rolled_back` whose reason names the probe;
+//   - a changed model.path: refused at its line and column, the node
+//     untouched;
+//   - a reload while a roll runs: refused, saying so.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/failover_drill.h"
+#include "bench/failover_load.h"
+#include "state/report.h"
+#include "tests/drills/drill_node.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+// demo.toml with its [engine] command replaced by `command` (a TOML array)
+// and its model path by `model`.
+std::string DemoWith(const std::string& command, const std::string& model) {
+  std::string text = test::ReadAll(std::string(WSUP_SOURCE_DIR) + "/config/demo.toml");
+  const size_t at = text.find("\ncommand = [");
+  REQUIRE(at != std::string::npos);
+  const size_t end = text.find("]\n", at);
+  REQUIRE(end != std::string::npos);
+  text.replace(at + 1, end + 1 - (at + 1), "command = " + command);
+  const size_t p = text.find("\npath = \"");
+  REQUIRE(p != std::string::npos);
+  const size_t pe = text.find('\n', p + 1);
+  text.replace(p + 1, pe - (p + 1), "path = \"" + model + "\"");
+  return text;
+}
+
+void Write(const std::string& path, const std::string& text) {
+  // Written whole to a new name and renamed: the supervisor never reads half a file.
+  std::ofstream(path + ".new") << text;
+  std::filesystem::rename(path + ".new", path);
+}
+
+json EngineOf(const json& status, const std::string& role) {
+  for (const auto& e : status.value("engines", json::array())) {
+    if (e.value("role", "") == role) return e;
+  }
+  return json();
+}
+
+struct Totals {
+  int64_t requests = 0, ok = 0, not_ok = 0;
+  std::string examples;
+};
+Totals Count(const std::vector<bench::RequestRecord>& records) {
+  Totals t;
+  for (const auto& r : records) {
+    if (r.client < 0) continue;  // the prober
+    ++t.requests;
+    if (r.outcome == bench::Outcome::kOk) {
+      ++t.ok;
+    } else {
+      ++t.not_ok;
+      if (t.examples.size() < 2000) t.examples += std::string(bench::OutcomeName(r.outcome)) + ": " + r.detail + "\n";
+    }
+  }
+  return t;
+}
+
+TEST_CASE("reload: a new engine version rolls standby first under load, a wrong one rolls back, cold keys are refused",
+          "[drills][reload]") {
+  if (!test::HaveTestData("llama-tiny-f32")) {
+    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    return;
+  }
+  auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
+  REQUIRE(golden.ok());
+  test::TempDir files;
+  const std::string cfg = files.Join("node.toml");
+  const std::string model = test::TestData("llama-tiny-f32");
+  Write(cfg, DemoWith(test::EngineCommandToml(true), model));
+  test::DrillNodeSpec spec;
+  spec.config_file = cfg;
+  spec.command_in_file = true;
+  // A short watch window keeps the test short; the roll still waits for it.
+  spec.sets = {"supervisor.rollout_watch_ms=1000"};
+  test::DrillNode node(spec);
+  node.Start();
+  INFO(node.Log());
+  REQUIRE(node.WaitServing());
+
+  bench::LoadOptions lo;
+  lo.port = node.FrontPort();
+  lo.clients = 8;
+  lo.request_timeout_ms = 60'000;
+  bench::LoadGenerator load(lo, *golden);
+  load.Start();
+  REQUIRE(test::WaitFor([&] { return load.completed() >= 16; }, 60s));
+
+  // 1. A new version: both engines end on it.
+  const int64_t t_roll = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+  Write(cfg, DemoWith(test::EngineCommandToml(true, {"--max-batch", "16"}), model));
+  auto r = node.Cli({"reload", "--json"});
+  INFO(r.output << node.LogTails());
+  REQUIRE(r.exit_code == 0);
+  json done = json::parse(r.output);
+  CHECK(done.value("outcome", "") == "done");
+  CHECK(done["steps"].size() >= 7);
+  REQUIRE(node.WaitServing());
+  auto st = node.Status();
+  REQUIRE(st);
+  for (const auto& e : (*st)["engines"]) {
+    INFO(e.dump());
+    CHECK(e.value("version", "").find("--max-batch") != std::string::npos);
+  }
+  CHECK((*st)["rollout"]["last"].value("outcome", "") == "done");
+
+  // 2. A version that answers wrongly: its own weights, corrupted.
+  test::TempDir bad;
+  for (const auto& f : std::filesystem::directory_iterator(model)) {
+    std::filesystem::copy_file(f.path(), bad.Join(f.path().filename()));
+  }
+  {
+    std::fstream fs(bad.Join("model.safetensors"), std::ios::in | std::ios::out | std::ios::binary);
+    fs.seekp(-4096, std::ios::end);
+    std::string junk(2048, '\x7f');
+    fs.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  const json active_before = EngineOf(*st, "active");
+  const std::string wrong = "[\"" + test::BinPath("wsup-engine") + "\", \"--model\", \"" + bad.path() +
+                            "\", \"--port\", \"{port}\", \"--weight-cache\", \"off\", \"--kv-cache-mib\", \"8\"]";
+  Write(cfg, DemoWith(wrong, model));
+  auto back = node.Cli({"reload", "--json"});
+  INFO(back.output);
+  CHECK(back.exit_code == 1);
+  json rb = json::parse(back.output);
+  CHECK(rb.value("outcome", "") == "rolled_back");
+  CHECK(rb.value("reason", "").find("probe") != std::string::npos);
+  REQUIRE(node.WaitServing());
+  st = node.Status();
+  REQUIRE(st);
+  // The old active never stopped: the same process serves.
+  CHECK(EngineOf(*st, "active").value("pid", 0) == active_before.value("pid", -1));
+  for (const auto& e : (*st)["engines"]) {
+    INFO(e.dump());
+    CHECK(e.value("version", "").find("--max-batch") != std::string::npos);
+  }
+
+  // 3. A cold key: refused at its place in the file, nothing touched.
+  std::string moved = DemoWith(test::EngineCommandToml(true, {"--max-batch", "16"}), model + "-elsewhere");
+  Write(cfg, moved);
+  auto cold = node.Cli({"reload"});
+  INFO(cold.output);
+  CHECK(cold.exit_code == 1);
+  CHECK(cold.output.find(cfg + ":") != std::string::npos);
+  CHECK(cold.output.find(": model.path: cannot change while the node runs") != std::string::npos);
+  auto after_cold = node.Status();
+  REQUIRE(after_cold);
+  for (const char* role : {"active", "standby"}) {
+    CHECK(EngineOf(*after_cold, role).value("pid", 0) == EngineOf(*st, role).value("pid", -1));
+  }
+
+  // 4. Two at once: the second is refused while the first runs.
+  Write(cfg, DemoWith(test::EngineCommandToml(true, {"--max-batch", "8"}), model));
+  auto first = std::async(std::launch::async, [&] { return node.Cli({"reload", "--json"}); });
+  REQUIRE(test::WaitFor(
+      [&] {
+        auto s = node.Status();
+        return s && (*s)["rollout"].value("in_progress", false);
+      },
+      30s));
+  auto second = node.Cli({"reload"});
+  INFO(second.output);
+  CHECK(second.exit_code == 1);
+  CHECK(second.output.find("a rollout is in progress") != std::string::npos);
+  auto first_done = first.get();
+  INFO(first_done.output);
+  CHECK(first_done.exit_code == 0);
+  REQUIRE(node.WaitServing());
+
+  load.Stop();
+  Totals t = Count(load.records());
+  INFO(t.examples << node.LogTails());
+  CHECK(t.requests > 0);
+  CHECK(t.not_ok == 0);
+  CHECK(t.ok == t.requests);
+
+  // The ledger: every attach since the first reload a hit, and the rows.
+  auto reader = LedgerReader::Open(node.dir().Join("state/wsup.db"));
+  REQUIRE(reader.ok());
+  auto events = reader->CacheEvents(t_roll);
+  REQUIRE(events.ok());
+  int attaches = 0;
+  for (const auto& e : *events) {
+    if (e.mode == "off") continue;  // the wrong version loads its own weights
+    INFO("cache event " << e.id << " slot " << e.slot << " " << e.result);
+    CHECK(e.result == "hit");
+    ++attaches;
+  }
+  CHECK(attaches >= 4);
+  auto rolls = reader->Rollouts();
+  REQUIRE(rolls.ok());
+  std::vector<std::string> outcomes;
+  for (const auto& ro : *rolls) outcomes.push_back(ro.outcome);
+  CHECK(outcomes == std::vector<std::string>{"done", "rolled_back", "refused", "done"});
+  REQUIRE(rolls->size() == 4);
+  CHECK((*rolls)[0].command_after.find("--max-batch") != std::string::npos);
+  CHECK((*rolls)[0].command_before.find("--max-batch") == std::string::npos);
+  CHECK((*rolls)[1].reason.find("probe") != std::string::npos);
+  CHECK((*rolls)[2].reason.find("model.path") != std::string::npos);
+  auto rep = node.Cli({"report"});
+  CHECK(rep.output.find("rollouts: 4") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace wsup

@@ -1,0 +1,117 @@
+// What a reload may change (supervisor/reload_plan.h): the engine version
+// rolls, probe and policy settings apply at once, everything that needs a
+// cold start is refused with its location in the file.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+
+#include "supervisor/reload_plan.h"
+#include "tests/test_util.h"
+
+namespace wsup {
+namespace {
+
+const char* kBase = R"([node]
+name = "n"
+state_dir = "/tmp/s"
+runtime_dir = "/tmp/r"
+
+[model]
+path = "/models/a"
+
+[engine]
+command = ["/bin/engine", "--port", "{port}"]
+primary_port = 8001
+standby_port = 8002
+
+[probe]
+prompt = "Hello"
+expect = " world"
+
+[front]
+listen = "127.0.0.1:8000"
+
+[admin]
+listen = "127.0.0.1:9090"
+)";
+
+Config Parse(const std::string& text) {
+  auto c = ParseConfig(text, "/etc/wsup/n.toml");
+  if (!c.ok()) FAIL(c.error().message());
+  return std::move(*c);
+}
+
+std::string Replace(std::string text, const std::string& from, const std::string& to) {
+  auto at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  return text.replace(at, from.size(), to);
+}
+
+TEST_CASE("reload plan: nothing changed, nothing to do", "[reload]") {
+  ReloadPlan p = PlanReload(Parse(kBase), Parse(kBase));
+  CHECK(p.changes.empty());
+  CHECK(p.refused.empty());
+  CHECK_FALSE(p.roll());
+}
+
+TEST_CASE("reload plan: a new engine command or env rolls, probe and policy settings apply at once", "[reload]") {
+  std::string next = Replace(kBase, "\"--port\", \"{port}\"]", "\"--port\", \"{port}\", \"--max-batch\", \"8\"]");
+  next += "\n[supervisor]\nmax_restarts = 9\n";
+  next = Replace(next, "expect = \" world\"", "expect = \" world\"\ninterval_ms = 2000");
+  ReloadPlan p = PlanReload(Parse(kBase), Parse(next));
+  INFO(p.changes.size());
+  CHECK(p.refused.empty());
+  CHECK(p.roll());
+  CHECK(p.at_once());
+  std::set<std::string> keys;
+  for (const auto& c : p.changes) keys.insert(c.key + "=" + ReloadEffectName(c.effect));
+  CHECK(keys == std::set<std::string>{"engine.command=roll", "probe.interval_ms=at_once", "supervisor.max_restarts=at_once"});
+  std::string env = Replace(kBase, "[probe]", "env = { NCCL_DEBUG = \"WARN\" }\n\n[probe]");
+  ReloadPlan e = PlanReload(Parse(kBase), Parse(env));
+  REQUIRE(e.changes.size() == 1);
+  CHECK(e.changes[0].key == "engine.env");
+  CHECK(e.roll());
+  CHECK(EngineVersionText(Parse(env)).find("NCCL_DEBUG") != std::string::npos);
+}
+
+TEST_CASE("reload plan: a cold key is refused at its line and column, naming the fix", "[reload]") {
+  std::string next = Replace(kBase, "path = \"/models/a\"", "path = \"/models/b\"");
+  next = Replace(next, "listen = \"127.0.0.1:8000\"", "listen = \"127.0.0.1:8003\"");
+  next = Replace(next, "expect = \" world\"", "expect = \" world\"\nfailures = 5");
+  ReloadPlan p = PlanReload(Parse(kBase), Parse(next));
+  REQUIRE(p.refused.size() == 2);
+  CHECK(p.refused[0].message().rfind("/etc/wsup/n.toml:7:8: model.path: cannot change while the node runs", 0) == 0);
+  CHECK(p.refused[0].message().find("wsup stop") != std::string::npos);
+  CHECK(p.refused[1].message().rfind("/etc/wsup/n.toml:", 0) == 0);
+  CHECK(p.refused[1].message().find("front.listen:") != std::string::npos);
+  // The at-once change is listed too; the caller refuses the whole reload.
+  CHECK(p.at_once());
+  // Keys set by --set are located there.
+  auto a = ParseConfig(kBase, "/etc/wsup/n.toml", {"parallel.tp=1"});
+  auto b = ParseConfig(kBase, "/etc/wsup/n.toml", {"weight_cache.mode=off"});
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  ReloadPlan s = PlanReload(*a, *b);
+  REQUIRE(s.refused.size() == 1);
+  CHECK(s.refused[0].message().rfind("--set:1:", 0) == 0);
+  CHECK(s.refused[0].message().find("weight_cache.mode") != std::string::npos);
+}
+
+TEST_CASE("reload plan: every key of the schema has an effect, and only the version rolls", "[reload]") {
+  Config c = Parse(kBase);
+  auto values = ConfigValues(c);
+  CHECK(values.size() >= 40);
+  for (const auto& [key, value] : values) {
+    INFO(key);
+    CHECK(c.where.count(key) == 1);
+    if (EffectOf(key) == ReloadEffect::kRoll) CHECK((key == "engine.command" || key == "engine.env"));
+  }
+  CHECK(EffectOf("kv.pool_mib") == ReloadEffect::kCold);
+  CHECK(EffectOf("probe.expect") == ReloadEffect::kAtOnce);
+  CHECK(EffectOf("front.queue_timeout_ms") == ReloadEffect::kAtOnce);
+  CHECK(EffectOf("supervisor.control_socket") == ReloadEffect::kCold);
+}
+
+}  // namespace
+}  // namespace wsup
