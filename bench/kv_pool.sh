@@ -15,6 +15,7 @@
 #
 #   bench/kv_pool.sh OUTDIR [BIN_DIR]   # DEVICE=cuda:0 POOL_MIB=2048 SCRATCH_MIB=64 BIG_POOL_MIB=65536
 #                                       # FULL_LEFT_GIB=4 DRILLS=10 LOAD_SECS=5 DOC=docs/benchmarks.md
+#                                       # ORDER=private-first|pool-first
 # Writes OUTDIR/kv_pool.md and the section of DOC (default: none).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,8 +31,13 @@ big_pool_mib=${BIG_POOL_MIB:-65536}
 full_left_gib=${FULL_LEFT_GIB:-4}
 export DEVICE="$device" DRILLS="${DRILLS:-10}" LOAD_SECS="${LOAD_SECS:-5}"
 
-KV_MIB="$pool_mib" KV_POOL_MIB=0 bash "$here/node.sh" "$out/private" "$bin" > "$out/private.log" 2>&1
-KV_POOL_MIB="$pool_mib" SCRATCH_MIB="$scratch_mib" bash "$here/node.sh" "$out/pool" "$bin" > "$out/pool.log" 2>&1
+# ORDER=pool-first runs the pool node before the private one (the runs are
+# sequential on one GPU; swapping them shows whether the order matters).
+run_private() { KV_MIB="$pool_mib" KV_POOL_MIB=0 bash "$here/node.sh" "$out/private" "$bin" > "$out/private.log" 2>&1; }
+run_pool() {
+  KV_POOL_MIB="$pool_mib" SCRATCH_MIB="$scratch_mib" bash "$here/node.sh" "$out/pool" "$bin" > "$out/pool.log" 2>&1
+}
+if [ "${ORDER:-private-first}" = pool-first ]; then run_pool; run_private; else run_private; run_pool; fi
 fill=0
 if [ "$device" != cpu ] && [ "$big_pool_mib" != 0 ]; then
   # What the node needs besides the pool, from the pool run: the weights and

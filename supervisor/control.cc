@@ -182,9 +182,8 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   rec.swapped_ms = swapped;
   auto id = LedgerResult(ledger_->RecordFailover(rec), "planned failover");
   metrics_.failovers[rec.trigger]++;
-  // Planned: the old engine lives on, as the standby.
-  TrackFailover(id, act.name, false, promoted ? stby.name : "", fault);
-  if (tail_) tail_->await_gone = false;
+  // Planned: the old engine lives on, as the standby (no exit to record).
+  TrackFailover(id, act.name, FromEngine::kLivesOn, promoted ? stby.name : "", fault);
   std::vector<std::shared_ptr<JsonConn>> waiters;
   if (c) waiters.push_back(c);
   pending_ = PendingFailover{id ? *id : 0, act.name, promoted ? stby.name : "", fault, fault, swapped,

@@ -71,7 +71,7 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   rec.swapped_ms = swapped;
   auto id = LedgerResult(ledger_->RecordFailover(rec), "failover");
   metrics_.failovers[rec.trigger]++;
-  TrackFailover(id, failed.name, failed.pid != 0, to_name, fault_ms);
+  TrackFailover(id, failed.name, failed.pid != 0 ? FromEngine::kExiting : FromEngine::kExited, to_name, fault_ms);
   failed.recovery_cause = rec.trigger;
   failed.recovery_fault_ms = fault_ms;
   if (id) failed.recovery_failover_id = *id;
@@ -93,13 +93,13 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   }
 }
 
-void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::string& from, bool from_alive,
+void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old,
                                      const std::string& to, int64_t fault_ms) {
   if (!id) return;
   tail_ = FailoverTimes{*id, from, to, fault_ms, false, false};
-  if (from_alive) {
+  if (old == FromEngine::kExiting) {
     tail_->await_gone = true;
-  } else {
+  } else if (old == FromEngine::kExited) {
     // Reaped already (an adopted engine, seen through its pidfd alone).
     LedgerResult(ledger_->SetFailoverGone(*id, clock_.WallMs()), "failover gone");
   }

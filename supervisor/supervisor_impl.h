@@ -306,7 +306,10 @@ class Supervisor::Impl {
   void CompletePending(int64_t first_ok_ms);
   // The failover's row gets gone_ms once `from`'s process exits (a crash:
   // `from_alive`) and, with a KV pool, kv_full_ms once `to` maps it.
-  void TrackFailover(std::optional<int64_t> id, const std::string& from, bool from_alive, const std::string& to,
+  // The old engine of a failover: its exit still to come (gone_ms then),
+  // already seen (gone_ms now), or none (a planned swap: no gone_ms).
+  enum class FromEngine { kExiting, kExited, kLivesOn };
+  void TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old, const std::string& to,
                      int64_t fault_ms);
   void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
                          int64_t since_mono);

@@ -61,7 +61,7 @@ void DrillNode::Start() {
     a.push_back("--set");
     a.push_back(s);
   }
-  sup_ = Child::Start(a, dir_.Join("supervisor.log"));
+  sup_ = Child::Start(a, dir_.Join("supervisor.log"), {}, spec_.env);
 }
 
 namespace {

@@ -46,6 +46,8 @@ struct DrillNodeSpec {
   // the others.
   std::string config_file;
   bool command_in_file = false;
+  // Added to the supervisor's environment (NOTIFY_SOCKET, say).
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 // The tested build's engine command as a TOML array (what Start() sets,

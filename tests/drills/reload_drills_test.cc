@@ -13,7 +13,16 @@
 //   - a reload while a roll runs: refused, saying so.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <mutex>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -52,6 +61,58 @@ void Write(const std::string& path, const std::string& text) {
   // Written whole to a new name and renamed: the supervisor never reads half a file.
   std::ofstream(path + ".new") << text;
   std::filesystem::rename(path + ".new", path);
+}
+
+// A service manager's notification socket, as systemd's: every datagram
+// the supervisor sends (READY=1, RELOADING=1, STATUS=...), read on a
+// thread so the sender never finds the queue full.
+class NotifyListener {
+ public:
+  explicit NotifyListener(const std::string& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    REQUIRE(path.size() < sizeof(a.sun_path));
+    std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    thread_ = std::thread([this] {
+      char buf[4096];
+      while (!stop_) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 50) <= 0) continue;
+        ssize_t n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+        if (n <= 0) continue;
+        std::lock_guard<std::mutex> lk(mu_);
+        got_.emplace_back(buf, static_cast<size_t>(n));
+      }
+    });
+  }
+  ~NotifyListener() {
+    stop_ = true;
+    thread_.join();
+    ::close(fd_);
+  }
+  std::vector<std::string> Messages() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return got_;
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::mutex mu_;
+  std::vector<std::string> got_;
+};
+
+// Index of the first message at or after `from` that contains `what`; -1 if none.
+int Find(const std::vector<std::string>& m, const std::string& what, int from = 0) {
+  for (int i = std::max(from, 0); i < static_cast<int>(m.size()); ++i) {
+    if (m[static_cast<size_t>(i)].find(what) != std::string::npos) return i;
+  }
+  return -1;
 }
 
 json EngineOf(const json& status, const std::string& role) {
@@ -97,6 +158,9 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   spec.command_in_file = true;
   // A short watch window keeps the test short; the roll still waits for it.
   spec.sets = {"supervisor.rollout_watch_ms=1000"};
+  // What systemd would be told (Type=notify, ExecReload=wsup reload).
+  NotifyListener notify(files.Join("notify.sock"));
+  spec.env = {{"NOTIFY_SOCKET", files.Join("notify.sock")}};
   test::DrillNode node(spec);
   node.Start();
   INFO(node.Log());
@@ -128,6 +192,20 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     CHECK(e.value("version", "").find("--max-batch") != std::string::npos);
   }
   CHECK((*st)["rollout"]["last"].value("outcome", "") == "done");
+  {
+    // The unit went active, then reloading, then active again once the
+    // roll was done.
+    auto m = notify.Messages();
+    const int ready = Find(m, "READY=1");
+    const int reloading = Find(m, "RELOADING=1", ready + 1);
+    const int back = Find(m, "READY=1", reloading + 1);
+    INFO(json(m).dump(1));
+    CHECK(ready >= 0);
+    CHECK(reloading > ready);
+    if (reloading >= 0) CHECK(m[static_cast<size_t>(reloading)].find("MONOTONIC_USEC=") != std::string::npos);
+    CHECK(back > reloading);
+    if (back >= 0) CHECK(m[static_cast<size_t>(back)].find("rollout done") != std::string::npos);
+  }
 
   // 2. A version that answers wrongly: its own weights, corrupted.
   test::TempDir bad;
