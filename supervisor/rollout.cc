@@ -69,22 +69,25 @@ void Supervisor::Impl::Reload(std::shared_ptr<JsonConn> c, const std::string& wh
     reply({{"ok", true}, {"outcome", "unchanged"}, {"changes", changes}});
     return;
   }
+  Slot* act = Active();
+  Slot* stby = act ? Other(act) : nullptr;
+  if (plan.roll()) {
+    // All or nothing: a roll that cannot begin leaves every setting as it was.
+    std::string refuse = !act                                   ? "no active engine serves"
+                         : stby->state != SlotState::kStandby   ? "the standby (" + stby->name + ") is " +
+                                                                    SlotStateName(stby->state) + ", not proven ready"
+                         : pending_                             ? "a failover is in progress"
+                                                                : "";
+    if (!refuse.empty()) {
+      refuse += "; a rollout needs an active engine and a proven standby: reload again once `wsup status` shows both";
+      reply({{"ok", false}, {"outcome", "refused"}, {"error", refuse}, {"changes", changes}});
+      return;
+    }
+  }
   ApplyAtOnce(*next, plan);
   if (!plan.roll()) {
     spdlog::info("reload ({}): {} change(s) applied at once", why, plan.changes.size());
     reply({{"ok", true}, {"outcome", "applied"}, {"changes", changes}});
-    return;
-  }
-  Slot* act = Active();
-  Slot* stby = act ? Other(act) : nullptr;
-  std::string refuse = act ? (stby->state == SlotState::kStandby ? "" : "the standby (" + stby->name + ") is " +
-                                                                          SlotStateName(stby->state) +
-                                                                          ", not proven ready")
-                           : "no active engine serves";
-  if (!refuse.empty() || pending_) {
-    if (refuse.empty()) refuse = "a failover is in progress";
-    refuse += "; a rollout needs an active engine and a proven standby: reload again once `wsup status` shows both";
-    reply({{"ok", false}, {"outcome", "refused"}, {"error", refuse}, {"changes", changes}});
     return;
   }
   roll_.emplace();
@@ -113,13 +116,8 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
   Config::Engine engine = cfg_.engine;
   engine.ready_timeout_ms = next.engine.ready_timeout_ms;
   engine.stop_timeout_ms = next.engine.stop_timeout_ms;
-  const bool probe_changed = ConfigValues(cfg_) != ConfigValues(next) &&
-                             [&] {
-                               for (const auto& ch : plan.changes) {
-                                 if (ch.key.rfind("probe.", 0) == 0) return true;
-                               }
-                               return false;
-                             }();
+  bool probe_changed = false;
+  for (const auto& ch : plan.changes) probe_changed |= ch.key.rfind("probe.", 0) == 0;
   cfg_.probe = next.probe;
   cfg_.supervisor = next.supervisor;
   cfg_.front.queue_timeout_ms = next.front.queue_timeout_ms;
@@ -147,7 +145,19 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
 }
 
 void Supervisor::Impl::RollOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause) {
-  if (!roll_ || from == to) return;
+  if (from == to) return;
+  if (!roll_) {
+    // A slot a rolled-back roll was still stopping: back with the old version.
+    if (to == SlotState::kStopped && s.respawn_after_stop && !stopping_) {
+      s.respawn_after_stop = false;
+      std::string name = s.name;
+      After(0, [this, name] {
+        Slot* sp = SlotByName(name);
+        if (sp && !stopping_ && sp->state == SlotState::kStopped) SpawnEngine(*sp);
+      });
+    }
+    return;
+  }
   const Roll& r = *roll_;
   const bool is_new = s.name == r.new_slot;
   const bool is_old = s.name == r.old_slot;
@@ -273,6 +283,10 @@ void Supervisor::Impl::RollFire(RollEvent event, const std::string& why) {
           s->recovery_cause = "rollout rolled back";
           s->recovery_fault_ms = clock_.WallMs();
           std::string name = s->name;
+          if (s->state == SlotState::kStopping) {
+            s->respawn_after_stop = true;  // started again once its exit comes
+            continue;
+          }
           After(0, [this, name] {
             Slot* sp = SlotByName(name);
             if (sp && !stopping_ && sp->state == SlotState::kStopped) SpawnEngine(*sp);

@@ -150,6 +150,7 @@ class Supervisor::Impl {
     // and env), instead of cfg_.engine's; none outside a rollout.
     std::optional<Config::Engine> version;
     std::string version_text;  // what the running process was started with (EngineVersionText)
+    bool respawn_after_stop = false;  // a rollout rolled back while this slot was stopping
   };
 
   // ---- a weight holder (one per rank, daemon mode)
