@@ -416,6 +416,9 @@ class Supervisor::Impl {
   std::optional<PendingFailover> pending_;
   // A rolling upgrade in progress (rollout.cc).
   struct Roll {
+    // User-provided: clang takes a nested class with member initializers
+    // for not default-constructible while the enclosing class is incomplete.
+    Roll() {}
     RollState state = RollState::kIdle;
     std::string new_slot, old_slot;
     Config next;               // the config read again; cfg_ until the roll ends
