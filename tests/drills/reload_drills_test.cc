@@ -10,7 +10,8 @@
 //     `rolled_back` whose reason names the probe;
 //   - a changed model.path: refused at its line and column, the node
 //     untouched;
-//   - a reload while a roll runs: refused, saying so.
+//   - a reload while a roll runs: refused, saying so;
+//   - a front setting: applied at once, nothing restarted.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -205,6 +206,28 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     if (reloading >= 0) CHECK(m[static_cast<size_t>(reloading)].find("MONOTONIC_USEC=") != std::string::npos);
     CHECK(back > reloading);
     if (back >= 0) CHECK(m[static_cast<size_t>(back)].find("rollout done") != std::string::npos);
+  }
+
+  // 1b. A setting that needs no restart: applied at once, the front told.
+  {
+    std::string text = DemoWith(test::EngineCommandToml(true, {"--max-batch", "16"}), model);
+    const size_t q = text.find("queue_timeout_ms = 10000");
+    REQUIRE(q != std::string::npos);
+    Write(cfg, text.replace(q, 24, "queue_timeout_ms = 20000"));
+    auto at_once = node.Cli({"reload", "--json"});
+    INFO(at_once.output);
+    CHECK(at_once.exit_code == 0);
+    json j = json::parse(at_once.output);
+    CHECK(j.value("outcome", "") == "applied");
+    REQUIRE(j["changes"].size() == 1);
+    CHECK(j["changes"][0].value("key", "") == "front.queue_timeout_ms");
+    CHECK(j["changes"][0].value("effect", "") == "at_once");
+    CHECK(test::WaitFor(
+        [&] {
+          return test::ReadAll(node.dir().Join("state/logs/front.log")).find("queue timeout 20000 ms") !=
+                 std::string::npos;
+        },
+        10s));
   }
 
   // 2. A version that answers wrongly: its own weights, corrupted.
