@@ -11,10 +11,14 @@
 //   - a changed model.path: refused at its line and column, the node
 //     untouched;
 //   - a reload while a roll runs: refused, saying so;
-//   - a front setting: applied at once, nothing restarted.
+//   - a front setting: applied at once, nothing restarted;
+//   - a new version that fails as the active engine in the watch window
+//     (the test kills it): its crash fails over to the old version, and
+//     the roll is rolled back.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -42,9 +46,10 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-// demo.toml with its [engine] command replaced by `command` (a TOML array)
-// and its model path by `model`.
-std::string DemoWith(const std::string& command, const std::string& model) {
+// demo.toml with its [engine] command replaced by `command` (a TOML array),
+// its model path by `model`, and a rollout watch window of `watch_ms` (a
+// short one keeps the test short; the roll still waits for it).
+std::string DemoWith(const std::string& command, const std::string& model, int64_t watch_ms = 1000) {
   std::string text = test::ReadAll(std::string(WSUP_SOURCE_DIR) + "/config/demo.toml");
   const size_t at = text.find("\ncommand = [");
   REQUIRE(at != std::string::npos);
@@ -55,7 +60,8 @@ std::string DemoWith(const std::string& command, const std::string& model) {
   REQUIRE(p != std::string::npos);
   const size_t pe = text.find('\n', p + 1);
   text.replace(p + 1, pe - (p + 1), "path = \"" + model + "\"");
-  return text;
+  // [supervisor] is the file's last section.
+  return text + "rollout_watch_ms = " + std::to_string(watch_ms) + "\n";
 }
 
 void Write(const std::string& path, const std::string& text) {
@@ -157,8 +163,6 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   test::DrillNodeSpec spec;
   spec.config_file = cfg;
   spec.command_in_file = true;
-  // A short watch window keeps the test short; the roll still waits for it.
-  spec.sets = {"supervisor.rollout_watch_ms=1000"};
   // What systemd would be told (Type=notify, ExecReload=wsup reload).
   NotifyListener notify(files.Join("notify.sock"));
   spec.env = {{"NOTIFY_SOCKET", files.Join("notify.sock")}};
@@ -228,6 +232,47 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
                  std::string::npos;
         },
         10s));
+  }
+
+  // 1c. A new version that fails as the active engine within the watch
+  // window (the test kills it there): its crash fails over to the old
+  // version, still the standby, and the roll is rolled back.
+  {
+    Write(cfg, DemoWith(test::EngineCommandToml(true, {"--max-batch", "12"}), model, 120'000));
+    auto rolling = std::async(std::launch::async, [&] { return node.Cli({"reload", "--json"}); });
+    json watching;
+    REQUIRE(test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          if (!s || (*s)["rollout"].value("step", "") != "watching") return false;
+          watching = *s;
+          return true;
+        },
+        60s));
+    const json fresh = EngineOf(watching, "active");
+    INFO(fresh.dump());
+    REQUIRE(fresh.value("version", "").find("\"12\"") != std::string::npos);
+    REQUIRE(::kill(fresh.value("pid", 0), SIGKILL) == 0);
+    auto out = rolling.get();
+    INFO(out.output);
+    CHECK(out.exit_code == 1);
+    json j = json::parse(out.output);
+    CHECK(j.value("outcome", "") == "rolled_back");
+    CHECK(j.value("reason", "").find("engine " + fresh.value("slot", "") + " failed") != std::string::npos);
+    REQUIRE(node.WaitServing());
+    // Both on the old version again: the promoted old standby, and the
+    // killed slot restarted with it.
+    REQUIRE(test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          if (!s) return false;
+          for (const auto& e : (*s)["engines"]) {
+            const std::string v = e.value("version", "");
+            if (v.find("\"16\"") == std::string::npos || !e.value("semantic_ready", false)) return false;
+          }
+          return true;
+        },
+        60s));
   }
 
   // 2. A version that answers wrongly: its own weights, corrupted.
@@ -317,14 +362,15 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   REQUIRE(rolls.ok());
   std::vector<std::string> outcomes;
   for (const auto& ro : *rolls) outcomes.push_back(ro.outcome);
-  CHECK(outcomes == std::vector<std::string>{"done", "rolled_back", "refused", "done"});
-  REQUIRE(rolls->size() == 4);
+  CHECK(outcomes == std::vector<std::string>{"done", "rolled_back", "rolled_back", "refused", "done"});
+  REQUIRE(rolls->size() == 5);
   CHECK((*rolls)[0].command_after.find("--max-batch") != std::string::npos);
   CHECK((*rolls)[0].command_before.find("--max-batch") == std::string::npos);
-  CHECK((*rolls)[1].reason.find("probe") != std::string::npos);
-  CHECK((*rolls)[2].reason.find("model.path") != std::string::npos);
+  CHECK((*rolls)[1].reason.find("failed") != std::string::npos);
+  CHECK((*rolls)[2].reason.find("probe") != std::string::npos);
+  CHECK((*rolls)[3].reason.find("model.path") != std::string::npos);
   auto rep = node.Cli({"report"});
-  CHECK(rep.output.find("rollouts: 4") != std::string::npos);
+  CHECK(rep.output.find("rollouts: 5") != std::string::npos);
 }
 
 }  // namespace
