@@ -158,6 +158,15 @@ TEST_CASE("set_routes takes effect for the next request while in-flight ones fin
   REQUIRE(reply.has_value());
   CHECK((*reply)["ok"] == false);
   CHECK((*reply)["error"].get<std::string>().find("epoch") != std::string::npos);
+
+  // New queue limits (a reload): bad fields refused naming them, good ones taken.
+  reply = ctl.Call(json{{"type", "set_limits"}, {"queue_timeout_ms", -1}, {"max_queued", 5}});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == false);
+  CHECK((*reply)["error"].get<std::string>().find("queue_timeout_ms") != std::string::npos);
+  reply = ctl.Call(json{{"type", "set_limits"}, {"queue_timeout_ms", 2000}, {"max_queued", 5}});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == true);
   CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "B");
 }
 
