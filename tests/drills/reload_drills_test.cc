@@ -286,6 +286,9 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     std::string junk(2048, '\x7f');
     fs.write(junk.data(), static_cast<std::streamsize>(junk.size()));
   }
+  // The active engine as this case begins (case 1c moved the traffic).
+  st = node.Status();
+  REQUIRE(st);
   const json active_before = EngineOf(*st, "active");
   const std::string wrong = "[\"" + test::BinPath("wsup-engine") + "\", \"--model\", \"" + bad.path() +
                             "\", \"--port\", \"{port}\", \"--weight-cache\", \"off\", \"--kv-cache-mib\", \"8\"]";
