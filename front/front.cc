@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -166,8 +167,38 @@ nlohmann::json Front::HandleControl(const nlohmann::json& msg) {
         !mq->is_number_integer() || mq->get<int64_t>() < 0) {
       return ErrorReply("set_limits: fields 'queue_timeout_ms' and 'max_queued' must be non-negative integers");
     }
+    // Hedging: optional, all three or none (a supervisor from before hedging sends none).
+    std::optional<HedgeLimits> hedge;
+    if (msg.contains("hedge_after_ms") || msg.contains("hedge_percent") || msg.contains("hedge_burst")) {
+      HedgeLimits h;
+      int64_t percent = -1, burst = -1;
+      for (auto [key, out] : {std::pair<const char*, int64_t*>{"hedge_after_ms", &h.after_ms},
+                              {"hedge_percent", &percent},
+                              {"hedge_burst", &burst}}) {
+        auto it = msg.find(key);
+        if (it == msg.end() || !it->is_number_integer()) {
+          return ErrorReply(std::string("set_limits: field '") + key +
+                            "' is missing or not an integer; send hedge_after_ms, hedge_percent and hedge_burst "
+                            "together");
+        }
+        *out = it->get<int64_t>();
+      }
+      // Out of int's range: Check() refuses the clamped value with the range.
+      h.percent = static_cast<int>(std::clamp<int64_t>(percent, -1, 1'000'001));
+      h.burst = static_cast<int>(std::clamp<int64_t>(burst, -1, 1'000'001));
+      if (Status st = h.Check(); !st.ok()) return ErrorReply("set_limits: " + st.error().message());
+      hedge = h;
+    }
     proxy_->SetLimits(qt->get<int64_t>(), static_cast<size_t>(mq->get<int64_t>()));
     spdlog::info("front: queue timeout {} ms, at most {} queued", qt->get<int64_t>(), mq->get<int64_t>());
+    if (hedge) {
+      proxy_->SetHedging(*hedge);
+      spdlog::info("front: hedging {}", hedge->after_ms > 0 ? "after " + std::to_string(hedge->after_ms) +
+                                                                   " ms of silence, " +
+                                                                   std::to_string(hedge->percent) + "% + " +
+                                                                   std::to_string(hedge->burst) + " saved"
+                                                             : std::string("off"));
+    }
     return {{"ok", true}};
   }
   return ErrorReply("control: unknown message type '" + t.substr(0, 64) +
@@ -247,6 +278,13 @@ int FrontMain(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-queued", max_queued, "requests that may wait for an engine at once")
       ->check(CLI::PositiveNumber);
+  app.add_option("--hedge-after-ms", o.proxy.hedge_after_ms,
+                 "silence from the active engine after which a request is sent to the standby too (0: never)")
+      ->check(CLI::Range(int64_t{0}, int64_t{3'600'000}));
+  app.add_option("--hedge-percent", o.proxy.hedge_percent, "hedges earned per 100 requests")
+      ->check(CLI::Range(0, 100));
+  app.add_option("--hedge-burst", o.proxy.hedge_burst, "hedges that can be saved up (and the starting balance)")
+      ->check(CLI::Range(1, 1'000'000));
   app.add_option("--ready-fd", o.ready_fd, "fd that gets one line 'listening on HOST:PORT' once serving");
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));

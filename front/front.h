@@ -15,9 +15,14 @@
 //     "epoch":..,"inflight":{addr:n},"queued":n,"down":{..},"counters":{..},
 //     "backends":{addr:{..,"failed_at_ms"?,"last_ok_ms"?}},"events":[..]}
 //   anything else -> {"ok":false,"error":"..."}
+//   {"type":"set_limits","queue_timeout_ms":N,"max_queued":N
+//    [,"hedge_after_ms":N,"hedge_percent":N,"hedge_burst":N]} -> {"ok":true}
 // Events pushed to every control client: {"type":"event","kind":"switched",
-// "from","to","reason","epoch","at_ms"} and {"type":"event","kind":"first_ok",
-// "backend","epoch","at_ms"}. The last 64 of them are also kept and returned
+// "from","to","reason","epoch","at_ms"}, {"type":"event","kind":"first_ok",
+// "backend","epoch","at_ms"[,"hedged":true]} and {"type":"event","kind":"silent","backend",
+// "silent","inflight","after_ms","last_byte_ms","epoch","at_ms"} (most
+// requests on the active engine have had no byte for after_ms; last_byte_ms
+// is when it last sent one, 0 if never). The last 64 of them are also kept and returned
 // by status as "events", oldest first: a supervisor that was not connected
 // when the front switched by itself learns what happened and when.
 //

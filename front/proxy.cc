@@ -87,9 +87,24 @@ class ProxyCall final : public UpstreamListener {
   void CheckFlow();
   bool ResumeIfDrained(size_t low);
 
+  // Hedging (Proxy::OnHedgeTimer). True when the call has waited at least
+  // `after_ms` for a byte from the engine it was sent to, and can be sent
+  // to another one: nothing reached the client yet, or it is a stream that
+  // can be resumed after the tokens it delivered.
+  bool Silent(int64_t now, int64_t after_ms) const;
+  bool CanHedge() const;
+  bool hedged() const { return HedgePending(); }
+  Backend* backend() const { return backend_; }
+  // Sends the request (or the stream's resume request) to `b` as well.
+  void Hedge(Backend* b);
+  // From the hedge's listener.
+  void OnHedgeProgress();
+  void OnHedgeError(const UpstreamError& e);
+
   int64_t deadline_ms = 0;
   std::list<ProxyCall*>::iterator queue_pos;
   bool queued = false;
+  bool hedge_refused = false;  // the budget was spent when it was silent (counted once)
 
  private:
   enum class Mode { kNone, kBuffer, kStream, kSse };
@@ -103,7 +118,11 @@ class ProxyCall final : public UpstreamListener {
   };
 
   void OnClientGone();
-  void BuildHead(const Backend* b);
+  void BuildHead(const Backend* b, std::string_view body, std::string* out) const;
+  bool HedgePending() const;
+  void AdoptHedge();
+  void EndHedge(const char* why);
+  void Heard();
   void ResetAttempt();
   void Fail502(const UpstreamError& e, const std::string& backend);
   void Finish();
@@ -135,6 +154,65 @@ class ProxyCall final : public UpstreamListener {
   std::string resp_body_;
   std::string out_;
   int64_t start_ms_ = 0;
+  int64_t last_byte_ms_ = 0;  // loop time of the engine's latest byte, or of the attempt's start
+  bool answer_pending_ = false;  // a 2xx head came; the answer counts as good at its first body byte
+
+  // Hedges: at most one pending at a time (hedge_, the latest), and a few in
+  // the call's life (a call adopted by a hedge may be caught by the next
+  // hang). All are kept until the call ends: the connection one of them
+  // handed over sends that leg's head and body.
+  static constexpr size_t kMaxHedges = 4;
+  std::vector<std::unique_ptr<class HedgeLeg>> hedges_;
+  class HedgeLeg* hedge_ = nullptr;
+};
+
+// The second attempt of a hedged call, on the standby. What the standby
+// sends is held here until the call decides: the first of the two engines
+// to answer wins, and the other's connection is closed.
+class HedgeLeg final : public UpstreamListener {
+ public:
+  explicit HedgeLeg(ProxyCall* call) : call_(call) {}
+
+  void OnUpstreamHead(int s, std::vector<Header>* h) override {
+    status = s;
+    has_head = true;
+    const std::string* content_type = FindHeader(*h, "Content-Type");
+    event_stream = content_type && StartsWithNoCase(*content_type, "text/event-stream");
+    headers = std::move(*h);
+    call_->OnHedgeProgress();
+  }
+  void OnUpstreamBody(std::string_view data) override {
+    got.append(data);
+    call_->OnHedgeProgress();
+  }
+  void OnUpstreamDone() override {
+    conn = nullptr;  // back in the pool
+    done = true;
+    call_->OnHedgeProgress();
+  }
+  void OnUpstreamError(const UpstreamError& e) override {
+    conn = nullptr;  // closed
+    call_->OnHedgeError(e);
+  }
+
+  enum class State { kPending, kAdopted, kEnded };
+  State state = State::kPending;
+  UpstreamConn* conn = nullptr;
+  Backend* backend = nullptr;
+  bool resume = false;  // continues a stream after the tokens the client already has
+  bool stale_retry_used = false;
+  std::string head;         // what it sends: the request's head ...
+  std::string resume_body;  // ... and body (this one for a resume, else the call's)
+  std::string_view body;
+  bool has_head = false;
+  bool event_stream = false;
+  bool done = false;
+  int status = 0;
+  std::vector<Header> headers;
+  std::string got;  // the response body so far
+
+ private:
+  ProxyCall* call_;
 };
 
 void ProxyCall::Start() {
@@ -168,7 +246,8 @@ void ProxyCall::Start() {
   proxy_->Dispatch(this);
 }
 
-void ProxyCall::BuildHead(const Backend* b) {
+void ProxyCall::BuildHead(const Backend* b, std::string_view body, std::string* out) const {
+  std::string& head_ = *out;
   const http::HttpRequest& r = writer_->request();
   const std::string* connection = r.FindHeader("Connection");
   head_.clear();
@@ -195,9 +274,9 @@ void ProxyCall::BuildHead(const Backend* b) {
   head_ += "X-Request-Id: ";
   head_ += r.request_id;
   head_ += "\r\n";
-  if (!body_.empty() || r.method == "POST" || r.method == "PUT" || r.method == "PATCH") {
+  if (!body.empty() || r.method == "POST" || r.method == "PUT" || r.method == "PATCH") {
     char len[32];
-    auto [end, ec] = std::to_chars(len, len + sizeof(len), body_.size());
+    auto [end, ec] = std::to_chars(len, len + sizeof(len), body.size());
     (void)ec;
     head_ += "Content-Length: ";
     head_.append(len, end);
@@ -212,13 +291,15 @@ void ProxyCall::Attempt(Backend* b) {
   backend_ = b;
   ++b->inflight;
   ResetAttempt();
-  BuildHead(b);
+  BuildHead(b, body_, &head_);
+  last_byte_ms_ = proxy_->now_ms();
   conn_ = proxy_->pool().Acquire(b, force_fresh_);
   force_fresh_ = false;
   conn_->Send(this, head_, body_, writer_->request().method == "HEAD");
 }
 
 void ProxyCall::ResetAttempt() {
+  answer_pending_ = false;
   if (resuming_) return;  // the client's head is out; only the engine side restarts
   mode_ = Mode::kNone;
   status_ = 0;
@@ -228,11 +309,12 @@ void ProxyCall::ResetAttempt() {
 
 void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
   Guard g(this);
+  Heard();
   const std::string* content_type = FindHeader(*headers, "Content-Type");
   bool event_stream = content_type && StartsWithNoCase(*content_type, "text/event-stream");
   if (resuming_) {
     if (status / 100 == 2 && event_stream) {
-      proxy_->BackendAnswered(backend_);
+      answer_pending_ = true;
       return;  // the continuation's events follow the ones already sent
     }
     spdlog::warn("front: request {}: resuming the stream on {} got status {} ({}); closing the client's connection",
@@ -243,7 +325,10 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
     return;
   }
   status_ = status;
-  if (status / 100 == 2) proxy_->BackendAnswered(backend_);
+  // A 2xx head of a whole answer is a good answer; a stream's (or a big
+  // body's) head only says the engine took the request: that one is good at
+  // its first body byte (OnUpstreamBody), as clients see it.
+  answer_pending_ = status / 100 == 2;
   // Copied: the headers are moved out below. (Usually "keep-alive": no allocation.)
   std::string connection;
   if (const std::string* c = FindHeader(*headers, "Connection")) connection = *c;
@@ -266,6 +351,10 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
     writer_->StartStream(status, std::move(resp_headers_));
   } else if (bodiless || announced <= proxy_->options().buffer_limit_bytes) {
     mode_ = Mode::kBuffer;
+    if (answer_pending_) {
+      answer_pending_ = false;
+      proxy_->BackendAnswered(backend_);
+    }
     if (announced != SIZE_MAX && !bodiless) resp_body_.reserve(announced);
   } else {
     mode_ = Mode::kStream;
@@ -275,6 +364,11 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
 
 void ProxyCall::OnUpstreamBody(std::string_view data) {
   Guard g(this);
+  Heard();
+  if (answer_pending_) {
+    answer_pending_ = false;
+    proxy_->BackendAnswered(backend_);
+  }
   switch (mode_) {
     case Mode::kBuffer:
       resp_body_.append(data);
@@ -329,9 +423,19 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
   backend_ = nullptr;
   --b->inflight;
   if (flow_paused_) flow_paused_ = false;
+  const bool stale = e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !stale_retry_used_;
+  if (HedgePending()) {
+    // The request is on the standby already: that attempt carries on alone.
+    std::string why = b->name + " " + e.Describe();
+    if (!stale) proxy_->BackendFailed(b, why);
+    spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->backend->name);
+    ++proxy_->mutable_counters().hedge_won;
+    AdoptHedge();
+    return;
+  }
   // A kept-alive connection the engine had closed: not a failure of the
   // engine. Try once more on a fresh connection before judging it.
-  if (e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !stale_retry_used_) {
+  if (stale) {
     stale_retry_used_ = true;
     force_fresh_ = true;
     spdlog::debug("front: request {}: kept-alive connection to {} {}; retrying on a fresh one", id(), b->name,
@@ -475,6 +579,7 @@ bool ProxyCall::ResumeIfDrained(size_t low) {
 void ProxyCall::Finish() {
   if (finished_) return;
   finished_ = true;
+  if (HedgePending()) EndHedge(nullptr);
   if (conn_) {
     conn_->Abort();
     conn_ = nullptr;
@@ -489,6 +594,150 @@ void ProxyCall::Finish() {
   if (depth_ == 0) delete this;
 }
 
+// ---- hedging ----
+
+void ProxyCall::Heard() {
+  last_byte_ms_ = proxy_->now_ms();
+  if (backend_) proxy_->BackendSpoke(backend_);
+  // The engine the call was sent to spoke first: the hedge is not needed.
+  if (HedgePending()) EndHedge("the active engine answered first");
+}
+
+bool ProxyCall::HedgePending() const { return hedge_ && hedge_->state == HedgeLeg::State::kPending; }
+
+bool ProxyCall::Silent(int64_t now, int64_t after_ms) const {
+  return !finished_ && conn_ && backend_ && !flow_paused_ && now - last_byte_ms_ >= after_ms;
+}
+
+bool ProxyCall::CanHedge() const {
+  if (HedgePending() || hedges_.size() >= kMaxHedges) return false;
+  if (!writer_->started()) return true;  // the whole request can be sent again
+  // Part of the answer is out: only a stream that can be resumed after it.
+  if (mode_ != Mode::kSse || !sse_ || sse_->done() || sse_->finished() || !sse_->trackable() || sse_->error_seen()) {
+    return false;
+  }
+  return plan_.max_tokens > static_cast<int64_t>(sse_->delivered().size());
+}
+
+void ProxyCall::Hedge(Backend* b) {
+  Guard g(this);
+  hedges_.push_back(std::make_unique<HedgeLeg>(this));
+  hedge_ = hedges_.back().get();
+  HedgeLeg& h = *hedge_;
+  h.backend = b;
+  h.resume = writer_->started();
+  if (h.resume) {
+    int64_t remaining = plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size());
+    h.resume_body = ResumeBody(plan_, sse_->delivered(), remaining);
+    h.body = h.resume_body;
+  } else {
+    h.body = body_;
+  }
+  BuildHead(b, h.body, &h.head);
+  ++b->inflight;
+  ++proxy_->mutable_counters().hedged;
+  spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), backend_->name,
+               proxy_->now_ms() - last_byte_ms_, b->name,
+               h.resume ? " (resuming after " + std::to_string(sse_->delivered().size()) + " tokens)" : "");
+  h.conn = proxy_->pool().Acquire(b, /*fresh=*/false);
+  h.conn->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
+}
+
+void ProxyCall::OnHedgeProgress() {
+  Guard g(this);
+  if (!HedgePending()) return;
+  HedgeLeg& h = *hedge_;
+  if (!h.has_head) return;
+  bool stream_head = h.status / 100 == 2 && h.event_stream;
+  if (h.status >= 500 || (h.resume && !stream_head)) {
+    // Not an answer the client should get instead of the active engine's.
+    ++proxy_->mutable_counters().hedge_failed;
+    spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(), h.backend->name, h.status,
+                 backend_ ? backend_->name : "the active engine");
+    EndHedge(nullptr);
+    return;
+  }
+  // A stream wins with its first event bytes (its head comes before any
+  // token); anything else with its head.
+  bool wins = h.done || (stream_head && sse_ ? !h.got.empty() : true);
+  if (!wins) return;
+  ++proxy_->mutable_counters().hedge_won;
+  AdoptHedge();
+}
+
+void ProxyCall::OnHedgeError(const UpstreamError& e) {
+  Guard g(this);
+  if (!HedgePending()) return;
+  HedgeLeg& h = *hedge_;
+  if (e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !h.stale_retry_used) {
+    // A kept-alive connection the standby had closed: once more on a fresh one.
+    h.stale_retry_used = true;
+    h.conn = proxy_->pool().Acquire(h.backend, /*fresh=*/true);
+    h.conn->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
+    return;
+  }
+  h.state = HedgeLeg::State::kEnded;
+  --h.backend->inflight;
+  ++proxy_->mutable_counters().hedge_failed;
+  std::string why = h.backend->name + " " + e.Describe();
+  spdlog::info("front: request {}: the hedge failed: {}; waiting for {}", id(), why,
+               backend_ ? backend_->name : "the active engine");
+  proxy_->BackendFailed(h.backend, why);
+}
+
+// The standby's attempt becomes the call's: the active engine's connection,
+// if it is still open, is closed (so that engine cancels the request when it
+// wakes), and what the standby sent so far is handled as if it had come now.
+void ProxyCall::AdoptHedge() {
+  Guard g(this);
+  HedgeLeg& h = *hedge_;
+  h.state = HedgeLeg::State::kAdopted;
+  if (conn_) {
+    conn_->Abort();
+    conn_ = nullptr;
+  }
+  if (backend_) {
+    spdlog::info("front: request {}: {} answered first; closing the request on {}", id(), h.backend->name,
+                 backend_->name);
+    --backend_->inflight;
+  }
+  flow_paused_ = false;
+  if (h.resume) {
+    sse_->BeginContinuation();
+    resuming_ = true;
+    body_ = h.body;
+  } else {
+    ResetAttempt();
+  }
+  proxy_->HedgeWon(h.backend);
+  backend_ = h.backend;  // its inflight count was taken when the hedge was sent
+  conn_ = h.conn;
+  h.conn = nullptr;
+  if (conn_) conn_->Rebind(this);
+  if (h.has_head) OnUpstreamHead(h.status, &h.headers);
+  if (finished_) return;
+  if (!h.got.empty()) {
+    std::string got = std::move(h.got);
+    OnUpstreamBody(got);
+  }
+  if (finished_) return;
+  if (h.done) OnUpstreamDone();
+}
+
+void ProxyCall::EndHedge(const char* why) {
+  HedgeLeg& h = *hedge_;
+  h.state = HedgeLeg::State::kEnded;
+  if (h.conn) {
+    h.conn->Abort();
+    h.conn = nullptr;
+  }
+  --h.backend->inflight;
+  if (why) {
+    ++proxy_->mutable_counters().hedge_lost;
+    spdlog::info("front: request {}: {}; closing the hedge on {}", id(), why, h.backend->name);
+  }
+}
+
 // ---- Proxy ----
 
 Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, Clock* clock)
@@ -499,9 +748,13 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, Clock* clo
       pool_(loop, options_.upstream) {
   uv_timer_init(loop_, &queue_timer_);
   uv_timer_init(loop_, &flow_timer_);
+  uv_timer_init(loop_, &hedge_timer_);
   queue_timer_.data = this;
   flow_timer_.data = this;
-  open_timers_ = 2;
+  hedge_timer_.data = this;
+  open_timers_ = 3;
+  hedge_tokens_ = options_.hedge_burst;
+  ArmHedgeTimer();
 }
 
 Proxy::~Proxy() {
@@ -510,6 +763,9 @@ Proxy::~Proxy() {
 
 void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   ++counters_.requests;
+  if (options_.hedge_after_ms > 0) {
+    hedge_tokens_ = std::min<double>(options_.hedge_burst, hedge_tokens_ + options_.hedge_percent / 100.0);
+  }
   if (closing_) {
     writer->Send(http::HttpResponse::Json(503, http::ErrorJson("the front is shutting down; retry", "unavailable")));
     return;
@@ -520,12 +776,18 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
 }
 
 Backend* Proxy::Pick() const {
-  if (active_ && active_->down_until_ms <= now_ms()) return active_;
-  return nullptr;
+  const int64_t now = now_ms();
+  if (!active_ || active_->down_until_ms > now) return nullptr;
+  // Most of the active engine's requests have had no byte for
+  // hedge_after_ms and it has sent nothing since: new requests go to the
+  // proven standby until it speaks again (or the supervisor decides).
+  if (active_->silent_reported && standby_ && standby_->down_until_ms <= now) return standby_;
+  return active_;
 }
 
 void Proxy::Dispatch(ProxyCall* call) {
   if (Backend* b = Pick(); b && queue_.empty()) {
+    if (b != active_) ++counters_.silent_to_standby;
     call->Attempt(b);
     return;
   }
@@ -557,6 +819,7 @@ void Proxy::WakeQueue() {
     if (!b) break;
     ProxyCall* call = queue_.front();
     Dequeue(call);
+    if (b != active_) ++counters_.silent_to_standby;
     call->Attempt(b);
   }
   ArmQueueTimer();
@@ -619,6 +882,7 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
                            "; route two different engines, or leave standby null");
   }
   Backend* new_active = active ? pool_.Get(*active) : nullptr;
+  int64_t first_ok_early_ms = 0;
   Backend* new_standby = standby ? pool_.Get(*standby) : nullptr;
   // The supervisor vouches for what it routes: forget earlier failures.
   for (Backend* b : {new_active, new_standby}) {
@@ -629,6 +893,13 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
   }
   if (new_active != active_) {
     first_ok_pending_ = new_active ? new_active->name : "";
+    // The new active won hedges of the old one after that one last spoke:
+    // clients got its answers before this route change, and first_ok says
+    // when.
+    if (new_active && active_ && new_active->hedge_win_ms > active_->last_byte_ms) {
+      first_ok_pending_.clear();
+      first_ok_early_ms = new_active->hedge_win_ms;
+    }
     spdlog::info("front: route change (epoch {}): active {} -> {}", epoch, active_ ? active_->name : "none",
                  new_active ? new_active->name : "none");
   }
@@ -639,6 +910,14 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
   SetRouted(active_, true);
   SetRouted(standby_, true);
   epoch_ = epoch;
+  if (first_ok_early_ms > 0) {
+    Emit({{"type", "event"},
+          {"kind", "first_ok"},
+          {"backend", active_->name},
+          {"epoch", epoch_},
+          {"at_ms", first_ok_early_ms},
+          {"hedged", true}});
+  }
   pool_.Collect();
   WakeQueue();
   return Status::Ok();
@@ -692,6 +971,128 @@ void Proxy::Emit(nlohmann::json event) {
   if (events_) events_(event);
 }
 
+Status HedgeLimits::Check() const {
+  if (after_ms < 0 || after_ms > 3'600'000) {
+    return InvalidArgument("hedge_after_ms " + std::to_string(after_ms) +
+                           " is out of range; give 0 (no hedging) or the silence in ms, up to 3600000");
+  }
+  if (percent < 0 || percent > 100) {
+    return InvalidArgument("hedge_percent " + std::to_string(percent) +
+                           " is out of range; give 0..100, the hedges earned per 100 requests (10 by default)");
+  }
+  if (burst < 1 || burst > 1'000'000) {
+    return InvalidArgument("hedge_burst " + std::to_string(burst) +
+                           " is out of range; give 1..1000000, the hedges that can be saved up (16 by default)");
+  }
+  return Status::Ok();
+}
+
+void Proxy::SetHedging(const HedgeLimits& h) {
+  bool was_on = options_.hedge_after_ms > 0;
+  options_.hedge_after_ms = h.after_ms;
+  options_.hedge_percent = h.percent;
+  options_.hedge_burst = h.burst;
+  if (!was_on) hedge_tokens_ = h.burst;
+  hedge_tokens_ = std::min<double>(hedge_tokens_, h.burst);
+  ArmHedgeTimer();
+}
+
+void Proxy::ArmHedgeTimer() {
+  if (closing_) return;
+  if (options_.hedge_after_ms <= 0) {
+    uv_timer_stop(&hedge_timer_);
+    return;
+  }
+  // A tenth of the silence, within 5..50 ms: a hedge goes out at most that
+  // late, and a front with nothing in flight wakes 20 to 200 times a second.
+  uint64_t tick = static_cast<uint64_t>(std::clamp<int64_t>(options_.hedge_after_ms / 10, 5, 50));
+  uv_timer_start(
+      &hedge_timer_, [](uv_timer_t* t) { static_cast<Proxy*>(t->data)->OnHedgeTimer(); }, tick, tick);
+}
+
+bool Proxy::TakeHedgeToken() {
+  if (hedge_tokens_ < 1) return false;
+  hedge_tokens_ -= 1;
+  return true;
+}
+
+void Proxy::HedgeWon(Backend* b) {
+  // The first win since the active engine last spoke: where a failover to
+  // this engine began serving clients, if the supervisor then routes it.
+  const int64_t since = active_ ? active_->last_byte_ms : 0;
+  if (b->hedge_win_ms <= since) b->hedge_win_ms = clock_->WallMs();
+}
+
+void Proxy::BackendSpoke(Backend* b) {
+  b->last_byte_ms = clock_->WallMs();
+  b->last_byte_loop_ms = now_ms();
+  b->silent_reported = false;
+}
+
+void Proxy::OnHedgeTimer() {
+  if (calls_.empty() || options_.hedge_after_ms <= 0) return;
+  const int64_t now = now_ms();
+  const int64_t after = options_.hedge_after_ms;
+  // The standby takes hedges only while the supervisor routes it (it does
+  // so once its probes pass) and the front has not seen it fail.
+  Backend* target = standby_ && standby_->down_until_ms <= now ? standby_ : nullptr;
+  std::vector<ProxyCall*> to_hedge;
+  int on_active = 0;
+  int silent_on_active = 0;
+  for (ProxyCall* c : calls_) {
+    Backend* b = c->backend();
+    if (!b) continue;
+    bool silent = c->Silent(now, after);
+    if (b == active_) {
+      ++on_active;
+      if (silent) ++silent_on_active;
+    }
+  }
+  // The active engine sent nothing at all, on any request, for the whole
+  // wait, while at least two requests waited that long for it: more likely
+  // the engine than the requests. (Requests younger than the wait do not
+  // count against it: under steady traffic they always exist.) Said once
+  // until it speaks again.
+  if (active_ && !active_->silent_reported && silent_on_active >= 2 && now - active_->last_byte_loop_ms >= after) {
+    active_->silent_reported = true;
+    ++counters_.silent_reports;
+    spdlog::warn("front: {} of {} requests on the active engine {} have had no byte for {} ms", silent_on_active,
+                 on_active, active_->name, after);
+    Emit({{"type", "event"},
+          {"kind", "silent"},
+          {"backend", active_->name},
+          {"silent", silent_on_active},
+          {"inflight", on_active},
+          {"after_ms", after},
+          {"last_byte_ms", active_->last_byte_ms},
+          {"epoch", epoch_},
+          {"at_ms", clock_->WallMs()}});
+  }
+  // On an engine reported silent (now or before), a request is not given
+  // the whole wait again: it is hedged at once.
+  for (ProxyCall* c : calls_) {
+    Backend* b = c->backend();
+    if (!b || !target || b == target || c->hedged() || !c->CanHedge()) continue;
+    bool stuck = b == active_ && active_->silent_reported ? c->Silent(now, 0) : c->Silent(now, after);
+    if (stuck) to_hedge.push_back(c);
+  }
+  size_t refused = 0;
+  for (ProxyCall* c : to_hedge) {
+    if (TakeHedgeToken()) {
+      c->Hedge(target);
+    } else if (!c->hedge_refused) {
+      c->hedge_refused = true;  // counted once per request
+      ++refused;
+    }
+  }
+  if (refused > 0) {
+    counters_.hedge_refused += refused;
+    spdlog::warn("front: {} silent requests not hedged: the hedge budget is spent (hedge_percent {}, "
+                 "hedge_burst {})",
+                 refused, options_.hedge_percent, options_.hedge_burst);
+  }
+}
+
 void Proxy::WatchFlow(ProxyCall* call) {
   flow_paused_.insert(call);
   if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&flow_timer_)) && !closing_) {
@@ -742,7 +1143,15 @@ nlohmann::json Proxy::StatusJson() const {
                    {"failed", counters_.failed},             {"retried", counters_.retried},
                    {"resumed", counters_.resumed},           {"switched_self", counters_.switched_self},
                    {"rejected_503", counters_.rejected_503}, {"client_closed", counters_.client_closed},
-                   {"rejected_400", counters_.rejected_400}};
+                   {"rejected_400", counters_.rejected_400}, {"hedged", counters_.hedged},
+                   {"hedge_won", counters_.hedge_won},       {"hedge_lost", counters_.hedge_lost},
+                   {"hedge_failed", counters_.hedge_failed}, {"hedge_refused", counters_.hedge_refused},
+                   {"silent_reports", counters_.silent_reports},
+                   {"silent_to_standby", counters_.silent_to_standby}};
+  j["hedging"] = {{"after_ms", options_.hedge_after_ms},
+                  {"percent", options_.hedge_percent},
+                  {"burst", options_.hedge_burst},
+                  {"budget", hedge_tokens_}};
   return j;
 }
 
@@ -763,6 +1172,7 @@ void Proxy::Close(std::function<void()> done) {
   };
   uv_close(reinterpret_cast<uv_handle_t*>(&queue_timer_), closed);
   uv_close(reinterpret_cast<uv_handle_t*>(&flow_timer_), closed);
+  uv_close(reinterpret_cast<uv_handle_t*>(&hedge_timer_), closed);
   pool_.Close([this] {
     pool_closed_ = true;
     MaybeDone();

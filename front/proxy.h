@@ -24,8 +24,24 @@
 //     sse_relay.h): the client sees one stream, no gap, no repeated token;
 //   - any other cut after bytes reached the client closes the client's
 //     connection, so a truncated answer is never presented as complete;
-//   - every event it emits (switched, first_ok) is also kept in a bounded
-//     log that the status reply carries, for a supervisor that was away.
+//   - hedging on silence (hedge_after_ms > 0): a request that has had no
+//     byte from the active engine for hedge_after_ms is sent to the routed
+//     standby as well. The first of the two to answer wins (a response head
+//     for a plain request, the first event bytes for a stream) and the other
+//     is closed, so its engine cancels the request. A stream that already
+//     delivered tokens is hedged with its resume request (completion.h), so
+//     the client still sees one stream. Hedges are bounded by a token
+//     bucket (hedge_percent hedges per 100 requests, at most hedge_burst
+//     saved) and are
+//     never sent to a standby that is not routed or is down;
+//   - when the active engine has sent no byte on any request for
+//     hedge_after_ms while at least two requests waited that long, a `silent` event
+//     tells the supervisor, which may trip the engine at once instead of
+//     waiting for its probes' hysteresis. Until that engine sends a byte
+//     again, new requests go to the standby, and its requests are hedged
+//     without waiting hedge_after_ms again (within the budget);
+//   - every event it emits (switched, first_ok, silent) is also kept in a
+//     bounded log that the status reply carries, for a supervisor that was away.
 // Responses announcing a Content-Length up to buffer_limit_bytes are
 // relayed in one piece (one write; a cut before the end is retried
 // invisibly); others, and all event streams, are relayed as they arrive.
@@ -67,7 +83,18 @@ struct ProxyOptions {
   int64_t down_backoff_max_ms = 2'000;
   size_t client_buffer_high = 4 << 20;  // unsent client bytes that pause reading from the engine
   size_t client_buffer_low = 1 << 20;   // ... and resume it
+  int64_t hedge_after_ms = 0;        // silence from the active before the standby is asked too; 0: no hedging
+  int hedge_percent = 10;            // hedges earned per 100 client requests ...
+  int hedge_burst = 16;              // ... and the most that can be saved up (also the starting balance)
   UpstreamOptions upstream;
+};
+
+// The hedging settings as a reload changes them; Check() says what is wrong.
+struct HedgeLimits {
+  int64_t after_ms = 0;
+  int percent = 10;
+  int burst = 16;
+  Status Check() const;
 };
 
 struct ProxyCounters {
@@ -80,6 +107,13 @@ struct ProxyCounters {
   uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full
   uint64_t client_closed = 0;  // clients that went away before their answer was complete
   uint64_t rejected_400 = 0;   // completion bodies past the shared JSON limits, refused by the front
+  uint64_t hedged = 0;         // requests also sent to the standby after hedge_after_ms of silence
+  uint64_t hedge_won = 0;      // ... where the standby answered first (or the active failed meanwhile)
+  uint64_t hedge_lost = 0;     // ... where the active answered first
+  uint64_t hedge_failed = 0;   // ... where the standby's attempt failed (the active's went on)
+  uint64_t hedge_refused = 0;  // silent requests not hedged because the hedge budget was spent
+  uint64_t silent_reports = 0; // `silent` events: the active engine sent nothing while requests waited
+  uint64_t silent_to_standby = 0;  // new requests sent to the standby while the active was silent
 };
 
 class ProxyCall;
@@ -106,11 +140,13 @@ class Proxy {
     options_.queue_timeout_ms = queue_timeout_ms;
     options_.max_queued = max_queued;
   }
+  // New hedging settings (the supervisor's reload); hedges in flight go on.
+  void SetHedging(const HedgeLimits& h);
 
   // active, standby, epoch, inflight per backend, queued, down, counters,
   // backends (per backend: what the front knows of it) and events (the log).
   nlohmann::json StatusJson() const;
-  // The events the front emitted (switched, first_ok), oldest first, at most
+  // The events the front emitted (switched, first_ok, silent), oldest first, at most
   // kEventLogSize. Kept because an event pushed while no supervisor is
   // connected reaches nobody: a supervisor that restarts reads them here.
   const std::deque<nlohmann::json>& event_log() const { return event_log_; }
@@ -126,6 +162,10 @@ class Proxy {
   void Forget(ProxyCall* call);
   void BackendFailed(Backend* b, const std::string& why);
   void BackendAnswered(Backend* b);
+  // A byte from `b` on any call: it is not silent.
+  void BackendSpoke(Backend* b);
+  // A hedge on `b` won.
+  void HedgeWon(Backend* b);
   void WatchFlow(ProxyCall* call);
   std::string NoRouteCause() const;
   UpstreamPool& pool() { return pool_; }
@@ -139,6 +179,9 @@ class Proxy {
   void ArmQueueTimer();
   void OnQueueTimer();
   void OnFlowTimer();
+  void ArmHedgeTimer();
+  void OnHedgeTimer();
+  bool TakeHedgeToken();
   void SetRouted(Backend* b, bool routed);
   void Emit(nlohmann::json event);
   void MaybeDone();
@@ -150,6 +193,8 @@ class Proxy {
   UpstreamPool pool_;
   uv_timer_t queue_timer_;
   uv_timer_t flow_timer_;
+  uv_timer_t hedge_timer_;  // scans calls for silence while hedging is on
+  double hedge_tokens_ = 0;
   int open_timers_ = 0;
   bool closing_ = false;
   bool pool_closed_ = false;

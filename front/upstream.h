@@ -48,6 +48,10 @@ struct Backend {
   std::string last_error;       // the latest failure, for 503 messages
   int64_t failed_at_ms = 0;     // wall time of the latest failure (0: none seen)
   int64_t last_ok_ms = 0;       // wall time of its latest 2xx answer head (0: none seen)
+  int64_t last_byte_ms = 0;     // wall time of the latest byte it sent on any call (0: none seen)
+  int64_t last_byte_loop_ms = 0;  // the same in loop time, for the silence check
+  int64_t hedge_win_ms = 0;     // wall time of its first hedge win since the active last spoke
+  bool silent_reported = false; // a `silent` event was sent and it has not spoken since
   std::vector<UpstreamConn*> idle;  // kept-alive connections, most recent last
   size_t conns = 0;             // open connections of any state
   bool routed = false;          // the active or standby route names it
@@ -95,6 +99,9 @@ class UpstreamConn {
   void Send(UpstreamListener* listener, std::string_view head, std::string_view body, bool head_request);
   // Abandons the request: the connection is closed, the listener hears nothing more.
   void Abort();
+  // Hands the exchange in progress to another listener (a hedge that won:
+  // the call takes over the attempt that had been listened to apart).
+  void Rebind(UpstreamListener* listener) { listener_ = listener; }
   // Flow control for a client that reads slower than the engine writes.
   void PauseReading();
   void ResumeReading();

@@ -301,3 +301,190 @@ TEST_CASE("a request caught by the SIGKILL of a frozen engine is answered by the
   CHECK(st["counters"]["retried"] == 1);
   CHECK(st["active"] == b.addr());
 }
+
+namespace {
+
+// A streamed completion's text and whether it ended with [DONE].
+std::pair<std::string, bool> StreamText(const std::string& body) {
+  std::string text;
+  bool done = false;
+  for (const auto& d : wsup::test::SseData(body)) {
+    if (d == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json e = json::parse(d);
+    if (e["choices"].empty()) continue;
+    text += e["choices"][0]["text"].get<std::string>();
+  }
+  return {text, done};
+}
+
+json FrontStatus(ControlClient& ctl) { return ctl.Call({{"type", "status"}}).value_or(json::object()); }
+
+}  // namespace
+
+TEST_CASE("hedging: requests to a SIGSTOPped active engine are answered by the standby, whole and correct",
+          "[front][engine][hedge]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  a.child.Kill(SIGSTOP);
+  // One plain and one streamed request at once: both are silent on the
+  // stopped engine, which the front also reports (two of two silent).
+  const json& c0 = golden["cases"][0];
+  const json& c1 = golden["cases"][1];
+  json plain = {{"prompt", c1["prompt"]}, {"max_tokens", 16}};
+  json stream = {{"prompt", c0["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  HttpResult rp, rs;
+  std::thread t1([&] { rp = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", plain.dump(), 60s); });
+  std::thread t2([&] { rs = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", stream.dump(), 60s); });
+  t1.join();
+  t2.join();
+  INFO(front->Log());
+  REQUIRE(rp.status == 200);
+  CHECK(json::parse(rp.body)["choices"][0]["text"] == c1["output_text_latin1"]);
+  REQUIRE(rs.status == 200);
+  auto [text, done] = StreamText(rs.body);
+  CHECK(done);
+  CHECK(text == c0["output_text_latin1"].get<std::string>());
+
+  json st = FrontStatus(ctl);
+  CHECK(st["counters"]["hedged"] == 2);
+  CHECK(st["counters"]["hedge_won"] == 2);
+  CHECK(st["counters"]["retried"] == 0);
+  CHECK(st["counters"]["failed"] == 0);
+  // The front closed its requests on the stopped engine; it stays routed
+  // (the supervisor decides), so new requests try it first.
+  CHECK(st["backends"][a.addr()]["inflight"] == 0);
+  CHECK(st["active"] == a.addr());
+  auto silent = ctl.WaitEvent("silent", "backend", a.addr(), 5s);
+  REQUIRE(silent.has_value());
+  CHECK((*silent)["silent"] == 2);
+  CHECK((*silent)["inflight"] == 2);
+  CHECK((*silent)["after_ms"] == 200);
+  CHECK(st["counters"]["silent_reports"] == 1);
+  a.child.Kill(SIGCONT);
+}
+
+TEST_CASE("hedging: a stream that stalls after 5 tokens is resumed on the standby without gap or repeat",
+          "[front][engine][hedge]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  // The relay passes five events of the active engine, then holds the rest:
+  // a stream that goes silent mid-way while the engine still runs.
+  HoldingRelay relay(a.port, 5);
+  auto front = FrontProcess::Start({"--active", relay.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  const json& c = golden["cases"][0];
+  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  HttpResult r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s);
+  INFO(front->Log());
+  REQUIRE(r.status == 200);
+  CHECK(relay.events_passed() == 5);
+  auto [text, done] = StreamText(r.body);
+  CHECK(done);
+  CHECK(text == c["output_text_latin1"].get<std::string>());
+  json st = FrontStatus(ctl);
+  CHECK(st["counters"]["hedged"] == 1);
+  CHECK(st["counters"]["hedge_won"] == 1);
+  CHECK(st["counters"]["resumed"] == 0);  // a hedge, not a resume after a failure
+  CHECK(st["backends"][relay.addr()]["inflight"] == 0);
+  // One silent request alone is not reported: it may be one slow request.
+  CHECK(st["counters"]["silent_reports"] == 0);
+}
+
+TEST_CASE("hedging: an active engine that answers first wins and the hedge is closed", "[front][engine][hedge]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  // The standby is reached through a relay that passes nothing: it never answers.
+  HoldingRelay mute(b.port, 0);
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", mute.addr(), "--hedge-after-ms", "100"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  a.child.Kill(SIGSTOP);
+  const json& c = golden["cases"][1];
+  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}};
+  HttpResult r;
+  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  // Hedged to the mute standby; then the active engine wakes and answers.
+  REQUIRE(WaitFor([&] { return FrontStatus(ctl)["counters"]["hedged"] == 1; }, 10s));
+  a.child.Kill(SIGCONT);
+  client.join();
+  INFO(front->Log());
+  REQUIRE(r.status == 200);
+  CHECK(json::parse(r.body)["choices"][0]["text"] == c["output_text_latin1"]);
+  json st = FrontStatus(ctl);
+  CHECK(st["counters"]["hedge_lost"] == 1);
+  CHECK(st["counters"]["hedge_won"] == 0);
+  CHECK(st["backends"][mute.addr()]["inflight"] == 0);
+  CHECK(st["backends"][a.addr()]["inflight"] == 0);
+}
+
+TEST_CASE("hedging: the budget bounds hedges, and nothing is hedged without a standby", "[front][engine][hedge]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  // One hedge saved up and none earned: of two silent requests one is hedged.
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "100",
+                                    "--hedge-percent", "0", "--hedge-burst", "1"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  a.child.Kill(SIGSTOP);
+  const json& c = golden["cases"][1];
+  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}};
+  HttpResult r1, r2;
+  std::thread t1([&] { r1 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread t2([&] { r2 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  REQUIRE(WaitFor(
+      [&] {
+        json st = FrontStatus(ctl);
+        return st["counters"]["hedge_won"] == 1 && st["counters"]["hedge_refused"] == 1;
+      },
+      20s));
+  // The other one waits on the stopped engine until it is killed, then is sent again.
+  a.child.Kill(SIGKILL);
+  t1.join();
+  t2.join();
+  INFO(front->Log());
+  CHECK(r1.status == 200);
+  CHECK(r2.status == 200);
+  json st = FrontStatus(ctl);
+  CHECK(st["counters"]["hedged"] == 1);
+  CHECK(st["counters"]["hedge_refused"] == 1);
+  CHECK(st["counters"]["retried"] == 1);
+
+  // Routed alone (no standby), the surviving engine's requests are never
+  // hedged: two silent ones are reported (so the front judged them silent)
+  // and none is hedged.
+  REQUIRE(ctl.Call(wsup::test::SetRoutes(b.addr(), "", 5)).value_or(json::object())["ok"] == true);
+  b.child.Kill(SIGSTOP);
+  HttpResult r3, r4;
+  std::thread t3([&] { r3 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread t4([&] { r4 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  REQUIRE(ctl.WaitEvent("silent", "backend", b.addr(), 10s).has_value());
+  CHECK(FrontStatus(ctl)["counters"]["hedged"] == 1);
+  b.child.Kill(SIGCONT);
+  t3.join();
+  t4.join();
+  CHECK(r3.status == 200);
+  CHECK(r4.status == 200);
+  CHECK(FrontStatus(ctl)["counters"]["hedged"] == 1);
+}

@@ -168,6 +168,33 @@ TEST_CASE("set_routes takes effect for the next request while in-flight ones fin
   REQUIRE(reply.has_value());
   CHECK((*reply)["ok"] == true);
   CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "B");
+
+  // Hedging settings: all three or none, each in its range; good ones show in status.
+  for (const auto& [bad, key] : std::vector<std::pair<json, std::string>>{
+           {{{"hedge_after_ms", 100}}, "hedge_percent"},
+           {{{"hedge_after_ms", 100}, {"hedge_percent", 10}, {"hedge_burst", "16"}}, "hedge_burst"},
+           {{{"hedge_after_ms", -5}, {"hedge_percent", 10}, {"hedge_burst", 16}}, "hedge_after_ms"},
+           {{{"hedge_after_ms", 100}, {"hedge_percent", 250}, {"hedge_burst", 16}}, "hedge_percent"},
+           {{{"hedge_after_ms", 100}, {"hedge_percent", 10}, {"hedge_burst", 0}}, "hedge_burst"},
+           {{{"hedge_after_ms", 100}, {"hedge_percent", 10}, {"hedge_burst", int64_t{1} << 40}}, "hedge_burst"}}) {
+    json m = {{"type", "set_limits"}, {"queue_timeout_ms", 2000}, {"max_queued", 5}};
+    m.update(bad);
+    reply = ctl.Call(m);
+    REQUIRE(reply.has_value());
+    INFO(m.dump() << " -> " << reply->dump());
+    CHECK((*reply)["ok"] == false);
+    CHECK((*reply)["error"].get<std::string>().find(key) != std::string::npos);
+  }
+  CHECK(Status(ctl)["hedging"]["after_ms"] == 0);
+  reply = ctl.Call(json{{"type", "set_limits"}, {"queue_timeout_ms", 2000}, {"max_queued", 5}, {"hedge_after_ms", 150},
+                        {"hedge_percent", 5}, {"hedge_burst", 4}});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == true);
+  json hedging = Status(ctl)["hedging"];
+  CHECK(hedging["after_ms"] == 150);
+  CHECK(hedging["percent"] == 5);
+  CHECK(hedging["burst"] == 4);
+  CHECK(hedging["budget"] == 4);
 }
 
 TEST_CASE("an active engine that refuses connections is replaced by the standby", "[front][process]") {
