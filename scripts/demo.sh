@@ -3,7 +3,9 @@
 # (`wsup start config/demo.toml`: a holder on the tiny test model, a primary
 # and a standby engine attached to it, the front), sends a completion through
 # the front, kills the active engine, shows that the standby took over and
-# that a new standby was re-armed from the holder, prints the report, and
+# that a new standby was re-armed from the holder, stops (SIGSTOP) the new
+# active engine and shows the front hedging its request to the standby,
+# prints the report, and
 # stops the node. Usage: scripts/demo.sh [--keep] (--keep leaves the node
 # running; stop it with `build/bin/wsup stop --config config/demo.toml`).
 set -euo pipefail
@@ -48,6 +50,24 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 echo "== re-armed: a new standby, attached to the holder's weights"
+$W status --config $CFG
+
+active_pid() {
+  $W status --config $CFG --json | python3 -c '
+import json, sys
+print(next(e["pid"] for e in json.load(sys.stdin)["engines"] if e.get("role") == "active"))'
+}
+pid=$(active_pid)
+echo "== hang drill: SIGSTOP the active engine (pid $pid); the front hedges to the standby after 200 ms"
+kill -STOP "$pid"
+t0=$(date +%s%N)
+complete; echo
+echo "answered in $(( ($(date +%s%N) - t0) / 1000000 )) ms; the supervisor's probes trip the stopped engine"
+for _ in $(seq 1 200); do
+  [ "$(active_pid)" != "$pid" ] && [ "$($W status --config $CFG --json 2>/dev/null | grep -c '"semantic_ready": true')" = 2 ] && break
+  sleep 0.1
+done
+kill -CONT "$pid" 2>/dev/null || true  # killed by the supervisor already, unless it did not trip
 $W status --config $CFG
 echo "== wsup report --miss-tail"
 $W report --config $CFG --miss-tail

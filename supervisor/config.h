@@ -141,6 +141,10 @@ struct Config {
     ListenAddress listen;
     int64_t queue_timeout_ms = 30'000;
     int max_queued = 1024;
+    // Hedging on silence (front/proxy.h): 0 is off.
+    int64_t hedge_after_ms = 0;
+    int hedge_percent = 10;
+    int hedge_burst = 16;
   } front;
 
   struct Admin {

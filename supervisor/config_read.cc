@@ -133,6 +133,9 @@ Status Loader::Read(const toml::table& root, Config* c) {
   WSUP_RETURN_IF_ERROR(Listen(front, "front", &c->front.listen, "127.0.0.1:8000"));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "queue_timeout_ms", &c->front.queue_timeout_ms, 0, kMaxMs));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "max_queued", &c->front.max_queued, 0, 1'000'000));
+  WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_after_ms", &c->front.hedge_after_ms, 0, 3'600'000));
+  WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_percent", &c->front.hedge_percent, 0, 100));
+  WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_burst", &c->front.hedge_burst, 1, 1'000'000));
   const toml::table* admin = Section(root, "admin");
   WSUP_RETURN_IF_ERROR(Listen(admin, "admin", &c->admin.listen, "127.0.0.1:9090"));
 

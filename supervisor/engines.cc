@@ -137,6 +137,8 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   s.comm_warm = false;
   s.last_status = json();
   s.last_ok_mono = 0;
+  s.last_ok_wall = 0;
+  s.traffic_last_ms = 0;
   s.cache_recorded = false;
   s.cache_result.clear();
   s.cache_reason.clear();
@@ -341,7 +343,10 @@ void Supervisor::Impl::StartProbing(Slot& s) {
         if (s.pid != pid) return;
         s.last_probe_reason = o.reason;
         s.last_probe_ms = o.latency_ms;
-        if (o.ok) s.last_ok_mono = clock_.MonotonicMs();
+        if (o.ok) {
+          s.last_ok_mono = clock_.MonotonicMs();
+          s.last_ok_wall = clock_.WallMs();
+        }
         metrics_.ObserveProbe(s.name, o.ok, o.latency_ms);
       });
   s.monitor->Start();
@@ -425,6 +430,12 @@ void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string
       if (s.monitor) s.monitor->Stop();
       bool drill = s.drill_kill;
       int64_t fault = drill ? s.drill_fault_ms : clock_.WallMs();
+      if (!drill && t.event == SlotEvent::kProbeTrip) {
+        // A hang or wrong answers began after the last correct answer, from
+        // a probe or from traffic (the front's report), not at the trip.
+        int64_t last_good = std::max(s.last_ok_wall, s.traffic_last_ms);
+        if (last_good > 0 && last_good < fault) fault = last_good;
+      }
       if (s.pid > 0 && launcher_.Alive(s.pid)) Logged(launcher_.Signal(s.pid, SIGKILL), "killing the failed engine");
       Failover(s, TriggerFor(t.event, drill), cause, fault, drill);
       break;

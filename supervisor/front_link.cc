@@ -5,6 +5,8 @@
 #include "common/fs.h"
 #include "common/log.h"
 #include "supervisor/preflight.h"
+#include "supervisor/probe_config.h"
+#include "supervisor/silence_check.h"
 #include "supervisor/supervisor_impl.h"
 
 namespace wsup {
@@ -73,7 +75,9 @@ void Supervisor::Impl::StartFront() {
   ChildSpec spec;
   spec.argv = {JoinPath(opts_.bin_dir, "wsup-front"), "--listen-fd", "3", "--control", front_.control_path,
                "--queue-timeout-ms", std::to_string(cfg_.front.queue_timeout_ms), "--max-queued",
-               std::to_string(cfg_.front.max_queued), "--epoch", std::to_string(epoch_)};
+               std::to_string(cfg_.front.max_queued), "--epoch", std::to_string(epoch_), "--hedge-after-ms",
+               std::to_string(cfg_.front.hedge_after_ms), "--hedge-percent", std::to_string(cfg_.front.hedge_percent),
+               "--hedge-burst", std::to_string(cfg_.front.hedge_burst)};
   if (!routed_active_.empty()) {
     spec.argv.push_back("--active");
     spec.argv.push_back(routed_active_);
@@ -176,12 +180,74 @@ void Supervisor::Impl::OnFrontMessage(const json& m) {
     spdlog::warn("front switched on its own from {} to {}: {}", m.value("from", ""), m.value("to", ""),
                  m.value("reason", ""));
     metrics_.front_self_switches++;
+  } else if (type == "event" && m.value("kind", "") == "silent") {
+    OnFrontSilent(m);
   } else if (type == "event" && m.value("kind", "") == "first_ok") {
     if (pending_ && m.value("backend", "") == routed_active_) CompletePending(m.value("at_ms", clock_.WallMs()));
   } else if (m.contains("ok") && m.contains("epoch")) {
     // Routes acknowledged: the swap is done.
     if (pending_ && pending_->swapped_ms == 0) pending_->swapped_ms = clock_.WallMs();
   }
+}
+
+void Supervisor::Impl::OnFrontSilent(const json& m) {
+  const std::string backend = m.value("backend", "");
+  Slot* act = Active();
+  const bool routed = act && !backend.empty() && backend == routed_active_;
+  const int64_t last_byte = m.contains("last_byte_ms") && m["last_byte_ms"].is_number_integer()
+                                ? m["last_byte_ms"].get<int64_t>()
+                                : 0;
+  std::string report = "the front saw " + std::to_string(m.value("silent", 0)) + " of " +
+                       std::to_string(m.value("inflight", 0)) + " requests on " + backend + " get no byte for " +
+                       std::to_string(m.value("after_ms", 0)) + " ms";
+  char run = 0;
+  if (routed && act->pid > 0) {
+    auto r = launcher_.RunState(act->pid);
+    if (r.ok()) run = *r;
+  }
+  SilenceVerdict v = JudgeSilence(routed, Standby() != nullptr, routed ? act->pid : 0, run);
+  if (routed && last_byte > 0) act->traffic_last_ms = last_byte;
+  switch (v.step) {
+    case SilenceStep::kIgnore:
+      spdlog::info("{}; not acted on: {}", report, v.why);
+      metrics_.front_silent["ignored"]++;
+      return;
+    case SilenceStep::kTrip:
+      TripSilent(*act, report + "; " + v.why);
+      return;
+    case SilenceStep::kConfirm:
+      break;
+  }
+  if (silence_probe_ && silence_pid_ == act->pid) return;  // one check at a time
+  spdlog::warn("{}; {}", report, v.why);
+  silence_pid_ = act->pid;
+  silence_probe_ = MakeProbeFromConfig(cfg_, act->port, *http_, clock_);
+  Slot* sp = act;
+  const pid_t pid = act->pid;
+  silence_probe_->Run([this, sp, pid, report](ProbeOutcome o) {
+    // Freed after this callback returns, on the loop.
+    After(0, [this, pid] {
+      if (silence_pid_ == pid) {
+        silence_probe_.reset();
+        silence_pid_ = 0;
+      }
+    });
+    if (stopping_ || sp->pid != pid || sp->state != SlotState::kActive) return;
+    if (o.ok) {
+      spdlog::info("{}; the probe made at once passed ({} ms): not tripped, it is busy, not hung", report,
+                   o.latency_ms);
+      metrics_.front_silent["dismissed"]++;
+      return;
+    }
+    TripSilent(*sp, report + "; a probe made at once failed: " + o.reason);
+  });
+}
+
+void Supervisor::Impl::TripSilent(Slot& s, const std::string& why) {
+  metrics_.front_silent["tripped"]++;
+  spdlog::warn("engine {}: tripped: {}", s.name, why);
+  s.semantic_ready = false;
+  Fire(s, SlotEvent::kProbeTrip, why);
 }
 
 void Supervisor::Impl::PushRoutes() {
@@ -207,7 +273,10 @@ void Supervisor::Impl::PushFrontLimits() {
   if (!front_.link) return;
   front_.link->Send(json{{"type", "set_limits"},
                          {"queue_timeout_ms", cfg_.front.queue_timeout_ms},
-                         {"max_queued", cfg_.front.max_queued}});
+                         {"max_queued", cfg_.front.max_queued},
+                         {"hedge_after_ms", cfg_.front.hedge_after_ms},
+                         {"hedge_percent", cfg_.front.hedge_percent},
+                         {"hedge_burst", cfg_.front.hedge_burst}});
 }
 
 }  // namespace wsup

@@ -128,6 +128,14 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_front_self_switches_total Switches the front made on its own (refused or reset).\n"
        "# TYPE wsup_front_self_switches_total counter\n"
     << "wsup_front_self_switches_total " << front_self_switches << "\n";
+  o << "# HELP wsup_front_silent_reports_total The front's reports that the active engine sent nothing while "
+       "requests waited, by what the supervisor did (tripped: failed over at once).\n"
+       "# TYPE wsup_front_silent_reports_total counter\n";
+  for (const char* outcome : {"tripped", "dismissed", "ignored"}) {
+    auto it = front_silent.find(outcome);
+    o << "wsup_front_silent_reports_total{outcome=\"" << outcome << "\"} " << (it == front_silent.end() ? 0 : it->second)
+      << "\n";
+  }
   o << "# HELP wsup_front_crash_looping 1 while the front restarts more than supervisor.max_restarts times in the "
        "window.\n# TYPE wsup_front_crash_looping gauge\n"
     << "wsup_front_crash_looping " << (front_crash_looping ? 1 : 0) << "\n";

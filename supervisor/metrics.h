@@ -21,6 +21,7 @@ class Metrics {
   uint64_t holder_restarts = 0;
   uint64_t front_restarts = 0;
   uint64_t front_self_switches = 0;
+  std::map<std::string, uint64_t> front_silent;  // the front's `silent` reports: tripped, dismissed, ignored
   bool front_crash_looping = false;
   uint64_t ledger_write_errors = 0;   // rows refused or not committed
   uint64_t reconstructed_failovers = 0;

@@ -25,7 +25,8 @@ ReloadEffect EffectOf(const std::string& key) {
   if (key == "engine.command" || key == "engine.env") return ReloadEffect::kRoll;
   if (key.rfind("probe.", 0) == 0) return ReloadEffect::kAtOnce;
   for (const char* k : {"engine.ready_timeout_ms", "engine.stop_timeout_ms", "front.queue_timeout_ms",
-                        "front.max_queued", "supervisor.restart_backoff_ms", "supervisor.restart_backoff_max_ms",
+                        "front.max_queued", "front.hedge_after_ms", "front.hedge_percent", "front.hedge_burst",
+                        "supervisor.restart_backoff_ms", "supervisor.restart_backoff_max_ms",
                         "supervisor.max_restarts", "supervisor.restart_window_ms", "supervisor.rollout_watch_ms",
                         "supervisor.log_level"}) {
     if (key == k) return ReloadEffect::kAtOnce;
@@ -75,6 +76,9 @@ std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c) {
   add("front.listen", c.front.listen.ToString());
   add("front.queue_timeout_ms", c.front.queue_timeout_ms);
   add("front.max_queued", c.front.max_queued);
+  add("front.hedge_after_ms", c.front.hedge_after_ms);
+  add("front.hedge_percent", c.front.hedge_percent);
+  add("front.hedge_burst", c.front.hedge_burst);
   add("admin.listen", c.admin.listen.ToString());
   add("supervisor.restart_backoff_ms", c.supervisor.restart_backoff_ms);
   add("supervisor.restart_backoff_max_ms", c.supervisor.restart_backoff_max_ms);

@@ -122,6 +122,9 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
   cfg_.supervisor = next.supervisor;
   cfg_.front.queue_timeout_ms = next.front.queue_timeout_ms;
   cfg_.front.max_queued = next.front.max_queued;
+  cfg_.front.hedge_after_ms = next.front.hedge_after_ms;
+  cfg_.front.hedge_percent = next.front.hedge_percent;
+  cfg_.front.hedge_burst = next.front.hedge_burst;
   cfg_.engine = engine;
   cfg_.where = next.where;
   if (!std::getenv("WSUP_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(cfg_.supervisor.log_level));

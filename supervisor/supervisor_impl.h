@@ -123,6 +123,8 @@ class Supervisor::Impl {
     std::string last_probe_reason;
     int64_t last_probe_ms = 0;       // latency of the last probe
     int64_t last_ok_mono = 0;        // when a probe last passed (0: never, this start)
+    int64_t last_ok_wall = 0;        // ... the same, wall time: where a probe trip's fault is put
+    int64_t traffic_last_ms = 0;     // the front's last byte from it (wall), from a `silent` report
     // The node's KV pool: what the engine last said of its KV and memory,
     // and whether it takes the pool at all (false once it answered that it
     // keeps a private cache, or has no /wsup/role).
@@ -245,6 +247,9 @@ class Supervisor::Impl {
   void ScheduleFrontRestart(int exit_code, const std::string& how);
   void ConnectFront();
   void OnFrontMessage(const nlohmann::json& m);
+  // The front's `silent` report (supervisor/silence_check.h says what is done).
+  void OnFrontSilent(const nlohmann::json& m);
+  void TripSilent(Slot& s, const std::string& why);
   void OnFrontExit(const ExitInfo& info);
   void PushRoutes();
   // The front's queue limits (a reload changed them).
@@ -396,6 +401,9 @@ class Supervisor::Impl {
   std::list<std::unique_ptr<Timer>> oneshots_;
   std::unique_ptr<Ledger> ledger_;
   std::unique_ptr<http::HttpClient> http_;
+  // The probe a `silent` report asked for (at most one), and whom it probes.
+  std::unique_ptr<Probe> silence_probe_;
+  pid_t silence_pid_ = 0;
   std::unique_ptr<JsonServer> control_;
   std::unique_ptr<http::HttpServer> admin_;
   Notifier notifier_;

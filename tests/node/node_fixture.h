@@ -78,6 +78,7 @@ class Node {
         "probe.timeout_ms=" + std::to_string(kProbeMs),
         "probe.failures=3",
         "probe.jitter_ms=0",
+        "front.hedge_after_ms=0",  // the demo hedges; a test that wants it says so
     };
     sets.insert(sets.end(), sets_.begin(), sets_.end());
     for (const auto& s : sets) {

@@ -191,6 +191,13 @@ std::vector<BadCase> BadCases() {
       {"kv as a value", "kv = 8\n" + std::string(kBase), {}, "kv", 1, "expected a section [kv]"},
       {"set kv pool without the daemon mode", kBase, {"weight_cache.mode=off", "kv.pool_mib=8"}, "kv.pool_mib", 2,
        "leave pool_mib out"},
+      // [front] hedging
+      {"hedge after negative", kBase, {"front.hedge_after_ms=-1"}, "front.hedge_after_ms", 1,
+       "out of range; allowed: an integer from 0 to 3600000"},
+      {"hedge percent past 100", kBase, {"front.hedge_percent=101"}, "front.hedge_percent", 1,
+       "allowed: an integer from 0 to 100"},
+      {"hedge burst zero", kBase, {"front.hedge_burst=0"}, "front.hedge_burst", 1, "allowed: an integer from 1 to"},
+      {"hedge share as a fraction", kBase, {"front.hedge_percent=0.1"}, "front.hedge_percent", 1, "an integer"},
       // --set
       {"set without =", kBase, {"probe.failures"}, "probe.failures", 1, "has no '='"},
       {"set unknown key", kBase, {"probe.failurs=3"}, "probe.failurs", 1, "did you mean failures"},

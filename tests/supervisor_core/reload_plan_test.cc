@@ -110,6 +110,9 @@ TEST_CASE("reload plan: every key of the schema has an effect, and only the vers
   CHECK(EffectOf("kv.pool_mib") == ReloadEffect::kCold);
   CHECK(EffectOf("probe.expect") == ReloadEffect::kAtOnce);
   CHECK(EffectOf("front.queue_timeout_ms") == ReloadEffect::kAtOnce);
+  for (const char* k : {"front.hedge_after_ms", "front.hedge_percent", "front.hedge_burst"}) {
+    CHECK(EffectOf(k) == ReloadEffect::kAtOnce);
+  }
   CHECK(EffectOf("supervisor.control_socket") == ReloadEffect::kCold);
 }
 
