@@ -3,8 +3,8 @@
 // Run mode: C concurrent completion clients (half streaming) send greedy
 // completions of the golden cases through one proxy for the whole run, and
 // every answer is checked against the golden output; meanwhile K crash
-// drills (SIGKILL of the active engine's process group) and K planned drills
-// alternate. Per drill: kill to swap, kill to the first correct answer to a
+// drills (SIGKILL of the active engine's process group), K planned drills and
+// H hang drills (SIGSTOP of that group) take turns. Per drill: kill to swap, kill to the first correct answer to a
 // request sent after the kill, and the requests failed, lost, duplicated or
 // wrong, streams resumed and requests retried in its window.
 //
@@ -51,17 +51,17 @@ std::string Table(const std::vector<json>& runs) {
   std::ostringstream o;
   o << "| proxy | drill | drills | requests | failed | lost | duplicated | wrong | streams resumed | retried "
        "| kill to swap p50 / p99 (ms) | kill to first correct response p50 / p99 (ms) "
-       "| kill to first complete correct answer p50 / p99 (ms) |\n";
-  o << "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+       "| kill to first complete correct answer p50 / p99 (ms) | largest extra latency of a request (ms) |\n";
+  o << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const json& r : runs) {
-    for (const char* kind : {"crash", "planned"}) {
+    for (const char* kind : {"crash", "planned", "hang"}) {
       if (!r["analysis"]["by_kind"].contains(kind)) continue;
       const json& s = r["analysis"]["by_kind"][kind];
       o << "| " << r.value("label", "?") << " | " << kind << " | " << s["drills"] << " | " << s["requests"] << " | "
         << s["failed"] << " | " << s["lost"] << " | " << s["duplicated"] << " | " << s["wrong"] << " | "
         << s["resumed"] << " | " << s["retried"] << " | " << Ms(s["swap_ms_p50"]) << " / " << Ms(s["swap_ms_p99"])
         << " | " << Ms(s["first_correct_ms_p50"]) << " / " << Ms(s["first_correct_ms_p99"]) << " | "
-        << Ms(s["first_ok_ms_p50"]) << " / " << Ms(s["first_ok_ms_p99"]) << " |\n";
+        << Ms(s["first_ok_ms_p50"]) << " / " << Ms(s["first_ok_ms_p99"]) << " | " << Ms(s["extra_ms_max"]) << " |\n";
     }
   }
   o << "\n";
@@ -82,7 +82,7 @@ std::string Table(const std::vector<json>& runs) {
   if (!runs.empty() && runs[0]["analysis"]["by_kind"].contains("crash")) {
     const json& w = runs[0]["analysis"]["by_kind"];
     int64_t bad = 0;
-    for (const char* kind : {"crash", "planned"}) {
+    for (const char* kind : {"crash", "planned", "hang"}) {
       if (!w.contains(kind)) continue;
       bad += w[kind]["failed"].get<int64_t>() + w[kind]["lost"].get<int64_t>() +
              w[kind]["duplicated"].get<int64_t>() + w[kind]["wrong"].get<int64_t>();
@@ -90,9 +90,18 @@ std::string Table(const std::vector<json>& runs) {
     double wp99 = w["crash"]["first_correct_ms_p99"].get<double>();
     o << "- " << runs[0].value("label", "?") << ": " << bad << " requests failed, lost, duplicated or wrong in the drills "
       << "(goal 0); crash drills, kill to first correct response p99 " << Ms(wp99) << " ms (goal at most 50 ms).\n";
+    // Hang drills: what each run's clients waited for.
+    for (const json& r : runs) {
+      const json& k = r["analysis"]["by_kind"];
+      if (!k.contains("hang")) continue;
+      o << "- " << r.value("label", "?") << ": hang drills (SIGSTOP), stop to first correct response p50 / p99 "
+        << Ms(k["hang"]["first_correct_ms_p50"]) << " / " << Ms(k["hang"]["first_correct_ms_p99"])
+        << " ms; the most a client request waited past its usual latency " << Ms(k["hang"]["extra_ms_max"])
+        << " ms.\n";
+    }
     for (size_t i = 1; i < runs.size(); ++i) {
       const json& h = runs[i]["analysis"]["by_kind"];
-      if (!h.contains("crash")) continue;
+      if (runs[i].value("target", "") != "haproxy" || !h.contains("crash")) continue;
       double hp99 = h["crash"]["first_correct_ms_p99"].get<double>();
       char ratio[64];
       std::snprintf(ratio, sizeof ratio, "%.1fx", wp99 > 0 ? hp99 / wp99 : 0.0);
@@ -107,7 +116,7 @@ std::string Table(const std::vector<json>& runs) {
 int Main(int argc, char** argv) {
   CLI::App app{"wsup-bench-failover: failover drills under load, wsup beside HAProxy"};
   std::string target = "wsup", label, url, golden, out, records, sup_socket, front_socket, stats;
-  int clients = 16, crash = 10, planned = 10, primary_port = 0, backup_port = 0, probe_ms = 50;
+  int clients = 16, crash = 10, planned = 10, hang = 0, primary_port = 0, backup_port = 0, probe_ms = 50;
   double seconds = 60;
   std::vector<std::string> table;
   app.add_option("--target", target, "wsup | haproxy")->check(CLI::IsMember({"wsup", "haproxy"}));
@@ -119,6 +128,7 @@ int Main(int argc, char** argv) {
   app.add_option("--probe-ms", probe_ms, "a short probe stream every this many ms, open loop (0: none)");
   app.add_option("--crash", crash, "crash drills (SIGKILL of the active engine)");
   app.add_option("--planned", planned, "planned drills");
+  app.add_option("--hang", hang, "hang drills (SIGSTOP of the active engine)");
   app.add_option("--supervisor-socket", sup_socket, "the wsup node's control socket (RUNTIME_DIR/wsup.sock)");
   app.add_option("--front-socket", front_socket, "the front's control socket (RUNTIME_DIR/front.sock)");
   app.add_option("--haproxy-stats", stats, "HAProxy's stats socket (level admin)");
@@ -188,6 +198,7 @@ int Main(int argc, char** argv) {
   DrillPlan plan;
   plan.crash = crash;
   plan.planned = planned;
+  plan.hang = hang;
   plan.total = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   std::vector<DrillRecord> drills;
   int64_t t0 = NowUs();
@@ -204,6 +215,7 @@ int Main(int argc, char** argv) {
            {"seconds", (t1 - t0) / 1e6},
            {"crash", crash},
            {"planned", planned},
+           {"hang", hang},
            {"completed", s.ok()},
            {"error", s.ok() ? "" : s.error().message()},
            {"analysis", a}};

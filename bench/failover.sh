@@ -32,7 +32,11 @@
 #   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32]  a checkpoint folder with golden.json
 #   WSUP_BENCH_PROBE_MS [1000] the supervisor's probe interval and timeout (above
 #                              the loaded engines' latency, or probes trip them)
-#   TARGETS ["wsup haproxy haproxy-observe"]  which runs to make
+#   HANG [0]      hang drills (SIGSTOP of the active engine) per proxy, in turn with the others
+#   HEDGE_MS [200] the front's hedge_after_ms in the "wsup + hedging" run
+#   TARGETS ["wsup haproxy haproxy-observe"]  which runs to make; "wsup-hedge" adds a
+#                  run through the same front with hedging on (set over its control
+#                  socket for that run, then off again)
 set -euo pipefail
 usage="usage: bench/failover.sh OUTDIR [BIN_DIR]"
 out=${1:?$usage}
@@ -44,6 +48,8 @@ clients=${CLIENTS:-16}
 probe_every=${PROBE_MS:-50}
 duration=${DURATION:-60}
 drills=${DRILLS:-10}
+hang=${HANG:-0}
+hedge_ms=${HEDGE_MS:-200}
 device=${WSUP_BENCH_DEVICE:-cpu}
 backend=${WSUP_BENCH_BACKEND:-host}
 model=$(cd "${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}" && pwd)
@@ -93,6 +99,7 @@ sets=(
   "probe.timeout_ms=$probe_ms"
   "probe.jitter_ms=0"
   "supervisor.max_restarts=100000"
+  "front.hedge_after_ms=0"  # hedging only in the wsup-hedge run (set on the front for it)
 )
 # GPUs: one device per tensor-parallel rank (cuda:0 -> [0]; cuda:0,1 -> [0,1], tp 2).
 if [ "$device" != cpu ]; then
@@ -169,19 +176,40 @@ run_haproxy() {  # $1: port, $2: label, $3: file stem, $4: extra default-server 
   ha_pid=$!
   echo "== $2 (127.0.0.1:$1, $out/$3.cfg)"
   "$bin/wsup-bench-failover" --target haproxy --label "$2" --url "127.0.0.1:$1" --golden "$model/golden.json" \
-    --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" --probe-ms "$probe_every" \
+    --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" --hang "$hang" --probe-ms "$probe_every" \
     --haproxy-stats "$out/haproxy-$1.sock" --primary-port "$p_a" --backup-port "$p_b" \
     --supervisor-socket "$sock" --out "$out/$3.json" --records "$out/$3-requests.json" || true
   kill "$ha_pid"; wait "$ha_pid" 2>/dev/null || true
   ha_pid=""
 }
 
-if [[ $targets == *" wsup "* ]]; then
-echo "== wsup front (127.0.0.1:$p_front)"
-"$bin/wsup-bench-failover" --target wsup --label wsup --url "127.0.0.1:$p_front" --golden "$model/golden.json" \
-  --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" --probe-ms "$probe_every" \
-  --supervisor-socket "$sock" --front-socket "$node/run/front.sock" --out "$out/wsup.json" \
-  --records "$out/wsup-requests.json" || true
+# set_limits on the front's control socket (4-byte little-endian length + JSON).
+front_hedging() {  # $1: hedge_after_ms (0: off)
+  python3 - "$node/run/front.sock" "$1" <<'PY'
+import json, socket, struct, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+m = json.dumps({"type": "set_limits", "queue_timeout_ms": 10000, "max_queued": 1024,
+                "hedge_after_ms": int(sys.argv[2]), "hedge_percent": 10, "hedge_burst": 16}).encode()
+s.sendall(struct.pack("<I", len(m)) + m)
+n = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))[0]
+r = json.loads(s.recv(n, socket.MSG_WAITALL))
+sys.exit(0 if r.get("ok") else print("set_limits:", r) or 1)
+PY
+}
+
+run_wsup() {  # $1: label, $2: file stem
+  echo "== $1: wsup front (127.0.0.1:$p_front)"
+  "$bin/wsup-bench-failover" --target wsup --label "$1" --url "127.0.0.1:$p_front" --golden "$model/golden.json" \
+    --clients "$clients" --seconds "$duration" --crash "$drills" --planned "$drills" --hang "$hang" \
+    --probe-ms "$probe_every" --supervisor-socket "$sock" --front-socket "$node/run/front.sock" \
+    --out "$out/$2.json" --records "$out/$2-requests.json" || true
+}
+
+[[ $targets == *" wsup "* ]] && run_wsup wsup wsup
+if [[ $targets == *" wsup-hedge "* ]]; then
+  front_hedging "$hedge_ms"
+  run_wsup "wsup + hedging ${hedge_ms} ms" wsup-hedge
+  front_hedging 0
 fi
 [[ $targets == *" haproxy "* ]] && run_haproxy "$p_ha" "HAProxy" haproxy ""
 [[ $targets == *" haproxy-observe "* ]] &&
@@ -193,16 +221,16 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 gpu=""
 if [ "$device" != cpu ]; then gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true); fi
 runs=()
-for f in wsup haproxy haproxy-observe; do [ -f "$out/$f.json" ] && runs+=("$out/$f.json"); done
+for f in wsup wsup-hedge haproxy haproxy-observe; do [ -f "$out/$f.json" ] && runs+=("$out/$f.json"); done
 {
   echo "Machine: $cpu, $(nproc) CPUs${gpu:+, $gpu}; engines --device $device, $backend weight cache;"
   echo "model $(basename "$model"); $clients clients (half streaming) and a 2-token probe stream every $probe_every ms"
   echo "(every 5 ms for 150 ms from each drill);"
-  echo "$drills crash + $drills planned drills per proxy;"
+  echo "$drills crash + $drills planned + $hang hang drills per proxy;"
   echo "$(date -u +%Y-%m-%d). HAProxy $(haproxy -v | head -1 | awk '{print $3}')."
   echo
   echo '```sh'
-  echo "CLIENTS=$clients DURATION=$duration DRILLS=$drills PROBE_MS=$probe_every WSUP_BENCH_DEVICE=$device WSUP_BENCH_BACKEND=$backend bench/failover.sh OUTDIR BIN_DIR"
+  echo "CLIENTS=$clients DURATION=$duration DRILLS=$drills HANG=$hang HEDGE_MS=$hedge_ms TARGETS=\"$(echo $targets)\" PROBE_MS=$probe_every WSUP_BENCH_DEVICE=$device WSUP_BENCH_BACKEND=$backend bench/failover.sh OUTDIR BIN_DIR"
   echo '```'
   echo
   "$bin/wsup-bench-failover" --table "${runs[@]}"

@@ -64,6 +64,10 @@ void KillEngine(pid_t pid) {
   if (::kill(-pid, SIGKILL) != 0) ::kill(pid, SIGKILL);
 }
 
+void StopEngine(pid_t pid) {
+  if (::kill(-pid, SIGSTOP) != 0) ::kill(pid, SIGSTOP);
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -203,6 +207,23 @@ class WsupTarget final : public DrillTarget {
     d->t0_us = NowUs();
     KillEngine(pid);
     return WaitSwap(from, d);
+  }
+
+  Status Hang(DrillRecord* d) override {
+    auto st = SupStatus();
+    if (!st.ok()) return st.status();
+    json act = Engine(*st, "active");
+    pid_t pid = act.value("pid", 0);
+    if (pid <= 0) return Unavailable("wsup: no active engine to stop");
+    std::string from = Addr(act.value("port", 0));
+    front_.TakeEvents();
+    d->t0_us = NowUs();
+    StopEngine(pid);
+    Status swapped = WaitSwap(from, d);
+    // The supervisor kills the engine it failed over from. Should it not
+    // have (no swap), the engine is woken, so it is not left stopped.
+    if (!swapped.ok() && ::kill(-pid, SIGCONT) != 0) ::kill(pid, SIGCONT);
+    return swapped;
   }
 
   Status Planned(DrillRecord* d) override {
@@ -376,6 +397,29 @@ class HaproxyTarget final : public DrillTarget {
     return Timeout("haproxy: the primary is still UP 30 s after its engine was killed");
   }
 
+  Status Hang(DrillRecord* d) override {
+    auto pid = EnginePid(o_.primary_port);
+    if (!pid.ok()) return pid.status();
+    d->t0_us = NowUs();
+    StopEngine(*pid);
+    auto deadline = Steady::now() + 30s;
+    while (Steady::now() < deadline) {
+      auto s = Stats();
+      int64_t seen = NowUs();
+      if (s.ok()) {
+        const std::string& st = (*s)[o_.primary].status;
+        if (st.rfind("DOWN", 0) == 0 || st.rfind("MAINT", 0) == 0 || st.rfind("NOLB", 0) == 0) {
+          d->swap_us = seen;
+          d->swap_source = "primary " + st + " in the stats";
+          return Status::Ok();
+        }
+      }
+      std::this_thread::sleep_for(500us);
+    }
+    if (::kill(-*pid, SIGCONT) != 0) ::kill(*pid, SIGCONT);
+    return Timeout("haproxy: the primary is still UP 30 s after its engine was stopped");
+  }
+
   Status Planned(DrillRecord* d) override {
     d->t0_us = NowUs();
     auto r = HaproxyCommand(o_.stats_socket, "set server " + o_.backend + "/" + o_.primary + " state drain");
@@ -493,17 +537,21 @@ std::unique_ptr<DrillTarget> MakeHaproxyTarget(HaproxyTargetOptions o) {
 // ---------------------------------------------------------------------------
 
 Status RunDrills(DrillTarget& target, LoadGenerator& load, const DrillPlan& plan, std::vector<DrillRecord>* out) {
-  int n = plan.crash + plan.planned;
+  int n = plan.crash + plan.planned + plan.hang;
   auto gap = plan.gap;
   if (plan.total.count() > 0 && n > 0) gap = std::max(gap, plan.total / (n + 1));
-  int crash_left = plan.crash, planned_left = plan.planned;
+  // Kinds in turn (crash, planned, hang, crash, ...), skipping those used up.
+  const char* kKinds[] = {"crash", "planned", "hang"};
+  int left[] = {plan.crash, plan.planned, plan.hang};
+  int turn = 0;
   int64_t resumed0 = 0, retried0 = 0;
   auto last = Steady::now();
   uint64_t last_completed = load.completed();
   for (int i = 0; i < n; ++i) {
-    bool crash = (i % 2 == 0 && crash_left > 0) || planned_left == 0;
+    while (left[turn % 3] == 0) ++turn;
+    const int kind = turn++ % 3;
     DrillRecord d;
-    d.kind = crash ? "crash" : "planned";
+    d.kind = kKinds[kind];
     Status ready = target.WaitReady(plan.ready_limit);
     if (!ready.ok()) return ready;
     // Undisturbed load between drills, bounded.
@@ -526,10 +574,10 @@ Status RunDrills(DrillTarget& target, LoadGenerator& load, const DrillPlan& plan
     resumed0 = resumed;
     retried0 = retried;
     load.BurstProbes();  // dense probes from just before the drill
-    Status s = crash ? target.Crash(&d) : target.Planned(&d);
+    Status s = kind == 0 ? target.Crash(&d) : kind == 1 ? target.Planned(&d) : target.Hang(&d);
     if (!s.ok()) return Status(Error(s.code(), target.name() + " drill " + std::to_string(i) + " (" + d.kind + "): " +
                                                    s.error().message()));
-    crash ? --crash_left : --planned_left;
+    --left[kind];
     last = Steady::now();
     last_completed = load.completed();
     // The service answers correctly again before the next drill.

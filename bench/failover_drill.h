@@ -20,7 +20,7 @@
 //                  pids come from the wsup supervisor, which restarts a
 //                  killed engine on its port.
 //
-// RunDrills alternates crash and planned drills under a LoadGenerator.
+// RunDrills takes crash, planned and hang drills in turn under a LoadGenerator.
 // Threads: a target is used by one thread at a time.
 #pragma once
 
@@ -75,6 +75,10 @@ class DrillTarget {
   // Runs one drill; fills t0_us, swap_us and swap_source.
   virtual Status Crash(DrillRecord* d) = 0;
   virtual Status Planned(DrillRecord* d) = 0;
+  // SIGSTOP of the active engine's process group: a hang, not a death.
+  // Whoever swaps it away must also end it (wsup's supervisor kills the
+  // engine it fails over from).
+  virtual Status Hang(DrillRecord* d) = 0;
   // Counters of resumed and retried requests so far (cumulative).
   virtual Status Counters(int64_t* resumed, int64_t* retried) = 0;
   // Undo what a planned drill changed, before the next drill.
@@ -102,6 +106,7 @@ std::unique_ptr<DrillTarget> MakeHaproxyTarget(HaproxyTargetOptions o);
 struct DrillPlan {
   int crash = 10;
   int planned = 10;
+  int hang = 0;  // taken in turn with the others: crash, planned, hang, crash, ...
   // At least this long between drills (load flows undisturbed), and at
   // least min_requests_between answers completed.
   std::chrono::milliseconds gap{1000};

@@ -82,6 +82,16 @@ class LoadGenerator::Impl {
   void Run() {
     int n = owner_->options_.clients;
     seq_.assign(static_cast<size_t>(n), 0);
+    if (owner_->options_.think_ms > 0) {
+      for (int i = 0; i < n; ++i) {
+        auto t = std::make_unique<Think>();
+        uv_timer_init(&loop_, &t->timer);
+        t->timer.data = t.get();
+        t->impl = this;
+        t->client = i;
+        think_.push_back(std::move(t));
+      }
+    }
     for (int i = 0; i < n; ++i) Next(i);
     if (owner_->options_.probe_interval_ms > 0) {
       uv_timer_init(&loop_, &probe_timer_);
@@ -111,8 +121,16 @@ class LoadGenerator::Impl {
     std::string bad;
   };
 
+  // A client's pause before its next request.
+  struct Think {
+    uv_timer_t timer;
+    Impl* impl = nullptr;
+    int client = 0;
+  };
+
   void OnStop() {
     stopping_ = true;
+    for (auto& t : think_) uv_close(reinterpret_cast<uv_handle_t*>(&t->timer), nullptr);
     if (probing_) {
       probing_ = false;
       uv_close(reinterpret_cast<uv_handle_t*>(&probe_timer_), nullptr);
@@ -206,7 +224,15 @@ class LoadGenerator::Impl {
         std::lock_guard<std::mutex> lock(owner_->mu_);
         owner_->records_.push_back(std::move(*rec));
       }
-      if (client >= 0) {
+      if (client >= 0 && !think_.empty() && !stopping_) {
+        uv_timer_start(
+            &think_[static_cast<size_t>(client)]->timer,
+            [](uv_timer_t* t) {
+              auto* th = static_cast<Think*>(t->data);
+              th->impl->Next(th->client);
+            },
+            static_cast<uint64_t>(owner_->options_.think_ms), 0);
+      } else if (client >= 0) {
         Next(client);
       } else {
         MaybeEnd();
@@ -279,6 +305,7 @@ class LoadGenerator::Impl {
   int64_t last_probe_us_ = 0;
   std::unique_ptr<http::HttpClient> client_;
   std::vector<uint64_t> seq_;
+  std::vector<std::unique_ptr<Think>> think_;
   int in_flight_ = 0;
   bool stopping_ = false;
   bool closed_ = false;
@@ -335,12 +362,15 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
   Window before;
   std::map<std::string, int64_t> total;
   json failures = json::array();
-  for (const auto& r : records) {
+  std::vector<int> window_of(records.size(), -1);
+  for (size_t ri = 0; ri < records.size(); ++ri) {
+    const RequestRecord& r = records[ri];
     // The latest drill that began at or before the end of this request.
     int idx = -1;
     for (size_t i = 0; i < drills.size(); ++i) {
       if (drills[i].t0_us <= r.end_us) idx = static_cast<int>(i);
     }
+    window_of[ri] = idx;
     Window& w = idx < 0 ? before : win[static_cast<size_t>(idx)];
     std::string o = OutcomeName(r.outcome);
     ++w.counts["requests"];
@@ -382,8 +412,44 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
     }
     return j;
   };
+  // What a drill cost each client request: its latency past the undisturbed
+  // median of its kind (plain, or a whole stream), largest per window.
+  const double base_plain = Percentile(lat_plain, 50), base_stream = Percentile(lat_stream_end, 50);
+  std::vector<double> extra_max(drills.size(), 0);
+  std::vector<json> extra_worst(drills.size(), json(nullptr));
+  for (size_t ri = 0; ri < records.size(); ++ri) {
+    const RequestRecord& r = records[ri];
+    if (window_of[ri] < 0 || r.client < 0 || r.outcome != Outcome::kOk) continue;
+    double base = r.stream ? base_stream : base_plain;
+    if (base < 0) continue;
+    double extra = (r.end_us - r.start_us) / 1e3 - base;
+    const size_t w = static_cast<size_t>(window_of[ri]);
+    if (extra > extra_max[w]) {
+      extra_max[w] = extra;
+      extra_worst[w] = {{"stream", r.stream},
+                        {"sent_ms_after_drill", (r.start_us - drills[w].t0_us) / 1e3},
+                        {"ms", (r.end_us - r.start_us) / 1e3}};
+    }
+  }
+  // The first correct output any client got after a drill began, other
+  // than what was already on its way (within kInFlightUs of t0): an answer
+  // or a stream's first token for a request sent after t0; for one in
+  // flight at t0, its first token or its end, whichever came after. With
+  // hedging, answers to requests caught by a hang count: that is when the
+  // clients' outage ended.
+  constexpr int64_t kInFlightUs = 10'000;
+  std::vector<int64_t> first_output(drills.size(), -1);
+  for (size_t ri = 0; ri < records.size(); ++ri) {
+    const RequestRecord& r = records[ri];
+    if (window_of[ri] < 0 || r.outcome != Outcome::kOk) continue;
+    const size_t w = static_cast<size_t>(window_of[ri]);
+    const int64_t from = drills[w].t0_us + kInFlightUs;
+    int64_t at = r.first_correct_us >= from ? r.first_correct_us : r.end_us;
+    if (at < from) continue;
+    if (first_output[w] < 0 || at < first_output[w]) first_output[w] = at;
+  }
   json per = json::array();
-  std::map<std::string, std::vector<double>> swap, first_ok, first_correct;
+  std::map<std::string, std::vector<double>> swap, first_ok, first_correct, extra;
   std::map<std::string, std::map<std::string, int64_t>> by_kind;
   for (size_t i = 0; i < drills.size(); ++i) {
     const DrillRecord& d = drills[i];
@@ -396,6 +462,10 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
         win[i].first_correct_us < 0 ? json(nullptr) : json((win[i].first_correct_us - d.t0_us) / 1e3);
     row["resumed"] = d.resumed;
     row["retried"] = d.retried;
+    row["first_output_ms"] = first_output[i] < 0 ? json(nullptr) : json((first_output[i] - d.t0_us) / 1e3);
+    row["extra_ms_max"] = extra_max[i];
+    row["extra_worst"] = extra_worst[i];
+    extra[d.kind].push_back(extra_max[i]);
     if (!d.note.empty()) row["note"] = d.note;
     per.push_back(row);
     if (d.swap_us >= 0) swap[d.kind].push_back((d.swap_us - d.t0_us) / 1e3);
@@ -421,6 +491,7 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
     s["first_ok_ms_p99"] = Percentile(first_ok[kind], 99);
     s["first_correct_ms_p50"] = Percentile(first_correct[kind], 50);
     s["first_correct_ms_p99"] = Percentile(first_correct[kind], 99);
+    s["extra_ms_max"] = Percentile(extra[kind], 100);
     summary[kind] = s;
   }
   json latency = {{"plain_ms_p50", Percentile(lat_plain, 50)},

@@ -93,6 +93,9 @@ struct LoadOptions {
   int probe_tokens = 2;
   int64_t probe_burst_interval_ms = 5;
   int64_t probe_burst_ms = 150;
+  // A client's pause between its answer and its next request (0: none, a
+  // closed loop that keeps the engine saturated).
+  int64_t think_ms = 0;
 };
 
 class LoadGenerator {
@@ -151,7 +154,12 @@ struct DrillRecord {
 // the window: kill to first correct response is the earliest
 // first_correct_us (a stream's first token, or a whole answer; probes
 // included), kill to first complete correct answer the earliest end of a
-// client's (full-length) answer. Latencies of ok answers before the first
+// client's (full-length) answer. first_output_ms: the first correct output
+// of any request after t0 (+10 ms: output already on its way is not
+// counted), requests in flight at t0 included (their first token after it,
+// else their end): with hedging, when the clients' outage ended.
+// extra_ms_max: the largest latency of a client request in the window past
+// the undisturbed median of its kind (extra_worst says which). Latencies of ok answers before the first
 // drill are the undisturbed reference.
 nlohmann::json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRecord>& records);
 
