@@ -110,6 +110,7 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
     for (int fd : extra_fds) moved.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 100));
     for (size_t i = 0; i < moved.size(); ++i) ::dup2(moved[i], 3 + static_cast<int>(i));
     for (const auto& [k, v] : env_set) ::setenv(k.c_str(), v.c_str(), 1);
+    ::signal(SIGPIPE, SIG_DFL);  // the test process ignores it (test_main.cc); a program starts with the default
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
