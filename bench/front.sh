@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Proxy overhead with wrk, in one run: the same engine reached directly,
 # through wsup-front and through HAProxy (Debian's; plain reverse proxy,
-# keep-alive to the engine), with its default threads (one per CPU) and with
-# one thread (wsup-front runs one event loop). Two requests: GET /health (the
+# keep-alive to the engine), each with its default threads (one loop or
+# thread per CPU) and with one. Two requests: GET /health (the
 # proxy's own cost dominates) and a one-token greedy completion (POST,
-# bench/front_post.lua); each at 1 connection (latency) and at CONNS
+# bench/front_post.lua); each at 1 connection (latency) and at each of CONNS
 # connections (throughput). requests/s and p50/p99 latency from
 # `wrk --latency`; the paths take turns, ROUNDS times, and each cell is the
 # median of its rounds (a shared machine drifts; turns spread the drift).
@@ -14,7 +14,7 @@
 #
 #   bench/front.sh OUTDIR [BIN_DIR]
 #
-# Environment: DURATION [5] seconds per wrk run, ROUNDS [3], CONNS [32], THREADS [2]
+# Environment: DURATION [5] seconds per wrk run, ROUNDS [3], CONNS ["32 256"], THREADS [2]
 #   (wrk threads), WSUP_BENCH_DEVICE [cpu] the engine's --device,
 #   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32].
 set -euo pipefail
@@ -26,7 +26,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 duration=${DURATION:-5}
 rounds=${ROUNDS:-3}
-conns=${CONNS:-32}
+conns=${CONNS:-32 256}
 threads=${THREADS:-2}
 device=${WSUP_BENCH_DEVICE:-cpu}
 model=$(cd "${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}" && pwd)
@@ -38,9 +38,9 @@ for p in wrk haproxy; do
   command -v $p >/dev/null || { echo "front.sh: $p is missing; run scripts/setup.sh" >&2; exit 1; }
 done
 
-read -r p_eng p_front p_ha p_ha1 < <(python3 -c '
+read -r p_eng p_front p_front1 p_ha p_ha1 < <(python3 -c '
 import socket
-ss = [socket.socket() for _ in range(4)]
+ss = [socket.socket() for _ in range(5)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in ss])')
 
@@ -62,6 +62,10 @@ wait_port "$p_eng" "the engine"
 "$bin/wsup-front" --listen "127.0.0.1:$p_front" --active "127.0.0.1:$p_eng" > "$out/front.log" 2>&1 &
 pids+=($!)
 wait_port "$p_front" "wsup-front"
+"$bin/wsup-front" --listen "127.0.0.1:$p_front1" --active "127.0.0.1:$p_eng" --loops 1 > "$out/front1.log" 2>&1 &
+pids+=($!)
+wait_port "$p_front1" "wsup-front (1 loop)"
+loops=$(grep -o 'with [0-9]* loops' "$out/front.log" | head -1 | awk '{print $2}')
 haproxy_cfg() {  # $1 port, $2 "nbthread N" or ""
   cat <<CFG
 global
@@ -113,15 +117,15 @@ PY
 }
 
 : > "$out/wrk-all.txt"
-targets=(direct wsup haproxy haproxy1)
-declare -A port=([direct]=$p_eng [wsup]=$p_front [haproxy]=$p_ha [haproxy1]=$p_ha1)
-declare -A label=([direct]="direct to the engine" [wsup]="wsup-front" [haproxy]="HAProxy"
-                  [haproxy1]="HAProxy, 1 thread")
+targets=(direct wsup wsup1 haproxy haproxy1)
+declare -A port=([direct]=$p_eng [wsup]=$p_front [wsup1]=$p_front1 [haproxy]=$p_ha [haproxy1]=$p_ha1)
+declare -A label=([direct]="direct to the engine" [wsup]="wsup-front, $loops loops" [wsup1]="wsup-front, 1 loop"
+                  [haproxy]="HAProxy, $(nproc) threads" [haproxy1]="HAProxy, 1 thread")
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 rows=()
 for req in "GET /health" "POST /v1/completions (1 token)"; do
   if [ "$req" = "GET /health" ]; then path=/health; lua=""; else path=/; lua="$repo/bench/front_post.lua"; fi
-  for c in 1 "$conns"; do
+  for c in 1 $conns; do
     t=1; [ "$c" != 1 ] && t=$threads
     declare -A rps=() p50=() p99=() err=()
     for round in $(seq 1 "$rounds"); do
@@ -148,10 +152,11 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 {
   echo "Machine: $cpu, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
   echo "servers on the same machine; ${duration} s per run, median of $rounds rounds; $(date -u +%Y-%m-%d)."
-  echo "HAProxy $(haproxy -v | head -1 | awk '{print $3}'); wsup-front runs one event loop (one thread)."
+  echo "HAProxy $(haproxy -v | head -1 | awk '{print $3}'), its threads by default one per CPU (nbthread); wsup-front"
+  echo "by default one loop per CPU (--loops 0: $loops here)."
   echo
   echo '```sh'
-  echo "DURATION=$duration ROUNDS=$rounds CONNS=$conns THREADS=$threads WSUP_BENCH_DEVICE=$device bench/front.sh OUTDIR BIN_DIR"
+  echo "DURATION=$duration ROUNDS=$rounds CONNS=\"$conns\" THREADS=$threads WSUP_BENCH_DEVICE=$device bench/front.sh OUTDIR BIN_DIR"
   echo '```'
   echo
   echo "| request | connections | path | requests/s | p50 (us) | p99 (us) | added p50 vs direct (us) |"

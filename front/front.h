@@ -26,24 +26,44 @@
 // by status as "events", oldest first: a supervisor that was not connected
 // when the front switched by itself learns what happened and when.
 //
-// Ownership: Front owns the server, the proxy, the control server and its
-// signal handles. Stop() drains (bounded) and closes all of them; `done`
-// runs when the last handle is closed, after which the loop ends clean.
-// Threads: the loop thread only.
+// Loops (--loops N, 0: one per CPU the process may run on): the main loop
+// owns the listening socket (front/acceptor.h), the control socket and the
+// signals; N worker loops (front/worker.h), each on its own thread, serve
+// the connections dealt to them in turn, each with its own Proxy. The main
+// loop keeps the one view of the routes, epoch and events: a route change
+// or a limit reaches every loop before it is acknowledged; a loop's own
+// switch (the active engine failed under it) is accepted once, reported
+// once and followed by the other loops at once; first_ok is reported once
+// per route change; status sums the loops (front/status_merge.h). Engine
+// silence and the hedge budget are judged across loops (front/shared.h).
+// Control replies go out in the order the messages came.
+//
+// Ownership: Front owns the acceptor, the workers, the control server and
+// the main mailbox. Stop() stops accepting, lets every loop drain (bounded)
+// and close, joins them, then closes the rest; `done` runs on the main loop
+// when the last handle is closed, after which the loop ends clean.
+// Threads: the main loop's thread only; workers post back through its mailbox.
 #pragma once
 
 #include <uv.h>
 
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "front/acceptor.h"
 #include "front/address.h"
+#include "front/mailbox.h"
 #include "front/proxy.h"
+#include "front/shared.h"
+#include "front/worker.h"
 #include "http/server.h"
 #include "wire/json_socket.h"
 
@@ -58,47 +78,80 @@ struct FrontOptions {
   int64_t epoch = 0;       // the epoch of the initial routes
   int ready_fd = -1;       // gets "listening on HOST:PORT\n" once serving
   int64_t drain_timeout_ms = 5'000;
+  int loops = 0;           // worker loops; 0: one per CPU this process may run on
   http::ServerOptions server;
   ProxyOptions proxy;
 };
 
+// The most worker loops a front runs (--loops and the CPU count are capped here).
+inline constexpr int kMaxLoops = 64;
+// --loops as given, or (0) the number of CPUs this process may run on, within 1..kMaxLoops.
+int ResolveLoops(int loops);
+
 class Front {
  public:
+  using Reply = std::function<void(nlohmann::json)>;
+
   Front(uv_loop_t* loop, FrontOptions options);
   ~Front();
   Front(const Front&) = delete;
   Front& operator=(const Front&) = delete;
 
-  // Listens (or adopts the socket), opens the control socket, applies the
-  // initial routes and reports readiness.
+  // Listens (or adopts the socket), starts the worker loops with the
+  // initial routes, opens the control socket and reports readiness.
   Status Start();
-  // Stops taking new work, lets calls in flight finish for up to
+  // Stops taking new connections, lets calls in flight finish for up to
   // drain_timeout_ms, then closes everything. Safe to call twice.
   void Stop(std::function<void()> done = {});
 
-  // The answer to one control message (also used by tests).
-  nlohmann::json HandleControl(const nlohmann::json& msg);
+  // Answers one control message; `reply` runs on the main loop, at once or
+  // once every loop has answered.
+  void HandleControl(const nlohmann::json& msg, Reply reply);
 
-  int port() const { return server_ ? server_->port() : 0; }
+  int port() const { return acceptor_.port(); }
   const std::string& listen_address() const { return listen_address_; }
-  Proxy& proxy() { return *proxy_; }
+  int loop_count() const { return static_cast<int>(workers_.size()); }
 
  private:
-  void CloseAll();
+  struct Gather;
+  // Runs `ask` on every worker loop; `done` gets their answers (null for a
+  // loop already gone) on the main loop.
+  void AskWorkers(std::function<nlohmann::json(Worker&)> ask, std::function<void(std::vector<nlohmann::json>)> done);
+  void OnSocket(int fd);
+  void OnWorkerEvent(int worker, nlohmann::json event);
+  void Emit(nlohmann::json event);
+  void SetRoutes(const nlohmann::json& msg, Reply reply);
+  void SetLimits(const nlohmann::json& msg, Reply reply);
+  void OnControlMessage(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
+  void FlushReplies(const std::shared_ptr<JsonConn>& c);
+  void OnWorkerStopped();
   void MaybeDone();
 
   uv_loop_t* loop_;
   FrontOptions options_;
-  std::unique_ptr<Proxy> proxy_;
-  std::unique_ptr<http::HttpServer> server_;
+  FrontShared shared_;
+  Mailbox mailbox_;  // workers post their events and answers here
+  Acceptor acceptor_;
+  std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<JsonServer> control_;
-  uv_timer_t drain_timer_;
+  size_t next_worker_ = 0;
+  size_t stopped_workers_ = 0;
   int open_parts_ = 0;
   bool started_ = false;
   bool stopping_ = false;
-  int64_t drain_deadline_ms_ = 0;
   std::string listen_address_;
   std::function<void()> done_;
+
+  // The one view of the routes (the loops follow it).
+  std::optional<HostPort> active_;
+  std::optional<HostPort> standby_;
+  int64_t epoch_ = 0;
+  std::string first_ok_pending_;  // the engine whose first good answer is still to be reported
+  uint64_t switched_self_ = 0;
+  HedgeLimits hedge_;
+  std::deque<nlohmann::json> event_log_;
+  // Replies per control client, sent in the order the messages came.
+  std::map<std::shared_ptr<JsonConn>, std::deque<std::shared_ptr<std::optional<nlohmann::json>>>> replies_;
 };
 
 // The whole program: flags, logging, signals, the loop. Returns the exit code.

@@ -740,12 +740,17 @@ void ProxyCall::EndHedge(const char* why) {
 
 // ---- Proxy ----
 
-Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, Clock* clock)
+Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared, Clock* clock)
     : loop_(loop),
       options_(std::move(options)),
       events_(std::move(events)),
       clock_(clock),
       pool_(loop, options_.upstream) {
+  if (!shared) {
+    own_shared_ = std::make_unique<FrontShared>();
+    shared = own_shared_.get();
+  }
+  shared_ = shared;
   uv_timer_init(loop_, &queue_timer_);
   uv_timer_init(loop_, &flow_timer_);
   uv_timer_init(loop_, &hedge_timer_);
@@ -753,7 +758,7 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, Clock* clo
   flow_timer_.data = this;
   hedge_timer_.data = this;
   open_timers_ = 3;
-  hedge_tokens_ = options_.hedge_burst;
+  if (options_.hedge_after_ms > 0) shared_->FillHedges(options_.hedge_burst);
   ArmHedgeTimer();
 }
 
@@ -764,7 +769,7 @@ Proxy::~Proxy() {
 void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   ++counters_.requests;
   if (options_.hedge_after_ms > 0) {
-    hedge_tokens_ = std::min<double>(options_.hedge_burst, hedge_tokens_ + options_.hedge_percent / 100.0);
+    shared_->EarnHedge(options_.hedge_percent, options_.hedge_burst);
   }
   if (closing_) {
     writer->Send(http::HttpResponse::Json(503, http::ErrorJson("the front is shutting down; retry", "unavailable")));
@@ -781,7 +786,7 @@ Backend* Proxy::Pick() const {
   // Most of the active engine's requests have had no byte for
   // hedge_after_ms and it has sent nothing since: new requests go to the
   // proven standby until it speaks again (or the supervisor decides).
-  if (active_->silent_reported && standby_ && standby_->down_until_ms <= now) return standby_;
+  if (active_->shared->silent_reported.load(std::memory_order_relaxed) && standby_ && standby_->down_until_ms <= now) return standby_;
   return active_;
 }
 
@@ -881,9 +886,9 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
     return InvalidArgument("set_routes: active and standby are both " + active->ToString() +
                            "; route two different engines, or leave standby null");
   }
-  Backend* new_active = active ? pool_.Get(*active) : nullptr;
+  Backend* new_active = active ? Get(*active) : nullptr;
   int64_t first_ok_early_ms = 0;
-  Backend* new_standby = standby ? pool_.Get(*standby) : nullptr;
+  Backend* new_standby = standby ? Get(*standby) : nullptr;
   // The supervisor vouches for what it routes: forget earlier failures.
   for (Backend* b : {new_active, new_standby}) {
     if (b) {
@@ -896,12 +901,15 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
     // The new active won hedges of the old one after that one last spoke:
     // clients got its answers before this route change, and first_ok says
     // when.
-    if (new_active && active_ && new_active->hedge_win_ms > active_->last_byte_ms) {
+    const int64_t won = new_active ? new_active->shared->hedge_win_ms.load() : 0;
+    if (new_active && active_ && won > active_->shared->last_byte_ms.load()) {
       first_ok_pending_.clear();
-      first_ok_early_ms = new_active->hedge_win_ms;
+      first_ok_early_ms = won;
     }
-    spdlog::info("front: route change (epoch {}): active {} -> {}", epoch, active_ ? active_->name : "none",
-                 new_active ? new_active->name : "none");
+    if (options_.log_routes) {
+      spdlog::info("front: route change (epoch {}): active {} -> {}", epoch, active_ ? active_->name : "none",
+                   new_active ? new_active->name : "none");
+    }
   }
   SetRouted(active_, false);
   SetRouted(standby_, false);
@@ -923,14 +931,26 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
   return Status::Ok();
 }
 
-void Proxy::BackendFailed(Backend* b, const std::string& why) {
+Backend* Proxy::Get(const HostPort& addr) {
+  Backend* b = pool_.Get(addr);
+  if (!b->shared) b->shared = shared_->Backend(b->name);
+  return b;
+}
+
+void Proxy::PeerFailed(const std::string& name, const std::string& why, int64_t epoch, int64_t at_ms) {
+  if (epoch != epoch_ || !active_ || active_->name != name || !standby_) return;
+  BackendFailed(active_, why, at_ms);
+}
+
+void Proxy::BackendFailed(Backend* b, const std::string& why, int64_t peer_at_ms) {
+  const bool from_peer = peer_at_ms > 0;
   int64_t now = now_ms();
   ++b->failures;
   int64_t backoff = options_.down_backoff_ms;
   for (int i = 1; i < b->failures && backoff < options_.down_backoff_max_ms; ++i) backoff *= 2;
   b->down_until_ms = now + std::min(backoff, options_.down_backoff_max_ms);
   b->last_error = why;
-  const int64_t wall = clock_->WallMs();
+  const int64_t wall = from_peer ? peer_at_ms : clock_->WallMs();
   b->failed_at_ms = wall;
   // Every kept-alive connection to it is suspect now.
   std::vector<UpstreamConn*> idle = b->idle;
@@ -944,8 +964,13 @@ void Proxy::BackendFailed(Backend* b, const std::string& why) {
   SetRouted(active_, false);
   active_ = standby_;
   standby_ = nullptr;
-  ++counters_.switched_self;
   first_ok_pending_ = active_->name;
+  if (from_peer) {
+    // Another loop of this front switched first and said so; its event is the one.
+    WakeQueue();
+    return;
+  }
+  ++counters_.switched_self;
   spdlog::warn("front: switched from {} to {} by itself: {}", from->name, active_->name, why);
   Emit({{"type", "event"},
         {"kind", "switched"},
@@ -992,8 +1017,10 @@ void Proxy::SetHedging(const HedgeLimits& h) {
   options_.hedge_after_ms = h.after_ms;
   options_.hedge_percent = h.percent;
   options_.hedge_burst = h.burst;
-  if (!was_on) hedge_tokens_ = h.burst;
-  hedge_tokens_ = std::min<double>(hedge_tokens_, h.burst);
+  // Every loop does the same (the bucket is shared): both are idempotent.
+  if (!was_on && h.after_ms > 0) shared_->FillHedges(h.burst);
+  shared_->CapHedges(h.burst);
+  if (h.after_ms <= 0) ShareSilence({});
   ArmHedgeTimer();
 }
 
@@ -1010,27 +1037,44 @@ void Proxy::ArmHedgeTimer() {
       &hedge_timer_, [](uv_timer_t* t) { static_cast<Proxy*>(t->data)->OnHedgeTimer(); }, tick, tick);
 }
 
-bool Proxy::TakeHedgeToken() {
-  if (hedge_tokens_ < 1) return false;
-  hedge_tokens_ -= 1;
-  return true;
+bool Proxy::TakeHedgeToken() { return shared_->TakeHedge(); }
+
+void Proxy::ShareSilence(const std::unordered_map<SharedBackend*, std::pair<int, int>>& now) {
+  // Add what changed since the last tick; forget engines back at zero.
+  for (auto it = shared_counts_.begin(); it != shared_counts_.end();) {
+    auto n = now.find(it->first);
+    std::pair<int, int> next = n == now.end() ? std::pair<int, int>{0, 0} : n->second;
+    it->first->waiting.fetch_add(next.first - it->second.first, std::memory_order_relaxed);
+    it->first->silent.fetch_add(next.second - it->second.second, std::memory_order_relaxed);
+    it->second = next;
+    it = next.first == 0 && next.second == 0 ? shared_counts_.erase(it) : std::next(it);
+  }
+  for (const auto& [sb, counts] : now) {
+    if (shared_counts_.count(sb) || (counts.first == 0 && counts.second == 0)) continue;
+    sb->waiting.fetch_add(counts.first, std::memory_order_relaxed);
+    sb->silent.fetch_add(counts.second, std::memory_order_relaxed);
+    shared_counts_[sb] = counts;
+  }
 }
 
 void Proxy::HedgeWon(Backend* b) {
   // The first win since the active engine last spoke: where a failover to
   // this engine began serving clients, if the supervisor then routes it.
-  const int64_t since = active_ ? active_->last_byte_ms : 0;
-  if (b->hedge_win_ms <= since) b->hedge_win_ms = clock_->WallMs();
+  const int64_t since = active_ ? active_->shared->last_byte_ms.load() : 0;
+  int64_t won = b->shared->hedge_win_ms.load();
+  // The first loop to win since then sets it.
+  while (won <= since && !b->shared->hedge_win_ms.compare_exchange_weak(won, clock_->WallMs())) {
+  }
 }
 
-void Proxy::BackendSpoke(Backend* b) {
-  b->last_byte_ms = clock_->WallMs();
-  b->last_byte_loop_ms = now_ms();
-  b->silent_reported = false;
-}
+void Proxy::BackendSpoke(Backend* b) { b->shared->Spoke(clock_->WallMs(), now_ms()); }
 
 void Proxy::OnHedgeTimer() {
-  if (calls_.empty() || options_.hedge_after_ms <= 0) return;
+  if (options_.hedge_after_ms <= 0) return;
+  if (calls_.empty()) {
+    if (!shared_counts_.empty()) ShareSilence({});
+    return;
+  }
   const int64_t now = now_ms();
   const int64_t after = options_.hedge_after_ms;
   // The standby takes hedges only while the supervisor routes it (it does
@@ -1048,23 +1092,31 @@ void Proxy::OnHedgeTimer() {
       if (silent) ++silent_on_active;
     }
   }
-  // The active engine sent nothing at all, on any request, for the whole
-  // wait, while at least two requests waited that long for it: more likely
-  // the engine than the requests. (Requests younger than the wait do not
-  // count against it: under steady traffic they always exist.) Said once
-  // until it speaks again.
-  if (active_ && !active_->silent_reported && silent_on_active >= 2 && now - active_->last_byte_loop_ms >= after) {
-    active_->silent_reported = true;
+  // This loop's share of the counts, summed over the loops in the record.
+  std::unordered_map<SharedBackend*, std::pair<int, int>> counts;
+  if (active_ && on_active > 0) counts[active_->shared] = {on_active, silent_on_active};
+  ShareSilence(counts);
+  // The active engine sent nothing at all, on any request of any loop, for
+  // the whole wait, while at least two requests waited that long for it:
+  // more likely the engine than the requests. (Requests younger than the
+  // wait do not count against it: under steady traffic they always exist.)
+  // Said once until it speaks again: the loop that flips the flag says it.
+  SharedBackend* sa = active_ ? active_->shared : nullptr;
+  const int silent_all = sa ? sa->silent.load(std::memory_order_relaxed) : 0;
+  bool expected = false;
+  if (sa && silent_on_active > 0 && silent_all >= 2 && now - sa->last_byte_loop_ms.load() >= after &&
+      sa->silent_reported.compare_exchange_strong(expected, true)) {
+    const int waiting_all = sa->waiting.load(std::memory_order_relaxed);
     ++counters_.silent_reports;
-    spdlog::warn("front: {} of {} requests on the active engine {} have had no byte for {} ms", silent_on_active,
-                 on_active, active_->name, after);
+    spdlog::warn("front: {} of {} requests on the active engine {} have had no byte for {} ms", silent_all,
+                 waiting_all, active_->name, after);
     Emit({{"type", "event"},
           {"kind", "silent"},
           {"backend", active_->name},
-          {"silent", silent_on_active},
-          {"inflight", on_active},
+          {"silent", silent_all},
+          {"inflight", waiting_all},
           {"after_ms", after},
-          {"last_byte_ms", active_->last_byte_ms},
+          {"last_byte_ms", sa->last_byte_ms.load()},
           {"epoch", epoch_},
           {"at_ms", clock_->WallMs()}});
   }
@@ -1073,7 +1125,8 @@ void Proxy::OnHedgeTimer() {
   for (ProxyCall* c : calls_) {
     Backend* b = c->backend();
     if (!b || !target || b == target || c->hedged() || !c->CanHedge()) continue;
-    bool stuck = b == active_ && active_->silent_reported ? c->Silent(now, 0) : c->Silent(now, after);
+    bool stuck = b == active_ && sa && sa->silent_reported.load(std::memory_order_relaxed) ? c->Silent(now, 0)
+                                                                                           : c->Silent(now, after);
     if (stuck) to_hedge.push_back(c);
   }
   size_t refused = 0;
@@ -1127,6 +1180,7 @@ nlohmann::json Proxy::StatusJson() const {
       entry["error"] = b->last_error;
     }
     if (b->last_ok_ms > 0) entry["last_ok_ms"] = b->last_ok_ms;
+    if (b->shared && b->shared->last_byte_ms.load() > 0) entry["last_byte_ms"] = b->shared->last_byte_ms.load();
     backends[name] = std::move(entry);
   }
   nlohmann::json j;
@@ -1151,7 +1205,7 @@ nlohmann::json Proxy::StatusJson() const {
   j["hedging"] = {{"after_ms", options_.hedge_after_ms},
                   {"percent", options_.hedge_percent},
                   {"burst", options_.hedge_burst},
-                  {"budget", hedge_tokens_}};
+                  {"budget", shared_->hedge_budget()}};
   return j;
 }
 
@@ -1162,6 +1216,7 @@ void Proxy::Close(std::function<void()> done) {
     return;
   }
   closing_ = true;
+  ShareSilence({});
   std::vector<ProxyCall*> all(calls_.begin(), calls_.end());
   for (ProxyCall* c : all) c->Cancel();
   queue_.clear();

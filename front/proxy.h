@@ -49,7 +49,9 @@
 // Ownership: the Proxy owns its calls, its UpstreamPool and two timers; it
 // never owns a client connection (the HttpServer does). Close() ends every
 // call and closes the pool and timers; `done` runs when all are freed.
-// Threads: the loop thread only.
+// Threads: the loop thread only. A front of several loops runs one Proxy
+// per loop (front/worker.h); they share only a FrontShared (front/shared.h):
+// engine silence and the hedge budget are judged over all of them.
 #pragma once
 
 #include <uv.h>
@@ -61,6 +63,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -68,6 +71,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "front/address.h"
+#include "front/shared.h"
 #include "front/upstream.h"
 #include "http/server.h"
 
@@ -86,6 +90,7 @@ struct ProxyOptions {
   int64_t hedge_after_ms = 0;        // silence from the active before the standby is asked too; 0: no hedging
   int hedge_percent = 10;            // hedges earned per 100 client requests ...
   int hedge_burst = 16;              // ... and the most that can be saved up (also the starting balance)
+  bool log_routes = true;            // log route changes (one loop of several does)
   UpstreamOptions upstream;
 };
 
@@ -122,7 +127,10 @@ class Proxy {
  public:
   using EventSink = std::function<void(const nlohmann::json& event)>;
 
-  Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, Clock* clock = &RealClock());
+  // `shared`: the state this proxy shares with the front's other loops
+  // (front/shared.h); null: its own (a front of one loop).
+  Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared = nullptr,
+        Clock* clock = &RealClock());
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -160,7 +168,13 @@ class Proxy {
   void Dispatch(ProxyCall* call);
   void Dequeue(ProxyCall* call);
   void Forget(ProxyCall* call);
-  void BackendFailed(Backend* b, const std::string& why);
+  // `peer_at_ms` > 0: another loop of the front saw it fail then (wall
+  // time) and switched; its event is the one the supervisor gets: follow
+  // without an event.
+  void BackendFailed(Backend* b, const std::string& why, int64_t peer_at_ms = 0);
+  // Another loop of this front switched from the active engine `name` at
+  // `epoch` (at wall time at_ms): do the same if this loop still routes it so.
+  void PeerFailed(const std::string& name, const std::string& why, int64_t epoch, int64_t at_ms);
   void BackendAnswered(Backend* b);
   // A byte from `b` on any call: it is not silent.
   void BackendSpoke(Backend* b);
@@ -174,6 +188,7 @@ class Proxy {
   int64_t now_ms() const { return static_cast<int64_t>(uv_now(loop_)); }
 
  private:
+  Backend* Get(const HostPort& addr);
   Backend* Pick() const;
   void WakeQueue();
   void ArmQueueTimer();
@@ -182,6 +197,8 @@ class Proxy {
   void ArmHedgeTimer();
   void OnHedgeTimer();
   bool TakeHedgeToken();
+  // This loop's counts of waiting and silent requests per engine, into the shared records.
+  void ShareSilence(const std::unordered_map<SharedBackend*, std::pair<int, int>>& now);
   void SetRouted(Backend* b, bool routed);
   void Emit(nlohmann::json event);
   void MaybeDone();
@@ -194,7 +211,9 @@ class Proxy {
   uv_timer_t queue_timer_;
   uv_timer_t flow_timer_;
   uv_timer_t hedge_timer_;  // scans calls for silence while hedging is on
-  double hedge_tokens_ = 0;
+  std::unique_ptr<FrontShared> own_shared_;
+  FrontShared* shared_;
+  std::unordered_map<SharedBackend*, std::pair<int, int>> shared_counts_;  // what this loop added
   int open_timers_ = 0;
   bool closing_ = false;
   bool pool_closed_ = false;

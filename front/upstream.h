@@ -37,6 +37,7 @@ namespace wsup::front {
 
 class UpstreamConn;
 class UpstreamPool;
+struct SharedBackend;
 
 // One engine address and what the front knows about it.
 struct Backend {
@@ -48,10 +49,7 @@ struct Backend {
   std::string last_error;       // the latest failure, for 503 messages
   int64_t failed_at_ms = 0;     // wall time of the latest failure (0: none seen)
   int64_t last_ok_ms = 0;       // wall time of its latest 2xx answer head (0: none seen)
-  int64_t last_byte_ms = 0;     // wall time of the latest byte it sent on any call (0: none seen)
-  int64_t last_byte_loop_ms = 0;  // the same in loop time, for the silence check
-  int64_t hedge_win_ms = 0;     // wall time of its first hedge win since the active last spoke
-  bool silent_reported = false; // a `silent` event was sent and it has not spoken since
+  SharedBackend* shared = nullptr;  // what every loop of the front knows of it (front/shared.h)
   std::vector<UpstreamConn*> idle;  // kept-alive connections, most recent last
   size_t conns = 0;             // open connections of any state
   bool routed = false;          // the active or standby route names it

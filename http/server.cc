@@ -49,6 +49,24 @@ class Connection {
       spdlog::warn("http: accept failed: {}", uv_strerror(rc));
       return false;
     }
+    return Accepted();
+  }
+
+  // The same for a socket accepted elsewhere (another loop's acceptor).
+  bool Open(int fd) {
+    uv_tcp_init(server_->loop(), &tcp_);
+    uv_timer_init(server_->loop(), &timer_);
+    open_handles_ = 2;
+    int rc = uv_tcp_open(&tcp_, fd);
+    if (rc < 0) {
+      spdlog::warn("http: cannot take accepted socket {}: {}", fd, uv_strerror(rc));
+      ::close(fd);
+      return false;
+    }
+    return Accepted();
+  }
+
+  bool Accepted() {
     uv_tcp_nodelay(&tcp_, 1);
     int64_t now = Now();
     request_start_ms_ = now;
@@ -599,6 +617,16 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
   auto* c = new Connection(self);
   self->connections_.insert(c);
   if (!c->Accept(listener) || self->closing_ || self->connections_.size() > self->options_.max_connections) {
+    c->Close();
+    return;
+  }
+  c->Start();
+}
+
+void HttpServer::AdoptConnection(int fd) {
+  auto* c = new Connection(this);
+  connections_.insert(c);
+  if (!c->Open(fd) || closing_ || connections_.size() > options_.max_connections) {
     c->Close();
     return;
   }

@@ -133,6 +133,10 @@ class HttpServer {
   // Starts accepting on a listening socket someone else bound (a supervisor
   // that keeps the socket across restarts). Takes ownership of fd.
   Status Adopt(int fd);
+  // Serves a connection accepted elsewhere (the front's acceptor hands them
+  // to its loops). Takes ownership of fd; a server that is closing or full
+  // closes it at once.
+  void AdoptConnection(int fd);
   int port() const { return port_; }
   const std::string& host() const { return options_.host; }
   const ServerOptions& options() const { return options_; }

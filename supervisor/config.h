@@ -145,6 +145,8 @@ struct Config {
     int64_t hedge_after_ms = 0;
     int hedge_percent = 10;
     int hedge_burst = 16;
+    // The front's worker loops (threads); 0: one per CPU it may run on.
+    int loops = 0;
   } front;
 
   struct Admin {

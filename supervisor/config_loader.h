@@ -50,7 +50,7 @@ inline const std::vector<SectionSpec>& Schema() {
        {"kind", "prompt", "expect", "expect_token_ids", "max_tokens", "interval_ms", "timeout_ms", "failures",
         "successes", "jitter_ms", "comm", "comm_max_age_ms"},
        true, "[probe] prompt = \"Hello\", expect = \"...\""},
-      {"front", {"listen", "queue_timeout_ms", "max_queued", "hedge_after_ms", "hedge_percent", "hedge_burst"}, true, "[front] listen = \"127.0.0.1:8000\""},
+      {"front", {"listen", "queue_timeout_ms", "max_queued", "hedge_after_ms", "hedge_percent", "hedge_burst", "loops"}, true, "[front] listen = \"127.0.0.1:8000\""},
       {"admin", {"listen"}, true, "[admin] listen = \"127.0.0.1:9090\""},
       {"supervisor",
        {"restart_backoff_ms", "restart_backoff_max_ms", "max_restarts", "restart_window_ms", "rollout_watch_ms",

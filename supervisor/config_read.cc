@@ -136,6 +136,7 @@ Status Loader::Read(const toml::table& root, Config* c) {
   WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_after_ms", &c->front.hedge_after_ms, 0, 3'600'000));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_percent", &c->front.hedge_percent, 0, 100));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_burst", &c->front.hedge_burst, 1, 1'000'000));
+  WSUP_RETURN_IF_ERROR(Int(front, "front", "loops", &c->front.loops, 0, 64));
   const toml::table* admin = Section(root, "admin");
   WSUP_RETURN_IF_ERROR(Listen(admin, "admin", &c->admin.listen, "127.0.0.1:9090"));
 

@@ -77,7 +77,7 @@ void Supervisor::Impl::StartFront() {
                "--queue-timeout-ms", std::to_string(cfg_.front.queue_timeout_ms), "--max-queued",
                std::to_string(cfg_.front.max_queued), "--epoch", std::to_string(epoch_), "--hedge-after-ms",
                std::to_string(cfg_.front.hedge_after_ms), "--hedge-percent", std::to_string(cfg_.front.hedge_percent),
-               "--hedge-burst", std::to_string(cfg_.front.hedge_burst)};
+               "--hedge-burst", std::to_string(cfg_.front.hedge_burst), "--loops", std::to_string(cfg_.front.loops)};
   if (!routed_active_.empty()) {
     spec.argv.push_back("--active");
     spec.argv.push_back(routed_active_);

@@ -79,6 +79,7 @@ std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c) {
   add("front.hedge_after_ms", c.front.hedge_after_ms);
   add("front.hedge_percent", c.front.hedge_percent);
   add("front.hedge_burst", c.front.hedge_burst);
+  add("front.loops", c.front.loops);
   add("admin.listen", c.admin.listen.ToString());
   add("supervisor.restart_backoff_ms", c.supervisor.restart_backoff_ms);
   add("supervisor.restart_backoff_max_ms", c.supervisor.restart_backoff_max_ms);

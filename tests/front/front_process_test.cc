@@ -570,6 +570,9 @@ TEST_CASE("bad flags are refused with a message naming the fix", "[front][proces
   r = wsup::test::Run({wsup::test::BinPath("wsup-front"), "--active", "127.0.0.1:1"});
   CHECK(r.exit_code != 0);
   CHECK(r.output.find("--listen") != std::string::npos);
+  r = wsup::test::Run({wsup::test::BinPath("wsup-front"), "--listen", "127.0.0.1:0", "--loops", "65"});
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("--loops") != std::string::npos);
   // A control path held by a live front is not stolen.
   auto front = FrontProcess::Start({});
   r = wsup::test::Run({wsup::test::BinPath("wsup-front"), "--listen", "127.0.0.1:0", "--control", front->control_path()});
@@ -669,4 +672,70 @@ TEST_CASE("the status event log keeps the last 64 events, oldest first", "[front
     if (i > 0) CHECK(events[i]["at_ms"].get<int64_t>() >= events[i - 1]["at_ms"].get<int64_t>());
   }
   CHECK(events.back()["backend"] == a.addr());  // epoch 70 routed A
+}
+
+TEST_CASE("several loops: connections dealt in turn, one switch and one first_ok each, status summed",
+          "[front][process][loops]") {
+  FakeEngine a("A");
+  FakeEngine b("B");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--loops", "4"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  const std::string body = R"({"prompt":"abc","max_tokens":2})";
+  const std::string request = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                              "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  std::vector<HttpConn> conns(8);
+  // One request on every connection; `engine` is who must answer all of them.
+  auto round = [&](const std::string& engine) {
+    for (auto& c : conns) REQUIRE(c.Send(request));
+    for (auto& c : conns) {
+      HttpResult r = c.Read();
+      REQUIRE(r.status == 200);
+      CHECK(r.Header("X-Engine") == engine);
+    }
+  };
+  for (auto& c : conns) REQUIRE(c.Connect(front->port()));
+  round("A");
+  json st = Status(ctl);
+  CHECK(st["loops"] == 4);
+  REQUIRE(st["loop_load"].size() == 4);
+  for (const auto& l : st["loop_load"]) {
+    CHECK(l["connections"] == 2);
+    CHECK(l["requests"] == 2);
+  }
+  CHECK(st["counters"]["requests"] == 8);
+  CHECK(st["counters"]["ok"] == 8);
+  CHECK(st["inflight"][a.addr()] == 0);
+
+  // The active dies under every loop at once: every request is still
+  // answered (by the standby), and the front switched once.
+  a.Stop();
+  round("B");
+  st = Status(ctl);
+  CHECK(st["active"] == b.addr());
+  CHECK(st["standby"].is_null());
+  CHECK(st["counters"]["switched_self"] == 1);
+  CHECK(st["counters"]["ok"] == 16);
+  auto count = [](const json& events, const std::string& kind, const std::string& backend) {
+    int n = 0;
+    for (const auto& e : events) n += e["kind"] == kind && (backend.empty() || e["backend"] == backend);
+    return n;
+  };
+  CHECK(count(st["events"], "switched", "") == 1);
+  CHECK(count(st["events"], "first_ok", a.addr()) == 1);
+  CHECK(count(st["events"], "first_ok", b.addr()) == 1);
+  // The backend's failure time is the latest any loop saw: the switch's or
+  // later (a loop may meet the dead engine itself before it hears of the switch).
+  auto ev = ctl.WaitEvent("switched");
+  REQUIRE(ev.has_value());
+  CHECK(st["backends"][a.addr()]["failed_at_ms"].get<int64_t>() >= (*ev)["at_ms"].get<int64_t>());
+
+  // A route change reaches every loop before it is acknowledged.
+  FakeEngine c("C");
+  REQUIRE(ctl.Call(SetRoutes(c.addr(), b.addr(), 1)).value_or(json::object())["ok"] == true);
+  round("C");
+  st = Status(ctl);
+  CHECK(count(st["events"], "first_ok", c.addr()) == 1);
+  CHECK(st["counters"]["requests"] == 24);
+  CHECK(st["epoch"] == 1);
 }

@@ -1,13 +1,20 @@
 // Unit tests of the front's pure pieces: address parsing, control framing,
-// completion planning and the SSE relay.
+// completion planning, the SSE relay, and what the front's loops share
+// and merge.
 #include <catch2/catch.hpp>
+
+#include <atomic>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "front/address.h"
 #include "front/completion.h"
 #include "front/control_socket.h"
+#include "front/shared.h"
 #include "front/sse_relay.h"
+#include "front/status_merge.h"
 #include "tests/front/fake_engine.h"
 #include "tests/http/http_test_client.h"
 #include "wire/json_frame.h"
@@ -301,4 +308,102 @@ TEST_CASE("FakeGenerate continues like greedy decoding", "[front][unit]") {
   ctx.insert(ctx.end(), full.begin(), full.begin() + 4);
   auto rest = wsup::test::FakeGenerate(ctx, 6);
   CHECK(std::vector<int64_t>(full.begin() + 4, full.end()) == rest);
+}
+
+TEST_CASE("MergeLoopStatus sums counts and keeps the latest times per engine", "[front][unit]") {
+  json a = {{"active", "127.0.0.1:1"},
+            {"standby", "127.0.0.1:2"},
+            {"epoch", 4},
+            {"queued", 1},
+            {"inflight", {{"127.0.0.1:1", 2}, {"127.0.0.1:2", 0}}},
+            {"down", json::object()},
+            {"backends",
+             {{"127.0.0.1:1",
+               {{"route", "active"}, {"inflight", 2}, {"failures", 0}, {"last_ok_ms", 500}, {"last_byte_ms", 510}}}}},
+            {"counters", {{"requests", 10}, {"ok", 9}, {"hedged", 1}}},
+            {"hedging", {{"after_ms", 0}}},
+            {"events", json::array({json{{"kind", "first_ok"}}})}};
+  json b = {{"active", "127.0.0.1:1"},
+            {"standby", "127.0.0.1:2"},
+            {"epoch", 4},
+            {"queued", 2},
+            {"inflight", {{"127.0.0.1:1", 3}}},
+            {"down", {{"127.0.0.1:1", {{"for_ms", 80}, {"error", "refused"}}}}},
+            {"backends",
+             {{"127.0.0.1:1",
+               {{"route", "active"},
+                {"inflight", 3},
+                {"failures", 2},
+                {"failed_at_ms", 600},
+                {"error", "refused"},
+                {"last_ok_ms", 400}}},
+              {"127.0.0.1:2", {{"route", "standby"}, {"inflight", 0}, {"failures", 0}}}}},
+            {"counters", {{"requests", 5}, {"ok", 5}, {"hedged", 0}}}};
+  json c = {{"down", {{"127.0.0.1:1", {{"for_ms", 30}, {"error", "older"}}}}}};
+  json m = MergeLoopStatus({a, nullptr, b, c});
+  CHECK(m["active"] == "127.0.0.1:1");
+  CHECK(m["epoch"] == 4);
+  CHECK(m["queued"] == 3);
+  CHECK(m["inflight"]["127.0.0.1:1"] == 5);
+  CHECK(m["inflight"]["127.0.0.1:2"] == 0);
+  CHECK(m["counters"]["requests"] == 15);
+  CHECK(m["counters"]["ok"] == 14);
+  CHECK(m["counters"]["hedged"] == 1);
+  CHECK(m["down"]["127.0.0.1:1"]["for_ms"] == 80);
+  json e = m["backends"]["127.0.0.1:1"];
+  CHECK(e["inflight"] == 5);
+  CHECK(e["failures"] == 2);
+  CHECK(e["failed_at_ms"] == 600);
+  CHECK(e["error"] == "refused");
+  CHECK(e["last_ok_ms"] == 500);
+  CHECK(e["last_byte_ms"] == 510);
+  CHECK(m["backends"]["127.0.0.1:2"]["route"] == "standby");
+  CHECK(m["events"].empty());  // the front keeps the one log
+  CHECK(MergeLoopStatus({})["counters"].empty());
+}
+
+TEST_CASE("FrontShared: one hedge bucket for every loop, never overdrawn", "[front][unit]") {
+  FrontShared shared;
+  shared.FillHedges(3);
+  CHECK(shared.hedge_budget() == 3.0);
+  shared.EarnHedge(50, 3);  // full: earns nothing
+  CHECK(shared.hedge_budget() == 3.0);
+  CHECK(shared.TakeHedge());
+  shared.EarnHedge(50, 3);
+  CHECK(shared.hedge_budget() == 2.5);
+  shared.CapHedges(2);
+  CHECK(shared.hedge_budget() == 2.0);
+  CHECK(shared.TakeHedge());
+  CHECK(shared.TakeHedge());
+  CHECK_FALSE(shared.TakeHedge());
+  shared.EarnHedge(50, 2);
+  CHECK_FALSE(shared.TakeHedge());  // half a hedge is none
+  shared.EarnHedge(50, 2);
+  CHECK(shared.TakeHedge());
+
+  // Many loops taking at once: exactly the budget is handed out.
+  shared.FillHedges(1000);
+  std::atomic<int> taken{0};
+  std::vector<std::thread> loops;
+  for (int i = 0; i < 8; ++i) {
+    loops.emplace_back([&] {
+      for (int k = 0; k < 500; ++k) {
+        if (shared.TakeHedge()) ++taken;
+      }
+    });
+  }
+  for (auto& t : loops) t.join();
+  CHECK(taken == 1000);
+  CHECK(shared.hedge_budget() == 0.0);
+
+  // An engine's record is one per name.
+  SharedBackend* x = shared.Backend("127.0.0.1:9");
+  CHECK(shared.Backend("127.0.0.1:9") == x);
+  CHECK(shared.Backend("127.0.0.1:10") != x);
+  x->silent_reported = true;
+  x->Spoke(1000, 50);
+  CHECK_FALSE(x->silent_reported);
+  x->Spoke(900, 40);  // another loop's older byte does not move it back
+  CHECK(x->last_byte_ms == 1000);
+  CHECK(x->last_byte_loop_ms == 50);
 }

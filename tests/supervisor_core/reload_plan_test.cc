@@ -114,6 +114,8 @@ TEST_CASE("reload plan: every key of the schema has an effect, and only the vers
     CHECK(EffectOf(k) == ReloadEffect::kAtOnce);
   }
   CHECK(EffectOf("supervisor.control_socket") == ReloadEffect::kCold);
+  // The front's loops are threads it starts with: a restart of the front changes them.
+  CHECK(EffectOf("front.loops") == ReloadEffect::kCold);
 }
 
 }  // namespace
