@@ -380,20 +380,7 @@ class HaproxyTarget final : public DrillTarget {
     if (!pid.ok()) return pid.status();
     d->t0_us = NowUs();
     KillEngine(*pid);
-    auto deadline = Steady::now() + 30s;
-    while (Steady::now() < deadline) {
-      auto s = Stats();
-      int64_t seen = NowUs();
-      if (s.ok()) {
-        const std::string& st = (*s)[o_.primary].status;
-        if (st.rfind("DOWN", 0) == 0 || st.rfind("MAINT", 0) == 0 || st.rfind("NOLB", 0) == 0) {
-          d->swap_us = seen;
-          d->swap_source = "primary " + st + " in the stats";
-          return Status::Ok();
-        }
-      }
-      std::this_thread::sleep_for(500us);
-    }
+    if (WaitPrimaryDown(d)) return Status::Ok();
     return Timeout("haproxy: the primary is still UP 30 s after its engine was killed");
   }
 
@@ -402,6 +389,14 @@ class HaproxyTarget final : public DrillTarget {
     if (!pid.ok()) return pid.status();
     d->t0_us = NowUs();
     StopEngine(*pid);
+    if (WaitPrimaryDown(d)) return Status::Ok();
+    if (::kill(-*pid, SIGCONT) != 0) ::kill(*pid, SIGCONT);
+    return Timeout("haproxy: the primary is still UP 30 s after its engine was stopped");
+  }
+
+  // HAProxy's own failover: its health checks mark the primary DOWN (or it
+  // was put in MAINT or NOLB). Sets the drill's swap time; false after 30 s.
+  bool WaitPrimaryDown(DrillRecord* d) {
     auto deadline = Steady::now() + 30s;
     while (Steady::now() < deadline) {
       auto s = Stats();
@@ -411,13 +406,12 @@ class HaproxyTarget final : public DrillTarget {
         if (st.rfind("DOWN", 0) == 0 || st.rfind("MAINT", 0) == 0 || st.rfind("NOLB", 0) == 0) {
           d->swap_us = seen;
           d->swap_source = "primary " + st + " in the stats";
-          return Status::Ok();
+          return true;
         }
       }
       std::this_thread::sleep_for(500us);
     }
-    if (::kill(-*pid, SIGCONT) != 0) ::kill(*pid, SIGCONT);
-    return Timeout("haproxy: the primary is still UP 30 s after its engine was stopped");
+    return false;
   }
 
   Status Planned(DrillRecord* d) override {

@@ -390,6 +390,11 @@ void ProxyCall::OnUpstreamBody(std::string_view data) {
 
 void ProxyCall::OnUpstreamDone() {
   Guard g(this);
+  // A 2xx answer that ended with no body byte (an empty stream) is good too.
+  if (answer_pending_) {
+    answer_pending_ = false;
+    proxy_->BackendAnswered(backend_);
+  }
   conn_ = nullptr;
   --backend_->inflight;
   backend_ = nullptr;

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <catch2/catch.hpp>
+
 #include <filesystem>
 
 #include "wire/json_call.h"
@@ -129,6 +131,44 @@ DrillNode::~DrillNode() {
   if (j.contains("front") && j["front"].is_object()) kill(j["front"]["proc"]);
   for (const auto& h : j.value("holders", json::array())) kill(h["proc"]);
   for (const auto& e : j.value("engines", json::array())) kill(e["proc"]);
+}
+
+nlohmann::json EngineOf(const nlohmann::json& status, const std::string& role) {
+  for (const auto& e : status.value("engines", nlohmann::json::array())) {
+    if (e.value("role", "") == role) return e;
+  }
+  return nlohmann::json();
+}
+
+bench::LoadOptions DrillLoad(const DrillNode& node, int clients) {
+  bench::LoadOptions lo;
+  lo.port = node.FrontPort();
+  REQUIRE(lo.port > 0);
+  lo.clients = clients;
+  lo.request_timeout_ms = 60'000;
+  return lo;
+}
+
+bench::DrillPlan DrillPlanOf(int crash, int planned, int hang, int min_requests_between) {
+  bench::DrillPlan plan;
+  plan.crash = crash;
+  plan.planned = planned;
+  plan.hang = hang;
+  plan.gap = std::chrono::milliseconds(100);
+  plan.min_requests_between = min_requests_between;
+  plan.ready_limit = std::chrono::seconds(120);
+  plan.verbose = false;
+  return plan;
+}
+
+void CheckNothingLost(const nlohmann::json& analysis) {
+  const nlohmann::json& total = analysis["total"];
+  CHECK(total["failed"] == 0);
+  CHECK(total["lost"] == 0);
+  CHECK(total["duplicated"] == 0);
+  CHECK(total["wrong"] == 0);
+  CHECK(total["ok"] == total["requests"]);
+  CHECK(total["requests"].get<int64_t>() > 0);
 }
 
 }  // namespace wsup::test

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/failover_drill.h"
+#include "bench/failover_load.h"
 #include "tests/sanitized.h"
 #include "tests/test_util.h"
 
@@ -85,5 +87,20 @@ class DrillNode {
   DrillNodeSpec spec_;
   Child sup_;
 };
+
+// The engine of `wsup status --json` with this role ("active", "standby"), or null.
+nlohmann::json EngineOf(const nlohmann::json& status, const std::string& role);
+
+// Closed-loop clients on the node's front asking the golden prompts (each
+// request may take up to a minute: the engines share a small machine).
+bench::LoadOptions DrillLoad(const DrillNode& node, int clients);
+
+// Drills paced as the tests pace them: 100 ms and `min_requests_between`
+// answers between two, up to two minutes for the node to be ready again.
+bench::DrillPlan DrillPlanOf(int crash, int planned, int hang, int min_requests_between);
+
+// The analysis (bench::Analyze) of a drilled load: no request failed, was
+// lost, duplicated or wrong, and every one was answered.
+void CheckNothingLost(const nlohmann::json& analysis);
 
 }  // namespace wsup::test

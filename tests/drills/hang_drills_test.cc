@@ -48,11 +48,7 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   REQUIRE(node.WaitServing());
 
   auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadOptions lo;
-  lo.port = node.FrontPort();
-  REQUIRE(lo.port > 0);
-  lo.clients = 8;
-  lo.request_timeout_ms = 60'000;
+  bench::LoadOptions lo = test::DrillLoad(node, 8);
   // Each client pauses 100 ms between answers. Two engines share the CI's
   // two cores with everything else; saturated by closed-loop clients, the
   // engine that takes over would queue every stall's backlog behind new
@@ -65,14 +61,8 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   lo.probe_interval_ms = test::kSanitized ? 0 : 20;
   lo.probe_burst_ms = 0;
   bench::LoadGenerator load(lo, *golden);
-  bench::DrillPlan plan;
-  plan.crash = 0;
-  plan.planned = 0;
-  plan.hang = kHangs;
+  bench::DrillPlan plan = test::DrillPlanOf(0, 0, kHangs, 16);
   plan.gap = test::kSanitized ? 1000ms : 500ms;
-  plan.min_requests_between = 16;
-  plan.ready_limit = 120s;
-  plan.verbose = false;
 
   std::vector<bench::DrillRecord> drills;
   load.Start();
@@ -87,12 +77,8 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   REQUIRE(ran.ok());
   REQUIRE(drills.size() == static_cast<size_t>(kHangs));
 
+  test::CheckNothingLost(a);
   const json& total = a["total"];
-  CHECK(total["failed"] == 0);
-  CHECK(total["lost"] == 0);
-  CHECK(total["duplicated"] == 0);
-  CHECK(total["wrong"] == 0);
-  CHECK(total["ok"] == total["requests"]);
   CHECK(total["streams"].get<int64_t>() > 0);
   const json& k = a["by_kind"]["hang"];
   CHECK(k["drills"] == kHangs);

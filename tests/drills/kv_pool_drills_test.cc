@@ -31,13 +31,6 @@ using nlohmann::json;
 
 constexpr int kCrashDrills = 5;
 
-json EngineOf(const json& status, const std::string& role) {
-  for (const auto& e : status.value("engines", json::array())) {
-    if (e.value("role", "") == role) return e;
-  }
-  return json();
-}
-
 // The active engine maps the pool, the standby serves from its scratch
 // (no more than scratch_mib), and the supervisor says the active one holds
 // it. Polled: a grant follows the old engine's exit by a few milliseconds.
@@ -49,7 +42,7 @@ bool PoolRolesSettle(const test::DrillNode& node, int64_t scratch_mib, std::stri
         auto st = node.Status();
         if (!st) return false;
         last = *st;
-        json act = EngineOf(last, "active"), stby = EngineOf(last, "standby");
+        json act = test::EngineOf(last, "active"), stby = test::EngineOf(last, "standby");
         if (!act.is_object() || !stby.is_object()) return false;
         const json akv = act.value("kv", json::object()), skv = stby.value("kv", json::object());
         return akv.value("source", "") == "pool" && skv.value("source", "") == "scratch" &&
@@ -88,21 +81,11 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   REQUIRE(settled);
 
   auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadOptions lo;
-  lo.port = node.FrontPort();
-  lo.clients = 8;
-  lo.request_timeout_ms = 60'000;
-  bench::LoadGenerator load(lo, *golden);
+  bench::LoadGenerator load(test::DrillLoad(node, 8), *golden);
   std::vector<bench::DrillRecord> drills;
   load.Start();
   for (int i = 0; i < kCrashDrills + 1; ++i) {
-    bench::DrillPlan plan;
-    plan.crash = i < kCrashDrills ? 1 : 0;
-    plan.planned = i < kCrashDrills ? 0 : 1;
-    plan.gap = 100ms;
-    plan.min_requests_between = 8;
-    plan.ready_limit = 120s;
-    plan.verbose = false;
+    bench::DrillPlan plan = test::DrillPlanOf(i < kCrashDrills ? 1 : 0, i < kCrashDrills ? 0 : 1, 0, 8);
     std::vector<bench::DrillRecord> one;
     Status ran = bench::RunDrills(*target, load, plan, &one);
     INFO("drill " << i << ": " << (ran.ok() ? std::string("ran") : ran.error().message()));
@@ -117,12 +100,7 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   json a = bench::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));
-  const json& total = a["total"];
-  CHECK(total["failed"] == 0);
-  CHECK(total["lost"] == 0);
-  CHECK(total["duplicated"] == 0);
-  CHECK(total["wrong"] == 0);
-  CHECK(total["ok"] == total["requests"]);
+  test::CheckNothingLost(a);
   CHECK(a["by_kind"]["crash"]["drills"] == kCrashDrills);
   CHECK(a["by_kind"]["planned"]["drills"] == 1);
 

@@ -75,12 +75,8 @@ TEST_CASE(
   REQUIRE(node.WaitServing());
 
   auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadOptions lo;
-  lo.port = node.FrontPort();
-  REQUIRE(lo.port > 0);
-  lo.clients = 4;
+  bench::LoadOptions lo = test::DrillLoad(node, 4);
   lo.max_tokens = kMoeTokens;
-  lo.request_timeout_ms = 60'000;
   bench::LoadGenerator load(lo, *golden);
   load.Start();
 
@@ -108,13 +104,8 @@ TEST_CASE(
   REQUIRE(test::WaitFor([&] { return load.completed() >= before_kill + 8; }, 30s));
 
   // Five kill drills; each re-armed engine attaches to the new holder.
-  bench::DrillPlan plan;
-  plan.crash = kMoeDrills;
-  plan.planned = 0;
-  plan.gap = 100ms;
-  plan.min_requests_between = 4;
+  bench::DrillPlan plan = test::DrillPlanOf(kMoeDrills, 0, 0, 4);
   plan.ready_limit = 60s;
-  plan.verbose = false;
   std::vector<bench::DrillRecord> drills;
   Status ran = bench::RunDrills(*target, load, plan, &drills);
   load.Stop();
@@ -126,12 +117,8 @@ TEST_CASE(
   REQUIRE(ran.ok());
   REQUIRE(drills.size() == static_cast<size_t>(kMoeDrills));
 
+  test::CheckNothingLost(a);
   const json& total = a["total"];
-  CHECK(total["failed"] == 0);
-  CHECK(total["lost"] == 0);
-  CHECK(total["duplicated"] == 0);
-  CHECK(total["wrong"] == 0);
-  CHECK(total["ok"] == total["requests"]);
   CHECK(total["streams"].get<int64_t>() > 0);
   const json& k = a["by_kind"]["crash"];
   CHECK(k["drills"] == kMoeDrills);

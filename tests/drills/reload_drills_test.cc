@@ -122,13 +122,6 @@ int Find(const std::vector<std::string>& m, const std::string& what, int from = 
   return -1;
 }
 
-json EngineOf(const json& status, const std::string& role) {
-  for (const auto& e : status.value("engines", json::array())) {
-    if (e.value("role", "") == role) return e;
-  }
-  return json();
-}
-
 struct Totals {
   int64_t requests = 0, ok = 0, not_ok = 0;
   std::string examples;
@@ -171,11 +164,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   INFO(node.Log());
   REQUIRE(node.WaitServing());
 
-  bench::LoadOptions lo;
-  lo.port = node.FrontPort();
-  lo.clients = 8;
-  lo.request_timeout_ms = 60'000;
-  bench::LoadGenerator load(lo, *golden);
+  bench::LoadGenerator load(test::DrillLoad(node, 8), *golden);
   load.Start();
   REQUIRE(test::WaitFor([&] { return load.completed() >= 16; }, 60s));
 
@@ -249,7 +238,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
           return true;
         },
         60s));
-    const json fresh = EngineOf(watching, "active");
+    const json fresh = test::EngineOf(watching, "active");
     INFO(fresh.dump());
     REQUIRE(fresh.value("version", "").find("\"12\"") != std::string::npos);
     REQUIRE(::kill(fresh.value("pid", 0), SIGKILL) == 0);
@@ -289,7 +278,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   // The active engine as this case begins (case 1c moved the traffic).
   st = node.Status();
   REQUIRE(st);
-  const json active_before = EngineOf(*st, "active");
+  const json active_before = test::EngineOf(*st, "active");
   const std::string wrong = "[\"" + test::BinPath("wsup-engine") + "\", \"--model\", \"" + bad.path() +
                             "\", \"--port\", \"{port}\", \"--weight-cache\", \"off\", \"--kv-cache-mib\", \"8\"]";
   Write(cfg, DemoWith(wrong, model));
@@ -303,7 +292,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   st = node.Status();
   REQUIRE(st);
   // The old active never stopped: the same process serves.
-  CHECK(EngineOf(*st, "active").value("pid", 0) == active_before.value("pid", -1));
+  CHECK(test::EngineOf(*st, "active").value("pid", 0) == active_before.value("pid", -1));
   for (const auto& e : (*st)["engines"]) {
     INFO(e.dump());
     CHECK(e.value("version", "").find("--max-batch") != std::string::npos);
@@ -320,7 +309,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   auto after_cold = node.Status();
   REQUIRE(after_cold);
   for (const char* role : {"active", "standby"}) {
-    CHECK(EngineOf(*after_cold, role).value("pid", 0) == EngineOf(*st, role).value("pid", -1));
+    CHECK(test::EngineOf(*after_cold, role).value("pid", 0) == test::EngineOf(*st, role).value("pid", -1));
   }
 
   // 4. Two at once: the second is refused while the first runs.
