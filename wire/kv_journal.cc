@@ -1,0 +1,273 @@
+#include "wire/kv_journal.h"
+
+#include <atomic>
+#include <cstring>
+
+namespace wsup {
+
+namespace {
+
+constexpr char kMagic[8] = {'W', 'S', 'U', 'P', 'K', 'V', 'J', '1'};
+// Entry fields, from the entry's start.
+constexpr uint64_t kSeq = 0, kIdLen = 8, kCount = 12, kPageCount = 16, kTokenHash = 24, kId = 32,
+                   kPages = kId + kKvJournalIdBytes;
+
+uint64_t Fnv(const uint8_t* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+template <typename T>
+T Get(const uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  return v;
+}
+template <typename T>
+void Set(uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof(T));
+}
+
+uint64_t PagesEnd(const KvJournalGeometry& g) { return kPages + 4ull * g.max_pages; }
+
+bool Printable(std::string_view s) {
+  for (char c : s) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return !s.empty();
+}
+
+void WriteHeader(uint8_t* h, const KvJournalGeometry& g) {
+  std::memset(h, 0, kKvJournalHeaderBytes);
+  std::memcpy(h, kMagic, 8);
+  Set<uint32_t>(h + 8, kKvJournalVersion);
+  Set<uint32_t>(h + 12, static_cast<uint32_t>(g.entry_bytes()));
+  Set<uint32_t>(h + 16, g.entries);
+  Set<uint32_t>(h + 20, g.max_pages);
+  Set<uint32_t>(h + 24, g.block_size);
+  Set<uint32_t>(h + 28, g.pool_blocks);
+  Set<uint32_t>(h + 32, g.first_block());
+  Set<uint64_t>(h + 40, g.block_bytes);
+  Set<uint64_t>(h + 48, Fnv(h, 48));
+}
+
+}  // namespace
+
+uint64_t TokenHash(const int32_t* ids, size_t n, uint64_t seed) {
+  uint64_t h = seed;
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t b[4];
+    const uint32_t v = static_cast<uint32_t>(ids[i]);
+    for (int k = 0; k < 4; ++k) b[k] = static_cast<uint8_t>(v >> (8 * k));
+    h = Fnv(b, 4, h);
+  }
+  return h;
+}
+
+uint64_t KvJournalGeometry::entry_bytes() const { return (PagesEnd(*this) + 8 + 7) / 8 * 8; }
+
+uint64_t KvJournalGeometry::bytes() const { return kKvJournalHeaderBytes + entry_bytes() * entries; }
+
+uint32_t KvJournalGeometry::journal_blocks() const {
+  if (block_bytes == 0) return 0;
+  return static_cast<uint32_t>((bytes() + block_bytes - 1) / block_bytes);
+}
+
+Status KvJournalGeometry::Check() const {
+  if (block_bytes == 0 || block_size == 0 || entries == 0 || max_pages == 0) {
+    return InvalidArgument("kv journal: block_bytes, block_size, entries and max_pages must all be above 0");
+  }
+  if (journal_blocks() >= pool_blocks) {
+    return InvalidArgument("kv journal: a journal of " + std::to_string(entries) + " entries takes " +
+                           std::to_string(journal_blocks()) + " blocks of a pool of " + std::to_string(pool_blocks) +
+                           "; make the pool larger (kv.pool_mib) or journal fewer sequences");
+  }
+  return Status::Ok();
+}
+
+const char* KvJournalMissName(KvJournalMiss m) {
+  switch (m) {
+    case KvJournalMiss::kNoJournal: return "no_journal";
+    case KvJournalMiss::kMissing: return "missing";
+    case KvJournalMiss::kTorn: return "torn";
+    case KvJournalMiss::kHashMismatch: return "hash_mismatch";
+    case KvJournalMiss::kPastPages: return "count_past_pages";
+    case KvJournalMiss::kPageOutOfRange: return "page_out_of_range";
+    case KvJournalMiss::kPageClaimedTwice: return "page_claimed_twice";
+    case KvJournalMiss::kShorter: return "shorter_than_entry";
+  }
+  return "?";
+}
+
+// ---- writer ----
+
+Result<KvJournalWriter> KvJournalWriter::Create(uint8_t* journal, const KvJournalGeometry& g) {
+  WSUP_RETURN_IF_ERROR(g.Check());
+  KvJournalWriter w(journal, g);
+  std::memset(journal, 0, g.bytes());
+  for (uint32_t slot = 0; slot < g.entries; ++slot) {
+    w.WriteEntry(slot, {}, 0, 0, {});
+    w.free_.push_back(g.entries - 1 - slot);  // taken from the back: slot 0 first
+  }
+  // The header last: a journal is valid only once every entry is.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  WriteHeader(journal, g);
+  w.last_write_ = {0, g.bytes()};
+  return w;
+}
+
+void KvJournalWriter::WriteEntry(uint32_t slot, std::string_view id, uint64_t token_hash, uint32_t count,
+                                 const std::vector<uint32_t>& pages) {
+  uint8_t* e = base_ + kKvJournalHeaderBytes + g_.entry_bytes() * slot;
+  const uint64_t seq = Get<uint64_t>(e + kSeq) | 1;  // odd: being written
+  Set<uint64_t>(e + kSeq, seq);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  Set<uint32_t>(e + kIdLen, static_cast<uint32_t>(id.size()));
+  Set<uint32_t>(e + kCount, count);
+  Set<uint32_t>(e + kPageCount, static_cast<uint32_t>(pages.size()));
+  Set<uint32_t>(e + kPageCount + 4, 0);
+  Set<uint64_t>(e + kTokenHash, token_hash);
+  std::memset(e + kId, 0, kKvJournalIdBytes);
+  std::memcpy(e + kId, id.data(), id.size());
+  std::memset(e + kPages, 0, 4ull * g_.max_pages);
+  if (!pages.empty()) std::memcpy(e + kPages, pages.data(), 4 * pages.size());
+  // The checksum covers the seq the entry will have once whole.
+  const uint64_t done = seq + 1;
+  uint8_t seq_bytes[8];
+  std::memcpy(seq_bytes, &done, 8);
+  Set<uint64_t>(e + PagesEnd(g_), Fnv(e + 8, PagesEnd(g_) - 8, Fnv(seq_bytes, 8)));
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  Set<uint64_t>(e + kSeq, done);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  last_write_ = {kKvJournalHeaderBytes + g_.entry_bytes() * slot, g_.entry_bytes()};
+}
+
+Status KvJournalWriter::Put(std::string_view request_id, uint64_t token_hash, uint32_t count,
+                            const std::vector<uint32_t>& pages) {
+  if (request_id.empty() || request_id.size() > kKvJournalIdBytes || !Printable(request_id)) {
+    return InvalidArgument("kv journal: request id '" + std::string(request_id.substr(0, 64)) +
+                           "' is empty, longer than " + std::to_string(kKvJournalIdBytes) +
+                           " bytes or not printable; this sequence is not journaled");
+  }
+  if (pages.size() > g_.max_pages) {
+    return InvalidArgument("kv journal: " + std::to_string(pages.size()) + " pages, more than the " +
+                           std::to_string(g_.max_pages) + " an entry holds");
+  }
+  auto it = slots_.find(request_id);
+  if (it == slots_.end()) {
+    if (free_.empty()) {
+      return Unavailable("kv journal: all " + std::to_string(g_.entries) + " entries are in use");
+    }
+    it = slots_.emplace(std::string(request_id), free_.back()).first;
+    free_.pop_back();
+  }
+  WriteEntry(it->second, request_id, token_hash, count, pages);
+  return Status::Ok();
+}
+
+void KvJournalWriter::Remove(std::string_view request_id) {
+  auto it = slots_.find(request_id);
+  if (it == slots_.end()) return;
+  WriteEntry(it->second, {}, 0, 0, {});
+  free_.push_back(it->second);
+  slots_.erase(it);
+}
+
+// ---- reader ----
+
+KvJournalReader KvJournalReader::Read(const uint8_t* journal, size_t size, const KvJournalGeometry& g) {
+  KvJournalReader r;
+  if (!g.Check().ok() || size < g.bytes()) return r;
+  uint8_t want[kKvJournalHeaderBytes];
+  WriteHeader(want, g);
+  if (std::memcmp(want, journal, kKvJournalHeaderBytes) != 0) return r;
+  r.header_ok_ = true;
+  const uint32_t first = g.first_block();
+  std::map<uint32_t, std::vector<std::string>> claims;
+  auto drop = [&r](const std::string& id, KvJournalMiss why) {
+    ++r.dropped_[why];
+    if (!id.empty()) r.invalid_[id] = why;
+  };
+  for (uint32_t slot = 0; slot < g.entries; ++slot) {
+    const uint8_t* e = journal + kKvJournalHeaderBytes + g.entry_bytes() * slot;
+    const uint64_t seq = Get<uint64_t>(e + kSeq);
+    const uint32_t id_len = Get<uint32_t>(e + kIdLen);
+    std::string id;
+    if (id_len <= kKvJournalIdBytes) id.assign(reinterpret_cast<const char*>(e + kId), id_len);
+    if (!Printable(id)) id.clear();
+    uint8_t seq_bytes[8];
+    std::memcpy(seq_bytes, &seq, 8);
+    const bool whole = (seq & 1) == 0 &&
+                       Get<uint64_t>(e + PagesEnd(g)) == Fnv(e + 8, PagesEnd(g) - 8, Fnv(seq_bytes, 8));
+    if (!whole) {
+      drop(id, KvJournalMiss::kTorn);
+      continue;
+    }
+    KvJournalEntry entry;
+    entry.count = Get<uint32_t>(e + kCount);
+    if (entry.count == 0) continue;  // free
+    if (id.empty()) {
+      drop(id, KvJournalMiss::kTorn);
+      continue;
+    }
+    entry.request_id = id;
+    entry.token_hash = Get<uint64_t>(e + kTokenHash);
+    const uint32_t page_count = Get<uint32_t>(e + kPageCount);
+    if (page_count > g.max_pages || uint64_t{page_count} * g.block_size < entry.count) {
+      drop(id, KvJournalMiss::kPastPages);
+      continue;
+    }
+    entry.pages.resize(page_count);
+    std::memcpy(entry.pages.data(), e + kPages, 4ull * page_count);
+    bool in_range = true;
+    for (uint32_t p : entry.pages) in_range = in_range && p >= first && p < g.pool_blocks;
+    if (!in_range) {
+      drop(id, KvJournalMiss::kPageOutOfRange);
+      continue;
+    }
+    if (r.entries_.count(id)) {  // two entries for one id: neither can be trusted
+      drop(id, KvJournalMiss::kTorn);
+      r.entries_.erase(id);
+      continue;
+    }
+    if (r.invalid_.count(id)) continue;
+    for (uint32_t p : entry.pages) claims[p].push_back(id);
+    r.entries_.emplace(id, std::move(entry));
+  }
+  for (const auto& [page, ids] : claims) {
+    if (ids.size() < 2) continue;
+    for (const auto& id : ids) {
+      if (r.entries_.erase(id) > 0) drop(id, KvJournalMiss::kPageClaimedTwice);
+    }
+  }
+  return r;
+}
+
+Result<KvJournalEntry> KvJournalReader::Take(std::string_view request_id, const std::vector<int32_t>& tokens,
+                                             KvJournalMiss* why) {
+  auto miss = [&](KvJournalMiss m) -> Result<KvJournalEntry> {
+    if (why) *why = m;
+    return NotFound(std::string("kv journal: ") + KvJournalMissName(m));
+  };
+  if (!header_ok_) return miss(KvJournalMiss::kNoJournal);
+  if (auto bad = invalid_.find(request_id); bad != invalid_.end()) return miss(bad->second);
+  auto it = entries_.find(request_id);
+  if (it == entries_.end()) return miss(KvJournalMiss::kMissing);
+  if (tokens.size() < it->second.count) return miss(KvJournalMiss::kShorter);
+  if (TokenHash(tokens.data(), it->second.count) != it->second.token_hash) return miss(KvJournalMiss::kHashMismatch);
+  KvJournalEntry e = std::move(it->second);
+  entries_.erase(it);
+  return e;
+}
+
+std::vector<uint32_t> KvJournalReader::Release() {
+  std::vector<uint32_t> pages;
+  for (auto& [id, e] : entries_) pages.insert(pages.end(), e.pages.begin(), e.pages.end());
+  entries_.clear();
+  return pages;
+}
+
+}  // namespace wsup
