@@ -603,6 +603,7 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
   g.temperature = req->temperature;
   g.seed = req->seed ? *req->seed : seed_rng_();
   g.stop_tokens = eos_;
+  g.request_id = w->request().request_id;
   const uint64_t id = g.id;
   Status st = scheduler_->Submit(std::move(g));
   if (!st.ok()) {
@@ -736,6 +737,13 @@ json Engine::KvJson() {
     j["pool_mapped"] = s.pool_mapped;
     j["pool_closing"] = s.pool_closing;
     j["pool_blocks_in_use"] = s.pool_blocks_in_use;
+    // The journal of this engine's sequences in the pool (docs/kv_journal.md).
+    j["journal"] = {{"on", s.journal},
+                    {"blocks", s.journal_blocks},
+                    {"entries", s.journal_entries},
+                    {"found_at_open", s.journal_found},
+                    {"writes", s.journal_writes},
+                    {"write_errors", s.journal_errors}};
     j["mapped_at_ms"] = pool_mapped_at_ms_;
     j["released_at_ms"] = pool_released_at_ms_;
     j["map_ms"] = pool_map_ms_;

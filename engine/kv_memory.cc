@@ -158,6 +158,17 @@ class HostKvMemory : public KvMemory {
     return Status::Ok();
   }
 
+  Status WritePool(uint64_t offset, const void* data, size_t n) override {
+    WSUP_RETURN_IF_ERROR(CheckPoolRange(offset, n));
+    std::memcpy(base_ + offset, data, n);
+    return Status::Ok();
+  }
+  Status ReadPool(uint64_t offset, void* out, size_t n) override {
+    WSUP_RETURN_IF_ERROR(CheckPoolRange(offset, n));
+    std::memcpy(out, base_ + offset, n);
+    return Status::Ok();
+  }
+
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
 };
@@ -206,6 +217,19 @@ class CudaKvMemory : public KvMemory {
     WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
     WSUP_RETURN_IF_ERROR(cuda::MemsetD8(base_ + layout.pool_span, 0, scratch_len));
     return cuda::ContextSynchronize();
+  }
+
+  Status WritePool(uint64_t offset, const void* data, size_t n) override {
+    WSUP_RETURN_IF_ERROR(CheckPoolRange(offset, n));
+    cuda::ContextScope scope;
+    WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
+    return cuda::CopyHtoD(base_ + offset, data, n);
+  }
+  Status ReadPool(uint64_t offset, void* out, size_t n) override {
+    WSUP_RETURN_IF_ERROR(CheckPoolRange(offset, n));
+    cuda::ContextScope scope;
+    WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
+    return cuda::CopyDtoH(out, base_ + offset, n);
   }
 
   Status PreparePool(const std::vector<UniqueFd>& fds) override {
@@ -341,6 +365,15 @@ class CudaKvMemory : public KvMemory {
 };
 
 }  // namespace
+
+Status KvMemory::CheckPoolRange(uint64_t offset, size_t n) const {
+  if (!pool_mapped_) return Unavailable("KV pool: not mapped here; its bytes are not this engine's to touch");
+  if (offset > layout_.pool_span || n > layout_.pool_span - offset) {
+    return InvalidArgument("KV pool: bytes " + std::to_string(offset) + " + " + std::to_string(n) +
+                           " run past its " + std::to_string(layout_.pool_span) + " bytes");
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<KvMemory>> KvMemory::CreateHost(const KvLayout& layout) {
   auto m = std::make_unique<HostKvMemory>();

@@ -77,6 +77,10 @@ struct KvLayout {
 };
 
 class KvMemory {
+ protected:
+  // Refused unless the pool is mapped and [offset, offset + n) lies in it.
+  Status CheckPoolRange(uint64_t offset, size_t n) const;
+
  public:
   virtual ~KvMemory() = default;
   // Block id 0's address: a host pointer or a device pointer.
@@ -102,6 +106,13 @@ class KvMemory {
   virtual Status PreparePool(const std::vector<UniqueFd>& fds) { return Status::Ok(); }
   // Lets a preparation go (its handles pin the pool's memory).
   virtual void DropPrepared() {}
+
+  // Bytes of the mapped pool at `offset` from its start, written from or
+  // read into host memory: the KV journal (wire/kv_journal.h). cuda: a
+  // synchronous copy, after the device work before it (a step has
+  // synchronized by the time it returns its logits).
+  virtual Status WritePool(uint64_t offset, const void* data, size_t n) = 0;
+  virtual Status ReadPool(uint64_t offset, void* out, size_t n) = 0;
 
   // What the last MapPool() took, by part.
   struct MapTimes {

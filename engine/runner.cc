@@ -241,6 +241,18 @@ void ModelRunner::DropPreparedKvPool() {
   }
 }
 
+Status ModelRunner::WriteKvPool(uint64_t offset, const void* data, size_t n) {
+  KvMemory* m = ranks_.empty() ? nullptr : ranks_[0]->kv_memory();
+  if (!m) return Unavailable("KV pool: this engine has no KV cache yet");
+  return m->WritePool(offset, data, n);
+}
+
+Status ModelRunner::ReadKvPool(uint64_t offset, void* out, size_t n) {
+  KvMemory* m = ranks_.empty() ? nullptr : ranks_[0]->kv_memory();
+  if (!m) return Unavailable("KV pool: this engine has no KV cache yet");
+  return m->ReadPool(offset, out, n);
+}
+
 KvMemory::MapTimes ModelRunner::last_kv_map_times() {
   KvMemory::MapTimes sum;
   sum.prepared = true;

@@ -88,6 +88,11 @@ class ModelRunner {
   // steps. On an error nothing stays prepared.
   Status PrepareKvPool(const std::vector<std::vector<UniqueFd>>& fds);
   void DropPreparedKvPool();
+  // Bytes of rank 0's mapped pool (the KV journal, wire/kv_journal.h: block
+  // ids are the same on every rank, so one journal describes them all).
+  // The scheduler's thread, between steps.
+  Status WriteKvPool(uint64_t offset, const void* data, size_t n);
+  Status ReadKvPool(uint64_t offset, void* out, size_t n);
   // The last MapKvPool()'s parts, summed over the ranks (mapped one after
   // another); prepared only if every rank's import was.
   KvMemory::MapTimes last_kv_map_times();

@@ -60,7 +60,106 @@ int Scheduler::BlocksFor(int64_t tokens) const {
 int64_t Scheduler::max_sequence_tokens() const {
   const KvLayout& kv = runner_->kv_layout();
   return std::min<int64_t>(runner_->dims().max_pos,
-                           (static_cast<int64_t>(kv.pool_blocks) + kv.scratch_blocks) * runner_->block_size());
+                           (static_cast<int64_t>(kv.pool_blocks) - JournalBlocks() + kv.scratch_blocks) *
+                               runner_->block_size());
+}
+
+KvJournalGeometry Scheduler::JournalGeometry() const {
+  const KvLayout& kv = runner_->kv_layout();
+  KvJournalGeometry g;
+  if (!kv.pooled()) return g;
+  g.block_bytes = kv.block_bytes;
+  g.block_size = static_cast<uint32_t>(kv.block_size);
+  g.pool_blocks = static_cast<uint32_t>(kv.pool_blocks);
+  g.entries = static_cast<uint32_t>(std::max(1, opts_.max_batch));
+  // The longest sequence's blocks, counting the journal's as usable (an
+  // upper bound: the journal cannot depend on its own size).
+  const int64_t longest = std::min<int64_t>(runner_->dims().max_pos,
+                                            (static_cast<int64_t>(kv.pool_blocks) + kv.scratch_blocks) * kv.block_size);
+  g.max_pages = static_cast<uint32_t>((longest + kv.block_size - 1) / kv.block_size);
+  return g;
+}
+
+int Scheduler::JournalBlocks() const {
+  const KvJournalGeometry g = JournalGeometry();
+  return g.Check().ok() ? static_cast<int>(g.journal_blocks()) : 0;
+}
+
+void Scheduler::OpenJournal() {
+  journal_.reset();
+  dirty_lo_ = UINT64_MAX;
+  dirty_hi_ = 0;
+  const KvJournalGeometry g = JournalGeometry();
+  if (!g.Check().ok()) return;  // a pool too small for one: no journal, nothing held back
+  journal_host_.assign(g.bytes(), 0);
+  // What the engine before this one left (a crash leaves its sequences).
+  Status read = runner_->ReadKvPool(0, journal_host_.data(), journal_host_.size());
+  if (read.ok()) {
+    KvJournalReader r = KvJournalReader::Read(journal_host_.data(), journal_host_.size(), g);
+    journal_found_ = static_cast<int>(r.entries().size());
+    if (journal_found_ > 0) {
+      spdlog::info("KV journal: the previous engine left {} sequences in the pool; their pages are reused "
+                   "(adopting them is not built yet)",
+                   journal_found_);
+    }
+  }
+  auto w = KvJournalWriter::Create(journal_host_.data(), g);
+  Status st = w.ok() ? runner_->WriteKvPool(0, journal_host_.data(), journal_host_.size()) : w.status();
+  ++journal_writes_;
+  if (!st.ok()) {
+    ++journal_errors_;
+    spdlog::warn("KV journal: cannot write it in the pool ({}); sequences are not journaled", st.ToString());
+    return;
+  }
+  journal_.emplace(std::move(*w));
+}
+
+void Scheduler::JournalSeq(Seq& s) {
+  if (!journal_ || s.req.request_id.empty()) return;
+  const size_t plen = s.req.prompt.size();
+  // Positions whose KV is complete: the prompt's cached part, then every
+  // generated token but the newest (the next step computes its KV).
+  const size_t kv = s.prefilled < plen ? s.prefilled : plen + (s.generated.empty() ? 0 : s.generated.size() - 1);
+  if (kv == 0 || kv == s.kv_hashed) return;
+  const int bs = runner_->block_size();
+  const size_t pages = (kv + static_cast<size_t>(bs) - 1) / static_cast<size_t>(bs);
+  const int pool_blocks = runner_->kv_layout().pool_blocks;
+  if (pages > s.blocks.size()) return;
+  std::vector<uint32_t> ids(pages);
+  for (size_t i = 0; i < pages; ++i) {
+    if (s.blocks[i] >= pool_blocks) return;  // KV on the scratch: nothing another engine could adopt
+    ids[i] = static_cast<uint32_t>(s.blocks[i]);
+  }
+  for (size_t i = s.kv_hashed; i < kv; ++i) {
+    const int32_t t = i < plen ? s.req.prompt[i] : s.generated[i - plen];
+    s.kv_hash = TokenHash(&t, 1, s.kv_hash);
+  }
+  s.kv_hashed = kv;
+  if (!journal_->Put(s.req.request_id, s.kv_hash, static_cast<uint32_t>(kv), ids).ok()) return;
+  const auto [off, len] = journal_->last_write();
+  dirty_lo_ = std::min(dirty_lo_, off);
+  dirty_hi_ = std::max(dirty_hi_, off + len);
+}
+
+void Scheduler::JournalRemove(const Seq& s) {
+  if (!journal_ || s.req.request_id.empty() || s.kv_hashed == 0) return;
+  journal_->Remove(s.req.request_id);
+  const auto [off, len] = journal_->last_write();
+  dirty_lo_ = std::min(dirty_lo_, off);
+  dirty_hi_ = std::max(dirty_hi_, off + len);
+}
+
+void Scheduler::FlushJournal() {
+  if (!journal_ || dirty_hi_ <= dirty_lo_) return;
+  Status st = runner_->WriteKvPool(dirty_lo_, journal_host_.data() + dirty_lo_, dirty_hi_ - dirty_lo_);
+  ++journal_writes_;
+  dirty_lo_ = UINT64_MAX;
+  dirty_hi_ = 0;
+  if (!st.ok()) {
+    ++journal_errors_;
+    spdlog::warn("KV journal: writing it in the pool failed ({}); it is dropped for this pool", st.ToString());
+    journal_.reset();
+  }
 }
 
 Status Scheduler::Submit(GenRequest req) {
@@ -72,7 +171,10 @@ Status Scheduler::Submit(GenRequest req) {
                            std::to_string(runner_->dims().max_pos) + " tokens; shorten the prompt or lower max_tokens");
   }
   const KvLayout& kv = runner_->kv_layout();
-  const int64_t kv_tokens = (static_cast<int64_t>(kv.pool_blocks) + kv.scratch_blocks) * runner_->block_size();
+  // The pool's journal blocks are never handed out: a request that needed
+  // them would wait for ever.
+  const int64_t kv_tokens =
+      (static_cast<int64_t>(kv.pool_blocks) - JournalBlocks() + kv.scratch_blocks) * runner_->block_size();
   if (need > kv_tokens) {
     return InvalidArgument("prompt plus max_tokens needs " + std::to_string(need) + " positions of KV cache but the "
                            "engine's whole cache holds " + std::to_string(kv_tokens) +
@@ -149,8 +251,11 @@ void Scheduler::HandOutPool() {
   }
   const KvLayout& kv = runner_->kv_layout();
   free_pool_.clear();
-  for (int b = kv.pool_blocks - 1; b >= 0; --b) free_pool_.push_back(b);
+  // The journal's blocks are never handed out.
+  const int first = JournalBlocks();
+  for (int b = kv.pool_blocks - 1; b >= first; --b) free_pool_.push_back(b);
   pool_ = PoolState::kOpen;
+  OpenJournal();
 }
 
 void Scheduler::ClosePool(PoolDone done) {
@@ -208,12 +313,14 @@ void Scheduler::Loop() {
       cancelled_ += std::erase_if(waiting_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
       for (auto& s : active_) {
         if (cancels.count(s.req.id)) {
+          JournalRemove(s);
           FreeBlocks(&s.blocks);
           s.req.id = 0;  // marks it for removal
           ++cancelled_;
         }
       }
       std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
+      FlushJournal();
     }
     if (NowMs() >= next_keepalive_ms_) RunKeepalive();
     HandOutPool();
@@ -271,7 +378,13 @@ void Scheduler::Admit() {
 void Scheduler::PoolStatsLocked() {
   const KvLayout& kv = runner_->kv_layout();
   stats_.free_blocks = FreeCount();
-  stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks : 0);
+  stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks - JournalBlocks() : 0);
+  stats_.journal = journal_.has_value();
+  stats_.journal_blocks = journal_ ? JournalBlocks() : 0;
+  stats_.journal_entries = journal_ ? static_cast<int>(journal_->used()) : 0;
+  stats_.journal_found = journal_found_;
+  stats_.journal_writes = journal_writes_;
+  stats_.journal_errors = journal_errors_;
   stats_.pool_mapped = runner_->kv_pool_mapped();
   stats_.pool_closing = pool_ == PoolState::kClosing;
   stats_.pool_blocks_in_use = pool_in_use_;
@@ -365,6 +478,10 @@ void Scheduler::MaybeFinishClose() {
   // Without a waiter nothing is retried: a pool that could not be unmapped
   // stays closing (mapped, handed out no more) until the next ClosePool().
   if (pool_ != PoolState::kClosing || pool_in_use_ > 0 || close_waiters_.empty()) return;
+  // No sequence holds a pool block: the journal describes none (each was
+  // freed as it ended) and goes with the pool.
+  FlushJournal();
+  journal_.reset();
   Status st = runner_->UnmapKvPool();
   if (st.ok()) {
     pool_ = PoolState::kClosed;
@@ -454,9 +571,11 @@ void Scheduler::StepOnce() {
     }
     for (auto& s : active_) {
       events.push_back(GenEvent{s.req.id});
+      JournalRemove(s);
       Finish(s, &events, "error", st.error());
     }
     active_.clear();
+    FlushJournal();
     sink_(std::move(events));
     return;
   }
@@ -475,6 +594,15 @@ void Scheduler::StepOnce() {
       Finish(s, &events, "length");
     }
   }
+  // The journal follows the step: what the KV now holds, and what ended.
+  for (auto& s : active_) {
+    if (s.req.id == 0) {
+      JournalRemove(s);
+    } else {
+      JournalSeq(s);
+    }
+  }
+  FlushJournal();
   std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
   {
     std::lock_guard<std::mutex> lk(mu_);

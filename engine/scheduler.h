@@ -22,6 +22,14 @@
 // its scratch. A request that fits the scratch and the pool together but
 // not what is free now waits for blocks, as any request does.
 //
+// The active engine keeps a journal of its sequences in the pool's first
+// blocks (wire/kv_journal.h, docs/kv_journal.md): after each step, every
+// sequence whose KV is wholly in the pool and that has a request id is
+// described (positions with KV, their tokens' hash, their blocks), and a
+// finished or cancelled one is freed; one copy of the changed bytes per
+// step. When the pool opens, the previous engine's journal is read (and
+// counted) before a fresh one is written.
+//
 // Between steps (and while idle) the scheduler runs the communicator
 // keepalive every keepalive_ms and records its outcome.
 //
@@ -45,6 +53,7 @@
 
 #include "common/status.h"
 #include "engine/runner.h"
+#include "wire/kv_journal.h"
 
 namespace wsup::engine {
 
@@ -62,6 +71,7 @@ struct GenRequest {
   double temperature = 0;  // 0: greedy
   uint64_t seed = 0;
   std::vector<int32_t> stop_tokens;  // end-of-sequence ids
+  std::string request_id;            // the front's X-Request-Id: the KV journal's key (empty: not journaled)
 };
 
 struct GenEvent {
@@ -81,6 +91,13 @@ struct SchedulerStats {
   bool pool_mapped = false;   // the node's KV pool is mapped here
   bool pool_closing = false;  // ClosePool(): waiting for its blocks to come back
   int pool_blocks_in_use = 0;
+  // The KV journal in the pool (wire/kv_journal.h), while the pool is open here.
+  bool journal = false;
+  int journal_blocks = 0;      // pool blocks it takes
+  int journal_entries = 0;     // sequences it describes now
+  int journal_found = 0;       // valid entries of the previous engine found when the pool was opened
+  uint64_t journal_writes = 0;
+  uint64_t journal_errors = 0;
   uint64_t steps = 0;
   uint64_t generated_tokens = 0;
   uint64_t finished = 0;   // requests that ran to their end (length, stop or error)
@@ -138,6 +155,8 @@ class Scheduler {
     size_t prefilled = 0;              // prompt tokens already in the cache
     std::vector<int32_t> generated;
     std::mt19937_64 rng;
+    uint64_t kv_hash = kTokenHashSeed;  // TokenHash of the first kv_hashed tokens (prompt, then generated)
+    size_t kv_hashed = 0;
   };
 
   void Loop();
@@ -161,6 +180,14 @@ class Scheduler {
   void StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done);
   void HandOutPool();
   int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
+  // The KV journal: its geometry for this engine (entries 0 without a
+  // pool), the blocks it takes, and its work on the scheduler thread.
+  KvJournalGeometry JournalGeometry() const;
+  int JournalBlocks() const;
+  void OpenJournal();
+  void JournalSeq(Seq& s);
+  void JournalRemove(const Seq& s);
+  void FlushJournal();
 
   ModelRunner* runner_;
   SchedulerOptions opts_;
@@ -197,6 +224,11 @@ class Scheduler {
   uint64_t finished_ = 0;
   uint64_t cancelled_ = 0;
   std::vector<float> logits_;
+  std::optional<KvJournalWriter> journal_;
+  std::vector<uint8_t> journal_host_;  // the journal's bytes; the changed range is copied to the pool
+  uint64_t dirty_lo_ = UINT64_MAX, dirty_hi_ = 0;
+  int journal_found_ = 0;
+  uint64_t journal_writes_ = 0, journal_errors_ = 0;
 };
 
 }  // namespace wsup::engine

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "front/control_socket.h"
 #include "front/status_merge.h"
@@ -301,7 +302,10 @@ void Front::SetRoutes(const nlohmann::json& msg, Reply reply) {
   standby_ = *standby;
   epoch_ = epoch;
   const std::string new_active = active_ ? active_->ToString() : "";
-  if (new_active != old_active) first_ok_pending_ = new_active;
+  if (new_active != old_active) {
+    first_ok_pending_ = new_active;
+    first_ok_since_ms_ = RealClock().WallMs();
+  }
   AskWorkers(
       [a = *active, s = *standby, epoch](Worker& w) -> nlohmann::json {
         Status st = w.proxy().SetRoutes(a, s, epoch);
@@ -384,6 +388,7 @@ void Front::OnWorkerEvent(int worker, nlohmann::json event) {
     active_ = standby_;
     standby_.reset();
     first_ok_pending_ = to;
+    first_ok_since_ms_ = event.value("at_ms", int64_t{0});
     ++switched_self_;
     const std::string why = event.value("reason", "");
     const int64_t at_ms = std::max<int64_t>(1, event.value("at_ms", int64_t{1}));
@@ -396,7 +401,12 @@ void Front::OnWorkerEvent(int worker, nlohmann::json event) {
   }
   if (kind == "first_ok") {
     // Once per route change: the first loop to get a good answer says when.
-    if (epoch != epoch_ || first_ok_pending_.empty() || backend != first_ok_pending_) return;
+    // Not by epoch: a loop that switched by itself just before the
+    // supervisor's route change (to the same engine) reports at the old
+    // epoch. By time instead: an answer from before this change is stale;
+    // a hedge the new active won before it is what clients saw first.
+    if (first_ok_pending_.empty() || backend != first_ok_pending_) return;
+    if (!event.value("hedged", false) && event.value("at_ms", int64_t{0}) < first_ok_since_ms_) return;
     first_ok_pending_.clear();
     Emit(std::move(event));
     return;

@@ -147,6 +147,7 @@ class Front {
   std::optional<HostPort> standby_;
   int64_t epoch_ = 0;
   std::string first_ok_pending_;  // the engine whose first good answer is still to be reported
+  int64_t first_ok_since_ms_ = 0;  // wall time it became the active engine
   uint64_t switched_self_ = 0;
   HedgeLimits hedge_;
   std::deque<nlohmann::json> event_log_;

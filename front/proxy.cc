@@ -892,7 +892,7 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
                            "; route two different engines, or leave standby null");
   }
   Backend* new_active = active ? Get(*active) : nullptr;
-  int64_t first_ok_early_ms = 0;
+  const Backend* old_active = active_;
   Backend* new_standby = standby ? Get(*standby) : nullptr;
   // The supervisor vouches for what it routes: forget earlier failures.
   for (Backend* b : {new_active, new_standby}) {
@@ -902,15 +902,6 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
     }
   }
   if (new_active != active_) {
-    first_ok_pending_ = new_active ? new_active->name : "";
-    // The new active won hedges of the old one after that one last spoke:
-    // clients got its answers before this route change, and first_ok says
-    // when.
-    const int64_t won = new_active ? new_active->shared->hedge_win_ms.load() : 0;
-    if (new_active && active_ && won > active_->shared->last_byte_ms.load()) {
-      first_ok_pending_.clear();
-      first_ok_early_ms = won;
-    }
     if (options_.log_routes) {
       spdlog::info("front: route change (epoch {}): active {} -> {}", epoch, active_ ? active_->name : "none",
                    new_active ? new_active->name : "none");
@@ -923,14 +914,7 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
   SetRouted(active_, true);
   SetRouted(standby_, true);
   epoch_ = epoch;
-  if (first_ok_early_ms > 0) {
-    Emit({{"type", "event"},
-          {"kind", "first_ok"},
-          {"backend", active_->name},
-          {"epoch", epoch_},
-          {"at_ms", first_ok_early_ms},
-          {"hedged", true}});
-  }
+  if (new_active != old_active) ActiveChanged(old_active);
   pool_.Collect();
   WakeQueue();
   return Status::Ok();
@@ -969,9 +953,9 @@ void Proxy::BackendFailed(Backend* b, const std::string& why, int64_t peer_at_ms
   SetRouted(active_, false);
   active_ = standby_;
   standby_ = nullptr;
-  first_ok_pending_ = active_->name;
   if (from_peer) {
     // Another loop of this front switched first and said so; its event is the one.
+    ActiveChanged(from);
     WakeQueue();
     return;
   }
@@ -984,7 +968,25 @@ void Proxy::BackendFailed(Backend* b, const std::string& why, int64_t peer_at_ms
         {"reason", why},
         {"epoch", epoch_},
         {"at_ms", wall}});
+  ActiveChanged(from);  // after the switch's event: a first_ok is about this switch
   WakeQueue();
+}
+
+void Proxy::ActiveChanged(const Backend* from) {
+  first_ok_pending_ = active_ ? active_->name : "";
+  // The new active won hedges of the old one after that one last spoke:
+  // clients got its answers before this change (a route change, or the
+  // front's own switch), and first_ok says when.
+  if (!active_ || !from) return;
+  const int64_t won = active_->shared->hedge_win_ms.load();
+  if (won <= from->shared->last_byte_ms.load()) return;
+  first_ok_pending_.clear();
+  Emit({{"type", "event"},
+        {"kind", "first_ok"},
+        {"backend", active_->name},
+        {"epoch", epoch_},
+        {"at_ms", won},
+        {"hedged", true}});
 }
 
 void Proxy::BackendAnswered(Backend* b) {

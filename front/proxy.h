@@ -189,6 +189,9 @@ class Proxy {
 
  private:
   Backend* Get(const HostPort& addr);
+  // The active engine is now a different one (was `from`): first_ok is
+  // due at its first good answer, or at once if it won hedges already.
+  void ActiveChanged(const Backend* from);
   Backend* Pick() const;
   void WakeQueue();
   void ArmQueueTimer();

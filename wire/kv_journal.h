@@ -54,7 +54,8 @@ inline constexpr size_t kKvJournalHeaderBytes = 64;
 
 // FNV-1a (64 bits) over the ids as 4-byte little-endian integers: cheap to
 // extend one token at a time, which the writer does after every step.
-uint64_t TokenHash(const int32_t* ids, size_t n, uint64_t seed = 0xcbf29ce484222325ull);
+inline constexpr uint64_t kTokenHashSeed = 0xcbf29ce484222325ull;  // TokenHash of no tokens
+uint64_t TokenHash(const int32_t* ids, size_t n, uint64_t seed = kTokenHashSeed);
 
 struct KvJournalGeometry {
   uint64_t block_bytes = 0;  // one KV block, every layer

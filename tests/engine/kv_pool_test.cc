@@ -22,6 +22,7 @@
 #include "engine/kv_pool_link.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
+#include "wire/kv_journal.h"
 #include "tests/test_util.h"
 
 using namespace wsup;
@@ -282,7 +283,9 @@ TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same 
   }
   SchedulerStats st = sched.stats();
   CHECK(st.pool_mapped);
-  CHECK(st.total_blocks == 36);
+  CHECK(st.total_blocks == 35);  // 4 scratch and 32 pool blocks, one of them the KV journal's
+  CHECK(st.journal);
+  CHECK(st.journal_blocks == 1);
   CHECK(st.pool_blocks_in_use == 0);
 }
 
@@ -364,7 +367,9 @@ TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its sc
   auto refused = small.Submit(Req(2, 200));
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().message().find("[kv] pool_mib") != std::string::npos);
-  CHECK(small.Submit(Req(2, 180)).ok());  // 192 positions: fits once the pool is open
+  // 176 positions (one of the pool's blocks is its journal's): fits once the pool is open.
+  CHECK(small.Submit(Req(2, 164)).ok());
+  CHECK_FALSE(small.Submit(Req(3, 165)).ok());
 
   auto priv_runner = TinyRunner();
   REQUIRE(priv_runner->AllocateKv(4 * kBlock, 16).ok());
@@ -409,7 +414,7 @@ TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not betwe
   REQUIRE(opened.st.ok());
   CHECK(sched.stats().pool_mapped);
   // Its blocks are handed out at the next step boundary.
-  REQUIRE(test::WaitFor([&] { return sched.stats().total_blocks == 36; }, std::chrono::seconds(10)));
+  REQUIRE(test::WaitFor([&] { return sched.stats().total_blocks == 35; }, std::chrono::seconds(10)));
   REQUIRE(test::WaitFor([&] { return out.Done(1); }, std::chrono::seconds(30)));
 }
 
@@ -539,3 +544,93 @@ TEST_CASE("pool prefetch: an import that fails keeps nothing - the take fetches"
 }
 
 }  // namespace
+
+TEST_CASE("scheduler over a pool: the KV journal describes each running sequence and frees it at its end",
+          "[kv_pool][kv_journal]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+  Outcomes out;
+  SchedulerOptions so;
+  so.max_batch = 8;
+  Scheduler sched(runner.get(), so, out.Sink());
+  const KvJournalGeometry g = [&] {
+    KvJournalGeometry x;
+    x.block_bytes = kBlock;
+    x.block_size = 16;
+    x.pool_blocks = 32;
+    x.entries = 8;
+    x.max_pages = 32;  // the model's 512 positions
+    return x;
+  }();
+  REQUIRE(g.journal_blocks() == 1);
+
+  // What an engine before this one left: one sequence. It is read (and
+  // counted) when the pool opens, then a fresh journal replaces it.
+  TestPool pool;
+  {
+    std::vector<uint8_t> old(g.bytes());
+    auto w = KvJournalWriter::Create(old.data(), g);
+    REQUIRE(w.ok());
+    REQUIRE(w->Put("dead-engine-seq", 42, 20, {5, 6}).ok());
+    REQUIRE(::pwrite(pool.fd.get(), old.data(), old.size(), 0) == static_cast<ssize_t>(old.size()));
+  }
+  sched.Start();
+  Done opened;
+  sched.OpenPool(pool.Fetch(), opened.Fn());
+  REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
+  REQUIRE(opened.st.ok());
+  REQUIRE(test::WaitFor([&] { return sched.stats().journal; }, std::chrono::seconds(10)));
+  CHECK(sched.stats().journal_found == 1);
+  auto read_pool = [&] {
+    std::vector<uint8_t> bytes(g.bytes());
+    REQUIRE(::pread(pool.fd.get(), bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()));
+    return KvJournalReader::Read(bytes.data(), bytes.size(), g);
+  };
+  {
+    auto fresh = read_pool();
+    CHECK(fresh.header_ok());
+    CHECK(fresh.entries().empty());
+  }
+
+  // A long generation with a request id: while it runs, the journal in the
+  // pool names it, and what it names is the request's own tokens.
+  GenRequest r = Req(1, 300);
+  r.request_id = "front-req-0001";
+  const std::vector<int32_t> prompt = r.prompt;
+  REQUIRE(sched.Submit(r).ok());
+  GenRequest anon = Req(2, 300);  // no request id: not journaled
+  REQUIRE(sched.Submit(anon).ok());
+  REQUIRE(test::WaitFor([&] { return out.Tokens(1).size() >= 40; }, std::chrono::seconds(60)));
+  KvJournalReader mid = read_pool();
+  REQUIRE(mid.header_ok());
+  CHECK(mid.dropped().empty());
+  REQUIRE(mid.entries().size() == 1);
+  const KvJournalEntry e = mid.entries().begin()->second;
+  CHECK(e.request_id == "front-req-0001");
+  CHECK(e.count >= prompt.size() + 39);
+  CHECK(e.pages.size() == (e.count + 15) / 16);
+  for (uint32_t p : e.pages) {
+    CHECK(p >= g.first_block());
+    CHECK(p < g.pool_blocks);
+  }
+  CHECK(sched.stats().journal_entries == 1);
+  REQUIRE(test::WaitFor([&] { return out.Done(1) && out.Done(2); }, std::chrono::seconds(120)));
+  // Its tokens (prompt, then generated) hash as the entry says: a promoted
+  // engine resuming this stream would adopt it.
+  std::vector<int32_t> all = prompt;
+  const auto gen = out.Tokens(1);
+  all.insert(all.end(), gen.begin(), gen.end());
+  KvJournalMiss why{};
+  KvJournalReader other = mid;
+  std::vector<int32_t> changed = all;
+  changed[3] ^= 1;  // a resume of other tokens would not
+  CHECK_FALSE(other.Take("front-req-0001", changed, &why).ok());
+  CHECK(why == KvJournalMiss::kHashMismatch);
+  INFO("entry count " << e.count << ", tokens " << all.size());
+  CHECK(mid.Take("front-req-0001", all, &why).ok());
+  CHECK(read_pool().entries().empty());  // ended: freed
+  CHECK(sched.stats().journal_entries == 0);
+  CHECK(sched.stats().journal_errors == 0);
+  CHECK(sched.stats().journal_writes > 40);
+}

@@ -470,6 +470,14 @@ TEST_CASE("hedging: the budget bounds hedges, and nothing is hedged without a st
   CHECK(st["counters"]["hedged"] == 1);
   CHECK(st["counters"]["hedge_refused"] == 1);
   CHECK(st["counters"]["retried"] == 1);
+  // The kill made the front switch by itself; the standby had answered a
+  // client (the hedge) before that: first_ok says so, and when.
+  auto sw = ctl.WaitEvent("switched", "to", b.addr());
+  REQUIRE(sw.has_value());
+  auto first = ctl.WaitEvent("first_ok", "backend", b.addr());
+  REQUIRE(first.has_value());
+  CHECK((*first).value("hedged", false));
+  CHECK((*first)["at_ms"].get<int64_t>() <= (*sw)["at_ms"].get<int64_t>());
 
   // Routed alone (no standby), the surviving engine's requests are never
   // hedged: two silent ones are reported (so the front judged them silent)
