@@ -782,6 +782,9 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   }
   auto* call = new ProxyCall(this, std::move(writer));
   calls_.insert(call);
+  // An idle proxy lets its hedge timer sleep (a front of many loops would
+  // otherwise wake each of them up to 200 times a second for nothing).
+  if (options_.hedge_after_ms > 0 && !uv_is_active(reinterpret_cast<uv_handle_t*>(&hedge_timer_))) ArmHedgeTimer();
   call->Start();
 }
 
@@ -1080,6 +1083,7 @@ void Proxy::OnHedgeTimer() {
   if (options_.hedge_after_ms <= 0) return;
   if (calls_.empty()) {
     if (!shared_counts_.empty()) ShareSilence({});
+    uv_timer_stop(&hedge_timer_);  // until the next request (Handle)
     return;
   }
   const int64_t now = now_ms();
