@@ -368,6 +368,17 @@ TEST_CASE("cuda kv memory: a pool imported ahead is mapped only by MapPool, onto
   REQUIRE(wsup::cuda::CopyDtoH(seen.data(), base_b, span).ok());
   CHECK(seen == pattern);
 
+  // The KV journal's path (WritePool/ReadPool): bytes written through one
+  // mapping, across the two allocations, are read through the other; a
+  // range past the pool is refused.
+  std::vector<uint8_t> note(4096, 0x5a);
+  REQUIRE((*b)->WritePool(*gran - 100, note.data(), note.size()).ok());
+  std::vector<uint8_t> back(note.size());
+  REQUIRE((*a)->ReadPool(*gran - 100, back.data(), back.size()).ok());
+  CHECK(back == note);
+  CHECK_FALSE((*a)->WritePool(span - 10, note.data(), 20).ok());
+  CHECK_FALSE((*a)->ReadPool(span, back.data(), 1).ok());
+
   // A preparation of other fds (dups) is not used, and a dropped one is gone.
   REQUIRE((*a)->UnmapPool().ok());
   REQUIRE((*a)->PreparePool(fds).ok());
@@ -376,6 +387,7 @@ TEST_CASE("cuda kv memory: a pool imported ahead is mapped only by MapPool, onto
   REQUIRE((*a)->MapPool(dups).ok());
   CHECK_FALSE((*a)->last_map_times().prepared);
   REQUIRE((*a)->UnmapPool().ok());
+  CHECK_FALSE((*a)->ReadPool(0, back.data(), 8).ok());  // not mapped here: not this engine's
   REQUIRE((*a)->PreparePool(fds).ok());
   (*a)->DropPrepared();
   REQUIRE((*a)->MapPool(fds).ok());
