@@ -131,7 +131,7 @@ void KvJournalWriter::WriteEntry(uint32_t slot, std::string_view id, uint64_t to
   Set<uint32_t>(e + kPageCount + 4, 0);
   Set<uint64_t>(e + kTokenHash, token_hash);
   std::memset(e + kId, 0, kKvJournalIdBytes);
-  std::memcpy(e + kId, id.data(), id.size());
+  if (!id.empty()) std::memcpy(e + kId, id.data(), id.size());  // a free entry's id may be a null view
   std::memset(e + kPages, 0, 4ull * g_.max_pages);
   if (!pages.empty()) std::memcpy(e + kPages, pages.data(), 4 * pages.size());
   // The checksum covers the seq the entry will have once whole.
