@@ -1030,7 +1030,7 @@ void Proxy::SetHedging(const HedgeLimits& h) {
   // Every loop does the same (the bucket is shared): both are idempotent.
   if (!was_on && h.after_ms > 0) shared_->FillHedges(h.burst);
   shared_->CapHedges(h.burst);
-  if (h.after_ms <= 0) ShareSilence({});
+  if (h.after_ms <= 0) ShareSilence(nullptr, 0, 0);
   ArmHedgeTimer();
 }
 
@@ -1049,22 +1049,20 @@ void Proxy::ArmHedgeTimer() {
 
 bool Proxy::TakeHedgeToken() { return shared_->TakeHedge(); }
 
-void Proxy::ShareSilence(const std::unordered_map<SharedBackend*, std::pair<int, int>>& now) {
-  // Add what changed since the last tick; forget engines back at zero.
-  for (auto it = shared_counts_.begin(); it != shared_counts_.end();) {
-    auto n = now.find(it->first);
-    std::pair<int, int> next = n == now.end() ? std::pair<int, int>{0, 0} : n->second;
-    it->first->waiting.fetch_add(next.first - it->second.first, std::memory_order_relaxed);
-    it->first->silent.fetch_add(next.second - it->second.second, std::memory_order_relaxed);
-    it->second = next;
-    it = next.first == 0 && next.second == 0 ? shared_counts_.erase(it) : std::next(it);
+void Proxy::ShareSilence(SharedBackend* b, int waiting, int silent) {
+  if (b != shared_for_) {
+    if (shared_for_) {  // this loop's counts move off the engine it counted before
+      shared_for_->waiting.fetch_sub(shared_waiting_, std::memory_order_relaxed);
+      shared_for_->silent.fetch_sub(shared_silent_, std::memory_order_relaxed);
+    }
+    shared_for_ = b;
+    shared_waiting_ = shared_silent_ = 0;
   }
-  for (const auto& [sb, counts] : now) {
-    if (shared_counts_.count(sb) || (counts.first == 0 && counts.second == 0)) continue;
-    sb->waiting.fetch_add(counts.first, std::memory_order_relaxed);
-    sb->silent.fetch_add(counts.second, std::memory_order_relaxed);
-    shared_counts_[sb] = counts;
-  }
+  if (!b) return;
+  b->waiting.fetch_add(waiting - shared_waiting_, std::memory_order_relaxed);
+  b->silent.fetch_add(silent - shared_silent_, std::memory_order_relaxed);
+  shared_waiting_ = waiting;
+  shared_silent_ = silent;
 }
 
 void Proxy::HedgeWon(Backend* b) {
@@ -1082,7 +1080,7 @@ void Proxy::BackendSpoke(Backend* b) { b->shared->Spoke(clock_->WallMs(), now_ms
 void Proxy::OnHedgeTimer() {
   if (options_.hedge_after_ms <= 0) return;
   if (calls_.empty()) {
-    if (!shared_counts_.empty()) ShareSilence({});
+    ShareSilence(nullptr, 0, 0);
     uv_timer_stop(&hedge_timer_);  // until the next request (Handle)
     return;
   }
@@ -1104,9 +1102,7 @@ void Proxy::OnHedgeTimer() {
     }
   }
   // This loop's share of the counts, summed over the loops in the record.
-  std::unordered_map<SharedBackend*, std::pair<int, int>> counts;
-  if (active_ && on_active > 0) counts[active_->shared] = {on_active, silent_on_active};
-  ShareSilence(counts);
+  ShareSilence(active_ && on_active > 0 ? active_->shared : nullptr, on_active, silent_on_active);
   // The active engine sent nothing at all, on any request of any loop, for
   // the whole wait, while at least two requests waited that long for it:
   // more likely the engine than the requests. (Requests younger than the
@@ -1227,7 +1223,7 @@ void Proxy::Close(std::function<void()> done) {
     return;
   }
   closing_ = true;
-  ShareSilence({});
+  ShareSilence(nullptr, 0, 0);
   std::vector<ProxyCall*> all(calls_.begin(), calls_.end());
   for (ProxyCall* c : all) c->Cancel();
   queue_.clear();

@@ -63,7 +63,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 
 #include <nlohmann/json.hpp>
@@ -200,8 +199,9 @@ class Proxy {
   void ArmHedgeTimer();
   void OnHedgeTimer();
   bool TakeHedgeToken();
-  // This loop's counts of waiting and silent requests per engine, into the shared records.
-  void ShareSilence(const std::unordered_map<SharedBackend*, std::pair<int, int>>& now);
+  // This loop's counts of requests waiting on its active engine `b`, and of
+  // those silent, into b's shared record (null: it counts none now).
+  void ShareSilence(SharedBackend* b, int waiting, int silent);
   void SetRouted(Backend* b, bool routed);
   void Emit(nlohmann::json event);
   void MaybeDone();
@@ -216,7 +216,8 @@ class Proxy {
   uv_timer_t hedge_timer_;  // scans calls for silence while hedging is on
   std::unique_ptr<FrontShared> own_shared_;
   FrontShared* shared_;
-  std::unordered_map<SharedBackend*, std::pair<int, int>> shared_counts_;  // what this loop added
+  SharedBackend* shared_for_ = nullptr;  // the record this loop's counts are in
+  int shared_waiting_ = 0, shared_silent_ = 0;
   int open_timers_ = 0;
   bool closing_ = false;
   bool pool_closed_ = false;
