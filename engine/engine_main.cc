@@ -42,6 +42,14 @@ int main(int argc, char** argv) {
   app.add_option("--nccl-max-ctas", o.nccl_max_ctas,
                  "cuda: channels per NCCL communicator (0: one for a single rank, NCCL's choice for more)");
   app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");
+  app.add_option("--kv-adopt-wait-ms", o.kv_adopt_wait_ms,
+                 "--kv-pool: longest wait of a stream resumed after a crash for the pool, to adopt the dead engine's "
+                 "KV (default 2000; 0: no wait)");
+  app.add_option("--kv-adopt-keep-ms", o.kv_adopt_keep_ms,
+                 "--kv-pool: how long the dead engine's KV pages are kept for resumed streams once the pool is "
+                 "here (default 10000)");
+  app.add_option("--min-step-ms", o.min_step_ms,
+                 "each step takes at least this long: paces generation for drills and demos (default 0: off)");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
   if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;
   app.add_option("--nonce", o.nonce, "identity echoed in /wsup/status (default: $WSUP_ENGINE_NONCE)");

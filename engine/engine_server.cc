@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/fingerprint.h"
 #include "common/fs.h"
 #include "common/json_limits.h"
 #include "engine/api.h"
@@ -127,6 +128,31 @@ struct Pending {
   std::vector<int32_t> tokens;
 };
 
+// What this engine's KV bytes mean, for the KV journal (wire/kv_journal.h
+// kv_format): the checkpoint's identity (its files and headers), its
+// sharding, the backend and block size, and the version of this engine's
+// KV layout. Another engine whose KV would differ in any of these never
+// adopts these pages.
+constexpr int kEngineKvLayoutVersion = 1;
+uint64_t KvFormat(const Checkpoint& ckpt, int tp, int ep, bool cuda, int block_size) {
+  FingerprintInputs in;
+  in.shard.tp_size = tp;
+  in.shard.ep_size = ep;
+  const Fingerprint fp = Fingerprint::Compute(ckpt, in);
+  std::string id = "wsup-engine kv " + std::to_string(kEngineKvLayoutVersion);
+  for (const char* f : {"architecture", "checkpoint", "quant_method", "quant_config", "dtype"}) {
+    id += std::string("|") + f + "=" + fp.Get(f);
+  }
+  id += "|tp=" + std::to_string(tp) + "|ep=" + std::to_string(ep) + "|backend=" + (cuda ? "cuda" : "cpu") +
+        "|block=" + std::to_string(block_size);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : id) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 class Engine {
  public:
   explicit Engine(EngineOptions opts) : opts_(std::move(opts)) {
@@ -188,6 +214,7 @@ class Engine {
   // Set by the startup thread before it finishes; read by the loop after.
   std::unique_ptr<ModelRunner> runner_;
   std::vector<int32_t> eos_;
+  uint64_t kv_format_ = 0;  // KvFormat(): the KV journal's kv_format
   std::string comm_kind_;
   std::unique_ptr<KvPoolLink> pool_link_;  // --kv-pool
   int64_t graphs_bytes_ = -1;              // GPU memory the decode graphs took (NVML); -1: not known
@@ -247,6 +274,7 @@ Status Engine::StartupPhases() {
   const int ep = EngineEpSize(opts_, tp);
   WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), tp, 0, ep).status());
   eos_ = EosTokens(opts_.model_dir);
+  kv_format_ = KvFormat(ckpt, tp, ep, !devices.empty(), opts_.block_size);
   Phase("context", MsSince(t0), context_note);
   if (cancel_startup_) return Status::Ok();
 
@@ -437,6 +465,10 @@ void Engine::OnStartupDone() {
   so.max_batch = opts_.max_batch;
   so.max_step_tokens = kMaxStepTokens;
   so.keepalive_ms = opts_.comm_keepalive_ms;
+  so.adopt_wait_ms = opts_.kv_adopt_wait_ms;
+  so.adopt_keep_ms = opts_.kv_adopt_keep_ms;
+  so.min_step_ms = opts_.min_step_ms;
+  so.kv_format = kv_format_;
   scheduler_ = std::make_unique<Scheduler>(runner_.get(), so, [this](std::vector<GenEvent> events) {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& e : events) outbox_.push_back(std::move(e));
@@ -604,6 +636,9 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
   g.seed = req->seed ? *req->seed : seed_rng_();
   g.stop_tokens = eos_;
   g.request_id = w->request().request_id;
+  // The front's mark on a stream it resumes after the engine it ran on
+  // failed (docs/kv_journal.md): its KV may be adopted from the journal.
+  if (const std::string* resume = w->request().FindHeader("X-Wsup-Resume")) g.resumed = *resume == "cut";
   const uint64_t id = g.id;
   Status st = scheduler_->Submit(std::move(g));
   if (!st.ok()) {
@@ -893,6 +928,13 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
                      {"block_size", runner_->block_size()},
                      {"blocks", s.total_blocks},
                      {"free_blocks", s.free_blocks}};
+    // Streams resumed here after a crash (docs/kv_journal.md).
+    j["resume"] = {
+        {"adopted_sequences", s.adopted_sequences},   {"adopted_tokens", s.adopted_tokens},
+        {"adopted_by_page", s.adopted_by_page},       {"recomputed_sequences", s.recomputed_sequences},
+        {"recomputed_reasons", s.recomputed_reasons}, {"held", s.resume_held},
+        {"held_total", s.resume_held_total},          {"held_max_ms", s.resume_held_max_ms},
+        {"adoptable_blocks", s.adoptable_blocks},     {"released_blocks", s.released_blocks}};
     j["requests"] = {{"active", s.active},
                      {"waiting", s.waiting},
                      {"steps", s.steps},
@@ -978,6 +1020,18 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return InvalidArgument("--nccl-max-ctas " + std::to_string(o.nccl_max_ctas) + " is out of range; pass 0 to 64");
   }
   if (o.comm_keepalive_ms < 1) return InvalidArgument("--comm-keepalive-ms must be at least 1");
+  if (o.kv_adopt_wait_ms < 0 || o.kv_adopt_wait_ms > 600'000) {
+    return InvalidArgument("--kv-adopt-wait-ms " + std::to_string(o.kv_adopt_wait_ms) +
+                           " is out of range; pass 0 (no wait) to 600000");
+  }
+  if (o.kv_adopt_keep_ms < 0 || o.kv_adopt_keep_ms > 3'600'000) {
+    return InvalidArgument("--kv-adopt-keep-ms " + std::to_string(o.kv_adopt_keep_ms) +
+                           " is out of range; pass 0 (free them at once) to 3600000");
+  }
+  if (o.min_step_ms < 0 || o.min_step_ms > 10'000) {
+    return InvalidArgument("--min-step-ms " + std::to_string(o.min_step_ms) +
+                           " is out of range; pass 0 (off) to 10000");
+  }
   if (o.max_batch < 1) return InvalidArgument("--max-batch must be at least 1");
   if (o.threads < 0) return InvalidArgument("--threads must be 0 (automatic) or more");
   if (o.block_size < 1 || o.block_size > 1024) return InvalidArgument("--kv-block-size must be 1 to 1024");

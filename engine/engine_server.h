@@ -85,6 +85,13 @@ struct EngineOptions {
   int64_t dequant_scratch_mib = 32;  // cuda: engine/cuda/cuda_engine.h MakeCudaRank
   int nccl_max_ctas = 0;             // cuda: RunnerOptions::nccl_max_ctas
   int64_t comm_keepalive_ms = 1000;
+  // Adopting a crashed engine's KV (docs/kv_journal.md): how long a
+  // resumed request waits for the pool, and how long the dead engine's
+  // pages are kept for the resumes after the pool opened.
+  int64_t kv_adopt_wait_ms = 2000;
+  int64_t kv_adopt_keep_ms = 10'000;
+  // Each step takes at least this long (drills and demos; 0: off).
+  int64_t min_step_ms = 0;
   int ready_fd = -1;
   // This start's identity, echoed as "nonce" in GET /wsup/status so the
   // supervisor can tell its engine from anything else answering on the port.

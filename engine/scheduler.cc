@@ -72,6 +72,7 @@ KvJournalGeometry Scheduler::JournalGeometry() const {
   g.block_size = static_cast<uint32_t>(kv.block_size);
   g.pool_blocks = static_cast<uint32_t>(kv.pool_blocks);
   g.entries = static_cast<uint32_t>(std::max(1, opts_.max_batch));
+  g.kv_format = opts_.kv_format;
   // The longest sequence's blocks, counting the journal's as usable (an
   // upper bound: the journal cannot depend on its own size).
   const int64_t longest = std::min<int64_t>(runner_->dims().max_pos,
@@ -92,16 +93,29 @@ void Scheduler::OpenJournal() {
   const KvJournalGeometry g = JournalGeometry();
   if (!g.Check().ok()) return;  // a pool too small for one: no journal, nothing held back
   journal_host_.assign(g.bytes(), 0);
-  // What the engine before this one left (a crash leaves its sequences).
+  // What the engine before this one left (a crash leaves its sequences):
+  // their pages are kept for the resumed requests until adopt_keep_ms.
+  adopt_.reset();
   Status read = runner_->ReadKvPool(0, journal_host_.data(), journal_host_.size());
   if (read.ok()) {
-    KvJournalReader r = KvJournalReader::Read(journal_host_.data(), journal_host_.size(), g);
-    journal_found_ = static_cast<int>(r.entries().size());
-    if (journal_found_ > 0) {
-      spdlog::info("KV journal: the previous engine left {} sequences in the pool; their pages are reused "
-                   "(adopting them is not built yet)",
-                   journal_found_);
+    adopt_.emplace(KvJournalReader::Read(journal_host_.data(), journal_host_.size(), g));
+    adopt_until_ms_ = NowMs() + opts_.adopt_keep_ms;
+    journal_found_ = static_cast<int>(adopt_->entries().size());
+    std::string dropped;
+    for (const auto& [why, n] : adopt_->dropped()) {
+      dropped += std::string(dropped.empty() ? "" : ", ") + std::to_string(n) + " " + KvJournalMissName(why);
     }
+    if (journal_found_ > 0 || !dropped.empty()) {
+      spdlog::info(
+          "KV journal: the previous engine left {} sequences in the pool ({} pages kept for their resumes "
+          "for {} ms){}{}",
+          journal_found_, adopt_->pages_held(), opts_.adopt_keep_ms,
+          dropped.empty() ? "" : "; refused: ", dropped);
+    }
+    if (opts_.adopt_keep_ms <= 0) ReleaseUnclaimed("keeping is off");
+  } else {
+    spdlog::warn("KV journal: cannot read the previous engine's ({}); resumed streams are computed in full",
+                 read.ToString());
   }
   auto w = KvJournalWriter::Create(journal_host_.data(), g);
   Status st = w.ok() ? runner_->WriteKvPool(0, journal_host_.data(), journal_host_.size()) : w.status();
@@ -130,15 +144,97 @@ void Scheduler::JournalSeq(Seq& s) {
     if (s.blocks[i] >= pool_blocks) return;  // KV on the scratch: nothing another engine could adopt
     ids[i] = static_cast<uint32_t>(s.blocks[i]);
   }
-  for (size_t i = s.kv_hashed; i < kv; ++i) {
-    const int32_t t = i < plen ? s.req.prompt[i] : s.generated[i - plen];
-    s.kv_hash = TokenHash(&t, 1, s.kv_hash);
-  }
-  s.kv_hashed = kv;
-  if (!journal_->Put(s.req.request_id, s.kv_hash, static_cast<uint32_t>(kv), ids).ok()) return;
+  HashTokens(s, kv);
+  if (!journal_->Put(s.req.request_id, s.kv_hash, static_cast<uint32_t>(kv), ids, s.chain).ok()) return;
   const auto [off, len] = journal_->last_write();
   dirty_lo_ = std::min(dirty_lo_, off);
   dirty_hi_ = std::max(dirty_hi_, off + len);
+}
+
+void Scheduler::HashTokens(Seq& s, size_t upto) const {
+  const size_t plen = s.req.prompt.size();
+  const size_t bs = static_cast<size_t>(runner_->block_size());
+  for (size_t i = s.kv_hashed; i < upto; ++i) {
+    const int32_t t = i < plen ? s.req.prompt[i] : s.generated[i - plen];
+    s.kv_hash = TokenHash(&t, 1, s.kv_hash);
+    if ((i + 1) % bs == 0) s.chain.push_back(s.kv_hash);
+  }
+  s.kv_hashed = std::max(s.kv_hashed, upto);
+}
+
+bool Scheduler::HoldsForPool() const {
+  // Only an engine that may yet get the pool, and not one letting it go.
+  return opts_.adopt_wait_ms > 0 && runner_->kv_layout().pooled() && pool_ == PoolState::kClosed;
+}
+
+void Scheduler::TryAdopt(Seq& s) {
+  s.adopt_tried = true;
+  const char* reason = nullptr;
+  if (!runner_->kv_layout().pooled()) {
+    reason = "private_kv_cache";
+  } else if (pool_ != PoolState::kOpen) {
+    reason = "pool_not_granted";
+  } else if (s.req.request_id.empty()) {
+    reason = "no_request_id";
+  } else if (!adopt_) {
+    reason = KvJournalMissName(KvJournalMiss::kNoJournal);
+  } else {
+    KvJournalMiss why = KvJournalMiss::kMissing;
+    std::vector<uint32_t> freed;
+    auto a = adopt_->Take(s.req.request_id, s.req.prompt, &why, &freed);
+    for (uint32_t b : freed) free_pool_.push_back(static_cast<int32_t>(b));
+    if (a.ok()) {
+      for (uint32_t b : a->spare) free_pool_.push_back(static_cast<int32_t>(b));
+      s.blocks.assign(a->pages.begin(), a->pages.end());
+      pool_in_use_ += static_cast<int>(a->pages.size());
+      s.prefilled = a->count;
+      // The journal goes on describing it from what it adopted.
+      HashTokens(s, a->count);
+      ++adopted_sequences_;
+      adopted_tokens_ += a->count;
+      if (a->by_page) ++adopted_by_page_;
+      spdlog::debug("request {}: adopted {} of {} positions from the previous engine's KV ({} pages)",
+                    s.req.request_id, a->count, s.req.prompt.size(), a->pages.size());
+      return;
+    }
+    reason = KvJournalMissName(why);
+  }
+  ++recomputed_;
+  ++recomputed_reasons_[reason];
+  spdlog::info("request {}: resumed, computing its {} tokens again ({})", s.req.request_id,
+               s.req.prompt.size(), reason);
+}
+
+void Scheduler::ExpireHeld(int64_t now) {
+  // Held in arrival order with one bound each: the expired are in front.
+  while (!held_.empty() && held_.front().held_until_ms <= now) {
+    Seq s = std::move(held_.front());
+    held_.pop_front();
+    held_max_ms_ = std::max(held_max_ms_, now - s.held_since_ms);
+    waiting_.push_back(std::move(s));
+  }
+}
+
+void Scheduler::ReleaseUnclaimed(const char* why) {
+  if (!adopt_) return;
+  std::vector<uint32_t> pages = adopt_->Release();
+  if (pages.empty()) return;
+  released_blocks_ += pages.size();
+  spdlog::info("KV journal: {} pages of sequences nobody resumed are free again ({})", pages.size(), why);
+  if (pool_ != PoolState::kOpen) return;  // closing: handed out no more
+  for (uint32_t b : pages) free_pool_.push_back(static_cast<int32_t>(b));
+}
+
+std::vector<bool> Scheduler::KeptPoolBlocks() const {
+  const int pool_blocks = runner_->kv_layout().pool_blocks;
+  std::vector<bool> kept(static_cast<size_t>(pool_blocks), false);
+  for (int b = 0; b < std::min(JournalBlocks(), pool_blocks); ++b) kept[static_cast<size_t>(b)] = true;
+  if (adopt_) {
+    for (const auto& [id, e] : adopt_->entries()) {
+      for (uint32_t b : e.pages) kept[b] = true;  // the reader checked they lie in the pool
+    }
+  }
+  return kept;
 }
 
 void Scheduler::JournalRemove(const Seq& s) {
@@ -250,12 +346,23 @@ void Scheduler::HandOutPool() {
     map_phase_ = MapPhase::kIdle;
   }
   const KvLayout& kv = runner_->kv_layout();
-  free_pool_.clear();
-  // The journal's blocks are never handed out.
-  const int first = JournalBlocks();
-  for (int b = kv.pool_blocks - 1; b >= first; --b) free_pool_.push_back(b);
   pool_ = PoolState::kOpen;
+  // The previous engine's journal is read before any block is handed out:
+  // its sequences' pages are kept for their resumes, and the journal's
+  // own blocks are never handed out.
   OpenJournal();
+  free_pool_.clear();
+  const std::vector<bool> kept = KeptPoolBlocks();
+  for (int b = kv.pool_blocks - 1; b >= 0; --b) {
+    if (!kept[static_cast<size_t>(b)]) free_pool_.push_back(b);
+  }
+  // The resumes that waited for the pool go first, in their order.
+  const int64_t now = NowMs();
+  while (!held_.empty()) {
+    held_max_ms_ = std::max(held_max_ms_, now - held_.back().held_since_ms);
+    waiting_.push_front(std::move(held_.back()));
+    held_.pop_back();
+  }
 }
 
 void Scheduler::ClosePool(PoolDone done) {
@@ -290,27 +397,49 @@ void Scheduler::Loop() {
         if (!active_.empty() || !waiting_.empty() || !incoming_.empty() || !cancels_.empty() || pool_work) {
           break;
         }
+        // Timed work: the keepalive, a held resume's bound, the previous
+        // journal's pages' bound.
         const int64_t now = NowMs();
-        if (now >= next_keepalive_ms_) break;
-        cv_.wait_for(lk, std::chrono::milliseconds(next_keepalive_ms_ - now));
+        int64_t wake = next_keepalive_ms_;
+        if (!held_.empty()) wake = std::min(wake, held_.front().held_until_ms);
+        if (adopt_ && !adopt_->entries().empty()) wake = std::min(wake, adopt_until_ms_);
+        if (now >= wake) break;
+        cv_.wait_for(lk, std::chrono::milliseconds(wake - now));
       }
+      const int64_t now = NowMs();
       while (!incoming_.empty()) {
         Seq s;
         s.req = std::move(incoming_.front());
         incoming_.pop_front();
         s.rng.seed(s.req.seed);
-        waiting_.push_back(std::move(s));
+        if (s.req.resumed && HoldsForPool()) {
+          s.held_since_ms = now;
+          s.held_until_ms = now + opts_.adopt_wait_ms;
+          ++held_total_;
+          held_.push_back(std::move(s));
+        } else {
+          waiting_.push_back(std::move(s));
+        }
       }
       // stats() counts incoming_ as waiting: what just moved out of it must
       // be counted in the same critical section, or a reader between here
       // and the end of the step sees the requests nowhere (active 0,
       // waiting 0) and takes the engine for idle.
-      stats_.waiting = static_cast<int>(waiting_.size());
+      stats_.waiting = static_cast<int>(waiting_.size() + held_.size());
+      stats_.resume_held = static_cast<int>(held_.size());
       cancels.swap(cancels_);
     }
     if (!cancels.empty()) {
       // A cancel for a request that already finished finds nothing and counts nothing.
-      cancelled_ += std::erase_if(waiting_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
+      cancelled_ += std::erase_if(held_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
+      for (auto& s : waiting_) {
+        if (cancels.count(s.req.id)) {
+          FreeBlocks(&s.blocks);  // adopted pages, if it had its turn but no room yet
+          s.req.id = 0;
+          ++cancelled_;
+        }
+      }
+      std::erase_if(waiting_, [](const Seq& s) { return s.req.id == 0; });
       for (auto& s : active_) {
         if (cancels.count(s.req.id)) {
           JournalRemove(s);
@@ -325,12 +454,25 @@ void Scheduler::Loop() {
     if (NowMs() >= next_keepalive_ms_) RunKeepalive();
     HandOutPool();
     RunPoolCommands();
+    ExpireHeld(NowMs());
+    if (adopt_ && !adopt_->entries().empty() && NowMs() >= adopt_until_ms_)
+      ReleaseUnclaimed("nobody resumed them in time");
     Admit();
-    if (!active_.empty()) StepOnce();
+    if (!active_.empty()) {
+      const int64_t step_start = NowMs();
+      StepOnce();
+      if (opts_.min_step_ms > 0) {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait_until(
+            lk,
+            std::chrono::steady_clock::time_point(std::chrono::milliseconds(step_start + opts_.min_step_ms)),
+            [this] { return stop_; });
+      }
+    }
     MaybeFinishClose();
     std::lock_guard<std::mutex> lk(mu_);
     stats_.active = static_cast<int>(active_.size());
-    stats_.waiting = static_cast<int>(waiting_.size());
+    stats_.waiting = static_cast<int>(waiting_.size() + held_.size());
     PoolStatsLocked();
     stats_.finished = finished_;
     stats_.cancelled = cancelled_;
@@ -359,12 +501,23 @@ void Scheduler::RunKeepalive() {
 void Scheduler::Admit() {
   while (!waiting_.empty() && static_cast<int>(active_.size()) < opts_.max_batch) {
     Seq& s = waiting_.front();
-    const int need = BlocksFor(static_cast<int64_t>(s.req.prompt.size()) + s.req.max_tokens);
-    if (need > FreeCount()) break;  // first come, first served
+    if (s.req.resumed && !s.adopt_tried) TryAdopt(s);
+    // Beyond the pages it adopted, if any.
+    const int need = BlocksFor(static_cast<int64_t>(s.req.prompt.size()) + s.req.max_tokens) -
+                     static_cast<int>(s.blocks.size());
+    if (need > FreeCount()) {
+      // Pages kept for resumes that have not come yet give way to a
+      // request that is here.
+      if (adopt_ && !adopt_->entries().empty()) {
+        ReleaseUnclaimed("a waiting request needs the blocks");
+        continue;
+      }
+      break;  // first come, first served
+    }
     // The pool's blocks first: the scratch stays free for the probes and
     // the first requests after a promotion.
     const int from_pool = std::min<int>(need, static_cast<int>(free_pool_.size()));
-    s.blocks.assign(free_pool_.end() - from_pool, free_pool_.end());
+    s.blocks.insert(s.blocks.end(), free_pool_.end() - from_pool, free_pool_.end());
     free_pool_.resize(free_pool_.size() - static_cast<size_t>(from_pool));
     pool_in_use_ += from_pool;
     const int rest = need - from_pool;
@@ -385,6 +538,16 @@ void Scheduler::PoolStatsLocked() {
   stats_.journal_found = journal_found_;
   stats_.journal_writes = journal_writes_;
   stats_.journal_errors = journal_errors_;
+  stats_.adopted_sequences = adopted_sequences_;
+  stats_.adopted_tokens = adopted_tokens_;
+  stats_.adopted_by_page = adopted_by_page_;
+  stats_.recomputed_sequences = recomputed_;
+  stats_.recomputed_reasons = recomputed_reasons_;
+  stats_.resume_held = static_cast<int>(held_.size());
+  stats_.resume_held_total = held_total_;
+  stats_.resume_held_max_ms = held_max_ms_;
+  stats_.adoptable_blocks = adopt_ ? static_cast<int>(adopt_->pages_held()) : 0;
+  stats_.released_blocks = released_blocks_;
   stats_.pool_mapped = runner_->kv_pool_mapped();
   stats_.pool_closing = pool_ == PoolState::kClosing;
   stats_.pool_blocks_in_use = pool_in_use_;
@@ -433,6 +596,19 @@ void Scheduler::RunPoolCommands() {
       if (pool_ == PoolState::kOpen) {
         pool_ = PoolState::kClosing;
         free_pool_.clear();  // handed out no more; the held ones are dropped as they come back
+        // Nothing adopts from a pool this engine lets go: kept pages are
+        // dropped, and a waiting request's adopted pages given back (it is
+        // computed in full when its turn comes).
+        ReleaseUnclaimed("the pool is being let go");
+        adopt_.reset();
+        for (auto& w : waiting_) {
+          if (w.blocks.empty()) continue;
+          FreeBlocks(&w.blocks);
+          w.prefilled = 0;
+          w.kv_hashed = 0;
+          w.kv_hash = kTokenHashSeed;
+          w.chain.clear();
+        }
       }
       if (pool_ == PoolState::kClosed) {
         Done(c.done, Status::Ok());
@@ -446,8 +622,9 @@ void Scheduler::RunPoolCommands() {
       continue;
     }
     if (pool_ == PoolState::kClosing) {
-      // Still mapped: keep it, and hand out again the blocks nobody holds.
-      std::vector<bool> held(static_cast<size_t>(kv.pool_blocks), false);
+      // Still mapped: keep it, and hand out again the blocks nobody holds
+      // (never the journal's).
+      std::vector<bool> held = KeptPoolBlocks();
       for (const auto& s : active_) {
         for (int32_t b : s.blocks) {
           if (b < kv.pool_blocks) held[static_cast<size_t>(b)] = true;

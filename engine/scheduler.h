@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -62,6 +63,15 @@ struct SchedulerOptions {
   int max_step_tokens = 2048;  // prompt tokens per step; longer prompts are split over steps
   int max_waiting = 1024;      // queued requests beyond which Submit() refuses
   int64_t keepalive_ms = 1000;
+  // Adopting a dead engine's KV (see above); 0 turns holding (or keeping) off.
+  int64_t adopt_wait_ms = 2000;
+  int64_t adopt_keep_ms = 10'000;
+  // What this engine's KV bytes mean (KvJournalGeometry::kv_format): a
+  // journal of another model, sharding or engine is never adopted.
+  uint64_t kv_format = 0;
+  // A step takes at least this long (0: off). Paces generation for drills
+  // and demos, which need a stream slow enough to cut in the middle.
+  int64_t min_step_ms = 0;
 };
 
 struct GenRequest {
@@ -72,6 +82,7 @@ struct GenRequest {
   uint64_t seed = 0;
   std::vector<int32_t> stop_tokens;  // end-of-sequence ids
   std::string request_id;            // the front's X-Request-Id: the KV journal's key (empty: not journaled)
+  bool resumed = false;              // the front resumes a stream cut by a failure: adopt its KV if it can
 };
 
 struct GenEvent {
@@ -98,6 +109,18 @@ struct SchedulerStats {
   int journal_found = 0;       // valid entries of the previous engine found when the pool was opened
   uint64_t journal_writes = 0;
   uint64_t journal_errors = 0;
+  // Resumed requests (GenRequest::resumed) and the previous engine's KV.
+  uint64_t adopted_sequences = 0;
+  uint64_t adopted_tokens = 0;   // positions not computed again
+  uint64_t adopted_by_page = 0;  // of the sequences: adopted up to a page boundary (the stream was behind)
+  uint64_t recomputed_sequences = 0;
+  std::map<std::string, uint64_t>
+      recomputed_reasons;  // KvJournalMissName(), or pool_not_granted, no_request_id
+  int resume_held = 0;     // waiting for the pool now
+  uint64_t resume_held_total = 0;
+  int64_t resume_held_max_ms = 0;  // the longest wait for the pool
+  int adoptable_blocks = 0;        // the previous engine's pages still kept for a resume
+  uint64_t released_blocks = 0;  // of those, freed unclaimed (after adopt_keep_ms, or for a waiting request)
   uint64_t steps = 0;
   uint64_t generated_tokens = 0;
   uint64_t finished = 0;   // requests that ran to their end (length, stop or error)
@@ -157,6 +180,10 @@ class Scheduler {
     std::mt19937_64 rng;
     uint64_t kv_hash = kTokenHashSeed;  // TokenHash of the first kv_hashed tokens (prompt, then generated)
     size_t kv_hashed = 0;
+    std::vector<uint64_t> chain;  // kv_hash at each full block's end (the journal's chain)
+    int64_t held_until_ms = 0;    // a resumed request waiting for the pool: until then
+    int64_t held_since_ms = 0;
+    bool adopt_tried = false;
   };
 
   void Loop();
@@ -186,6 +213,18 @@ class Scheduler {
   int JournalBlocks() const;
   void OpenJournal();
   void JournalSeq(Seq& s);
+  // Extends s's hash and chain over its tokens up to position `upto`.
+  void HashTokens(Seq& s, size_t upto) const;
+  // Resumes: whether one waits for the pool now; adopting (or counting why
+  // not) at admission; held requests past their bound; the previous
+  // journal's pages let go (the bound passed, or `all` for a request that
+  // needs blocks).
+  bool HoldsForPool() const;
+  void TryAdopt(Seq& s);
+  void ExpireHeld(int64_t now);
+  void ReleaseUnclaimed(const char* why);
+  // Pool blocks kept from use (the journal, and pages kept for resumes).
+  std::vector<bool> KeptPoolBlocks() const;
   void JournalRemove(const Seq& s);
   void FlushJournal();
 
@@ -229,6 +268,14 @@ class Scheduler {
   uint64_t dirty_lo_ = UINT64_MAX, dirty_hi_ = 0;
   int journal_found_ = 0;
   uint64_t journal_writes_ = 0, journal_errors_ = 0;
+  // Resumes.
+  std::deque<Seq> held_;                  // resumed requests waiting for the pool, in arrival order
+  std::optional<KvJournalReader> adopt_;  // the previous engine's journal, since the pool opened
+  int64_t adopt_until_ms_ = 0;
+  uint64_t adopted_sequences_ = 0, adopted_tokens_ = 0, adopted_by_page_ = 0, recomputed_ = 0;
+  std::map<std::string, uint64_t> recomputed_reasons_;
+  uint64_t held_total_ = 0, released_blocks_ = 0;
+  int64_t held_max_ms_ = 0;
 };
 
 }  // namespace wsup::engine

@@ -118,7 +118,8 @@ class ProxyCall final : public UpstreamListener {
   };
 
   void OnClientGone();
-  void BuildHead(const Backend* b, std::string_view body, std::string* out) const;
+  // The engine's request head; `cut` adds X-Wsup-Resume: cut.
+  void BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const;
   bool HedgePending() const;
   void AdoptHedge();
   void EndHedge(const char* why);
@@ -139,6 +140,10 @@ class ProxyCall final : public UpstreamListener {
   std::unique_ptr<CompletionStream> sse_;
   std::string resume_body_;
   bool resuming_ = false;
+  // Sent again after the engine it ran on failed mid-request: marked
+  // (X-Wsup-Resume: cut) so that the next engine may adopt its KV from
+  // the dead engine's journal (docs/kv_journal.md).
+  bool cut_ = false;
 
   UpstreamConn* conn_ = nullptr;
   Backend* backend_ = nullptr;
@@ -246,7 +251,7 @@ void ProxyCall::Start() {
   proxy_->Dispatch(this);
 }
 
-void ProxyCall::BuildHead(const Backend* b, std::string_view body, std::string* out) const {
+void ProxyCall::BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const {
   std::string& head_ = *out;
   const http::HttpRequest& r = writer_->request();
   const std::string* connection = r.FindHeader("Connection");
@@ -258,7 +263,11 @@ void ProxyCall::BuildHead(const Backend* b, std::string_view body, std::string* 
   head_ += " HTTP/1.1\r\n";
   bool have_host = false;
   for (const auto& h : r.headers) {
-    if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "Expect") || HeaderNameEquals(h.name, "X-Request-Id")) continue;
+    // X-Request-Id and X-Wsup-Resume are the front's to set, never a client's.
+    if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "Expect") ||
+        HeaderNameEquals(h.name, "X-Request-Id") || HeaderNameEquals(h.name, "X-Wsup-Resume")) {
+      continue;
+    }
     if (connection && ListedIn(*connection, h.name)) continue;
     if (HeaderNameEquals(h.name, "Host")) have_host = true;
     head_ += h.name;
@@ -274,6 +283,7 @@ void ProxyCall::BuildHead(const Backend* b, std::string_view body, std::string* 
   head_ += "X-Request-Id: ";
   head_ += r.request_id;
   head_ += "\r\n";
+  if (cut) head_ += "X-Wsup-Resume: cut\r\n";
   if (!body.empty() || r.method == "POST" || r.method == "PUT" || r.method == "PATCH") {
     char len[32];
     auto [end, ec] = std::to_chars(len, len + sizeof(len), body.size());
@@ -291,7 +301,7 @@ void ProxyCall::Attempt(Backend* b) {
   backend_ = b;
   ++b->inflight;
   ResetAttempt();
-  BuildHead(b, body_, &head_);
+  BuildHead(b, body_, cut_, &head_);
   last_byte_ms_ = proxy_->now_ms();
   conn_ = proxy_->pool().Acquire(b, force_fresh_);
   force_fresh_ = false;
@@ -461,6 +471,7 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
     if (retries_ < proxy_->options().max_retries) {
       ++retries_;
       ++counters.retried;
+      cut_ = true;
       // The wait for an engine starts again: the first attempt may have run long.
       deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
       spdlog::warn("front: request {}: {}; sending it again", id(), why);
@@ -492,6 +503,7 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
         resume_body_ = ResumeBody(plan_, sse_->delivered(), remaining);
         body_ = resume_body_;
         resuming_ = true;
+        cut_ = counts;
         if (counts) deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
         spdlog::warn("front: request {}: {}; resuming the stream after {} tokens ({} to go)", id(), why,
                      sse_->delivered().size(), remaining);
@@ -638,7 +650,7 @@ void ProxyCall::Hedge(Backend* b) {
   } else {
     h.body = body_;
   }
-  BuildHead(b, h.body, &h.head);
+  BuildHead(b, h.body, false, &h.head);  // the engine it hedges is alive: nothing to adopt
   ++b->inflight;
   ++proxy_->mutable_counters().hedged;
   spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), backend_->name,

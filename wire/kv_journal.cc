@@ -1,5 +1,6 @@
 #include "wire/kv_journal.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -8,9 +9,12 @@ namespace wsup {
 namespace {
 
 constexpr char kMagic[8] = {'W', 'S', 'U', 'P', 'K', 'V', 'J', '1'};
-// Entry fields, from the entry's start.
-constexpr uint64_t kSeq = 0, kIdLen = 8, kCount = 12, kPageCount = 16, kTokenHash = 24, kId = 32,
-                   kPages = kId + kKvJournalIdBytes;
+// Entry fields, from the entry's start (docs/kv_journal.md).
+constexpr uint64_t kSeq = 0, kChecksum = 8, kIdLen = 16, kCount = 20, kPageCount = 24, kChainCount = 28,
+                   kTokenHash = 32, kId = 40, kRecords = 96, kRecordBytes = 16;
+static_assert(kId + kKvJournalIdBytes + 8 == kRecords);
+// Header fields.
+constexpr uint64_t kHeaderChecksum = 56;
 
 uint64_t Fnv(const uint8_t* p, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
   for (size_t i = 0; i < n; ++i) {
@@ -31,7 +35,28 @@ void Set(uint8_t* p, T v) {
   std::memcpy(p, &v, sizeof(T));
 }
 
-uint64_t PagesEnd(const KvJournalGeometry& g) { return kPages + 4ull * g.max_pages; }
+uint64_t Rotl(uint64_t v, int r) { return (v << r) | (v >> (64 - r)); }
+
+// The entries' checksum: eight bytes at a time (an entry of a long
+// sequence is tens of kilobytes, rewritten after every step), then
+// splitmix64's finalizer. It detects torn and damaged bytes; it is not a
+// defence against a writer that lies. `n` is a multiple of 8.
+uint64_t WordSum(const uint8_t* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i + 8 <= n; i += 8) {
+    h = Rotl(h ^ (Get<uint64_t>(p + i) * 0x9e3779b97f4a7c15ull), 31) * 0xbf58476d1ce4e5b9ull;
+  }
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+// An entry's checksum with seq `seq`, over its bytes 16 .. the end of its
+// page_count records (page_count at most max_pages: the caller checked).
+uint64_t EntrySum(const uint8_t* e, uint64_t seq, uint32_t page_count) {
+  return WordSum(e + kIdLen, kRecords - kIdLen + kRecordBytes * page_count, seq * 0xd6e8feb86659fd93ull);
+}
 
 bool Printable(std::string_view s) {
   for (char c : s) {
@@ -51,7 +76,8 @@ void WriteHeader(uint8_t* h, const KvJournalGeometry& g) {
   Set<uint32_t>(h + 28, g.pool_blocks);
   Set<uint32_t>(h + 32, g.first_block());
   Set<uint64_t>(h + 40, g.block_bytes);
-  Set<uint64_t>(h + 48, Fnv(h, 48));
+  Set<uint64_t>(h + 48, g.kv_format);
+  Set<uint64_t>(h + kHeaderChecksum, Fnv(h, kHeaderChecksum));
 }
 
 }  // namespace
@@ -67,7 +93,33 @@ uint64_t TokenHash(const int32_t* ids, size_t n, uint64_t seed) {
   return h;
 }
 
-uint64_t KvJournalGeometry::entry_bytes() const { return (PagesEnd(*this) + 8 + 7) / 8 * 8; }
+uint64_t KvJournalGeometry::entry_bytes() const { return kRecords + kRecordBytes * max_pages; }
+
+Result<KvJournalGeometry> KvJournalGeometry::FromHeader(const uint8_t* journal, size_t size) {
+  if (size < kKvJournalHeaderBytes || std::memcmp(journal, kMagic, 8) != 0) {
+    return InvalidArgument("kv journal: no journal here (the magic WSUPKVJ1 is missing)");
+  }
+  if (Get<uint64_t>(journal + kHeaderChecksum) != Fnv(journal, kHeaderChecksum)) {
+    return InvalidArgument("kv journal: the header's checksum does not match (a damaged header)");
+  }
+  if (Get<uint32_t>(journal + 8) != kKvJournalVersion) {
+    return InvalidArgument("kv journal: version " + std::to_string(Get<uint32_t>(journal + 8)) +
+                           ", this build reads " + std::to_string(kKvJournalVersion));
+  }
+  KvJournalGeometry g;
+  g.entries = Get<uint32_t>(journal + 16);
+  g.max_pages = Get<uint32_t>(journal + 20);
+  g.block_size = Get<uint32_t>(journal + 24);
+  g.pool_blocks = Get<uint32_t>(journal + 28);
+  g.block_bytes = Get<uint64_t>(journal + 40);
+  g.kv_format = Get<uint64_t>(journal + 48);
+  WSUP_RETURN_IF_ERROR(g.Check());
+  if (Get<uint32_t>(journal + 12) != g.entry_bytes() || Get<uint32_t>(journal + 32) != g.first_block()) {
+    return InvalidArgument(
+        "kv journal: the header's entry size or first block does not follow from its geometry");
+  }
+  return g;
+}
 
 uint64_t KvJournalGeometry::bytes() const { return kKvJournalHeaderBytes + entry_bytes() * entries; }
 
@@ -109,7 +161,7 @@ Result<KvJournalWriter> KvJournalWriter::Create(uint8_t* journal, const KvJourna
   KvJournalWriter w(journal, g);
   std::memset(journal, 0, g.bytes());
   for (uint32_t slot = 0; slot < g.entries; ++slot) {
-    w.WriteEntry(slot, {}, 0, 0, {});
+    w.WriteEntry(slot, {}, 0, 0, {}, {});
     w.free_.push_back(g.entries - 1 - slot);  // taken from the back: slot 0 first
   }
   // The header last: a journal is valid only once every entry is.
@@ -120,33 +172,39 @@ Result<KvJournalWriter> KvJournalWriter::Create(uint8_t* journal, const KvJourna
 }
 
 void KvJournalWriter::WriteEntry(uint32_t slot, std::string_view id, uint64_t token_hash, uint32_t count,
-                                 const std::vector<uint32_t>& pages) {
+                                 const std::vector<uint32_t>& pages, const std::vector<uint64_t>& chain) {
   uint8_t* e = base_ + kKvJournalHeaderBytes + g_.entry_bytes() * slot;
   const uint64_t seq = Get<uint64_t>(e + kSeq) | 1;  // odd: being written
   Set<uint64_t>(e + kSeq, seq);
   std::atomic_thread_fence(std::memory_order_seq_cst);
+  const uint32_t page_count = static_cast<uint32_t>(pages.size());
+  const uint32_t chain_count = static_cast<uint32_t>(std::min(chain.size(), pages.size()));
   Set<uint32_t>(e + kIdLen, static_cast<uint32_t>(id.size()));
   Set<uint32_t>(e + kCount, count);
-  Set<uint32_t>(e + kPageCount, static_cast<uint32_t>(pages.size()));
-  Set<uint32_t>(e + kPageCount + 4, 0);
+  Set<uint32_t>(e + kPageCount, page_count);
+  Set<uint32_t>(e + kChainCount, chain_count);
   Set<uint64_t>(e + kTokenHash, token_hash);
-  std::memset(e + kId, 0, kKvJournalIdBytes);
+  std::memset(e + kId, 0, kKvJournalIdBytes + 8);
   if (!id.empty()) std::memcpy(e + kId, id.data(), id.size());  // a free entry's id may be a null view
-  std::memset(e + kPages, 0, 4ull * g_.max_pages);
-  if (!pages.empty()) std::memcpy(e + kPages, pages.data(), 4 * pages.size());
+  // Only the records in use are written: the reader never looks past
+  // page_count, and a long sequence's entry is rewritten every step.
+  for (uint32_t i = 0; i < page_count; ++i) {
+    uint8_t* r = e + kRecords + kRecordBytes * i;
+    Set<uint32_t>(r, pages[i]);
+    Set<uint32_t>(r + 4, 0);
+    Set<uint64_t>(r + 8, i < chain_count ? chain[i] : 0);
+  }
   // The checksum covers the seq the entry will have once whole.
   const uint64_t done = seq + 1;
-  uint8_t seq_bytes[8];
-  std::memcpy(seq_bytes, &done, 8);
-  Set<uint64_t>(e + PagesEnd(g_), Fnv(e + 8, PagesEnd(g_) - 8, Fnv(seq_bytes, 8)));
+  Set<uint64_t>(e + kChecksum, EntrySum(e, done, page_count));
   std::atomic_thread_fence(std::memory_order_seq_cst);
   Set<uint64_t>(e + kSeq, done);
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  last_write_ = {kKvJournalHeaderBytes + g_.entry_bytes() * slot, g_.entry_bytes()};
+  last_write_ = {kKvJournalHeaderBytes + g_.entry_bytes() * slot, kRecords + kRecordBytes * page_count};
 }
 
 Status KvJournalWriter::Put(std::string_view request_id, uint64_t token_hash, uint32_t count,
-                            const std::vector<uint32_t>& pages) {
+                            const std::vector<uint32_t>& pages, const std::vector<uint64_t>& chain) {
   if (request_id.empty() || request_id.size() > kKvJournalIdBytes || !Printable(request_id)) {
     return InvalidArgument("kv journal: request id '" + std::string(request_id.substr(0, 64)) +
                            "' is empty, longer than " + std::to_string(kKvJournalIdBytes) +
@@ -164,14 +222,14 @@ Status KvJournalWriter::Put(std::string_view request_id, uint64_t token_hash, ui
     it = slots_.emplace(std::string(request_id), free_.back()).first;
     free_.pop_back();
   }
-  WriteEntry(it->second, request_id, token_hash, count, pages);
+  WriteEntry(it->second, request_id, token_hash, count, pages, chain);
   return Status::Ok();
 }
 
 void KvJournalWriter::Remove(std::string_view request_id) {
   auto it = slots_.find(request_id);
   if (it == slots_.end()) return;
-  WriteEntry(it->second, {}, 0, 0, {});
+  WriteEntry(it->second, {}, 0, 0, {}, {});
   free_.push_back(it->second);
   slots_.erase(it);
 }
@@ -185,6 +243,7 @@ KvJournalReader KvJournalReader::Read(const uint8_t* journal, size_t size, const
   WriteHeader(want, g);
   if (std::memcmp(want, journal, kKvJournalHeaderBytes) != 0) return r;
   r.header_ok_ = true;
+  r.block_size_ = g.block_size;
   const uint32_t first = g.first_block();
   std::map<uint32_t, std::vector<std::string>> claims;
   auto drop = [&r](const std::string& id, KvJournalMiss why) {
@@ -195,13 +254,14 @@ KvJournalReader KvJournalReader::Read(const uint8_t* journal, size_t size, const
     const uint8_t* e = journal + kKvJournalHeaderBytes + g.entry_bytes() * slot;
     const uint64_t seq = Get<uint64_t>(e + kSeq);
     const uint32_t id_len = Get<uint32_t>(e + kIdLen);
+    const uint32_t page_count = Get<uint32_t>(e + kPageCount);
     std::string id;
     if (id_len <= kKvJournalIdBytes) id.assign(reinterpret_cast<const char*>(e + kId), id_len);
     if (!Printable(id)) id.clear();
-    uint8_t seq_bytes[8];
-    std::memcpy(seq_bytes, &seq, 8);
-    const bool whole = (seq & 1) == 0 &&
-                       Get<uint64_t>(e + PagesEnd(g)) == Fnv(e + 8, PagesEnd(g) - 8, Fnv(seq_bytes, 8));
+    // A page_count past the entry is damage (the checksum's range cannot
+    // even be known).
+    const bool whole = (seq & 1) == 0 && page_count <= g.max_pages &&
+                       Get<uint64_t>(e + kChecksum) == EntrySum(e, seq, page_count);
     if (!whole) {
       drop(id, KvJournalMiss::kTorn);
       continue;
@@ -215,13 +275,19 @@ KvJournalReader KvJournalReader::Read(const uint8_t* journal, size_t size, const
     }
     entry.request_id = id;
     entry.token_hash = Get<uint64_t>(e + kTokenHash);
-    const uint32_t page_count = Get<uint32_t>(e + kPageCount);
-    if (page_count > g.max_pages || uint64_t{page_count} * g.block_size < entry.count) {
+    const uint32_t chain_count = Get<uint32_t>(e + kChainCount);
+    if (uint64_t{page_count} * g.block_size < entry.count || chain_count > page_count ||
+        uint64_t{chain_count} * g.block_size > entry.count) {
       drop(id, KvJournalMiss::kPastPages);
       continue;
     }
     entry.pages.resize(page_count);
-    std::memcpy(entry.pages.data(), e + kPages, 4ull * page_count);
+    entry.chain.resize(chain_count);
+    for (uint32_t i = 0; i < page_count; ++i) {
+      const uint8_t* rec = e + kRecords + kRecordBytes * i;
+      entry.pages[i] = Get<uint32_t>(rec);
+      if (i < chain_count) entry.chain[i] = Get<uint64_t>(rec + 8);
+    }
     bool in_range = true;
     for (uint32_t p : entry.pages) in_range = in_range && p >= first && p < g.pool_blocks;
     if (!in_range) {
@@ -246,9 +312,10 @@ KvJournalReader KvJournalReader::Read(const uint8_t* journal, size_t size, const
   return r;
 }
 
-Result<KvJournalEntry> KvJournalReader::Take(std::string_view request_id, const std::vector<int32_t>& tokens,
-                                             KvJournalMiss* why) {
-  auto miss = [&](KvJournalMiss m) -> Result<KvJournalEntry> {
+Result<KvJournalAdoption> KvJournalReader::Take(std::string_view request_id,
+                                                const std::vector<int32_t>& tokens, KvJournalMiss* why,
+                                                std::vector<uint32_t>* freed) {
+  auto miss = [&](KvJournalMiss m) -> Result<KvJournalAdoption> {
     if (why) *why = m;
     return NotFound(std::string("kv journal: ") + KvJournalMissName(m));
   };
@@ -256,11 +323,40 @@ Result<KvJournalEntry> KvJournalReader::Take(std::string_view request_id, const 
   if (auto bad = invalid_.find(request_id); bad != invalid_.end()) return miss(bad->second);
   auto it = entries_.find(request_id);
   if (it == entries_.end()) return miss(KvJournalMiss::kMissing);
-  if (tokens.size() < it->second.count) return miss(KvJournalMiss::kShorter);
-  if (TokenHash(tokens.data(), it->second.count) != it->second.token_hash) return miss(KvJournalMiss::kHashMismatch);
   KvJournalEntry e = std::move(it->second);
   entries_.erase(it);
-  return e;
+  auto refuse = [&](KvJournalMiss m) {
+    if (freed) freed->insert(freed->end(), e.pages.begin(), e.pages.end());
+    return miss(m);
+  };
+  // At most all tokens but the last: its logits are the next token's.
+  const size_t limit = tokens.empty() ? 0 : tokens.size() - 1;
+  KvJournalAdoption a;
+  if (e.count <= tokens.size()) {
+    if (TokenHash(tokens.data(), e.count) != e.token_hash) return refuse(KvJournalMiss::kHashMismatch);
+    a.count = static_cast<uint32_t>(std::min<size_t>(e.count, limit));
+  } else {
+    // The engine had gone further than the stream: whole pages, checked by
+    // the chain hash of the longest prefix the tokens cover.
+    const size_t k = std::min<size_t>(e.chain.size(), limit / block_size_);
+    if (k > 0) {
+      if (TokenHash(tokens.data(), k * block_size_) != e.chain[k - 1])
+        return refuse(KvJournalMiss::kHashMismatch);
+      a.count = static_cast<uint32_t>(k * block_size_);
+      a.by_page = true;
+    }
+  }
+  if (a.count == 0) return refuse(KvJournalMiss::kShorter);
+  const size_t used = (a.count + block_size_ - 1) / block_size_;
+  a.pages.assign(e.pages.begin(), e.pages.begin() + static_cast<std::ptrdiff_t>(used));
+  a.spare.assign(e.pages.begin() + static_cast<std::ptrdiff_t>(used), e.pages.end());
+  return a;
+}
+
+size_t KvJournalReader::pages_held() const {
+  size_t n = 0;
+  for (const auto& [id, e] : entries_) n += e.pages.size();
+  return n;
 }
 
 std::vector<uint32_t> KvJournalReader::Release() {

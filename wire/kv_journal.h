@@ -48,7 +48,7 @@
 
 namespace wsup {
 
-inline constexpr uint32_t kKvJournalVersion = 1;
+inline constexpr uint32_t kKvJournalVersion = 2;
 inline constexpr size_t kKvJournalIdBytes = 48;  // request ids longer than this are not journaled
 inline constexpr size_t kKvJournalHeaderBytes = 64;
 
@@ -63,6 +63,13 @@ struct KvJournalGeometry {
   uint32_t pool_blocks = 0;  // whole blocks in the pool
   uint32_t entries = 0;      // sequences it can describe (the engine's max batch)
   uint32_t max_pages = 0;    // pages per sequence (its longest sequence / block_size, rounded up)
+  // What the KV bytes mean: a hash of the model, its sharding and the
+  // engine's KV layout. A journal of another kv_format is not read.
+  uint64_t kv_format = 0;
+
+  // The geometry a journal's header states (for tools and tests: an
+  // engine reads only journals of its own geometry).
+  static Result<KvJournalGeometry> FromHeader(const uint8_t* journal, size_t size);
 
   uint64_t entry_bytes() const;
   uint64_t bytes() const;            // header and entries
@@ -81,7 +88,7 @@ enum class KvJournalMiss {
   kPastPages,      // its count needs more pages than it lists
   kPageOutOfRange, // a page outside the pool's KV blocks
   kPageClaimedTwice,  // another entry claims one of its pages
-  kShorter,        // the resumed request has fewer tokens than the entry's count
+  kShorter,           // the resumed request is too short to adopt a whole page of the entry
 };
 const char* KvJournalMissName(KvJournalMiss m);
 
@@ -92,10 +99,13 @@ class KvJournalWriter {
   static Result<KvJournalWriter> Create(uint8_t* journal, const KvJournalGeometry& g);
 
   // Sets the sequence `request_id`'s entry (taking a free one the first
-  // time): `count` positions hashing to token_hash are in `pages`.
-  // Refused when the id is too long, there is no free entry, or the pages
-  // are more than max_pages: the sequence is then simply not journaled.
-  Status Put(std::string_view request_id, uint64_t token_hash, uint32_t count, const std::vector<uint32_t>& pages);
+  // time): `count` positions hashing to token_hash are in `pages`, and
+  // chain[i] is the hash of the first (i + 1) x block_size of them (as
+  // many as there are full pages, or fewer). Refused when the id is too
+  // long, there is no free entry, or the pages are more than max_pages:
+  // the sequence is then simply not journaled.
+  Status Put(std::string_view request_id, uint64_t token_hash, uint32_t count,
+             const std::vector<uint32_t>& pages, const std::vector<uint64_t>& chain = {});
   // Frees the sequence's entry (it finished or was cancelled).
   void Remove(std::string_view request_id);
   size_t used() const { return slots_.size(); }
@@ -106,7 +116,7 @@ class KvJournalWriter {
  private:
   KvJournalWriter(uint8_t* journal, const KvJournalGeometry& g) : base_(journal), g_(g) {}
   void WriteEntry(uint32_t slot, std::string_view id, uint64_t token_hash, uint32_t count,
-                  const std::vector<uint32_t>& pages);
+                  const std::vector<uint32_t>& pages, const std::vector<uint64_t>& chain);
   uint8_t* base_;
   KvJournalGeometry g_;
   std::map<std::string, uint32_t, std::less<>> slots_;
@@ -119,6 +129,15 @@ struct KvJournalEntry {
   uint64_t token_hash = 0;
   uint32_t count = 0;
   std::vector<uint32_t> pages;
+  std::vector<uint64_t> chain;  // hashes at the full pages' ends
+};
+
+// What a resumed request takes over from an entry.
+struct KvJournalAdoption {
+  uint32_t count = 0;           // positions whose KV it has; it computes from here on
+  std::vector<uint32_t> pages;  // their blocks, in position order (count / block_size, rounded up)
+  std::vector<uint32_t> spare;  // the entry's other pages: free again
+  bool by_page = false;         // validated at a page boundary (the engine had run ahead of the stream)
 };
 
 class KvJournalReader {
@@ -134,16 +153,25 @@ class KvJournalReader {
   // Entries dropped while reading, by reason.
   const std::map<KvJournalMiss, int>& dropped() const { return dropped_; }
 
-  // The entry to adopt for a resumed request with these token ids (prompt,
-  // then the tokens already streamed), or why not. An entry is adopted at
-  // most once.
-  Result<KvJournalEntry> Take(std::string_view request_id, const std::vector<int32_t>& tokens, KvJournalMiss* why);
+  // What a resumed request with these token ids (prompt, then the tokens
+  // already streamed) adopts, or why nothing. It adopts at most
+  // tokens.size() - 1 positions (the last token is computed again: its
+  // logits give the next token): all of the entry's count when the tokens
+  // cover it and hash the same, else (the engine had generated tokens the
+  // stream never got) the longest whole-page prefix whose chain hash
+  // matches. An entry is taken at most once, adopted or not: the pages of
+  // one refused (another hash, too short) are appended to `freed`.
+  Result<KvJournalAdoption> Take(std::string_view request_id, const std::vector<int32_t>& tokens,
+                                 KvJournalMiss* why, std::vector<uint32_t>* freed = nullptr);
+  // Pages of valid entries not taken yet (the pool keeps them out of use).
+  size_t pages_held() const;
   // Pages of valid entries nobody took (to free back to the pool after the
   // bound), and forgets those entries.
   std::vector<uint32_t> Release();
 
  private:
   bool header_ok_ = false;
+  uint32_t block_size_ = 0;
   std::map<std::string, KvJournalEntry, std::less<>> entries_;
   std::map<std::string, KvJournalMiss, std::less<>> invalid_;  // ids of entries dropped, and why
   std::map<KvJournalMiss, int> dropped_;

@@ -57,7 +57,7 @@ void DrillNode::Start() {
       "front.hedge_after_ms=0",
   };
   if (!spec_.command_in_file) {
-    sets.push_back("engine.command=" + EngineCommandToml(spec_.kv_pool));
+    sets.push_back("engine.command=" + EngineCommandToml(spec_.kv_pool, spec_.engine_args));
     sets.push_back("model.path=" + TestData(spec_.model));
   }
   sets.insert(sets.end(), spec_.sets.begin(), spec_.sets.end());

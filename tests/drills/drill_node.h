@@ -42,6 +42,8 @@ struct DrillNodeSpec {
   // Engines take the node's KV pool (the config must make one: [kv]
   // pool_mib): --kv-pool --kv-scratch-mib {kv_scratch_mib}.
   bool kv_pool = false;
+  // More engine arguments, at the command's end (unless command_in_file).
+  std::vector<std::string> engine_args;
   // A config file of the test's own instead of config/<config>; with
   // command_in_file its [engine] command and model.path are used as
   // written (a reload test edits them), else they are overridden as for

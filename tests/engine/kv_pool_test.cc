@@ -218,7 +218,8 @@ struct Done {
 // One rank's pool as a holder hands it out: a memfd, and fetches that give
 // a dup of it (after `gate`, when one is given).
 struct TestPool {
-  UniqueFd fd = PoolMemfd(1 << 20);
+  explicit TestPool(uint64_t bytes = 1 << 20) : fd(PoolMemfd(bytes)) {}
+  UniqueFd fd;
   Scheduler::PoolFetch Fetch(std::shared_future<void> gate = {}) const {
     const int raw = fd.get();
     return [raw, gate]() -> Result<std::vector<std::vector<UniqueFd>>> {
@@ -283,9 +284,9 @@ TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same 
   }
   SchedulerStats st = sched.stats();
   CHECK(st.pool_mapped);
-  CHECK(st.total_blocks == 35);  // 4 scratch and 32 pool blocks, one of them the KV journal's
+  CHECK(st.total_blocks == 34);  // 4 scratch and 32 pool blocks, two of them the KV journal's (64 entries)
   CHECK(st.journal);
-  CHECK(st.journal_blocks == 1);
+  CHECK(st.journal_blocks == 2);
   CHECK(st.pool_blocks_in_use == 0);
 }
 
@@ -414,7 +415,7 @@ TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not betwe
   REQUIRE(opened.st.ok());
   CHECK(sched.stats().pool_mapped);
   // Its blocks are handed out at the next step boundary.
-  REQUIRE(test::WaitFor([&] { return sched.stats().total_blocks == 35; }, std::chrono::seconds(10)));
+  REQUIRE(test::WaitFor([&] { return sched.stats().total_blocks == 34; }, std::chrono::seconds(10)));
   REQUIRE(test::WaitFor([&] { return out.Done(1); }, std::chrono::seconds(30)));
 }
 
@@ -634,3 +635,276 @@ TEST_CASE("scheduler over a pool: the KV journal describes each running sequence
   CHECK(sched.stats().journal_errors == 0);
   CHECK(sched.stats().journal_writes > 40);
 }
+
+// ---- Adoption: streams cut by a crash resume from the dead engine's KV ----
+
+namespace {
+
+// A prompt of n tokens (the tiny model's vocabulary is 256 bytes).
+std::vector<int32_t> LongPrompt(size_t n, int salt) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i)
+    p[i] = static_cast<int32_t>((i * 31 + static_cast<size_t>(salt) * 7 + 5) % 256);
+  return p;
+}
+
+constexpr int kCutTokens = 48;
+constexpr uint64_t kAdoptPool = 4 << 20;  // 128 blocks of 16 positions
+
+struct CutStream {
+  std::string id;
+  std::vector<int32_t> prompt;
+  std::vector<int32_t> want;       // an uninterrupted run's tokens
+  std::vector<int32_t> delivered;  // what the client had when the engine died
+};
+
+// The streams' tokens on a private cache, uninterrupted.
+void Uninterrupted(std::vector<CutStream>* streams) {
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocateKv(4 << 20, 16).ok());
+  Outcomes out;
+  SchedulerOptions so;
+  so.max_batch = 8;
+  Scheduler sched(runner.get(), so, out.Sink());
+  sched.Start();
+  for (size_t i = 0; i < streams->size(); ++i) {
+    GenRequest g;
+    g.id = i + 1;
+    g.prompt = (*streams)[i].prompt;
+    g.max_tokens = kCutTokens;
+    REQUIRE(sched.Submit(g).ok());
+  }
+  for (size_t i = 0; i < streams->size(); ++i) {
+    REQUIRE(test::WaitFor([&] { return out.Done(i + 1); }, std::chrono::seconds(120)));
+    (*streams)[i].want = out.Tokens(i + 1);
+    REQUIRE((*streams)[i].want.size() == kCutTokens);
+  }
+}
+
+// An active engine on the pool runs the streams (paced: 10 ms a step) and
+// "dies" once every stream has at least `min_tokens`: its scheduler stops
+// after a whole step, and nothing writes the pool any more. Each stream's
+// client got everything the engine produced, or only `short_of[i]` tokens
+// when given (the engine had run ahead of the stream).
+void RunAndDie(const TestPool& pool, std::vector<CutStream>* streams, size_t min_tokens,
+               const std::map<size_t, size_t>& short_of = {}) {
+  auto runner = TinyRunner();
+  REQUIRE(runner->AllocatePooledKv({{kAdoptPool}}, 4 * kBlock, 16).ok());
+  Outcomes out;
+  SchedulerOptions so;
+  so.max_batch = 8;
+  so.min_step_ms = 10;
+  Scheduler sched(runner.get(), so, out.Sink());
+  sched.Start();
+  Done opened;
+  sched.OpenPool(pool.Fetch(), opened.Fn());
+  REQUIRE(
+      test::WaitFor([&] { return opened.called.load() && sched.stats().journal; }, std::chrono::seconds(10)));
+  REQUIRE(opened.st.ok());
+  for (size_t i = 0; i < streams->size(); ++i) {
+    GenRequest g;
+    g.id = i + 1;
+    g.prompt = (*streams)[i].prompt;
+    g.max_tokens = kCutTokens;
+    g.request_id = (*streams)[i].id;
+    REQUIRE(sched.Submit(g).ok());
+  }
+  REQUIRE(test::WaitFor(
+      [&] {
+        for (size_t i = 0; i < streams->size(); ++i) {
+          if (out.Tokens(i + 1).size() < min_tokens) return false;
+        }
+        return true;
+      },
+      std::chrono::seconds(60)));
+  sched.Stop();
+  for (size_t i = 0; i < streams->size(); ++i) {
+    auto got = out.Tokens(i + 1);
+    REQUIRE(got.size() < kCutTokens);  // cut in the middle
+    auto s = short_of.find(i);
+    if (s != short_of.end()) got.resize(s->second);
+    (*streams)[i].delivered = got;
+  }
+}
+
+// The resumed request the front sends: the prompt and the streamed tokens,
+// under the stream's id, for what remains.
+GenRequest Resumed(uint64_t id, const CutStream& c) {
+  GenRequest g;
+  g.id = id;
+  g.prompt = c.prompt;
+  g.prompt.insert(g.prompt.end(), c.delivered.begin(), c.delivered.end());
+  g.max_tokens = kCutTokens - static_cast<int>(c.delivered.size());
+  g.request_id = c.id;
+  g.resumed = true;
+  return g;
+}
+
+// The promoted engine: its scheduler over the same pool, not opened yet.
+struct Promoted {
+  std::unique_ptr<ModelRunner> runner = TinyRunner();
+  Outcomes out;
+  std::unique_ptr<Scheduler> sched;
+  explicit Promoted(SchedulerOptions so) {
+    REQUIRE(runner->AllocatePooledKv({{kAdoptPool}}, 4 * kBlock, 16).ok());
+    so.max_batch = 8;
+    sched = std::make_unique<Scheduler>(runner.get(), so, out.Sink());
+    sched->Start();
+  }
+  void Open(const TestPool& pool) {
+    Done opened;
+    sched->OpenPool(pool.Fetch(), opened.Fn());
+    REQUIRE(test::WaitFor([&] { return opened.called.load(); }, std::chrono::seconds(10)));
+    REQUIRE(opened.st.ok());
+  }
+  // The stream as its client sees it: what it had, then the continuation.
+  std::vector<int32_t> Whole(uint64_t id, const CutStream& c) {
+    REQUIRE(test::WaitFor([&] { return out.Done(id); }, std::chrono::seconds(120)));
+    std::vector<int32_t> all = c.delivered;
+    auto more = out.Tokens(id);
+    all.insert(all.end(), more.begin(), more.end());
+    return all;
+  }
+};
+
+TEST_CASE(
+    "scheduler over a pool: streams cut by a crash adopt the dead engine's KV and go on token for token",
+    "[kv_pool][kv_journal]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  std::vector<CutStream> streams = {{"cut-long", LongPrompt(400, 1), {}, {}},
+                                    {"cut-behind", LongPrompt(150, 2), {}, {}},
+                                    {"cut-short", LongPrompt(20, 3), {}, {}},
+                                    {"nobody-resumes", LongPrompt(100, 4), {}, {}}};
+  Uninterrupted(&streams);
+  TestPool pool(kAdoptPool);
+  // "cut-behind"'s client had 8 tokens when the engine had 20 or more.
+  RunAndDie(pool, &streams, 20, {{1, 8}});
+
+  SchedulerOptions so;
+  so.adopt_wait_ms = 60'000;  // the test opens the pool when it wants
+  so.adopt_keep_ms = 5'000;
+  Promoted b(so);
+  // Resumed before the pool is here: held, not computed from the scratch.
+  for (uint64_t i = 0; i < 3; ++i) REQUIRE(b.sched->Submit(Resumed(i + 1, streams[i])).ok());
+  REQUIRE(test::WaitFor([&] { return b.sched->stats().resume_held == 3; }, std::chrono::seconds(10)));
+  CHECK(b.sched->stats().waiting == 3);
+  CHECK(b.out.Tokens(1).empty());
+  // A request that is not a resume is served at once from the scratch.
+  REQUIRE(b.sched->Submit(Req(9, 4)).ok());
+  REQUIRE(test::WaitFor([&] { return b.out.Done(9); }, std::chrono::seconds(60)));
+  CHECK(b.sched->stats().resume_held == 3);
+
+  b.Open(pool);
+  for (uint64_t i = 0; i < 3; ++i) {
+    INFO("stream " << streams[i].id << ", delivered " << streams[i].delivered.size());
+    CHECK(b.Whole(i + 1, streams[i]) == streams[i].want);
+  }
+  SchedulerStats st = b.sched->stats();
+  CHECK(st.adopted_sequences == 3);
+  // Every position but the last of each resumed request, except the one
+  // behind its engine: whole pages of its 150 + 8 tokens (144 positions).
+  const size_t full = (400 + streams[0].delivered.size() - 1) + (20 + streams[2].delivered.size() - 1);
+  CHECK(st.adopted_tokens == full + 144);
+  CHECK(st.adopted_by_page == 1);
+  CHECK(st.recomputed_sequences == 0);
+  CHECK(st.resume_held == 0);
+  CHECK(st.resume_held_total == 3);
+  // The stream nobody resumed keeps its pages until the bound, then they are free.
+  CHECK(st.journal_found == 4);
+  const int unclaimed = st.adoptable_blocks;
+  CHECK(unclaimed >= 8);  // 100 + 19 or more positions
+  REQUIRE(test::WaitFor([&] { return b.sched->stats().adoptable_blocks == 0; }, std::chrono::seconds(30)));
+  CHECK(b.sched->stats().released_blocks == static_cast<uint64_t>(unclaimed));
+  CHECK(b.sched->stats().pool_blocks_in_use == 0);
+  CHECK(b.sched->stats().free_blocks == b.sched->stats().total_blocks);
+}
+
+TEST_CASE("scheduler over a pool: a damaged journal is computed in full, identical, each for its reason",
+          "[kv_pool][kv_journal]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  std::vector<CutStream> streams = {{"wrong-hash", LongPrompt(120, 5), {}, {}},
+                                    {"page-out-of-range", LongPrompt(120, 6), {}, {}},
+                                    {"torn", LongPrompt(120, 7), {}, {}},
+                                    {"intact", LongPrompt(120, 8), {}, {}}};
+  Uninterrupted(&streams);
+  TestPool pool(kAdoptPool);
+  RunAndDie(pool, &streams, 8);
+
+  // The dead engine's journal, damaged three ways: each entry rewritten
+  // whole (a valid checksum) with a wrong hash, or with a page past the
+  // pool, and one left half-written (an odd seq).
+  std::vector<uint8_t> bytes(kAdoptPool);
+  REQUIRE(::pread(pool.fd.get(), bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size()));
+  auto g = KvJournalGeometry::FromHeader(bytes.data(), bytes.size());
+  REQUIRE(g.ok());
+  KvJournalReader r = KvJournalReader::Read(bytes.data(), bytes.size(), *g);
+  REQUIRE(r.entries().size() == 4);
+  auto w = KvJournalWriter::Create(bytes.data(), *g);
+  REQUIRE(w.ok());
+  for (const auto& c : streams) {
+    KvJournalEntry e = r.entries().at(c.id);
+    if (c.id == "wrong-hash") e.token_hash ^= 1;
+    if (c.id == "page-out-of-range") e.pages.back() = g->pool_blocks;
+    REQUIRE(w->Put(c.id, e.token_hash, e.count, e.pages, e.chain).ok());
+  }
+  const size_t torn_seq = kKvJournalHeaderBytes + g->entry_bytes() * 2;  // the third Put's slot
+  bytes[torn_seq] |= 1;
+  REQUIRE(::pwrite(pool.fd.get(), bytes.data(), g->bytes(), 0) == static_cast<ssize_t>(g->bytes()));
+
+  SchedulerOptions so;
+  so.adopt_wait_ms = 60'000;
+  Promoted b(so);
+  b.Open(pool);
+  for (uint64_t i = 0; i < streams.size(); ++i) REQUIRE(b.sched->Submit(Resumed(i + 1, streams[i])).ok());
+  // And a resume the journal never heard of.
+  CutStream stranger{"stranger", LongPrompt(30, 9), {}, {}};
+  {
+    std::vector<CutStream> one = {stranger};
+    Uninterrupted(&one);
+    stranger.want = one[0].want;
+    stranger.delivered.assign(stranger.want.begin(), stranger.want.begin() + 5);
+  }
+  REQUIRE(b.sched->Submit(Resumed(10, stranger)).ok());
+  for (uint64_t i = 0; i < streams.size(); ++i) {
+    INFO("stream " << streams[i].id);
+    CHECK(b.Whole(i + 1, streams[i]) == streams[i].want);
+  }
+  CHECK(b.Whole(10, stranger) == stranger.want);
+  SchedulerStats st = b.sched->stats();
+  CHECK(st.adopted_sequences == 1);
+  CHECK(st.recomputed_sequences == 4);
+  CHECK(st.recomputed_reasons ==
+        std::map<std::string, uint64_t>{
+            {"hash_mismatch", 1}, {"page_out_of_range", 1}, {"torn", 1}, {"missing", 1}});
+  // Refused entries' pages went back at once (the torn one's were never
+  // trusted); only the adopted one's were used.
+  CHECK(st.adoptable_blocks == 0);
+  CHECK(st.pool_blocks_in_use == 0);
+}
+
+TEST_CASE("scheduler over a pool: a resume whose pool never comes runs from the scratch after the bound",
+          "[kv_pool][kv_journal]") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  // 12 + 48 positions: the scratch holds them.
+  std::vector<CutStream> streams = {{"no-pool", LongPrompt(12, 11), {}, {}}};
+  Uninterrupted(&streams);
+  streams[0].delivered.assign(streams[0].want.begin(), streams[0].want.begin() + 8);
+  SchedulerOptions so;
+  so.adopt_wait_ms = 200;
+  Promoted b(so);
+  REQUIRE(b.sched->Submit(Resumed(1, streams[0])).ok());
+  CHECK(b.Whole(1, streams[0]) == streams[0].want);
+  SchedulerStats st = b.sched->stats();
+  CHECK(st.resume_held_total == 1);
+  CHECK(st.resume_held_max_ms >= 200);
+  CHECK(st.recomputed_reasons == std::map<std::string, uint64_t>{{"pool_not_granted", 1}});
+  // With holding off, a resume is not held at all.
+  SchedulerOptions off;
+  off.adopt_wait_ms = 0;
+  Promoted c(off);
+  REQUIRE(c.sched->Submit(Resumed(1, streams[0])).ok());
+  CHECK(c.Whole(1, streams[0]) == streams[0].want);
+  CHECK(c.sched->stats().resume_held_total == 0);
+}
+
+}  // namespace

@@ -110,6 +110,11 @@ std::string FakeEngine::last_request_id() {
   return last_request_id_;
 }
 
+std::string FakeEngine::last_resume_mark() {
+  std::lock_guard<std::mutex> l(mu_);
+  return last_resume_mark_;
+}
+
 bool FakeEngine::Misbehave(int m) {
   if (mode.load() != m) return false;
   return misbehave_times.fetch_sub(1) > 0;
@@ -123,6 +128,8 @@ void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
     last_body_ = r.body;
     const std::string* id = r.FindHeader("X-Request-Id");
     last_request_id_ = id ? *id : "";
+    const std::string* mark = r.FindHeader("X-Wsup-Resume");
+    last_resume_mark_ = mark ? *mark : "";
   }
   if (Misbehave(kCloseOnRequest)) {
     w->Abort();

@@ -68,6 +68,7 @@ class FakeEngine {
 
   std::string last_body();
   std::string last_request_id();
+  std::string last_resume_mark();  // the last request's X-Wsup-Resume ("" without one)
 
  private:
   struct Stream;
@@ -92,6 +93,7 @@ class FakeEngine {
   std::mutex mu_;
   std::string last_body_;
   std::string last_request_id_;
+  std::string last_resume_mark_;
 };
 
 }  // namespace wsup::test

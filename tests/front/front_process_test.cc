@@ -291,8 +291,15 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
   REQUIRE(ctl.Connect(front->control_path()));
 
   SECTION("string prompt, client did not ask for token ids") {
-    HttpResult r = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})");
+    HttpResult r = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})",
+                        {{"X-Request-Id", "resume-me-1"}});
     REQUIRE(r.status == 200);
+    // A sent it first, unmarked; B got the continuation under the same id,
+    // marked as cut (its KV may be adopted: docs/kv_journal.md).
+    CHECK(a.last_resume_mark().empty());
+    CHECK(a.last_request_id() == "resume-me-1");
+    CHECK(b.last_request_id() == "resume-me-1");
+    CHECK(b.last_resume_mark() == "cut");
     bool done = false;
     auto events = Events(r.body, &done);
     CHECK(done);
@@ -312,9 +319,12 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
     CHECK(resumed["prompt"] == json(expect_prompt));
     CHECK(resumed["max_tokens"] == 7);
 
-    // The same request uninterrupted (B only) gives the same stream.
-    HttpResult plain = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})");
+    // The same request uninterrupted (B only) gives the same stream; a
+    // client's own mark never reaches an engine.
+    HttpResult plain = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})",
+                            {{"X-Wsup-Resume", "cut"}});
     REQUIRE(plain.status == 200);
+    CHECK(b.last_resume_mark().empty());
     auto plain_events = Events(plain.body, &done);
     CHECK(StreamText(plain_events) == StreamText(events));
 

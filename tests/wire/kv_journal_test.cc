@@ -28,6 +28,7 @@ KvJournalGeometry Geo() {
   g.pool_blocks = 256;
   g.entries = 8;
   g.max_pages = 40;
+  g.kv_format = 0x5eed;
   return g;
 }
 
@@ -52,7 +53,7 @@ TEST_CASE("kv journal: geometry and refusals", "[wire][kv_journal]") {
   KvJournalGeometry g = Geo();
   REQUIRE(g.Check().ok());
   CHECK(g.entry_bytes() % 8 == 0);
-  CHECK(g.entry_bytes() >= 32 + kKvJournalIdBytes + 4 * g.max_pages + 8);
+  CHECK(g.entry_bytes() == 96 + 16 * g.max_pages);  // docs/kv_journal.md
   CHECK(g.journal_blocks() == (g.bytes() + g.block_bytes - 1) / g.block_bytes);
   CHECK(g.first_block() == g.journal_blocks());
   KvJournalGeometry tiny = g;
@@ -63,6 +64,23 @@ TEST_CASE("kv journal: geometry and refusals", "[wire][kv_journal]") {
   KvJournalGeometry zero = g;
   zero.entries = 0;
   CHECK_FALSE(zero.Check().ok());
+  // A header says its geometry; a damaged or foreign one is refused by name.
+  std::vector<uint8_t> mem(g.bytes());
+  REQUIRE(KvJournalWriter::Create(mem.data(), g).ok());
+  auto back = KvJournalGeometry::FromHeader(mem.data(), mem.size());
+  REQUIRE(back.ok());
+  CHECK(back->kv_format == g.kv_format);
+  CHECK(back->entries == g.entries);
+  CHECK(back->max_pages == g.max_pages);
+  CHECK(back->bytes() == g.bytes());
+  mem[44] ^= 1;  // block_bytes
+  auto damaged = KvJournalGeometry::FromHeader(mem.data(), mem.size());
+  REQUIRE_FALSE(damaged.ok());
+  CHECK(damaged.error().message().find("checksum") != std::string::npos);
+  mem[0] = 'X';
+  auto none = KvJournalGeometry::FromHeader(mem.data(), mem.size());
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().message().find("WSUPKVJ1") != std::string::npos);
   // TokenHash extends one token at a time.
   auto t = Tokens(10);
   CHECK(TokenHash(t.data(), 10) == TokenHash(t.data() + 4, 6, TokenHash(t.data(), 4)));
@@ -104,14 +122,26 @@ TEST_CASE("kv journal: entries written are read back and taken once", "[wire][kv
   CHECK(why == KvJournalMiss::kMissing);
   CHECK_FALSE(r.Take("req-c", b, &why).ok());  // removed
   CHECK(why == KvJournalMiss::kMissing);
-  // Other tokens (a request id reused for another prompt): not adopted.
-  CHECK_FALSE(r.Take("req-b", Tokens(37, 3), &why).ok());
+  // Other tokens (a request id reused for another prompt): not adopted,
+  // and the entry's pages are free again.
+  std::vector<uint32_t> freed;
+  CHECK_FALSE(r.Take("req-b", Tokens(37, 3), &why, &freed).ok());
   CHECK(why == KvJournalMiss::kHashMismatch);
-  CHECK_FALSE(r.Take("req-b", Tokens(20, 2), &why).ok());
+  CHECK(freed == Pages(first + 25, 3));
+  CHECK(r.entries().empty());
+  CHECK_FALSE(r.Take("req-b", b, &why).ok());  // taken once, adopted or not
+  CHECK(why == KvJournalMiss::kMissing);
+  // Fewer tokens than the entry, and no chain to check a page by.
+  auto again = KvJournalReader::Read(mem.data(), mem.size(), g);
+  CHECK_FALSE(again.Take("req-b", Tokens(20, 2), &why).ok());
   CHECK(why == KvJournalMiss::kShorter);
   // What nobody took goes back to the pool.
-  CHECK(r.Release() == Pages(first + 25, 3));
-  CHECK(r.entries().empty());
+  auto third = KvJournalReader::Read(mem.data(), mem.size(), g);
+  CHECK(third.pages_held() == 28);
+  REQUIRE(third.Take("req-a", a, &why).ok());
+  CHECK(third.Release() == Pages(first + 25, 3));
+  CHECK(third.entries().empty());
+  CHECK(third.pages_held() == 0);
 
   // Full: the ninth sequence is not journaled, the others are untouched.
   auto w2 = KvJournalWriter::Create(mem.data(), g);
@@ -123,6 +153,66 @@ TEST_CASE("kv journal: entries written are read back and taken once", "[wire][kv
   REQUIRE_FALSE(full.ok());
   CHECK(full.error().message().find("entries are in use") != std::string::npos);
   CHECK(KvJournalReader::Read(mem.data(), mem.size(), g).entries().size() == g.entries);
+}
+
+TEST_CASE("kv journal: a stream behind its engine adopts whole pages by their chain hash",
+          "[wire][kv_journal]") {
+  KvJournalGeometry g = Geo();
+  std::vector<uint8_t> mem(g.bytes());
+  const uint32_t first = g.first_block();
+  auto t = Tokens(100, 9);
+  // The engine had computed 100 positions (7 pages, 6 of them full).
+  std::vector<uint64_t> chain;
+  for (uint32_t i = 1; i <= 6; ++i) chain.push_back(TokenHash(t.data(), i * g.block_size));
+  auto put = [&](std::vector<uint64_t> c) {
+    auto w = KvJournalWriter::Create(mem.data(), g);
+    REQUIRE(w.ok());
+    REQUIRE(w->Put("r", TokenHash(t.data(), 100), 100, Pages(first, 7), c).ok());
+  };
+  auto take = [&](size_t n, std::vector<uint32_t>* freed = nullptr) {
+    auto r = KvJournalReader::Read(mem.data(), mem.size(), g);
+    std::vector<int32_t> got(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n));
+    KvJournalMiss why = KvJournalMiss::kMissing;
+    auto a = r.Take("r", got, &why, freed);
+    if (!a.ok()) return std::make_pair(std::string(KvJournalMissName(why)), KvJournalAdoption{});
+    return std::make_pair(std::string("adopted"), *a);
+  };
+  put(chain);
+  // The stream got 50 tokens: 49 may be adopted, whole pages of them: 48.
+  auto [w50, a50] = take(50);
+  REQUIRE(w50 == "adopted");
+  CHECK(a50.count == 48);
+  CHECK(a50.by_page);
+  CHECK(a50.pages == Pages(first, 3));
+  CHECK(a50.spare == Pages(first + 3, 4));
+  // 48 tokens: the last is computed again, so only two pages.
+  CHECK(take(48).second.count == 32);
+  // As many tokens as the entry's count: all but the last, by the entry's hash.
+  auto [w100, a100] = take(100);
+  REQUIRE(w100 == "adopted");
+  CHECK(a100.count == 99);
+  CHECK_FALSE(a100.by_page);
+  CHECK(a100.pages == Pages(first, 7));
+  CHECK(a100.spare.empty());
+  // Too short for one page: refused, and the entry's pages are free again.
+  std::vector<uint32_t> freed;
+  CHECK(take(10, &freed).first == "shorter_than_entry");
+  CHECK(freed == Pages(first, 7));
+  // Another request under the same id: its prefix does not hash the same.
+  auto other = Tokens(60, 10);
+  auto r = KvJournalReader::Read(mem.data(), mem.size(), g);
+  KvJournalMiss why{};
+  CHECK_FALSE(r.Take("r", other, &why).ok());
+  CHECK(why == KvJournalMiss::kHashMismatch);
+  // A writer that gave no chain: a stream behind it adopts nothing.
+  put({});
+  CHECK(take(50).first == "shorter_than_entry");
+  CHECK(take(101).first == "adopted");
+  // A chain past the count (7 full pages of 100 positions) is damage.
+  std::vector<uint64_t> long_chain = chain;
+  long_chain.push_back(TokenHash(t.data(), 7 * g.block_size));
+  put(long_chain);
+  CHECK(take(50).first == "count_past_pages");
 }
 
 TEST_CASE("kv journal: damaged journals are recomputed, each for its reason", "[wire][kv_journal]") {
@@ -158,8 +248,14 @@ TEST_CASE("kv journal: damaged journals are recomputed, each for its reason", "[
     CHECK(take("one") == "no_journal");
     CHECK(KvJournalReader::Read(mem.data(), g.bytes() - 1, g).header_ok() == false);
   }
+  SECTION("another kv_format (another model or engine) drops the whole journal") {
+    KvJournalGeometry other = g;
+    other.kv_format = g.kv_format + 1;
+    auto r = KvJournalReader::Read(mem.data(), mem.size(), other);
+    CHECK_FALSE(r.header_ok());
+  }
   SECTION("a wrong hash") {
-    mem[At(g, 0, 24)] ^= 0x40;  // slot 0 is "one": its token_hash
+    mem[At(g, 0, 32)] ^= 0x40;     // slot 0 is "one": its token_hash
     CHECK(take("one") == "torn");  // the checksum catches the flipped byte first
     // Rewritten whole with another hash: a valid entry that is not this request's.
     auto w = KvJournalWriter::Create(mem.data(), g);
@@ -202,7 +298,11 @@ TEST_CASE("kv journal: damaged journals are recomputed, each for its reason", "[
     CHECK(take("two") == "torn");
     CHECK(take("one") == "adopted");  // its neighbour is fine
     fresh();
-    mem[At(g, 1, 32 + kKvJournalIdBytes + 4)] ^= 1;  // its second page
+    mem[At(g, 1, 96 + 16)] ^= 1;  // its second page's block id
+    CHECK(take("two") == "torn");
+    fresh();
+    mem[At(g, 1, 24)] = 0xff;  // page_count past the entry
+    CHECK(take("two") == "torn");
     CHECK(take("two") == "torn");
   }
 }
@@ -232,6 +332,11 @@ TEST_CASE("kv journal: a writer killed mid-write leaves every entry whole or ref
   }
   std::vector<std::vector<uint32_t>> prefixes;  // pages[s] cut to n pages, for every n
   for (uint32_t n = 0; n <= 38; ++n) prefixes.emplace_back(Pages(0, n));
+  std::vector<std::vector<uint64_t>> chains;  // the chain hashes of n full pages, for every n
+  for (uint32_t n = 0; n <= 38; ++n) {
+    chains.emplace_back();
+    for (uint32_t i = 1; i <= n; ++i) chains.back().push_back(TokenHash(t.data(), i * g.block_size));
+  }
   pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
@@ -242,7 +347,7 @@ TEST_CASE("kv journal: a writer killed mid-write leaves every entry whole or ref
         const uint32_t n = (count + g.block_size - 1) / g.block_size;
         auto& p = prefixes[n];
         for (uint32_t i = 0; i < n; ++i) p[i] = first + s * 40 + i;
-        (void)w->Put(ids[s], TokenHash(t.data(), count), count, p);
+        (void)w->Put(ids[s], TokenHash(t.data(), count), count, p, chains[count / g.block_size]);
       }
       progress->store(step, std::memory_order_relaxed);
     }
@@ -267,8 +372,8 @@ TEST_CASE("kv journal: a writer killed mid-write leaves every entry whole or ref
     KvJournalMiss why{};
     auto e = r.Take(id, t, &why);
     if (e.ok()) {
-      ++adopted;
-      CHECK(e->token_hash == TokenHash(t.data(), e->count));
+      ++adopted;  // Take() checked its hash against the tokens
+      CHECK(e->count >= 1);
       CHECK(e->pages.size() == (e->count + g.block_size - 1) / g.block_size);
       CHECK(e->pages.front() == first + s * 40);
     } else {
