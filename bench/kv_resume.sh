@@ -1,0 +1,283 @@
+#!/usr/bin/env bash
+# Long streams cut by a crash: how soon the next token comes when the
+# promoted engine adopts the dead engine's KV pages (docs/kv_journal.md),
+# against computing the prompt and the streamed tokens again. Both in one
+# run, on the same model, prompts and drills:
+#   adopt:      engines as shipped (a resume waits for the pool, then adopts);
+#   recompute:  engines with --kv-adopt-wait-ms 0 and --kv-adopt-keep-ms 0 (a
+#               resume is computed in full as soon as the pool is there).
+# For each prompt length in LENGTHS and each of DRILLS drills: one streamed
+# greedy completion of MAX_TOKENS tokens through the front; once CUT_AFTER
+# tokens arrived, the active engine is SIGKILLed; the time from the kill to
+# the stream's next token is measured, and the whole stream is compared
+# with an uninterrupted run of the same prompt (lost: the stream did not
+# end with [DONE]; different: other tokens). The node is ready again (both
+# engines proven, the pool held by the active one) before the next drill.
+# The model is a generated Llama (wsup-gen-llama, about 1.1B parameters,
+# bf16, a context of 40960).
+#
+#   bench/kv_resume.sh OUTDIR [BIN_DIR]   # DEVICE=cuda:0 LENGTHS="8192 32768" DRILLS=5 MAX_TOKENS=16
+#                                         # CUT_AFTER=4 POOL_MIB=16384 SCRATCH_MIB=64 MODES="adopt recompute"
+#                                         # MODEL_DIR=/tmp/wsup-bench-llama-40k GEN_ARGS= ENGINE_ARGS=
+#                                         # DOC=docs/benchmarks.md
+# Prints a table and writes it to OUTDIR/kv_resume.md (and the section of DOC).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: bench/kv_resume.sh OUTDIR [BIN_DIR]}
+bin=$(cd "${2:-build/bin}" && pwd)
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+device=${DEVICE:-cuda:0}
+lengths=${LENGTHS:-8192 32768}
+drills=${DRILLS:-5}
+max_tokens=${MAX_TOKENS:-16}
+cut_after=${CUT_AFTER:-4}
+pool_mib=${POOL_MIB:-16384}
+scratch_mib=${SCRATCH_MIB:-64}
+modes=${MODES:-adopt recompute}
+model=${MODEL_DIR:-/tmp/wsup-bench-llama-40k}
+engine_args=${ENGINE_ARGS:-}
+W="$bin/wsup"
+if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else
+  backend=cuda
+  devices_line="tp = 1
+devices = [${device#cuda:}]"
+fi
+
+[ -f "$model/config.json" ] || "$bin/wsup-gen-llama" --out "$model" --max-pos 40960 ${GEN_ARGS:-} | tee "$out/gen.txt"
+
+# The probe's answer: 8 greedy tokens of a plain engine on the same model.
+"$bin/wsup-engine" --model "$model" --port 0 --device "$device" --weight-cache off --kv-cache-mib 256 \
+  > "$out/record.log" 2>&1 &
+rec=$!
+expect=$(python3 - "$out/record.log" <<'PY'
+import json, re, sys, time, urllib.request
+for _ in range(6000):
+    m = re.search(r"listening on [0-9.]+:(\d+)", open(sys.argv[1]).read())
+    if m:
+        try:
+            s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/wsup/status", timeout=2))
+            if s.get("state") == "ready":
+                break
+        except Exception:
+            pass
+    time.sleep(0.1)
+body = json.dumps({"prompt": "Hello, world", "max_tokens": 8, "return_token_ids": True}).encode()
+req = urllib.request.Request(f"http://127.0.0.1:{m.group(1)}/v1/completions", data=body,
+                             headers={"Content-Type": "application/json"})
+print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["token_ids"])
+PY
+)
+kill "$rec"; wait "$rec" || true
+
+for mode in $modes; do
+  node="$out/$mode"
+  rm -rf "$node"; mkdir -p "$node/state" "$node/run"; chmod 700 "$node/run"
+  extra=""
+  [ "$mode" = recompute ] && extra=', "--kv-adopt-wait-ms", "0", "--kv-adopt-keep-ms", "0"'
+  for a in $engine_args; do extra="$extra, \"$a\""; done
+  cat > "$node/node.toml" <<EOF
+[node]
+name = "bench-kv-resume"
+state_dir = "$node/state"
+runtime_dir = "$node/run"
+
+[model]
+path = "$model"
+revision = "bench"
+
+[parallel]
+$devices_line
+
+[weight_cache]
+mode = "daemon"
+backend = "$backend"
+
+[kv]
+pool_mib = $pool_mib
+scratch_mib = $scratch_mib
+
+[engine]
+command = ["$bin/wsup-engine", "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
+           "--socket", "{socket}", "--device", "{devices}", "--revision", "{revision}",
+           "--kv-pool", "--kv-scratch-mib", "{kv_scratch_mib}"$extra]
+host = "127.0.0.1"
+primary_port = 0
+standby_port = 0
+ready_timeout_ms = 300000
+
+[probe]
+kind = "semantic"
+prompt = "Hello, world"
+expect_token_ids = $expect
+max_tokens = 8
+# A long prefill shares every step with the probe: tolerate its slow
+# answers for half a minute, but prove a restarted engine in seconds.
+interval_ms = 1000
+timeout_ms = 1000
+failures = 30
+successes = 2
+
+[front]
+listen = "127.0.0.1:0"
+queue_timeout_ms = 120000
+hedge_after_ms = 0
+
+[admin]
+listen = "127.0.0.1:0"
+
+[supervisor]
+max_restarts = 1000
+restart_backoff_ms = 0
+EOF
+  "$W" check "$node/node.toml"
+  setsid "$W" start "$node/node.toml" > "$node/wsup.log" 2>&1 < /dev/null &
+  status=0
+  sup=$!
+  python3 - "$W" "$node/node.toml" "$node/drills.json" "$lengths" "$drills" "$max_tokens" "$cut_after" "$mode" <<'PY' || status=$?
+import http.client, json, os, random, signal, subprocess, sys, threading, time
+
+W, cfg, out, lengths, drills, max_tokens, cut_after, mode = sys.argv[1:9]
+lengths, drills, max_tokens, cut_after = [int(x) for x in lengths.split()], int(drills), int(max_tokens), int(cut_after)
+
+def status():
+    r = subprocess.run([W, "status", "--config", cfg, "--json"], capture_output=True, text=True)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+def engine(st, role):
+    return next((e for e in st.get("engines", []) if e.get("role") == role), None)
+
+def settled(limit=600):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        st = status()
+        if st:
+            a, s = engine(st, "active"), engine(st, "standby")
+            if (a and s and a.get("semantic_ready") and s.get("semantic_ready")
+                    and a.get("kv", {}).get("source") == "pool"
+                    and st.get("kv_pool", {}).get("owner") == a.get("slot")):
+                return st
+        time.sleep(0.2)
+    raise SystemExit("the node did not get ready (both engines proven, the pool held) in %d s" % limit)
+
+def engine_status(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/wsup/status")
+    return json.loads(c.getresponse().read())
+
+def stream(port, rid, prompt, arrivals):
+    """Streams a greedy completion, appending each token's arrival time to
+    `arrivals`. Returns (token ids, ended with [DONE])."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "stream": True, "return_token_ids": True})
+    c.request("POST", "/v1/completions", body, {"Content-Type": "application/json", "X-Request-Id": rid})
+    r = c.getresponse()
+    if r.status != 200:
+        return [], False
+    ids, done = [], False
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:]
+        if data == b"[DONE]":
+            done = True
+            break
+        ev = json.loads(data)
+        for t in ev["choices"][0].get("token_ids", []):
+            ids.append(t)
+            arrivals.append(time.monotonic())
+    return ids, done
+
+st = settled()
+front = int(st["front"]["listen"].rsplit(":", 1)[1])
+rng = random.Random(7)
+rows = []
+for L in lengths:
+    prompt = [rng.randrange(256) for _ in range(L)]
+    t0 = time.monotonic()
+    want, ok = stream(front, f"ref-{mode}-{L}", prompt, [])
+    ref_s = time.monotonic() - t0
+    if not ok or len(want) != max_tokens:
+        raise SystemExit(f"the uninterrupted {L}-token run did not complete ({len(want)} tokens)")
+    print(f"{mode} {L}: uninterrupted run {ref_s:.2f} s", flush=True)
+    for d in range(drills):
+        st = settled()
+        act, stby = engine(st, "active"), engine(st, "standby")
+        pid, promoted_port = act["pid"], stby["port"]
+        before = engine_status(promoted_port).get("resume", {})
+        arrivals, result = [], {}
+        reader = threading.Thread(
+            target=lambda: result.update(zip(("got", "done"), stream(front, f"cut-{mode}-{L}-{d}", prompt, arrivals))))
+        reader.start()
+        while len(arrivals) < cut_after and reader.is_alive():
+            time.sleep(0.001)
+        # Stopped first, so that the tokens it had already sent arrive
+        # before the kill and only the promoted engine's count as next.
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.3)
+        killed_at = len(arrivals)
+        t_kill = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        reader.join()
+        got, done = result.get("got", []), result.get("done", False)
+        nxt = next((t for t in arrivals[killed_at:] if t > t_kill), None)
+        after = engine_status(promoted_port).get("resume", {})
+        row = {"mode": mode, "length": L, "drill": d, "lost": not done, "different": got != want,
+               "killed_after": killed_at,
+               "kill_to_next_ms": (nxt - t_kill) * 1000 if nxt is not None else None,
+               "adopted_tokens": after.get("adopted_tokens", 0) - before.get("adopted_tokens", 0),
+               "adopted": after.get("adopted_sequences", 0) - before.get("adopted_sequences", 0),
+               "recomputed": after.get("recomputed_sequences", 0) - before.get("recomputed_sequences", 0),
+               "held_max_ms": after.get("held_max_ms", 0), "uninterrupted_s": ref_s}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+json.dump(rows, open(out, "w"), indent=1)
+PY
+  "$W" stop --config "$node/node.toml" > /dev/null 2>&1 || kill "$sup" || true
+  wait "$sup" || true
+  [ "${status:-0}" = 0 ] || { echo "kv_resume: the $mode run failed; see $node/wsup.log" >&2; exit 1; }
+done
+
+python3 - "$out" "$device" "$drills" "$max_tokens" "$cut_after" "$modes" "$lengths" > "$out/kv_resume.md" <<'PY'
+import json, os, statistics, sys
+out, device, drills, max_tokens, cut_after, modes, lengths = sys.argv[1:8]
+rows = []
+for m in modes.split():
+    rows += json.load(open(os.path.join(out, m, "drills.json")))
+def pct(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+print(f"Device {device}; a generated Llama of about 1.1B parameters (bf16); {drills} drills per length and mode; "
+      f"streams of {max_tokens} greedy tokens, the active engine SIGKILLed once {cut_after} had arrived.\n")
+print("| prompt tokens | mode | kill to next token p50 (ms) | max (ms) | adopted tokens per drill | recomputed | lost | different | uninterrupted run (s) |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+summary = {}
+for L in [int(x) for x in lengths.split()]:
+    for m in modes.split():
+        r = [x for x in rows if x["mode"] == m and x["length"] == L]
+        t = [x["kill_to_next_ms"] for x in r if x["kill_to_next_ms"] is not None]
+        p50 = statistics.median(t) if t else float("nan")
+        summary[(L, m)] = p50
+        adopted = statistics.median([x["adopted_tokens"] for x in r]) if r else 0
+        print(f"| {L} | {m} | {p50:.0f} | {max(t) if t else float('nan'):.0f} | {adopted:.0f} | "
+              f"{sum(x['recomputed'] for x in r)} | {sum(x['lost'] for x in r)} | {sum(x['different'] for x in r)} | "
+              f"{r[0]['uninterrupted_s'] if r else 0:.2f} |")
+print()
+for L in [int(x) for x in lengths.split()]:
+    if (L, "adopt") in summary and (L, "recompute") in summary and summary[(L, "adopt")] > 0:
+        print(f"- {L} tokens: recompute / adopt (kill to next token, p50) = "
+              f"{summary[(L, 'recompute')] / summary[(L, 'adopt')]:.1f}x")
+PY
+cat "$out/kv_resume.md"
+if [ -n "${DOC:-}" ]; then
+  {
+    echo "\`DEVICE=$device LENGTHS=\"$lengths\" DRILLS=$drills bench/kv_resume.sh OUTDIR\`, $(date -u +%Y-%m-%d), $(nproc) CPUs$( [ "$device" != cpu ] && echo ", $(nvidia-smi --query-gpu=name --format=csv,noheader -i "${device#cuda:}" | head -1)")."
+    echo
+    cat "$out/kv_resume.md"
+  } > "$out/section.md"
+  python3 "$here/doc_section.py" "$DOC" "## KV adoption: a long stream cut by a crash" "$out/section.md"
+fi
