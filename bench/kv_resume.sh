@@ -6,7 +6,8 @@
 #   adopt:      engines as shipped (a resume waits for the pool, then adopts);
 #   recompute:  engines with --kv-adopt-wait-ms 0 and --kv-adopt-keep-ms 0 (a
 #               resume is computed in full as soon as the pool is there).
-# For each prompt length in LENGTHS and each of DRILLS drills: one streamed
+# For each prompt length in LENGTHS and each of its drills (DRILLS: one
+# count for every length, or one per length, in LENGTHS' order): one streamed
 # greedy completion of MAX_TOKENS tokens through the front; once CUT_AFTER
 # tokens arrived, the active engine is SIGKILLed; the time from the kill to
 # the stream's next token is measured, and the whole stream is compared
@@ -15,6 +16,10 @@
 # engines proven, the pool held by the active one) before the next drill.
 # The model is a generated Llama (wsup-gen-llama, about 1.1B parameters,
 # bf16, a context of 40960).
+#
+# The modes can run as separate invocations (MODES=adopt, then
+# MODES=recompute, into OUTDIR/adopt and OUTDIR/recompute); SUMMARY_ONLY=1
+# then only writes the table from what OUTDIR holds.
 #
 #   bench/kv_resume.sh OUTDIR [BIN_DIR]   # DEVICE=cuda:0 LENGTHS="8192 32768" DRILLS=5 MAX_TOKENS=16
 #                                         # CUT_AFTER=4 POOL_MIB=16384 SCRATCH_MIB=64 MODES="adopt recompute"
@@ -44,7 +49,9 @@ if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else
 devices = [${device#cuda:}]"
 fi
 
+if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
 [ -f "$model/config.json" ] || "$bin/wsup-gen-llama" --out "$model" --max-pos 40960 ${GEN_ARGS:-} | tee "$out/gen.txt"
+cp "$model/config.json" "$out/model.json"
 
 # The probe's answer: 8 greedy tokens of a plain engine on the same model.
 "$bin/wsup-engine" --model "$model" --port 0 --device "$device" --weight-cache off --kv-cache-mib 256 \
@@ -111,11 +118,12 @@ kind = "semantic"
 prompt = "Hello, world"
 expect_token_ids = $expect
 max_tokens = 8
-# A long prefill shares every step with the probe: tolerate its slow
-# answers for half a minute, but prove a restarted engine in seconds.
+# A long prefill shares every step with the probe (a 32k-token prompt
+# takes about a minute on the reference engine): tolerate slow answers for
+# ten minutes, but prove a restarted engine in seconds.
 interval_ms = 1000
 timeout_ms = 1000
-failures = 30
+failures = 600
 successes = 2
 
 [front]
@@ -138,7 +146,9 @@ EOF
 import http.client, json, os, random, signal, subprocess, sys, threading, time
 
 W, cfg, out, lengths, drills, max_tokens, cut_after, mode = sys.argv[1:9]
-lengths, drills, max_tokens, cut_after = [int(x) for x in lengths.split()], int(drills), int(max_tokens), int(cut_after)
+lengths, max_tokens, cut_after = [int(x) for x in lengths.split()], int(max_tokens), int(cut_after)
+drills = [int(x) for x in drills.split()]
+drills = dict(zip(lengths, drills if len(drills) == len(lengths) else drills[:1] * len(lengths)))
 
 def status():
     r = subprocess.run([W, "status", "--config", cfg, "--json"], capture_output=True, text=True)
@@ -204,7 +214,7 @@ for L in lengths:
     if not ok or len(want) != max_tokens:
         raise SystemExit(f"the uninterrupted {L}-token run did not complete ({len(want)} tokens)")
     print(f"{mode} {L}: uninterrupted run {ref_s:.2f} s", flush=True)
-    for d in range(drills):
+    for d in range(drills[L]):
         st = settled()
         act, stby = engine(st, "active"), engine(st, "standby")
         pid, promoted_port = act["pid"], stby["port"]
@@ -241,20 +251,29 @@ PY
   wait "$sup" || true
   [ "${status:-0}" = 0 ] || { echo "kv_resume: the $mode run failed; see $node/wsup.log" >&2; exit 1; }
 done
+fi
 
 python3 - "$out" "$device" "$drills" "$max_tokens" "$cut_after" "$modes" "$lengths" > "$out/kv_resume.md" <<'PY'
 import json, os, statistics, sys
 out, device, drills, max_tokens, cut_after, modes, lengths = sys.argv[1:8]
 rows = []
 for m in modes.split():
-    rows += json.load(open(os.path.join(out, m, "drills.json")))
+    f = os.path.join(out, m, "drills.json")
+    if os.path.exists(f):
+        rows += json.load(open(f))
+cfg = json.load(open(os.path.join(out, "model.json")))
+params = (cfg["vocab_size"] * cfg["hidden_size"] * 2 + cfg["num_hidden_layers"] *
+          (cfg["hidden_size"] * cfg["hidden_size"] * 2 + 2 * cfg["hidden_size"] * cfg["num_key_value_heads"] *
+           (cfg["hidden_size"] // cfg["num_attention_heads"]) + 3 * cfg["hidden_size"] * cfg["intermediate_size"]))
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
-print(f"Device {device}; a generated Llama of about 1.1B parameters (bf16); {drills} drills per length and mode; "
-      f"streams of {max_tokens} greedy tokens, the active engine SIGKILLed once {cut_after} had arrived.\n")
-print("| prompt tokens | mode | kill to next token p50 (ms) | max (ms) | adopted tokens per drill | recomputed | lost | different | uninterrupted run (s) |")
-print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+print(f"Device {device}; a generated Llama of {params / 1e9:.2f}B parameters ({cfg['num_hidden_layers']} layers, "
+      f"hidden {cfg['hidden_size']}, {cfg.get('torch_dtype', cfg.get('dtype', '?'))}); streams of {max_tokens} greedy "
+      f"tokens, the active engine SIGKILLed once {cut_after} had arrived (stopped first for 300 ms, so that only the "
+      f"promoted engine's tokens count as next).\n")
+print("| prompt tokens | mode | drills | kill to next token p50 (ms) | max (ms) | adopted tokens per drill | recomputed | lost | different | uninterrupted run (s) |")
+print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 summary = {}
 for L in [int(x) for x in lengths.split()]:
     for m in modes.split():
@@ -263,7 +282,9 @@ for L in [int(x) for x in lengths.split()]:
         p50 = statistics.median(t) if t else float("nan")
         summary[(L, m)] = p50
         adopted = statistics.median([x["adopted_tokens"] for x in r]) if r else 0
-        print(f"| {L} | {m} | {p50:.0f} | {max(t) if t else float('nan'):.0f} | {adopted:.0f} | "
+        if not r:
+            continue
+        print(f"| {L} | {m} | {len(r)} | {p50:.0f} | {max(t) if t else float('nan'):.0f} | {adopted:.0f} | "
               f"{sum(x['recomputed'] for x in r)} | {sum(x['lost'] for x in r)} | {sum(x['different'] for x in r)} | "
               f"{r[0]['uninterrupted_s'] if r else 0:.2f} |")
 print()
