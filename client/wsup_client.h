@@ -324,6 +324,49 @@ int wsup_torch_usage(const wsup_attachment* a, uint64_t* granted_bytes, uint64_t
  * stay mapped until wsup_torch_free. NULL is fine. */
 void wsup_detach(wsup_attachment* a);
 
+/* ---- The node's KV pool and its journal (docs/kv_journal.md) ----
+ *
+ * An engine that keeps its KV cache in the node's pool, and journals its
+ * sequences there so that the engine promoted after its crash can adopt
+ * their pages, gets the pool from its rank's holder:
+ *
+ *   wsup_kv_pool* p = wsup_kv_pool_fetch("/run/wsup/holder.sock", 5000);
+ *   if (wsup_kv_pool_status(p) != WSUP_OK) { log(wsup_kv_pool_error(p)); }
+ *   for (size_t i = 0; i < wsup_kv_pool_allocations(p); ++i)
+ *     map(dup(wsup_kv_pool_fd(p, i)), wsup_kv_pool_allocation_bytes(p, i));
+ *   wsup_kv_pool_release(p);
+ *
+ * Host pools are writable memfds (mmap MAP_SHARED); cuda pools are POSIX
+ * fds of VMM allocations (cuMemImportFromShareableHandle). Nothing is
+ * mapped here: an engine maps the pool only while the supervisor makes it
+ * the owner (POST /wsup/role {"role": "active", "kv": "pool"}) and unmaps
+ * it before it answers {"role": "standby"}. The journal's layout, its
+ * versioning and how pages are named are in docs/kv_journal.md. */
+typedef struct wsup_kv_pool wsup_kv_pool;
+
+/* Asks the holder at socket_path for its pool, waiting at most timeout_ms
+ * (> 0). Never NULL but when out of memory; check wsup_kv_pool_status. A
+ * holder without a pool is WSUP_ERR_NOT_FOUND, naming the flag that makes
+ * one. */
+wsup_kv_pool* wsup_kv_pool_fetch(const char* socket_path, int timeout_ms);
+int wsup_kv_pool_status(const wsup_kv_pool* p);
+const char* wsup_kv_pool_error(const wsup_kv_pool* p); /* "" when none */
+/* The pool's description: {"id": "<32 hex>", "backend": "host"|"cuda",
+ * "device": N, "allocations": [bytes, ...]} ("{}" after a failure). */
+const char* wsup_kv_pool_json(const wsup_kv_pool* p);
+size_t wsup_kv_pool_allocations(const wsup_kv_pool* p);
+/* Allocation i's fd, which the handle owns (dup() one to keep past
+ * wsup_kv_pool_release), and its size; -1 and 0 past the end. */
+int wsup_kv_pool_fd(const wsup_kv_pool* p, size_t i);
+uint64_t wsup_kv_pool_allocation_bytes(const wsup_kv_pool* p, size_t i);
+/* Closes the fds and frees the handle. NULL is fine. */
+void wsup_kv_pool_release(wsup_kv_pool* p);
+
+/* The journal's TokenHash: FNV-1a 64 over each id as 4 little-endian
+ * bytes, extending `seed` (WSUP_KV_TOKEN_HASH_SEED for no tokens yet). */
+#define WSUP_KV_TOKEN_HASH_SEED 0xcbf29ce484222325ull
+uint64_t wsup_kv_token_hash(const int32_t* ids, size_t n, uint64_t seed);
+
 /* The library's version, "major.minor.patch". */
 const char* wsup_client_version(void);
 

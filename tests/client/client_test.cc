@@ -763,7 +763,9 @@ TEST_CASE("libwsup_client.so exports the C ABI and nothing of C++", "[client][ca
                           "wsup_tensor_ndim", "wsup_tensor_dim", "wsup_tensor_nbytes", "wsup_detach",
                           "wsup_client_version", "wsup_publish_begin", "wsup_has_lease", "wsup_publish_alloc",
                           "wsup_publish_commit", "wsup_publish_abort", "wsup_tensor_stride",
-                          "wsup_manifest_table"}) {
+                          "wsup_manifest_table", "wsup_kv_pool_fetch", "wsup_kv_pool_status", "wsup_kv_pool_error",
+                          "wsup_kv_pool_json", "wsup_kv_pool_allocations", "wsup_kv_pool_fd",
+                          "wsup_kv_pool_allocation_bytes", "wsup_kv_pool_release", "wsup_kv_token_hash"}) {
     INFO(sym);
     CHECK(::dlsym(h, sym) != nullptr);
   }

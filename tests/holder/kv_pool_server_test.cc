@@ -21,9 +21,11 @@
 #include "client/cache_commands.h"
 #include "client/client.h"
 #include "client/kv_pool.h"
+#include "client/wsup_client.h"
 #include "common/fs.h"
 #include "tests/holder/holder_fixture.h"
 #include "wire/cuda_driver.h"
+#include "wire/kv_journal.h"
 #include "wire/kv_pool_record.h"
 
 namespace wsup {
@@ -175,6 +177,69 @@ TEST_CASE("a holder without a pool answers kv_pool with not_found naming the fla
   REQUIRE(reply.ok());
   REQUIRE(reply->type() == "error");
   CHECK(Has(reply->msg.value("message", ""), "kv_pool"));
+}
+
+TEST_CASE("the C ABI fetches the pool for an engine of another language, and names what went wrong",
+          "[holder][kv][capi]") {
+  TempDir dir;
+  std::vector<std::string> args = CheckpointArgs();
+  args.insert(args.end(), {"--kv-pool-mib", "4"});
+  HolderProcess h = StartHolder(dir, "h", args);
+  REQUIRE(h.WaitReady());
+  wsup_kv_pool* p = wsup_kv_pool_fetch(h.socket.c_str(), 5000);
+  REQUIRE(p != nullptr);
+  INFO(wsup_kv_pool_error(p));
+  REQUIRE(wsup_kv_pool_status(p) == WSUP_OK);
+  CHECK(std::string(wsup_kv_pool_error(p)).empty());
+  auto j = nlohmann::json::parse(wsup_kv_pool_json(p));
+  CHECK(j["backend"] == "host");
+  CHECK(j["id"].get<std::string>().size() == 32);
+  CHECK(j["allocations"] == nlohmann::json::array({4 * kMiB}));
+  REQUIRE(wsup_kv_pool_allocations(p) == 1);
+  CHECK(wsup_kv_pool_allocation_bytes(p, 0) == 4 * kMiB);
+  CHECK(wsup_kv_pool_fd(p, 1) == -1);
+  CHECK(wsup_kv_pool_allocation_bytes(p, 1) == 0);
+  // The same memory as the C++ client's, and it outlives the handle in a dup.
+  UniqueFd kept(::dup(wsup_kv_pool_fd(p, 0)));
+  REQUIRE(kept.valid());
+  WritePattern(kept.get(), 4 * kMiB);
+  wsup_kv_pool_release(p);
+  auto again = Fetch(h);
+  REQUIRE(again.ok());
+  CHECK(again->pool.id == j["id"]);
+  CHECK(HasPattern(again->fds[0].get(), 4 * kMiB));
+
+  // The journal's token hash, as the engines compute it.
+  const int32_t ids[] = {1, 2, 300, -4};
+  CHECK(wsup_kv_token_hash(ids, 4, WSUP_KV_TOKEN_HASH_SEED) == TokenHash(ids, 4));
+  CHECK(wsup_kv_token_hash(ids + 2, 2, wsup_kv_token_hash(ids, 2, WSUP_KV_TOKEN_HASH_SEED)) == TokenHash(ids, 4));
+
+  // Bad input: an error code and a message naming the fix, never a crash.
+  wsup_kv_pool* bad = wsup_kv_pool_fetch(nullptr, 5000);
+  CHECK(wsup_kv_pool_status(bad) == WSUP_ERR_INVALID_ARGUMENT);
+  CHECK(Has(wsup_kv_pool_error(bad), "socket path"));
+  CHECK(wsup_kv_pool_allocations(bad) == 0);
+  CHECK(std::string(wsup_kv_pool_json(bad)) == "{}");
+  wsup_kv_pool_release(bad);
+  bad = wsup_kv_pool_fetch(h.socket.c_str(), 0);
+  CHECK(wsup_kv_pool_status(bad) == WSUP_ERR_INVALID_ARGUMENT);
+  wsup_kv_pool_release(bad);
+  const std::string nowhere = dir.Join("no-holder.sock");
+  bad = wsup_kv_pool_fetch(nowhere.c_str(), 500);
+  CHECK(wsup_kv_pool_status(bad) != WSUP_OK);
+  CHECK(Has(wsup_kv_pool_error(bad), nowhere));
+  wsup_kv_pool_release(bad);
+  wsup_kv_pool_release(nullptr);
+  CHECK(wsup_kv_pool_status(nullptr) == WSUP_ERR_INVALID_ARGUMENT);
+
+  // A holder without a pool: not found, naming the flag.
+  TempDir dir2;
+  HolderProcess none = StartHolder(dir2, "h", CheckpointArgs());
+  REQUIRE(none.WaitReady());
+  bad = wsup_kv_pool_fetch(none.socket.c_str(), 5000);
+  CHECK(wsup_kv_pool_status(bad) == WSUP_ERR_NOT_FOUND);
+  CHECK(Has(wsup_kv_pool_error(bad), "--kv-pool-mib"));
+  wsup_kv_pool_release(bad);
 }
 
 TEST_CASE("a holder of engine-made layouts makes and serves the pool too", "[holder][kv]") {
