@@ -30,6 +30,7 @@
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/weight_cache.h"
+#include "http/mailbox.h"
 #include "http/server.h"
 
 namespace wsup::engine {
@@ -163,7 +164,6 @@ class Engine {
 
  private:
   // ---- loop thread ----
-  void OnAsync();
   void OnStartupDone();
   void OnEvents();
   void Shutdown(int code);
@@ -190,7 +190,9 @@ class Engine {
 
   EngineOptions opts_;
   uv_loop_t loop_;
-  uv_async_t async_;
+  // Work for the loop from the startup and scheduler threads; closed at
+  // shutdown, after which their posts are dropped.
+  std::unique_ptr<http::Mailbox> mailbox_;
   uv_signal_t sigterm_, sigint_;
   std::unique_ptr<http::HttpServer> http_;
   std::thread startup_thread_;
@@ -200,16 +202,13 @@ class Engine {
 
   // Shared between the loop, startup and scheduler threads.
   std::mutex mu_;
-  bool async_closed_ = false;
-  bool startup_finished_ = false;
-  bool startup_handled_ = false;
   std::atomic<bool> cancel_startup_{false};
   Status startup_status_;
   std::vector<std::pair<std::string, double>> phases_;
   std::map<std::string, std::string> phase_notes_;
   WeightsReport weights_;
   std::vector<GenEvent> outbox_;
-  std::vector<std::function<void()>> loop_tasks_;
+  bool outbox_posted_ = false;  // an OnEvents() is in the mailbox
 
   // Set by the startup thread before it finishes; read by the loop after.
   std::unique_ptr<ModelRunner> runner_;
@@ -370,16 +369,14 @@ void Engine::Startup() {
   Status st = StartupPhases();
   std::lock_guard<std::mutex> lk(mu_);
   startup_status_ = st;
-  startup_finished_ = true;
-  if (!async_closed_) uv_async_send(&async_);
+  mailbox_->Post([this] { OnStartupDone(); });
 }
 
 // ---------------------------------------------------------------- loop
 
 int Engine::Run() {
   uv_loop_init(&loop_);
-  async_.data = this;
-  uv_async_init(&loop_, &async_, [](uv_async_t* a) { static_cast<Engine*>(a->data)->OnAsync(); });
+  mailbox_ = std::make_unique<http::Mailbox>(&loop_);
   sigterm_.data = this;
   sigint_.data = this;
   uv_signal_init(&loop_, &sigterm_);
@@ -424,28 +421,11 @@ int Engine::Run() {
   return exit_code_;
 }
 
-void Engine::OnAsync() {
-  bool startup_ready;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    startup_ready = startup_finished_ && !startup_handled_;
-    if (startup_ready) startup_handled_ = true;
-  }
-  if (startup_ready) OnStartupDone();
-  OnEvents();
-  std::vector<std::function<void()>> tasks;
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    tasks.swap(loop_tasks_);
-  }
-  for (auto& t : tasks) t();
-}
-
 void Engine::OnLoop(std::function<void()> fn) {
-  std::lock_guard<std::mutex> lk(mu_);
-  if (async_closed_) return;
-  loop_tasks_.push_back(std::move(fn));
-  uv_async_send(&async_);
+  // What comes after the shutdown began is dropped (the server is closing).
+  mailbox_->Post([this, fn = std::move(fn)] {
+    if (!shutting_down_) fn();
+  });
 }
 
 void Engine::OnStartupDone() {
@@ -472,7 +452,9 @@ void Engine::OnStartupDone() {
   scheduler_ = std::make_unique<Scheduler>(runner_.get(), so, [this](std::vector<GenEvent> events) {
     std::lock_guard<std::mutex> lk(mu_);
     for (auto& e : events) outbox_.push_back(std::move(e));
-    if (!async_closed_) uv_async_send(&async_);
+    // One OnEvents() in the mailbox takes every step's events that came
+    // before it runs.
+    if (!outbox_posted_) outbox_posted_ = mailbox_->Post([this] { OnEvents(); });
   });
   scheduler_->Start();
   state_ = "ready";
@@ -524,11 +506,7 @@ void Engine::Shutdown(int code) {
   if (scheduler_) scheduler_->Stop();
   pending_.clear();
   auto close_rest = [this] {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      async_closed_ = true;
-    }
-    uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+    mailbox_->Close();
     uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
   };
@@ -540,6 +518,7 @@ void Engine::OnEvents() {
   {
     std::lock_guard<std::mutex> lk(mu_);
     events.swap(outbox_);
+    outbox_posted_ = false;
   }
   for (auto& ev : events) {
     auto it = pending_.find(ev.id);

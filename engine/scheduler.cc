@@ -25,6 +25,8 @@ Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
   for (int b = kv.scratch_first + kv.scratch_blocks - 1; b >= kv.scratch_first; --b) free_scratch_.push_back(b);
   stats_.total_blocks = kv.scratch_blocks;
   stats_.free_blocks = stats_.total_blocks;
+  // The cache's layout is fixed before the scheduler exists: so is the journal's size.
+  journal_blocks_ = ComputeJournalBlocks();
   // The runner's communicator was proven at startup.
   stats_.last_keepalive_mono_ms = NowMs();
   next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
@@ -81,7 +83,7 @@ KvJournalGeometry Scheduler::JournalGeometry() const {
   return g;
 }
 
-int Scheduler::JournalBlocks() const {
+int Scheduler::ComputeJournalBlocks() const {
   const KvJournalGeometry g = JournalGeometry();
   return g.Check().ok() ? static_cast<int>(g.journal_blocks()) : 0;
 }

@@ -210,7 +210,8 @@ class Scheduler {
   // The KV journal: its geometry for this engine (entries 0 without a
   // pool), the blocks it takes, and its work on the scheduler thread.
   KvJournalGeometry JournalGeometry() const;
-  int JournalBlocks() const;
+  int JournalBlocks() const { return journal_blocks_; }
+  int ComputeJournalBlocks() const;
   void OpenJournal();
   void JournalSeq(Seq& s);
   // Extends s's hash and chain over its tokens up to position `upto`.
@@ -263,6 +264,7 @@ class Scheduler {
   uint64_t finished_ = 0;
   uint64_t cancelled_ = 0;
   std::vector<float> logits_;
+  int journal_blocks_ = 0;  // JournalBlocks(), fixed at construction
   std::optional<KvJournalWriter> journal_;
   std::vector<uint8_t> journal_host_;  // the journal's bytes; the changed range is copied to the pool
   uint64_t dirty_lo_ = UINT64_MAX, dirty_hi_ = 0;

@@ -60,7 +60,7 @@
 #include "common/status.h"
 #include "front/acceptor.h"
 #include "front/address.h"
-#include "front/mailbox.h"
+#include "http/mailbox.h"
 #include "front/proxy.h"
 #include "front/shared.h"
 #include "front/worker.h"
@@ -130,7 +130,7 @@ class Front {
   uv_loop_t* loop_;
   FrontOptions options_;
   FrontShared shared_;
-  Mailbox mailbox_;  // workers post their events and answers here
+  http::Mailbox mailbox_;  // workers post their events and answers here
   Acceptor acceptor_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<JsonServer> control_;

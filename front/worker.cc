@@ -9,7 +9,7 @@ Worker::Worker(int index, const http::ServerOptions& server, const ProxyOptions&
                Proxy::EventSink events)
     : index_(index) {
   uv_loop_init(&loop_);
-  mailbox_ = std::make_unique<Mailbox>(&loop_);
+  mailbox_ = std::make_unique<http::Mailbox>(&loop_);
   proxy_ = std::make_unique<Proxy>(&loop_, proxy, std::move(events), shared);
   server_ = std::make_unique<http::HttpServer>(
       &loop_, server, [this](std::shared_ptr<http::ResponseWriter> w) { proxy_->Handle(std::move(w)); });

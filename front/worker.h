@@ -27,7 +27,7 @@
 #include <memory>
 #include <thread>
 
-#include "front/mailbox.h"
+#include "http/mailbox.h"
 #include "front/proxy.h"
 #include "front/shared.h"
 #include "http/server.h"
@@ -65,7 +65,7 @@ class Worker {
 
   int index_;
   uv_loop_t loop_;
-  std::unique_ptr<Mailbox> mailbox_;
+  std::unique_ptr<http::Mailbox> mailbox_;
   std::unique_ptr<Proxy> proxy_;
   std::unique_ptr<http::HttpServer> server_;
   uv_timer_t drain_timer_;

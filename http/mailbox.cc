@@ -1,8 +1,8 @@
-#include "front/mailbox.h"
+#include "http/mailbox.h"
 
 #include <spdlog/spdlog.h>
 
-namespace wsup::front {
+namespace wsup::http {
 
 Mailbox::Mailbox(uv_loop_t* loop) {
   uv_async_init(loop, &async_, [](uv_async_t* a) { static_cast<Mailbox*>(a->data)->Drain(); });
@@ -11,15 +11,15 @@ Mailbox::Mailbox(uv_loop_t* loop) {
 
 Mailbox::~Mailbox() {
   if (!handle_closed_)
-    spdlog::error("front: mailbox destroyed while open; Close() it and run its loop first");
+    spdlog::error("mailbox destroyed while open; Close() it and run its loop first");
 }
 
 bool Mailbox::Post(std::function<void()> fn) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (closed_) return false;
-    inbox_.push_back(std::move(fn));
-  }
+  // The wake-up is sent under the lock: Close() takes it before closing
+  // the handle, so no send ever reaches a closed one.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return false;
+  inbox_.push_back(std::move(fn));
   uv_async_send(&async_);
   return true;
 }
@@ -53,4 +53,4 @@ void Mailbox::Close(std::function<void()> done) {
   });
 }
 
-}  // namespace wsup::front
+}  // namespace wsup::http

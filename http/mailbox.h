@@ -4,7 +4,8 @@
 //
 // The front's loops talk to each other only through mailboxes: the main
 // loop posts route changes, limits, status requests and accepted sockets to
-// its worker loops, and the workers post their events and answers back.
+// its worker loops, and the workers post their events and answers back. The
+// engine's scheduler and startup threads post their results to its loop.
 //
 // Ownership: the Mailbox owns its uv_async handle on `loop`. Close() (on the
 // loop's thread) stops it; Post() after that returns false and drops the
@@ -20,7 +21,7 @@
 #include <mutex>
 #include <vector>
 
-namespace wsup::front {
+namespace wsup::http {
 
 class Mailbox {
  public:
@@ -46,4 +47,4 @@ class Mailbox {
   std::function<void()> done_;
 };
 
-}  // namespace wsup::front
+}  // namespace wsup::http
