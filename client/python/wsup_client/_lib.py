@@ -92,6 +92,16 @@ def _declare(lib):
         "wsup_torch_usage": (c.c_int, [p, c.POINTER(c.c_uint64), c.POINTER(c.c_uint64), c.POINTER(c.c_uint64)]),
         "wsup_torch_malloc": (p, [c.c_ssize_t, c.c_int, p]),
         "wsup_torch_free": (None, [p, c.c_ssize_t, c.c_int, p]),
+        # The node's KV pool and its journal (kv_pool.py).
+        "wsup_kv_pool_fetch": (p, [s, c.c_int]),
+        "wsup_kv_pool_status": (c.c_int, [p]),
+        "wsup_kv_pool_error": (s, [p]),
+        "wsup_kv_pool_json": (s, [p]),
+        "wsup_kv_pool_allocations": (c.c_size_t, [p]),
+        "wsup_kv_pool_fd": (c.c_int, [p, c.c_size_t]),
+        "wsup_kv_pool_allocation_bytes": (c.c_uint64, [p, c.c_size_t]),
+        "wsup_kv_pool_release": (None, [p]),
+        "wsup_kv_token_hash": (c.c_uint64, [c.POINTER(c.c_int32), c.c_size_t, c.c_uint64]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
