@@ -50,6 +50,7 @@ json Supervisor::Impl::StatusJson() {
       e["kv"] = json{{"source", "private"}};
     }
     if (s->memory.is_object()) e["memory"] = s->memory;
+    if (s->resume.is_object()) e["resume"] = s->resume;
     j["engines"].push_back(e);
   }
   j["holders"] = json::array();

@@ -147,6 +147,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   s.identity_logged = false;
   s.kv = json();
   s.memory = json();
+  s.resume = json();
   s.kv_capable = true;
   // Recorded before anything else can happen: a supervisor that dies now
   // leaves a process its successor and `wsup stop` can find.
@@ -471,7 +472,9 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   s.pid = 0;
   s.kv = json();
   s.memory = json();
+  s.resume = json();
   metrics_.engine_memory.erase(s.name);
+  metrics_.engine_resume.erase(s.name);
   if (tail_ && tail_->await_gone && tail_->from == s.name) {
     LedgerResult(ledger_->SetFailoverGone(tail_->id, clock_.WallMs()), "failover gone");
     tail_->await_gone = false;

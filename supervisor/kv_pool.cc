@@ -195,6 +195,14 @@ void Supervisor::Impl::RefreshStatus(Slot& s) {
     if (!st.ok() || !st->is_object()) return;
     if (st->contains("nonce") && (*st)["nonce"] != sp->nonce) return;
     if (st->contains("kv") && (*st)["kv"].is_object()) sp->kv = (*st)["kv"];
+    if (st->contains("resume") && (*st)["resume"].is_object()) {
+      const json& r = (*st)["resume"];
+      sp->resume = r;
+      auto& m = metrics_.engine_resume[sp->name];
+      for (const char* k : {"adopted_sequences", "adopted_tokens", "recomputed_sequences"}) {
+        if (r.contains(k) && r[k].is_number_unsigned()) m[k] = r[k].get<uint64_t>();
+      }
+    }
     if (st->contains("memory") && (*st)["memory"].is_object()) {
       sp->memory = (*st)["memory"];
       for (const char* part : {"weights_bytes", "kv_bytes", "other_bytes"}) {

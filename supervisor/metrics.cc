@@ -104,6 +104,26 @@ std::string Metrics::Render() const {
       o << "wsup_engine_memory_bytes{slot=\"" << slot << "\",part=\"" << part << "\"} " << bytes << "\n";
     }
   }
+  o << "# HELP wsup_engine_resumed_streams_total Streams resumed on the engine after its predecessor's crash, by "
+       "whether it adopted the dead engine's KV or computed it again (docs/kv_journal.md).\n"
+       "# TYPE wsup_engine_resumed_streams_total counter\n";
+  for (const auto& [slot, r] : engine_resume) {
+    auto get = [&r](const char* k) {
+      auto it = r.find(k);
+      return it == r.end() ? uint64_t{0} : it->second;
+    };
+    o << "wsup_engine_resumed_streams_total{slot=\"" << slot << "\",kv=\"adopted\"} " << get("adopted_sequences")
+      << "\n";
+    o << "wsup_engine_resumed_streams_total{slot=\"" << slot << "\",kv=\"recomputed\"} "
+      << get("recomputed_sequences") << "\n";
+  }
+  o << "# HELP wsup_engine_adopted_tokens_total Positions whose KV the engine adopted from a dead engine instead of "
+       "computing them again.\n"
+       "# TYPE wsup_engine_adopted_tokens_total counter\n";
+  for (const auto& [slot, r] : engine_resume) {
+    auto it = r.find("adopted_tokens");
+    o << "wsup_engine_adopted_tokens_total{slot=\"" << slot << "\"} " << (it == r.end() ? 0 : it->second) << "\n";
+  }
   o << "# HELP wsup_engine_up 1 when the slot's engine is live, by slot and role.\n"
        "# TYPE wsup_engine_up gauge\n";
   for (const auto& [slot, v] : slots_) {

@@ -30,6 +30,11 @@ class Metrics {
   std::map<std::string, uint64_t> kv_pool_events;
   std::string kv_pool_owner;
   std::map<std::string, std::map<std::string, uint64_t>> engine_memory;
+  // Each engine's streams resumed after a crash (its /wsup/status
+  // "resume", docs/kv_journal.md): adopted_sequences, adopted_tokens,
+  // recomputed_sequences; counts of the engine's process (a restart starts
+  // them again).
+  std::map<std::string, std::map<std::string, uint64_t>> engine_resume;
   void ObserveKvBack(double seconds);
 
   void ObserveRecovery(double seconds);

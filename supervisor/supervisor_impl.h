@@ -130,6 +130,7 @@ class Supervisor::Impl {
     // keeps a private cache, or has no /wsup/role).
     nlohmann::json kv;
     nlohmann::json memory;
+    nlohmann::json resume;  // its /wsup/status "resume": streams resumed from a dead engine's KV
     bool kv_capable = true;
 
     // Recovery bookkeeping for the next time this slot becomes ready.

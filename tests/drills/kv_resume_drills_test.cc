@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -145,18 +146,18 @@ class Streams {
   std::vector<bool> done_;
 };
 
-// An engine's GET /wsup/status.
-json EngineStatus(int port) {
+// GET path on 127.0.0.1:port: the body of a 200, else "".
+std::string Get(int port, const std::string& path) {
   uv_loop_t loop;
   uv_loop_init(&loop);
-  json out;
+  std::string out;
   {
     http::HttpClient client(&loop);
     http::ClientRequest r;
-    r.target = "/wsup/status";
+    r.target = path;
     r.timeout_ms = 10'000;
     client.Send("127.0.0.1", port, std::move(r), [&](Result<http::HttpResponse> res) {
-      if (res.ok() && res->status == 200) out = json::parse(res->body, nullptr, false);
+      if (res.ok() && res->status == 200) out = res->body;
     });
     uv_run(&loop, UV_RUN_DEFAULT);
   }
@@ -164,6 +165,9 @@ json EngineStatus(int port) {
   uv_loop_close(&loop);
   return out;
 }
+
+// An engine's GET /wsup/status.
+json EngineStatus(int port) { return json::parse(Get(port, "/wsup/status"), nullptr, false); }
 
 // Serving, with the active engine on the pool and the standby ready.
 bool Settled(const test::DrillNode& node, json* last) {
@@ -299,6 +303,28 @@ TEST_CASE("kv journal drills: streams cut by a crash resume from the dead engine
     CHECK(c.promoted.value("adopted_sequences", 0) == 1);
     CHECK(c.promoted.value("adopted_tokens", 0) >= kPromptTokens);
     CHECK(c.promoted.value("recomputed_sequences", -1) == 0);
+    // The supervisor says so too: `wsup status` and /metrics, from the
+    // engine's status it reads every second.
+    json st;
+    const bool reported = test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          if (!s) return false;
+          st = *s;
+          return test::EngineOf(st, "active").value("resume", json::object()).value("adopted_sequences", 0) == 1;
+        },
+        30s);
+    INFO(st.dump(1));
+    CHECK(reported);
+    const std::string slot = test::EngineOf(st, "active").value("slot", "");
+    const std::string admin = st.value("admin", "");
+    const std::string metrics = Get(std::atoi(admin.c_str() + admin.rfind(':') + 1), "/metrics");
+    INFO(metrics);
+    CHECK(metrics.find("wsup_engine_resumed_streams_total{slot=\"" + slot + "\",kv=\"adopted\"} 1\n") !=
+          std::string::npos);
+    CHECK(metrics.find("wsup_engine_resumed_streams_total{slot=\"" + slot + "\",kv=\"recomputed\"} 0\n") !=
+          std::string::npos);
+    CHECK(metrics.find("wsup_engine_adopted_tokens_total{slot=\"" + slot + "\"} ") != std::string::npos);
   }
   // 2. Twenty at once.
   {
