@@ -107,7 +107,9 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_engine_resumed_streams_total Streams resumed on the engine after its predecessor's crash, by "
        "whether it adopted the dead engine's KV or computed it again (docs/kv_journal.md).\n"
        "# TYPE wsup_engine_resumed_streams_total counter\n";
-  for (const auto& [slot, r] : engine_resume) {
+  for (const auto& entry : engine_resume) {
+    const std::string& slot = entry.first;
+    const std::map<std::string, uint64_t>& r = entry.second;
     auto get = [&r](const char* k) {
       auto it = r.find(k);
       return it == r.end() ? uint64_t{0} : it->second;
