@@ -160,7 +160,7 @@ TEST_CASE("kv journal: a stream behind its engine adopts whole pages by their ch
   KvJournalGeometry g = Geo();
   std::vector<uint8_t> mem(g.bytes());
   const uint32_t first = g.first_block();
-  auto t = Tokens(100, 9);
+  auto t = Tokens(120, 9);  // the first 100 are the entry's; a stream may have more
   // The engine had computed 100 positions (7 pages, 6 of them full).
   std::vector<uint64_t> chain;
   for (uint32_t i = 1; i <= 6; ++i) chain.push_back(TokenHash(t.data(), i * g.block_size));
@@ -315,7 +315,7 @@ TEST_CASE("kv journal: a writer killed mid-write leaves every entry whole or ref
   REQUIRE(shared != MAP_FAILED);
   auto* mem = static_cast<uint8_t*>(shared);
   const uint32_t first = g.first_block();
-  auto t = Tokens(600);
+  auto t = Tokens(640);  // covers every chain hash (38 pages of 16)
   // A counter in the shared page tells the parent the writer is in its loop.
   auto* progress = reinterpret_cast<std::atomic<uint64_t>*>(
       ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
