@@ -79,6 +79,17 @@ json Supervisor::Impl::StatusJson() {
   if (!front_.down_reason.empty()) fj["failure"] = front_.down_reason;
   j["front"] = fj;
   if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
+  // A failover ends with the first correct answer through the front; until
+  // then drills and rollouts are refused (they say so and point here).
+  json fo{{"in_progress", pending_.has_value()}};
+  if (pending_) {
+    fo["failover_id"] = pending_->id;
+    fo["from_slot"] = pending_->from;
+    fo["to_slot"] = pending_->to.empty() ? json(nullptr) : json(pending_->to);
+    fo["fault_ms"] = pending_->fault_ms;
+    fo["drill"] = pending_->drill;
+  }
+  j["failover"] = fo;
   j["rollout"] = RollStatusJson();
   j["state_dir"] = cfg_.node.state_dir;
   j["ledger"] = ledger_->path();
@@ -113,9 +124,17 @@ void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json&
   }
 }
 
+std::string Supervisor::Impl::PendingText() const {
+  if (!pending_) return "";
+  const std::string to = pending_->to.empty() ? "no engine yet" : "engine " + pending_->to;
+  const int64_t secs = std::max<int64_t>(0, clock_.WallMs() - pending_->fault_ms) / 1000;
+  return "a failover is in progress (engine " + (pending_->from.empty() ? std::string("?") : pending_->from) + " to " +
+         to + ", " + std::to_string(secs) + " s ago; it ends with the first correct answer through the front)";
+}
+
 std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
   if (!act) return "no active engine to fail over from";
-  if (pending_) return "a failover is still in progress; try again when it completes";
+  if (pending_) return PendingText() + "; try again once `wsup status` shows failover.in_progress false";
   if (stby->state != SlotState::kStandby) {
     return "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
            ", not proven ready; wait for `wsup status` to show it semantically ready";
@@ -148,6 +167,8 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
     act->drill_kill = true;
     act->drill_fault_ms = clock_.WallMs();
     pending_ = PendingFailover{};
+    pending_->from = act->name;
+    pending_->fault_ms = act->drill_fault_ms;
     pending_->waiters.push_back(c);
     pending_->drill = true;
     // The exit drives the failover exactly as a real crash would.
@@ -203,6 +224,9 @@ void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64
   Slot* op = &old;
   std::string addr = HostPortString(cfg_.engine.host, old.port);
   auto decide = [this, op, c, started_mono, addr](int64_t inflight) {
+    // Taken back as the active engine (the one that replaced it failed)
+    // while the front was asked: the drain is over without its `drained`.
+    if (op->state != SlotState::kDraining) return;
     if (inflight == 0 || clock_.MonotonicMs() - started_mono > kDrainBudgetMs) {
       Fire(*op, SlotEvent::kDrained,
            inflight == 0 ? "no request in flight" : "drain budget of 30 s ran out with requests in flight");

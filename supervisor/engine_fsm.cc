@@ -54,6 +54,13 @@ constexpr SlotTransition kTable[] = {
     {S::kActive, E::kEngineReady, S::kActive, A::kNone},
 
     {S::kDraining, E::kDrained, S::kStandby, A::kNone},
+    // The active engine failed while this one, the one it replaced, still
+    // drained: proven and serving until moments ago, it takes the traffic
+    // back at once instead of leaving the node without an engine until the
+    // failed slot restarts.
+    {S::kDraining, E::kPromote, S::kActive, A::kRouteHere},
+    // Found stopped or silent when it was about to take the traffic back.
+    {S::kDraining, E::kUnfit, S::kFailed, A::kKillGroup},
     {S::kDraining, E::kExited, S::kFailed, A::kScheduleRestart},
     {S::kDraining, E::kDying, S::kFailed, A::kKillGroup},
     {S::kDraining, E::kProbeTrip, S::kFailed, A::kKillGroup},

@@ -9,6 +9,7 @@
 //
 //   idle --spawn--> starting --engine_ready--> warming --probe_pass--> standby
 //   standby --promote--> active --demote--> draining --drained--> standby
+//   draining --promote--> active (the active that replaced it failed first)
 //   standby --unfit--> failed (the check before a promotion: stopped, silent)
 //   standby | draining --kv_stuck--> failed (it would not let the KV pool go)
 //   any live state --exited / dying / probe_trip / start_timeout--> failed

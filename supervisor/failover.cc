@@ -45,17 +45,24 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   Slot* to = Other(&failed);
   std::string why = reason;
   std::string to_name;
-  if (to->state == SlotState::kStandby) {
-    // The standby is checked before it takes the traffic.
+  // The standby, or the engine a planned swap moved the traffic from and
+  // that still drains: proven and serving until moments ago, it is the
+  // node's only engine that can answer now (a crash in a rollout's watch
+  // window lands here while the old version drains).
+  const bool draining = to->state == SlotState::kDraining;
+  if (to->state == SlotState::kStandby || draining) {
+    // Checked before it takes the traffic.
+    const std::string what = draining ? "draining engine " : "standby ";
     swapping_ = true;
     std::string unfit, note;
-    bool promoted = Promote(*to, "failover from " + failed.name, &unfit, &note);
+    bool promoted = Promote(*to, "failover from " + failed.name + (draining ? " (it was draining)" : ""), &unfit, &note);
     swapping_ = false;
     if (promoted) {
       to_name = to->name;
-      if (!note.empty()) why = reason + "; standby " + to->name + " " + note;
+      if (draining) why = reason + "; " + what + to->name + " took the traffic back";
+      if (!note.empty()) why += "; " + what + to->name + " " + note;
     } else {
-      why = reason + "; standby " + to->name + " not promoted: " + unfit;
+      why = reason + "; " + what + to->name + " not promoted: " + unfit;
     }
   }
   PushRoutes();
@@ -104,6 +111,14 @@ void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::strin
     LedgerResult(ledger_->SetFailoverGone(*id, clock_.WallMs()), "failover gone");
   }
   tail_->await_kv = PoolEnabled() && !to.empty();
+  if (tail_->await_kv && kv_.owner() == to && kv_.state() == PoolState::kHeld) {
+    // A draining engine taken back still maps the pool: its full KV
+    // capacity never left.
+    const int64_t now = clock_.WallMs();
+    LedgerResult(ledger_->SetFailoverKvFull(*id, now), "failover full KV");
+    metrics_.ObserveKvBack(static_cast<double>(now - fault_ms) / 1000.0);
+    tail_->await_kv = false;
+  }
 }
 
 void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {

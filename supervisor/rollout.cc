@@ -76,10 +76,11 @@ void Supervisor::Impl::Reload(std::shared_ptr<JsonConn> c, const std::string& wh
     std::string refuse = !act                                   ? "no active engine serves"
                          : stby->state != SlotState::kStandby   ? "the standby (" + stby->name + ") is " +
                                                                     SlotStateName(stby->state) + ", not proven ready"
-                         : pending_                             ? "a failover is in progress"
+                         : pending_                             ? PendingText()
                                                                 : "";
     if (!refuse.empty()) {
-      refuse += "; a rollout needs an active engine and a proven standby: reload again once `wsup status` shows both";
+      refuse += "; a rollout needs an active engine, a proven standby and no failover in progress: reload again once "
+                "`wsup status` shows both engines and failover.in_progress false";
       reply({{"ok", false}, {"outcome", "refused"}, {"error", refuse}, {"changes", changes}});
       return;
     }

@@ -22,7 +22,8 @@
 //
 // rolled_back: the old version serves (old_slot never stopped before the
 // watch window ended; a new active that fails in the window fails over
-// to it as any crash does) and new_slot goes back to the old version.
+// to it as any crash does, also while it still drains) and new_slot goes
+// back to the old version.
 // failed: the new version serves on new_slot; old_slot did not come up
 // with it in time and is left to its restart policy.
 //

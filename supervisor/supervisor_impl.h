@@ -222,6 +222,8 @@ class Supervisor::Impl {
     bool drill = false;
   };
 
+  // "a failover is in progress (engine a to b, 2 s ago; ...)"; "" when none.
+  std::string PendingText() const;
   Slot* SlotByName(const std::string& name);
   Slot* Other(Slot* s) { return s == &a_ ? &b_ : &a_; }
   Slot* Active();

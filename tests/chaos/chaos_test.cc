@@ -10,6 +10,8 @@
 //   6. a frozen standby is not promoted;
 //   7. a restarted supervisor adopts engines whose first answers are slow;
 //   8. a failover while no supervisor runs gets a reconstructed row;
+//   9. the active dies while the engine it replaced still drains: the
+//      draining one takes the traffic back at once;
 //   and a crash-looping front is throttled and reported, never left down.
 // Each test bounds every wait; the node fixture ends every process it
 // started, whatever happens.
@@ -500,6 +502,104 @@ TEST_CASE("chaos 8: a failover while no supervisor runs gets a reconstructed row
 }
 
 // ---------------------------------------------------------------- front crash loop
+
+// ---------------------------------------------------------------- 9
+
+TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that one takes the traffic back at once",
+          "[chaos]") {
+  if (!Have()) return;
+  // Paced engines: a 150-token stream keeps its engine draining for 3 s or
+  // more after a planned drill, and the probes' budget allows the pace.
+  const std::string eng = test::BinPath("wsup-engine");
+  Node n({"engine.command=[\"" + eng +
+              "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", "
+              "\"--socket\", \"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", "
+              "\"--kv-cache-mib\", \"8\", \"--min-step-ms\", \"20\"]",
+          "probe.timeout_ms=1500", "probe.interval_ms=1500"});
+  n.Start();
+  if (!n.WaitServing()) FAIL(n.Log());
+  auto s0 = *n.Status();
+  const json first = n.Engine(s0, "active");
+  const std::string old_slot = first.value("slot", "");
+  const pid_t old_pid = first.value("pid", 0);
+  const std::string old_addr = "127.0.0.1:" + std::to_string(first.value("port", 0));
+  const int port = n.FrontPort();
+
+  // A long stream on the active engine.
+  test::HttpResult stream;
+  std::atomic<bool> stream_ended{false};
+  std::thread streamer([&] {
+    json req{{"prompt", "Hello, world"}, {"max_tokens", 150}, {"temperature", 0}, {"stream", true},
+             {"return_token_ids", true}};
+    stream = test::HttpRequestOnce(port, "POST", "/v1/completions", req.dump(), 60s,
+                                   {{"Content-Type", "application/json"}});
+    stream_ended = true;
+  });
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{streamer};
+  REQUIRE(test::WaitFor(
+      [&] {
+        auto f = FrontStatus(n);
+        return f && (*f)["inflight"].value(old_addr, int64_t{0}) > 0;
+      },
+      10s));
+
+  // A planned drill: the standby takes new traffic, the old active drains
+  // the stream.
+  auto drill = n.Cli({"failover", "--drill", "--json"});
+  INFO(drill.output);
+  REQUIRE(drill.exit_code == 0);
+  auto s1 = *n.Status();
+  INFO(s1.dump());
+  const json fresh = n.Engine(s1, "active");
+  REQUIRE(fresh.value("slot", "") != old_slot);
+  bool draining = false;
+  for (const auto& e : s1["engines"]) draining |= e.value("slot", "") == old_slot && e.value("state", "") == "draining";
+  REQUIRE(draining);
+
+  // The new active dies while the old one drains.
+  const int64_t killed_ms = WallMs();
+  REQUIRE(::kill(fresh.value("pid", 0), SIGKILL) == 0);
+  // Taken back at once: before the stream (and so the drain) ended.
+  REQUIRE(n.WaitStatus([&](const json& st) { return st.value("active", json()) == json(old_slot); }, 10s));
+  const int64_t back_ms = WallMs() - killed_ms;
+  CHECK_FALSE(stream_ended);
+  auto s2 = *n.Status();
+  INFO(s2.dump());
+  CHECK(n.Engine(s2, "active").value("pid", 0) == old_pid);
+  CHECK(Complete(port) == kGolden);
+  // The stream it was draining was never cut: every token, once.
+  streamer.join();
+  CHECK(stream.status == 200);
+  int tokens = 0;
+  std::string finish;
+  for (const auto& d : test::SseData(stream.body)) {
+    if (d == "[DONE]") continue;
+    auto j = json::parse(d, nullptr, false);
+    if (j.is_discarded() || !j.contains("choices")) continue;
+    for (const auto& c : j["choices"]) {
+      if (c.contains("token_ids")) tokens += static_cast<int>(c["token_ids"].size());
+      if (c.contains("finish_reason") && c["finish_reason"].is_string()) finish = c["finish_reason"];
+    }
+  }
+  CHECK(tokens == 150);
+  CHECK(finish == "length");
+  // The ledger: the drill, then the crash handed to the draining engine.
+  REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from failovers").rows.size() >= 2; }, 10s));
+  auto rows = Query(n.Db(), "select * from failovers order by id").rows;
+  INFO(Rows{rows}.Dump());
+  CHECK(rows[1]["trigger"] == "crash");
+  CHECK(rows[1]["to_slot"] == old_slot);
+  CHECK(rows[1]["reason"].find("took the traffic back") != std::string::npos);
+  // The killed slot comes back as the standby.
+  CHECK(n.WaitServing());
+  // How long the crash left the node without an engine, for the log.
+  WARN("the draining engine was active again " << back_ms << " ms after the kill");
+}
 
 TEST_CASE("chaos: a crash-looping front is throttled and reported, and comes back", "[chaos]") {
   if (!Have()) return;

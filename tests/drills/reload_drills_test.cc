@@ -259,9 +259,24 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
             const std::string v = e.value("version", "");
             if (v.find("\"16\"") == std::string::npos || !e.value("semantic_ready", false)) return false;
           }
-          return true;
+          // The crash's failover ends with a correct answer through the
+          // front; a reload before that is refused (it says so).
+          return !(*s)["failover"].value("in_progress", true);
         },
         60s));
+    // The crash went to the old version's engine at once, whether its
+    // drain had ended or not (the kill may land before it does).
+    auto fo = LedgerReader::Open(node.dir().Join("state/wsup.db"));
+    REQUIRE(fo.ok());
+    auto rows = fo->Failovers();
+    REQUIRE(rows.ok());
+    REQUIRE(!rows->empty());
+    const FailoverRecord& crash = rows->back();
+    INFO(crash.reason);
+    CHECK(crash.trigger == "crash");
+    CHECK(crash.from_slot == fresh.value("slot", ""));
+    CHECK(crash.to_slot != "none");
+    CHECK(crash.to_slot != fresh.value("slot", ""));
   }
 
   // 2. A version that answers wrongly: its own weights, corrupted.
@@ -283,7 +298,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
                             "\", \"--port\", \"{port}\", \"--weight-cache\", \"off\", \"--kv-cache-mib\", \"8\"]";
   Write(cfg, DemoWith(wrong, model));
   auto back = node.Cli({"reload", "--json"});
-  INFO(back.output);
+  INFO(back.output << node.LogTails(200));
   CHECK(back.exit_code == 1);
   json rb = json::parse(back.output);
   CHECK(rb.value("outcome", "") == "rolled_back");
@@ -292,7 +307,11 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   st = node.Status();
   REQUIRE(st);
   // The old active never stopped: the same process serves.
-  CHECK(test::EngineOf(*st, "active").value("pid", 0) == active_before.value("pid", -1));
+  if (test::EngineOf(*st, "active").value("pid", 0) != active_before.value("pid", -1)) {
+    FAIL_CHECK("the active engine changed during a rolled-back reload: " << active_before.dump() << " before, "
+                                                                          << st->dump() << " after\n"
+                                                                          << node.LogTails(120));
+  }
   for (const auto& e : (*st)["engines"]) {
     INFO(e.dump());
     CHECK(e.value("version", "").find("--max-batch") != std::string::npos);
@@ -309,7 +328,12 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   auto after_cold = node.Status();
   REQUIRE(after_cold);
   for (const char* role : {"active", "standby"}) {
-    CHECK(test::EngineOf(*after_cold, role).value("pid", 0) == test::EngineOf(*st, role).value("pid", -1));
+    const json was = test::EngineOf(*st, role), now = test::EngineOf(*after_cold, role);
+    if (!was.is_object() || !now.is_object() || now.value("pid", 0) != was.value("pid", -1)) {
+      FAIL_CHECK("the " << role << " engine changed during a refused reload: " << st->dump() << " before, "
+                        << after_cold->dump() << " after\n"
+                        << node.LogTails(120));
+    }
   }
 
   // 4. Two at once: the second is refused while the first runs.

@@ -78,6 +78,23 @@ TEST_CASE("losing the active slot asks for a failover, losing a standby for a re
   CHECK(standby->action == SlotAction::kScheduleRestart);
 }
 
+TEST_CASE("a draining slot takes the traffic back when its replacement fails, unless it is found unfit") {
+  // Proven and serving until the planned swap: the node's only engine that
+  // can answer while the failed slot restarts.
+  auto back = NextTransition(SlotState::kDraining, SlotEvent::kPromote);
+  REQUIRE(back);
+  CHECK(back->to == SlotState::kActive);
+  CHECK(back->action == SlotAction::kRouteHere);
+  auto unfit = NextTransition(SlotState::kDraining, SlotEvent::kUnfit);
+  REQUIRE(unfit);
+  CHECK(unfit->to == SlotState::kFailed);
+  CHECK(unfit->action == SlotAction::kKillGroup);
+  // Engines that were never proven are still never promoted.
+  for (SlotState from : {SlotState::kStarting, SlotState::kWarming, SlotState::kFailed, SlotState::kStopping}) {
+    CHECK_FALSE(NextTransition(from, SlotEvent::kPromote).has_value());
+  }
+}
+
 TEST_CASE("every live state can be stopped and every stop ends in stopped") {
   for (SlotState s : {SlotState::kStarting, SlotState::kWarming, SlotState::kStandby, SlotState::kActive,
                       SlotState::kDraining}) {
