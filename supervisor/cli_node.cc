@@ -120,6 +120,12 @@ void PrintStatus(std::ostream& o, const json& s) {
       o << "\n";
     }
   }
+  if (s.contains("failover") && s["failover"].is_object() && s["failover"].value("in_progress", false)) {
+    const json& fo = s["failover"];
+    o << "failover #" << fo.value("failover_id", int64_t{0}) << " in progress: engine " << fo.value("from_slot", "?")
+      << " to " << (fo["to_slot"].is_string() ? "engine " + fo["to_slot"].get<std::string>() : std::string("none yet"))
+      << (fo.value("drill", false) ? " (drill)" : "") << ", until the first correct answer through the front\n";
+  }
   if (s.contains("rollout") && s["rollout"].is_object()) {
     const json& r = s["rollout"];
     if (r.value("in_progress", false)) {

@@ -595,8 +595,10 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   CHECK(rows[1]["trigger"] == "crash");
   CHECK(rows[1]["to_slot"] == old_slot);
   CHECK(rows[1]["reason"].find("took the traffic back") != std::string::npos);
-  // The killed slot comes back as the standby.
+  // The killed slot comes back as the standby, and the failover has ended
+  // (a correct answer came through the front).
   CHECK(n.WaitServing());
+  CHECK(n.WaitStatus([](const json& st) { return !st["failover"].value("in_progress", true); }, 20s));
   // How long the crash left the node without an engine, for the log.
   WARN("the draining engine was active again " << back_ms << " ms after the kill");
 }

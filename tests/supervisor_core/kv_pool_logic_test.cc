@@ -129,6 +129,17 @@ TEST_CASE("kv pool logic: a crash - the promoted engine waits for the old one's 
   p.rig->procs.kill_is_slow = true;
   p.rig->procs.Dying(old_active);
   REQUIRE(p.Until([&] { return p.PidOf("active") == standby; }, 10s));
+  // In progress until a correct answer comes through the front (this rig
+  // has none): status says so, naming both slots.
+  {
+    const json st = p.Status();
+    const json& fo = st["failover"];
+    INFO(fo.dump());
+    CHECK(fo.value("in_progress", false));
+    CHECK(fo.value("to_slot", "") == st.value("active", ""));
+    CHECK(fo.value("from_slot", "") != fo.value("to_slot", ""));
+    CHECK_FALSE(fo.value("drill", true));
+  }
   // Fake time passes (restart backoff and the like) and real time too:
   // the pool stays fenced, the new active serves from its scratch.
   p.rig->Advance(5000);
