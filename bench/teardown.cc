@@ -14,7 +14,7 @@
 // in the machine touches all alike.
 //
 //   wsup-bench-teardown --device 0 --size-mib 2048 --runs 10
-//       [--modes context,private,vmm,import,import_keep,scratch_import] [--busy]
+//       [--modes context,private,vmm,import,import_keep,scratch_import] [--busy] [--sibling]
 //
 // Modes (every one has the primary context of --device current):
 //   context         nothing more;
@@ -108,6 +108,10 @@ cuda::DevicePtr MapAndWrite(cuda::MemHandle handle, uint64_t size, uint64_t gran
       Must(cuda::VmmRelease(h), "releasing the imported handle");
       ::close(import_fd);
     }
+  } else if (mode == "hold") {
+    // The sibling of --sibling: the allocation imported, not mapped, as a
+    // standby holds the pool it prepared ahead of its grant.
+    (void)Must(cuda::VmmImport(import_fd), "importing the parent's allocation");
   } else if (mode != "context") {
     std::fprintf(stderr, "wsup-bench-teardown: unknown mode '%s'\n", mode.c_str());
     std::exit(2);
@@ -203,8 +207,11 @@ int Main(int argc, char** argv) {
   int device = 0, runs = 10, ready_fd = -1, import_fd = -1;
   uint64_t size_mib = 2048;
   std::string modes = "context,private,vmm,import,import_keep,scratch_import", child;
-  bool busy = false;
+  bool busy = false, sibling = false;
   app.add_option("--device", device, "CUDA device ordinal");
+  app.add_flag("--sibling", sibling,
+               "another process holds the shared allocation imported (unmapped) through every run, as a standby "
+               "that prepared the pool does");
   app.add_option("--size-mib", size_mib, "MiB each mode holds")->check(CLI::Range(2, 1 << 20));
   app.add_option("--runs", runs, "kills per mode")->check(CLI::Range(1, 1000));
   app.add_option("--modes", modes, "comma-separated modes");
@@ -234,6 +241,31 @@ int Main(int argc, char** argv) {
     if (end > at) list.push_back(modes.substr(at, end - at));
     at = end + 1;
   }
+  pid_t holder_pid = 0;
+  if (sibling) {
+    // Started as a run's child is, but never killed until the end.
+    int ready[2];
+    if (::pipe2(ready, O_CLOEXEC) != 0) return 1;
+    holder_pid = ::fork();
+    if (holder_pid == 0) {
+      ::dup2(ready[1], 4);
+      ::dup2(pool_fd.get(), 5);
+      std::vector<std::string> args = {self, "--child", "hold", "--device", std::to_string(device), "--size-mib",
+                                        std::to_string(size_mib), "--ready-fd", "4", "--import-fd", "5"};
+      std::vector<char*> av;
+      for (auto& a : args) av.push_back(a.data());
+      av.push_back(nullptr);
+      ::execv(self.c_str(), av.data());
+      _exit(127);
+    }
+    ::close(ready[1]);
+    char c;
+    if (::read(ready[0], &c, 1) != 1) {
+      std::fprintf(stderr, "wsup-bench-teardown: the sibling that holds the allocation failed to start\n");
+      return 1;
+    }
+    ::close(ready[0]);
+  }
   std::map<std::string, std::vector<double>> eof, exited;
   for (int r = 0; r < runs; ++r) {
     for (const auto& m : list) {
@@ -243,8 +275,13 @@ int Main(int argc, char** argv) {
       if (t.exit_ms >= 0) exited[m].push_back(t.exit_ms);
     }
   }
-  std::printf("| mode (%llu MiB%s) | kill to lifeline EOF, ms: median (min..max) | kill to exit, ms | runs |\n",
-              static_cast<unsigned long long>(size_mib), busy ? ", GPU busy at the kill" : "");
+  if (holder_pid > 0) {
+    ::kill(holder_pid, SIGKILL);
+    ::waitpid(holder_pid, nullptr, 0);
+  }
+  std::printf("| mode (%llu MiB%s%s) | kill to lifeline EOF, ms: median (min..max) | kill to exit, ms | runs |\n",
+              static_cast<unsigned long long>(size_mib), busy ? ", GPU busy at the kill" : "",
+              sibling ? ", another process holding the shared allocation imported" : "");
   std::printf("|---|---:|---:|---:|\n");
   for (const auto& m : list) {
     std::printf("| %s | %s | %s | %zu |\n", m.c_str(), Summary(eof[m]).c_str(), Summary(exited[m]).c_str(),
