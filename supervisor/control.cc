@@ -210,11 +210,7 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   if (c) waiters.push_back(c);
   pending_ = PendingFailover{id ? *id : 0, act.name, promoted ? stby.name : "", fault, fault, swapped,
                              std::move(waiters), true};
-  if (promoted) {
-    ProbeThroughFront([this](bool ok, int64_t at) {
-      if (ok) CompletePending(at);
-    }, 200);
-  }
+  if (promoted) ArmProof();
   FinishDrain(act, c, clock_.MonotonicMs());
   return promoted;
 }

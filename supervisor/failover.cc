@@ -93,11 +93,49 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   std::vector<std::shared_ptr<JsonConn>> waiters;
   if (pending_) waiters = std::move(pending_->waiters);
   pending_ = PendingFailover{id ? *id : 0, failed.name, to_name, fault_ms, detected, swapped, std::move(waiters), drill};
-  if (!to_name.empty()) {
-    ProbeThroughFront([this](bool ok, int64_t at) {
-      if (ok) CompletePending(at);
-    }, 200);
+  if (!to_name.empty()) ArmProof();
+}
+
+namespace {
+// How long after the swap a failover may wait for its first correct answer
+// through the front. It normally comes in milliseconds; one that has not
+// come by then (the front down, no answer right) is ended unproven.
+constexpr int64_t kProofBudgetMs = 120'000;
+}  // namespace
+
+void Supervisor::Impl::ArmProof() {
+  if (!pending_) return;
+  const int64_t id = pending_->id;
+  const std::string to = pending_->to;
+  if (!proof_budget_) proof_budget_ = timers_.Make();
+  proof_budget_->Start(kProofBudgetMs, [this, id] {
+    if (pending_ && pending_->id == id) {
+      AbandonPending("no correct answer came through the front within " + std::to_string(kProofBudgetMs / 1000) +
+                     " s of the swap");
+    }
+  });
+  // Only this failover's proof completes it: a later one has its own.
+  ProbeThroughFront(
+      [this, id, to](bool ok, int64_t at) {
+        if (ok && pending_ && pending_->id == id && pending_->to == to) CompletePending(at);
+      },
+      200);
+}
+
+void Supervisor::Impl::AbandonPending(const std::string& why) {
+  if (!pending_) return;
+  PendingFailover p = std::move(*pending_);
+  pending_.reset();
+  if (proof_budget_) proof_budget_->Stop();
+  spdlog::error("failover #{} ({} to {}) ended unproven: {}; its first correct answer is not recorded; check the "
+                "front (`wsup status`, state/logs/front.log) and send a request through it",
+                p.id, p.from, p.to.empty() ? "none" : p.to, why);
+  json reply{{"type", "failover"}, {"ok", false},         {"from_slot", p.from}, {"to_slot", p.to},
+             {"failover_id", p.id}, {"error", "the failover " + why}};
+  for (auto& c : p.waiters) {
+    if (c->alive()) c->Send(reply);
   }
+  UpdateStatusLine();
 }
 
 void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old,
@@ -125,6 +163,7 @@ void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
   if (!pending_) return;
   PendingFailover p = std::move(*pending_);
   pending_.reset();
+  if (proof_budget_) proof_budget_->Stop();
   if (p.id) LedgerResult(ledger_->SetFailoverFirstOk(p.id, first_ok_ms), "failover first answer");
   json reply{{"type", "failover"},
              {"ok", true},
@@ -208,11 +247,11 @@ void Supervisor::Impl::MaybePromote() {
       pending_->swapped_ms = clock_.WallMs();
       if (tail_ && tail_->id == pending_->id) tail_->await_kv = PoolEnabled();
       if (tail_ && tail_->id == pending_->id) tail_->to = s->name;
+      ArmProof();
     }
     ProbeThroughFront(
         [this](bool ok, int64_t at) {
           if (!ok) return;
-          if (pending_) CompletePending(at);
           if (!ready_notified_) {
             ready_notified_ = true;
             notifier_.Ready("serving: active engine proven through the front");

@@ -222,6 +222,12 @@ class Supervisor::Impl {
     bool drill = false;
   };
 
+  // Starts the budget of the pending failover (it has an engine to prove),
+  // and the probe through the front that proves it.
+  void ArmProof();
+  // Ends the pending failover unproven: logged, and its `wsup failover`
+  // callers told.
+  void AbandonPending(const std::string& why);
   // "a failover is in progress (engine a to b, 2 s ago; ...)"; "" when none.
   std::string PendingText() const;
   Slot* SlotByName(const std::string& name);
@@ -425,6 +431,10 @@ class Supervisor::Impl {
   std::string routed_active_, routed_standby_;
 
   std::optional<PendingFailover> pending_;
+  // Ends a failover that no correct answer through the front proved within
+  // its budget after the swap (failover.cc, ArmProof), so that drills and
+  // rollouts are not refused for ever.
+  std::unique_ptr<Timer> proof_budget_;
   // A rolling upgrade in progress (rollout.cc).
   struct Roll {
     // User-provided: clang takes a nested class with member initializers

@@ -7,7 +7,9 @@
 // pool waits for its exit. At no moment do two engines map the pool.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <optional>
 #include <map>
 #include <memory>
 #include <thread>
@@ -41,8 +43,8 @@ struct PoolRig {
   // Two engines mapping the pool at one moment, seen by Watch().
   int overlaps = 0;
 
-  PoolRig() {
-    rig = std::make_unique<Rig>("client", 600'000, kPoolToml, [this](Rig& r) {
+  explicit PoolRig(const std::string& toml = kPoolToml) {
+    rig = std::make_unique<Rig>("client", 600'000, toml, [this](Rig& r) {
       r.procs.on_spawn = [this](pid_t pid, const std::string& kind, const ChildSpec& spec) {
         if (kind.rfind("engine-", 0) != 0) return;
         std::string port, nonce;
@@ -199,6 +201,57 @@ TEST_CASE("kv pool logic: an engine that will not let the pool go is killed, and
   REQUIRE(p.Until([&] { return p.Engine(standby)->pool_mapped(); }, 10s));
   CHECK(p.PoolCallSeq(standby) > p.died_at[old_active]);
   CHECK(p.overlaps == 0);
+}
+
+TEST_CASE("logic: a failover that nothing proves through the front ends unproven after its budget - drills are "
+          "taken again",
+          "[logic]") {
+  // This rig's front never answers (its socket is held, nothing accepts),
+  // so no correct answer ever comes through it. Slow probes, so that fake
+  // time can move by half-seconds while the engines answer in real time.
+  PoolRig p(
+      "interval_ms = 2000\ntimeout_ms = 2000\njitter_ms = 0\nsuccesses = 1\nfailures = 2\n"
+      "[kv]\npool_mib = 8\nscratch_mib = 1\n");
+  // Moves fake time by `ms` in half-second looks, the loop running between.
+  auto pass = [&](int64_t ms) {
+    const int64_t until = p.rig->clock.MonotonicMs() + ms;
+    REQUIRE(p.rig->SettleUntil([&] { return p.rig->clock.MonotonicMs() >= until; }, 60s, 500));
+  };
+  REQUIRE(p.Until([&] { return p.Settled(); }, 20s));
+  const pid_t old_active = p.PidOf("active"), standby = p.PidOf("standby");
+  p.rig->procs.Exit(old_active, -1, SIGKILL);
+  REQUIRE(p.Until([&] { return p.PidOf("active") == standby; }, 10s));
+  CHECK(p.Status()["failover"].value("in_progress", false));
+  const std::string sock = p.rig->dir.Join("run/wsup.sock");
+  // A drill asked on another thread while the loop runs here.
+  auto drill = [&] {
+    std::optional<json> got;
+    std::atomic<bool> done{false};
+    std::thread t([&] {
+      auto r = JsonCall(sock, json{{"type", "failover"}, {"drill", true}}, 3000);
+      if (r.ok()) got = *r;
+      done = true;
+    });
+    (void)p.Until([&] { return done.load(); }, 5s);
+    t.join();
+    return got;
+  };
+  auto refused = drill();
+  REQUIRE(refused);
+  INFO(refused->dump());
+  CHECK_FALSE(refused->value("ok", true));
+  CHECK(refused->value("error", "").find("a failover is in progress") != std::string::npos);
+  // Just short of the budget: still in progress.
+  pass(118'000);
+  CHECK(p.Status()["failover"].value("in_progress", false));
+  // At the budget it ends, unproven; the next drill is judged on the
+  // engines alone again.
+  pass(3'000);
+  CHECK_FALSE(p.Status()["failover"].value("in_progress", true));
+  auto next = drill();
+  REQUIRE(next);
+  INFO(next->dump());
+  CHECK(next->value("error", "").find("a failover is in progress") == std::string::npos);
 }
 
 }  // namespace
