@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How soon a SIGKILLed engine's death can be seen, three ways.
+"""How soon a SIGKILLed engine's death can be seen, four ways.
 
 A killed process is torn down by the kernel in order: its memory first, then
 its file descriptors from the lowest number up, then it becomes a zombie
@@ -10,14 +10,20 @@ looks decides how soon it knows:
     engine touched the GPU): EOF when that fd is closed;
   - conn: an idle keep-alive HTTP connection the engine accepted after it
     was ready (a higher fd): EOF or reset when it is closed;
-  - exit: pidfd readable / waitpid, once the process has exited.
+  - exit: pidfd readable / waitpid, once the process has exited;
+  - word: the engine's death word (wire/death_word.h), a futex the kernel
+    marks as the engine's owning thread exits, before any of the above.
 Repeats N times and prints the medians, in ms after the kill.
 
   bench/engine_exit.py --engine build/bin/wsup-engine --model DIR [--device cuda:0] [--runs 5]
 """
 import argparse
+import ctypes
 import json
+import mmap
 import os
+import struct
+import threading
 import select
 import signal
 import socket
@@ -27,13 +33,43 @@ import sys
 import time
 
 
-def start(engine, model, device, kv_mib):
+LIBC = ctypes.CDLL(None, use_errno=True)
+SYS_FUTEX = 202  # x86_64
+FUTEX_WAIT, FUTEX_WAITERS, FUTEX_OWNER_DIED = 0, 0x80000000, 0x40000000
+
+
+def death_word():
+    """A fresh death word page, as the supervisor makes it."""
+    fd = os.memfd_create("bench-death-word")
+    os.ftruncate(fd, 4096)
+    os.pwrite(fd, struct.pack("=IIII", 0x57534457, 1, 0, 0), 0)
+    page = mmap.mmap(fd, 4096)
+    return fd, page
+
+
+def watch_word(page, t0_box, seen):
+    """Sleeps on the word until the kernel marks its owner dead."""
+    word = ctypes.c_uint32.from_buffer(page, 8)
+    while True:
+        v = word.value
+        if v & FUTEX_OWNER_DIED:
+            seen["word"] = (time.monotonic() - t0_box[0]) * 1000
+            del word
+            return
+        if v & 0x3FFFFFFF and not v & FUTEX_WAITERS:
+            word.value = v | FUTEX_WAITERS  # the engine never writes it again while it lives
+            continue
+        LIBC.syscall(SYS_FUTEX, ctypes.byref(word), FUTEX_WAIT, ctypes.c_uint32(v), None, None, 0)
+
+
+def start(engine, model, device, kv_mib, word_fd):
     r, w = os.pipe()
     ready_r, ready_w = os.pipe()
+    env = dict(os.environ, WSUP_DEATH_FD=str(word_fd))
     proc = subprocess.Popen(
         [engine, "--model", model, "--port", "0", "--device", device, "--weight-cache", "off",
          "--kv-cache-mib", str(kv_mib), "--ready-fd", str(ready_w)],
-        pass_fds=(w, ready_w), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pass_fds=(w, ready_w, word_fd), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.close(w)
     os.close(ready_w)
     line = b""
@@ -51,7 +87,9 @@ def start(engine, model, device, kv_mib):
 
 
 def one(args):
-    proc, pipe_r, port = start(args.engine, args.model, args.device, args.kv_cache_mib)
+    word_fd, page = death_word()
+    proc, pipe_r, port = start(args.engine, args.model, args.device, args.kv_cache_mib, word_fd)
+    os.close(word_fd)
     conn = socket.create_connection(("127.0.0.1", port))
     conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     conn.recv(65536)  # the answer; the connection stays open (keep-alive)
@@ -62,14 +100,22 @@ def one(args):
     poller.register(conn.fileno(), select.POLLIN | select.POLLHUP)
     poller.register(pidfd, select.POLLIN)
     names = {pipe_r: "pipe", conn.fileno(): "conn", pidfd: "exit"}
-    t0 = time.monotonic()
+    t0_box = [0.0]
+    watcher = threading.Thread(target=watch_word, args=(page, t0_box, seen))
+    if struct.unpack_from("=I", page, 8)[0] == 0:
+        sys.exit("the engine did not arm its death word (WSUP_DEATH_FD); is it a wsup-engine of this tree?")
+    t0_box[0] = time.monotonic()
+    watcher.start()
+    t0 = t0_box[0]
     os.kill(proc.pid, signal.SIGKILL)
-    while len(seen) < 3:
+    while not {"pipe", "conn", "exit"} <= seen.keys():
         for fd, _ in poller.poll(10000):
             if names[fd] not in seen:
                 seen[names[fd]] = (time.monotonic() - t0) * 1000
                 poller.unregister(fd)
+    watcher.join(10)
     proc.wait()
+    page.close()
     os.close(pipe_r)
     os.close(pidfd)
     conn.close()
@@ -89,9 +135,13 @@ def main():
     print(f"engine death seen after SIGKILL, device {args.device}, KV cache {args.kv_cache_mib} MiB, "
           f"median of {args.runs} (min..max), ms")
     print("| watcher | ms |\n|---|---:|")
-    for k, label in (("pipe", "inherited pipe at a low fd: EOF"), ("conn", "accepted keep-alive connection: EOF"),
+    for k, label in (("word", "death word (futex marked at the owning thread's exit)"),
+                     ("pipe", "inherited pipe at a low fd: EOF"), ("conn", "accepted keep-alive connection: EOF"),
                      ("exit", "process exit (pidfd)")):
-        v = [r[k] for r in runs]
+        v = [r[k] for r in runs if k in r]
+        if not v:
+            print(f"| {label} | not seen |")
+            continue
         print(f"| {label} | {statistics.median(v):.1f} ({min(v):.1f}..{max(v):.1f}) |")
     if args.json:
         with open(args.json, "w") as f:

@@ -32,6 +32,7 @@
 #include "engine/weight_cache.h"
 #include "http/mailbox.h"
 #include "http/server.h"
+#include "wire/death_word.h"
 
 namespace wsup::engine {
 
@@ -230,6 +231,8 @@ class Engine {
   uint64_t next_id_ = 0;
   std::mt19937_64 seed_rng_{std::random_device{}()};
   double listen_ms_ = 0;
+  // wire/death_word.h: "armed", "absent" (no supervisor gave one) or what went wrong.
+  std::string death_word_ = "absent";
   std::string role_ = "standby";
   int64_t pool_mapped_at_ms_ = 0, pool_released_at_ms_ = 0;
   int64_t gpu_read_ms_ = 0, gpu_used_ = -1;  // ProcessGpuMemory, cached
@@ -375,6 +378,13 @@ void Engine::Startup() {
 // ---------------------------------------------------------------- loop
 
 int Engine::Run() {
+  // First of all, so that a death while loading is seen at once too.
+  if (auto armed = ArmDeathWordFromEnv(); !armed.ok()) {
+    death_word_ = armed.error().message();
+    spdlog::warn("{}; the supervisor will see this engine's death through its lifeline only", death_word_);
+  } else if (*armed) {
+    death_word_ = "armed";
+  }
   uv_loop_init(&loop_);
   mailbox_ = std::make_unique<http::Mailbox>(&loop_);
   sigterm_.data = this;
@@ -857,6 +867,7 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
   json j;
   j["state"] = state_;
   if (!opts_.nonce.empty()) j["nonce"] = opts_.nonce;
+  j["death_word"] = death_word_;
   j["model"] = opts_.model_name;
   j["model_dir"] = opts_.model_dir;
   j["device"] = opts_.device;

@@ -19,22 +19,24 @@ namespace wsup::front {
 
 namespace {
 
-// An optional "HOST:PORT" field of set_routes: a string, null, or (standby only) absent.
-Result<std::optional<HostPort>> RouteField(const nlohmann::json& msg, const char* key, bool required) {
+// An optional "HOST:PORT" field of a control message (`type`): a string,
+// null, or (when not required) absent.
+Result<std::optional<HostPort>> RouteField(const nlohmann::json& msg, const char* key, bool required,
+                                           const std::string& type = "set_routes") {
   auto it = msg.find(key);
   if (it == msg.end()) {
     if (required) {
-      return InvalidArgument(std::string("set_routes: field '") + key +
-                             "' is missing; send \"HOST:PORT\" or null (no route)");
+      return InvalidArgument(type + ": field '" + key + "' is missing; send \"HOST:PORT\"" +
+                             (type == "set_routes" ? " or null (no route)" : ""));
     }
     return std::optional<HostPort>();
   }
   if (it->is_null()) return std::optional<HostPort>();
   if (!it->is_string()) {
-    return InvalidArgument(std::string("set_routes: field '") + key + "' is " + it->type_name() +
-                           "; send \"HOST:PORT\" or null");
+    return InvalidArgument(type + ": field '" + key + "' is " + it->type_name() + "; send \"HOST:PORT\"" +
+                           (type == "set_routes" ? " or null" : ""));
   }
-  auto hp = ParseHostPort(it->get_ref<const std::string&>(), std::string("set_routes.") + key);
+  auto hp = ParseHostPort(it->get_ref<const std::string&>(), type + "." + key);
   if (!hp.ok()) return hp.error();
   return std::optional<HostPort>(std::move(hp).value());
 }
@@ -263,8 +265,30 @@ void Front::HandleControl(const nlohmann::json& msg, Reply reply) {
     SetLimits(msg, std::move(reply));
     return;
   }
+  if (t == "engine_dead") {
+    EngineDead(msg, std::move(reply));
+    return;
+  }
   reply(ErrorReply("control: unknown message type '" + t.substr(0, 64) +
-                   "'; send one of: status, set_routes, set_limits"));
+                   "'; send one of: status, set_routes, set_limits, engine_dead"));
+}
+
+void Front::EngineDead(const nlohmann::json& msg, Reply reply) {
+  auto engine = RouteField(msg, "engine", /*required=*/true, "engine_dead");
+  if (!engine.ok()) return reply(ErrorReply(engine.error().message()));
+  if (!engine->has_value()) {
+    return reply(ErrorReply("engine_dead: field 'engine' is null; give the dead engine's HOST:PORT"));
+  }
+  std::string why = "died";
+  if (auto w = msg.find("why"); w != msg.end() && w->is_string()) why = w->get<std::string>().substr(0, 512);
+  AskWorkers([addr = **engine, why](Worker& w) -> nlohmann::json { return w.proxy().EngineDead(addr, why); },
+             [reply](std::vector<nlohmann::json> answers) {
+               int64_t cut = 0;
+               for (const auto& a : answers) {
+                 if (a.is_number_integer()) cut += a.get<int64_t>();
+               }
+               reply({{"ok", true}, {"cut", cut}});
+             });
 }
 
 void Front::SetRoutes(const nlohmann::json& msg, Reply reply) {

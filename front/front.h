@@ -14,6 +14,11 @@
 //   {"type":"status"} -> {"ok":true,"listen":..,"active":..,"standby":..,
 //     "epoch":..,"inflight":{addr:n},"queued":n,"down":{..},"counters":{..},
 //     "backends":{addr:{..,"failed_at_ms"?,"last_ok_ms"?}},"events":[..]}
+//   {"type":"engine_dead","engine":"H:P"[,"why":"..."]} -> {"ok":true,"cut":n}
+//     the engine died (its supervisor saw it before its sockets closed):
+//     every loop fails what it has in flight there as if the connection
+//     had been reset (retried, or a stream resumed, on the routed active)
+//     and marks it down;
 //   anything else -> {"ok":false,"error":"..."}
 //   {"type":"set_limits","queue_timeout_ms":N,"max_queued":N
 //    [,"hedge_after_ms":N,"hedge_percent":N,"hedge_burst":N]} -> {"ok":true}
@@ -122,6 +127,7 @@ class Front {
   void Emit(nlohmann::json event);
   void SetRoutes(const nlohmann::json& msg, Reply reply);
   void SetLimits(const nlohmann::json& msg, Reply reply);
+  void EngineDead(const nlohmann::json& msg, Reply reply);
   void OnControlMessage(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
   void FlushReplies(const std::shared_ptr<JsonConn>& c);
   void OnWorkerStopped();

@@ -935,6 +935,20 @@ Status Proxy::SetRoutes(const std::optional<HostPort>& active, const std::option
   return Status::Ok();
 }
 
+int64_t Proxy::EngineDead(const HostPort& addr, const std::string& why) {
+  Backend* b = pool_.Find(addr.ToString());
+  if (!b) return 0;
+  // Down first (with the usual backoff; the supervisor's routes have moved
+  // on from it already), so that nothing cut below is sent back to it. If it
+  // is still this loop's active (the supervisor had no engine to move to),
+  // the front moves to its standby by itself, as after a reset.
+  BackendFailed(b, b->name + " died (" + why + ")");
+  const size_t cut = pool_.CutBackend(b, UV_ESRCH, why);
+  if (cut > 0) spdlog::warn("front: {} died ({}); {} request(s) in flight there sent on", b->name, why, cut);
+  WakeQueue();
+  return static_cast<int64_t>(cut);
+}
+
 Backend* Proxy::Get(const HostPort& addr) {
   Backend* b = pool_.Get(addr);
   if (!b->shared) b->shared = shared_->Backend(b->name);

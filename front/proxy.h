@@ -147,6 +147,11 @@ class Proxy {
     options_.queue_timeout_ms = queue_timeout_ms;
     options_.max_queued = max_queued;
   }
+  // The engine at `addr` died (its supervisor saw it): it is marked down,
+  // and every request in flight there is failed over
+  // now (retried, or a stream resumed) rather than when its sockets close.
+  // Returns how many requests were cut.
+  int64_t EngineDead(const HostPort& addr, const std::string& why);
   // New hedging settings (the supervisor's reload); hedges in flight go on.
   void SetHedging(const HedgeLimits& h);
 

@@ -20,6 +20,7 @@ std::string UpstreamError::Describe() const {
     case UV_EOF: what = "closed the connection"; break;
     case UV_ETIMEDOUT: what = "did not accept the connection in time"; break;
     case UV_EPROTO: what = "sent a malformed response (" + detail + ")"; break;
+    case UV_ESRCH: what = detail.empty() ? std::string("died") : "died (" + detail + ")"; break;
     default: what = std::string("failed: ") + uv_strerror(code); break;
   }
   switch (stage) {
@@ -363,6 +364,17 @@ void UpstreamConn::Abort() {
   Close();
 }
 
+bool UpstreamConn::Cut(int code, std::string detail) {
+  if (state_ == State::kClosed) return false;
+  const bool had = listener_ != nullptr;
+  if (had) {
+    Fail(code, std::move(detail));
+  } else {
+    Close();
+  }
+  return had;
+}
+
 void UpstreamConn::BecomeIdle() {
   state_ = State::kIdle;
   listener_ = nullptr;
@@ -463,6 +475,24 @@ void UpstreamPool::Collect() {
       ++it;
     }
   }
+}
+
+size_t UpstreamPool::CutBackend(Backend* b, int code, const std::string& detail) {
+  // Copied: a listener that hears of the cut may open new connections (to
+  // other engines). Nothing is freed before uv_close's callbacks, so every
+  // pointer stays valid through the walk.
+  std::vector<UpstreamConn*> mine;
+  for (UpstreamConn* c : all_) {
+    if (c->backend() == b) mine.push_back(c);
+  }
+  size_t cut = 0;
+  for (UpstreamConn* c : mine) cut += c->Cut(code, detail) ? 1 : 0;
+  return cut;
+}
+
+Backend* UpstreamPool::Find(const std::string& name) const {
+  auto it = backends_.find(name);
+  return it == backends_.end() ? nullptr : it->second.get();
 }
 
 void UpstreamPool::Close(std::function<void()> done) {

@@ -62,7 +62,8 @@ struct UpstreamError {
     kMidResponse,       // part of the response had arrived
   };
   Stage stage = Stage::kConnect;
-  int code = 0;          // a libuv error (UV_ECONNREFUSED, UV_EOF, ...); UV_EPROTO for a bad response
+  int code = 0;          // a libuv error (UV_ECONNREFUSED, UV_EOF, ...); UV_EPROTO for a bad response,
+                         // UV_ESRCH for an engine its supervisor saw die
   bool reused = false;   // the connection had served earlier requests
   std::string detail;    // for a malformed response: what was wrong
 
@@ -97,6 +98,10 @@ class UpstreamConn {
   void Send(UpstreamListener* listener, std::string_view head, std::string_view body, bool head_request);
   // Abandons the request: the connection is closed, the listener hears nothing more.
   void Abort();
+  // The engine is known dead: the connection is closed and the listener, if
+  // any, hears `code` (UV_ESRCH: "died (detail)") as if it had been reset.
+  // True when a request was in flight on it.
+  bool Cut(int code, std::string detail);
   // Hands the exchange in progress to another listener (a hedge that won:
   // the call takes over the attempt that had been listened to apart).
   void Rebind(UpstreamListener* listener) { listener_ = listener; }
@@ -181,6 +186,11 @@ class UpstreamPool {
   // Closes the idle connections of backends no route names, and forgets
   // backends with nothing left.
   void Collect();
+  // Cuts every connection to `b` (UpstreamConn::Cut); returns how many had
+  // a request in flight.
+  size_t CutBackend(Backend* b, int code, const std::string& detail);
+  // The backend of an address, if one is known.
+  Backend* Find(const std::string& name) const;
   // Closes every connection; `done` runs once all are freed.
   void Close(std::function<void()> done = {});
 

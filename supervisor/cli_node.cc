@@ -96,6 +96,9 @@ void PrintStatus(std::ostream& o, const json& s) {
       o << "  kv " << kv.value("source", "?");
       if (kv.contains("bytes") && kv["bytes"].is_number_unsigned()) o << " " << (kv["bytes"].get<uint64_t>() >> 20) << " MiB";
     }
+    if (e.contains("death_seen_by") && e["death_seen_by"].is_string()) {
+      o << "  death seen by " << e["death_seen_by"].get<std::string>();
+    }
     o << "\n";
   }
   if (s.contains("kv_pool") && s["kv_pool"].is_object()) {

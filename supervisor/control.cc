@@ -42,6 +42,10 @@ json Supervisor::Impl::StatusJson() {
            {"adopted", s->adopted},
            {"version", s->version_text}};
     if (s->permanent_failure) e["failure"] = s->failure_reason;
+    // How its death would be seen first: the death word it armed (at the
+    // kill), else its lifeline (after the kernel's teardown), else only its
+    // exit (an adopted engine).
+    if (s->pid > 0) e["death_seen_by"] = s->death && s->death->armed() ? "death_word" : s->lifeline ? "lifeline" : "exit";
     // What the engine last said of its KV (source pool, scratch or
     // private) and memory; absent for an engine that does not say.
     if (s->kv.is_object()) {

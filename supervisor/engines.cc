@@ -19,6 +19,7 @@
 #include "supervisor/probe_config.h"
 #include "supervisor/preflight.h"
 #include "supervisor/supervisor_impl.h"
+#include "wire/death_word.h"
 
 namespace wsup {
 
@@ -69,6 +70,15 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   } else {
     spdlog::warn("engine {}: {}; its death is seen through its pidfd only", s.name, line.error().message());
   }
+  // The death word (wire/death_word.h): the engine arms it, and its death
+  // is seen at the kill rather than after the kernel's teardown.
+  auto death = MakeDeathWord();
+  if (death.ok()) {
+    spec.pass_fds.push_back(death->get());
+  } else {
+    spdlog::warn("engine {}: {}; its death is seen through its lifeline", s.name, death.error().message());
+  }
+  const int death_fd = death.ok() ? 3 + static_cast<int>(spec.pass_fds.size()) - 1 : -1;
   // {ready_fd}: a pipe the engine writes one line to once it serves.
   UniqueFd ready_rd, ready_wr;
   int ready_fd = -1;
@@ -108,6 +118,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   s.version_text = EngineVersionText(*cfg);
   spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
   spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
+  if (death_fd >= 0) spec.env_set.emplace_back(kDeathFdEnv, std::to_string(death_fd));
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
   auto pid = launcher_.Spawn(spec);
   if (line.ok()) line->write_end.Reset();
@@ -162,8 +173,18 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   }
   const pid_t child = s.pid;
   if (line.ok()) {
-    auto hw = HangupWatch::Start(&loop_, std::move(line->read_end), [this, sp, child] { OnEngineDying(*sp, child); });
+    auto hw = HangupWatch::Start(&loop_, std::move(line->read_end),
+                                 [this, sp, child] { OnEngineDying(*sp, child, "its lifeline closed"); });
     if (hw.ok()) s.lifeline = *hw;
+  }
+  if (death.ok()) {
+    auto dw = DeathWatch::Start(&loop_, death->get(),
+                                [this, sp, child] { OnEngineDying(*sp, child, "its death word was marked"); });
+    if (dw.ok()) {
+      s.death = *dw;
+    } else {
+      spdlog::warn("engine {}: {}; its death is seen through its lifeline", s.name, dw.error().message());
+    }
   }
   Fire(s, SlotEvent::kSpawn, "started pid " + std::to_string(s.pid) + " on port " + std::to_string(port));
   if (ready_rd.valid()) {
@@ -192,6 +213,8 @@ void Supervisor::Impl::CloseWatches(Slot& s) {
   s.watch = nullptr;
   if (s.lifeline) s.lifeline->Close();
   s.lifeline = nullptr;
+  if (s.death) s.death->Close();
+  s.death = nullptr;
   if (s.ready_line) s.ready_line->Close();
   s.ready_line = nullptr;
 }
@@ -444,20 +467,28 @@ void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string
   }
 }
 
-void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid) {
+void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid, const std::string& how) {
+  // The first of the two signs decides; the other is not needed any more.
   if (s.lifeline) s.lifeline->Close();
   s.lifeline = nullptr;
+  if (s.death) s.death->Close();
+  s.death = nullptr;
   if (s.pid != pid) return;
   if (s.state == SlotState::kStarting) {
     // Not ready yet: the engine may have closed inherited fds itself. Its
     // exit, when it comes, is still seen through the pidfd.
-    spdlog::info("engine {}: pid {} closed its lifeline while starting; its exit will be seen when it is reaped",
-                 s.name, pid);
+    spdlog::info("engine {}: pid {} is exiting while starting ({}); its exit will be seen when it is reaped", s.name,
+                 pid, how);
     return;
   }
   s.semantic_ready = false;
   s.comm_warm = false;
-  Fire(s, SlotEvent::kDying, "pid " + std::to_string(pid) + " is exiting (its lifeline closed)");
+  const bool active = s.state == SlotState::kActive;
+  const std::string address = HostPortString(cfg_.engine.host, s.port);
+  Fire(s, SlotEvent::kDying, "pid " + std::to_string(pid) + " is exiting (" + how + ")");
+  // The active engine's failover told the front already (Failover). A
+  // draining engine's streams, or a standby's hedges, are cut over now too.
+  if (!active) CutInFront(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
 }
 
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {

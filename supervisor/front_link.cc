@@ -184,6 +184,8 @@ void Supervisor::Impl::OnFrontMessage(const json& m) {
     OnFrontSilent(m);
   } else if (type == "event" && m.value("kind", "") == "first_ok") {
     if (pending_ && m.value("backend", "") == routed_active_) CompletePending(m.value("at_ms", clock_.WallMs()));
+  } else if (m.contains("cut")) {
+    spdlog::info("front: {} request(s) cut from the dead engine and sent on", m.value("cut", 0));
   } else if (m.contains("ok") && m.contains("epoch")) {
     // Routes acknowledged: the swap is done.
     if (pending_ && pending_->swapped_ms == 0) pending_->swapped_ms = clock_.WallMs();
@@ -266,6 +268,13 @@ void Supervisor::Impl::PushRoutes() {
   m["active"] = na.empty() ? json(nullptr) : json(na);
   m["standby"] = ns.empty() ? json(nullptr) : json(ns);
   front_.link->Send(m);
+}
+
+void Supervisor::Impl::CutInFront(const std::string& address, const std::string& why) {
+  // A front that predates the message answers it with an error, which
+  // changes nothing: it still sees the sockets close a little later.
+  if (!front_.link || address.empty()) return;
+  front_.link->Send(json{{"type", "engine_dead"}, {"engine", address}, {"why", why}});
 }
 
 void Supervisor::Impl::PushFrontLimits() {

@@ -14,9 +14,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <thread>
 #include <sstream>
 
 #include "common/unique_fd.h"
+#include "wire/death_word.h"
 
 extern char** environ;
 
@@ -196,6 +199,60 @@ void HangupWatch::Close() {
   if (closing_) return;
   closing_ = true;
   uv_close(reinterpret_cast<uv_handle_t*>(&poll_), [](uv_handle_t* h) { delete static_cast<HangupWatch*>(h->data); });
+}
+
+// What the loop's watch and its waiting thread share. `async` is valid
+// while `open`; the thread checks that under `mu` before it signals.
+struct DeathWatch::Shared {
+  std::unique_ptr<DeathWordWaiter> waiter;
+  std::mutex mu;
+  bool open = true;
+  uv_async_t* async = nullptr;
+};
+
+Result<DeathWatch*> DeathWatch::Start(uv_loop_t* loop, int fd, std::function<void()> cb) {
+  auto waiter = DeathWordWaiter::Open(fd);
+  if (!waiter.ok()) return waiter.error();
+  auto* w = new DeathWatch();
+  w->cb_ = std::move(cb);
+  w->shared_ = std::make_shared<Shared>();
+  w->shared_->waiter.reset(*waiter);
+  w->async_.data = w;
+  int rc = uv_async_init(loop, &w->async_, [](uv_async_t* a) {
+    auto* self = static_cast<DeathWatch*>(a->data);
+    if (self->fired_ || self->closing_) return;
+    self->fired_ = true;
+    if (self->cb_) self->cb_();
+  });
+  if (rc != 0) {
+    delete w;
+    return IoError(std::string("uv_async_init for a death word: ") + uv_strerror(rc));
+  }
+  w->shared_->async = &w->async_;
+  try {
+    std::thread([s = w->shared_] {
+      if (s->waiter->Wait() != DeathWordWaiter::Outcome::kDied) return;
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (s->open) uv_async_send(s->async);
+    }).detach();
+  } catch (const std::system_error& e) {
+    w->Close();
+    return IoError(std::string("starting the thread that watches a death word: ") + e.what());
+  }
+  return w;
+}
+
+bool DeathWatch::armed() const { return shared_->waiter->armed_tid() != 0 || shared_->waiter->died(); }
+
+void DeathWatch::Close() {
+  if (closing_) return;
+  closing_ = true;
+  {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->open = false;
+  }
+  shared_->waiter->Stop();
+  uv_close(reinterpret_cast<uv_handle_t*>(&async_), [](uv_handle_t* h) { delete static_cast<DeathWatch*>(h->data); });
 }
 
 Result<LineWatch*> LineWatch::Start(uv_loop_t* loop, UniqueFd fd, std::function<void(Result<std::string>)> cb) {

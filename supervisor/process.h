@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,6 +111,32 @@ class HangupWatch {
   static void OnReadable(uv_poll_t* h, int status, int events);
   uv_poll_t poll_{};
   UniqueFd fd_;
+  std::function<void()> cb_;
+  bool fired_ = false;
+  bool closing_ = false;
+};
+
+// Runs cb once on the loop thread when the engine that armed a death word
+// (wire/death_word.h) dies: at its SIGKILL, before the kernel tears it down
+// and long before its lifeline reads EOF. A thread of its own sleeps on the
+// word (a futex has no fd a loop could poll); it hands the death to the loop
+// through the watch's uv_async_t. An engine that never arms the word never
+// fires it. Owns the uv_async_t; Close() stops the thread (cb does not run)
+// and frees the watch after uv_close, without waiting for the thread, which
+// ends within 200 ms and frees what it shares.
+class DeathWatch {
+ public:
+  // `fd` is the supervisor's copy of the page given to the engine.
+  static Result<DeathWatch*> Start(uv_loop_t* loop, int fd, std::function<void()> cb);
+  void Close();
+  // Whether the engine has armed its word (it may still, while it starts).
+  bool armed() const;
+
+ private:
+  struct Shared;
+  DeathWatch() = default;
+  uv_async_t async_{};
+  std::shared_ptr<Shared> shared_;
   std::function<void()> cb_;
   bool fired_ = false;
   bool closing_ = false;

@@ -107,6 +107,7 @@ class Supervisor::Impl {
 
     ProcessWatch* watch = nullptr;
     HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
+    DeathWatch* death = nullptr;      // its death word was marked: it is exiting (first)
     LineWatch* ready_line = nullptr;  // {ready_fd}: the engine says when it is up
     int64_t spawned_ms = 0;           // wall
     int64_t spawned_mono = 0;         // monotonic, for the start budget
@@ -261,6 +262,9 @@ class Supervisor::Impl {
   void TripSilent(Slot& s, const std::string& why);
   void OnFrontExit(const ExitInfo& info);
   void PushRoutes();
+  // Tells the front that the engine at `address` died: it fails over what it
+  // has in flight there now (front/front.h, engine_dead).
+  void CutInFront(const std::string& address, const std::string& why);
   // The front's queue limits (a reload changed them).
   void PushFrontLimits();
 
@@ -307,7 +311,7 @@ class Supervisor::Impl {
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
-  void OnEngineDying(Slot& s, pid_t pid);
+  void OnEngineDying(Slot& s, pid_t pid, const std::string& how);
   void Failover(Slot& failed, FailoverTrigger trigger, const std::string& reason, int64_t fault_ms, bool drill);
   // The promotion check of supervisor/promotion_check.h on this slot.
   PromotionCheck CheckStandby(Slot& s);

@@ -603,6 +603,99 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   WARN("the draining engine was active again " << back_ms << " ms after the kill");
 }
 
+// The token ids of a streamed completion's body, and its finish reason.
+std::vector<int64_t> StreamIds(const std::string& body, std::string* finish) {
+  std::vector<int64_t> ids;
+  for (const auto& d : test::SseData(body)) {
+    if (d == "[DONE]") continue;
+    auto j = json::parse(d, nullptr, false);
+    if (j.is_discarded() || !j.contains("choices")) continue;
+    for (const auto& c : j["choices"]) {
+      if (c.contains("token_ids")) {
+        for (const auto& t : c["token_ids"]) ids.push_back(t.get<int64_t>());
+      }
+      if (c.contains("finish_reason") && c["finish_reason"].is_string()) *finish = c["finish_reason"];
+    }
+  }
+  return ids;
+}
+
+TEST_CASE("chaos 10: a SIGKILLed active is seen through its death word, and its stream is cut over at once",
+          "[chaos]") {
+  if (!Have()) return;
+  const std::string eng = test::BinPath("wsup-engine");
+  Node n({"engine.command=[\"" + eng +
+          "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", "
+          "\"--socket\", \"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", "
+          "\"--kv-cache-mib\", \"8\", \"--min-step-ms\", \"20\"]",
+          "probe.timeout_ms=1500", "probe.interval_ms=1500"});
+  n.Start();
+  if (!n.WaitServing()) FAIL(n.Log());
+  auto s0 = *n.Status();
+  INFO(s0.dump());
+  for (const auto& e : s0["engines"]) CHECK(e.value("death_seen_by", "") == "death_word");
+  const json first = n.Engine(s0, "active");
+  const std::string old_addr = "127.0.0.1:" + std::to_string(first.value("port", 0));
+  const int port = n.FrontPort();
+  auto text = n.Cli({"status"});
+  CHECK(text.output.find("death seen by death_word") != std::string::npos);
+
+  json req{{"prompt", "Hello, world"}, {"max_tokens", 100}, {"temperature", 0}, {"stream", true},
+           {"return_token_ids", true}};
+  test::HttpResult stream;
+  std::thread streamer([&] {
+    stream = test::HttpRequestOnce(port, "POST", "/v1/completions", req.dump(), 60s,
+                                   {{"Content-Type", "application/json"}});
+  });
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{streamer};
+  // Killed once tokens flow (its bytes keep coming for 100 ms), so that the
+  // stream is resumed from what the client has, not sent again.
+  const int64_t asked_ms = WallMs();
+  int64_t first_byte_ms = 0;
+  REQUIRE(test::WaitFor(
+      [&] {
+        auto f = FrontStatus(n);
+        if (!f || (*f)["inflight"].value(old_addr, int64_t{0}) == 0) return false;
+        const int64_t last = (*f)["backends"][old_addr].value("last_byte_ms", int64_t{0});
+        if (last < asked_ms) return false;
+        if (first_byte_ms == 0) first_byte_ms = last;
+        return last >= first_byte_ms + 100;
+      },
+      10s));
+  REQUIRE(::kill(first.value("pid", 0), SIGKILL) == 0);
+  streamer.join();
+  REQUIRE(stream.status == 200);
+  std::string finish;
+  const auto cut_ids = StreamIds(stream.body, &finish);
+  CHECK(cut_ids.size() == 100);
+  CHECK(finish == "length");
+  // The ledger says how the death was seen; the front says the stream was
+  // resumed (not failed) and that the supervisor cut it over.
+  REQUIRE(test::WaitFor([&] { return !Query(n.Db(), "select * from failovers").rows.empty(); }, 10s));
+  auto rows = Query(n.Db(), "select * from failovers order by id").rows;
+  INFO(Rows{rows}.Dump());
+  CHECK(rows[0]["trigger"] == "crash");
+  CHECK(rows[0]["reason"].find("its death word was marked") != std::string::npos);
+  auto f = FrontStatus(n);
+  REQUIRE(f.has_value());
+  INFO(f->dump());
+  CHECK((*f)["counters"]["failed"] == 0);
+  CHECK((*f)["counters"]["resumed"] == 1);
+  CHECK(n.Log().find("cut from the dead engine") != std::string::npos);
+  // The same request uninterrupted gives the same tokens.
+  auto again = test::HttpRequestOnce(port, "POST", "/v1/completions", req.dump(), 60s,
+                                     {{"Content-Type", "application/json"}});
+  REQUIRE(again.status == 200);
+  std::string finish2;
+  CHECK(StreamIds(again.body, &finish2) == cut_ids);
+  CHECK(n.WaitServing());
+}
+
 TEST_CASE("chaos: a crash-looping front is throttled and reported, and comes back", "[chaos]") {
   if (!Have()) return;
   Node n({"supervisor.max_restarts=3", "supervisor.restart_backoff_ms=100", "supervisor.restart_backoff_max_ms=400"});

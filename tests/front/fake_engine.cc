@@ -264,6 +264,7 @@ void FakeEngine::StepStream(Stream* s) {
                    {"total_tokens", s->prompt_len + static_cast<size_t>(s->sent)}};
   }
   s->w->Write("data: " + ev.dump() + "\n\n");
+  ++tokens_sent;
   if (s->ended) return;
   if (s->die && s->sent == die_after.load()) {
     s->w->Abort();

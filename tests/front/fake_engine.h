@@ -62,6 +62,7 @@ class FakeEngine {
   std::atomic<int> requests{0};
   std::atomic<int> completions{0};
   std::atomic<int> streams_active{0};
+  std::atomic<int> tokens_sent{0};    // stream events written, over all streams
   std::atomic<int> client_closed{0};  // streams whose connection closed before the end
   std::atomic<int> held{0};           // kHold completions received
   std::atomic<int> held_closed{0};    // ... whose connection then closed (the front gave up on them)

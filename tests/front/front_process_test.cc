@@ -357,6 +357,76 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
   }
 }
 
+TEST_CASE("engine_dead: what is in flight on a dead engine is sent on at once, not when its sockets close",
+          "[front][process]") {
+  // A's sockets stay open (a SIGKILLed engine's do until the kernel has torn
+  // it down): only the supervisor's word tells the front that it is dead.
+  FakeEngine a("A"), b("B");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  // A plain completion that A holds, and a stream A delivers slowly.
+  a.mode = FakeEngine::kHold;
+  a.token_delay_ms = 300;
+  HttpResult held, streamed;
+  std::thread t1([&] { held = Post(front->port(), R"({"prompt":"held","max_tokens":4})"); });
+  std::thread t2([&] { streamed = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":40})"); });
+  REQUIRE(WaitFor([&] { return a.held.load() == 1 && a.streams_active.load() == 1; }, 10s));
+  // Tokens out, so that the stream is (most likely) resumed, not sent again.
+  REQUIRE(WaitFor([&] { return a.tokens_sent.load() >= 2; }, 10s));
+
+  // What a supervisor sends when A dies: the routes, then engine_dead.
+  auto reply = ctl.Call(SetRoutes(b.addr(), "", 1));
+  REQUIRE(reply.has_value());
+  REQUIRE((*reply)["ok"] == true);
+  reply = ctl.Call(json{{"type", "engine_dead"}, {"engine", a.addr()}, {"why", "pid 1234 died (its death word)"}});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == true);
+  CHECK((*reply)["cut"] == 2);
+  t1.join();
+  t2.join();
+  REQUIRE(held.status == 200);
+  CHECK(held.Header("X-Engine") == "B");
+  REQUIRE(streamed.status == 200);
+  bool done = false;
+  auto events = Events(streamed.body, &done);
+  CHECK(done);
+  CHECK(events.size() == 40);
+  CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("Hello"), 40)));
+  CHECK(b.last_resume_mark() == "cut");
+  // The front closed its connections to A (A sees them go; it is alive here).
+  CHECK(WaitFor([&] { return a.held_closed.load() == 1 && a.client_closed.load() == 1; }, 10s));
+  json st = Status(ctl);
+  CHECK(st["counters"]["failed"] == 0);
+  // The held request is sent again; the stream resumed (or, had no byte of
+  // it reached the front yet, sent again).
+  CHECK(st["counters"]["resumed"].get<int>() + st["counters"]["retried"].get<int>() == 2);
+  CHECK(st["counters"]["retried"].get<int>() >= 1);
+  CHECK(st["inflight"].value(a.addr(), 0) == 0);
+  CHECK(st["down"][a.addr()]["error"].get<std::string>().find("died (pid 1234 died") != std::string::npos);
+
+  // Nothing left there: nothing cut. An engine the front never knew: nothing.
+  reply = ctl.Call(json{{"type", "engine_dead"}, {"engine", a.addr()}});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["cut"] == 0);
+  reply = ctl.Call(json{{"type", "engine_dead"}, {"engine", "127.0.0.1:1"}});
+  REQUIRE(reply.has_value());
+  CHECK((*reply)["ok"] == true);
+  CHECK((*reply)["cut"] == 0);
+  // Bad messages: an error naming the field and the fix; the front goes on.
+  for (const json& bad : {json{{"type", "engine_dead"}}, json{{"type", "engine_dead"}, {"engine", nullptr}},
+                          json{{"type", "engine_dead"}, {"engine", 7}},
+                          json{{"type", "engine_dead"}, {"engine", "nowhere"}}}) {
+    reply = ctl.Call(bad);
+    REQUIRE(reply.has_value());
+    INFO(bad.dump() << " -> " << reply->dump());
+    CHECK((*reply)["ok"] == false);
+    CHECK((*reply)["error"].get<std::string>().find("engine_dead") != std::string::npos);
+  }
+  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "B");
+}
+
 TEST_CASE("with no engine, requests wait for a route up to the queue timeout, then 503", "[front][process]") {
   SECTION("no route at all") {
     auto front = FrontProcess::Start({"--queue-timeout-ms", "300"});
