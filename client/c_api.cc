@@ -16,6 +16,7 @@
 #include "client/publish.h"
 #include "client/torch_allocator.h"
 #include "client/wsup_client.h"
+#include "wire/death_word.h"
 #include "wire/kv_journal.h"
 
 #ifndef WSUP_VERSION_STRING
@@ -783,6 +784,23 @@ uint64_t wsup_kv_pool_allocation_bytes(const wsup_kv_pool* p, size_t i) {
 }
 
 void wsup_kv_pool_release(wsup_kv_pool* p) { delete p; }
+
+int wsup_arm_death_word(char* err, size_t err_len) {
+  try {
+    auto r = wsup::ArmDeathWordFromEnv();
+    if (r.ok()) return *r ? 1 : 0;
+    if (err && err_len > 0) {
+      const std::string& m = r.error().message();
+      const size_t n = std::min(m.size(), err_len - 1);
+      std::memcpy(err, m.data(), n);
+      err[n] = '\0';
+    }
+    return -StatusCode(r.error().code());
+  } catch (...) {
+    if (err && err_len > 0) err[0] = '\0';
+    return -WSUP_ERR_INTERNAL;
+  }
+}
 
 uint64_t wsup_kv_token_hash(const int32_t* ids, size_t n, uint64_t seed) {
   return ids == nullptr ? seed : wsup::TokenHash(ids, n, seed);

@@ -367,6 +367,18 @@ void wsup_kv_pool_release(wsup_kv_pool* p);
 #define WSUP_KV_TOKEN_HASH_SEED 0xcbf29ce484222325ull
 uint64_t wsup_kv_token_hash(const int32_t* ids, size_t n, uint64_t seed);
 
+/* Arms this process's death word when its supervisor gave it one
+ * (WSUP_DEATH_FD in the environment; docs/architecture.md, "Crash of the
+ * active engine"): one thread of the library's own then sleeps for ever,
+ * and the kernel tells the supervisor of this process's death the moment
+ * it dies, before tearing it down, so the traffic moves tens of ms sooner.
+ * Call it once, early (before loading). Returns 1 when armed, 0 when the
+ * variable is unset (nothing to do), or minus an error code (-WSUP_ERR_*)
+ * with the message, which names the variable and the fix, copied into err (at most
+ * err_len bytes, NUL-terminated; err may be NULL). The engine works either
+ * way: without a death word its death is seen through its lifeline. */
+int wsup_arm_death_word(char* err, size_t err_len);
+
 /* The library's version, "major.minor.patch". */
 const char* wsup_client_version(void);
 

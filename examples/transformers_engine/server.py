@@ -177,6 +177,20 @@ def import_wsup_client():
     return wsup_client
 
 
+def arm_death_word():
+    """Arms the death word the supervisor gave (WSUP_DEATH_FD), first of
+    all, so that the supervisor sees this process's death at the kill, not
+    after its teardown. Without one, or without the client library, the
+    engine goes on: its death is then seen through its lifeline."""
+    if "WSUP_DEATH_FD" not in os.environ:
+        return "absent"
+    try:
+        return "armed" if import_wsup_client().arm_death_word() else "absent"
+    except Exception as e:  # the library missing, or a bad variable: said, never fatal
+        log.warning("%s; the supervisor will see this engine's death through its lifeline only", e)
+        return str(e)
+
+
 def exit_code_for(e):
     """0-1-2-78 for an exception raised while loading."""
     code = getattr(e, "exit_code", None)
@@ -247,6 +261,7 @@ class Engine:
         self.state = "starting"
         self.phases = []
         self.weights = {"mode": opts.weight_cache, "layout": opts.layout}
+        self.death_word = "absent"  # "armed", "absent" or what went wrong (arm_death_word)
         self.admission = Admission(opts.max_active, opts.max_waiting)
         self.hard_stop = threading.Event()  # the drain's end: cut what still runs
         self.port = 0
@@ -321,6 +336,7 @@ class Engine:
             }
             if o.nonce:
                 j["nonce"] = o.nonce
+            j["death_word"] = self.death_word
             if m is not None:
                 j["limits"] = {"vocab": m.vocab_size, "context": m.context, "max_active": o.max_active,
                                "max_waiting": o.max_waiting}
@@ -798,6 +814,7 @@ def main(argv=None):
         signal.signal(sig, lambda *_: None)  # replaces the default action; the wakeup fd carries it
 
     engine = Engine(opts)
+    engine.death_word = arm_death_word()
     try:
         httpd = Server((opts.host, opts.port), engine)
     except OSError as e:

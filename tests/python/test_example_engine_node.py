@@ -80,6 +80,9 @@ def test_primary_and_standby_under_wsup_serve_fail_over_and_drain(node):
         assert st and st["state"] == "ready", (slot, st)
         assert st["engine"]["name"] == "wsup-transformers-example" and st.get("nonce"), st
         assert st["weights"]["source"] == "holder" and st["weights"]["mode"] == "daemon", st
+        # It armed the death word its supervisor gave it (wsup_client.arm_death_word).
+        assert st["death_word"] == "armed", st
+    assert all(e.get("death_seen_by") == "death_word" for e in s["engines"]), s["engines"]
     # The supervisor recorded both attaches as cache hits.
     assert wait_for(lambda: len(node.query("select * from cache_events where result='hit'")) == 2, 10), \
         node.query("select * from cache_events")

@@ -102,6 +102,8 @@ def _declare(lib):
         "wsup_kv_pool_allocation_bytes": (c.c_uint64, [p, c.c_size_t]),
         "wsup_kv_pool_release": (None, [p]),
         "wsup_kv_token_hash": (c.c_uint64, [c.POINTER(c.c_int32), c.c_size_t, c.c_uint64]),
+        # The death word (death_word.py).
+        "wsup_arm_death_word": (c.c_int, [c.c_char_p, c.c_size_t]),
     }
     for name, (res, args) in protos.items():
         fn = getattr(lib, name)
