@@ -158,10 +158,12 @@ row("drills", lambda j: len(j["swap"]))
 print(f"Machine: {gpu[0] if gpu else device}; {datetime.date.today().isoformat()}.")
 print(f"Model: the generated 1.1B Llama of bench/node.sh (2.1 GiB of bf16), one holder (cuda VMM), "
       f"a primary and a standby `wsup-engine --device {device}`; the pool runs give each engine a scratch of "
-      f"{scratch_mib} MiB; 10 crash drills each (`wsup failover --drill --kill`) after 5 s of streaming load.")
+      f"{scratch_mib} MiB; {os.environ.get('DRILLS', '10')} crash drills each (`wsup failover --drill --kill`) "
+      f"after {os.environ.get('LOAD_SECS', '5')} s of streaming load.")
 print()
 print("```sh")
-print("bench/kv_pool.sh OUTDIR BIN_DIR   # runs bench/node.sh three times")
+settings = " ".join(f"{k}={os.environ[k]}" for k in ("DRILLS", "LOAD_SECS", "ORDER", "BIG_POOL_MIB") if k in os.environ)
+print(f"{settings + ' ' if settings else ''}bench/kv_pool.sh OUTDIR BIN_DIR   # runs bench/node.sh {len(runs)} times")
 print("```")
 print()
 print("The pool and the weights are VMM memory the holder made; the driver charges them to no process (the holder")
