@@ -516,7 +516,13 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   if (PoolEnabled()) PoolFire(s, PoolEvent::kGone, why);
   // The row for an exit is failed/stopped; a failed slot is restarted with
   // the exit code in hand (a permanent-failure code is not retried).
-  if (s.state == SlotState::kFailed) ScheduleRestart(s, info.known && !info.signal ? info.exit_code : -1);
+  if (s.state == SlotState::kFailed) {
+    // After the pool's grant to the promoted engine, if the exit just sent
+    // one: the spawn would hold that request back.
+    Slot* sp = &s;
+    const int code = info.known && !info.signal ? info.exit_code : -1;
+    AfterGrant([this, sp, code] { ScheduleRestart(*sp, code); });
+  }
   if (stopping_) MaybeFinishStop();
 }
 

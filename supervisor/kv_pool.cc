@@ -22,6 +22,8 @@ namespace {
 // milliseconds; letting go waits for the sequences on the pool, which a
 // drain has ended already, so a release past this is a stuck engine.
 constexpr int64_t kGrantTimeoutMs = 30'000;
+// The longest a restart waits for a pool grant in flight (AfterGrant).
+constexpr int64_t kHoldForGrantMs = 100;
 constexpr int64_t kReleaseTimeoutMs = 30'000;
 constexpr int64_t kGrantRetryMs = 1000;
 
@@ -141,7 +143,11 @@ void Supervisor::Impl::GrantPool(Slot& s) {
   Slot* sp = &s;
   const pid_t pid = s.pid;
   const int64_t t0 = clock_.MonotonicMs();
+  grant_in_flight_ = true;
   SendRole(s, "active", true, kGrantTimeoutMs, [this, sp, pid, t0](Result<http::HttpResponse> r) {
+    grant_in_flight_ = false;
+    // What waited for the grant runs once this answer is handled.
+    if (!held_for_grant_.empty()) After(0, [this] { RunHeldForGrant(); });
     // A process that is gone was dropped from the table by its exit.
     if (sp->pid != pid || pid == 0) return;
     const std::string source = sp->kv.value("source", "");
@@ -167,6 +173,21 @@ void Supervisor::Impl::GrantPool(Slot& s) {
                    sp->name, r.error().message());
     }
   });
+}
+
+void Supervisor::Impl::AfterGrant(std::function<void()> work) {
+  if (!grant_in_flight_) {
+    work();
+    return;
+  }
+  held_for_grant_.push_back(std::move(work));
+  After(kHoldForGrantMs, [this] { RunHeldForGrant(); });
+}
+
+void Supervisor::Impl::RunHeldForGrant() {
+  auto held = std::move(held_for_grant_);
+  held_for_grant_.clear();
+  for (auto& w : held) w();
 }
 
 void Supervisor::Impl::ReleasePool(Slot& s) {

@@ -339,6 +339,14 @@ class Supervisor::Impl {
   void PoolOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause);
   KvHandover::Step PoolFire(Slot& s, PoolEvent event, const std::string& why);
   void GrantPool(Slot& s);
+  // Work held back while a pool grant is on its way: the grant is what the
+  // node waits for after a crash (full KV), and a restart's spawn blocks
+  // the loop for a millisecond or more (posix_spawn waits for the exec).
+  // Run when the grant answers, or after kHoldForGrantMs at the latest.
+  void AfterGrant(std::function<void()> work);
+  void RunHeldForGrant();
+  bool grant_in_flight_ = false;
+  std::vector<std::function<void()>> held_for_grant_;
   void ReleasePool(Slot& s);
   // POST /wsup/role; the answer's `kv` is kept in the slot before `done`.
   void SendRole(Slot& s, const std::string& role, bool pool, int64_t timeout_ms,

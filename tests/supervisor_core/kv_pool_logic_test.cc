@@ -39,6 +39,7 @@ constexpr const char* kPoolToml =
 struct PoolRig {
   std::map<pid_t, std::unique_ptr<FakeEngine>> engines;
   std::map<pid_t, uint64_t> died_at;  // FakeEngine::NextSeq() when the process died
+  std::map<pid_t, std::pair<std::string, uint64_t>> spawned;  // slot kind and NextSeq() at its spawn
   std::unique_ptr<Rig> rig;
   // Two engines mapping the pool at one moment, seen by Watch().
   int overlaps = 0;
@@ -47,6 +48,7 @@ struct PoolRig {
     rig = std::make_unique<Rig>("client", 600'000, toml, [this](Rig& r) {
       r.procs.on_spawn = [this](pid_t pid, const std::string& kind, const ChildSpec& spec) {
         if (kind.rfind("engine-", 0) != 0) return;
+        spawned[pid] = {kind, FakeEngine::NextSeq()};
         std::string port, nonce;
         for (size_t i = 0; i + 1 < spec.argv.size(); ++i) {
           if (spec.argv[i] == "--port") port = spec.argv[i + 1];
@@ -155,11 +157,24 @@ TEST_CASE("kv pool logic: a crash - the promoted engine waits for the old one's 
   CHECK(told);
 
   // The old process is gone: the pool is the new active engine's.
+  const std::string old_kind = p.spawned[old_active].first;
   p.rig->procs.Exit(old_active, -1, SIGKILL);
   REQUIRE(p.Until([&] { return next->pool_mapped() && p.Status()["kv_pool"].value("state", "") == "held"; }, 10s));
   REQUIRE(p.died_at.count(old_active));
   CHECK(p.PoolCallSeq(standby) > p.died_at[old_active]);
   CHECK(p.overlaps == 0);
+  // The failed slot is restarted, but only after the grant reached the
+  // promoted engine: the spawn would have held the grant back.
+  pid_t restarted = 0;
+  REQUIRE(p.Until(
+      [&] {
+        for (const auto& [pid, at] : p.spawned) {
+          if (at.first == old_kind && pid != old_active) restarted = pid;
+        }
+        return restarted != 0;
+      },
+      10s));
+  CHECK(p.spawned[restarted].second > p.PoolCallSeq(standby));
 }
 
 TEST_CASE("kv pool logic: a planned drill - the old active lets go after its drain, then the new one maps it",
