@@ -117,6 +117,7 @@ class LoadGenerator::Impl {
     int events = 0;     // events with a choice
     int done = 0;       // [DONE] seen
     int64_t first_correct_us = 0;
+    std::vector<int64_t> event_us;  // each event with text, while the text is still correct
     bool bad_event = false;
     std::string bad;
   };
@@ -203,8 +204,10 @@ class LoadGenerator::Impl {
         const json& c = e["choices"][0];
         if (c.contains("text") && c["text"].is_string()) st->text += c["text"].get<std::string>();
         ++st->events;
-        if (st->first_correct_us == 0 && !st->text.empty() && want->compare(0, st->text.size(), st->text) == 0) {
-          st->first_correct_us = NowUs();
+        if (!st->text.empty() && want->compare(0, st->text.size(), st->text) == 0) {
+          const int64_t now = NowUs();
+          if (st->first_correct_us == 0) st->first_correct_us = now;
+          st->event_us.push_back(now);
         }
       };
     }
@@ -289,6 +292,7 @@ class LoadGenerator::Impl {
     if (text == want) {
       rec->outcome = Outcome::kOk;
       rec->first_correct_us = rec->stream ? st.first_correct_us : rec->end_us;
+      if (rec->stream) rec->event_us = st.event_us;
       return;
     }
     rec->outcome = text.size() > want.size() ? Outcome::kDuplicated : Outcome::kWrong;
@@ -434,9 +438,9 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
   // The first correct output any client got after a drill began, other
   // than what was already on its way (within kInFlightUs of t0): an answer
   // or a stream's first token for a request sent after t0; for one in
-  // flight at t0, its first token or its end, whichever came after. With
-  // hedging, answers to requests caught by a hang count: that is when the
-  // clients' outage ended.
+  // flight at t0, a stream's first token after it (its output resumed on
+  // another engine, or a hedge's), else its end. With hedging, answers to
+  // requests caught by a hang count: that is when the clients' outage ended.
   constexpr int64_t kInFlightUs = 10'000;
   std::vector<int64_t> first_output(drills.size(), -1);
   for (size_t ri = 0; ri < records.size(); ++ri) {
@@ -444,7 +448,11 @@ json Analyze(const std::vector<DrillRecord>& drills, const std::vector<RequestRe
     if (window_of[ri] < 0 || r.outcome != Outcome::kOk) continue;
     const size_t w = static_cast<size_t>(window_of[ri]);
     const int64_t from = drills[w].t0_us + kInFlightUs;
-    int64_t at = r.first_correct_us >= from ? r.first_correct_us : r.end_us;
+    int64_t at = r.first_correct_us >= from ? r.first_correct_us : -1;
+    for (size_t k = 0; at < 0 && k < r.event_us.size(); ++k) {
+      if (r.event_us[k] >= from) at = r.event_us[k];
+    }
+    if (at < 0) at = r.end_us;
     if (at < from) continue;
     if (first_output[w] < 0 || at < first_output[w]) first_output[w] = at;
   }

@@ -78,6 +78,9 @@ struct RequestRecord {
   // stream, when its text starts the golden output; the whole answer
   // otherwise. 0 when none did.
   int64_t first_correct_us = 0;
+  // A correct stream's events with text, when each arrived (a stream in
+  // flight at a drill shows here when its output resumed).
+  std::vector<int64_t> event_us;
   Outcome outcome = Outcome::kOk;
   int status = 0;       // HTTP status, 0 when none came
   std::string detail;   // why it is not ok
@@ -156,8 +159,9 @@ struct DrillRecord {
 // included), kill to first complete correct answer the earliest end of a
 // client's (full-length) answer. first_output_ms: the first correct output
 // of any request after t0 (+10 ms: output already on its way is not
-// counted), requests in flight at t0 included (their first token after it,
-// else their end): with hedging, when the clients' outage ended.
+// counted), requests in flight at t0 included (a stream's first token after
+// it, resumed or hedged; else their end): with hedging, when the clients'
+// outage ended.
 // extra_ms_max: the largest latency of a client request in the window past
 // the undisturbed median of its kind (extra_worst says which). Latencies of ok answers before the first
 // drill are the undisturbed reference.

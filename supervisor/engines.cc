@@ -483,12 +483,17 @@ void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid, const std::string& how)
   }
   s.semantic_ready = false;
   s.comm_warm = false;
-  const bool active = s.state == SlotState::kActive;
+  // An engine that failed already (a probe trip, killed by the supervisor)
+  // had its requests hedged or sent on: its sockets close in a moment.
+  const bool serving = s.state != SlotState::kFailed;
   const std::string address = HostPortString(cfg_.engine.host, s.port);
   Fire(s, SlotEvent::kDying, "pid " + std::to_string(pid) + " is exiting (" + how + ")");
-  // The active engine's failover told the front already (Failover). A
-  // draining engine's streams, or a standby's hedges, are cut over now too.
-  if (!active) CutInFront(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
+  // After the routes moved (an active engine's failover pushed them): the
+  // front cuts what it still has in flight there and sends it on at once,
+  // instead of waiting for the kernel to close the dead engine's sockets
+  // (tens of ms for a GPU engine): an active engine's requests and streams,
+  // a draining one's streams, a standby's hedges.
+  if (serving) CutInFront(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
 }
 
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {

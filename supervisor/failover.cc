@@ -66,12 +66,6 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
     }
   }
   PushRoutes();
-  // The failed engine is dead or killed just now. Once the routes have
-  // moved, the front cuts what it still has in flight there and sends it
-  // on at once, instead of waiting for the kernel to close its sockets
-  // (tens of ms for a GPU engine). Before the ledger's write, which can wait
-  // on the disk.
-  if (failed.port > 0) CutInFront(HostPortString(cfg_.engine.host, failed.port), "engine " + failed.name + ": " + reason);
   int64_t swapped = clock_.WallMs();
   FailoverRecord rec;
   rec.trigger = FailoverTriggerName(trigger);
