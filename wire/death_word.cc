@@ -121,14 +121,12 @@ Status ArmDeathWord(int fd) {
   }
   auto page = MapPage(fd, what);
   if (!page.ok()) return page.error();
-  if (Word(*page).load() != 0) {
-    uint32_t w = Word(*page).load();
+  if (const uint32_t w = Word(*page).load(); w != 0) {
     ::munmap(*page, kDeathWordBytes);
-    return Refused(what + " is already armed (word 0x" + [&] {
-      char b[16];
-      std::snprintf(b, sizeof b, "%08x", w);
-      return std::string(b);
-    }() + "); each engine start gets a fresh one from its supervisor");
+    char word[16];
+    std::snprintf(word, sizeof word, "0x%08x", w);
+    return Refused(what + " is already armed (word " + word +
+                   "); each engine start gets a fresh one from its supervisor");
   }
   a.page = *page;
   a.dev = st.st_dev;

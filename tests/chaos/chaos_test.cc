@@ -505,17 +505,40 @@ TEST_CASE("chaos 8: a failover while no supervisor runs gets a reconstructed row
 
 // ---------------------------------------------------------------- 9
 
-TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that one takes the traffic back at once",
-          "[chaos]") {
-  if (!Have()) return;
-  // Paced engines: a 150-token stream keeps its engine draining for 3 s or
-  // more after a planned drill, and the probes' budget allows the pace.
+// A node whose engines step at least every 20 ms: a 150-token stream keeps
+// its engine busy for 3 s or more, and the probes' budget allows the pace.
+std::vector<std::string> PacedEngines() {
   const std::string eng = test::BinPath("wsup-engine");
-  Node n({"engine.command=[\"" + eng +
+  return {"engine.command=[\"" + eng +
               "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", "
               "\"--socket\", \"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", "
               "\"--kv-cache-mib\", \"8\", \"--min-step-ms\", \"20\"]",
-          "probe.timeout_ms=1500", "probe.interval_ms=1500"});
+          "probe.timeout_ms=1500", "probe.interval_ms=1500"};
+}
+
+// The token ids of a streamed completion's body, and its finish reason.
+std::vector<int64_t> StreamIds(const std::string& body, std::string* finish) {
+  std::vector<int64_t> ids;
+  for (const auto& d : test::SseData(body)) {
+    if (d == "[DONE]") continue;
+    auto j = json::parse(d, nullptr, false);
+    if (j.is_discarded() || !j.contains("choices")) continue;
+    for (const auto& c : j["choices"]) {
+      if (c.contains("token_ids")) {
+        for (const auto& t : c["token_ids"]) ids.push_back(t.get<int64_t>());
+      }
+      if (c.contains("finish_reason") && c["finish_reason"].is_string()) *finish = c["finish_reason"];
+    }
+  }
+  return ids;
+}
+
+
+TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that one takes the traffic back at once",
+          "[chaos]") {
+  if (!Have()) return;
+  // Paced engines: the stream keeps its engine draining after a planned drill.
+  Node n(PacedEngines());
   n.Start();
   if (!n.WaitServing()) FAIL(n.Log());
   auto s0 = *n.Status();
@@ -575,17 +598,8 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   // The stream it was draining was never cut: every token, once.
   streamer.join();
   CHECK(stream.status == 200);
-  int tokens = 0;
   std::string finish;
-  for (const auto& d : test::SseData(stream.body)) {
-    if (d == "[DONE]") continue;
-    auto j = json::parse(d, nullptr, false);
-    if (j.is_discarded() || !j.contains("choices")) continue;
-    for (const auto& c : j["choices"]) {
-      if (c.contains("token_ids")) tokens += static_cast<int>(c["token_ids"].size());
-      if (c.contains("finish_reason") && c["finish_reason"].is_string()) finish = c["finish_reason"];
-    }
-  }
+  const int tokens = static_cast<int>(StreamIds(stream.body, &finish).size());
   CHECK(tokens == 150);
   CHECK(finish == "length");
   // The ledger: the drill, then the crash handed to the draining engine.
@@ -603,32 +617,10 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   WARN("the draining engine was active again " << back_ms << " ms after the kill");
 }
 
-// The token ids of a streamed completion's body, and its finish reason.
-std::vector<int64_t> StreamIds(const std::string& body, std::string* finish) {
-  std::vector<int64_t> ids;
-  for (const auto& d : test::SseData(body)) {
-    if (d == "[DONE]") continue;
-    auto j = json::parse(d, nullptr, false);
-    if (j.is_discarded() || !j.contains("choices")) continue;
-    for (const auto& c : j["choices"]) {
-      if (c.contains("token_ids")) {
-        for (const auto& t : c["token_ids"]) ids.push_back(t.get<int64_t>());
-      }
-      if (c.contains("finish_reason") && c["finish_reason"].is_string()) *finish = c["finish_reason"];
-    }
-  }
-  return ids;
-}
-
 TEST_CASE("chaos 10: a SIGKILLed active is seen through its death word, and its stream is cut over at once",
           "[chaos]") {
   if (!Have()) return;
-  const std::string eng = test::BinPath("wsup-engine");
-  Node n({"engine.command=[\"" + eng +
-          "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", "
-          "\"--socket\", \"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", "
-          "\"--kv-cache-mib\", \"8\", \"--min-step-ms\", \"20\"]",
-          "probe.timeout_ms=1500", "probe.interval_ms=1500"});
+  Node n(PacedEngines());
   n.Start();
   if (!n.WaitServing()) FAIL(n.Log());
   auto s0 = *n.Status();

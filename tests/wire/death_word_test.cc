@@ -60,6 +60,13 @@ void AwaitGone(Child& ch) {
   REQUIRE(::waitpid(ch.pid, &status, 0) == ch.pid);
 }
 
+// A waiter on the page of `fd`, for this test's thread.
+std::unique_ptr<DeathWordWaiter> Waiter(int fd) {
+  auto w = DeathWordWaiter::Open(fd);
+  REQUIRE(w.ok());
+  return std::unique_ptr<DeathWordWaiter>(*w);
+}
+
 uint32_t WordOf(int fd) {
   DeathWordPage p{};
   REQUIRE(::pread(fd, &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p));
@@ -82,9 +89,7 @@ TEST_CASE("death word: a killed engine's word is marked before its files close, 
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
   Child ch = Fork(fd->get(), /*arm=*/true);
-  auto waiter = DeathWordWaiter::Open(fd->get());
-  REQUIRE(waiter.ok());
-  std::unique_ptr<DeathWordWaiter> w(*waiter);
+  auto w = Waiter(fd->get());
   DeathWordPage p{};
   REQUIRE(::pread(fd->get(), &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p));
   CHECK(p.pid == static_cast<uint32_t>(ch.pid));
@@ -116,9 +121,7 @@ TEST_CASE("death word: an engine that never arms it is never taken for dead, and
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
   Child ch = Fork(fd->get(), /*arm=*/false);
-  auto waiter = DeathWordWaiter::Open(fd->get());
-  REQUIRE(waiter.ok());
-  std::unique_ptr<DeathWordWaiter> w(*waiter);
+  auto w = Waiter(fd->get());
   auto outcome = std::async(std::launch::async, [&] { return w->Wait(); });
   REQUIRE(::kill(ch.pid, SIGKILL) == 0);
   AwaitGone(ch);
@@ -133,9 +136,7 @@ TEST_CASE("death word: an engine that never arms it is never taken for dead, and
 TEST_CASE("death word: a waiter that starts before the engine arms wakes at its death") {
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  auto waiter = DeathWordWaiter::Open(fd->get());
-  REQUIRE(waiter.ok());
-  std::unique_ptr<DeathWordWaiter> w(*waiter);
+  auto w = Waiter(fd->get());
   auto outcome = std::async(std::launch::async, [&] { return w->Wait(); });
   Child ch = Fork(fd->get(), /*arm=*/true);
   REQUIRE(::kill(ch.pid, SIGKILL) == 0);
