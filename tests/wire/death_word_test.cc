@@ -136,13 +136,27 @@ TEST_CASE("death word: an engine that never arms it is never taken for dead, and
 TEST_CASE("death word: a waiter that starts before the engine arms wakes at its death") {
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
+  // The child is forked before this process starts a thread (a fork beside
+  // a running thread may inherit a held allocator lock), and arms on cue.
+  int go[2];
+  REQUIRE(::pipe2(go, O_CLOEXEC) == 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    char c;
+    if (::read(go[0], &c, 1) != 1 || !ArmDeathWord(fd->get()).ok()) _exit(3);
+    for (;;) ::pause();
+  }
+  ::close(go[0]);
   auto w = Waiter(fd->get());
   auto outcome = std::async(std::launch::async, [&] { return w->Wait(); });
-  Child ch = Fork(fd->get(), /*arm=*/true);
-  REQUIRE(::kill(ch.pid, SIGKILL) == 0);
+  REQUIRE(::write(go[1], "g", 1) == 1);
+  ::close(go[1]);
+  REQUIRE(test::WaitFor([&] { return w->armed_tid() != 0; }, 10s));
+  REQUIRE(::kill(pid, SIGKILL) == 0);
   REQUIRE(outcome.wait_for(10s) == std::future_status::ready);
   CHECK(outcome.get() == DeathWordWaiter::Outcome::kDied);
-  AwaitGone(ch);
+  REQUIRE(::waitpid(pid, nullptr, 0) == pid);
 }
 
 TEST_CASE("death word: a page armed once cannot be armed by a second engine") {
