@@ -115,35 +115,96 @@ void LoadRow(const MatrixRef& m, int64_t r, float* dst) {
   }
 }
 
-float Dot(const float* a, const float* b, int64_t n) {
-  // Eight independent sums let the compiler keep them in vector registers.
-  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+namespace {
+
+// Eight float lanes as one value. The compiler lowers the arithmetic to
+// the vector width of the target (two SSE registers on the x86-64 baseline, one
+// AVX register in the avx2 clones below); each lane is its own running sum,
+// so the order of every addition, and so every result, is the same on any
+// target. No clone enables FMA: a fused multiply-add would round
+// differently from the baseline.
+typedef float V8 __attribute__((vector_size(32)));
+
+// An AVX2 clone beside the baseline one, picked at load time by the CPU
+// (an ifunc); other architectures get their compiler's baseline.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define WSUP_KERNEL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define WSUP_KERNEL_CLONES
+#endif
+
+// By reference: a vector passed by value would change the ABI between the
+// clones.
+inline void Load8(const float* p, V8& v) { std::memcpy(&v, p, sizeof v); }
+
+// The lanes summed pairwise, in the order every Dot result has used.
+inline float Sum8(const V8& s, float tail) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+}  // namespace
+
+WSUP_KERNEL_CLONES float Dot(const float* a, const float* b, int64_t n) {
+  // Eight independent sums (one per lane) keep the vector unit busy.
+  V8 s = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+    V8 av, bv;
+    Load8(a + i, av);
+    Load8(b + i, bv);
+    s += av * bv;
   }
   float tail = 0;
   for (; i < n; ++i) tail += a[i] * b[i];
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+  return Sum8(s, tail);
 }
 
 namespace {
 
-// Four dot products against one x in a single pass over x. Each row's sums
-// run in exactly Dot()'s order, so a row's result does not depend on
-// whether it was computed alone or in a group.
-void Dot4(const float* const w[4], const float* x, int64_t n, float out[4]) {
-  float s[4][8] = {};
+// Four weight rows against kB (1 or 2) rows of x in one pass over the
+// weights: 4 x nb dot products. Each sum runs in exactly Dot()'s order, so a
+// result does not depend on whether it was computed alone or in a group.
+template <int kB>
+inline void Dot4xB(const float* const w[4], const float* const x[kB], int64_t n, float* const out[kB]) {
+  V8 s[kB][4] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
+    V8 xv[kB];
+    for (int b = 0; b < kB; ++b) Load8(x[b] + i, xv[b]);
     for (int r = 0; r < 4; ++r) {
-      for (int k = 0; k < 8; ++k) s[r][k] += w[r][i + k] * x[i + k];
+      V8 wv;
+      Load8(w[r] + i, wv);
+      for (int b = 0; b < kB; ++b) s[b][r] += wv * xv[b];
     }
   }
-  for (int r = 0; r < 4; ++r) {
-    float tail = 0;
-    for (int64_t j = i; j < n; ++j) tail += w[r][j] * x[j];
-    out[r] = ((s[r][0] + s[r][1]) + (s[r][2] + s[r][3])) + ((s[r][4] + s[r][5]) + (s[r][6] + s[r][7])) + tail;
+  for (int b = 0; b < kB; ++b) {
+    for (int r = 0; r < 4; ++r) {
+      float tail = 0;
+      for (int64_t j = i; j < n; ++j) tail += w[r][j] * x[b][j];
+      out[b][r] = Sum8(s[b][r], tail);
+    }
+  }
+}
+
+// A group of up to four weight rows against every row of the batch.
+WSUP_KERNEL_CLONES void RowsTimesBatch(const float* const w[4], int64_t g, const float* x, int64_t batch,
+                                       int64_t cols, float* y, int64_t rows, int64_t o) {
+  int64_t b = 0;
+  if (g == 4) {
+    for (; b + 2 <= batch; b += 2) {
+      const float* xs[2] = {x + b * cols, x + (b + 1) * cols};
+      float* ys[2] = {y + b * rows + o, y + (b + 1) * rows + o};
+      Dot4xB<2>(w, xs, cols, ys);
+    }
+    for (; b < batch; ++b) {
+      const float* xs[1] = {x + b * cols};
+      float* ys[1] = {y + b * rows + o};
+      Dot4xB<1>(w, xs, cols, ys);
+    }
+    return;
+  }
+  for (; b < batch; ++b) {
+    for (int64_t k = 0; k < g; ++k) y[b * rows + o + k] = Dot(w[k], x + b * cols, cols);
   }
 }
 
@@ -170,15 +231,7 @@ void MatMulT(const MatrixRef& m, const float* x, int64_t batch, float* y, Thread
           w[k] = buf.data() + k * cols;
         }
       }
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* xb = x + b * cols;
-        float* yb = y + b * rows + o;
-        if (g == 4) {
-          Dot4(w, xb, cols, yb);
-        } else {
-          for (int64_t k = 0; k < g; ++k) yb[k] = Dot(w[k], xb, cols);
-        }
-      }
+      RowsTimesBatch(w, g, x, batch, cols, y, rows, o);
     }
   });
 }

@@ -8,10 +8,10 @@
 // Checked: not one request fails, is lost, duplicated or wrong; every
 // failover is the silence's trip, its fault put where the engine last
 // answered; and, outside sanitizer builds, no client request takes more than
-// hedge_after_ms + 400 ms longer than the undisturbed median of its kind
-// (below: why not + 100 ms on two cores) and the ledger's outage for each
-// drill (fault to first correct answer) is within 20% of what the clients
-// measured (the stop to the first correct output they got after it, hedged
+// hedge_after_ms + 100 ms longer than the undisturbed median of its kind
+// (ctest runs this test alone: tests/drills/CMakeLists.txt) and the
+// ledger's outage for each drill (fault to first correct answer) is within
+// 20% of what the clients measured (the stop to the first correct output they got after it, hedged
 // answers included: bench/failover_load.h, first_output_ms).
 #include <catch2/catch.hpp>
 
@@ -84,14 +84,15 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   CHECK(k["drills"] == kHangs);
   CHECK(k["swap_unseen"] == 0);
   CHECK(k["no_first_ok"] == 0);
-  // How much longer than usual a client request took. The bound is not the
-  // hedge's alone on this machine: the engine that takes over absorbs the
-  // stuck requests while the replacement standby starts on the same two
-  // cores, and that start's CPU shows in every answer of the window
-  // (docs/benchmarks.md has the number on a GPU node, where it does not).
-  // Sanitizers make every request several times slower: timing is not what
-  // that build checks.
-  if (!test::kSanitized) CHECK(k["extra_ms_max"].get<double>() <= kHedgeMs + 400);
+  // How much longer than usual a client request took: its silence until the
+  // hedge, then its answer from the engine that took over, which absorbs
+  // every stuck request at once while the replacement standby starts on the
+  // same two cores. That backlog is CPU work here, so the kernels' speed
+  // decides it (310-400 ms over the median before they were vectorized,
+  // 210-275 ms after); on a GPU a batch that size costs about what one
+  // request does. Sanitizers make every request several times slower:
+  // timing is not what that build checks.
+  if (!test::kSanitized) CHECK(k["extra_ms_max"].get<double>() <= kHedgeMs + 100);
   WARN("hang drills: the slowest client request took " << k["extra_ms_max"].get<double>()
                                                       << " ms longer than the undisturbed median of its kind");
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 
@@ -126,6 +127,52 @@ TEST_CASE("kernels: block FP8 rows apply each block's scale, edge blocks partial
   std::vector<float> y(6);
   MatMulT(m, x.data(), 2, y.data(), pool);
   CHECK(y == std::vector<float>{9, 9, 24, 3, 3, 6});
+}
+
+// The order every dot product sums in (kernels.cc): eight running sums, one
+// per lane, added pairwise, then the tail. Written out in scalars.
+static float ReferenceDot(const float* a, const float* b, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+  }
+  float tail = 0;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
+}
+
+TEST_CASE("kernels: every product is bit for bit the reference order, whatever the batch, grouping or vector unit") {
+  // Shapes that leave partial row groups, odd batches and column tails.
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{7, 19}, {37, 64}, {16, 8}, {5, 3}, {64, 257}}) {
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = std::sin(static_cast<float>(i) * 0.37f) * 1.7f;
+    MatrixRef m{DType::kF32, rows, cols, w.data(), nullptr, 0, 0};
+    ThreadPool pool(3);
+    for (int64_t batch : {1, 2, 3, 5, 8}) {
+      std::vector<float> x(static_cast<size_t>(batch * cols));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = std::cos(static_cast<float>(i) * 0.11f) - 0.25f;
+      std::vector<float> y(static_cast<size_t>(batch * rows), -1);
+      MatMulT(m, x.data(), batch, y.data(), pool);
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const float* wr = w.data() + r * cols;
+          const float* xb = x.data() + b * cols;
+          const float want = ReferenceDot(wr, xb, cols);
+          const float dot = Dot(wr, xb, cols);
+          INFO(rows << "x" << cols << " batch " << batch << " row " << r << " of batch row " << b);
+          // Bitwise: a rounding change here would change greedy outputs
+          // between machines, or between a request alone and in a batch.
+          uint32_t got_bits, want_bits, dot_bits;
+          std::memcpy(&got_bits, &y[static_cast<size_t>(b * rows + r)], 4);
+          std::memcpy(&want_bits, &want, 4);
+          std::memcpy(&dot_bits, &dot, 4);
+          REQUIRE(got_bits == want_bits);
+          REQUIRE(dot_bits == want_bits);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("model: llama-tiny-f32 reproduces the golden outputs and logits") { CheckGolden("llama-tiny-f32", 1, 1e-3f, true); }
