@@ -25,6 +25,10 @@
 # once "--max-batch 32" is added to the engine command in the node's config
 # file), timed, with 4 streaming clients' requests before, during and after.
 #
+# With ENGINE_LOG_LEVEL=debug the engines log each request's timing and the
+# KV pool's work between steps; bench/drill_timeline.py OUTDIR then lines
+# each drill up against the promoted engine's account of its proof.
+#
 #   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10 KV_POOL_MIB=0 KV_MIB=2048 ROLL=0
 # Prints a table and writes it to OUTDIR/node.md (and OUTDIR/node.json).
 set -euo pipefail
@@ -121,6 +125,7 @@ else
   kv_args="\"--kv-cache-mib\", \"$kv_mib\""
   kv_section=""
 fi
+if [ -n "${ENGINE_LOG_LEVEL:-}" ]; then kv_args="$kv_args, \"--log-level\", \"$ENGINE_LOG_LEVEL\""; fi
 cat > "$cfg" <<EOF
 [node]
 name = "bench-gpu"

@@ -13,6 +13,10 @@ int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 }  // namespace
 
 Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
@@ -288,6 +292,7 @@ Status Scheduler::Submit(GenRequest req) {
     return Unavailable("the engine has " + std::to_string(opts_.max_waiting) +
                        " requests waiting for KV cache; retry later");
   }
+  req.submitted_us = NowUs();
   incoming_.push_back(std::move(req));
   cv_.notify_all();
   return Status::Ok();
@@ -454,8 +459,16 @@ void Scheduler::Loop() {
       FlushJournal();
     }
     if (NowMs() >= next_keepalive_ms_) RunKeepalive();
+    // Pool work runs between steps, so it delays every sequence's next
+    // token: the debug log says when it took long enough to see.
+    const int64_t pool_work_start = NowUs();
     HandOutPool();
     RunPoolCommands();
+    const int64_t pool_work_us = NowUs() - pool_work_start;
+    if (pool_work_us >= 1000) {
+      spdlog::debug("KV pool work between steps took {:.1f} ms ({} sequences waiting for their next token)",
+                    pool_work_us / 1e3, active_.size());
+    }
     ExpireHeld(NowMs());
     if (adopt_ && !adopt_->entries().empty() && NowMs() >= adopt_until_ms_)
       ReleaseUnclaimed("nobody resumed them in time");
@@ -673,6 +686,13 @@ void Scheduler::MaybeFinishClose() {
 }
 
 void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error) {
+  if (spdlog::should_log(spdlog::level::debug) && s.first_token_us > 0) {
+    spdlog::debug("request {} ({}): {} prompt and {} generated tokens; first token {:.1f} ms after it came, "
+                  "done at {:.1f} ms; longest wait between two tokens {:.1f} ms",
+                  s.req.id, reason, s.req.prompt.size(), s.generated.size(),
+                  (s.first_token_us - s.req.submitted_us) / 1e3, (s.last_token_us - s.req.submitted_us) / 1e3,
+                  s.longest_gap_us / 1e3);
+  }
   GenEvent& e = events->back();
   e.done = true;
   e.finish_reason = std::move(reason);
@@ -760,10 +780,17 @@ void Scheduler::StepOnce() {
   }
   const int64_t vocab = runner_->dims().vocab;
   uint64_t produced = 0;
+  const int64_t now_us = NowUs();
   for (size_t r = 0; r < row_seq.size(); ++r) {
     Seq& s = active_[row_seq[r]];
     const int32_t tok = Sample(s, logits_.data() + static_cast<int64_t>(r) * vocab);
     s.generated.push_back(tok);
+    if (s.first_token_us == 0) {
+      s.first_token_us = now_us;
+    } else {
+      s.longest_gap_us = std::max(s.longest_gap_us, now_us - s.last_token_us);
+    }
+    s.last_token_us = now_us;
     ++produced;
     events.push_back(GenEvent{s.req.id, {tok}});
     const auto& stops = s.req.stop_tokens;

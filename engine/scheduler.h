@@ -83,6 +83,7 @@ struct GenRequest {
   std::vector<int32_t> stop_tokens;  // end-of-sequence ids
   std::string request_id;            // the front's X-Request-Id: the KV journal's key (empty: not journaled)
   bool resumed = false;              // the front resumes a stream cut by a failure: adopt its KV if it can
+  int64_t submitted_us = 0;          // steady clock, set by Submit(): the request's timing in the debug log
 };
 
 struct GenEvent {
@@ -184,6 +185,11 @@ class Scheduler {
     int64_t held_until_ms = 0;    // a resumed request waiting for the pool: until then
     int64_t held_since_ms = 0;
     bool adopt_tried = false;
+    // Steady-clock times for the debug log's line at the end (Finish):
+    // the first token, the latest, and the longest wait between two.
+    int64_t first_token_us = 0;
+    int64_t last_token_us = 0;
+    int64_t longest_gap_us = 0;
   };
 
   void Loop();
