@@ -48,6 +48,14 @@ void HealthMonitor::Stop(std::function<void()> done) {
   timer_ = nullptr;
 }
 
+void HealthMonitor::Postpone(int64_t delay_ms) {
+  if (!running_ || closed_ || in_flight_ || delay_ms <= 0) return;
+  const uint64_t due = uv_timer_get_due_in(&timer_->timer);
+  const uint64_t want = static_cast<uint64_t>(delay_ms);
+  if (due >= want) return;
+  uv_timer_start(&timer_->timer, &HealthMonitor::OnTimer, want, 0);
+}
+
 void HealthMonitor::OnTimer(uv_timer_t* t) {
   auto* box = static_cast<TimerBox*>(t->data);
   HealthMonitor* self = box->owner;

@@ -37,6 +37,13 @@ class HealthMonitor {
 
   void Start();
   void Stop(std::function<void()> done = {});
+  // Another check of the same engine starts now (the supervisor's proof of
+  // a promoted engine, sent through the front): the next probe waits at
+  // least `delay_ms` from now, so that the two do not share the engine and
+  // slow each other (a request that comes mid-generation adds its prompt's
+  // step to the other's). A probe in flight is left alone; its successor is
+  // scheduled as usual.
+  void Postpone(int64_t delay_ms);
 
   const HealthTracker& tracker() const { return tracker_; }
   Health state() const { return tracker_.state(); }

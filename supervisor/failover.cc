@@ -114,6 +114,11 @@ void Supervisor::Impl::ArmProof() {
                      " s of the swap");
     }
   });
+  // The proof is the promoted engine's probe for this interval: its own
+  // monitor waits, or a probe of its that came mid-proof would add its
+  // prompt's step to the proof's generation (the tail of kill to first
+  // correct answer: docs/benchmarks.md, "The node's KV pool on the GPU").
+  if (Slot* s = SlotByName(to); s && s->monitor) s->monitor->Postpone(cfg_.probe.interval_ms);
   // Only this failover's proof completes it: a later one has its own.
   ProbeThroughFront(
       [this, id, to](bool ok, int64_t at) {

@@ -329,5 +329,62 @@ TEST_CASE("monitor: trips on bad answers, recovers, stops clean", "[probes]") {
   CHECK(outcomes.size() == after_stop);
 }
 
+// A probe the test answers by hand: Run() keeps the callback.
+class HeldProbe : public Probe {
+ public:
+  const char* kind() const override { return "held"; }
+  void Run(Callback done) override {
+    ++runs;
+    pending = std::move(done);
+  }
+  void Cancel() override { pending = nullptr; }
+  void Answer() {
+    ProbeOutcome o;
+    o.ok = true;
+    auto done = std::move(pending);
+    pending = nullptr;
+    done(o);
+  }
+  int runs = 0;
+  Callback pending;
+};
+
+TEST_CASE("monitor: Postpone holds the next probe back, never brings it forward, and spares one in flight",
+          "[probes]") {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  HysteresisOptions o;
+  o.interval_ms = 5;
+  o.jitter_ms = 0;
+  auto owned = std::make_unique<HeldProbe>();
+  HeldProbe* probe = owned.get();
+  auto monitor = std::make_unique<HealthMonitor>(&loop, std::move(owned), o, RealClock(),
+                                                 [](const HealthTransition&) {});
+  monitor->Start();
+  REQUIRE(test::RunUntil(&loop, [&] { return probe->runs == 1; }));
+
+  // In flight: nothing to hold back; its successor comes at the interval.
+  monitor->Postpone(60'000);
+  probe->Answer();
+  REQUIRE(test::RunUntil(&loop, [&] { return probe->runs == 2; }, 5'000));
+  probe->Answer();
+  REQUIRE(test::RunUntil(&loop, [&] { return probe->runs == 3; }, 5'000));
+  probe->Answer();
+
+  // Waiting: held back a minute. Unheld, the 5 ms interval would have run
+  // dozens of probes in the 300 ms the loop runs here; a shorter
+  // postponement after it does not bring the probe forward.
+  monitor->Postpone(60'000);
+  monitor->Postpone(1);
+  CHECK_FALSE(test::RunUntil(&loop, [&] { return probe->runs > 3; }, 300));
+  CHECK(probe->runs == 3);
+
+  bool stopped = false;
+  monitor->Stop([&] { stopped = true; });
+  REQUIRE(test::RunUntil(&loop, [&] { return stopped; }));
+  monitor.reset();
+  CHECK(test::CloseLoop(&loop) == 0);
+}
+
 }  // namespace
 }  // namespace wsup
