@@ -9,6 +9,11 @@
 # `wrk --latency`; the paths take turns, ROUNDS times, and each cell is the
 # median of its rounds (a shared machine drifts; turns spread the drift).
 #
+# UPSTREAM=canned puts wsup-bench-upstream behind the proxies instead of the
+# engine: it answers at once from one loop per CPU, so the proxies, not the
+# engine's single HTTP loop, are what is measured (their capacity). Its
+# answers are the engine's, byte for byte in size.
+#
 # Prints the table, writes OUTDIR/front.md and replaces its section of
 # docs/benchmarks.md (DOC=path for another file, DOC=none for none).
 #
@@ -16,7 +21,8 @@
 #
 # Environment: DURATION [5] seconds per wrk run, ROUNDS [3], CONNS ["32 256"], THREADS [2]
 #   (wrk threads), WSUP_BENCH_DEVICE [cpu] the engine's --device,
-#   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32].
+#   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32], UPSTREAM [engine] or canned,
+#   TARGETS ["direct wsup wsup1 haproxy haproxy1"] (wsup1, haproxy1: one loop, one thread).
 set -euo pipefail
 usage="usage: bench/front.sh OUTDIR [BIN_DIR]"
 out=${1:?$usage}
@@ -31,7 +37,17 @@ threads=${THREADS:-2}
 device=${WSUP_BENCH_DEVICE:-cpu}
 model=$(cd "${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}" && pwd)
 doc=${DOC:-$repo/docs/benchmarks.md}
-for p in wsup-engine wsup-front; do
+upstream=${UPSTREAM:-engine}
+case "$upstream" in engine | canned) ;; *) echo "front.sh: UPSTREAM=$upstream: say engine or canned" >&2; exit 1 ;; esac
+read -r -a targets <<< "${TARGETS:-direct wsup wsup1 haproxy haproxy1}"
+for t in "${targets[@]}"; do
+  case "$t" in direct | wsup | wsup1 | haproxy | haproxy1) ;;
+    *) echo "front.sh: TARGETS: unknown '$t'; use direct, wsup, wsup1, haproxy, haproxy1" >&2; exit 1 ;;
+  esac
+done
+[[ " ${targets[*]} " == *" direct "* ]] ||
+  { echo "front.sh: TARGETS must include direct: the added p50 is measured against it" >&2; exit 1; }
+for p in wsup-engine wsup-front wsup-bench-upstream; do
   [ -x "$bin/$p" ] || { echo "front.sh: $bin/$p is missing; build it" >&2; exit 1; }
 done
 for p in wrk haproxy; do
@@ -55,10 +71,18 @@ wait_port() {  # $1 port, $2 name
   echo "front.sh: $2 did not answer on port $1" >&2; exit 1
 }
 
-"$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \
-  > "$out/engine.log" 2>&1 &
-pids+=($!)
-wait_port "$p_eng" "the engine"
+if [ "$upstream" = canned ]; then
+  "$bin/wsup-bench-upstream" --port "$p_eng" > "$out/upstream.log" 2>&1 &
+  pids+=($!)
+  wait_port "$p_eng" "the canned upstream"
+  up_label="the canned upstream ($(grep -o '[0-9]* loops' "$out/upstream.log"))"
+else
+  "$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \
+    > "$out/engine.log" 2>&1 &
+  pids+=($!)
+  wait_port "$p_eng" "the engine"
+  up_label="the engine"
+fi
 "$bin/wsup-front" --listen "127.0.0.1:$p_front" --active "127.0.0.1:$p_eng" > "$out/front.log" 2>&1 &
 pids+=($!)
 wait_port "$p_front" "wsup-front"
@@ -117,9 +141,8 @@ PY
 }
 
 : > "$out/wrk-all.txt"
-targets=(direct wsup wsup1 haproxy haproxy1)
 declare -A port=([direct]=$p_eng [wsup]=$p_front [wsup1]=$p_front1 [haproxy]=$p_ha [haproxy1]=$p_ha1)
-declare -A label=([direct]="direct to the engine" [wsup]="wsup-front, $loops loops" [wsup1]="wsup-front, 1 loop"
+declare -A label=([direct]="direct to $up_label" [wsup]="wsup-front, $loops loops" [wsup1]="wsup-front, 1 loop"
                   [haproxy]="HAProxy, $(nproc) threads" [haproxy1]="HAProxy, 1 thread")
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 rows=()
@@ -150,13 +173,21 @@ trap - EXIT
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 {
-  echo "Machine: $cpu, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
+  if [ "$upstream" = canned ]; then
+    echo "Machine: $cpu, $(nproc) CPUs; upstream: $up_label (wsup-bench-upstream: the engine's answers, at once); wrk, client and"
+  else
+    echo "Machine: $cpu, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
+  fi
   echo "servers on the same machine; ${duration} s per run, median of $rounds rounds; $(date -u +%Y-%m-%d)."
   echo "HAProxy $(haproxy -v | head -1 | awk '{print $3}'), its threads by default one per CPU (nbthread); wsup-front"
   echo "by default one loop per CPU (--loops 0: $loops here)."
   echo
   echo '```sh'
-  echo "DURATION=$duration ROUNDS=$rounds CONNS=\"$conns\" THREADS=$threads WSUP_BENCH_DEVICE=$device bench/front.sh OUTDIR BIN_DIR"
+  if [ "$upstream" = canned ]; then
+    echo "UPSTREAM=canned TARGETS=\"${targets[*]}\" DURATION=$duration ROUNDS=$rounds CONNS=\"$conns\" THREADS=$threads bench/front.sh OUTDIR BIN_DIR"
+  else
+    echo "TARGETS=\"${targets[*]}\" DURATION=$duration ROUNDS=$rounds CONNS=\"$conns\" THREADS=$threads WSUP_BENCH_DEVICE=$device bench/front.sh OUTDIR BIN_DIR"
+  fi
   echo '```'
   echo
   echo "| request | connections | path | requests/s | p50 (us) | p99 (us) | added p50 vs direct (us) |"
@@ -165,7 +196,10 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 } > "$out/front.md"
 cat "$out/front.md"
 if [ "$doc" != none ]; then
-  python3 "$repo/bench/doc_section.py" "$doc" \
-    "## Proxy overhead, wsup-front beside HAProxy, engine on $device (\`bench/front.sh\`)" "$out/front.md"
+  heading="## Proxy overhead, wsup-front beside HAProxy, engine on $device (\`bench/front.sh\`)"
+  if [ "$upstream" = canned ]; then
+    heading="## Proxy capacity, wsup-front beside HAProxy, a canned upstream on every CPU (\`bench/front.sh\` UPSTREAM=canned)"
+  fi
+  python3 "$repo/bench/doc_section.py" "$doc" "$heading" "$out/front.md"
   echo "wrote the section to $doc"
 fi
