@@ -150,7 +150,9 @@ class LoadGenerator::Impl {
   void Probe() {
     if (stopping_) return;
     const auto& golden = owner_->golden_;
-    int g = static_cast<int>(probe_seq_++ % golden.size());
+    const int fixed = owner_->options_.probe_case;
+    int g = fixed >= 0 && static_cast<size_t>(fixed) < golden.size() ? fixed
+                                                                      : static_cast<int>(probe_seq_++ % golden.size());
     Send(-1, g, true, owner_->options_.probe_tokens,
          Utf8Prefix(golden[static_cast<size_t>(g)].text, owner_->options_.probe_tokens));
   }

@@ -94,6 +94,10 @@ struct LoadOptions {
   int64_t request_timeout_ms = 30'000;
   int64_t probe_interval_ms = 0;   // 0: no prober
   int probe_tokens = 2;
+  // The golden case every probe asks (-1, or past the last case: each in
+  // turn). A probe is an instrument: the case with the shortest prompt
+  // disturbs the engines least.
+  int probe_case = -1;
   int64_t probe_burst_interval_ms = 5;
   int64_t probe_burst_ms = 150;
   // A client's pause between its answer and its next request (0: none, a

@@ -1066,9 +1066,11 @@ void Proxy::ArmHedgeTimer() {
     uv_timer_stop(&hedge_timer_);
     return;
   }
-  // A tenth of the silence, within 5..50 ms: a hedge goes out at most that
-  // late, and a front with nothing in flight wakes 20 to 200 times a second.
-  uint64_t tick = static_cast<uint64_t>(std::clamp<int64_t>(options_.hedge_after_ms / 10, 5, 50));
+  // A fortieth of the silence, within 2..50 ms (5 ms at 200): a hedge, and
+  // the silence report, go out at most that late. Every late ms is a ms of
+  // every stuck request's wait. The timer runs only while requests are in
+  // flight (OnHedgeTimer stops it on an idle loop).
+  uint64_t tick = static_cast<uint64_t>(std::clamp<int64_t>(options_.hedge_after_ms / 40, 2, 50));
   uv_timer_start(
       &hedge_timer_, [](uv_timer_t* t) { static_cast<Proxy*>(t->data)->OnHedgeTimer(); }, tick, tick);
 }

@@ -273,6 +273,8 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     REQUIRE(!rows->empty());
     const FailoverRecord& crash = rows->back();
     INFO(crash.reason);
+    // The logs as they are now (an INFO captures its text when it runs).
+    INFO(node.LogTails(300));
     CHECK(crash.trigger == "crash");
     CHECK(crash.from_slot == fresh.value("slot", ""));
     CHECK(crash.to_slot != "none");
