@@ -35,7 +35,6 @@ rounds=${ROUNDS:-3}
 conns=${CONNS:-32 256}
 threads=${THREADS:-2}
 device=${WSUP_BENCH_DEVICE:-cpu}
-model=$(cd "${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}" && pwd)
 doc=${DOC:-$repo/docs/benchmarks.md}
 upstream=${UPSTREAM:-engine}
 case "$upstream" in engine | canned) ;; *) echo "front.sh: UPSTREAM=$upstream: say engine or canned" >&2; exit 1 ;; esac
@@ -77,6 +76,9 @@ if [ "$upstream" = canned ]; then
   wait_port "$p_eng" "the canned upstream"
   up_label="the canned upstream ($(grep -o '[0-9]* loops' "$out/upstream.log"))"
 else
+  model_in=${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}
+  model=$(cd "$model_in" 2>/dev/null && pwd) ||
+    { echo "front.sh: the engine's model $model_in is missing; set WSUP_BENCH_MODEL (or UPSTREAM=canned)" >&2; exit 1; }
   "$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \
     > "$out/engine.log" 2>&1 &
   pids+=($!)
