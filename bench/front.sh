@@ -22,7 +22,10 @@
 # Environment: DURATION [5] seconds per wrk run, ROUNDS [3], CONNS ["32 256"], THREADS [2]
 #   (wrk threads), WSUP_BENCH_DEVICE [cpu] the engine's --device,
 #   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32], UPSTREAM [engine] or canned,
-#   TARGETS ["direct wsup wsup1 haproxy haproxy1"] (wsup1, haproxy1: one loop, one thread).
+#   TARGETS ["direct wsup wsup1 haproxy haproxy1"] (wsup1, haproxy1: one loop, one thread),
+#   PIN [0]: 1 gives each party CPUs of its own (taskset): the upstream CPU 0 (the engine serves
+#   HTTP on one loop) or the first quarter (canned), wrk the next THREADS, the proxies the rest,
+#   so that the proxies' loops never take the CPU the engine's one loop needs (at least 8 CPUs).
 set -euo pipefail
 usage="usage: bench/front.sh OUTDIR [BIN_DIR]"
 out=${1:?$usage}
@@ -39,6 +42,20 @@ doc=${DOC:-$repo/docs/benchmarks.md}
 upstream=${UPSTREAM:-engine}
 case "$upstream" in engine | canned) ;; *) echo "front.sh: UPSTREAM=$upstream: say engine or canned" >&2; exit 1 ;; esac
 read -r -a targets <<< "${TARGETS:-direct wsup wsup1 haproxy haproxy1}"
+pin=${PIN:-0}
+on_up=() on_wrk=() on_proxy=() pin_note=""
+if [ "$pin" = 1 ]; then
+  ncpu=$(nproc)
+  [ "$ncpu" -ge 8 ] || { echo "front.sh: PIN=1 needs at least 8 CPUs (this machine has $ncpu); use PIN=0" >&2; exit 1; }
+  up_n=1
+  [ "$upstream" = canned ] && up_n=$((ncpu / 4))
+  up_cpus="0-$((up_n - 1))"
+  wrk_cpus="$up_n-$((up_n + threads - 1))"
+  proxy_cpus="$((up_n + threads))-$((ncpu - 1))"
+  on_up=(taskset -c "$up_cpus") on_wrk=(taskset -c "$wrk_cpus") on_proxy=(taskset -c "$proxy_cpus")
+  pin_note="pinned: the upstream on CPUs $up_cpus, wrk on $wrk_cpus, the proxies on $proxy_cpus; "
+  ha_threads=$((ncpu - up_n - threads))
+fi
 for t in "${targets[@]}"; do
   case "$t" in direct | wsup | wsup1 | haproxy | haproxy1) ;;
     *) echo "front.sh: TARGETS: unknown '$t'; use direct, wsup, wsup1, haproxy, haproxy1" >&2; exit 1 ;;
@@ -71,7 +88,7 @@ wait_port() {  # $1 port, $2 name
 }
 
 if [ "$upstream" = canned ]; then
-  "$bin/wsup-bench-upstream" --port "$p_eng" > "$out/upstream.log" 2>&1 &
+  "${on_up[@]}" "$bin/wsup-bench-upstream" --port "$p_eng" > "$out/upstream.log" 2>&1 &
   pids+=($!)
   wait_port "$p_eng" "the canned upstream"
   up_label="the canned upstream ($(grep -o '[0-9]* loops' "$out/upstream.log"))"
@@ -79,16 +96,16 @@ else
   model_in=${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}
   model=$(cd "$model_in" 2>/dev/null && pwd) ||
     { echo "front.sh: the engine's model $model_in is missing; set WSUP_BENCH_MODEL (or UPSTREAM=canned)" >&2; exit 1; }
-  "$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \
+  "${on_up[@]}" "$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \
     > "$out/engine.log" 2>&1 &
   pids+=($!)
   wait_port "$p_eng" "the engine"
   up_label="the engine"
 fi
-"$bin/wsup-front" --listen "127.0.0.1:$p_front" --active "127.0.0.1:$p_eng" > "$out/front.log" 2>&1 &
+"${on_proxy[@]}" "$bin/wsup-front" --listen "127.0.0.1:$p_front" --active "127.0.0.1:$p_eng" > "$out/front.log" 2>&1 &
 pids+=($!)
 wait_port "$p_front" "wsup-front"
-"$bin/wsup-front" --listen "127.0.0.1:$p_front1" --active "127.0.0.1:$p_eng" --loops 1 > "$out/front1.log" 2>&1 &
+"${on_proxy[@]}" "$bin/wsup-front" --listen "127.0.0.1:$p_front1" --active "127.0.0.1:$p_eng" --loops 1 > "$out/front1.log" 2>&1 &
 pids+=($!)
 wait_port "$p_front1" "wsup-front (1 loop)"
 loops=$(grep -o 'with [0-9]* loops' "$out/front.log" | head -1 | awk '{print $2}')
@@ -114,11 +131,11 @@ backend engine
   server engine 127.0.0.1:$p_eng
 CFG
 }
-haproxy_cfg "$p_ha" "" > "$out/haproxy.cfg"
+haproxy_cfg "$p_ha" "${ha_threads:+nbthread $ha_threads}" > "$out/haproxy.cfg"
 haproxy_cfg "$p_ha1" "nbthread 1" > "$out/haproxy-1thread.cfg"
 for cfg in haproxy haproxy-1thread; do
   haproxy -c -q -f "$out/$cfg.cfg"
-  haproxy -db -f "$out/$cfg.cfg" > "$out/$cfg.log" 2>&1 &
+  "${on_proxy[@]}" haproxy -db -f "$out/$cfg.cfg" > "$out/$cfg.log" 2>&1 &
   pids+=($!)
 done
 wait_port "$p_ha" "HAProxy"
@@ -128,7 +145,7 @@ wait_port "$p_ha1" "HAProxy (1 thread)"
 run_wrk() {  # $1 port, $2 conns, $3 threads, $4 path, $5 lua or ""
   local args=(-t"$3" -c"$2" -d"${duration}s" --latency)
   [ -n "$5" ] && args+=(-s "$5")
-  wrk "${args[@]}" "http://127.0.0.1:$1$4" > "$out/wrk.txt" 2>&1
+  "${on_wrk[@]}" wrk "${args[@]}" "http://127.0.0.1:$1$4" > "$out/wrk.txt" 2>&1
   cat "$out/wrk.txt" >> "$out/wrk-all.txt"
   python3 - "$out/wrk.txt" <<'PY'
 import re, sys
@@ -145,7 +162,7 @@ PY
 : > "$out/wrk-all.txt"
 declare -A port=([direct]=$p_eng [wsup]=$p_front [wsup1]=$p_front1 [haproxy]=$p_ha [haproxy1]=$p_ha1)
 declare -A label=([direct]="direct to $up_label" [wsup]="wsup-front, $loops loops" [wsup1]="wsup-front, 1 loop"
-                  [haproxy]="HAProxy, $(nproc) threads" [haproxy1]="HAProxy, 1 thread")
+                  [haproxy]="HAProxy, ${ha_threads:-$(nproc)} threads" [haproxy1]="HAProxy, 1 thread")
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 rows=()
 for req in "GET /health" "POST /v1/completions (1 token)"; do
@@ -180,7 +197,7 @@ cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
   else
     echo "Machine: $cpu, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
   fi
-  echo "servers on the same machine; ${duration} s per run, median of $rounds rounds; $(date -u +%Y-%m-%d)."
+  echo "servers on the same machine; ${pin_note}${duration} s per run, median of $rounds rounds; $(date -u +%Y-%m-%d)."
   echo "HAProxy $(haproxy -v | head -1 | awk '{print $3}'), its threads by default one per CPU (nbthread); wsup-front"
   echo "by default one loop per CPU (--loops 0: $loops here)."
   echo
