@@ -33,30 +33,34 @@ import sys
 import time
 
 
+# The death word's page layout, from the project's Python client (no library
+# needed for it).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "client", "python"))
+from wsup_client.death_word import (DEATH_WORD_BYTES, DEATH_WORD_OFFSET, FUTEX_OWNER_DIED,  # noqa: E402
+                                    FUTEX_TID_MASK, FUTEX_WAITERS, make_death_word)
+
 LIBC = ctypes.CDLL(None, use_errno=True)
 SYS_FUTEX = 202  # x86_64
-FUTEX_WAIT, FUTEX_WAITERS, FUTEX_OWNER_DIED = 0, 0x80000000, 0x40000000
+FUTEX_WAIT = 0
 
 
 def death_word():
     """A fresh death word page, as the supervisor makes it."""
-    fd = os.memfd_create("bench-death-word")
-    os.ftruncate(fd, 4096)
-    os.pwrite(fd, struct.pack("=IIII", 0x57534457, 1, 0, 0), 0)
-    page = mmap.mmap(fd, 4096)
+    fd = make_death_word("bench-death-word")
+    page = mmap.mmap(fd, DEATH_WORD_BYTES)
     return fd, page
 
 
 def watch_word(page, t0_box, seen):
     """Sleeps on the word until the kernel marks its owner dead."""
-    word = ctypes.c_uint32.from_buffer(page, 8)
+    word = ctypes.c_uint32.from_buffer(page, DEATH_WORD_OFFSET)
     while True:
         v = word.value
         if v & FUTEX_OWNER_DIED:
             seen["word"] = (time.monotonic() - t0_box[0]) * 1000
             del word
             return
-        if v & 0x3FFFFFFF and not v & FUTEX_WAITERS:
+        if v & FUTEX_TID_MASK and not v & FUTEX_WAITERS:
             word.value = v | FUTEX_WAITERS  # the engine never writes it again while it lives
             continue
         LIBC.syscall(SYS_FUTEX, ctypes.byref(word), FUTEX_WAIT, ctypes.c_uint32(v), None, None, 0)
@@ -102,7 +106,7 @@ def one(args):
     names = {pipe_r: "pipe", conn.fileno(): "conn", pidfd: "exit"}
     t0_box = [0.0]
     watcher = threading.Thread(target=watch_word, args=(page, t0_box, seen))
-    if struct.unpack_from("=I", page, 8)[0] == 0:
+    if struct.unpack_from("=I", page, DEATH_WORD_OFFSET)[0] == 0:
         sys.exit("the engine did not arm its death word (WSUP_DEATH_FD); is it a wsup-engine of this tree?")
     t0_box[0] = time.monotonic()
     watcher.start()

@@ -5,22 +5,17 @@ an error naming it."""
 
 import os
 import signal
-import struct
 import subprocess
 import sys
 
 import wsup_client as wc
 
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(wc.__file__)), "..")
-OWNER_DIED = 0x40000000
 
 
 def page():
     """A fresh page as the supervisor makes it (wire/death_word.h)."""
-    fd = os.memfd_create("test-death-word")
-    os.ftruncate(fd, 4096)
-    os.pwrite(fd, struct.pack("=IIII", 0x57534457, 1, 0, 0), 0)
-    return fd
+    return wc.make_death_word("test-death-word")
 
 
 def child(code, env_value, pass_fds=()):
@@ -52,12 +47,12 @@ def test_an_armed_engine_killed_has_its_word_marked():
     try:
         p = child(ARM_AND_WAIT, str(fd), pass_fds=(fd,))
         assert p.stdout.readline().strip() == "True", p.stderr.read()
-        word, pid = struct.unpack("=II", os.pread(fd, 8, 8))
+        word, pid = wc.read_death_word(fd)
         assert word != 0 and pid == p.pid
         p.send_signal(signal.SIGKILL)
         p.wait(30)
-        word = struct.unpack("=I", os.pread(fd, 4, 8))[0]
-        assert word & OWNER_DIED
+        word, _ = wc.read_death_word(fd)
+        assert word & wc.FUTEX_OWNER_DIED
     finally:
         os.close(fd)
 
@@ -77,6 +72,6 @@ def test_a_page_that_is_not_a_death_word_is_refused():
         os.ftruncate(fd, 4096)
         out, _ = child(ARM_AND_REPORT, str(fd), pass_fds=(fd,)).communicate(timeout=60)
         assert out.startswith("error invalid_argument") and "not a death word" in out, out
-        assert struct.unpack("=I", os.pread(fd, 4, 8))[0] == 0
+        assert wc.read_death_word(fd)[0] == 0
     finally:
         os.close(fd)

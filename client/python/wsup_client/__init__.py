@@ -22,7 +22,8 @@ from ._attach import DTYPES, MODES, Attachment, TensorInfo, attach, library_vers
 from ._errors import (CODE_NAMES, CORRUPT, INTERNAL, INVALID_ARGUMENT, IO, MISMATCH, NOT_FOUND, OK, REFUSED,
                       TIMEOUT, UNAVAILABLE, LibraryNotFoundError, UnknownTensorError, WsupError)
 from ._lib import ENV_VAR, LIB_NAME, candidate_paths, load_library
-from .death_word import arm_death_word
+from .death_word import (DEATH_WORD_BYTES, DEATH_WORD_OFFSET, FUTEX_OWNER_DIED, FUTEX_TID_MASK, FUTEX_WAITERS,
+                         arm_death_word, make_death_word, read_death_word)
 from .convert import dequantize_block_fp8, dequantize_checkpoint, to_float32
 from .kv_pool import TOKEN_HASH_SEED, KvPool, fetch_kv_pool, token_hash
 from .publish import ALIGNMENT, CommitReport, Publication, publish
@@ -37,7 +38,8 @@ def bind_module(module, tensors, **kwargs):
 
 
 __all__ = [
-    "arm_death_word", "attach", "Attachment", "TensorInfo", "bind_module", "publish", "Publication", "CommitReport", "ALIGNMENT", "load_library", "library_version", "candidate_paths",
+    "arm_death_word", "make_death_word", "read_death_word", "DEATH_WORD_BYTES", "DEATH_WORD_OFFSET",
+    "FUTEX_OWNER_DIED", "FUTEX_TID_MASK", "FUTEX_WAITERS", "attach", "Attachment", "TensorInfo", "bind_module", "publish", "Publication", "CommitReport", "ALIGNMENT", "load_library", "library_version", "candidate_paths",
     "to_float32", "dequantize_block_fp8", "dequantize_checkpoint", "WsupError", "LibraryNotFoundError",
     "UnknownTensorError", "fetch_kv_pool", "KvPool", "token_hash", "TOKEN_HASH_SEED",
     "DTYPES", "MODES", "ENV_VAR", "LIB_NAME", "CODE_NAMES", "OK", "INVALID_ARGUMENT", "NOT_FOUND", "IO",
