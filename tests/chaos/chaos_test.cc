@@ -533,7 +533,6 @@ std::vector<int64_t> StreamIds(const std::string& body, std::string* finish) {
   return ids;
 }
 
-
 TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that one takes the traffic back at once",
           "[chaos]") {
   if (!Have()) return;
