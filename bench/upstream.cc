@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpus.h"
 #include "http/server.h"
 
 namespace {
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
   app.add_option("--port", port, "port; 0 picks a free one")->check(CLI::Range(0, 65535));
   app.add_option("--threads", threads, "loops (threads); 0: one per CPU")->check(CLI::Range(0, 256));
   CLI11_PARSE(app, argc, argv);
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0) threads = wsup::UsableCpus();
 
   // Every socket is bound before any loop runs, so a connection never
   // reaches a port that only some loops serve.

@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;
   app.add_option("--nonce", o.nonce, "identity echoed in /wsup/status (default: $WSUP_ENGINE_NONCE)");
   app.add_option("--max-batch", o.max_batch, "sequences decoded together in one step");
-  app.add_option("--threads", o.threads, "compute threads per rank (0: hardware threads / tp)");
+  app.add_option("--threads", o.threads, "compute threads per rank (0: the CPUs this process may run on / tp)");
   app.add_option("--kv-block-size", o.block_size, "tokens per KV cache block");
   app.add_option("--max-body-bytes", o.max_body_bytes, "largest request body accepted");
   app.add_option("--header-timeout-ms", o.header_timeout_ms, "time a client has to send a request's headers");

@@ -98,7 +98,7 @@ struct EngineOptions {
   // Default: $WSUP_ENGINE_NONCE (the supervisor sets it).
   std::string nonce;
   int max_batch = 64;
-  int threads = 0;  // compute threads per rank; 0: hardware threads / tp
+  int threads = 0;  // compute threads per rank; 0: usable CPUs (affinity) / tp
   int block_size = 16;
   // HTTP limits and timeouts.
   size_t max_body_bytes = 1 << 20;

@@ -35,7 +35,7 @@
 namespace wsup::engine {
 
 struct RunnerOptions {
-  int threads_per_rank = 0;  // 0: hardware threads / ranks (CPU)
+  int threads_per_rank = 0;  // 0: usable CPUs (affinity) / ranks (CPU)
   std::chrono::milliseconds comm_timeout{30'000};
   // Cuda ordinal of each rank; empty: every rank on the CPU.
   std::vector<int> devices;

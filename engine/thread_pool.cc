@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/cpus.h"
+
 namespace wsup::engine {
 
 ThreadPool::ThreadPool(int threads) {
@@ -18,9 +20,7 @@ ThreadPool::~ThreadPool() {
 }
 
 int ThreadPool::DefaultThreads(int ranks) {
-  int hw = static_cast<int>(std::thread::hardware_concurrency());
-  if (hw <= 0) hw = 1;
-  return std::max(1, hw / std::max(1, ranks));
+  return std::max(1, UsableCpus() / std::max(1, ranks));
 }
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t)>& fn) {

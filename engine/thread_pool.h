@@ -1,7 +1,7 @@
 // ThreadPool: a fixed set of worker threads that run one parallel loop at a
 // time, with the calling thread taking part. The CPU kernels split their
 // rows over it; each tensor-parallel rank owns one pool (sized so that all
-// ranks together use about the machine's hardware threads).
+// ranks together use about the CPUs the process may run on).
 //
 // Ownership: the pool owns its threads; the destructor stops and joins them.
 // Threads: ParallelFor() is called by one thread at a time (the rank's
@@ -31,7 +31,8 @@ class ThreadPool {
   // have run. fn must not throw.
   void ParallelFor(int64_t n, const std::function<void(int64_t)>& fn);
 
-  // Threads a default pool gets: hardware threads / ranks, at least 1.
+  // Threads a default pool gets: the CPUs this process may run on (its
+  // affinity, common/cpus.h) / ranks, at least 1.
   static int DefaultThreads(int ranks);
 
  private:

@@ -1,6 +1,5 @@
 #include "front/front.h"
 
-#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include <cstring>
 
 #include "common/clock.h"
+#include "common/cpus.h"
 #include "common/log.h"
 #include "front/control_socket.h"
 #include "front/status_merge.h"
@@ -71,10 +71,7 @@ Front::~Front() {
 
 int ResolveLoops(int loops) {
   if (loops > 0) return loops;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  int n = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return std::clamp(n, 1, kMaxLoops);
+  return std::clamp(UsableCpus(), 1, kMaxLoops);
 }
 
 Status Front::Start() {
