@@ -45,6 +45,14 @@ std::string Utf8Prefix(const std::string& s, int n) {
 
 }  // namespace
 
+int ShortestPromptCase(const std::vector<GoldenCase>& golden) {
+  size_t best = 0;
+  for (size_t i = 1; i < golden.size(); ++i) {
+    if (golden[i].prompt.size() < golden[best].prompt.size()) best = i;
+  }
+  return static_cast<int>(best);
+}
+
 Result<std::vector<GoldenCase>> LoadGolden(const std::string& path) {
   std::ifstream in(path);
   if (!in) return NotFound(path + ": cannot open the golden outputs; pass the checkpoint's golden.json");

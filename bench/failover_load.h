@@ -62,6 +62,9 @@ struct GoldenCase {
   std::string text;  // UTF-8, as the engines send it
 };
 Result<std::vector<GoldenCase>> LoadGolden(const std::string& path);
+// The index of the case with the shortest prompt (the first of equals; 0
+// for none): a probe that asks it disturbs the engines least.
+int ShortestPromptCase(const std::vector<GoldenCase>& golden);
 
 int64_t NowUs();
 

@@ -62,12 +62,7 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   lo.probe_burst_ms = 0;
   // The probes ask the case with the shortest prompt: ten of them are in
   // the backlog a hang leaves, and longer prompts would add to its work.
-  lo.probe_case = 0;
-  for (size_t i = 1; i < golden->size(); ++i) {
-    if ((*golden)[i].prompt.size() < (*golden)[static_cast<size_t>(lo.probe_case)].prompt.size()) {
-      lo.probe_case = static_cast<int>(i);
-    }
-  }
+  lo.probe_case = bench::ShortestPromptCase(*golden);
   bench::LoadGenerator load(lo, *golden);
   bench::DrillPlan plan = test::DrillPlanOf(0, 0, kHangs, 16);
   plan.gap = test::kSanitized ? 1000ms : 500ms;
