@@ -1,5 +1,4 @@
 #include <catch2/catch.hpp>
-#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,8 +6,9 @@
 #include <chrono>
 
 #include "supervisor/process.h"
-#include "wire/death_word.h"
+#include "tests/armed_child.h"
 #include "tests/test_util.h"
+#include "wire/death_word.h"
 
 namespace wsup {
 namespace {
@@ -110,42 +110,21 @@ TEST_CASE("passed fds arrive as 3, 4 in order") {
   ::waitpid(*pid, &st, 0);
 }
 
-// A child that arms the death word on `fd` (unless !arm) and waits to be killed.
-pid_t ForkArmed(int fd, bool arm) {
-  int ready[2];
-  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(ready[0]);
-    char c = arm && !ArmDeathWord(fd).ok() ? 'e' : 'r';
-    if (::write(ready[1], &c, 1) != 1) _exit(3);
-    for (;;) ::pause();
-  }
-  ::close(ready[1]);
-  char c = 0;
-  REQUIRE(::read(ready[0], &c, 1) == 1);
-  ::close(ready[0]);
-  REQUIRE(c == 'r');
-  return pid;
-}
-
 TEST_CASE("a death watch runs its callback on the loop when the engine that armed the word is killed") {
   uv_loop_t loop;
   uv_loop_init(&loop);
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  pid_t pid = ForkArmed(fd->get(), /*arm=*/true);
+  test::ArmedChild child = test::ForkArmedChild(fd->get(), /*arm=*/true);
   int fired = 0;
   auto w = DeathWatch::Start(&loop, fd->get(), [&] { ++fired; });
   REQUIRE(w.ok());
   CHECK((*w)->armed());
   uv_run(&loop, UV_RUN_NOWAIT);
   CHECK(fired == 0);
-  REQUIRE(::kill(pid, SIGKILL) == 0);
+  REQUIRE(::kill(child.pid, SIGKILL) == 0);
   REQUIRE(RunUntil(&loop, [&] { return fired > 0; }, 10s));
-  int st;
-  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  test::AwaitGone(child);
   uv_run(&loop, UV_RUN_NOWAIT);
   CHECK(fired == 1);
   (*w)->Close();
@@ -159,15 +138,14 @@ TEST_CASE("a death watch closed before the death, or on an engine that never arm
   const bool arm = GENERATE(true, false);
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  pid_t pid = ForkArmed(fd->get(), arm);
+  test::ArmedChild child = test::ForkArmedChild(fd->get(), arm);
   int fired = 0;
   auto w = DeathWatch::Start(&loop, fd->get(), [&] { ++fired; });
   REQUIRE(w.ok());
   CHECK((*w)->armed() == arm);
   if (arm) (*w)->Close();  // closed first, then the death
-  REQUIRE(::kill(pid, SIGKILL) == 0);
-  int st;
-  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  REQUIRE(::kill(child.pid, SIGKILL) == 0);
+  test::AwaitGone(child);
   // The word (if armed) is marked by now. A closed watch's thread never
   // signals the loop, and an unarmed word is never marked: nothing to wait for.
   uv_run(&loop, UV_RUN_NOWAIT);

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <future>
 
+#include "tests/armed_child.h"
 #include "tests/test_util.h"
 #include "wire/death_word.h"
 
@@ -20,45 +21,9 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct Child {
-  pid_t pid = -1;
-  int life = -1;  // read end of a pipe only the child holds open
-};
-
-// Forks a child that arms the page on `fd` (unless !arm), says so on a
-// pipe and then waits to be killed, or exits with `exit_code` >= 0.
-Child Fork(int fd, bool arm, int exit_code = -1) {
-  int life[2], ready[2];
-  REQUIRE(::pipe2(life, O_CLOEXEC) == 0);
-  REQUIRE(::pipe2(ready, O_CLOEXEC) == 0);
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(life[0]);
-    ::close(ready[0]);
-    char c = 'r';
-    if (arm && !ArmDeathWord(fd).ok()) c = 'e';
-    if (::write(ready[1], &c, 1) != 1) _exit(3);
-    if (exit_code >= 0) std::exit(exit_code);  // through atexit, as an engine's clean exit
-    for (;;) ::pause();
-  }
-  ::close(life[1]);
-  ::close(ready[1]);
-  char c = 0;
-  REQUIRE(::read(ready[0], &c, 1) == 1);
-  ::close(ready[0]);
-  REQUIRE(c == 'r');
-  return Child{pid, life[0]};
-}
-
-// Waits for the child's files to close (its lifeline's EOF), then reaps it.
-void AwaitGone(Child& ch) {
-  pollfd p{ch.life, POLLIN, 0};
-  REQUIRE(::poll(&p, 1, 10'000) == 1);
-  ::close(ch.life);
-  int status = 0;
-  REQUIRE(::waitpid(ch.pid, &status, 0) == ch.pid);
-}
+using test::ArmedChild;
+using test::AwaitGone;
+using test::ForkArmedChild;
 
 // A waiter on the page of `fd`, for this test's thread.
 std::unique_ptr<DeathWordWaiter> Waiter(int fd) {
@@ -88,7 +53,7 @@ TEST_CASE("death word: a fresh page is a versioned header with the word 0") {
 TEST_CASE("death word: a killed engine's word is marked before its files close, and the waiter wakes") {
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  Child ch = Fork(fd->get(), /*arm=*/true);
+  ArmedChild ch = ForkArmedChild(fd->get(), /*arm=*/true);
   auto w = Waiter(fd->get());
   DeathWordPage p{};
   REQUIRE(::pread(fd->get(), &p, sizeof p, 0) == static_cast<ssize_t>(sizeof p));
@@ -112,7 +77,7 @@ TEST_CASE("death word: a killed engine's word is marked before its files close, 
 TEST_CASE("death word: an engine that exits by itself marks it too") {
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  Child ch = Fork(fd->get(), /*arm=*/true, /*exit_code=*/0);
+  ArmedChild ch = ForkArmedChild(fd->get(), /*arm=*/true, /*exit_code=*/0);
   AwaitGone(ch);
   CHECK((WordOf(fd->get()) & 0x40000000u) != 0);  // FUTEX_OWNER_DIED
 }
@@ -120,7 +85,7 @@ TEST_CASE("death word: an engine that exits by itself marks it too") {
 TEST_CASE("death word: an engine that never arms it is never taken for dead, and Stop ends the wait") {
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  Child ch = Fork(fd->get(), /*arm=*/false);
+  ArmedChild ch = ForkArmedChild(fd->get(), /*arm=*/false);
   auto w = Waiter(fd->get());
   auto outcome = std::async(std::launch::async, [&] { return w->Wait(); });
   REQUIRE(::kill(ch.pid, SIGKILL) == 0);
@@ -162,7 +127,7 @@ TEST_CASE("death word: a waiter that starts before the engine arms wakes at its 
 TEST_CASE("death word: a page armed once cannot be armed by a second engine") {
   auto fd = MakeDeathWord();
   REQUIRE(fd.ok());
-  Child first = Fork(fd->get(), /*arm=*/true);
+  ArmedChild first = ForkArmedChild(fd->get(), /*arm=*/true);
   // The second child reports 'e': its ArmDeathWord failed.
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
