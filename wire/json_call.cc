@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
+
 #include "wire/protocol.h"
 
 namespace wsup {
@@ -14,6 +16,19 @@ Result<nlohmann::json> JsonCall(const std::string& path, const nlohmann::json& r
     return Unavailable(path + ": nothing accepts connections there");
   }
   auto reply = ch->Call(request, timeout_ms);
+  // A socket may push events to every client (the front's
+  // {"type":"event"}: a backend down, the first good answer after a swap);
+  // one that lands between the request and its reply is not the reply.
+  // Skipped, within the same bound: a reply follows each request.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (reply.ok() && reply->msg.is_object() && reply->msg.value("type", "") == "event") {
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      return Unavailable(path + ": no reply within " + std::to_string(timeout_ms) + " ms, only events");
+    }
+    reply = ch->Receive(static_cast<int>(left.count()));
+  }
   if (!reply.ok()) return reply.error();
   return std::move(reply->msg);
 }

@@ -1,6 +1,7 @@
 // JsonCall: one blocking request and its reply on a JSON control socket
 // (the supervisor's or the front's), for CLI commands and tests: connect,
-// send, wait for the first reply, each bounded by timeout_ms. It speaks the
+// send, wait for the reply, each bounded by timeout_ms. Events the socket
+// pushes to every client ({"type":"event"}, the front's) are skipped. It speaks the
 // frames of wire/json_frame.h through the holder protocol's blocking
 // Channel (wire/protocol.h), so it lives beside it in wsup_wire, not in the
 // loop-side wsup_json_socket.

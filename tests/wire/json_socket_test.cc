@@ -135,6 +135,12 @@ struct EchoServer {
               c->SendAndClose(json{{"bye", true}}, "asked");
               return;
             }
+            if (m.value("type", "") == "eventful") {
+              // Events pushed to the client before its reply, as the
+              // front broadcasts them.
+              c->Send(json{{"type", "event"}, {"kind", "backend_down"}});
+              c->Send(json{{"type", "event"}, {"kind", "first_ok"}});
+            }
             c->Send(json{{"echo", m.value("n", -1)}});
           },
           std::move(o));
@@ -185,6 +191,10 @@ TEST_CASE("json socket: replies in order, socket mode 0600, the file removed on 
   auto r = JsonCall(path, json{{"n", 7}}, 5000);
   REQUIRE(r.ok());
   CHECK((*r)["echo"] == 7);
+  // Events that come before the reply are not the reply.
+  auto past_events = JsonCall(path, json{{"type", "eventful"}, {"n", 8}}, 5000);
+  REQUIRE(past_events.ok());
+  CHECK((*past_events)["echo"] == 8);
 
   // Three frames in one write, answered one by one and in order.
   UniqueFd fd = Dial(path);
