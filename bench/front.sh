@@ -208,12 +208,12 @@ cleanup
 trap - EXIT
 
 pin_env=""; [ "$pin" = 1 ] && pin_env="PIN=1 "
-cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+cpu_model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 {
   if [ "$upstream" = canned ]; then
-    echo "Machine: $cpu, $(nproc) CPUs; upstream: $up_label (wsup-bench-upstream: the engine's answers, at once); wrk, client and"
+    echo "Machine: $cpu_model, $(nproc) CPUs; upstream: $up_label (wsup-bench-upstream: the engine's answers, at once); wrk, client and"
   else
-    echo "Machine: $cpu, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
+    echo "Machine: $cpu_model, $(nproc) CPUs; engine --device $device, model $(basename "$model"); wrk, client and"
   fi
   echo "servers on the same machine; ${pin_note}${duration} s per run, median of $rounds rounds; $(date -u +%Y-%m-%d)."
   echo "HAProxy $(haproxy -v | head -1 | awk '{print $3}'), its threads by default one per CPU (nbthread); wsup-front"
