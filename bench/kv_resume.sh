@@ -171,8 +171,12 @@ def settled(limit=600):
     raise SystemExit("the node did not get ready (both engines proven, the pool held) in %d s" % limit)
 
 def engine_status(port):
+    # An engine's control routes take the token the supervisor gave it,
+    # which only the node's user can read (its 0600 state.json).
+    with open(os.path.join(os.path.dirname(cfg), "run", "state.json")) as f:
+        token = next((e.get("control_token", "") for e in json.load(f)["engines"] if e.get("port") == port), "")
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/wsup/status")
+    c.request("GET", "/wsup/status", headers={"Authorization": "Bearer " + token})
     return json.loads(c.getresponse().read())
 
 def stream(port, rid, prompt, arrivals):

@@ -240,14 +240,18 @@ for i in $(seq 1 "$drills"); do
     # communicator the re-armed slot builds at the same moment.
     sleep 1.5
     "$W" status --config "$cfg" --json > "$out/status_after_takeover.json"
-    python3 - "$out/status_after_takeover.json" > "$out/comm_after_takeover.json" <<'PY' || true
+    python3 - "$out/status_after_takeover.json" "$node/run/state.json" > "$out/comm_after_takeover.json" <<'PY' || true
 import json, sys, time, urllib.request
 st = json.load(open(sys.argv[1]))
 out = {}
 for e in st["engines"]:
     for _ in range(300):
         try:
-            s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{e['port']}/wsup/status", timeout=2))
+            # The control routes take the engine's token (the node's 0600 state.json).
+            tokens = {x["slot"]: x.get("control_token", "") for x in json.load(open(sys.argv[2]))["engines"]}
+            req = urllib.request.Request(f"http://127.0.0.1:{e['port']}/wsup/status",
+                                         headers={"Authorization": "Bearer " + tokens.get(e["slot"], "")})
+            s = json.load(urllib.request.urlopen(req, timeout=2))
             if s.get("state") == "ready":
                 break
         except Exception:

@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "engine/engine_server.h"
+#include "http/control_auth.h"
 
 int main(int argc, char** argv) {
   wsup::engine::EngineOptions o;
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
                  "each step takes at least this long: paces generation for drills and demos (default 0: off)");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
   if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;
+  if (const char* t = std::getenv(wsup::http::kControlTokenEnv)) o.control_token = t;
   app.add_option("--nonce", o.nonce, "identity echoed in /wsup/status (default: $WSUP_ENGINE_NONCE)");
   app.add_option("--max-batch", o.max_batch, "sequences decoded together in one step");
   app.add_option("--threads", o.threads, "compute threads per rank (0: the CPUs this process may run on / tp)");

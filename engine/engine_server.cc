@@ -30,6 +30,7 @@
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/weight_cache.h"
+#include "http/control_auth.h"
 #include "http/mailbox.h"
 #include "http/server.h"
 #include "wire/death_word.h"
@@ -416,6 +417,11 @@ int Engine::Run() {
   } else {
     std::printf("listening on %s:%d\n", opts_.host.c_str(), http_->port());
     std::fflush(stdout);
+    if (opts_.control_token.empty()) {
+      spdlog::warn("{} is not set: GET /wsup/status and POST /wsup/role answer anyone who reaches port {}; an engine "
+                   "run by wsup always gets one",
+                   http::kControlTokenEnv, http_->port());
+    }
     spdlog::info("model {} from {}: loading (weight cache {}, device {}, tp {})", opts_.model_name, opts_.model_dir,
                  opts_.weight_cache, opts_.device, opts_.tp);
     startup_thread_ = std::thread([this] { Startup(); });
@@ -585,6 +591,15 @@ void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
               {{"Allow", method}});
     return false;
   };
+  // The control routes are the supervisor's alone (http/control_auth.h):
+  // checked before the method, so that nothing about them is told to
+  // anyone else.
+  if (http::IsControlPath(r.path)) {
+    if (Status auth = http::CheckControlAuth(r, opts_.control_token); !auth.ok()) {
+      SendError(w, 401, auth.error().message(), "authentication_error", {{"WWW-Authenticate", "Bearer"}});
+      return;
+    }
+  }
   if (r.path == "/v1/completions") {
     if (only("POST")) HandleCompletion(w);
   } else if (r.path == "/health") {

@@ -10,7 +10,9 @@
 // Routes: POST /v1/completions, GET /v1/models, GET /health (liveness: the
 // loop, the scheduler and the communicator are alive), GET /wsup/status,
 // POST /wsup/role (the supervisor's word on this engine's role and the
-// node's KV pool: engine/kv_pool_link.h).
+// node's KV pool: engine/kv_pool_link.h). The two /wsup routes take the
+// supervisor's token when one was given ($WSUP_CONTROL_TOKEN,
+// http/control_auth.h): 401 without it.
 //
 // Readiness: stdout gets "listening on HOST:PORT" as soon as the socket is
 // bound; --ready-fd gets the same line, and is closed, once the engine is
@@ -97,6 +99,11 @@ struct EngineOptions {
   // supervisor can tell its engine from anything else answering on the port.
   // Default: $WSUP_ENGINE_NONCE (the supervisor sets it).
   std::string nonce;
+  // The supervisor's secret for the control routes (GET /wsup/status, POST
+  // /wsup/role: http/control_auth.h), from $WSUP_CONTROL_TOKEN only: a flag
+  // would show it to every user in /proc/PID/cmdline. Empty: the routes
+  // answer anyone (an engine run by hand), and a warning says so.
+  std::string control_token;
   int max_batch = 64;
   int threads = 0;  // compute threads per rank; 0: usable CPUs (affinity) / tp
   int block_size = 16;

@@ -42,6 +42,10 @@ bool PlanCompletion(std::string_view body, int64_t default_max_tokens, Completio
     plan->not_resumable = std::move(why);
   };
   plan->resumable = true;
+  // A value the engine refuses must reach it as the client sent it: turning
+  // it into `true` for the resume would accept on a stream what a plain
+  // request is refused for.
+  if (wants != j.end() && !wants->is_boolean() && !wants->is_null()) fail("return_token_ids is not a boolean");
   auto prompt = j.find("prompt");
   if (prompt == j.end()) {
     fail("no prompt");

@@ -1,4 +1,5 @@
 #include "front/proxy.h"
+#include "front/routes.h"
 
 #include <spdlog/spdlog.h>
 
@@ -162,11 +163,11 @@ class ProxyCall final : public UpstreamListener {
   int64_t last_byte_ms_ = 0;  // loop time of the engine's latest byte, or of the attempt's start
   bool answer_pending_ = false;  // a 2xx head came; the answer counts as good at its first body byte
 
-  // Hedges: at most one pending at a time (hedge_, the latest), and a few in
-  // the call's life (a call adopted by a hedge may be caught by the next
-  // hang). All are kept until the call ends: the connection one of them
-  // handed over sends that leg's head and body.
-  static constexpr size_t kMaxHedges = 4;
+  // Hedges: one in the call's life, as docs/front.md promises (a call the
+  // hedge took over is not hedged again: the supervisor's probes judge the
+  // engine it is on). Kept until the call ends: the connection it handed
+  // over sends its head and body.
+  static constexpr size_t kMaxHedges = 1;
   std::vector<std::unique_ptr<class HedgeLeg>> hedges_;
   class HedgeLeg* hedge_ = nullptr;
 };
@@ -792,6 +793,13 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
     writer->Send(http::HttpResponse::Json(503, http::ErrorJson("the front is shutting down; retry", "unavailable")));
     return;
   }
+  // Only the OpenAI API and /health are an engine's to answer through the
+  // front; its control routes are the supervisor's (front/routes.h).
+  if (!IsForwardedPath(writer->request().path)) {
+    ++counters_.not_forwarded;
+    writer->Send(http::HttpResponse::Json(404, http::ErrorJson(kNotForwardedMessage, "not_found_error")));
+    return;
+  }
   auto* call = new ProxyCall(this, std::move(writer));
   calls_.insert(call);
   // An idle proxy lets its hedge timer sleep (a front of many loops would
@@ -1143,8 +1151,11 @@ void Proxy::OnHedgeTimer() {
       sa->silent_reported.compare_exchange_strong(expected, true)) {
     const int waiting_all = sa->waiting.load(std::memory_order_relaxed);
     ++counters_.silent_reports;
-    spdlog::warn("front: {} of {} requests on the active engine {} have had no byte for {} ms", silent_all,
-                 waiting_all, active_->name, after);
+    if (uint64_t held = 0; silent_log_.Allow(now, &held)) {
+      spdlog::warn("front: {} of {} requests on the active engine {} have had no byte for {} ms{}", silent_all,
+                   waiting_all, active_->name, after,
+                   held > 0 ? " (" + std::to_string(held) + " more such reports in the last second)" : "");
+    }
     Emit({{"type", "event"},
           {"kind", "silent"},
           {"backend", active_->name},
@@ -1175,9 +1186,16 @@ void Proxy::OnHedgeTimer() {
   }
   if (refused > 0) {
     counters_.hedge_refused += refused;
-    spdlog::warn("front: {} silent requests not hedged: the hedge budget is spent (hedge_percent {}, "
-                 "hedge_burst {})",
-                 refused, options_.hedge_percent, options_.hedge_burst);
+    refused_since_log_ += refused;
+    // Checked every tick (every few ms at a small hedge_after_ms): said at
+    // most once a second, with what it held back.
+    if (uint64_t held = 0; refused_log_.Allow(now, &held)) {
+      spdlog::warn("front: {} silent requests not hedged{}: the hedge budget is spent (hedge_percent {}, "
+                   "hedge_burst {})",
+                   refused_since_log_, held > 0 ? " since the last such warning" : "", options_.hedge_percent,
+                   options_.hedge_burst);
+      refused_since_log_ = 0;
+    }
   }
 }
 
@@ -1236,7 +1254,8 @@ nlohmann::json Proxy::StatusJson() const {
                    {"hedge_won", counters_.hedge_won},       {"hedge_lost", counters_.hedge_lost},
                    {"hedge_failed", counters_.hedge_failed}, {"hedge_refused", counters_.hedge_refused},
                    {"silent_reports", counters_.silent_reports},
-                   {"silent_to_standby", counters_.silent_to_standby}};
+                   {"silent_to_standby", counters_.silent_to_standby},
+                   {"not_forwarded", counters_.not_forwarded}};
   j["hedging"] = {{"after_ms", options_.hedge_after_ms},
                   {"percent", options_.hedge_percent},
                   {"burst", options_.hedge_burst},

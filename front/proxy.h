@@ -68,6 +68,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/log_limit.h"
 #include "common/status.h"
 #include "front/address.h"
 #include "front/shared.h"
@@ -111,6 +112,7 @@ struct ProxyCounters {
   uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full
   uint64_t client_closed = 0;  // clients that went away before their answer was complete
   uint64_t rejected_400 = 0;   // completion bodies past the shared JSON limits, refused by the front
+  uint64_t not_forwarded = 0;  // paths outside /v1/ and /health, answered 404 by the front (front/routes.h)
   uint64_t hedged = 0;         // requests also sent to the standby after hedge_after_ms of silence
   uint64_t hedge_won = 0;      // ... where the standby answered first (or the active failed meanwhile)
   uint64_t hedge_lost = 0;     // ... where the active answered first
@@ -219,6 +221,9 @@ class Proxy {
   uv_timer_t queue_timer_;
   uv_timer_t flow_timer_;
   uv_timer_t hedge_timer_;  // scans calls for silence while hedging is on
+  // Warnings the hedge timer could repeat every tick: once a second each.
+  LogLimiter refused_log_{1000}, silent_log_{1000};
+  uint64_t refused_since_log_ = 0;
   std::unique_ptr<FrontShared> own_shared_;
   FrontShared* shared_;
   SharedBackend* shared_for_ = nullptr;  // the record this loop's counts are in

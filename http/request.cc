@@ -144,6 +144,34 @@ int RequestParser::OnHeadersComplete(http_parser* p) {
       return self->Fail(400, "unsupported Expect header '" + *e + "'; only 100-continue is understood");
     }
   }
+  // The one transfer coding understood is chunked, alone: a body in any
+  // other coding (gzip, chunked) would be taken as plain bytes after its
+  // chunked framing is removed, and a proxy must not forward what it
+  // cannot read (RFC 9112 6.1: 501 for an unknown coding).
+  int te_codings = 0;
+  for (const auto& h : r.headers) {
+    if (!HeaderNameEquals(h.name, "Transfer-Encoding")) continue;
+    size_t at = 0;
+    while (at <= h.value.size()) {
+      size_t comma = h.value.find(',', at);
+      std::string coding = h.value.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      while (!coding.empty() && (coding.front() == ' ' || coding.front() == '\t')) coding.erase(0, 1);
+      while (!coding.empty() && (coding.back() == ' ' || coding.back() == '\t')) coding.pop_back();
+      if (!coding.empty()) {
+        ++te_codings;
+        if (!HeaderNameEquals(coding, "chunked")) {
+          return self->Fail(501, "Transfer-Encoding '" + coding.substr(0, 64) +
+                                     "' is not supported; send the body as it is, with Content-Length or "
+                                     "Transfer-Encoding: chunked alone");
+        }
+      }
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  }
+  if (te_codings > 1) {
+    return self->Fail(400, "Transfer-Encoding lists chunked more than once; send it once");
+  }
   // A Content-Length past the limit is refused before any of the body is read.
   if (p->content_length != ULLONG_MAX && p->content_length > self->limits_.max_body_bytes) {
     return self->Fail(413, "the request body of " + std::to_string(p->content_length) +

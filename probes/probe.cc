@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_limits.h"
+#include "http/control_auth.h"
 
 namespace wsup {
 namespace {
@@ -115,6 +116,7 @@ class CommProbe : public HttpProbe {
     http::ClientRequest req;
     req.target = "/wsup/status";
     req.headers = {{"X-Wsup-Probe", "comm"}};
+    if (!target_.control_token.empty()) req.headers.push_back(http::ControlAuthHeader(target_.control_token));
     req.timeout_ms = spec_.timeout_ms;
     req.max_body_bytes = 1 << 20;
     Send(std::move(req),

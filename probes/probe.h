@@ -46,6 +46,9 @@ namespace wsup {
 struct ProbeTarget {
   std::string host = "127.0.0.1";
   int port = 0;
+  // The engine's control token (http/control_auth.h), sent by probes that
+  // read its control routes (comm: /wsup/status); empty: none.
+  std::string control_token;
   std::string ToString() const;
 };
 

@@ -70,6 +70,13 @@ Status Check(const ProbeTransitionRecord& r) {
   return Status::Ok();
 }
 
+Status Check(const FenceRecord& r) {
+  if (!OneOf(r.kind, {"kv_pool"})) return InvalidArgument("fence kind \"" + r.kind + "\" is not one of kv_pool");
+  if (r.slot.empty()) return InvalidArgument("fence slot is empty; name the engine slot");
+  if (r.reason.empty()) return InvalidArgument("fence reason is empty; say what the engine did");
+  return Status::Ok();
+}
+
 Status Check(const RolloutRecord& r) {
   if (!OneOf(r.outcome, {"running", "done", "rolled_back", "refused", "failed"}))
     return InvalidArgument("rollout outcome \"" + r.outcome + "\" is not one of running, done, rolled_back, refused, failed");
@@ -87,7 +94,7 @@ std::optional<std::string_view> OptText(const std::string& s) {
 // The writer thread's connection and prepared statements.
 struct Ledger::Writer {
   Db db;
-  Stmt failover, first_ok, gone, kv_full, cache, recovery, holder, probe, rollout;
+  Stmt failover, first_ok, gone, kv_full, cache, recovery, holder, probe, rollout, fence;
   // Failover ids whose row could not be written, and why (bounded).
   std::unordered_map<int64_t, std::string> lost_failovers;
 
@@ -154,6 +161,13 @@ struct Ledger::Writer {
     rollout.Bind(8, r.steps_json.empty() ? std::string_view("[]") : std::string_view(r.steps_json));
     return rollout.Run();
   }
+  Status Write(const FenceRecord& r) {
+    fence.Reset();
+    fence.Bind(1, r.id).Bind(2, r.time_ms).Bind(3, r.slot).Bind(4, r.pid).Bind(5, r.slot_state).Bind(6, r.kind);
+    if (auto v = OptText(r.pool_owner)) fence.Bind(7, *v); else fence.BindNull(7);
+    fence.Bind(8, r.reason);
+    return fence.Run();
+  }
   Status Write(const Item& item) {
     return std::visit([this](const auto& r) { return Write(r); }, item);
   }
@@ -182,7 +196,8 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
   };
   for (Counter c : {Counter{"failovers", &ledger->next_failover_}, Counter{"cache_events", &ledger->next_cache_},
                     Counter{"recoveries", &ledger->next_recovery_}, Counter{"holder_restarts", &ledger->next_holder_},
-                    Counter{"probe_transitions", &ledger->next_probe_}, Counter{"rollouts", &ledger->next_rollout_}}) {
+                    Counter{"probe_transitions", &ledger->next_probe_}, Counter{"rollouts", &ledger->next_rollout_},
+                    Counter{"fences", &ledger->next_fence_}}) {
     WSUP_ASSIGN_OR_RETURN(int64_t max_id, w.db.QueryInt(std::string("SELECT COALESCE(MAX(id), 0) FROM ") + c.table));
     *c.next = max_id + 1;
   }
@@ -206,6 +221,10 @@ Result<std::unique_ptr<Ledger>> Ledger::Open(const std::string& path, const Ledg
   WSUP_ASSIGN_OR_RETURN(w.rollout, w.db.Prepare(
       "INSERT OR REPLACE INTO rollouts (id, started_ms, ended_ms, outcome, reason, command_before, command_after, "
       "steps_json) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"));
+
+  WSUP_ASSIGN_OR_RETURN(w.fence, w.db.Prepare(
+      "INSERT INTO fences (id, time_ms, slot, pid, slot_state, kind, pool_owner, reason) "
+      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"));
 
   ledger->thread_ = std::thread([l = ledger.get()] { l->Run(); });
   return ledger;
@@ -271,6 +290,11 @@ Result<int64_t> Ledger::RecordHolderRestart(HolderRestartRecord row) {
 Result<int64_t> Ledger::RecordProbeTransition(ProbeTransitionRecord row) {
   WSUP_RETURN_IF_ERROR(Check(row));
   return Enqueue(std::move(row), &next_probe_);
+}
+
+Result<int64_t> Ledger::RecordFence(FenceRecord row) {
+  WSUP_RETURN_IF_ERROR(Check(row));
+  return Enqueue(std::move(row), &next_fence_);
 }
 
 Result<int64_t> Ledger::RecordRollout(RolloutRecord row) {

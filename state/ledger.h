@@ -62,6 +62,7 @@ class Ledger {
   Result<int64_t> RecordRecovery(RecoveryRecord row);
   Result<int64_t> RecordHolderRestart(HolderRestartRecord row);
   Result<int64_t> RecordProbeTransition(ProbeTransitionRecord row);
+  Result<int64_t> RecordFence(FenceRecord row);
   // A rollout as it begins (its id assigned), then the same id again,
   // whole, as it goes on and ends (the row is replaced).
   Result<int64_t> RecordRollout(RolloutRecord row);
@@ -106,7 +107,7 @@ class Ledger {
     int64_t ms;
   };
   using Item = std::variant<FailoverRecord, CacheEventRecord, RecoveryRecord, HolderRestartRecord,
-                            ProbeTransitionRecord, FailoverTime, RolloutRecord>;
+                            ProbeTransitionRecord, FailoverTime, RolloutRecord, FenceRecord>;
 
  private:
   struct Writer;
@@ -130,7 +131,7 @@ class Ledger {
   Status first_error_;
   Stats stats_;
   int64_t next_failover_ = 1, next_cache_ = 1, next_recovery_ = 1, next_holder_ = 1, next_probe_ = 1,
-          next_rollout_ = 1;
+          next_rollout_ = 1, next_fence_ = 1;
   std::thread thread_;
 };
 

@@ -106,4 +106,18 @@ struct RolloutRecord {
   std::string steps_json;      // [{"step": "starting_new", "slot": "b", "at_ms": ...}, ...]
 };
 
+// An engine the supervisor killed for what it did rather than for how it
+// failed: it mapped the node's KV pool, which was not its to map
+// (supervisor/kv_pool.cc, CheckPoolTrespass).
+struct FenceRecord {
+  int64_t id = 0;  // assigned by Ledger::RecordFence
+  int64_t time_ms = 0;
+  std::string slot;
+  int64_t pid = 0;
+  std::string slot_state;  // the engine table's state when it was fenced ("standby", "active", ...)
+  std::string kind;        // "kv_pool"
+  std::string pool_owner;  // the slot the pool was the owner's of ("" when none)
+  std::string reason;
+};
+
 }  // namespace wsup

@@ -159,6 +159,22 @@ Result<std::vector<ProbeTransitionRecord>> LedgerReader::ProbeTransitions(int64_
       });
 }
 
+Result<std::vector<FenceRecord>> LedgerReader::Fences(int64_t since_ms) {
+  return ReadRows<FenceRecord>(db_,
+      "SELECT id, time_ms, slot, pid, slot_state, kind, pool_owner, reason FROM fences WHERE time_ms >= ?1 "
+      "ORDER BY time_ms, id",
+      since_ms, [](Stmt& st, FenceRecord& r) {
+      r.id = st.Int(0);
+      r.time_ms = st.Int(1);
+      r.slot = st.Text(2);
+      r.pid = st.Int(3);
+      r.slot_state = st.Text(4);
+      r.kind = st.Text(5);
+      r.pool_owner = st.Text(6);
+      r.reason = st.Text(7);
+      });
+}
+
 Result<std::vector<RolloutRecord>> LedgerReader::Rollouts(int64_t since_ms) {
   return ReadRows<RolloutRecord>(db_,
       "SELECT id, started_ms, ended_ms, outcome, reason, command_before, command_after, steps_json FROM rollouts "
@@ -261,6 +277,7 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     if (h.from_fds) ++rep.holder_restarts_from_fds;
   }
   WSUP_ASSIGN_OR_RETURN(rep.rollouts, reader.Rollouts(rep.from_ms));
+  WSUP_ASSIGN_OR_RETURN(rep.fences, reader.Fences(rep.from_ms));
   return rep;
 }
 
@@ -339,6 +356,13 @@ std::string RenderReportText(const Report& r) {
     if (!ro.reason.empty()) os << ": " << ro.reason;
     os << "\n    from " << ro.command_before << "\n    to   " << ro.command_after << "\n";
   }
+  if (!r.fences.empty()) {
+    os << "engines fenced: " << r.fences.size() << "\n";
+    for (const auto& f : r.fences) {
+      os << "  #" << f.id << " engine " << f.slot << " (pid " << f.pid << ", " << f.slot_state << "), " << f.kind
+         << ": " << f.reason << "\n";
+    }
+  }
   return os.str();
 }
 
@@ -389,6 +413,18 @@ std::string RenderReportJson(const Report& r) {
                      {"steps", steps.is_discarded() ? nlohmann::json(ro.steps_json) : steps}});
   }
   j["rollouts"] = rolls;
+  nlohmann::json fences = nlohmann::json::array();
+  for (const auto& f : r.fences) {
+    fences.push_back({{"id", f.id},
+                      {"time_ms", f.time_ms},
+                      {"slot", f.slot},
+                      {"pid", f.pid},
+                      {"slot_state", f.slot_state},
+                      {"kind", f.kind},
+                      {"pool_owner", f.pool_owner.empty() ? nlohmann::json(nullptr) : nlohmann::json(f.pool_owner)},
+                      {"reason", f.reason}});
+  }
+  j["fences"] = fences;
   return j.dump(2) + "\n";
 }
 

@@ -43,6 +43,7 @@ class LedgerReader {
   Result<std::vector<HolderRestartRecord>> HolderRestarts(int64_t since_ms = 0);
   Result<std::vector<ProbeTransitionRecord>> ProbeTransitions(int64_t since_ms = 0);
   Result<std::vector<RolloutRecord>> Rollouts(int64_t since_ms = 0);  // by started_ms
+  Result<std::vector<FenceRecord>> Fences(int64_t since_ms = 0);
 
   Db& db() { return db_; }
 
@@ -91,6 +92,7 @@ struct Report {
 
   int64_t holder_restarts = 0, holder_restarts_from_fds = 0;
   std::vector<RolloutRecord> rollouts;  // oldest first
+  std::vector<FenceRecord> fences;      // oldest first
 };
 
 Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options);

@@ -96,6 +96,19 @@ CREATE TABLE rollouts (
 );
 CREATE INDEX rollouts_started_ms ON rollouts (started_ms);
 )sql"},
+    {6, R"sql(
+CREATE TABLE fences (
+  id           INTEGER PRIMARY KEY,
+  time_ms      INTEGER NOT NULL,
+  slot         TEXT    NOT NULL,
+  pid          INTEGER NOT NULL,
+  slot_state   TEXT    NOT NULL,
+  kind         TEXT    NOT NULL CHECK (kind IN ('kv_pool')),
+  pool_owner   TEXT,
+  reason       TEXT    NOT NULL
+);
+CREATE INDEX fences_time_ms ON fences (time_ms);
+)sql"},
 };
 
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,

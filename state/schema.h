@@ -18,7 +18,7 @@ namespace wsup {
 // Version 1: failovers, cache_events, recoveries.
 // Version 2: holder_restarts, probe_transitions, and time indexes.
 // Version 3: failovers.reconstructed (recorded by a restarted supervisor).
-inline constexpr int kSchemaVersion = 5;
+inline constexpr int kSchemaVersion = 6;
 
 // The database's user_version.
 Result<int> SchemaVersion(Db& db);

@@ -170,6 +170,7 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   s->start_time = pe.proc.start_time;
   s->port = pe.port;
   s->nonce = pe.nonce;
+  s->control_token = pe.control_token;
   s->spawned_ms = pe.started_ms;
   s->cache_result = pe.cache_result;
   s->cache_recorded = true;

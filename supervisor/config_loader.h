@@ -69,6 +69,9 @@ inline const SectionSpec* FindSection(std::string_view name) {
 }
 
 inline constexpr int64_t kMaxMs = 7LL * 24 * 3600 * 1000;  // a week: larger is a typo
+// front.hedge_percent above this would send most requests of a slow but
+// healthy active to the standby too (config_read.cc says why).
+inline constexpr int kMaxHedgePercent = 50;
 inline constexpr int64_t kMaxLayoutBytes = 1LL << 50;      // 1 PiB of layouts per holder: larger is a typo
 inline constexpr int64_t kMaxKvPoolMib = 1LL << 24;        // 16 TiB per rank, the most a holder makes
 inline constexpr int64_t kMaxKvScratchMib = 1LL << 20;     // 1 TiB: larger is a typo

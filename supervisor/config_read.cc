@@ -135,6 +135,17 @@ Status Loader::Read(const toml::table& root, Config* c) {
   WSUP_RETURN_IF_ERROR(Int(front, "front", "max_queued", &c->front.max_queued, 0, 1'000'000));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_after_ms", &c->front.hedge_after_ms, 0, 3'600'000));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_percent", &c->front.hedge_percent, 0, 100));
+  if (c->front.hedge_percent > kMaxHedgePercent) {
+    // Hedges are work for the standby, which serves them from its small
+    // scratch: past one in two, an active that is slow but healthy has
+    // every request sent twice, and the standby's probes starve behind them
+    // until it is killed.
+    return Err("front.hedge_percent", std::to_string(c->front.hedge_percent) +
+                                          " would hedge more than one request in two: a slow but healthy active then "
+                                          "doubles the node's work and starves the standby's probes until it is "
+                                          "killed; give at most " + std::to_string(kMaxHedgePercent) +
+                                          " (10 by default)");
+  }
   WSUP_RETURN_IF_ERROR(Int(front, "front", "hedge_burst", &c->front.hedge_burst, 1, 1'000'000));
   WSUP_RETURN_IF_ERROR(Int(front, "front", "loops", &c->front.loops, 0, 64));
   const toml::table* admin = Section(root, "admin");

@@ -260,6 +260,16 @@ void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64
 
 void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
   const auto& req = w->request();
+  // Read-only: what is not a read is refused, not answered as one.
+  if (req.method != "GET" && req.method != "HEAD") {
+    auto resp = http::HttpResponse::Json(
+        405, http::ErrorJson("method " + req.method.substr(0, 16) + " is not allowed; the admin listener is read-only: "
+                             "GET /metrics or /status",
+                             "method_not_allowed"));
+    resp.headers.push_back({"Allow", "GET, HEAD"});
+    w->Send(std::move(resp));
+    return;
+  }
   if (req.path == "/metrics") {
     Ledger::Stats ls = ledger_->stats();
     metrics_.ledger_write_errors = ledger_errors_ + ls.failed + ls.dropped;

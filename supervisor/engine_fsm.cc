@@ -20,6 +20,10 @@ constexpr SlotTransition kTable[] = {
     {S::kStarting, E::kStartTimeout, S::kFailed, A::kKillGroup},
     {S::kStarting, E::kExited, S::kFailed, A::kScheduleRestart},
     {S::kStarting, E::kStop, S::kStopping, A::kTerminate},
+    // It maps the node's KV pool, which no one gave it: another engine may
+    // write there too, so it is killed at once (supervisor/kv_pool.cc,
+    // CheckPoolTrespass). The same in every live state below.
+    {S::kStarting, E::kKvTrespass, S::kFailed, A::kKillGroup},
 
     {S::kWarming, E::kProbePass, S::kStandby, A::kNone},
     // A warming engine that answers wrongly is never promoted.
@@ -28,6 +32,7 @@ constexpr SlotTransition kTable[] = {
     {S::kWarming, E::kExited, S::kFailed, A::kScheduleRestart},
     {S::kWarming, E::kDying, S::kFailed, A::kKillGroup},
     {S::kWarming, E::kStop, S::kStopping, A::kTerminate},
+    {S::kWarming, E::kKvTrespass, S::kFailed, A::kKillGroup},
 
     {S::kStandby, E::kPromote, S::kActive, A::kRouteHere},
     {S::kStandby, E::kProbeTrip, S::kFailed, A::kKillGroup},
@@ -40,6 +45,7 @@ constexpr SlotTransition kTable[] = {
     // It keeps the node's KV pool after it was asked to let it go: killed,
     // its exit frees the pool for the active engine.
     {S::kStandby, E::kKvStuck, S::kFailed, A::kKillGroup},
+    {S::kStandby, E::kKvTrespass, S::kFailed, A::kKillGroup},
     {S::kStandby, E::kProbePass, S::kStandby, A::kNone},
     {S::kStandby, E::kEngineReady, S::kStandby, A::kNone},
 
@@ -48,6 +54,10 @@ constexpr SlotTransition kTable[] = {
     // takes tens of ms more to be reaped): fail over at once.
     {S::kActive, E::kDying, S::kFailed, A::kFailover},
     {S::kActive, E::kProbeTrip, S::kFailed, A::kFailover},
+    // An active engine that maps the pool while the engine before it may
+    // still write there: two writers of one pool serve wrong tokens, so
+    // even the active one is failed (its standby takes over).
+    {S::kActive, E::kKvTrespass, S::kFailed, A::kFailover},
     {S::kActive, E::kDemote, S::kDraining, A::kRouteAway},
     {S::kActive, E::kStop, S::kStopping, A::kTerminate},
     {S::kActive, E::kProbePass, S::kActive, A::kNone},
@@ -67,6 +77,7 @@ constexpr SlotTransition kTable[] = {
     {S::kDraining, E::kStop, S::kStopping, A::kTerminate},
     {S::kDraining, E::kProbePass, S::kDraining, A::kNone},
     {S::kDraining, E::kKvStuck, S::kFailed, A::kKillGroup},
+    {S::kDraining, E::kKvTrespass, S::kFailed, A::kKillGroup},
 
     // kKillGroup from a live state leads here first; the exit then arrives.
     {S::kFailed, E::kExited, S::kFailed, A::kScheduleRestart},
@@ -119,6 +130,7 @@ const char* SlotEventName(SlotEvent e) {
     case E::kAdopt: return "adopt";
     case E::kUnfit: return "unfit";
     case E::kKvStuck: return "kv_stuck";
+    case E::kKvTrespass: return "kv_trespass";
   }
   return "?";
 }
@@ -148,7 +160,9 @@ const char* FailoverTriggerName(FailoverTrigger t) {
 
 FailoverTrigger TriggerFor(SlotEvent event, bool drill) {
   if (drill) return FailoverTrigger::kDrill;
-  return event == E::kProbeTrip || event == E::kUnfit ? FailoverTrigger::kProbe : FailoverTrigger::kCrash;
+  // A trespass is the supervisor's verdict on a live engine, as a probe's is.
+  return event == E::kProbeTrip || event == E::kUnfit || event == E::kKvTrespass ? FailoverTrigger::kProbe
+                                                                                 : FailoverTrigger::kCrash;
 }
 
 std::optional<SlotTransition> NextTransition(SlotState state, SlotEvent event) {

@@ -12,6 +12,9 @@
 //   draining --promote--> active (the active that replaced it failed first)
 //   standby --unfit--> failed (the check before a promotion: stopped, silent)
 //   standby | draining --kv_stuck--> failed (it would not let the KV pool go)
+//   starting | warming | standby | draining --kv_trespass--> failed (it maps
+//     the KV pool, which the supervisor did not give it: killed at once)
+//   active --kv_trespass--> failed [failover]
 //   any live state --exited / dying / probe_trip / start_timeout--> failed
 //   failed --restart--> starting (after backoff; the supervisor decides when)
 //   any state --stop--> stopping --exited--> stopped
@@ -52,6 +55,7 @@ enum class SlotEvent {
   kAdopt,         // a restarted supervisor found this engine running and proven
   kUnfit,         // the check before a promotion found it stopped, gone or silent
   kKvStuck,       // it holds the node's KV pool and did not let it go when asked
+  kKvTrespass,    // it says it maps the node's KV pool, which is not its to map
 };
 
 // What the supervisor must do after a transition.

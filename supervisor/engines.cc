@@ -15,6 +15,7 @@
 #include "common/random_id.h"
 #include "common/json_limits.h"
 #include "common/log.h"
+#include "http/control_auth.h"
 #include "probes/probe.h"
 #include "supervisor/probe_config.h"
 #include "supervisor/preflight.h"
@@ -60,6 +61,9 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     port = *p;
   }
   std::string nonce = RandomHexId();
+  // A fresh secret per start: a process that learned an earlier one (a
+  // killed engine's child, say) gains nothing.
+  std::string control_token = RandomHexId();
   ChildSpec spec;
   // The engine inherits the write end of its lifeline as fd 3 (before it
   // opens anything of its own, so it is among the first files closed when
@@ -117,6 +121,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   spec.env_set = cfg->engine.env;
   s.version_text = EngineVersionText(*cfg);
   spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
+  spec.env_set.emplace_back(http::kControlTokenEnv, control_token);
   spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
   if (death_fd >= 0) spec.env_set.emplace_back(kDeathFdEnv, std::to_string(death_fd));
   spec.log_path = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
@@ -141,6 +146,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   auto st = launcher_.StartTime(s.pid);
   s.start_time = st.ok() ? *st : 0;
   s.nonce = nonce;
+  s.control_token = std::move(control_token);
   s.port = port;
   s.spawned_ms = clock_.WallMs();
   s.spawned_mono = clock_.MonotonicMs();
@@ -260,6 +266,7 @@ void Supervisor::Impl::PollStatus(Slot& s) {
   req.method = "GET";
   req.target = "/wsup/status";
   req.timeout_ms = 1000;
+  if (!s.control_token.empty()) req.headers.push_back(http::ControlAuthHeader(s.control_token));
   Slot* sp = &s;
   pid_t pid = s.pid;
   http_->Send(cfg_.engine.host, s.port, std::move(req), [this, sp, pid](Result<http::HttpResponse> r) {
@@ -341,7 +348,7 @@ void Supervisor::Impl::RecordCache(Slot& s, const json& weights) {
 void Supervisor::Impl::StartProbing(Slot& s) {
   Slot* sp = &s;
   pid_t pid = s.pid;
-  auto probe = MakeProbeFromConfig(cfg_, s.port, *http_, clock_);
+  auto probe = MakeProbeFromConfig(cfg_, s.port, s.control_token, *http_, clock_);
   s.monitor = std::make_unique<HealthMonitor>(
       &loop_, std::move(probe), HysteresisFromConfig(cfg_, s.name == "a" ? 1 : 2), clock_,
       [this, sp, pid](const HealthTransition& t) {
@@ -510,7 +517,8 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   s.memory = json();
   s.resume = json();
   metrics_.engine_memory.erase(s.name);
-  metrics_.engine_resume.erase(s.name);
+  // The slot's resume totals stay: counters (the next engine adds to them).
+  s.resume_seen.clear();
   if (tail_ && tail_->await_gone && tail_->from == s.name) {
     LedgerResult(ledger_->SetFailoverGone(tail_->id, clock_.WallMs()), "failover gone");
     tail_->await_gone = false;

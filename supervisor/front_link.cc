@@ -223,7 +223,7 @@ void Supervisor::Impl::OnFrontSilent(const json& m) {
   if (silence_probe_ && silence_pid_ == act->pid) return;  // one check at a time
   spdlog::warn("{}; {}", report, v.why);
   silence_pid_ = act->pid;
-  silence_probe_ = MakeProbeFromConfig(cfg_, act->port, *http_, clock_);
+  silence_probe_ = MakeProbeFromConfig(cfg_, act->port, act->control_token, *http_, clock_);
   Slot* sp = act;
   const pid_t pid = act->pid;
   silence_probe_->Run([this, sp, pid, report](ProbeOutcome o) {

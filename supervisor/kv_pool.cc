@@ -10,6 +10,7 @@
 // never frees the pool: a dying GPU process may still be running kernels.
 #include "common/json_limits.h"
 #include "common/log.h"
+#include "http/control_auth.h"
 #include "supervisor/supervisor_impl.h"
 
 namespace wsup {
@@ -86,6 +87,7 @@ KvHandover::Step Supervisor::Impl::PoolFire(Slot& s, PoolEvent event, const std:
   spdlog::info("kv pool: {} --{}({})--> {} [{}{}] {}", PoolStateName(before), PoolEventName(event), s.name,
                PoolStateName(kv_.state()), PoolActionName(step.action), step.slot.empty() ? "" : " " + step.slot,
                why);
+  ++pool_seq_;
   metrics_.kv_pool_events[PoolEventName(event)]++;
   metrics_.kv_pool_owner = kv_.state() == PoolState::kHeld ? kv_.owner() : "";
   SaveState();  // a restarted supervisor must know who may write the pool
@@ -123,17 +125,25 @@ void Supervisor::Impl::SendRole(Slot& s, const std::string& role, bool pool, int
   req.method = "POST";
   req.target = "/wsup/role";
   req.headers.push_back({"Content-Type", "application/json"});
+  if (!s.control_token.empty()) req.headers.push_back(http::ControlAuthHeader(s.control_token));
   req.body = json{{"role", role}, {"kv", pool ? "pool" : "scratch"}}.dump();
   req.timeout_ms = timeout_ms;
   Slot* sp = &s;
   const pid_t pid = s.pid;
+  const uint64_t seq = pool_seq_;
   http_->Send(cfg_.engine.host, s.port, std::move(req),
-              [sp, pid, done = std::move(done)](Result<http::HttpResponse> r) {
+              [this, sp, pid, seq, done = std::move(done)](Result<http::HttpResponse> r) {
                 if (sp->pid == pid && pid != 0) {
                   json kv = KvOf(r);
                   if (kv.is_object()) sp->kv = kv;
                   // An engine without the route keeps a private cache.
                   if (r.ok() && (r->status == 404 || kv.value("source", "") == "private")) sp->kv_capable = false;
+                  if (r.ok() && r->status == 401) {
+                    spdlog::error("engine {}: its /wsup/role refused the supervisor's control token ({}); it is not "
+                                  "the engine this supervisor started",
+                                  sp->name, AnswerText(r));
+                  }
+                  if (kv.is_object()) CheckPoolTrespass(*sp, kv, seq, "its /wsup/role answer");
                 }
                 if (done) done(std::move(r));
               });
@@ -203,26 +213,65 @@ void Supervisor::Impl::ReleasePool(Slot& s) {
   });
 }
 
+void Supervisor::Impl::CheckPoolTrespass(Slot& s, const json& kv, uint64_t seq_at_send, const char* where) {
+  if (!PoolEnabled() || !kv.is_object()) return;
+  const bool maps = (kv.contains("source") && kv["source"] == "pool") ||
+                    (kv.contains("pool_mapped") && kv["pool_mapped"].is_boolean() && kv["pool_mapped"].get<bool>());
+  if (!maps || kv_.owner() == s.name) return;
+  if (!IsLive(s.state) || s.state == SlotState::kStopping) return;
+  if (seq_at_send != pool_seq_) {
+    spdlog::debug("engine {}: {} said it maps the KV pool, but the pool's table moved since it was asked; asking again",
+                  s.name, where);
+    RefreshStatus(s);
+    return;
+  }
+  const std::string owner = kv_.owner().empty() ? "no engine" : "engine " + kv_.owner();
+  const std::string why = std::string(where) + " says it maps the node's KV pool, which is " + owner +
+                          "'s (pool " + std::string(PoolStateName(kv_.state())) +
+                          "); two writers of one pool serve wrong tokens, so it is fenced";
+  spdlog::error("engine {} (pid {}, {}): {}", s.name, s.pid, SlotStateName(s.state), why);
+  metrics_.kv_pool_events["trespass"]++;
+  RecordFence(s, why);
+  Fire(s, SlotEvent::kKvTrespass, why);
+}
+
 void Supervisor::Impl::RefreshStatus(Slot& s) {
   if (!IsLive(s.state) || s.state == SlotState::kStarting || s.pid == 0) return;
   http::ClientRequest req;
   req.target = "/wsup/status";
   req.timeout_ms = 1000;
+  if (!s.control_token.empty()) req.headers.push_back(http::ControlAuthHeader(s.control_token));
   Slot* sp = &s;
   const pid_t pid = s.pid;
-  http_->Send(cfg_.engine.host, s.port, std::move(req), [this, sp, pid](Result<http::HttpResponse> r) {
+  const uint64_t seq = pool_seq_;
+  http_->Send(cfg_.engine.host, s.port, std::move(req), [this, sp, pid, seq](Result<http::HttpResponse> r) {
     if (sp->pid != pid || !r.ok() || r->status != 200) return;
     auto st = ParseJsonChecked(r->body, "engine " + sp->name + "'s /wsup/status", "it is not a wsup engine's status");
     if (!st.ok() || !st->is_object()) return;
     if (st->contains("nonce") && (*st)["nonce"] != sp->nonce) return;
-    if (st->contains("kv") && (*st)["kv"].is_object()) sp->kv = (*st)["kv"];
+    if (st->contains("kv") && (*st)["kv"].is_object()) {
+      sp->kv = (*st)["kv"];
+      CheckPoolTrespass(*sp, sp->kv, seq, "its /wsup/status");
+      if (sp->pid != pid || !IsLive(sp->state)) return;
+    }
     if (st->contains("resume") && (*st)["resume"].is_object()) {
       const json& r = (*st)["resume"];
       sp->resume = r;
+      // Added to the slot's totals as they grow: a counter must not fall
+      // back to zero when the engine that counted dies.
       auto& m = metrics_.engine_resume[sp->name];
       for (const char* k : {"adopted_sequences", "adopted_tokens", "recomputed_sequences"}) {
-        if (r.contains(k) && r[k].is_number_unsigned()) m[k] = r[k].get<uint64_t>();
+        if (!r.contains(k) || !r[k].is_number_unsigned()) continue;
+        const uint64_t now = r[k].get<uint64_t>();
+        uint64_t& seen = sp->resume_seen[k];
+        m[k] += now >= seen ? now - seen : now;
+        seen = now;
       }
+    }
+    // An adopted engine's communicator was never reported while it started.
+    if (st->contains("comm") && (*st)["comm"].is_object() && (*st)["comm"].contains("warm") &&
+        (*st)["comm"]["warm"].is_boolean()) {
+      sp->comm_warm = (*st)["comm"]["warm"].get<bool>();
     }
     if (st->contains("memory") && (*st)["memory"].is_object()) {
       sp->memory = (*st)["memory"];

@@ -88,7 +88,7 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_kv_full_seconds From a failover's fault to the promoted engine mapping the node's KV pool.\n"
        "# TYPE wsup_kv_full_seconds histogram\n";
   hist("wsup_kv_full_seconds", "", kv_back_);
-  o << "# HELP wsup_kv_pool_events_total The KV pool's handover events (supervisor/kv_handover.h), by event.\n"
+  o << "# HELP wsup_kv_pool_events_total The KV pool's handover events (supervisor/kv_handover.h), by event; trespass: an engine fenced for mapping the pool unasked.\n"
        "# TYPE wsup_kv_pool_events_total counter\n";
   for (const auto& [e, n] : kv_pool_events) o << "wsup_kv_pool_events_total{event=\"" << e << "\"} " << n << "\n";
   o << "# HELP wsup_kv_pool_owner 1 for the engine slot that maps the node's KV pool.\n"

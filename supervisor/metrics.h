@@ -30,10 +30,11 @@ class Metrics {
   std::map<std::string, uint64_t> kv_pool_events;
   std::string kv_pool_owner;
   std::map<std::string, std::map<std::string, uint64_t>> engine_memory;
-  // Each engine's streams resumed after a crash (its /wsup/status
+  // Each slot's streams resumed after a crash (its engines' /wsup/status
   // "resume", docs/kv_journal.md): adopted_sequences, adopted_tokens,
-  // recomputed_sequences; counts of the engine's process (a restart starts
-  // them again).
+  // recomputed_sequences, summed over every engine process the slot has run
+  // under this supervisor (an engine's own counts die with it, and most
+  // resumes happen on engines that are later killed by the next drill).
   std::map<std::string, std::map<std::string, uint64_t>> engine_resume;
   void ObserveKvBack(double seconds);
 

@@ -56,7 +56,8 @@ RuntimeState Supervisor::Impl::BuildState() {
                        : s->state == SlotState::kStandby ? "standby"
                                                          : SlotStateName(s->state);
     st.engines.push_back(
-        {s->name, ProcessRef{s->pid, s->start_time}, s->port, role, s->spawned_ms, s->cache_result, s->nonce});
+        {s->name, ProcessRef{s->pid, s->start_time}, s->port, role, s->spawned_ms, s->cache_result, s->nonce,
+         s->control_token});
   }
   return st;
 }
@@ -79,6 +80,18 @@ void Supervisor::Impl::LedgerResult(const Status& st, const char* what) {
   ledger_last_error_ = std::string(what) + ": " + st.error().message();
   metrics_.ledger_write_errors = ledger_errors_;
   spdlog::error("ledger: {} was not recorded: {}", what, st.error().message());
+}
+
+void Supervisor::Impl::RecordFence(Slot& s, const std::string& why) {
+  FenceRecord rec;
+  rec.time_ms = clock_.WallMs();
+  rec.slot = s.name;
+  rec.pid = s.pid;
+  rec.slot_state = SlotStateName(s.state);
+  rec.kind = "kv_pool";
+  rec.pool_owner = kv_.owner();
+  rec.reason = why;
+  LedgerResult(ledger_->RecordFence(rec), "fence");
 }
 
 void Supervisor::Impl::Logged(const Status& st, const char* what) {

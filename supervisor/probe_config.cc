@@ -5,9 +5,9 @@
 
 namespace wsup {
 
-std::unique_ptr<Probe> MakeProbeFromConfig(const Config& config, int port, http::HttpClient& client,
-                                           const Clock& clock) {
-  ProbeTarget target{config.engine.host, port};
+std::unique_ptr<Probe> MakeProbeFromConfig(const Config& config, int port, const std::string& control_token,
+                                           http::HttpClient& client, const Clock& clock) {
+  ProbeTarget target{config.engine.host, port, control_token};
   const auto& p = config.probe;
   if (p.kind == ProbeKind::kPort) return MakePortProbe(client.loop(), target, p.timeout_ms, clock);
   SemanticProbeSpec spec;

@@ -16,9 +16,10 @@
 namespace wsup {
 
 // The probe [probe] asks for, against the engine on `port`: semantic (plus
-// comm when probe.comm is set) or port.
-std::unique_ptr<Probe> MakeProbeFromConfig(const Config& config, int port, http::HttpClient& client,
-                                           const Clock& clock = RealClock());
+// comm when probe.comm is set) or port. `control_token`: the engine's
+// (http/control_auth.h), for the comm probe's /wsup/status; "" for none.
+std::unique_ptr<Probe> MakeProbeFromConfig(const Config& config, int port, const std::string& control_token,
+                                           http::HttpClient& client, const Clock& clock = RealClock());
 // The hysteresis [probe] asks for; `seed` varies the jitter per engine.
 HysteresisOptions HysteresisFromConfig(const Config& config, uint64_t seed);
 

@@ -71,7 +71,8 @@ std::string RuntimeState::ToJson() const {
                             {"role", e.role},
                             {"started_ms", e.started_ms},
                             {"cache_result", e.cache_result},
-                            {"nonce", e.nonce}});
+                            {"nonce", e.nonce},
+                            {"control_token", e.control_token}});
   }
   return j.dump(2) + "\n";
 }
@@ -105,7 +106,7 @@ Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::
       s.engines.push_back(Engine{e.at("slot").get<std::string>(), ProcFromJson(e.at("proc")),
                                  e.at("port").get<int>(), e.at("role").get<std::string>(),
                                  e.value("started_ms", int64_t{0}), e.value("cache_result", std::string()),
-                                 e.value("nonce", std::string())});
+                                 e.value("nonce", std::string()), e.value("control_token", std::string())});
     }
     return s;
   } catch (const std::exception& ex) {

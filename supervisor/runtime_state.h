@@ -73,6 +73,10 @@ struct RuntimeState {
     int64_t started_ms = 0;
     std::string cache_result;  // "hit" | "miss" | "off" | ""
     std::string nonce;         // the per-start nonce the engine was given (WSUP_ENGINE_NONCE)
+    // The secret of its control routes (WSUP_CONTROL_TOKEN, http/control_auth.h):
+    // kept here, in a 0600 file, so that a restarted supervisor can still ask
+    // the engine its status and set its role.
+    std::string control_token;
   };
   std::vector<Engine> engines;
   // The engine slot that may map the node's KV pool ("" when none): a

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -101,6 +102,10 @@ class Supervisor::Impl {
     pid_t pid = 0;
     uint64_t start_time = 0;
     std::string nonce;
+    // The secret of its control routes, fresh at every start (WSUP_CONTROL_TOKEN,
+    // http/control_auth.h); sent with every /wsup/status and /wsup/role
+    // request, never shown.
+    std::string control_token;
     int port = 0;
     bool adopted = false;
     bool identity_logged = false;  // "port answered by someone else" said once per start
@@ -132,6 +137,9 @@ class Supervisor::Impl {
     nlohmann::json kv;
     nlohmann::json memory;
     nlohmann::json resume;  // its /wsup/status "resume": streams resumed from a dead engine's KV
+    // Its process's resume counts as last added to the slot's totals
+    // (metrics_.engine_resume); zero for a new process.
+    std::map<std::string, uint64_t> resume_seen;
     bool kv_capable = true;
 
     // Recovery bookkeeping for the next time this slot becomes ready.
@@ -348,6 +356,18 @@ class Supervisor::Impl {
   bool grant_in_flight_ = false;
   std::vector<std::function<void()>> held_for_grant_;
   void ReleasePool(Slot& s);
+  // What an engine said of its KV (`kv` of its status or role answer), in
+  // an answer to a request sent when the pool's table was at `seq_at_send`:
+  // an engine that maps the pool though the table does not make it the
+  // owner is fenced at once (killed, recorded). An answer that crossed a
+  // move of the table is not judged: it may describe the engine before a
+  // release or a grant that the table has seen since.
+  void CheckPoolTrespass(Slot& s, const nlohmann::json& kv, uint64_t seq_at_send, const char* where);
+  // Moves of the pool's table so far (CheckPoolTrespass).
+  uint64_t pool_seq_ = 0;
+  // The ledger's `fences` row of an engine killed for what it did, not for
+  // how it failed (node_state.cc).
+  void RecordFence(Slot& s, const std::string& why);
   // POST /wsup/role; the answer's `kv` is kept in the slot before `done`.
   void SendRole(Slot& s, const std::string& role, bool pool, int64_t timeout_ms,
                 std::function<void(Result<http::HttpResponse>)> done);

@@ -17,6 +17,12 @@ in the reference engine's words (engine/engine_server.h):
                         phases, requests counters
   GET  /v1/models
 
+/wsup/status is the supervisor's: when the supervisor gave this engine a
+control token ($WSUP_CONTROL_TOKEN, never a flag: a command line is visible
+to every user), it answers only a request that carries
+"Authorization: Bearer TOKEN", and 401 otherwise (http/control_auth.h in
+the reference engine).
+
 Life:
 - The socket is bound first; stdout gets "listening on HOST:PORT" at once,
   and /health and /wsup/status answer (state "starting") while the model
@@ -46,6 +52,7 @@ model): the supervisor does not restart an engine that exits with it.
 """
 
 import argparse
+import hmac
 import logging
 import os
 import select
@@ -257,6 +264,8 @@ class Engine:
 
     def __init__(self, opts):
         self.opts = opts
+        # The supervisor's secret for /wsup/status (see the module's doc).
+        self.control_token = os.environ.get("WSUP_CONTROL_TOKEN", "")
         self.model = None
         self.state = "starting"
         self.phases = []
@@ -555,6 +564,10 @@ class Handler(BaseHTTPRequestHandler):
         if body is None:
             return
         path = self.path.split("?", 1)[0]
+        # Checked before the route and the method: nothing about the control
+        # routes is told to anyone but the supervisor.
+        if (path == "/wsup" or path.startswith("/wsup/")) and not self._control_allowed(self.server.engine):
+            return
         want = ROUTES.get(path)
         if want is None:
             self._error(404, "no route %s; the engine serves POST /v1/completions, GET /v1/models, /health and "
@@ -577,6 +590,20 @@ class Handler(BaseHTTPRequestHandler):
                 self._completion(body)
             finally:
                 eng.leave_request()
+
+    def _control_allowed(self, eng):
+        """The control routes answer only the supervisor: its token, compared in constant time."""
+        token = eng.control_token
+        if not token:
+            return True
+        auth = self.headers.get("Authorization") or ""
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+        if given is not None and hmac.compare_digest(given.encode(), token.encode()):
+            return True
+        self._error(401, "the engine's control routes (/wsup/...) are the supervisor's: send 'Authorization: Bearer' "
+                         "with the token the supervisor gave this engine in WSUP_CONTROL_TOKEN",
+                    "authentication_error", headers=(("WWW-Authenticate", "Bearer"),))
+        return False
 
     def _models(self):
         eng = self.server.engine

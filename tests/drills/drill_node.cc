@@ -29,11 +29,14 @@ RunResult DrillNode::Cli(std::vector<std::string> args) const {
   return Run(a, 60s);
 }
 
-std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extra) {
-  std::string cmd = "[\"" + BinPath("wsup-engine") +
-                    "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
-                    "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"" +
-                    std::string(kv_pool ? ", \"--kv-pool\", \"--kv-scratch-mib\", \"{kv_scratch_mib}\"" : "");
+std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extra,
+                              const std::vector<std::string>& prefix) {
+  std::string cmd = "[";
+  for (const auto& p : prefix) cmd += "\"" + p + "\", ";
+  cmd += "\"" + BinPath("wsup-engine") +
+         "\", \"--model\", \"{model}\", \"--port\", \"{port}\", \"--weight-cache\", \"{mode}\", \"--socket\", "
+         "\"{socket}\", \"--device\", \"{devices}\", \"--revision\", \"{revision}\", \"--kv-cache-mib\", \"8\"" +
+         std::string(kv_pool ? ", \"--kv-pool\", \"--kv-scratch-mib\", \"{kv_scratch_mib}\"" : "");
   for (const auto& e : extra) cmd += ", \"" + e + "\"";
   return cmd + "]";
 }
@@ -57,7 +60,7 @@ void DrillNode::Start() {
       "front.hedge_after_ms=0",
   };
   if (!spec_.command_in_file) {
-    sets.push_back("engine.command=" + EngineCommandToml(spec_.kv_pool, spec_.engine_args));
+    sets.push_back("engine.command=" + EngineCommandToml(spec_.kv_pool, spec_.engine_args, spec_.engine_prefix));
     sets.push_back("model.path=" + TestData(spec_.model));
   }
   sets.insert(sets.end(), spec_.sets.begin(), spec_.sets.end());

@@ -44,6 +44,9 @@ struct DrillNodeSpec {
   bool kv_pool = false;
   // More engine arguments, at the command's end (unless command_in_file).
   std::vector<std::string> engine_args;
+  // A program (and its arguments) that runs the engine's command, put in
+  // front of it (unless command_in_file): a wrapper that misbehaves.
+  std::vector<std::string> engine_prefix;
   // A config file of the test's own instead of config/<config>; with
   // command_in_file its [engine] command and model.path are used as
   // written (a reload test edits them), else they are overridden as for
@@ -56,7 +59,8 @@ struct DrillNodeSpec {
 
 // The tested build's engine command as a TOML array (what Start() sets,
 // unless the spec keeps the file's), with `extra` arguments at its end.
-std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extra = {});
+std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extra = {},
+                              const std::vector<std::string>& prefix = {});
 
 class DrillNode {
  public:

@@ -13,14 +13,23 @@
 // tests/supervisor_core/kv_pool_logic_test.cc.
 #include <catch2/catch.hpp>
 
+#include <sys/types.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <optional>
+#include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "bench/failover_drill.h"
 #include "bench/failover_load.h"
+#include "common/fs.h"
 #include "state/report.h"
 #include "tests/drills/drill_node.h"
+#include "tests/http/http_test_client.h"
 #include "tests/test_util.h"
 
 namespace wsup {
@@ -139,6 +148,229 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
     CHECK(*f.kv_full_ms >= *f.gone_ms);
   }
   CHECK(kills == kCrashDrills);
+}
+
+// The token ids of a stream's events (choices[0].token_ids), in order;
+// nullopt when the answer is not a complete stream of them.
+std::optional<std::vector<int64_t>> StreamIds(const test::HttpResult& r) {
+  if (r.status != 200) return std::nullopt;
+  std::vector<int64_t> ids;
+  bool done = false;
+  size_t at = 0;
+  while (at < r.body.size()) {
+    size_t nl = r.body.find('\n', at);
+    std::string line = r.body.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
+    at = nl == std::string::npos ? r.body.size() : nl + 1;
+    if (line.rfind("data: ", 0) != 0) continue;
+    std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      done = true;
+      continue;
+    }
+    json e = json::parse(data, nullptr, false);
+    if (e.is_discarded() || !e.contains("choices") || e["choices"].empty()) return std::nullopt;
+    const json& c = e["choices"][0];
+    if (!c.contains("token_ids") || !c["token_ids"].is_array()) return std::nullopt;
+    for (const auto& t : c["token_ids"]) ids.push_back(t.get<int64_t>());
+  }
+  if (!done) return std::nullopt;
+  return ids;
+}
+
+TEST_CASE("kv pool: no client and no other local user can set an engine's role or read its status - 12 streams of "
+          "300 tokens stay exact",
+          "[drills][kv_pool][security]") {
+  if (!test::HaveTestData("llama-tiny-f32")) {
+    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    return;
+  }
+  test::DrillNodeSpec spec;
+  spec.kv_pool = true;
+  test::DrillNode node(spec);
+  node.Start();
+  INFO(node.Log());
+  REQUIRE(node.WaitServing());
+  auto st = node.Status();
+  REQUIRE(st);
+  std::string why;
+  const bool settled = PoolRolesSettle(node, (*st)["kv_pool"].value("scratch_mib", int64_t{0}), &why);
+  INFO(why);
+  REQUIRE(settled);
+  st = node.Status();
+  REQUIRE(st);
+  const json pool_before = (*st)["kv_pool"];
+  const json active = test::EngineOf(*st, "active"), standby = test::EngineOf(*st, "standby");
+  const int front = node.FrontPort();
+  const std::vector<int> engines = {active.value("port", 0), standby.value("port", 0)};
+  REQUIRE(front > 0);
+  REQUIRE(engines[0] > 0);
+  REQUIRE(engines[1] > 0);
+
+  // The answers the streams must give: greedy, asked one at a time first.
+  constexpr int kStreams = 12, kTokens = 300;
+  std::vector<std::string> prompts;
+  std::vector<std::vector<int64_t>> expected;
+  for (int i = 0; i < kStreams; ++i) {
+    prompts.push_back("stream " + std::to_string(i) + " of the attack: " + std::string(static_cast<size_t>(i), '*'));
+    json body{{"prompt", prompts.back()}, {"max_tokens", kTokens}, {"temperature", 0}, {"return_token_ids", true}};
+    test::HttpResult r = test::HttpRequestOnce(front, "POST", "/v1/completions", body.dump(), 120s);
+    INFO(r.body.substr(0, 300));
+    REQUIRE(r.status == 200);
+    json j = json::parse(r.body);
+    expected.push_back(j["choices"][0]["token_ids"].get<std::vector<int64_t>>());
+    REQUIRE(expected.back().size() == static_cast<size_t>(kTokens));
+  }
+
+  // The attack: from another uid where the test may act as one (root), at
+  // every engine and through the front, until the streams end: the role
+  // requests that made two engines write one pool, and the status.
+  std::string setpriv;
+  for (const char* p : {"/usr/bin/setpriv", "/bin/setpriv"}) {
+    if (::access(p, X_OK) == 0) setpriv = p;
+  }
+  const bool as_other_uid = ::geteuid() == 0 && !setpriv.empty();
+  if (!as_other_uid) WARN("not root, or no setpriv: the attack runs as this test's own uid (it has no token either)");
+  std::string targets;
+  for (int p : engines) targets += " " + std::to_string(p);
+  targets += " " + std::to_string(front);
+  const std::string stop_file = node.dir().Join("attack.stop");
+  const std::string script =
+      "n=0; while [ ! -e " + stop_file + " ] && [ $n -lt 400 ]; do n=$((n+1)); for p in" + targets +
+      "; do "
+      "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' -X POST -H 'Content-Type: application/json' "
+      "-d '{\"role\":\"active\",\"kv\":\"pool\"}' http://127.0.0.1:$p/wsup/role; "
+      "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' -X POST -H 'Content-Type: application/json' "
+      "-d '{\"role\":\"standby\"}' http://127.0.0.1:$p/wsup/role; "
+      "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' http://127.0.0.1:$p/wsup/status; "
+      "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' -H 'Authorization: Bearer 00000000000000000000000000000000' "
+      "http://127.0.0.1:$p/wsup/status; "
+      "done; done";
+  std::vector<std::string> attacker = {"/bin/sh", "-c", script};
+  if (as_other_uid) attacker.insert(attacker.begin(), {setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"});
+  test::RunResult attack;
+  std::thread attack_thread([&] { attack = test::Run(attacker, 300s); });
+
+  std::vector<test::HttpResult> got(kStreams);
+  std::vector<std::thread> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    streams.emplace_back([&, i] {
+      json body{{"prompt", prompts[i]}, {"max_tokens", kTokens}, {"temperature", 0},
+                {"stream", true}, {"return_token_ids", true}};
+      got[i] = test::HttpRequestOnce(front, "POST", "/v1/completions", body.dump(), 240s);
+    });
+  }
+  for (auto& t : streams) t.join();
+  REQUIRE(WriteFileAtomic(stop_file, "stop").ok());
+  attack_thread.join();
+
+  INFO(node.LogTails(60));
+  int exact = 0;
+  for (int i = 0; i < kStreams; ++i) {
+    auto ids = StreamIds(got[i]);
+    INFO("stream " << i << ": status " << got[i].status << " " << got[i].body.substr(0, 200));
+    CHECK(ids.has_value());
+    if (ids && *ids == expected[i]) ++exact;
+  }
+  CHECK(exact == kStreams);
+
+  // Every attempt was refused: 401 at an engine, 404 at the front.
+  INFO("attack output: " << attack.output.substr(0, 2000));
+  CHECK(attack.exit_code == 0);
+  int attempts = 0, refused = 0;
+  std::istringstream codes(attack.output);
+  for (std::string code; std::getline(codes, code);) {
+    ++attempts;
+    refused += code == "401" || code == "403" || code == "404";
+  }
+  CHECK(attempts >= 12);
+  CHECK(refused == attempts);
+  // And from this uid, without the token, the same.
+  for (int p : engines) {
+    CHECK(test::HttpRequestOnce(p, "GET", "/wsup/status").status == 401);
+    CHECK(test::HttpRequestOnce(p, "POST", "/wsup/role", R"({"role":"active","kv":"pool"})").status == 401);
+  }
+  CHECK(test::HttpRequestOnce(front, "GET", "/wsup/status").status == 404);
+
+  // The supervisor's record of who maps the pool did not move, and nothing
+  // was fenced or failed over.
+  st = node.Status();
+  REQUIRE(st);
+  CHECK((*st)["kv_pool"]["owner"] == pool_before["owner"]);
+  CHECK((*st)["kv_pool"]["state"] == "held");
+  CHECK(test::EngineOf(*st, "active").value("pid", 0) == active.value("pid", 0));
+  CHECK(test::EngineOf(*st, "standby").value("pid", 0) == standby.value("pid", 0));
+  CHECK(test::EngineOf(*st, "standby")["kv"].value("source", "") == "scratch");
+  auto reader = LedgerReader::Open(node.dir().Join("state/wsup.db"));
+  REQUIRE(reader.ok());
+  auto fences = reader->Fences();
+  REQUIRE(fences.ok());
+  CHECK(fences->empty());
+  auto failovers = reader->Failovers();
+  REQUIRE(failovers.ok());
+  CHECK(failovers->empty());
+}
+
+TEST_CASE("kv pool: an engine that maps the pool though it is the standby is fenced at once and recorded",
+          "[drills][kv_pool][security]") {
+  if (!test::HaveTestData("llama-tiny-f32")) {
+    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    return;
+  }
+  test::TempDir marks;
+  const std::string go = marks.Join("go"), once = marks.Join("once");
+  test::DrillNodeSpec spec;
+  spec.kv_pool = true;
+  spec.engine_prefix = {"python3", std::string(WSUP_SOURCE_DIR) + "/tests/drills/pool_trespasser.py", go, once};
+  test::DrillNode node(spec);
+  node.Start();
+  INFO(node.Log());
+  REQUIRE(node.WaitServing());
+  auto st = node.Status();
+  REQUIRE(st);
+  std::string why;
+  REQUIRE(PoolRolesSettle(node, (*st)["kv_pool"].value("scratch_mib", int64_t{0}), &why));
+  st = node.Status();
+  REQUIRE(st);
+  const std::string owner = (*st)["kv_pool"].value("owner", "");
+  const json active = test::EngineOf(*st, "active"), standby = test::EngineOf(*st, "standby");
+  REQUIRE(owner == active.value("slot", ""));
+
+  // The standby's wrapper maps the pool with its engine's own token.
+  REQUIRE(WriteFileAtomic(go, "go").ok());
+  auto reader = LedgerReader::Open(node.dir().Join("state/wsup.db"));
+  REQUIRE(reader.ok());
+  std::vector<FenceRecord> fences;
+  const bool fenced = test::WaitFor(
+      [&] {
+        auto f = reader->Fences();
+        if (!f.ok() || f->empty()) return false;
+        fences = *f;
+        return true;
+      },
+      30s);
+  INFO(node.LogTails(80));
+  REQUIRE(fenced);
+  REQUIRE(fences.size() == 1);
+  CHECK(fences[0].slot == standby.value("slot", ""));
+  CHECK(fences[0].pid == standby.value("pid", 0));
+  CHECK(fences[0].slot_state == "standby");
+  CHECK(fences[0].pool_owner == owner);
+  // Killed: its process group is gone.
+  CHECK(test::WaitFor([&] { return ::kill(standby.value("pid", 0), 0) != 0; }, 10s));
+  // The pool stayed the active engine's, and the node serves on, with a
+  // new standby proven in the fenced one's place.
+  REQUIRE(node.WaitServing());
+  REQUIRE(PoolRolesSettle(node, (*st)["kv_pool"].value("scratch_mib", int64_t{0}), &why));
+  st = node.Status();
+  REQUIRE(st);
+  CHECK((*st)["kv_pool"].value("owner", "") == owner);
+  CHECK(test::EngineOf(*st, "active").value("pid", 0) == active.value("pid", 0));
+  CHECK(test::EngineOf(*st, "standby").value("pid", 0) != standby.value("pid", 0));
+  auto rep = node.Cli({"report"});
+  CHECK(rep.output.find("engines fenced: 1") != std::string::npos);
+  auto failovers = reader->Failovers();
+  REQUIRE(failovers.ok());
+  CHECK(failovers->empty());
 }
 
 }  // namespace

@@ -131,6 +131,59 @@ TEST_CASE("engine: the start's nonce is echoed in /wsup/status, from the flag or
   CHECK(wsup::test::GetJson(f.port, "/wsup/status")["nonce"] == "from-env-77");
 }
 
+TEST_CASE("engine: with a control token its /wsup routes answer only requests that carry it") {
+  TempDir dir;
+  // The supervisor hands the token over in the environment, never as a flag.
+  ::setenv("WSUP_CONTROL_TOKEN", "0123456789abcdef0123456789abcdef", 1);
+  Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32", {"--nonce", "n-1"});
+  ::unsetenv("WSUP_CONTROL_TOKEN");
+  INFO(e.Log());
+  REQUIRE(e.ready);
+  const std::vector<std::pair<std::string, std::string>> good = {
+      {"Authorization", "Bearer 0123456789abcdef0123456789abcdef"}};
+  const std::string role = json{{"role", "active"}, {"kv", "pool"}}.dump();
+  struct Try {
+    std::string method, path, body;
+    std::vector<std::pair<std::string, std::string>> headers;
+  };
+  const std::vector<Try> refused = {
+      {"GET", "/wsup/status", "", {}},
+      {"POST", "/wsup/role", role, {}},
+      {"GET", "/wsup/status", "", {{"Authorization", "Bearer 0123456789abcdef0123456789abcdee"}}},
+      {"GET", "/wsup/status", "", {{"Authorization", "Bearer 0123456789abcdef"}}},
+      {"POST", "/wsup/role", role, {{"Authorization", "Basic 0123456789abcdef0123456789abcdef"}}},
+      // A wrong method or an unknown /wsup route says nothing before the token either.
+      {"DELETE", "/wsup/status", "", {}},
+      {"GET", "/wsup/anything", "", {}},
+  };
+  for (const auto& t : refused) {
+    INFO(t.method << " " << t.path);
+    HttpResult r = wsup::test::HttpRequestOnce(e.port, t.method, t.path, t.body, 10s, t.headers);
+    CHECK(r.status == 401);
+    CHECK(r.Header("WWW-Authenticate") == "Bearer");
+    CHECK(r.body.find("n-1") == std::string::npos);  // no nonce, no status
+    CHECK(r.body.find("0123456789abcdef") == std::string::npos);  // never the token
+  }
+  HttpResult ok = wsup::test::HttpRequestOnce(e.port, "GET", "/wsup/status", "", 10s, good);
+  REQUIRE(ok.status == 200);
+  CHECK(json::parse(ok.body)["nonce"] == "n-1");
+  CHECK(json::parse(ok.body)["role"] == "standby");
+  // The OpenAI routes and /health need no token.
+  CHECK(wsup::test::HttpRequestOnce(e.port, "GET", "/health").status == 200);
+  CHECK(wsup::test::HttpRequestOnce(e.port, "GET", "/v1/models").status == 200);
+  // The refused role request changed nothing.
+  CHECK(json::parse(wsup::test::HttpRequestOnce(e.port, "GET", "/wsup/status", "", 10s, good).body)["role"] ==
+        "standby");
+  CHECK(wsup::test::HttpRequestOnce(e.port, "POST", "/wsup/role", json{{"role", "active"}}.dump(), 10s, good).status ==
+        200);
+  CHECK(json::parse(wsup::test::HttpRequestOnce(e.port, "GET", "/wsup/status", "", 10s, good).body)["role"] ==
+        "active");
+  // Never on its command line, where every user could read it.
+  CHECK(wsup::test::ReadAll("/proc/" + std::to_string(e.child.pid()) + "/cmdline").find("0123456789abcdef") ==
+        std::string::npos);
+  StopClean(e);
+}
+
 TEST_CASE("engine: fp8-block goldens, bf16 sharded serves") {
   TempDir dir;
   Proc fp8 = wsup::test::StartEngine(dir, "llama-tiny-fp8-block", {}, "fp8.log");

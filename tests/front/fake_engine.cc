@@ -135,7 +135,7 @@ void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
     w->Abort();
     return;
   }
-  if (r.path == "/whoami") {
+  if (r.path == "/v1/whoami") {
     auto resp = http::HttpResponse::Text(200, name_);
     resp.headers.push_back({"X-Engine", name_});
     w->Send(std::move(resp));
@@ -145,7 +145,7 @@ void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
     w->Send(http::HttpResponse::Json(200, "{\"ok\":true}"));
     return;
   }
-  if (r.path == "/big") {
+  if (r.path == "/v1/big") {
     // A body larger than the front's buffer limit: relayed as it comes.
     auto resp = http::HttpResponse::Text(200, std::string(1 << 20, 'x'));
     w->Send(std::move(resp));

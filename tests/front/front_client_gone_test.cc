@@ -103,6 +103,6 @@ TEST_CASE("a client that closes while its request waits for an engine leaves the
   auto reply = ctl.Call(wsup::test::SetRoutes(a.addr(), "", 1));
   REQUIRE(reply.has_value());
   REQUIRE((*reply)["ok"] == true);
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
   CHECK(a.completions.load() == 0);
 }

@@ -405,6 +405,46 @@ TEST_CASE("hedging: a stream that stalls after 5 tokens is resumed on the standb
   CHECK(st["counters"]["silent_reports"] == 0);
 }
 
+TEST_CASE("hedging: a request is hedged once in its life - a stream the hedge took over is not hedged again",
+          "[front][engine][hedge]") {
+  if (!Prerequisites()) return;
+  wsup::test::TempDir dir;
+  json golden = Golden();
+  Engine a = StartEngine(dir, "a");
+  Engine b = StartEngine(dir, "b");
+  Engine c = StartEngine(dir, "c");
+  // The active passes five events, the standby three (of the resumed
+  // stream): the stream stalls on each in turn.
+  HoldingRelay ra(a.port, 5), rb(b.port, 3);
+  auto front = FrontProcess::Start({"--active", ra.addr(), "--standby", rb.addr(), "--hedge-after-ms", "200"});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+
+  const json& cs = golden["cases"][0];
+  json req = {{"prompt", cs["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  HttpResult r;
+  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  // Hedged on the standby, which took the stream over.
+  REQUIRE(WaitFor([&] { return FrontStatus(ctl)["counters"]["hedge_won"] == 1 && rb.events_passed() == 3; }, 20s));
+  // The supervisor moves the roles: the engine the stream is on is now the
+  // active one, and a third is the standby. The stream stays silent on it,
+  // yet it is not hedged a second time.
+  REQUIRE(ctl.Call(wsup::test::SetRoutes(rb.addr(), c.addr(), 1)).has_value());
+  CHECK_FALSE(WaitFor([&] { return FrontStatus(ctl)["counters"]["hedged"] != 1; }, 1500ms));
+  // Its engine fails: the stream is resumed on the standby (after a failure,
+  // not a hedge), with no gap and no repeat.
+  rb.Cut();
+  client.join();
+  INFO(front->Log());
+  REQUIRE(r.status == 200);
+  auto [text, done] = StreamText(r.body);
+  CHECK(done);
+  CHECK(text == cs["output_text_latin1"].get<std::string>());
+  json st = FrontStatus(ctl);
+  CHECK(st["counters"]["hedged"] == 1);
+  CHECK(st["counters"]["resumed"] == 1);
+}
+
 TEST_CASE("hedging: an active engine that answers first wins and the hedge is closed", "[front][engine][hedge]") {
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;

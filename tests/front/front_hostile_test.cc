@@ -57,7 +57,7 @@ std::string StreamText(const std::string& body, bool* done) {
 // still serves answers in milliseconds; the bound is generous for CI).
 bool Served(int port, std::chrono::milliseconds limit = 5s) {
   auto t0 = std::chrono::steady_clock::now();
-  HttpResult r = HttpRequestOnce(port, "GET", "/whoami", "", limit);
+  HttpResult r = HttpRequestOnce(port, "GET", "/v1/whoami", "", limit);
   return r.status == 200 && r.body == "A" && std::chrono::steady_clock::now() - t0 < limit;
 }
 
@@ -93,23 +93,23 @@ TEST_CASE("hostile clients all at once never stall a stream in flight or new req
   HttpConn* garbage = open();
   REQUIRE(garbage->Send(std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11) + std::string(200, '\xff')));
   HttpConn* bad_line = open();
-  REQUIRE(bad_line->Send("GET /whoami HTTP/9.9 extra\r\n\r\n"));
+  REQUIRE(bad_line->Send("GET /v1/whoami HTTP/9.9 extra\r\n\r\n"));
   HttpConn* bad_header = open();
-  REQUIRE(bad_header->Send("GET /whoami HTTP/1.1\r\nNo colon here\r\n\r\n"));
+  REQUIRE(bad_header->Send("GET /v1/whoami HTTP/1.1\r\nNo colon here\r\n\r\n"));
   HttpConn* huge_header = open();
-  REQUIRE(huge_header->Send("GET /whoami HTTP/1.1\r\nX-Big: " + std::string(100000, 'h') + "\r\n\r\n", 10s));
+  REQUIRE(huge_header->Send("GET /v1/whoami HTTP/1.1\r\nX-Big: " + std::string(100000, 'h') + "\r\n\r\n", 10s));
   HttpConn* huge_body = open();
   REQUIRE(huge_body->Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n"));
   // A pipelined burst whose third request is broken: the first two are
   // answered in order, then 400, then the connection closes.
   HttpConn* pipelined = open();
-  REQUIRE(pipelined->Send(FormatRequest("GET", "/whoami", "") +
+  REQUIRE(pipelined->Send(FormatRequest("GET", "/v1/whoami", "") +
                           FormatRequest("POST", "/v1/completions", R"({"prompt":"p","max_tokens":3})") +
-                          "GET /whoami HTTP/1.1\r\nContent-Length: nope\r\n\r\n" + FormatRequest("GET", "/whoami", "")));
+                          "GET /v1/whoami HTTP/1.1\r\nContent-Length: nope\r\n\r\n" + FormatRequest("GET", "/v1/whoami", "")));
   // A client that asks for 1 MiB and never reads it (the socket buffers may
   // hold all of it; either way it must not hold up anyone else).
   HttpConn* no_reader = open();
-  REQUIRE(no_reader->Send(FormatRequest("GET", "/big", "")));
+  REQUIRE(no_reader->Send(FormatRequest("GET", "/v1/big", "")));
   // Clients that vanish mid-stream, and one that vanishes mid-request.
   for (int i = 0; i < 5; ++i) {
     HttpConn c;
@@ -176,5 +176,5 @@ TEST_CASE("a request line or header section split into single bytes is still ser
   HttpResult r = c.Read(10s);
   CHECK(r.status == 200);
   CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("drip"), 4)));
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
 }

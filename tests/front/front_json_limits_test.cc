@@ -108,7 +108,7 @@ TEST_CASE("deeply nested completion bodies get a 400 from the front, which keeps
     CHECK(a.completions.load() == 3);
   }
   SECTION("other routes are forwarded byte for byte, unparsed") {
-    HttpResult r = HttpRequestOnce(front->port(), "POST", "/whoami", Arrays(d), 30s);
+    HttpResult r = HttpRequestOnce(front->port(), "POST", "/v1/whoami", Arrays(d), 30s);
     CHECK(r.status == 200);
     CHECK(r.body == "A");
   }
@@ -143,5 +143,5 @@ TEST_CASE("a deeply nested control message gets an error reply and its sender st
   REQUIRE(reply.has_value());
   CHECK((*reply)["ok"] == true);
   CHECK(front->child().running());
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
 }

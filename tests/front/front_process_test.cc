@@ -94,19 +94,58 @@ bool ReadUntil(int fd, const std::string& needle, std::string* got, std::chrono:
 
 }  // namespace
 
+TEST_CASE("the front forwards the OpenAI routes and /health only - an engine's control routes get 404 at the front",
+          "[front][process]") {
+  FakeEngine a("A"), b("B");
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  const int before = a.requests.load() + b.requests.load();
+  struct Try {
+    std::string method, target, body;
+  };
+  const std::vector<Try> refused = {
+      {"POST", "/wsup/role", R"({"role":"active","kv":"pool"})"},
+      {"GET", "/wsup/status", ""},
+      {"GET", "/wsup/status?x=1", ""},
+      {"GET", "/wsup", ""},
+      {"GET", "/", ""},
+      {"GET", "/metrics", ""},
+      {"GET", "/v1/../wsup/status", ""},
+      {"GET", "/v1/./whoami", ""},
+      {"GET", "/v1", ""},
+      {"GET", "/healthz", ""},
+      {"GET", "http://127.0.0.1/wsup/status", ""},
+  };
+  for (const auto& t : refused) {
+    INFO(t.method << " " << t.target);
+    HttpResult r = HttpRequestOnce(front->port(), t.method, t.target, t.body, 10s);
+    CHECK(r.status == 404);
+    CHECK(r.body.find("/v1/") != std::string::npos);  // says what it does serve
+  }
+  // No engine saw any of them.
+  CHECK(a.requests.load() + b.requests.load() == before);
+  json counters = Status(ctl)["counters"];
+  CHECK(counters.value("not_forwarded", 0) == static_cast<int>(refused.size()));
+  // What the front is for still goes through.
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/health").status == 200);
+  CHECK(Post(front->port(), R"({"prompt":"hi","max_tokens":2})").status == 200);
+}
+
 TEST_CASE("set_routes takes effect for the next request while in-flight ones finish", "[front][process]") {
   FakeEngine a("A"), b("B");
   auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
   REQUIRE(ctl.Connect(front->control_path()));
 
-  HttpResult r = HttpRequestOnce(front->port(), "GET", "/whoami", "", 10s, {{"X-Request-Id", "trace-123"}});
+  HttpResult r = HttpRequestOnce(front->port(), "GET", "/v1/whoami", "", 10s, {{"X-Request-Id", "trace-123"}});
   REQUIRE(r.status == 200);
   CHECK(r.body == "A");
   CHECK(r.Header("X-Engine") == "A");
   CHECK(r.Header("X-Request-Id") == "trace-123");
   CHECK(a.last_request_id() == "trace-123");
-  r = HttpRequestOnce(front->port(), "GET", "/whoami");
+  r = HttpRequestOnce(front->port(), "GET", "/v1/whoami");
   CHECK(r.status == 200);
   CHECK_FALSE(r.Header("X-Request-Id").empty());
   CHECK(a.last_request_id() == r.Header("X-Request-Id"));
@@ -125,7 +164,7 @@ TEST_CASE("set_routes takes effect for the next request while in-flight ones fin
   REQUIRE(reply.has_value());
   CHECK((*reply)["ok"] == true);
   CHECK((*reply)["epoch"] == 1);
-  r = HttpRequestOnce(front->port(), "GET", "/whoami");
+  r = HttpRequestOnce(front->port(), "GET", "/v1/whoami");
   CHECK(r.body == "B");  // the very next request
   CHECK(a.streams_active.load() == 1);  // the old one is still streaming from A
   t.join();
@@ -167,7 +206,7 @@ TEST_CASE("set_routes takes effect for the next request while in-flight ones fin
   reply = ctl.Call(json{{"type", "set_limits"}, {"queue_timeout_ms", 2000}, {"max_queued", 5}});
   REQUIRE(reply.has_value());
   CHECK((*reply)["ok"] == true);
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "B");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "B");
 
   // Hedging settings: all three or none, each in its range; good ones show in status.
   for (const auto& [bad, key] : std::vector<std::pair<json, std::string>>{
@@ -424,7 +463,7 @@ TEST_CASE("engine_dead: what is in flight on a dead engine is sent on at once, n
     CHECK((*reply)["ok"] == false);
     CHECK((*reply)["error"].get<std::string>().find("engine_dead") != std::string::npos);
   }
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "B");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "B");
 }
 
 TEST_CASE("with no engine, requests wait for a route up to the queue timeout, then 503", "[front][process]") {
@@ -454,7 +493,7 @@ TEST_CASE("with no engine, requests wait for a route up to the queue timeout, th
     ControlClient ctl;
     REQUIRE(ctl.Connect(front->control_path()));
     HttpResult r;
-    std::thread t([&] { r = HttpRequestOnce(front->port(), "GET", "/whoami"); });
+    std::thread t([&] { r = HttpRequestOnce(front->port(), "GET", "/v1/whoami"); });
     REQUIRE(WaitFor([&] { return Status(ctl)["queued"] == 1; }, 10s));
     auto t0 = std::chrono::steady_clock::now();
     auto reply = ctl.Call(SetRoutes(a.addr(), "", 1));
@@ -472,7 +511,7 @@ TEST_CASE("hostile clients never stop the front from serving others", "[front][p
   auto front = FrontProcess::Start({"--active", a.addr(), "--header-timeout-ms", "300"});
   ControlClient ctl;
   REQUIRE(ctl.Connect(front->control_path()));
-  auto served = [&] { return HttpRequestOnce(front->port(), "GET", "/whoami").body == "A"; };
+  auto served = [&] { return HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A"; };
 
   SECTION("a bad request line gets 400") {
     HttpConn c;
@@ -484,14 +523,14 @@ TEST_CASE("hostile clients never stop the front from serving others", "[front][p
   SECTION("huge headers get 431") {
     HttpConn c;
     REQUIRE(c.Connect(front->port()));
-    REQUIRE(c.Send("GET /whoami HTTP/1.1\r\nX-Big: " + std::string(40000, 'x') + "\r\n\r\n"));
+    REQUIRE(c.Send("GET /v1/whoami HTTP/1.1\r\nX-Big: " + std::string(40000, 'x') + "\r\n\r\n"));
     CHECK(c.Read(5s).status == 431);
     CHECK(served());
   }
   SECTION("a slow client is cut off by the header timeout") {
     HttpConn slow;
     REQUIRE(slow.Connect(front->port()));
-    REQUIRE(slow.Send("GET /whoami HTTP/1.1\r\nHost: x\r\n"));
+    REQUIRE(slow.Send("GET /v1/whoami HTTP/1.1\r\nHost: x\r\n"));
     CHECK(served());
     CHECK(slow.WaitClosed(5s));
     CHECK(served());
@@ -515,7 +554,7 @@ TEST_CASE("hostile clients never stop the front from serving others", "[front][p
     HttpConn c;
     REQUIRE(c.Connect(front->port()));
     std::string body = R"({"prompt":"p","max_tokens":3})";
-    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/whoami", "") +
+    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/v1/whoami", "") +
                    wsup::test::FormatRequest("POST", "/v1/completions", body) +
                    wsup::test::FormatRequest("GET", "/health", "")));
     HttpResult r1 = c.Read(10s), r2 = c.Read(10s), r3 = c.Read(10s);
@@ -532,7 +571,7 @@ TEST_CASE("hostile clients never stop the front from serving others", "[front][p
     CHECK(served());
   }
   SECTION("a large answer is relayed as it comes") {
-    HttpResult r = HttpRequestOnce(front->port(), "GET", "/big");
+    HttpResult r = HttpRequestOnce(front->port(), "GET", "/v1/big");
     CHECK(r.status == 200);
     CHECK(r.body.size() == (1u << 20));
     CHECK(served());
@@ -589,7 +628,7 @@ TEST_CASE("bad control messages get an error or drop only their sender", "[front
   json s = Status(good);
   CHECK(s["active"] == a.addr());
   CHECK(Status(garbage)["ok"] == true);
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
   CHECK(front->child().running());
 }
 
@@ -607,14 +646,14 @@ TEST_CASE("a front restarted on the kept listening socket refuses no connection"
 
   auto first = FrontProcess::Start({"--listen-fd", "3", "--active", a.addr()}, {lfd});
   CHECK(first->port() == port);
-  CHECK(HttpRequestOnce(port, "GET", "/whoami").body == "A");
+  CHECK(HttpRequestOnce(port, "GET", "/v1/whoami").body == "A");
   first->child().Kill(SIGKILL);
   REQUIRE(first->child().Wait(10s) >= 0);
 
   // Nobody accepts now, but the connection is not refused: it waits in the backlog.
   HttpConn waiting;
   REQUIRE(waiting.Connect(port));
-  REQUIRE(waiting.Send(wsup::test::FormatRequest("GET", "/whoami", "")));
+  REQUIRE(waiting.Send(wsup::test::FormatRequest("GET", "/v1/whoami", "")));
   auto second = FrontProcess::Start({"--listen-fd", "3", "--active", a.addr()}, {lfd});
   HttpResult r = waiting.Read(10s);
   CHECK(r.status == 200);
@@ -625,7 +664,7 @@ TEST_CASE("a front restarted on the kept listening socket refuses no connection"
 TEST_CASE("SIGTERM lets streams in flight finish, then stops cleanly", "[front][process]") {
   FakeEngine a("A");
   auto front = FrontProcess::Start({"--active", a.addr()});
-  CHECK(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
   a.token_delay_ms = 10;
   HttpResult streamed;
   std::thread t([&] { streamed = Post(front->port(), R"({"prompt":"bye","stream":true,"max_tokens":20})"); });
@@ -675,11 +714,11 @@ TEST_CASE("a switch made while no supervisor is connected is kept in status even
   FakeEngine a("A"), b("B");
   auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--epoch", "3"});
   int64_t t0 = WallMs();
-  REQUIRE(HttpRequestOnce(front->port(), "GET", "/whoami").body == "A");
+  REQUIRE(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
   int64_t t1 = WallMs();
   // The active engine dies while nobody listens to the front's events.
   a.Stop();
-  HttpResult r = HttpRequestOnce(front->port(), "GET", "/whoami");
+  HttpResult r = HttpRequestOnce(front->port(), "GET", "/v1/whoami");
   int64_t t2 = WallMs();
   REQUIRE(r.status == 200);
   CHECK(r.body == "B");
@@ -741,7 +780,7 @@ TEST_CASE("the status event log keeps the last 64 events, oldest first", "[front
     auto reply = ctl.Call(SetRoutes(to.addr(), "", epoch));
     REQUIRE(reply.has_value());
     REQUIRE((*reply)["ok"] == true);
-    REQUIRE(HttpRequestOnce(front->port(), "GET", "/whoami").body == to.name());
+    REQUIRE(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == to.name());
   }
   json events = Status(ctl)["events"];
   REQUIRE(events.size() == 64);

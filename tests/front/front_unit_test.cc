@@ -12,6 +12,7 @@
 #include "front/address.h"
 #include "front/completion.h"
 #include "front/control_socket.h"
+#include "front/routes.h"
 #include "front/shared.h"
 #include "front/sse_relay.h"
 #include "front/status_merge.h"
@@ -43,6 +44,19 @@ std::string Event(const std::string& id, const std::vector<int64_t>& ids, bool l
 }
 
 }  // namespace
+
+TEST_CASE("IsForwardedPath: the OpenAI API and /health, nothing else, no dot segments", "[front][unit]") {
+  for (const char* p : {"/health", "/v1/completions", "/v1/models", "/v1/chat/completions", "/v1/x/y.z", "/v1/..a"}) {
+    INFO(p);
+    CHECK(IsForwardedPath(p));
+  }
+  for (const char* p : {"/wsup/role", "/wsup/status", "/wsup", "/", "", "/v1", "/v1/", "/v1/../wsup/role",
+                        "/v1/./completions", "/v1/completions/..", "/v1/a/./b", "/health/", "/healthz", "/V1/models",
+                        "http://h/v1/models", "/metrics", "//v1/models"}) {
+    INFO(p);
+    CHECK_FALSE(IsForwardedPath(p));
+  }
+}
 
 TEST_CASE("ParseHostPort accepts numeric addresses and names the fix otherwise", "[front][unit]") {
   auto a = ParseHostPort("127.0.0.1:8001", "--active");
@@ -144,6 +158,16 @@ TEST_CASE("PlanCompletion rewrites streamed requests for resuming", "[front][uni
     CHECK(resume["prompt"] == json::array({1, 2, 3, 9}));
     CHECK(resume["seed"] != 42);
     CHECK(json::parse(ResumeBody(p, {9}, 4))["seed"] == resume["seed"]);  // derived, reproducible
+  }
+  SECTION("a return_token_ids the engine refuses reaches it as sent, on a stream as on a plain request") {
+    for (const char* v : {R"("no")", "1", "[]", "{}"}) {
+      std::string body = std::string(R"({"prompt":"a","stream":true,"return_token_ids":)") + v + "}";
+      INFO(body);
+      REQUIRE(PlanCompletion(body, 16, &p));
+      CHECK(p.stream);
+      CHECK_FALSE(p.resumable);
+      CHECK(json::parse(p.upstream_body)["return_token_ids"] == json::parse(v));
+    }
   }
   SECTION("greedy keeps its seed") {
     REQUIRE(PlanCompletion(R"({"prompt":"a","stream":true,"seed":42,"temperature":0})", 16, &p));

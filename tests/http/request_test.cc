@@ -88,6 +88,24 @@ TEST_CASE("parser: limits give 413 and 431, garbage gives 400") {
     FeedAll(p, "POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n");
     CHECK(p.error().status == 400);
   }
+  SECTION("a transfer coding other than chunked alone is refused") {
+    for (const char* te : {"gzip, chunked", "gzip", "deflate,chunked", "chunked, identity", "identity"}) {
+      INFO(te);
+      RequestParser p;
+      auto out = FeedAll(p, std::string("POST / HTTP/1.1\r\nTransfer-Encoding: ") + te +
+                                "\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+      CHECK(out.empty());
+      CHECK(p.error().status == 501);
+      CHECK(p.error().message.find("Transfer-Encoding") != std::string::npos);
+    }
+    RequestParser twice;
+    FeedAll(twice, "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+    CHECK(twice.error().status == 400);
+    RequestParser ok;
+    auto out = FeedAll(ok, "POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n");
+    REQUIRE(out.size() == 1);
+    CHECK(out[0].body == "abc");
+  }
   SECTION("upgrade is refused") {
     RequestParser p;
     FeedAll(p, "GET / HTTP/1.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n");

@@ -266,7 +266,7 @@ TEST_CASE("probe: the configured probe is semantic then comm", "[probes]") {
   auto config = ParseConfig(kConfig, "/tmp/c.toml");
   REQUIRE(config.ok());
   env.engine.keepalive_ms = 10;
-  auto probe = MakeProbeFromConfig(*config, env.server->port(), *env.client);
+  auto probe = MakeProbeFromConfig(*config, env.server->port(), "", *env.client);
   CHECK(env.RunOnce(*probe).ok);
   env.engine.warm = false;
   CHECK(env.RunOnce(*probe).reason == "comm: comm not warm");

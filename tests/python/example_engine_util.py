@@ -159,16 +159,18 @@ def request(port, method, path, body=None, headers=None, timeout_s=30.0, host="1
         conn.close()
 
 
-def get_json(port, path, timeout_s=10.0):
-    status, _, body = request(port, "GET", path, timeout_s=timeout_s)
+def get_json(port, path, timeout_s=10.0, token=None):
+    headers = {"Authorization": "Bearer " + token} if token else None
+    status, _, body = request(port, "GET", path, headers=headers, timeout_s=timeout_s)
     if status != 200:
         raise RuntimeError("GET %s on port %d: %d %r" % (path, port, status, body[:300]))
     return json.loads(body)
 
 
-def try_status(port):
+def try_status(port, token=None):
+    """An engine's /wsup/status; `token`: the control token a supervisor gave it (Node.engine_token)."""
     try:
-        return get_json(port, "/wsup/status", timeout_s=5.0)
+        return get_json(port, "/wsup/status", timeout_s=5.0, token=token)
     except (OSError, RuntimeError, ValueError):
         return None
 
@@ -317,6 +319,18 @@ class Node:
         r = subprocess.run([self.wsup] + list(args) + ["--socket", self.sock], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, timeout=timeout_s, env=self.env)
         return r.returncode, r.stdout.decode(errors="replace"), r.stderr.decode(errors="replace")
+
+    def engine_token(self, slot):
+        """The control token the supervisor gave the engine of `slot` (from its 0600 state.json), or None."""
+        try:
+            with open(os.path.join(self.dir, "run", "state.json")) as f:
+                state = json.load(f)
+        except (OSError, ValueError):
+            return None
+        for e in state.get("engines", []):
+            if e.get("slot") == slot:
+                return e.get("control_token") or None
+        return None
 
     def status(self):
         if not os.path.exists(self.sock):

@@ -100,7 +100,7 @@ def engine_alone(table, args, model_dir, cases, device, workdir, env):
 def sources(node, s):
     out = {}
     for e in s.get("engines", []):
-        st = try_status(e["port"]) if e.get("port") else None
+        st = try_status(e["port"], node.engine_token(e["slot"])) if e.get("port") else None
         out[e["slot"]] = (e.get("role"), (st or {}).get("weights", {}).get("source"), (st or {}).get("weights"))
     return out
 

@@ -404,6 +404,25 @@ def test_starts_announces_ready_and_reports_status(engine):
     assert m["data"][0]["id"] == MODEL and m["data"][0]["max_model_len"] == 2048
 
 
+def test_with_a_control_token_status_answers_only_the_supervisor(engine):
+    token = "0123456789abcdef0123456789abcdef"
+    e = engine(env=dict(os.environ, WSUP_ENGINE_NONCE="n0nce", WSUP_CONTROL_TOKEN=token))
+    for headers in (None, {"Authorization": "Bearer " + token[:-1] + "0"}, {"Authorization": "Basic " + token},
+                    {"Authorization": token}):
+        status, h, body = request(e.port, "GET", "/wsup/status", headers=headers)
+        assert status == 401, (headers, status, body)
+        assert h.get("www-authenticate") == "Bearer"
+        assert b"n0nce" not in body and token.encode() not in body
+        assert b"WSUP_CONTROL_TOKEN" in body
+    # A wrong method or route under /wsup tells nothing either.
+    assert request(e.port, "POST", "/wsup/status", b"")[0] == 401
+    assert request(e.port, "GET", "/wsup/role")[0] == 401
+    assert get_json(e.port, "/wsup/status", token=token)["nonce"] == "n0nce"
+    assert get_json(e.port, "/health")["status"] == "ok"
+    with open("/proc/%d/cmdline" % e.proc.pid, "rb") as f:
+        assert token.encode() not in f.read()
+
+
 def test_while_loading_status_says_starting_and_completions_get_503(engine):
     e = engine("--fake-load-ms", "60000", wait_ready=False)
     s = get_json(e.port, "/wsup/status")

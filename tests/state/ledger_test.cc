@@ -56,8 +56,8 @@ TEST_CASE("ledger: a new ledger gets the latest schema in WAL mode", "[state]") 
   REQUIRE(db.ok());
   CHECK(*SchemaVersion(*db) == kSchemaVersion);
   CHECK(*db->QueryText("PRAGMA journal_mode") == "wal");
-  CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "holder_restarts", "probe_transitions",
-                                                "recoveries", "rollouts"});
+  CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "fences", "holder_restarts",
+                                                "probe_transitions", "recoveries", "rollouts"});
   CHECK(*db->QueryText("PRAGMA integrity_check") == "ok");
 }
 
@@ -95,6 +95,54 @@ TEST_CASE("ledger: migrates a version 1 ledger forward and keeps its rows", "[st
   auto restarts = reader->HolderRestarts();
   REQUIRE(restarts.ok());
   CHECK(restarts->size() == 1);
+}
+
+TEST_CASE("ledger: a fenced engine is a fences row, read back whole; a row without its facts is refused",
+          "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  {
+    auto l = MustOpen(path);
+    FenceRecord f;
+    f.time_ms = 5000;
+    f.slot = "b";
+    f.pid = 4242;
+    f.slot_state = "standby";
+    f.kind = "kv_pool";
+    f.pool_owner = "a";
+    f.reason = "its /wsup/status says it maps the node's KV pool";
+    auto id = l->RecordFence(f);
+    REQUIRE(id.ok());
+    CHECK(*id == 1);
+    f.pool_owner.clear();
+    CHECK(*l->RecordFence(f) == 2);
+    FenceRecord bad = f;
+    bad.kind = "other";
+    CHECK(l->RecordFence(bad).status().code() == Code::kInvalidArgument);
+    bad = f;
+    bad.reason.clear();
+    CHECK(l->RecordFence(bad).status().code() == Code::kInvalidArgument);
+    REQUIRE(l->Flush().ok());
+  }
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  auto rows = reader->Fences();
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 2);
+  CHECK((*rows)[0].slot == "b");
+  CHECK((*rows)[0].pid == 4242);
+  CHECK((*rows)[0].slot_state == "standby");
+  CHECK((*rows)[0].pool_owner == "a");
+  CHECK((*rows)[1].pool_owner.empty());
+  CHECK((*rows)[0].reason.find("KV pool") != std::string::npos);
+  // The report lists them.
+  ReportOptions o;
+  o.now_ms = 10'000;
+  auto rep = BuildReport(*reader, o);
+  REQUIRE(rep.ok());
+  CHECK(rep->fences.size() == 2);
+  CHECK(RenderReportText(*rep).find("engines fenced: 2") != std::string::npos);
+  CHECK(nlohmann::json::parse(RenderReportJson(*rep))["fences"][0]["pool_owner"] == "a");
 }
 
 TEST_CASE("ledger: migrating twice is a no-op, a newer schema is refused", "[state]") {

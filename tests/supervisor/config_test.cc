@@ -198,6 +198,8 @@ std::vector<BadCase> BadCases() {
        "allowed: an integer from 0 to 100"},
       {"hedge burst zero", kBase, {"front.hedge_burst=0"}, "front.hedge_burst", 1, "allowed: an integer from 1 to"},
       {"hedge share as a fraction", kBase, {"front.hedge_percent=0.1"}, "front.hedge_percent", 1, "an integer"},
+      {"hedge every request", kBase, {"front.hedge_percent=100"}, "front.hedge_percent", 1, "give at most 50"},
+      {"hedge most requests", kBase, {"front.hedge_percent=51"}, "front.hedge_percent", 1, "starves the standby"},
       {"front loops past 64", kBase, {"front.loops=65"}, "front.loops", 1, "allowed: an integer from 0 to 64"},
       {"front loops negative", kBase, {"front.loops=-1"}, "front.loops", 1, "allowed: an integer from 0 to 64"},
       // --set

@@ -95,6 +95,25 @@ TEST_CASE("a draining slot takes the traffic back when its replacement fails, un
   }
 }
 
+TEST_CASE("an engine that maps the KV pool the supervisor did not give it is killed at once; the active fails over") {
+  for (SlotState s : {SlotState::kStarting, SlotState::kWarming, SlotState::kStandby, SlotState::kDraining}) {
+    auto t = NextTransition(s, SlotEvent::kKvTrespass);
+    REQUIRE(t);
+    CHECK(t->to == SlotState::kFailed);
+    CHECK(t->action == SlotAction::kKillGroup);
+  }
+  auto active = NextTransition(SlotState::kActive, SlotEvent::kKvTrespass);
+  REQUIRE(active);
+  CHECK(active->to == SlotState::kFailed);
+  CHECK(active->action == SlotAction::kFailover);
+  CHECK(TriggerFor(SlotEvent::kKvTrespass, false) == FailoverTrigger::kProbe);
+  // Nothing is left to fence once it failed or stopped.
+  for (SlotState s : {SlotState::kFailed, SlotState::kStopping, SlotState::kStopped, SlotState::kIdle}) {
+    CHECK_FALSE(NextTransition(s, SlotEvent::kKvTrespass).has_value());
+  }
+  CHECK(std::string(SlotEventName(SlotEvent::kKvTrespass)) == "kv_trespass");
+}
+
 TEST_CASE("every live state can be stopped and every stop ends in stopped") {
   for (SlotState s : {SlotState::kStarting, SlotState::kWarming, SlotState::kStandby, SlotState::kActive,
                       SlotState::kDraining}) {

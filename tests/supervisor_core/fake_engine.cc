@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "http/control_auth.h"
+
 namespace wsup::logic {
 
 using nlohmann::json;
@@ -13,8 +15,8 @@ uint64_t FakeEngine::NextSeq() {
   return ++seq;
 }
 
-FakeEngine::FakeEngine(int port, std::string nonce, std::string probe_text)
-    : port_(port), nonce_(std::move(nonce)), probe_text_(std::move(probe_text)) {}
+FakeEngine::FakeEngine(int port, std::string nonce, std::string probe_text, std::string control_token)
+    : port_(port), nonce_(std::move(nonce)), probe_text_(std::move(probe_text)), control_token_(std::move(control_token)) {}
 
 FakeEngine::~FakeEngine() { Stop(); }
 
@@ -65,8 +67,17 @@ std::string FakeEngine::KvJson() const {
 
 void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
   const auto& r = w->request();
+  if (http::IsControlPath(r.path) && !http::CheckControlAuth(r, control_token_).ok()) {
+    ++unauthorized_;
+    w->Send(http::HttpResponse::Json(401, "{}"));
+    return;
+  }
   if (r.path == "/wsup/status") {
-    json j{{"state", "ready"}, {"nonce", nonce_}, {"kv", json::parse(KvJson())}};
+    json j{{"state", "ready"},
+           {"nonce", nonce_},
+           {"kv", json::parse(KvJson())},
+           {"comm", {{"kind", "none"}, {"warm", warm_.load()}}},
+           {"resume", {{"adopted_sequences", resumed_.load()}, {"adopted_tokens", 0}, {"recomputed_sequences", 0}}}};
     w->Send(http::HttpResponse::Json(200, j.dump()));
   } else if (r.path == "/v1/completions") {
     json j{{"choices", json::array({json{{"text", probe_text_}, {"index", 0}, {"finish_reason", "length"}}})}};

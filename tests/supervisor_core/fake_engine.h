@@ -2,7 +2,11 @@
 // logic tests (logic_rig.h): GET /wsup/status (ready, the nonce it was
 // given, its kv), POST /v1/completions (the probe's expected text), and
 // POST /wsup/role, which it records and answers as a --kv-pool engine
-// would (or as the test tells it: refuse a release, or never answer).
+// would (or as the test tells it: refuse a release, or never answer). With
+// a control token (the one the supervisor gave it), the /wsup routes answer
+// 401 to a request without it, as the reference engine's do; a test may
+// also make it map the pool on its own (MapPoolUnasked), as a broken engine
+// would.
 //
 // It serves on its own libuv loop and thread, on the port the supervisor
 // picked for the slot, until Stop() (its process "died").
@@ -32,7 +36,7 @@ class FakeEngine {
   };
   enum class Release { kOk, kRefuse, kHang };
 
-  FakeEngine(int port, std::string nonce, std::string probe_text);
+  FakeEngine(int port, std::string nonce, std::string probe_text, std::string control_token = "");
   ~FakeEngine();
   FakeEngine(const FakeEngine&) = delete;
   FakeEngine& operator=(const FakeEngine&) = delete;
@@ -43,6 +47,15 @@ class FakeEngine {
   std::vector<RoleCall> role_calls() const;
   bool pool_mapped() const { return pool_mapped_.load(); }
   void set_release(Release r) { release_ = r; }
+  // It maps the pool though nobody asked it to.
+  void MapPoolUnasked() { pool_mapped_ = true; }
+  // Streams it says it resumed from a dead engine's KV (its status's
+  // resume.adopted_sequences).
+  void set_resumed(uint64_t n) { resumed_ = n; }
+  // Whether its status says its communicator is warm (true by default).
+  void set_warm(bool w) { warm_ = w; }
+  // Control requests refused for want of the token.
+  int unauthorized() const { return unauthorized_.load(); }
   // A process-wide counter that orders events across engines and the test.
   static uint64_t NextSeq();
 
@@ -53,6 +66,10 @@ class FakeEngine {
   int port_;
   std::string nonce_;
   std::string probe_text_;
+  std::string control_token_;
+  std::atomic<int> unauthorized_{0};
+  std::atomic<uint64_t> resumed_{0};
+  std::atomic<bool> warm_{true};
   std::atomic<bool> pool_mapped_{false};
   std::atomic<Release> release_{Release::kOk};
   mutable std::mutex mu_;

@@ -18,6 +18,8 @@
 
 #include "tests/supervisor_core/fake_engine.h"
 #include "tests/supervisor_core/logic_rig.h"
+#include "state/report.h"
+#include "tests/http/http_test_client.h"
 #include "wire/json_call.h"
 
 namespace wsup {
@@ -49,14 +51,16 @@ struct PoolRig {
       r.procs.on_spawn = [this](pid_t pid, const std::string& kind, const ChildSpec& spec) {
         if (kind.rfind("engine-", 0) != 0) return;
         spawned[pid] = {kind, FakeEngine::NextSeq()};
-        std::string port, nonce;
+        std::string port, nonce, token;
         for (size_t i = 0; i + 1 < spec.argv.size(); ++i) {
           if (spec.argv[i] == "--port") port = spec.argv[i + 1];
         }
         for (const auto& [k, v] : spec.env_set) {
           if (k == "WSUP_ENGINE_NONCE") nonce = v;
+          if (k == "WSUP_CONTROL_TOKEN") token = v;
         }
-        auto e = std::make_unique<FakeEngine>(std::atoi(port.c_str()), nonce, "world");
+        CHECK(token.size() == 32);  // every engine start gets a fresh secret
+        auto e = std::make_unique<FakeEngine>(std::atoi(port.c_str()), nonce, "world", token);
         REQUIRE(e->Start());
         engines[pid] = std::move(e);
       };
@@ -195,6 +199,101 @@ TEST_CASE("kv pool logic: a planned drill - the old active lets go after its dra
   CHECK(p.PoolCallSeq(standby) > released);
   CHECK_FALSE(p.Engine(old_active)->pool_mapped());
   CHECK(p.overlaps == 0);
+}
+
+TEST_CASE("kv pool logic: a standby that maps the pool unasked is fenced - killed, recorded, the owner keeps it",
+          "[logic][kv_pool]") {
+  PoolRig p;
+  REQUIRE(p.Until([&] { return p.Settled(); }, 20s));
+  const pid_t active = p.PidOf("active"), standby = p.PidOf("standby");
+  const std::string owner = p.Status()["kv_pool"].value("owner", "");
+  REQUIRE(!owner.empty());
+  // The supervisor's own requests carry each engine's token.
+  CHECK(p.Engine(active)->unauthorized() == 0);
+  CHECK(p.Engine(standby)->unauthorized() == 0);
+
+  p.Engine(standby)->MapPoolUnasked();
+  // Seen at the next status refresh (every second of the rig's fake time).
+  REQUIRE(p.Until([&] { return p.died_at.count(standby) > 0; }, 10s));
+  const json st = p.Status();
+  INFO(st.dump(1));
+  // The pool never changed hands: the active engine still holds it.
+  CHECK(st["kv_pool"].value("owner", "") == owner);
+  CHECK(st["kv_pool"].value("state", "") == "held");
+  CHECK(p.PidOf("active") == active);
+  CHECK(p.Engine(active)->pool_mapped());
+  // Recorded: a fences row naming the engine, and the event counted.
+  auto reader = LedgerReader::Open(p.rig->dir.Join("state/wsup.db"));
+  REQUIRE(reader.ok());
+  bool recorded = p.Until(
+      [&] {
+        auto f = reader->Fences();
+        return f.ok() && f->size() == 1;
+      },
+      10s);
+  REQUIRE(recorded);
+  auto fences = reader->Fences();
+  REQUIRE(fences.ok());
+  CHECK((*fences)[0].pid == standby);
+  CHECK((*fences)[0].slot_state == "standby");
+  CHECK((*fences)[0].kind == "kv_pool");
+  CHECK((*fences)[0].pool_owner == owner);
+  CHECK((*fences)[0].reason.find("maps the node's KV pool") != std::string::npos);
+  // The fenced slot is started again and proven: the node serves as before.
+  REQUIRE(p.Until([&] { return p.Settled() && p.PidOf("standby") != standby; }, 20s));
+  CHECK(p.PidOf("active") == active);
+}
+
+// One request to the supervisor's admin listener, while the rig's loop runs.
+test::HttpResult Admin(PoolRig& p, const std::string& method, const std::string& path) {
+  std::string listen = p.Status().value("admin", "");
+  const int port = std::atoi(listen.c_str() + listen.rfind(':') + 1);
+  test::HttpResult r;
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    r = test::HttpRequestOnce(port, method, path, "", 5s);
+    done = true;
+  });
+  p.rig->SettleUntil([&] { return done.load(); }, 10s);
+  t.join();
+  return r;
+}
+
+TEST_CASE("logic: resumed-stream counters add up over the engines a slot has run; the admin listener only reads",
+          "[logic][kv_pool]") {
+  PoolRig p;
+  REQUIRE(p.Until([&] { return p.Settled(); }, 20s));
+  const pid_t first = p.PidOf("active");
+  const std::string slot = p.Status().value("active", "");
+  const std::string metric = "wsup_engine_resumed_streams_total{slot=\"" + slot + "\",kv=\"adopted\"} ";
+  p.Engine(first)->set_resumed(5);
+  REQUIRE(p.Until([&] { return Admin(p, "GET", "/metrics").body.find(metric + "5\n") != std::string::npos; }, 10s));
+  // The communicator's warmth comes from its status while it serves, not
+  // only from the status polls of its start (an adopted engine has none).
+  p.Engine(first)->set_warm(false);
+  CHECK(p.Until([&] { return !p.rig->Engine(slot).value("comm_warm", true); }, 10s));
+  p.Engine(first)->set_warm(true);
+  CHECK(p.Until([&] { return p.rig->Engine(slot).value("comm_warm", false); }, 10s));
+  // That engine dies; the one started in its slot resumes two more.
+  p.rig->procs.Exit(first, -1, SIGKILL);
+  pid_t next = 0;
+  REQUIRE(p.Until(
+      [&] {
+        for (const auto& [pid, at] : p.spawned) {
+          if (at.first == "engine-" + slot && pid != first && p.Engine(pid)) next = pid;
+        }
+        return next != 0;
+      },
+      20s));
+  p.Engine(next)->set_resumed(2);
+  REQUIRE(p.Until([&] { return Admin(p, "GET", "/metrics").body.find(metric + "7\n") != std::string::npos; }, 20s));
+  // Read-only: anything but GET and HEAD is refused.
+  for (const char* m : {"POST", "PUT", "DELETE"}) {
+    test::HttpResult r = Admin(p, m, "/metrics");
+    CHECK(r.status == 405);
+    CHECK(r.Header("Allow") == "GET, HEAD");
+  }
+  CHECK(Admin(p, "HEAD", "/status").status == 200);
 }
 
 TEST_CASE("kv pool logic: an engine that will not let the pool go is killed, and the pool waits for its exit",
