@@ -142,6 +142,7 @@ struct Ledger::Writer {
   Stmt failover, first_ok, gone, kv_full, cache, recovery, holder, probe, rollout;
   bool connected = false;
   Status connect_error;  // why it is not connected
+  std::string logged_error;  // the latest connect_error logged
   // The files the connection has open, as the path named them at the
   // latest check.
   dev_t dev = 0;
@@ -531,6 +532,10 @@ Status Ledger::EnsureFile() {
     found = "could not be opened (" + w.connect_error.error().message() + ")";
     done = "opened it again";
   }
+  // The whole state_dir removed: the ledger's folder comes back (private).
+  const std::string dir = DirName(path_);
+  struct stat ds{};
+  if (::stat(dir.c_str(), &ds) != 0 && errno == ENOENT) (void)MakeDirs(dir, 0700);
   Status st2 = w.Connect();
   if (st2.ok()) {
     auto next = w.NextIds();
@@ -548,9 +553,12 @@ Status Ledger::EnsureFile() {
   if (!st2.ok()) {
     w.Disconnect(false);
     w.connect_error = st2.error().With(what + "it cannot be opened again");
-    spdlog::error("{}", w.connect_error.error().message());
+    // Tried again at each batch and idle check: said once per cause.
+    if (w.connect_error.error().message() != w.logged_error) spdlog::error("{}", w.connect_error.error().message());
+    w.logged_error = w.connect_error.error().message();
     return w.connect_error;
   }
+  w.logged_error.clear();
   what += done + (found.rfind("could not", 0) == 0 ? "" : "; to start a new ledger, stop the node and move " + path_ +
                                                                 "* aside");
   spdlog::error("{}", what);
@@ -682,11 +690,19 @@ void Ledger::SaveLosses() {
 }
 
 void Ledger::Run() {
+  // An idle writer still looks at its file now and then: one deleted while
+  // nothing is written is made again before a restart could lose it.
+  constexpr auto kIdleCheck = std::chrono::seconds(2);
   for (;;) {
     std::deque<std::pair<uint64_t, Item>> batch;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      work_cv_.wait(lk, [&] { return stopping_ || !queue_.empty() || losses_version_ != losses_saved_; });
+      auto ready = [&] { return stopping_ || !queue_.empty() || losses_version_ != losses_saved_; };
+      if (!work_cv_.wait_for(lk, kIdleCheck, ready)) {
+        lk.unlock();
+        (void)EnsureFile();  // logged there
+        continue;
+      }
       if (queue_.empty() && losses_version_ == losses_saved_) break;  // stopping, and drained
       batch.swap(queue_);
     }

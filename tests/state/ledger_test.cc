@@ -545,8 +545,9 @@ TEST_CASE("ledger: deleted under a running ledger, the file is made again with t
     REQUIRE(l->Flush().ok());
     REQUIRE(::unlink(path.c_str()) == 0);
     if (with_wal) {
-      REQUIRE(::unlink((path + "-wal").c_str()) == 0);
-      REQUIRE(::unlink((path + "-shm").c_str()) == 0);
+      // (Gone already when the writer's idle check came between.)
+      ::unlink((path + "-wal").c_str());
+      ::unlink((path + "-shm").c_str());
     }
     REQUIRE(l->RecordFailover(Failover(2000)).ok());
     REQUIRE(l->Flush().ok());
@@ -577,22 +578,24 @@ TEST_CASE("ledger: replaced under a running ledger, the new file is used and its
     for (int i = 0; i < 5; ++i) REQUIRE(o->RecordFailover(Failover(100 + i)).ok());
   }
   REQUIRE(::rename(other.c_str(), path.c_str()) == 0);
-  // The id handed out before the writer saw the new file (2) is taken
-  // there: that row is lost, and counted. The next ones get new ids.
+  // An id handed out before the writer saw the new file (2) is taken there:
+  // that row is lost, and counted (unless the writer's idle check saw the
+  // new file first). The next ones get new ids.
   auto taken = l->RecordFailover(Failover(9000));
   REQUIRE(taken.ok());
-  CHECK(*taken == 2);
-  CHECK_FALSE(l->Flush().ok());
+  const bool collided = *taken == 2;
+  CHECK(l->Flush().ok() == !collided);
   auto s = l->stats();
   CHECK(s.reopens == 1);
   CHECK(s.reopened.find("was replaced") != std::string::npos);
-  CHECK(s.losses.rows == 1);
+  CHECK(s.losses.rows == (collided ? 1 : 0));
   auto next = l->RecordFailover(Failover(9001));
   REQUIRE(next.ok());
-  CHECK(*next == 6);
+  CHECK(*next == (collided ? 6 : 7));
   REQUIRE(l->Flush().ok());
   l.reset();
-  CHECK(FaultTimes(path) == std::vector<int64_t>{100, 101, 102, 103, 104, 9001});
+  CHECK(FaultTimes(path) == (collided ? std::vector<int64_t>{100, 101, 102, 103, 104, 9001}
+                                      : std::vector<int64_t>{100, 101, 102, 103, 104, 9000, 9001}));
 }
 
 TEST_CASE("ledger: kv_full_ms of a failover never recorded is refused - a failover without it reads as none", "[state]") {
