@@ -143,6 +143,7 @@ struct Ledger::Writer {
   bool connected = false;
   Status connect_error;  // why it is not connected
   std::string logged_error;  // the latest connect_error logged
+  std::string fate;          // what became of the file, until it is open again
   // The files the connection has open, as the path named them at the
   // latest check.
   dev_t dev = 0;
@@ -486,9 +487,9 @@ Status Ledger::EnsureFile() {
     if (::stat((path_ + "-wal").c_str(), &ws) == 0) w.wal_ino = ws.st_ino;
     return Status::Ok();
   }
-  std::string found, done;
+  std::string done;
   if (w.connected) {
-    found = present ? "was replaced by another file" : "was deleted";
+    w.fate = present ? "was replaced by another file" : "was deleted";
     struct stat ws{};
     const std::string wal = path_ + "-wal", shm = path_ + "-shm", copy = path_ + ".restore";
     const bool wal_ours = ::stat(wal.c_str(), &ws) == 0 && ws.st_dev == w.dev && ws.st_ino == w.wal_ino;
@@ -529,9 +530,9 @@ Status Ledger::EnsureFile() {
       done = "the new file is used from now on";
     }
   } else {
-    found = "could not be opened (" + w.connect_error.error().message() + ")";
     done = "opened it again";
   }
+  const std::string found = w.fate.empty() ? "could not be opened" : w.fate;
   // The whole state_dir removed: the ledger's folder comes back (private).
   const std::string dir = DirName(path_);
   struct stat ds{};
@@ -552,15 +553,15 @@ Status Ledger::EnsureFile() {
   std::string what = "the ledger " + path_ + " " + found + " while the supervisor ran; ";
   if (!st2.ok()) {
     w.Disconnect(false);
-    w.connect_error = st2.error().With(what + "it cannot be opened again");
+    w.connect_error = Error(st2.error().code(), what + "it cannot be opened again: " + st2.error().message());
     // Tried again at each batch and idle check: said once per cause.
     if (w.connect_error.error().message() != w.logged_error) spdlog::error("{}", w.connect_error.error().message());
     w.logged_error = w.connect_error.error().message();
     return w.connect_error;
   }
   w.logged_error.clear();
-  what += done + (found.rfind("could not", 0) == 0 ? "" : "; to start a new ledger, stop the node and move " + path_ +
-                                                                "* aside");
+  w.fate.clear();
+  what += done + "; to start a new ledger, stop the node and move " + path_ + "* aside";
   spdlog::error("{}", what);
   std::lock_guard<std::mutex> lk(mu_);
   ++stats_.reopens;
