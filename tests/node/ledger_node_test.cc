@@ -141,6 +141,27 @@ TEST_CASE("node: an engine.env secret appears nowhere after a reload, a drill an
   }
 }
 
+TEST_CASE("node: a state_dir other users can read, owned by another user, is refused at start with exit 78 and "
+          "the fix",
+          "[node]") {
+  if (!Have()) return;
+  if (::geteuid() != 0) {
+    WARN("SKIP: needs root to give the state_dir to another uid");
+    return;
+  }
+  Node n;
+  const std::string state = n.dir().Join("state");
+  REQUIRE(::mkdir(state.c_str(), 0755) == 0);
+  REQUIRE(::chmod(state.c_str(), 0755) == 0);
+  REQUIRE(::chown(state.c_str(), 65534, 65534) == 0);
+  auto r = test::Run(n.Argv("start"), 60s);
+  INFO(r.output);
+  CHECK(r.exit_code == 78);
+  CHECK(r.output.find("node.state_dir " + state + ": is mode 0755 and owned by uid 65534") != std::string::npos);
+  CHECK(r.output.find("chmod 0700") != std::string::npos);
+  CHECK(Mode(state) == 0755);  // not ours: left as it was
+}
+
 // A small tmpfs mounted on a folder for the test's life, unmounted however
 // the test ends.
 class Tmpfs {
