@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstring>
 
 #include "common/unique_fd.h"
 
@@ -82,6 +84,28 @@ Status MakeDirs(const std::string& dir, int mode) {
     return InvalidArgument(dir + ": exists but is not a directory; remove it or choose another path");
   }
   return Status::Ok();
+}
+
+Result<bool> MakePrivateDir(const std::string& dir, const std::string& what) {
+  WSUP_RETURN_IF_ERROR(MakeDirs(dir, 0700));
+  struct stat st{};
+  if (::stat(dir.c_str(), &st) != 0) return ErrnoError(what + " " + dir + ": cannot stat", errno);
+  if ((st.st_mode & 077) == 0) return false;
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  const std::string me = std::to_string(::geteuid());
+  if (st.st_uid != ::geteuid()) {
+    return InvalidArgument(what + " " + dir + ": is mode " + mode + " and owned by uid " + std::to_string(st.st_uid) +
+                           ", not by this user (uid " + me + "): other local users may read what wsup keeps there "
+                           "(the ledger, the logs), and wsup does not change a folder it does not own; make it "
+                           "private (chown " + me + " " + dir + " && chmod 0700 " + dir + ") or choose a folder of "
+                           "this user");
+  }
+  if (::chmod(dir.c_str(), st.st_mode & 07700) != 0) {
+    return IoError(what + " " + dir + ": is mode " + std::string(mode) + " and cannot be made private (chmod 0700: " +
+                   std::strerror(errno) + "); run chmod 0700 " + dir + " as its owner");
+  }
+  return true;
 }
 
 std::string DirName(const std::string& path) {

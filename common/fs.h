@@ -17,6 +17,13 @@ Status WriteFileAtomic(const std::string& path, const std::string& contents, int
 // Creates dir (and parents) with the given mode; an existing dir is fine.
 Status MakeDirs(const std::string& dir, int mode = 0755);
 
+// MakeDirs(dir, 0700), then makes sure no other user can look inside: a
+// folder with group or other bits is tightened to 0700 when this user owns
+// it (true: it was; the caller says so), and refused, naming its owner, its
+// mode and the fix, when another user does (wsup does not change what it
+// does not own). `what` names the setting in errors ("node.state_dir").
+Result<bool> MakePrivateDir(const std::string& dir, const std::string& what);
+
 // Directory part and file part of a path ("a/b/c" -> "a/b", "c").
 std::string DirName(const std::string& path);
 std::string BaseName(const std::string& path);

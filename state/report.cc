@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <ctime>
 #include <map>
 #include <sstream>
 
@@ -174,6 +175,7 @@ Result<std::vector<FenceRecord>> LedgerReader::Fences(int64_t since_ms) {
       r.reason = st.Text(7);
       });
 }
+Result<LedgerLosses> LedgerReader::Losses() { return ReadLosses(db_.path()); }
 
 Result<std::vector<RolloutRecord>> LedgerReader::Rollouts(int64_t since_ms) {
   return ReadRows<RolloutRecord>(db_,
@@ -278,6 +280,13 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
   }
   WSUP_ASSIGN_OR_RETURN(rep.rollouts, reader.Rollouts(rep.from_ms));
   WSUP_ASSIGN_OR_RETURN(rep.fences, reader.Fences(rep.from_ms));
+  // Not fatal: the rows that were written are worth reporting anyway.
+  auto lost = reader.Losses();
+  if (!lost.ok()) {
+    rep.lost_error = lost.error().message();
+  } else if (lost->rows > 0 && lost->last_ms >= rep.from_ms) {
+    rep.lost = std::move(*lost);
+  }
   return rep;
 }
 
@@ -309,11 +318,34 @@ std::string WindowText(const Report& r) {
   return "last " + std::to_string(ms) + "ms";
 }
 
+std::string UtcText(int64_t ms) {
+  time_t secs = static_cast<time_t>(ms / 1000);
+  struct tm tm {};
+  char buf[32];
+  if (!gmtime_r(&secs, &tm) || std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm) == 0)
+    return std::to_string(ms) + " ms";
+  return buf;
+}
+
+// "1 failover_times, 2 failovers": by table name.
+std::string LostTables(const LedgerLosses& l) {
+  std::string out;
+  for (const auto& [table, n] : l.by_table) out += (out.empty() ? "" : ", ") + std::to_string(n) + " " + table;
+  return out;
+}
+
 }  // namespace
 
 std::string RenderReportText(const Report& r) {
   std::ostringstream os;
   os << "wsup report (" << WindowText(r) << ")\n";
+  // First, so that nobody reads the counts below as complete.
+  if (r.lost) {
+    const LedgerLosses& l = *r.lost;
+    os << "ledger: " << l.rows << " row(s) NOT recorded (" << LostTables(l) << "), from " << UtcText(l.first_ms)
+       << " to " << UtcText(l.last_ms) << "; the counts below miss them; last error: " << l.last_error << "\n";
+  }
+  if (!r.lost_error.empty()) os << "ledger: cannot tell whether rows were lost: " << r.lost_error << "\n";
   os << "cache: " << r.cache.lookups << " lookups, " << r.cache.hits << " hits, " << r.cache.misses << " misses";
   if (r.cache.hit_rate) {
     char buf[32];
@@ -325,7 +357,10 @@ std::string RenderReportText(const Report& r) {
   os << "\n";
   for (const auto& [reason, n] : r.cache.miss_reasons) os << "  miss " << reason << ": " << n << "\n";
   os << "failovers: " << r.failovers.count << " (crash " << r.failovers.crash << ", probe " << r.failovers.probe
-     << ", drills " << r.failovers.drills << ")\n";
+     << ", drills " << r.failovers.drills << ")";
+  if (r.lost && r.lost->by_table.count("failovers"))
+    os << ", and " << r.lost->by_table.at("failovers") << " more NOT recorded";
+  os << "\n";
   if (r.failovers.count) {
     os << "  detect:   " << Dist(r.failovers.detect) << "\n";
     os << "  swap:     " << Dist(r.failovers.swap) << "\n";
@@ -425,7 +460,19 @@ std::string RenderReportJson(const Report& r) {
                       {"reason", f.reason}});
   }
   j["fences"] = fences;
-  return j.dump(2) + "\n";
+  if (r.lost) {
+    nlohmann::json by = nlohmann::json::object();
+    for (const auto& [table, n] : r.lost->by_table) by[table] = n;
+    j["lost"] = {{"rows", r.lost->rows},
+                 {"by_table", by},
+                 {"first_ms", r.lost->first_ms},
+                 {"last_ms", r.lost->last_ms},
+                 {"last_error", r.lost->last_error}};
+  } else {
+    j["lost"] = nullptr;
+  }
+  if (!r.lost_error.empty()) j["lost_error"] = r.lost_error;
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace wsup

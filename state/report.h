@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "state/losses.h"
 #include "state/records.h"
 #include "state/sqlite.h"
 
@@ -44,6 +45,8 @@ class LedgerReader {
   Result<std::vector<ProbeTransitionRecord>> ProbeTransitions(int64_t since_ms = 0);
   Result<std::vector<RolloutRecord>> Rollouts(int64_t since_ms = 0);  // by started_ms
   Result<std::vector<FenceRecord>> Fences(int64_t since_ms = 0);
+  // The rows the ledger could not write (its side file, state/losses.h).
+  Result<LedgerLosses> Losses();
 
   Db& db() { return db_; }
 
@@ -93,6 +96,11 @@ struct Report {
   int64_t holder_restarts = 0, holder_restarts_from_fds = 0;
   std::vector<RolloutRecord> rollouts;  // oldest first
   std::vector<FenceRecord> fences;      // oldest first
+
+  // Rows the ledger could not write, when the latest loss falls in the
+  // window: the counts above do not include them.
+  std::optional<LedgerLosses> lost;
+  std::string lost_error;  // the record of lost rows could not be read
 };
 
 Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options);

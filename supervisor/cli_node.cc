@@ -142,12 +142,27 @@ void PrintStatus(std::ostream& o, const json& s) {
       o << "\n";
     }
   }
-  if (s.contains("ledger_writes") && s["ledger_writes"].value("write_errors", 0) > 0) {
+  if (s.contains("ledger_writes") && s["ledger_writes"].is_object()) {
     const json& l = s["ledger_writes"];
-    o << "ledger: " << l.value("write_errors", 0) << " row(s) NOT recorded";
-    std::string last = l.value("last_write_error", l.value("last_error", ""));
-    if (!last.empty()) o << " (last: " << last << ")";
-    o << "; check the disk and permissions of " << s.value("ledger", "the ledger") << "\n";
+    const int64_t now = l.value("write_errors", int64_t{0});
+    // lost_rows counts earlier runs too (a supervisor without it: this run's).
+    const int64_t all = std::max(now, l.value("lost_rows", int64_t{0}));
+    if (all > 0) {
+      o << "ledger: " << all << " row(s) NOT recorded";
+      if (all != now) o << " (" << now << " by this supervisor, the rest before its start)";
+      std::string last = l.value("last_write_error", l.value("last_error", l.value("lost_last_error", "")));
+      if (!last.empty()) o << " (last: " << last << ")";
+      o << "; check the disk and permissions of " << s.value("ledger", "the ledger")
+        << "; `wsup report` counts them by table\n";
+    }
+    if (l.value("retrying", false)) {
+      o << "ledger: a write failed and is being retried: " << l.value("retry_error", "") << "\n";
+    }
+    if (l.contains("lost_file_error")) {
+      o << "ledger: the count of lost rows cannot be saved (" << l.value("lost_file_error", "")
+        << "); it is kept in memory only\n";
+    }
+    if (l.contains("reopened")) o << "ledger: " << l.value("reopened", "") << "\n";
   }
 }
 
@@ -254,6 +269,9 @@ void RegisterFailover(CLI::App& app, CliContext& ctx) {
     }
     r->erase("type");
     bool ok = r->value("ok", false);
+    // A failover the ledger did not record happened, but a drill is also
+    // its record: the caller must know it is missing.
+    bool recorded = !r->contains("recorded") || r->value("recorded", false);
     if (*as_json) {
       *ctx.out << r->dump(2) << "\n";
     } else if (ok) {
@@ -263,7 +281,11 @@ void RegisterFailover(CLI::App& app, CliContext& ctx) {
     } else {
       *ctx.err << "wsup failover: " << r->value("error", "failed") << "\n";
     }
-    ctx.exit_code = ok ? 0 : 1;
+    if (!recorded && !*as_json) {
+      *ctx.err << "wsup failover: the ledger did NOT record this failover: " << r->value("ledger_error", "?")
+               << "; `wsup status` and `wsup report` count the rows lost\n";
+    }
+    ctx.exit_code = ok && recorded ? 0 : 1;
   });
 }
 

@@ -81,7 +81,10 @@ Status Loader::Read(const toml::table& root, Config* c) {
   WSUP_RETURN_IF_ERROR(Int(eng, "engine", "stop_timeout_ms", &c->engine.stop_timeout_ms, 0, kMaxMs));
   if (const toml::node* env = Get(eng, "engine", "env")) {
     const toml::table* t = env->as_table();
-    if (!t) return WrongType("engine.env", *env, "a table of NAME = \"value\" (e.g. env = { NCCL_DEBUG = \"WARN\" })");
+    // Never the value in an error: engine.env holds secrets (tokens).
+    if (!t)
+      return Err("engine.env", "expected a table of NAME = \"value\" (e.g. env = { NCCL_DEBUG = \"WARN\" }), got " +
+                                   TypeName(*env));
     for (auto&& [k, v] : *t) {
       std::string name(k.str());
       std::string full = "engine.env." + name;
@@ -94,7 +97,7 @@ Status Loader::Read(const toml::table& root, Config* c) {
         return ErrAt(loc, full, "is not an environment variable name; use letters, digits and '_', not starting with a digit");
       if (!v.is_string())
         return ErrAt(set_.count(full) ? loc : FileLoc(v.source()), full,
-                     "expected a string, got " + TypeName(v) + " (" + Show(v) + "); environment values are strings: quote it");
+                     "expected a string, got " + TypeName(v) + "; environment values are strings: quote it");
       c->engine.env.emplace_back(name, v.as_string()->get());
     }
     std::sort(c->engine.env.begin(), c->engine.env.end());

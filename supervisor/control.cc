@@ -98,9 +98,24 @@ json Supervisor::Impl::StatusJson() {
   j["state_dir"] = cfg_.node.state_dir;
   j["ledger"] = ledger_->path();
   Ledger::Stats ls = ledger_->stats();
-  json lj{{"write_errors", ledger_errors_ + ls.failed + ls.dropped}, {"committed", ls.committed}, {"waiting", ls.waiting}};
+  // write_errors: rows lost by this supervisor; lost_rows: by every run
+  // since the ledger was created (its side file, so a restart keeps them).
+  json lj{{"write_errors", ls.failed + ls.dropped + ls.refused},
+          {"committed", ls.committed},
+          {"waiting", ls.waiting},
+          {"retrying", ls.retrying},
+          {"lost_rows", ls.losses.rows}};
+  if (ls.losses.rows > 0) {
+    lj["lost_by_table"] = ls.losses.by_table;
+    lj["lost_first_ms"] = ls.losses.first_ms;
+    lj["lost_last_ms"] = ls.losses.last_ms;
+    lj["lost_last_error"] = ls.losses.last_error;
+  }
   if (!ledger_last_error_.empty()) lj["last_error"] = ledger_last_error_;
   if (!ls.last_error.empty()) lj["last_write_error"] = ls.last_error;
+  if (ls.retrying) lj["retry_error"] = ls.retry_error;
+  if (!ls.loss_file_error.empty()) lj["lost_file_error"] = ls.loss_file_error;
+  if (ls.reopens > 0) lj["reopened"] = ls.reopened;
   j["ledger_writes"] = lj;
   j["admin"] = HostPortString(cfg_.admin.listen.host, admin_ ? admin_->port() : 0);
   return j;
@@ -206,7 +221,8 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   rec.fault_ms = fault;
   rec.detected_ms = fault;
   rec.swapped_ms = swapped;
-  auto id = LedgerResult(ledger_->RecordFailover(rec), "planned failover");
+  uint64_t seq = 0;
+  auto id = LedgerResult(ledger_->RecordFailover(rec, &seq), "planned failover");
   metrics_.failovers[rec.trigger]++;
   // Planned: the old engine lives on, as the standby (no exit to record).
   TrackFailover(id, act.name, FromEngine::kLivesOn, promoted ? stby.name : "", fault);
@@ -214,6 +230,11 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   if (c) waiters.push_back(c);
   pending_ = PendingFailover{id ? *id : 0, act.name, promoted ? stby.name : "", fault, fault, swapped,
                              std::move(waiters), true};
+  if (id) {
+    pending_->rows.push_back(seq);
+  } else {
+    pending_->unrecorded = ledger_last_error_;
+  }
   if (promoted) ArmProof();
   FinishDrain(act, c, clock_.MonotonicMs());
   return promoted;
@@ -272,7 +293,8 @@ void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
   }
   if (req.path == "/metrics") {
     Ledger::Stats ls = ledger_->stats();
-    metrics_.ledger_write_errors = ledger_errors_ + ls.failed + ls.dropped;
+    metrics_.ledger_write_errors = ls.failed + ls.dropped + ls.refused;
+    metrics_.ledger_lost_rows = static_cast<uint64_t>(ls.losses.rows);
     auto resp = http::HttpResponse::Text(200, metrics_.Render());
     for (auto& h : resp.headers) {
       if (http::HeaderNameEquals(h.name, "Content-Type")) h.value = "text/plain; version=0.0.4";

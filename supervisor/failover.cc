@@ -76,7 +76,8 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   rec.fault_ms = fault_ms;
   rec.detected_ms = detected;
   rec.swapped_ms = swapped;
-  auto id = LedgerResult(ledger_->RecordFailover(rec), "failover");
+  uint64_t seq = 0;
+  auto id = LedgerResult(ledger_->RecordFailover(rec, &seq), "failover");
   metrics_.failovers[rec.trigger]++;
   TrackFailover(id, failed.name, failed.pid != 0 ? FromEngine::kExiting : FromEngine::kExited, to_name, fault_ms);
   failed.recovery_cause = rec.trigger;
@@ -93,6 +94,11 @@ void Supervisor::Impl::Failover(Slot& failed, FailoverTrigger trigger, const std
   std::vector<std::shared_ptr<JsonConn>> waiters;
   if (pending_) waiters = std::move(pending_->waiters);
   pending_ = PendingFailover{id ? *id : 0, failed.name, to_name, fault_ms, detected, swapped, std::move(waiters), drill};
+  if (id) {
+    pending_->rows.push_back(seq);
+  } else {
+    pending_->unrecorded = ledger_last_error_;
+  }
   if (!to_name.empty()) ArmProof();
 }
 
@@ -169,7 +175,16 @@ void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
   PendingFailover p = std::move(*pending_);
   pending_.reset();
   if (proof_budget_) proof_budget_->Stop();
-  if (p.id) LedgerResult(ledger_->SetFailoverFirstOk(p.id, first_ok_ms), "failover first answer");
+  if (p.id) {
+    uint64_t seq = 0;
+    Status st = ledger_->SetFailoverFirstOk(p.id, first_ok_ms, &seq);
+    if (st.ok()) {
+      p.rows.push_back(seq);
+    } else if (p.unrecorded.empty()) {
+      p.unrecorded = "its first correct answer: " + st.error().message();
+    }
+    LedgerResult(st, "failover first answer");
+  }
   json reply{{"type", "failover"},
              {"ok", true},
              {"from_slot", p.from},
@@ -181,20 +196,44 @@ void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
   if (p.waiters.empty()) return;
   // `wsup failover` answers once the failover's rows are on disk, so what a
   // caller was told survives a crash of the supervisor right after.
-  ReplyWhenRecorded(ledger_->QueuedSeq(), std::move(p.waiters), std::move(reply), clock_.MonotonicMs());
+  ReplyWhenRecorded(ledger_->QueuedSeq(), std::move(p.waiters), std::move(reply), clock_.MonotonicMs(),
+                    std::move(p.rows), std::move(p.unrecorded));
 }
 
 void Supervisor::Impl::ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, json reply,
-                                         int64_t since_mono) {
-  constexpr int64_t kRecordWaitMs = 5'000;
-  if (ledger_->HandledSeq() < seq && clock_.MonotonicMs() - since_mono < kRecordWaitMs) {
-    After(2, [this, seq, waiters = std::move(waiters), reply = std::move(reply), since_mono]() mutable {
-      ReplyWhenRecorded(seq, std::move(waiters), std::move(reply), since_mono);
+                                         int64_t since_mono, std::vector<uint64_t> rows, std::string unrecorded) {
+  // As long as the ledger may take to write a row or give it up (its
+  // retries included), so that the answer is final.
+  const int64_t wait_ms = ledger_->MaxSettleMs();
+  const int64_t waited = clock_.MonotonicMs() - since_mono;
+  if (ledger_->HandledSeq() < seq && waited < wait_ms) {
+    After(waited < 200 ? 2 : 50, [this, seq, waiters = std::move(waiters), reply = std::move(reply), since_mono,
+                                  rows = std::move(rows), unrecorded = std::move(unrecorded)]() mutable {
+      ReplyWhenRecorded(seq, std::move(waiters), std::move(reply), since_mono, std::move(rows), std::move(unrecorded));
     });
     return;
   }
+  const bool checked = !rows.empty() || !unrecorded.empty();
+  std::string lost = unrecorded;
+  for (uint64_t r : rows) {
+    if (!lost.empty()) break;
+    if (auto why = ledger_->LostRow(r)) lost = *why;
+  }
   if (ledger_->HandledSeq() < seq) {
-    reply["warning"] = "the ledger has not committed this failover's row within 5 s; see the supervisor's log";
+    const std::string retrying = ledger_->stats().retry_error;
+    reply["warning"] = "the ledger has not committed this row within " + std::to_string(wait_ms / 1000) +
+                       " s; see the supervisor's log";
+    if (lost.empty()) {
+      lost = "not committed within " + std::to_string(wait_ms / 1000) + " s" +
+             (retrying.empty() ? std::string() : " (the ledger is still retrying: " + retrying + ")");
+    }
+  }
+  if (checked) {
+    reply["recorded"] = lost.empty();
+    if (!lost.empty()) {
+      reply["ledger_error"] = lost;
+      spdlog::error("the ledger did not record what `wsup failover` is told: {}", lost);
+    }
   }
   for (auto& c : waiters) {
     if (c->alive()) c->Send(reply);

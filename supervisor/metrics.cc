@@ -164,6 +164,10 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_ledger_write_errors_total Ledger rows that were not recorded (refused or not committed).\n"
        "# TYPE wsup_ledger_write_errors_total counter\n"
     << "wsup_ledger_write_errors_total " << ledger_write_errors << "\n";
+  o << "# HELP wsup_ledger_lost_rows Ledger rows not recorded since the ledger was created, earlier runs included "
+       "(<state_dir>/wsup.db-lost).\n"
+       "# TYPE wsup_ledger_lost_rows gauge\n"
+    << "wsup_ledger_lost_rows " << ledger_lost_rows << "\n";
   o << "# HELP wsup_reconstructed_failovers_total Failovers that happened while no supervisor ran, recorded at "
        "its restart.\n# TYPE wsup_reconstructed_failovers_total counter\n"
     << "wsup_reconstructed_failovers_total " << reconstructed_failovers << "\n";

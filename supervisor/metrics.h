@@ -24,6 +24,7 @@ class Metrics {
   std::map<std::string, uint64_t> front_silent;  // the front's `silent` reports: tripped, dismissed, ignored
   bool front_crash_looping = false;
   uint64_t ledger_write_errors = 0;   // rows refused or not committed
+  uint64_t ledger_lost_rows = 0;      // since the ledger was created, earlier runs included
   uint64_t reconstructed_failovers = 0;
   // The node's KV pool: the handover table's events, the engine that holds
   // it ("" when none), and each engine's memory by part (weights, kv, other).

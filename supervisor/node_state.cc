@@ -76,9 +76,7 @@ void Supervisor::Impl::UpdateStatusLine() {
 
 void Supervisor::Impl::LedgerResult(const Status& st, const char* what) {
   if (st.ok()) return;
-  ++ledger_errors_;
   ledger_last_error_ = std::string(what) + ": " + st.error().message();
-  metrics_.ledger_write_errors = ledger_errors_;
   spdlog::error("ledger: {} was not recorded: {}", what, st.error().message());
 }
 

@@ -2,6 +2,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/sha256.h"
+
 namespace wsup {
 
 namespace {
@@ -9,6 +11,14 @@ namespace {
 using nlohmann::json;
 
 std::string Text(const json& j) { return j.dump(); }
+
+// engine.env as {"NAME": "sha256:..."}: the names, and whether a value
+// changed, never the value itself (a token, a password).
+json EnvShown(const std::vector<std::pair<std::string, std::string>>& env) {
+  json out = json::object();
+  for (const auto& [k, v] : env) out[k] = EnvValueHash(v);
+  return out;
+}
 
 }  // namespace
 
@@ -56,11 +66,7 @@ std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c) {
   add("engine.standby_port", c.engine.standby_port);
   add("engine.ready_timeout_ms", c.engine.ready_timeout_ms);
   add("engine.stop_timeout_ms", c.engine.stop_timeout_ms);
-  {
-    json env = json::object();
-    for (const auto& [k, val] : c.engine.env) env[k] = val;
-    add("engine.env", env);
-  }
+  add("engine.env", EnvShown(c.engine.env));
   add("probe.kind", ProbeKindName(c.probe.kind));
   add("probe.prompt", c.probe.prompt);
   add("probe.expect", c.probe.expect ? json(*c.probe.expect) : json(nullptr));
@@ -134,14 +140,12 @@ ReloadPlan PlanReload(const Config& running, const Config& next) {
   return plan;
 }
 
+std::string EnvValueHash(const std::string& value) { return "sha256:" + Sha256Hex(value).substr(0, 16); }
+
 std::string EngineVersionText(const Config& c) {
   json j = c.engine.command;
   std::string out = j.dump();
-  if (!c.engine.env.empty()) {
-    json env = json::object();
-    for (const auto& [k, v] : c.engine.env) env[k] = v;
-    out += " env " + env.dump();
-  }
+  if (!c.engine.env.empty()) out += " env " + EnvShown(c.engine.env).dump();
   return out;
 }
 

@@ -33,7 +33,7 @@ ReloadEffect EffectOf(const std::string& key);
 struct ReloadChange {
   std::string key;
   ReloadEffect effect = ReloadEffect::kCold;
-  std::string before, after;  // the values as text (for logs and the ledger)
+  std::string before, after;  // the values as text (for logs and the ledger; engine.env hashed)
   std::string where;          // FILE:LINE:COL in the new file
 };
 
@@ -50,7 +50,13 @@ ReloadPlan PlanReload(const Config& running, const Config& next);
 // Every key's value as text, in schema order (what PlanReload compares).
 std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c);
 
-// An engine command and environment, as one line for the ledger and logs.
+// An engine command and environment, as one line for the ledger, status
+// and logs: `["prog", "--flag", ...] env {"NAME":"sha256:0123456789abcdef"}`.
+// engine.env's values are secrets (tokens, passwords): only their names and
+// a hash of each value are shown, enough to tell whether one changed.
 std::string EngineVersionText(const Config& c);
+
+// "sha256:" and the first 16 hex digits of the value's SHA-256.
+std::string EnvValueHash(const std::string& value);
 
 }  // namespace wsup

@@ -147,12 +147,18 @@ Supervisor::Impl::Slot* Supervisor::Impl::Standby() {
 }
 
 Status Supervisor::Impl::PrepareDirs() {
-  WSUP_RETURN_IF_ERROR(MakeDirs(cfg_.node.state_dir, 0700));
+  // The ledger and the logs hold what the node did (and engine.env's names):
+  // no other local user may read them.
+  const std::string logs = JoinPath(cfg_.node.state_dir, "logs");
+  for (const auto& [dir, what] : {std::pair{cfg_.node.state_dir, std::string("node.state_dir")},
+                                  std::pair{logs, std::string("node.state_dir (its logs folder)")}}) {
+    WSUP_ASSIGN_OR_RETURN(bool tightened, MakePrivateDir(dir, what));
+    if (tightened) spdlog::warn("{} {}: other users could read it; made it private (mode 0700)", what, dir);
+  }
   WSUP_RETURN_IF_ERROR(MakeDirs(cfg_.node.runtime_dir, 0700));
   if (::chmod(cfg_.node.runtime_dir.c_str(), 0700) != 0) {
     return ErrnoError("node.runtime_dir " + cfg_.node.runtime_dir + ": cannot make it private (chmod 0700)", errno);
   }
-  WSUP_RETURN_IF_ERROR(MakeDirs(JoinPath(cfg_.node.state_dir, "logs"), 0700));
   return Status::Ok();
 }
 

@@ -229,6 +229,11 @@ class Supervisor::Impl {
     int64_t fault_ms = 0, detected_ms = 0, swapped_ms = 0;
     std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup failover` callers
     bool drill = false;
+    // Its ledger rows (sequence numbers, Ledger::LostRow), and why one
+    // was refused before it was even queued: `wsup failover` says whether
+    // the ledger has them.
+    std::vector<uint64_t> rows;
+    std::string unrecorded;
   };
 
   // Starts the budget of the pending failover (it has an engine to prove),
@@ -338,8 +343,11 @@ class Supervisor::Impl {
   enum class FromEngine { kExiting, kExited, kLivesOn };
   void TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old, const std::string& to,
                      int64_t fault_ms);
+  // Sends reply once the ledger has handled everything queued up to seq.
+  // With rows (or unrecorded) it also says whether those rows are on disk:
+  // "recorded", and "ledger_error" when they are not.
   void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
-                         int64_t since_mono);
+                         int64_t since_mono, std::vector<uint64_t> rows = {}, std::string unrecorded = "");
 
   // kv_pool.cc (see kv_handover.h)
   bool PoolEnabled() const;
@@ -407,8 +415,9 @@ class Supervisor::Impl {
   void UpdateStatusLine();
   std::string NodeState() const;
   void SetDegraded(const std::string& why);
-  // A ledger write that failed: logged with its cause, counted in /metrics,
-  // shown by `wsup status`. The failover or restart it describes goes on.
+  // A ledger write that failed: logged with its cause (the ledger counts
+  // it, for /metrics, `wsup status` and `wsup report`). The failover or
+  // restart it describes goes on.
   void LedgerResult(const Status& st, const char* what);
   template <typename T>
   std::optional<T> LedgerResult(Result<T> r, const char* what) {
@@ -507,9 +516,8 @@ class Supervisor::Impl {
   int exit_code_ = 0;
   std::vector<std::shared_ptr<JsonConn>> stop_waiters_;
 
-  // Ledger writes that failed (queued rows refused; rows the writer thread
-  // could not commit are counted by the Ledger itself).
-  uint64_t ledger_errors_ = 0;
+  // The latest ledger row refused before it was queued, and why (the
+  // Ledger counts every lost row itself).
   std::string ledger_last_error_;
 };
 

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/fs.h"
 #include "tests/test_util.h"
@@ -28,6 +29,46 @@ TEST_CASE("ReadFile names the file it cannot read and refuses oversized ones") {
   auto big = ReadFile(dir.Join("big"), 10);
   REQUIRE_FALSE(big.ok());
   CHECK(big.error().message().find("100 bytes") != std::string::npos);
+}
+
+TEST_CASE("MakePrivateDir makes a folder 0700, tightens one of this user, refuses another user's") {
+  test::TempDir dir;
+  struct stat st{};
+  std::string made = dir.Join("new/state");
+  auto r = MakePrivateDir(made, "node.state_dir");
+  REQUIRE(r.ok());
+  REQUIRE(::stat(made.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+
+  std::string open = dir.Join("open");
+  REQUIRE(::mkdir(open.c_str(), 0755) == 0);
+  REQUIRE(::chmod(open.c_str(), 0755) == 0);  // whatever the umask
+  auto tightened = MakePrivateDir(open, "node.state_dir");
+  REQUIRE(tightened.ok());
+  CHECK(*tightened);
+  REQUIRE(::stat(open.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  auto again = MakePrivateDir(open, "node.state_dir");
+  REQUIRE(again.ok());
+  CHECK_FALSE(*again);
+
+  if (::geteuid() != 0) {
+    WARN("SKIP: needs root to give a folder to another uid");
+    return;
+  }
+  std::string theirs = dir.Join("theirs");
+  REQUIRE(::mkdir(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chmod(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), 65534, 65534) == 0);
+  auto refused = MakePrivateDir(theirs, "node.state_dir");
+  REQUIRE_FALSE(refused.ok());
+  INFO(refused.error().message());
+  CHECK(refused.error().message().find("node.state_dir " + theirs) == 0);
+  CHECK(refused.error().message().find("0755") != std::string::npos);
+  CHECK(refused.error().message().find("uid 65534") != std::string::npos);
+  CHECK(refused.error().message().find("chmod 0700") != std::string::npos);
+  REQUIRE(::stat(theirs.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0755);  // not ours: left as it is
 }
 
 TEST_CASE("MakeDirs creates parents and refuses a file in the way") {

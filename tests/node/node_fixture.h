@@ -59,10 +59,14 @@ class Node {
   std::string FrontSock() const { return dir_.Join("run/front.sock"); }
   std::string Db() const { return dir_.Join("state/wsup.db"); }
   const test::TempDir& dir() const { return dir_; }
+  // A config file of the test's own instead of config/demo.toml (the same
+  // overrides apply; a reload reads the file again).
+  void UseConfig(std::string path) { config_ = std::move(path); }
 
   std::vector<std::string> Argv(const std::string& cmd) const {
     std::string eng = test::BinPath("wsup-engine");
-    std::vector<std::string> a = {test::BinPath("wsup"), cmd, std::string(WSUP_SOURCE_DIR) + "/config/demo.toml"};
+    std::vector<std::string> a = {test::BinPath("wsup"), cmd,
+                                  config_.empty() ? std::string(WSUP_SOURCE_DIR) + "/config/demo.toml" : config_};
     std::vector<std::string> sets = {
         "node.state_dir=" + dir_.Join("state"),
         "node.runtime_dir=" + dir_.Join("run"),
@@ -174,6 +178,7 @@ class Node {
   test::TempDir dir_;
   std::vector<std::string> sets_;
   std::string model_;
+  std::string config_;
   test::Child sup_;
 };
 

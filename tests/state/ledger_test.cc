@@ -3,6 +3,10 @@
 
 #include <sqlite3.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -32,6 +36,26 @@ FailoverRecord Failover(int64_t fault_ms, const std::string& trigger = "crash") 
   f.detected_ms = fault_ms + 2;
   f.swapped_ms = fault_ms + 5;
   return f;
+}
+
+int Mode(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 0777) : -1;
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<int64_t> FaultTimes(const std::string& path) {
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  auto rows = reader->Failovers();
+  REQUIRE(rows.ok());
+  std::vector<int64_t> out;
+  for (const auto& f : *rows) out.push_back(f.fault_ms);
+  return out;
 }
 
 std::vector<std::string> Tables(Db& db) {
@@ -379,6 +403,7 @@ TEST_CASE("ledger: a failover row that could not be written - its first_ok_ms na
   std::string path = dir.Join("wsup.db");
   LedgerOptions opts;
   opts.busy_timeout_ms = 50;
+  opts.retry_ms = 100;
   auto l = MustOpen(path, opts);
   auto other = Db::Open(path, false);
   REQUIRE(other.ok());
@@ -403,6 +428,222 @@ TEST_CASE("ledger: a failover row that could not be written - its first_ok_ms na
   // Rows after it are written again.
   REQUIRE(l->RecordFailover(Failover(2000)).ok());
   CHECK(l->Flush().ok());
+}
+
+TEST_CASE("ledger: its files are private - made 0600, and a looser ledger is tightened", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  const mode_t umask_before = ::umask(022);  // SQLite alone would make them 0644
+  {
+    auto l = MustOpen(path);
+    REQUIRE(l->RecordFailover(Failover(1000)).ok());
+    REQUIRE(l->Flush().ok());
+    for (const char* suffix : {"", "-wal", "-shm", "-lost"}) {
+      INFO(path + suffix);
+      CHECK(Mode(path + suffix) == 0600);
+    }
+  }
+  // A ledger left readable by everyone (an older wsup made it 0644), with
+  // its -wal and -shm open in another connection.
+  REQUIRE(::chmod(path.c_str(), 0644) == 0);
+  auto other = Db::Open(path, false);
+  REQUIRE(other.ok());
+  REQUIRE(other->QueryInt("SELECT COUNT(*) FROM failovers").ok());
+  REQUIRE(Mode(path + "-wal") == 0644);
+  {
+    auto l = MustOpen(path);
+    for (const char* suffix : {"", "-wal", "-shm"}) {
+      INFO(path + suffix);
+      CHECK(Mode(path + suffix) == 0600);
+    }
+  }
+  ::umask(umask_before);
+}
+
+TEST_CASE("ledger: a lock held past the busy timeout is waited out - the retries write the row", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  LedgerOptions opts;
+  opts.busy_timeout_ms = 50;
+  opts.retry_ms = 60'000;
+  auto l = MustOpen(path, opts);
+  auto other = Db::Open(path, false);
+  REQUIRE(other.ok());
+  REQUIRE(other->Exec("BEGIN EXCLUSIVE").ok());
+  uint64_t seq = 0;
+  REQUIRE(l->RecordFailover(Failover(1000), &seq).ok());
+  // Held past several busy timeouts: the row is still waiting, not lost.
+  REQUIRE(test::WaitFor([&] { return l->stats().retries >= 3; }, std::chrono::seconds(30)));
+  auto during = l->stats();
+  CHECK(during.retrying);
+  CHECK(during.retry_error.find("locked") != std::string::npos);
+  CHECK(during.failed == 0);
+  CHECK(l->HandledSeq() < seq);
+  REQUIRE(other->Exec("ROLLBACK").ok());
+  REQUIRE(l->Flush().ok());
+  CHECK_FALSE(l->LostRow(seq).has_value());
+  auto after = l->stats();
+  CHECK(after.committed == 1);
+  CHECK(after.failed == 0);
+  CHECK(after.losses.rows == 0);
+  CHECK_FALSE(after.retrying);
+  CHECK(FaultTimes(path) == std::vector<int64_t>{1000});
+}
+
+TEST_CASE("ledger: rows lost after the retries are counted by table, kept across a restart and reported", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  LedgerOptions opts;
+  opts.busy_timeout_ms = 20;
+  opts.retry_ms = 200;
+  const int64_t before = NowMs();
+  {
+    auto l = MustOpen(path, opts);
+    REQUIRE(l->RecordFailover(Failover(500)).ok());
+    REQUIRE(l->Flush().ok());
+    auto other = Db::Open(path, false);
+    REQUIRE(other.ok());
+    REQUIRE(other->Exec("BEGIN EXCLUSIVE").ok());
+    uint64_t failover_seq = 0, first_ok_seq = 0;
+    auto id = l->RecordFailover(Failover(1000), &failover_seq);
+    REQUIRE(id.ok());
+    REQUIRE(l->SetFailoverFirstOk(*id, 1040, &first_ok_seq).ok());
+    REQUIRE(l->RecordProbeTransition({0, 1001, "a", "healthy", "unhealthy", "3 failures"}).ok());
+    Status lost = l->Flush();
+    REQUIRE_FALSE(lost.ok());
+    CHECK(lost.error().message().find("locked") != std::string::npos);
+    auto why = l->LostRow(failover_seq);
+    REQUIRE(why.has_value());
+    CHECK(why->find("locked") != std::string::npos);
+    CHECK(why->find("retries") != std::string::npos);
+    CHECK(l->LostRow(first_ok_seq).has_value());
+    // A row refused for its values is lost as well.
+    CHECK_FALSE(l->RecordFailover(Failover(2000, "meteor")).ok());
+    REQUIRE(other->Exec("ROLLBACK").ok());
+    auto s = l->stats();
+    CHECK(s.failed == 3);
+    CHECK(s.refused == 1);
+    CHECK(s.losses.rows == 4);
+    CHECK(s.losses.by_table == std::map<std::string, int64_t>{
+                                   {"failovers", 2}, {"failover_times", 1}, {"probe_transitions", 1}});
+    CHECK(s.losses.first_ms >= before);
+    CHECK(s.losses.last_ms >= s.losses.first_ms);
+  }
+  CHECK(Mode(LossFilePath(path)) == 0600);
+  struct stat st {};
+  REQUIRE(::stat(LossFilePath(path).c_str(), &st) == 0);
+  CHECK(st.st_size == static_cast<off_t>(kLossFileBytes));
+  {
+    // A restart: the count is still there, and this run lost nothing yet.
+    auto l = MustOpen(path, opts);
+    auto s = l->stats();
+    CHECK(s.losses.rows == 4);
+    CHECK(s.failed == 0);
+  }
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  ReportOptions o;
+  o.now_ms = NowMs();
+  auto rep = BuildReport(*reader, o);
+  REQUIRE(rep.ok());
+  REQUIRE(rep->lost.has_value());
+  std::string text = RenderReportText(*rep);
+  INFO(text);
+  CHECK(text.find("ledger: 4 row(s) NOT recorded (1 failover_times, 2 failovers, 1 probe_transitions)") !=
+        std::string::npos);
+  CHECK(text.find("failovers: 1 (crash 1, probe 0, drills 0), and 2 more NOT recorded") != std::string::npos);
+  auto j = nlohmann::json::parse(RenderReportJson(*rep));
+  CHECK(j["lost"]["rows"] == 4);
+  CHECK(j["lost"]["by_table"]["failovers"] == 2);
+  // A window after the last loss does not show it.
+  o.now_ms += 3'600'000;
+  o.since_ms = 60'000;
+  auto later = BuildReport(*reader, o);
+  REQUIRE(later.ok());
+  CHECK_FALSE(later->lost.has_value());
+  CHECK(nlohmann::json::parse(RenderReportJson(*later))["lost"].is_null());
+}
+
+TEST_CASE("ledger: a record of lost rows that cannot be read is said, and counting starts again", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  REQUIRE(WriteFileAtomic(LossFilePath(path), "{\"rows\": \"many\"}", 0600).ok());
+  auto bad = ReadLosses(path);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().message().find(LossFilePath(path)) == 0);
+  CHECK(bad.error().message().find("move it aside") != std::string::npos);
+  {
+    auto l = MustOpen(path);
+    CHECK(l->stats().loss_file_error.find(LossFilePath(path)) != std::string::npos);
+    CHECK(l->stats().losses.rows == 0);
+  }
+  // Written again, whole.
+  auto again = ReadLosses(path);
+  REQUIRE(again.ok());
+  CHECK(again->rows == 0);
+}
+
+TEST_CASE("ledger: deleted under a running ledger, the file is made again with the rows it held", "[state]") {
+  for (bool with_wal : {false, true}) {
+    INFO((with_wal ? "wsup.db, -wal and -shm deleted" : "wsup.db deleted"));
+    test::TempDir dir;
+    std::string path = dir.Join("wsup.db");
+    auto l = MustOpen(path);
+    REQUIRE(l->RecordFailover(Failover(1000)).ok());
+    REQUIRE(l->Flush().ok());
+    REQUIRE(::unlink(path.c_str()) == 0);
+    if (with_wal) {
+      // (Gone already when the writer's idle check came between.)
+      ::unlink((path + "-wal").c_str());
+      ::unlink((path + "-shm").c_str());
+    }
+    REQUIRE(l->RecordFailover(Failover(2000)).ok());
+    REQUIRE(l->Flush().ok());
+    auto s = l->stats();
+    CHECK(s.reopens == 1);
+    CHECK(s.reopened.find("was deleted") != std::string::npos);
+    REQUIRE(l->RecordFailover(Failover(3000)).ok());
+    REQUIRE(l->Flush().ok());
+    CHECK(l->stats().reopens == 1);
+    CHECK(l->stats().losses.rows == 0);
+    l.reset();
+    // What a restart finds: every row, in a private file.
+    CHECK(FaultTimes(path) == std::vector<int64_t>{1000, 2000, 3000});
+    CHECK(Mode(path) == 0600);
+  }
+}
+
+TEST_CASE("ledger: replaced under a running ledger, the new file is used and its ids are not taken again",
+          "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  std::string other = dir.Join("other.db");
+  auto l = MustOpen(path);
+  REQUIRE(l->RecordFailover(Failover(1000)).ok());
+  REQUIRE(l->Flush().ok());
+  {
+    auto o = MustOpen(other);
+    for (int i = 0; i < 5; ++i) REQUIRE(o->RecordFailover(Failover(100 + i)).ok());
+  }
+  REQUIRE(::rename(other.c_str(), path.c_str()) == 0);
+  // An id handed out before the writer saw the new file (2) is taken there:
+  // that row is lost, and counted (unless the writer's idle check saw the
+  // new file first). The next ones get new ids.
+  auto taken = l->RecordFailover(Failover(9000));
+  REQUIRE(taken.ok());
+  const bool collided = *taken == 2;
+  CHECK(l->Flush().ok() == !collided);
+  auto s = l->stats();
+  CHECK(s.reopens == 1);
+  CHECK(s.reopened.find("was replaced") != std::string::npos);
+  CHECK(s.losses.rows == (collided ? 1 : 0));
+  auto next = l->RecordFailover(Failover(9001));
+  REQUIRE(next.ok());
+  CHECK(*next == (collided ? 6 : 7));
+  REQUIRE(l->Flush().ok());
+  l.reset();
+  CHECK(FaultTimes(path) == (collided ? std::vector<int64_t>{100, 101, 102, 103, 104, 9001}
+                                      : std::vector<int64_t>{100, 101, 102, 103, 104, 9000, 9001}));
 }
 
 TEST_CASE("ledger: kv_full_ms of a failover never recorded is refused - a failover without it reads as none", "[state]") {

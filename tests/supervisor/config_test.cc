@@ -237,6 +237,20 @@ TEST_CASE("config: malformed configs give FILE:LINE:COL: KEY errors", "[config]"
   }
 }
 
+TEST_CASE("config: an engine.env value of the wrong type is refused without showing it", "[config]") {
+  // engine.env holds secrets: an error names the key, never the value.
+  for (const char* line : {"env = { HF_TOKEN = 987654321 }", "env = { HF_TOKEN = [\"hf_secret_x\"] }",
+                           "env = \"HF_TOKEN=hf_secret_x\""}) {
+    INFO(line);
+    auto r = ParseConfig(Add("standby_port = 8002", line), "/etc/wsup/bad.toml");
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message());
+    CHECK(r.error().message().find("engine.env") != std::string::npos);
+    CHECK(r.error().message().find("987654321") == std::string::npos);
+    CHECK(r.error().message().find("hf_secret_x") == std::string::npos);
+  }
+}
+
 TEST_CASE("config: --set columns point at the key or at the value", "[config]") {
   auto r = ParseConfig(kBase, "c.toml", {"node.name=a", "probe.failures=abc"});
   REQUIRE_FALSE(r.ok());

@@ -75,6 +75,31 @@ TEST_CASE("reload plan: a new engine command or env rolls, probe and policy sett
   CHECK(EngineVersionText(Parse(env)).find("NCCL_DEBUG") != std::string::npos);
 }
 
+TEST_CASE("reload plan: engine.env values are never shown - their names and a hash are", "[reload]") {
+  const std::string secret = "hf_QwErTy0123456789secret";
+  Config one = Parse(Replace(kBase, "[probe]", "env = { HF_TOKEN = \"" + secret + "\", NCCL_DEBUG = \"WARN\" }\n\n[probe]"));
+  Config two = Parse(Replace(kBase, "[probe]", "env = { HF_TOKEN = \"hf_other\", NCCL_DEBUG = \"WARN\" }\n\n[probe]"));
+  const std::string text = EngineVersionText(one);
+  INFO(text);
+  CHECK(text.find(secret) == std::string::npos);
+  CHECK(text.find("WARN") == std::string::npos);
+  CHECK(text.find("HF_TOKEN") != std::string::npos);
+  CHECK(text.find("NCCL_DEBUG") != std::string::npos);
+  CHECK(text.find(EnvValueHash(secret)) != std::string::npos);
+  CHECK(EnvValueHash(secret).size() == std::string("sha256:").size() + 16);
+  // A changed value is still a change, and still not shown.
+  CHECK(EngineVersionText(two) != text);
+  ReloadPlan p = PlanReload(one, two);
+  REQUIRE(p.changes.size() == 1);
+  CHECK(p.changes[0].key == "engine.env");
+  CHECK(p.roll());
+  for (const auto& ch : p.changes) {
+    CHECK(ch.before.find(secret) == std::string::npos);
+    CHECK(ch.after.find("hf_other") == std::string::npos);
+  }
+  for (const auto& [key, value] : ConfigValues(one)) CHECK(value.find(secret) == std::string::npos);
+}
+
 TEST_CASE("reload plan: a cold key is refused at its line and column, naming the fix", "[reload]") {
   std::string next = Replace(kBase, "path = \"/models/a\"", "path = \"/models/b\"");
   next = Replace(next, "listen = \"127.0.0.1:8000\"", "listen = \"127.0.0.1:8003\"");
