@@ -141,6 +141,7 @@ void Supervisor::Impl::AbandonPending(const std::string& why) {
     if (c->alive()) c->Send(reply);
   }
   UpdateStatusLine();
+  RollOnFailoverEnded();
 }
 
 void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old,
@@ -170,6 +171,7 @@ void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
   pending_.reset();
   if (proof_budget_) proof_budget_->Stop();
   if (p.id) LedgerResult(ledger_->SetFailoverFirstOk(p.id, first_ok_ms), "failover first answer");
+  RollOnFailoverEnded();
   json reply{{"type", "failover"},
              {"ok", true},
              {"from_slot", p.from},

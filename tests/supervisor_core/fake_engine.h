@@ -5,7 +5,8 @@
 // would (or as the test tells it: refuse a release, or never answer).
 //
 // It serves on its own libuv loop and thread, on the port the supervisor
-// picked for the slot, until Stop() (its process "died").
+// picked for the slot (or, as a front, on the front's listening socket),
+// until Stop() (its process "died").
 //
 // Thread-safety: every public method from any thread.
 #pragma once
@@ -33,6 +34,10 @@ class FakeEngine {
   enum class Release { kOk, kRefuse, kHang };
 
   FakeEngine(int port, std::string nonce, std::string probe_text);
+  // A front on the listening socket the supervisor handed its front (a
+  // dup of listen_fd is served): completions answer probe_text, so that a
+  // failover's probe through the front proves it.
+  static std::unique_ptr<FakeEngine> Front(int listen_fd, std::string probe_text);
   ~FakeEngine();
   FakeEngine(const FakeEngine&) = delete;
   FakeEngine& operator=(const FakeEngine&) = delete;
@@ -51,6 +56,7 @@ class FakeEngine {
   std::string KvJson() const;
 
   int port_;
+  int adopt_fd_ = -1;  // a front's: served instead of binding port_
   std::string nonce_;
   std::string probe_text_;
   std::atomic<bool> pool_mapped_{false};
