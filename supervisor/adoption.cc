@@ -29,10 +29,15 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     spdlog::warn("{}: dropped as malformed: {}; the engines it names are adopted without it",
                  RuntimeState::PathIn(cfg_.node.runtime_dir), prev->dropped);
   }
-  if (prev && prev->engine_version && !(*prev->engine_version == VersionOf(cfg_))) {
+  const bool engines_run =
+      prev && std::any_of(prev->engines.begin(), prev->engines.end(),
+                          [this](const RuntimeState::Engine& e) { return StillRuns(e.proc); });
+  if (engines_run && prev->engine_version && !(*prev->engine_version == VersionOf(cfg_))) {
     // The engines go on with the version the node ran (a restart is not a
     // reload): a slot restarted now starts it too, never a third one, and
-    // `wsup reload` rolls to the file's.
+    // `wsup reload` rolls to the file's. (With none left running, the node
+    // starts as from cold, with the file's; a roll that was running rolls
+    // back to its old version: ResumeRoll.)
     spdlog::warn("engine.command or engine.env in {} differs from what the node ran before this restart; the node "
                  "keeps its version until `wsup reload` rolls it to the file's",
                  cfg_.path);

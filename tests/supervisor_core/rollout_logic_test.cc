@@ -410,7 +410,7 @@ TEST_CASE("rollout logic: a supervisor restarted during a roll ends its row as i
   CHECK(p.BothOn("v2"));
 }
 
-TEST_CASE("rollout logic: reload --set applies its overrides and keeps them; a malformed one is refused",
+TEST_CASE("rollout logic: reload --set applies its overrides and keeps them, and a malformed one is refused",
           "[logic][rollout]") {
   RollRig p;
   REQUIRE(p.Until([&] { return p.Settled(); }));
