@@ -85,8 +85,9 @@ Status Check(const FenceRecord& r) {
 }
 
 Status Check(const RolloutRecord& r) {
-  if (!OneOf(r.outcome, {"running", "done", "rolled_back", "refused", "failed"}))
-    return InvalidArgument("rollout outcome \"" + r.outcome + "\" is not one of running, done, rolled_back, refused, failed");
+  if (!OneOf(r.outcome, {"running", "done", "rolled_back", "refused", "failed", "interrupted"}))
+    return InvalidArgument("rollout outcome \"" + r.outcome +
+                           "\" is not one of running, done, rolled_back, refused, failed, interrupted");
   if (r.started_ms <= 0) return InvalidArgument("rollout started_ms is not set; pass the wall time it began");
   return Status::Ok();
 }

@@ -99,7 +99,7 @@ struct RolloutRecord {
   int64_t id = 0;  // assigned by Ledger::RecordRollout
   int64_t started_ms = 0;
   std::optional<int64_t> ended_ms;
-  std::string outcome;  // "running" | "done" | "rolled_back" | "refused" | "failed"
+  std::string outcome;  // "running" | "done" | "rolled_back" | "refused" | "failed" | "interrupted"
   std::string reason;   // why it was rolled back, refused or failed; "" when done
   std::string command_before;  // the engine version (command and env) before
   std::string command_after;   // and the one it rolled to

@@ -96,7 +96,28 @@ CREATE TABLE rollouts (
 );
 CREATE INDEX rollouts_started_ms ON rollouts (started_ms);
 )sql"},
+    // 'interrupted': a roll cut by the supervisor's restart or the node's
+    // stop. SQLite cannot change a CHECK in place: the table is made again
+    // and its rows copied, ids kept.
     {6, R"sql(
+CREATE TABLE rollouts_v6 (
+  id             INTEGER PRIMARY KEY,
+  started_ms     INTEGER NOT NULL,
+  ended_ms       INTEGER,
+  outcome        TEXT    NOT NULL CHECK (outcome IN ('running', 'done', 'rolled_back', 'refused', 'failed', 'interrupted')),
+  reason         TEXT    NOT NULL DEFAULT '',
+  command_before TEXT    NOT NULL,
+  command_after  TEXT    NOT NULL,
+  steps_json     TEXT    NOT NULL DEFAULT '[]'
+);
+INSERT INTO rollouts_v6 (id, started_ms, ended_ms, outcome, reason, command_before, command_after, steps_json)
+  SELECT id, started_ms, ended_ms, outcome, reason, command_before, command_after, steps_json FROM rollouts;
+DROP TABLE rollouts;
+ALTER TABLE rollouts_v6 RENAME TO rollouts;
+CREATE INDEX rollouts_started_ms ON rollouts (started_ms);
+)sql"},
+    // An engine killed for mapping the KV pool unasked (supervisor/kv_pool.cc).
+    {7, R"sql(
 CREATE TABLE fences (
   id           INTEGER PRIMARY KEY,
   time_ms      INTEGER NOT NULL,

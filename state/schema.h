@@ -18,7 +18,11 @@ namespace wsup {
 // Version 1: failovers, cache_events, recoveries.
 // Version 2: holder_restarts, probe_transitions, and time indexes.
 // Version 3: failovers.reconstructed (recorded by a restarted supervisor).
-inline constexpr int kSchemaVersion = 6;
+// Version 4: failovers.gone_ms, kv_full_ms (and the derived kv_back_ms).
+// Version 5: rollouts.
+// Version 6: rollouts.outcome may be 'interrupted'.
+// Version 7: fences.
+inline constexpr int kSchemaVersion = 7;
 
 // The database's user_version.
 Result<int> SchemaVersion(Db& db);

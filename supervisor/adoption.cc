@@ -18,7 +18,32 @@ namespace wsup {
 
 using nlohmann::json;
 
+bool Supervisor::Impl::StillRuns(const ProcessRef& p) {
+  if (p.pid <= 0 || !launcher_.Alive(p.pid)) return false;
+  auto st = launcher_.StartTime(p.pid);
+  return st.ok() && *st == p.start_time;
+}
+
 Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
+  if (prev && !prev->dropped.empty()) {
+    spdlog::warn("{}: dropped as malformed: {}; the engines it names are adopted without it",
+                 RuntimeState::PathIn(cfg_.node.runtime_dir), prev->dropped);
+  }
+  const bool engines_run =
+      prev && std::any_of(prev->engines.begin(), prev->engines.end(),
+                          [this](const RuntimeState::Engine& e) { return StillRuns(e.proc); });
+  if (engines_run && prev->engine_version && !(*prev->engine_version == VersionOf(cfg_))) {
+    // The engines go on with the version the node ran (a restart is not a
+    // reload): a slot restarted now starts it too, never a third one, and
+    // `wsup reload` rolls to the file's. (With none left running, the node
+    // starts as from cold, with the file's; a roll that was running rolls
+    // back to its old version: ResumeRoll.)
+    spdlog::warn("engine.command or engine.env in {} differs from what the node ran before this restart; the node "
+                 "keeps its version until `wsup reload` rolls it to the file's",
+                 cfg_.path);
+    cfg_.engine.command = prev->engine_version->command;
+    cfg_.engine.env = prev->engine_version->env;
+  }
   // Front: adopt when it still runs; otherwise start one on the socket bound
   // in Preflight().
   if (prev && prev->front && prev->front->proc.StillRunning()) {
@@ -83,6 +108,10 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     ready_notified_ = Active() != nullptr;
     if (ready_notified_) notifier_.Ready("serving (re-adopted)");
     ReconcileWithFront(*prev, std::move(dead));
+    // A rollout the predecessor ran: ended, and the slots left on one
+    // version (before the engines not adopted start: one that was being
+    // replaced starts with the version it was to run).
+    if (prev->rollout) ResumeRoll(*prev->rollout);
   }
   if (AllHoldersReady()) StartEngines();
   SaveState();
@@ -100,7 +129,7 @@ void Supervisor::Impl::AdoptPoolOwner(const RuntimeState& prev) {
   }
   // Not adopted: the pool is free once that process is gone.
   for (const auto& pe : prev.engines) {
-    if (pe.slot != o->name || !pe.proc.StillRunning()) continue;
+    if (pe.slot != o->name || !StillRuns(pe.proc)) continue;
     spdlog::warn("kv pool: engine {} pid {} held it and was not adopted; the pool waits for its exit", o->name,
                  pe.proc.pid);
     auto w = launcher_.WatchExit(&loop_, pe.proc.pid, [this, o](const ExitInfo& info) {
@@ -152,7 +181,7 @@ void Supervisor::Impl::AdoptFront(const RuntimeState::Front& pf, int64_t epoch) 
 
 bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   Slot* s = SlotByName(pe.slot);
-  if (!s || !pe.proc.StillRunning()) return false;
+  if (!s || !StillRuns(pe.proc)) return false;
   // The recorded process must still be the one listening on the recorded
   // port; that needs no answer from it, so a busy engine is not mistaken
   // for a dead one.
@@ -175,6 +204,8 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   s->cache_result = pe.cache_result;
   s->cache_recorded = true;
   s->adopted = true;
+  s->runs = pe.version;
+  s->version_text = pe.version ? VersionText(*pe.version) : "";
   Slot* sp = s;
   auto w = launcher_.WatchExit(&loop_, s->pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
   if (w.ok()) s->watch = *w;

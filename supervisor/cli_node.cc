@@ -291,8 +291,9 @@ void RegisterFailover(CLI::App& app, CliContext& ctx) {
 
 void RegisterReload(CLI::App& app, CliContext& ctx) {
   auto* c = app.add_subcommand(
-      "reload", "read the config file again: apply what can change at once, roll a new engine version through the "
-                "standby first (rolled back if it fails); waits until it is done");
+      "reload", "read the config file again (with the start's --set overrides, then this command's): apply what can "
+                "change at once, roll a new engine version through the standby first (rolled back if it fails); waits "
+                "until it is done");
   auto t = std::make_shared<Target>();
   auto as_json = std::make_shared<bool>(false);
   auto timeout = std::make_shared<int>(3'600'000);
@@ -306,7 +307,11 @@ void RegisterReload(CLI::App& app, CliContext& ctx) {
       ctx.exit_code = 1;
       return;
     }
-    auto r = Call(where->first, json{{"type", "reload"}}, *timeout);
+    json req{{"type", "reload"}};
+    // Applied on top of the overrides the node was started with, and kept
+    // for the next reload.
+    if (!t->sets.empty()) req["set"] = t->sets;
+    auto r = Call(where->first, req, *timeout);
     if (!r.ok()) {
       *ctx.err << "wsup reload: " << r.error().message() << "\n";
       ctx.exit_code = 1;

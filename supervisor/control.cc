@@ -133,7 +133,20 @@ void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json&
     }
     Drill(c, msg.value("kill", false));
   } else if (type == "reload") {
-    Reload(c, "wsup reload");
+    // `wsup reload --set`: "section.key=value" strings, checked here.
+    std::vector<std::string> sets;
+    if (msg.is_object() && msg.contains("set")) {
+      const json& set = msg["set"];
+      bool ok = set.is_array();
+      for (size_t i = 0; ok && i < set.size(); ++i) ok = set[i].is_string();
+      if (!ok) {
+        c->Send(json{{"type", "error"},
+                     {"message", "reload: \"set\" must be an array of \"section.key=value\" strings"}});
+        return;
+      }
+      for (const auto& v : set) sets.push_back(v.get<std::string>());
+    }
+    Reload(c, "wsup reload", sets);
   } else if (type == "stop") {
     stop_waiters_.push_back(c);
     BeginStop("wsup stop", 0);

@@ -101,9 +101,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   const Config* cfg = &cfg_;
   std::optional<Config> versioned;
   if (s.version) {
-    versioned = cfg_;
-    versioned->engine.command = s.version->command;
-    versioned->engine.env = s.version->env;
+    versioned = WithVersion(cfg_, *s.version);
     cfg = &*versioned;
   }
   auto argv = EngineArgv(*cfg, port, nonce, ready_fd);
@@ -119,7 +117,6 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   }
   spec.argv = std::move(*argv);
   spec.env_set = cfg->engine.env;
-  s.version_text = EngineVersionText(*cfg);
   spec.env_set.emplace_back("WSUP_ENGINE_NONCE", nonce);
   spec.env_set.emplace_back(http::kControlTokenEnv, control_token);
   spec.env_set.emplace_back("WSUP_ENGINE_SLOT", s.name);
@@ -143,6 +140,8 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     return;
   }
   s.pid = *pid;
+  s.runs = VersionOf(*cfg);
+  s.version_text = EngineVersionText(*cfg);
   auto st = launcher_.StartTime(s.pid);
   s.start_time = st.ok() ? *st : 0;
   s.nonce = nonce;
@@ -395,32 +394,37 @@ void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) 
   spdlog::info("engine {}: {} --{}--> {} [{}] {}", s.name, SlotStateName(t->from), SlotEventName(event),
                SlotStateName(t->to), SlotActionName(t->action), cause);
   s.state = t->to;
+  // Proven ready again: recorded now, before an action or a rollout step
+  // below moves the slot on (a rollout promotes its new engine inside the
+  // transition that proves it).
+  if (t->to == SlotState::kStandby && !s.recovery_cause.empty()) RecordRecovery(s);
   // The pool first: a slot that failed is fenced before its standby is
   // promoted by the action below.
   PoolOnSlotMoved(s, t->from, t->to, cause);
   Apply(s, *t, cause);
   RollOnSlotMoved(s, t->from, t->to, cause);
-  if (s.state == SlotState::kStandby && !s.recovery_cause.empty()) {
-    // Proven ready again: one recovery row with the engine's own phases.
-    RecoveryRecord rec;
-    rec.failover_id = s.recovery_failover_id;
-    rec.slot = s.name;
-    rec.cause = s.recovery_cause;
-    rec.fault_ms = s.recovery_fault_ms;
-    rec.ready_ms = clock_.WallMs();
-    rec.cache_result = s.cache_result.empty() ? (cfg_.weight_cache.mode == CacheMode::kOff ? "off" : "miss")
-                                              : s.cache_result;
-    rec.cache_reason = s.cache_reason;
-    if (s.last_status.contains("phases")) rec.phases_json = s.last_status["phases"].dump();
-    LedgerResult(ledger_->RecordRecovery(rec), "recovery");
-    metrics_.ObserveRecovery((rec.ready_ms - rec.fault_ms) / 1000.0);
-    s.recovery_cause.clear();
-    s.recovery_failover_id.reset();
-  }
   MaybePromote();
   if (!swapping_) PushRoutes();
   SaveState();
   UpdateStatusLine();
+}
+
+void Supervisor::Impl::RecordRecovery(Slot& s) {
+  // One recovery row with the engine's own phases.
+  RecoveryRecord rec;
+  rec.failover_id = s.recovery_failover_id;
+  rec.slot = s.name;
+  rec.cause = s.recovery_cause;
+  rec.fault_ms = s.recovery_fault_ms;
+  rec.ready_ms = clock_.WallMs();
+  rec.cache_result = s.cache_result.empty() ? (cfg_.weight_cache.mode == CacheMode::kOff ? "off" : "miss")
+                                            : s.cache_result;
+  rec.cache_reason = s.cache_reason;
+  if (s.last_status.contains("phases")) rec.phases_json = s.last_status["phases"].dump();
+  LedgerResult(ledger_->RecordRecovery(rec), "recovery");
+  metrics_.ObserveRecovery((rec.ready_ms - rec.fault_ms) / 1000.0);
+  s.recovery_cause.clear();
+  s.recovery_failover_id.reset();
 }
 
 void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string& cause) {
@@ -544,6 +548,26 @@ void Supervisor::Impl::ScheduleRestart(Slot& s, int exit_code) {
   if (s.pid > 0) return;                       // wait for the exit; OnEngineExit calls back here
   if (s.restart_timer->active()) return;        // already scheduled
   std::string log = JoinPath(cfg_.node.state_dir, "logs/engine-" + s.name + ".log");
+  if (s.runs && !s.version && *s.runs != VersionOf(cfg_)) {
+    // Its process ran another version than the node's (a rollout's new
+    // one, rolled back; one a restarted supervisor adopted): the failure
+    // was that version's, so it neither counts toward the crash-loop
+    // budget nor makes a permanent failure of the node's version, which
+    // starts at once.
+    s.permanent_failure = false;
+    s.failure_reason.clear();
+    if (!s.recovery_failover_id) {
+      s.recovery_cause = "rollout rolled back";
+      s.recovery_fault_ms = clock_.WallMs();
+    }
+    spdlog::info("engine {}: its process ran another version than the node's; starting the node's version at once",
+                 s.name);
+    Slot* sp = &s;
+    s.restart_timer->Start(0, [this, sp] {
+      if (sp->state == SlotState::kFailed) SpawnEngine(*sp);
+    });
+    return;
+  }
   if (s.permanent_failure) {
     SetDegraded(s.failure_reason);
     return;

@@ -53,7 +53,7 @@ std::string Metrics::Render() const {
   std::ostringstream o;
   o << "# HELP wsup_rollouts_total Rolling upgrades of the engines (wsup reload), by outcome.\n"
        "# TYPE wsup_rollouts_total counter\n";
-  for (const char* t : {"done", "rolled_back", "failed"}) {
+  for (const char* t : {"done", "rolled_back", "failed", "interrupted"}) {
     auto it = rollouts.find(t);
     o << "wsup_rollouts_total{outcome=\"" << t << "\"} " << (it == rollouts.end() ? 0 : it->second) << "\n";
   }

@@ -16,7 +16,7 @@ class Metrics {
  public:
   Metrics();
   std::map<std::string, uint64_t> failovers;       // by trigger
-  std::map<std::string, uint64_t> rollouts;        // by outcome (done, rolled_back, failed)
+  std::map<std::string, uint64_t> rollouts;        // by outcome (done, rolled_back, failed, interrupted)
   std::map<std::string, uint64_t> cache_lookups;   // by result
   uint64_t holder_restarts = 0;
   uint64_t front_restarts = 0;

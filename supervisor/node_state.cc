@@ -55,9 +55,27 @@ RuntimeState Supervisor::Impl::BuildState() {
     std::string role = s->state == SlotState::kActive    ? "active"
                        : s->state == SlotState::kStandby ? "standby"
                                                          : SlotStateName(s->state);
-    st.engines.push_back(
-        {s->name, ProcessRef{s->pid, s->start_time}, s->port, role, s->spawned_ms, s->cache_result, s->nonce,
-         s->control_token});
+    st.engines.push_back({s->name, ProcessRef{s->pid, s->start_time}, s->port, role, s->spawned_ms, s->cache_result,
+                          s->nonce, s->runs, s->control_token});
+  }
+  // The versions hold engine.env's values: the file is 0600 (runtime_state.h).
+  st.engine_version = VersionOf(cfg_);
+  if (roll_) {
+    RuntimeState::Rollout ro;
+    ro.id = roll_->rec.id;
+    ro.step = RollStateName(roll_->state);
+    ro.new_slot = roll_->new_slot;
+    ro.old_slot = roll_->old_slot;
+    ro.started_ms = roll_->rec.started_ms;
+    ro.from = roll_->from;
+    ro.to = roll_->to;
+    ro.new_proven = roll_->new_proven;
+    ro.rolling_back = RollingBack(roll_->state);
+    ro.cause = roll_->cause;
+    ro.command_before = roll_->rec.command_before;
+    ro.command_after = roll_->rec.command_after;
+    ro.steps_json = roll_->steps.dump();
+    st.rollout = std::move(ro);
   }
   return st;
 }

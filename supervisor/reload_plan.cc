@@ -1,5 +1,7 @@
 #include "supervisor/reload_plan.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "common/sha256.h"
@@ -116,7 +118,7 @@ bool ReloadPlan::at_once() const {
   return false;
 }
 
-ReloadPlan PlanReload(const Config& running, const Config& next) {
+ReloadPlan PlanReload(const Config& running, const Config& next, const std::vector<SlotVersion>& slots) {
   ReloadPlan plan;
   auto before = ConfigValues(running);
   auto after = ConfigValues(next);
@@ -137,10 +139,57 @@ ReloadPlan PlanReload(const Config& running, const Config& next) {
     }
     plan.changes.push_back(std::move(ch));
   }
+  if (plan.roll()) return plan;
+  // The config did not change the version, but a slot runs another one.
+  const EngineVersion want = VersionOf(next);
+  for (const auto& sv : slots) {
+    if (sv.version == want) continue;
+    ReloadChange ch;
+    ch.key = sv.version.command != want.command ? "engine.command" : "engine.env";
+    ch.effect = ReloadEffect::kRoll;
+    for (const auto& [k, v] : ConfigValues(WithVersion(next, sv.version))) {
+      if (k == ch.key) ch.before = v;
+    }
+    for (const auto& [k, v] : ConfigValues(next)) {
+      if (k == ch.key) ch.after = v;
+    }
+    auto w = next.where.find(ch.key);
+    ch.where = w != next.where.end() ? w->second : next.path + ":1:1";
+    ch.note = "engine " + sv.slot + " runs another version than the config's";
+    plan.changes.push_back(std::move(ch));
+    break;  // one roll moves both slots
+  }
   return plan;
 }
 
 std::string EnvValueHash(const std::string& value) { return "sha256:" + Sha256Hex(value).substr(0, 16); }
+
+EngineVersion VersionOf(const Config& c) { return EngineVersion{c.engine.command, c.engine.env}; }
+
+Config WithVersion(Config c, const EngineVersion& v) {
+  c.engine.command = v.command;
+  c.engine.env = v.env;
+  return c;
+}
+
+std::vector<std::string> MergeOverrides(const std::vector<std::string>& base, const std::vector<std::string>& more) {
+  auto key_of = [](const std::string& o) {
+    std::string k = o.substr(0, o.find('='));
+    const size_t b = k.find_first_not_of(" \t");
+    const size_t e = k.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : k.substr(b, e - b + 1);
+  };
+  std::vector<std::string> out;
+  auto add = [&](const std::string& o) {
+    const std::string k = key_of(o);
+    out.erase(std::remove_if(out.begin(), out.end(), [&](const std::string& x) { return key_of(x) == k; }),
+              out.end());
+    out.push_back(o);
+  };
+  for (const auto& o : base) add(o);
+  for (const auto& o : more) add(o);
+  return out;
+}
 
 std::string EngineVersionText(const Config& c) {
   json j = c.engine.command;

@@ -13,6 +13,11 @@
 //            with one "FILE:LINE:COL: KEY: ..." error per such key, and the
 //            node keeps running as it is.
 //
+// The version is compared with what each engine slot really runs, not only
+// with the running config: a slot adopted after a restart, or left by a
+// roll the supervisor did not see end, may run another version, and a
+// reload then rolls even though the file did not change.
+//
 // Pure functions over two Configs; tests call them directly.
 #pragma once
 
@@ -21,6 +26,7 @@
 
 #include "common/status.h"
 #include "supervisor/config.h"
+#include "supervisor/engine_version.h"
 
 namespace wsup {
 
@@ -35,6 +41,7 @@ struct ReloadChange {
   ReloadEffect effect = ReloadEffect::kCold;
   std::string before, after;  // the values as text (for logs and the ledger; engine.env hashed)
   std::string where;          // FILE:LINE:COL in the new file
+  std::string note;           // why it changes when the config did not ("engine b runs another version")
 };
 
 struct ReloadPlan {
@@ -45,7 +52,15 @@ struct ReloadPlan {
   bool at_once() const;
 };
 
-ReloadPlan PlanReload(const Config& running, const Config& next);
+// What an engine slot runs now (a live process's version).
+struct SlotVersion {
+  std::string slot;
+  EngineVersion version;
+};
+
+// `slots`: what the live slots run; one that runs another version than
+// next's rolls even when `running` and `next` agree on it.
+ReloadPlan PlanReload(const Config& running, const Config& next, const std::vector<SlotVersion>& slots = {});
 
 // Every key's value as text, in schema order (what PlanReload compares).
 std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c);
@@ -58,5 +73,14 @@ std::string EngineVersionText(const Config& c);
 
 // "sha256:" and the first 16 hex digits of the value's SHA-256.
 std::string EnvValueHash(const std::string& value);
+
+// c.engine's command and env.
+EngineVersion VersionOf(const Config& c);
+// c with engine.command and engine.env set to v.
+Config WithVersion(Config c, const EngineVersion& v);
+
+// `wsup reload --set`: the overrides a node was started with, then these,
+// one per key (a later one replaces an earlier one of the same key).
+std::vector<std::string> MergeOverrides(const std::vector<std::string>& base, const std::vector<std::string>& more);
 
 }  // namespace wsup

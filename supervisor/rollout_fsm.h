@@ -9,23 +9,45 @@
 //   idle --begin--> stopping_standby [stop_standby]
 //   stopping_standby --stopped--> starting_new [spawn_new]      new_slot, new version
 //   starting_new --new_proven--> swapping [swap]                 a planned drain onto it
-//   swapping --swapped--> watching [start_watch]                 old_slot drains, stays old
-//   watching --watch_over--> stopping_old [stop_old]             once old_slot is a standby again
+//   swapping --swapped--> watching [start_watch]                 old_slot drained, a standby on the old version
+//   watching --watch_over--> stopping_old [stop_old]             the new version served through the window
 //   stopping_old --stopped--> starting_old [spawn_old]           old_slot, new version
 //   starting_old --old_proven--> done [finish]
 //
-// and the ways out:
+// A rollback, from any failure before the old slot is replaced, leaves
+// both slots on the old version, old slot first:
 //   stopping_standby | starting_new | swapping | watching
-//       --new_failed | old_failed | swap_refused | timeout | abort--> rolled_back [roll_back]
-//   starting_old --old_failed--> starting_old (its restart policy retries, with the new version)
-//   stopping_old | starting_old --timeout | abort--> failed [finish]
+//       --new_failed | old_failed | swap_refused | timeout--> restoring_old [roll_back]
+//   restoring_old --old_proven--> swapping_back [swap_back]      old_slot proven (or serving) on the old version
+//   swapping_back --swapped--> restoring_new [restore_new]       the traffic back on old_slot (if it had left)
+//   restoring_new --new_proven--> rolled_back [finish]           new_slot proven on the old version
+//   swapping_back | restoring_new --old_failed--> restoring_old [restore_old]  (old slot first, again)
+// restore_new stops new_slot if it runs the new version and starts it with
+// the old one (it re-runs at new_drained, stopped and new_failed). A slot
+// that failed on the new version is restarted with the old one at once,
+// outside its restart policy: the failure was the new version's.
 //
-// rolled_back: the old version serves (old_slot never stopped before the
-// watch window ended; a new active that fails in the window fails over
-// to it as any crash does, also while it still drains) and new_slot goes
-// back to the old version.
-// failed: the new version serves on new_slot; old_slot did not come up
-// with it in time and is left to its restart policy.
+// The other ways out:
+//   starting_old --old_failed--> starting_old (its restart policy retries, with the new version)
+//   stopping_old | starting_old --timeout--> failed [finish]
+//   restoring_old | swapping_back | restoring_new --timeout | swap_refused--> failed [finish]
+//   any step --abort--> interrupted [finish]                     the node is stopping
+//
+// A supervisor restarted during a roll closes its row as interrupted and
+// resumes from what it adopts (supervisor/adoption.cc), with a roll of its
+// own that starts from idle:
+//   idle --resume_watch--> watching [start_watch]    the new version serves, proven; old_slot adopted
+//   idle --resume_old--> starting_old [spawn_old]    the new version serves, proven; old_slot was being replaced
+//   idle --resume_back--> restoring_old [roll_back]  anything else: back to the old version
+//
+// done: both slots run the new version. rolled_back: both slots run the old
+// version (the old active was never stopped; a new active that failed in
+// the window failed over to it as any crash does, also while it drained).
+// failed: the new version serves on new_slot; old_slot did not come up with
+// it in time and is left to its restart policy (or, when rolling back, the
+// old version could not be brought back in time: both are left to their
+// restart policies, which start the old version). interrupted: the node
+// stopped during the roll.
 //
 // Pure: no processes or time; supervisor/rollout.cc carries the actions
 // out and feeds the slots' moves back as events. Loop thread only.
@@ -45,9 +67,13 @@ enum class RollState {
   kWatching,
   kStoppingOld,
   kStartingOld,
+  kRestoringOld,
+  kSwappingBack,
+  kRestoringNew,
   kDone,
   kRolledBack,
   kFailed,
+  kInterrupted,
 };
 
 enum class RollEvent {
@@ -62,6 +88,10 @@ enum class RollEvent {
   kOldProven,    // old_slot passed its probes on the new version
   kTimeout,      // the step's budget ran out
   kAbort,        // the node is stopping
+  kNewDrained,   // new_slot, drained after the traffic went back, is a standby again
+  kResumeWatch,  // a restarted supervisor: the new version serves on new_slot, proven; old_slot adopted
+  kResumeOld,    // ... and old_slot was being replaced with the new version
+  kResumeBack,   // ... otherwise: the roll goes back to the old version
 };
 
 enum class RollAction {
@@ -73,13 +103,18 @@ enum class RollAction {
   kStopOld,
   kSpawnOld,
   kFinish,
-  kRollBack,
+  kRollBack,     // the roll is rolled back: slots drop the new version, then restore_old
+  kRestoreOld,   // old_slot back on the old version: proven at once if it serves, else waited for
+  kSwapBack,     // the traffic back onto old_slot, if new_slot has it
+  kRestoreNew,   // new_slot off the new version: stopped if it runs it, started with the old one
 };
 
 const char* RollStateName(RollState s);
 const char* RollEventName(RollEvent e);
 const char* RollActionName(RollAction a);
-// done, rolled_back, failed: the roll is over.
+// The steps of a rollback: restoring_old, swapping_back, restoring_new.
+bool RollingBack(RollState s);
+// done, rolled_back, failed, interrupted: the roll is over.
 bool RollOver(RollState s);
 
 struct RollTransition {

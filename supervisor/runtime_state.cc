@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <cerrno>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -38,6 +39,22 @@ ProcessRef ProcFromJson(const json& j) {
   p.pid = j.at("pid").get<pid_t>();
   p.start_time = j.at("start_time").get<uint64_t>();
   return p;
+}
+
+json VersionToJson(const EngineVersion& v) {
+  json env = json::object();
+  for (const auto& [k, val] : v.env) env[k] = val;
+  return json{{"command", v.command}, {"env", env}};
+}
+
+// Throws (nlohmann) on a malformed version; the callers catch.
+EngineVersion VersionFromJson(const json& j) {
+  EngineVersion v;
+  v.command = j.at("command").get<std::vector<std::string>>();
+  const json& env = j.at("env");
+  if (!env.is_object()) throw std::runtime_error("env is not an object");
+  for (auto it = env.begin(); it != env.end(); ++it) v.env.emplace_back(it.key(), it.value().get<std::string>());
+  return v;
 }
 
 }  // namespace
@@ -73,6 +90,24 @@ std::string RuntimeState::ToJson() const {
                             {"cache_result", e.cache_result},
                             {"nonce", e.nonce},
                             {"control_token", e.control_token}});
+    if (e.version) j["engines"].back()["version"] = VersionToJson(*e.version);
+  }
+  if (engine_version) j["engine_version"] = VersionToJson(*engine_version);
+  if (rollout) {
+    const Rollout& r = *rollout;
+    j["rollout"] = {{"id", r.id},
+                    {"step", r.step},
+                    {"new_slot", r.new_slot},
+                    {"old_slot", r.old_slot},
+                    {"started_ms", r.started_ms},
+                    {"from", VersionToJson(r.from)},
+                    {"to", VersionToJson(r.to)},
+                    {"new_proven", r.new_proven},
+                    {"rolling_back", r.rolling_back},
+                    {"cause", r.cause},
+                    {"command_before", r.command_before},
+                    {"command_after", r.command_after},
+                    {"steps_json", r.steps_json}};
   }
   return j.dump(2) + "\n";
 }
@@ -102,11 +137,54 @@ Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::
       s.holders.push_back(Holder{h.at("rank").get<int>(), ProcFromJson(h.at("proc")),
                                  h.at("socket").get<std::string>(), h.at("record_path").get<std::string>()});
     }
+    // The versions and the rollout came later: a file without them is read
+    // as before, and a malformed one is dropped (and said), never the
+    // processes the file names.
+    auto note = [&s](const std::string& what, const std::exception& ex) {
+      s.dropped += (s.dropped.empty() ? "" : "; ") + what + " (" + ex.what() + ")";
+    };
     for (const auto& e : j.at("engines")) {
       s.engines.push_back(Engine{e.at("slot").get<std::string>(), ProcFromJson(e.at("proc")),
                                  e.at("port").get<int>(), e.at("role").get<std::string>(),
                                  e.value("started_ms", int64_t{0}), e.value("cache_result", std::string()),
-                                 e.value("nonce", std::string()), e.value("control_token", std::string())});
+                                 e.value("nonce", std::string()), std::nullopt,
+                                 e.value("control_token", std::string())});
+      if (e.contains("version")) {
+        try {
+          s.engines.back().version = VersionFromJson(e.at("version"));
+        } catch (const std::exception& ex) {
+          note("engine " + s.engines.back().slot + "'s version", ex);
+        }
+      }
+    }
+    if (j.contains("engine_version")) {
+      try {
+        s.engine_version = VersionFromJson(j.at("engine_version"));
+      } catch (const std::exception& ex) {
+        note("the node's engine version", ex);
+      }
+    }
+    if (j.contains("rollout") && !j.at("rollout").is_null()) {
+      try {
+        const json& r = j.at("rollout");
+        Rollout ro;
+        ro.id = r.at("id").get<int64_t>();
+        ro.step = r.at("step").get<std::string>();
+        ro.new_slot = r.at("new_slot").get<std::string>();
+        ro.old_slot = r.at("old_slot").get<std::string>();
+        ro.started_ms = r.at("started_ms").get<int64_t>();
+        ro.from = VersionFromJson(r.at("from"));
+        ro.to = VersionFromJson(r.at("to"));
+        ro.new_proven = r.value("new_proven", false);
+        ro.rolling_back = r.value("rolling_back", false);
+        ro.cause = r.value("cause", std::string());
+        ro.command_before = r.value("command_before", std::string());
+        ro.command_after = r.value("command_after", std::string());
+        ro.steps_json = r.value("steps_json", std::string("[]"));
+        s.rollout = std::move(ro);
+      } catch (const std::exception& ex) {
+        note("the rollout in progress", ex);
+      }
     }
     return s;
   } catch (const std::exception& ex) {
@@ -122,6 +200,13 @@ Status RuntimeState::Save(const std::string& path) const {
   std::string tmp = path + ".tmp";
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (!fd.valid()) return ErrnoError(tmp + ": cannot write the runtime state (is node.runtime_dir writable?)", errno);
+  // 0600 even over a leftover temporary file made looser: the engines'
+  // versions hold engine.env's values, which may be secrets.
+  if (::fchmod(fd.get(), 0600) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoError(tmp + ": cannot make the runtime state private (chmod 0600)", e);
+  }
   std::string text = ToJson();
   size_t off = 0;
   while (off < text.size()) {

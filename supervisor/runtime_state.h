@@ -8,6 +8,12 @@
 // asks each process (holder info, engine status, front status) before it is
 // trusted: the file says where to look, the processes say what is true.
 //
+// It also holds the engine version each engine runs and, while a rollout
+// runs, the rollout's step and both versions, so that a restarted supervisor
+// can leave both slots on one version (supervisor/rollout_fsm.h). A version
+// holds engine.env's values, which may be secrets: the file is written with
+// mode 0600, in node.runtime_dir (0700).
+//
 // The file is written under a temporary name and renamed, so a reader sees
 // the old or the new state, never half of one. It is not fsynced: it only
 // has to survive the supervisor's own death (the page cache outlives a
@@ -26,6 +32,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "supervisor/engine_version.h"
 
 namespace wsup {
 
@@ -73,6 +80,7 @@ struct RuntimeState {
     int64_t started_ms = 0;
     std::string cache_result;  // "hit" | "miss" | "off" | ""
     std::string nonce;         // the per-start nonce the engine was given (WSUP_ENGINE_NONCE)
+    std::optional<EngineVersion> version;  // what it was started with (none: written by an older wsup)
     // The secret of its control routes (WSUP_CONTROL_TOKEN, http/control_auth.h):
     // kept here, in a 0600 file, so that a restarted supervisor can still ask
     // the engine its status and set its role.
@@ -83,6 +91,28 @@ struct RuntimeState {
   // restarted supervisor must not give the pool to another before that one
   // let it go or is gone (supervisor/kv_handover.h).
   std::string kv_pool_owner;
+  // The version the node starts engines with (its engine.command and env;
+  // a config file edited since takes effect at the next `wsup reload`).
+  std::optional<EngineVersion> engine_version;
+
+  // A rollout in progress (supervisor/rollout_fsm.h): what a restarted
+  // supervisor needs to end it and leave both slots on one version.
+  struct Rollout {
+    int64_t id = 0;            // its ledger row
+    std::string step;          // RollStateName()
+    std::string new_slot, old_slot;
+    int64_t started_ms = 0;
+    EngineVersion from, to;    // the node's version before, and the one it rolls to
+    bool new_proven = false;   // the new version passed its probe on new_slot
+    bool rolling_back = false; // the roll was being rolled back
+    std::string cause;         // why it was being rolled back
+    std::string command_before, command_after;  // the row's texts (EngineVersionText)
+    std::string steps_json;    // the row's steps so far
+  };
+  std::optional<Rollout> rollout;
+  // What reading the file dropped as malformed (a version, the rollout),
+  // for the caller to log; "" when nothing was.
+  std::string dropped;
 
   std::string ToJson() const;
   static Result<RuntimeState> FromJson(const std::string& text, const std::string& path);

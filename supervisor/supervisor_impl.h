@@ -47,6 +47,7 @@
 #include "state/ledger.h"
 #include "supervisor/child_fsm.h"
 #include "supervisor/engine_fsm.h"
+#include "supervisor/engine_version.h"
 #include "supervisor/kv_handover.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout_fsm.h"
@@ -160,9 +161,12 @@ class Supervisor::Impl {
 
     // A rollout's engine version for this slot's next starts (its command
     // and env), instead of cfg_.engine's; none outside a rollout.
-    std::optional<Config::Engine> version;
-    std::string version_text;  // what the running process was started with (EngineVersionText)
-    bool respawn_after_stop = false;  // a rollout rolled back while this slot was stopping
+    std::optional<EngineVersion> version;
+    // What its process (the last one started or adopted) was started with;
+    // none for an engine adopted from an older wsup's state.json.
+    std::optional<EngineVersion> runs;
+    std::string version_text;  // the same, as EngineVersionText shows it
+    bool respawn_after_stop = false;  // a rollout ended while this slot was stopping
   };
 
   // ---- a weight holder (one per rank, daemon mode)
@@ -263,6 +267,9 @@ class Supervisor::Impl {
   // (it is the standby now), or freed once its process is gone.
   void AdoptPoolOwner(const RuntimeState& prev);
   void ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead);
+  // The recorded process still runs as recorded (pid and start time), as
+  // the launcher sees it.
+  bool StillRuns(const ProcessRef& p);
 
   // front_link.cc
   void StartFront();
@@ -333,6 +340,8 @@ class Supervisor::Impl {
   // promotion on an old probe answer.
   bool Promote(Slot& s, const std::string& cause, std::string* unfit, std::string* note = nullptr);
   void ScheduleRestart(Slot& s, int exit_code);
+  // The slot is proven ready again: its recovery row, dated now.
+  void RecordRecovery(Slot& s);
   void MaybePromote();
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
   void CompletePending(int64_t first_ok_ms);
@@ -384,13 +393,34 @@ class Supervisor::Impl {
   nlohmann::json PoolStatusJson() const;
 
   // rollout.cc (see rollout_fsm.h, reload_plan.h)
-  // `wsup reload` (c) or SIGHUP (null c): the config file read again.
-  void Reload(std::shared_ptr<JsonConn> c, const std::string& why);
+  // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
+  // `sets` (`wsup reload --set`) after the node's own overrides.
+  void Reload(std::shared_ptr<JsonConn> c, const std::string& why, const std::vector<std::string>& sets = {});
+  // A roll from the node's version to `to`, new_slot first, its row
+  // written, entered by `first` (begin, or a restarted supervisor's resume).
+  void BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to, RollEvent first,
+                 const std::string& why, std::shared_ptr<JsonConn> c);
+  // A restarted supervisor (adoption.cc), after adopting the engines: the
+  // roll its predecessor ran ends as interrupted, and the slots are left on
+  // one version (a roll of its own finishes or rolls back what remains).
+  void ResumeRoll(const RuntimeState::Rollout& prev);
   void RollOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause);
   void RollFire(RollEvent event, const std::string& why);
   void RollStep(const std::string& step, const std::string& slot, const std::string& why);
-  void RollEnd(const std::string& outcome, const std::string& reason);
+  // The roll is over (its state says how); `why` is what ended it.
+  void RollEnd(const std::string& why);
   void RollMaybeWatchOver();
+  // A failover ended (proven or not): a step that waited for it goes on.
+  void RollOnFailoverEnded();
+  // The rollback's steps (rollout_fsm.h).
+  void RollRestoreOld();
+  void RollSwapBack();
+  void RollRestoreNew();
+  // Starts the slot (off the current call) with its version for the next
+  // start, as a recovery of `cause`.
+  void RollSpawn(Slot& s, const std::string& cause);
+  // A version as EngineVersionText shows it.
+  std::string VersionText(const EngineVersion& v) const;
   // The rollout's version could not even be started on this slot.
   void RollSpawnFailed(Slot& s, const std::string& why);
   void ApplyAtOnce(const Config& next, const ReloadPlan& plan);
@@ -483,12 +513,18 @@ class Supervisor::Impl {
     Roll() {}
     RollState state = RollState::kIdle;
     std::string new_slot, old_slot;
-    Config next;               // the config read again; cfg_ until the roll ends
+    // The node's version as the roll began (cfg_'s until it ends) and the
+    // one it rolls to.
+    EngineVersion from, to;
     RolloutRecord rec;         // its ledger row, rewritten at each step
     nlohmann::json steps = nlohmann::json::array();
     std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup reload` callers
     bool watch_elapsed = false;
     int64_t step_since_ms = 0;
+    bool new_proven = false;       // the new version passed its probe on new_slot
+    bool back = false;             // being rolled back
+    std::string cause;             // why it is rolled back
+    bool swap_back_waits = false;  // the swap back waits for a failover in progress to end
   };
   std::optional<Roll> roll_;
   // Its timers, made once (a roll may end inside one's callback): the

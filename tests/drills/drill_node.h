@@ -87,6 +87,8 @@ class DrillNode {
   // Runs `wsup ARGS... --socket <the supervisor's socket>`.
   RunResult Cli(std::vector<std::string> args) const;
   const TempDir& dir() const { return dir_; }
+  // The supervisor's process (a test that kills it calls Start() again).
+  Child& sup() { return sup_; }
 
  private:
   TempDir dir_;

@@ -14,7 +14,16 @@
 //   - a front setting: applied at once, nothing restarted;
 //   - a new version that fails as the active engine in the watch window
 //     (the test kills it): its crash fails over to the old version, and
-//     the roll is rolled back.
+//     the roll is rolled back;
+//   - the old version's standby killed in the watch window: rolled back,
+//     both slots on the old version (the old slot takes the traffic back);
+//   - each rolled slot's recovery row is dated when it was proven (within
+//     50 ms of its probe's verdict);
+//   - `wsup reload --set` applies its override; a SIGHUP during a roll is
+//     refused and logged.
+// And a supervisor SIGKILLed during each step of a roll, then started
+// again: every row ends, both slots run one version, the next reload does
+// the right thing.
 #include <catch2/catch.hpp>
 
 #include <poll.h>
@@ -37,6 +46,7 @@
 #include "bench/failover_drill.h"
 #include "bench/failover_load.h"
 #include "state/report.h"
+#include "tests/http/http_test_client.h"
 #include "tests/drills/drill_node.h"
 #include "tests/test_util.h"
 
@@ -187,6 +197,35 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   }
   CHECK((*st)["rollout"]["last"].value("outcome", "") == "done");
   {
+    // Each rolled slot's recovery row is dated when it was proven: its
+    // probe's verdict, not the next time it became a standby.
+    auto reader = LedgerReader::Open(node.dir().Join("state/wsup.db"));
+    REQUIRE(reader.ok());
+    std::vector<RecoveryRecord> recs;
+    CHECK(test::WaitFor(
+        [&] {
+          auto r = reader->Recoveries(t_roll);
+          if (!r.ok()) return false;
+          recs.clear();
+          for (const auto& rec : *r) {
+            if (rec.cause == "rollout") recs.push_back(rec);
+          }
+          return recs.size() == 2;
+        },
+        10s));
+    auto verdicts = reader->ProbeTransitions(t_roll);
+    REQUIRE(verdicts.ok());
+    for (const auto& rec : recs) {
+      int64_t proven = 0;
+      for (const auto& v : *verdicts) {
+        if (v.slot == rec.slot && v.to_state == "healthy" && v.time_ms <= rec.ready_ms + 50) proven = v.time_ms;
+      }
+      INFO("slot " << rec.slot << " ready_ms " << rec.ready_ms << ", proven at " << proven);
+      CHECK(proven > 0);
+      CHECK(std::llabs(rec.ready_ms - proven) <= 50);
+    }
+  }
+  {
     // The unit went active, then reloading, then active again once the
     // roll was done.
     auto m = notify.Messages();
@@ -221,6 +260,13 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
                  std::string::npos;
         },
         10s));
+    // An override given to reload applies as one in the file would.
+    auto set = node.Cli({"reload", "--set", "probe.successes=1", "--json"});
+    INFO(set.output);
+    CHECK(set.exit_code == 0);
+    json sj = json::parse(set.output);
+    CHECK(sj.value("outcome", "") == "applied");
+    CHECK(sj["changes"].dump().find("\"key\":\"probe.successes\"") != std::string::npos);
   }
 
   // 1c. A new version that fails as the active engine within the watch
@@ -281,6 +327,55 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     CHECK(crash.to_slot != fresh.value("slot", ""));
   }
 
+  // 1d. The old version's standby killed in the watch window: rolled
+  // back, and both slots run the old version again (it comes back, takes
+  // the traffic back, then the new slot is replaced).
+  {
+    st = node.Status();
+    REQUIRE(st);
+    const std::string old_slot = test::EngineOf(*st, "active").value("slot", "");
+    Write(cfg, DemoWith(test::EngineCommandToml(true, {"--max-batch", "10"}), model, 120'000));
+    auto rolling = std::async(std::launch::async, [&] { return node.Cli({"reload", "--json"}); });
+    json watching;
+    REQUIRE(test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          if (!s || (*s)["rollout"].value("step", "") != "watching") return false;
+          watching = *s;
+          return test::EngineOf(watching, "standby").is_object();
+        },
+        60s));
+    const json old_standby = test::EngineOf(watching, "standby");
+    INFO(watching.dump());
+    REQUIRE(old_standby.value("slot", "") == old_slot);
+    REQUIRE(old_standby.value("version", "").find("\"16\"") != std::string::npos);
+    REQUIRE(::kill(old_standby.value("pid", 0), SIGKILL) == 0);
+    auto out = rolling.get();
+    INFO(out.output << node.LogTails(200));
+    CHECK(out.exit_code == 1);
+    json j = json::parse(out.output);
+    CHECK(j.value("outcome", "") == "rolled_back");
+    CHECK(j.value("reason", "").find("engine " + old_slot + " failed") != std::string::npos);
+    // When the reload answers, both engines run the old version, proven,
+    // and the old slot serves.
+    auto now = node.Status();
+    REQUIRE(now);
+    INFO(now->dump());
+    CHECK(now->value("state", "") == "serving");
+    CHECK(now->value("active", "") == old_slot);
+    for (const auto& e : (*now)["engines"]) {
+      CHECK(e.value("version", "").find("\"16\"") != std::string::npos);
+      CHECK(e.value("semantic_ready", false));
+    }
+    REQUIRE(test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          return s && !(*s)["failover"].value("in_progress", true);
+        },
+        60s));
+    REQUIRE(node.WaitServing());
+  }
+
   // 2. A version that answers wrongly: its own weights, corrupted.
   test::TempDir bad;
   for (const auto& f : std::filesystem::directory_iterator(model)) {
@@ -305,6 +400,17 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   json rb = json::parse(back.output);
   CHECK(rb.value("outcome", "") == "rolled_back");
   CHECK(rb.value("reason", "").find("probe") != std::string::npos);
+  // When the reload answers, the rolled slot is back on the old version,
+  // proven, and the node serves (not left failed with the wrong version).
+  st = node.Status();
+  REQUIRE(st);
+  CHECK(st->value("state", "") == "serving");
+  for (const auto& e : (*st)["engines"]) {
+    INFO(e.dump());
+    CHECK(e.value("semantic_ready", false));
+    CHECK(e.value("version", "").find("--max-batch") != std::string::npos);
+    CHECK_FALSE(e.contains("failure"));
+  }
   REQUIRE(node.WaitServing());
   st = node.Status();
   REQUIRE(st);
@@ -351,6 +457,10 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   INFO(second.output);
   CHECK(second.exit_code == 1);
   CHECK(second.output.find("a rollout is in progress") != std::string::npos);
+  // systemd's reload (SIGHUP) has no one to answer: its refusal is logged.
+  REQUIRE(::kill(node.sup().pid(), SIGHUP) == 0);
+  CHECK(test::WaitFor(
+      [&] { return node.Log().find("reload (SIGHUP) refused: a rollout is in progress") != std::string::npos; }, 10s));
   auto first_done = first.get();
   INFO(first_done.output);
   CHECK(first_done.exit_code == 0);
@@ -380,15 +490,190 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   REQUIRE(rolls.ok());
   std::vector<std::string> outcomes;
   for (const auto& ro : *rolls) outcomes.push_back(ro.outcome);
-  CHECK(outcomes == std::vector<std::string>{"done", "rolled_back", "rolled_back", "refused", "done"});
-  REQUIRE(rolls->size() == 5);
+  CHECK(outcomes == std::vector<std::string>{"done", "rolled_back", "rolled_back", "rolled_back", "refused", "done"});
+  REQUIRE(rolls->size() == 6);
   CHECK((*rolls)[0].command_after.find("--max-batch") != std::string::npos);
   CHECK((*rolls)[0].command_before.find("--max-batch") == std::string::npos);
   CHECK((*rolls)[1].reason.find("failed") != std::string::npos);
-  CHECK((*rolls)[2].reason.find("probe") != std::string::npos);
-  CHECK((*rolls)[3].reason.find("model.path") != std::string::npos);
+  CHECK((*rolls)[2].reason.find("failed") != std::string::npos);
+  CHECK((*rolls)[3].reason.find("probe") != std::string::npos);
+  CHECK((*rolls)[4].reason.find("model.path") != std::string::npos);
   auto rep = node.Cli({"report"});
-  CHECK(rep.output.find("rollouts: 5") != std::string::npos);
+  CHECK(rep.output.find("rollouts: 6") != std::string::npos);
+}
+
+// The engine's command line as the kernel has it: what the slot really runs.
+std::string CmdLine(int pid) {
+  std::string s = test::ReadAll("/proc/" + std::to_string(pid) + "/cmdline");
+  for (char& ch : s) {
+    if (ch == '\0') ch = ' ';
+  }
+  return s;
+}
+
+TEST_CASE("reload: the supervisor SIGKILLed during each step of a roll - every row ends, both slots run one version, "
+          "the next reload does the right thing",
+          "[drills][reload]") {
+  if (!test::HaveTestData("llama-tiny-f32")) {
+    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    return;
+  }
+  test::TempDir files;
+  const std::string cfg = files.Join("node.toml");
+  const std::string model = test::TestData("llama-tiny-f32");
+  // Every version decodes at 20 ms a step, so that a stream of 300 tokens
+  // keeps an engine draining for seconds; each has its own --max-batch.
+  auto version = [&](const std::string& batch, int64_t watch_ms = 1000) {
+    std::vector<std::string> args = {"--min-step-ms", "20"};
+    if (!batch.empty()) args.insert(args.end(), {"--max-batch", batch});
+    Write(cfg, DemoWith(test::EngineCommandToml(true, args), model, watch_ms));
+  };
+  version("");
+  test::DrillNodeSpec spec;
+  spec.config_file = cfg;
+  spec.command_in_file = true;
+  test::DrillNode node(spec);
+  node.Start();
+  INFO(node.LogTails(60));
+  REQUIRE(node.WaitServing());
+
+  // Both engines run `batch` ("": the first version), proven, and no roll runs.
+  auto settled_on = [&](const std::string& batch) {
+    return test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          if (!s || s->value("state", "") != "serving" || (*s)["rollout"].value("in_progress", true)) return false;
+          for (const auto& e : (*s)["engines"]) {
+            const int pid = e.value("pid", 0);
+            if (pid <= 0 || !e.value("semantic_ready", false)) return false;
+            const std::string cl = CmdLine(pid);
+            const bool runs = batch.empty() ? cl.find("--max-batch") == std::string::npos
+                                            : cl.find("--max-batch " + batch + " ") != std::string::npos;
+            if (!runs) return false;
+          }
+          return true;
+        },
+        120s);
+  };
+  auto wait_step = [&](const std::string& step) {
+    return test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          return s && (*s)["rollout"].value("step", "") == step;
+        },
+        60s);
+  };
+  // The supervisor dies at once; the step it saved is the one the test meant.
+  auto kill_supervisor = [&](const std::string& step) {
+    node.sup().Kill(SIGKILL);
+    REQUIRE(node.sup().Wait(10s) >= 0);
+    const json saved = json::parse(test::ReadAll(node.dir().Join("run/state.json")));
+    INFO(saved.dump(1));
+    REQUIRE(saved["rollout"].value("step", "") == step);
+  };
+  auto reload = [&](const std::string& outcome) {
+    auto r = node.Cli({"reload", "--json"});
+    INFO(r.output << node.LogTails(100));
+    REQUIRE(!r.output.empty());
+    CHECK(json::parse(r.output).value("outcome", "") == outcome);
+  };
+
+  // stopping_standby (a stopped standby keeps the step open): not proven,
+  // rolled back; the next reload rolls to the file's version.
+  {
+    auto s = node.Status();
+    REQUIRE(s);
+    const int standby = test::EngineOf(*s, "standby").value("pid", 0);
+    REQUIRE(::kill(standby, SIGSTOP) == 0);
+    version("16");
+    auto cut = std::async(std::launch::async, [&] { return node.Cli({"reload"}); });
+    REQUIRE(wait_step("stopping_standby"));
+    kill_supervisor("stopping_standby");
+    cut.get();
+    node.Start();
+    CHECK(settled_on(""));
+    reload("done");
+    CHECK(settled_on("16"));
+  }
+  // starting_new (the new engine stopped before its proof): rolled back.
+  {
+    version("12");
+    auto cut = std::async(std::launch::async, [&] { return node.Cli({"reload"}); });
+    int fresh = 0;
+    REQUIRE(test::WaitFor(
+        [&] {
+          auto s = node.Status();
+          if (!s || (*s)["rollout"].value("step", "") != "starting_new") return false;
+          const std::string slot = (*s)["rollout"].value("new_slot", "");
+          for (const auto& e : (*s)["engines"]) {
+            if (e.value("slot", "") == slot) fresh = e.value("pid", 0);
+          }
+          return fresh > 0;
+        },
+        60s));
+    REQUIRE(::kill(fresh, SIGSTOP) == 0);
+    kill_supervisor("starting_new");
+    cut.get();
+    node.Start();
+    CHECK(settled_on("16"));
+    reload("done");
+    CHECK(settled_on("12"));
+  }
+  // swapping (the old engine drains long streams): the new version was
+  // proven and serves, so the roll is finished; the next reload has
+  // nothing to do.
+  {
+    std::vector<std::future<test::HttpResult>> streams;
+    const int port = node.FrontPort();
+    const std::string body =
+        json{{"prompt", "Hello, world"}, {"max_tokens", 300}, {"temperature", 0}, {"stream", true}}.dump();
+    for (int i = 0; i < 4; ++i) {
+      streams.push_back(std::async(std::launch::async, [port, body] {
+        return test::HttpRequestOnce(port, "POST", "/v1/completions", body, 60s,
+                                     {{"Content-Type", "application/json"}});
+      }));
+    }
+    version("10");
+    auto cut = std::async(std::launch::async, [&] { return node.Cli({"reload"}); });
+    REQUIRE(wait_step("swapping"));
+    kill_supervisor("swapping");
+    cut.get();
+    node.Start();
+    CHECK(settled_on("10"));
+    reload("unchanged");
+    for (auto& f : streams) f.get();
+  }
+  // watching (a long window): finished the same way, with the window the
+  // file has when the supervisor starts again.
+  {
+    version("9", 120'000);
+    auto cut = std::async(std::launch::async, [&] { return node.Cli({"reload"}); });
+    REQUIRE(wait_step("watching"));
+    kill_supervisor("watching");
+    cut.get();
+    version("9");
+    node.Start();
+    CHECK(settled_on("9"));
+    reload("unchanged");
+  }
+
+  // Every row ended: each cut roll interrupted, then the roll that rolled
+  // to the file's version or finished the cut one.
+  auto reader = LedgerReader::Open(node.dir().Join("state/wsup.db"));
+  REQUIRE(reader.ok());
+  auto rolls = reader->Rollouts();
+  REQUIRE(rolls.ok());
+  std::vector<std::string> outcomes;
+  for (const auto& ro : *rolls) {
+    INFO("rollout #" << ro.id << " " << ro.outcome << ": " << ro.reason);
+    CHECK(ro.ended_ms.has_value());
+    outcomes.push_back(ro.outcome);
+  }
+  CHECK(outcomes == std::vector<std::string>{"interrupted", "done", "interrupted", "done", "interrupted", "done",
+                                             "interrupted", "done"});
+  auto rep = node.Cli({"report"});
+  CHECK(rep.output.find("rollouts: 8") != std::string::npos);
+  CHECK(rep.output.find(" interrupted") != std::string::npos);
 }
 
 }  // namespace

@@ -169,6 +169,55 @@ TEST_CASE("ledger: a fenced engine is a fences row, read back whole; a row witho
   CHECK(nlohmann::json::parse(RenderReportJson(*rep))["fences"][0]["pool_owner"] == "a");
 }
 
+TEST_CASE("ledger: migration 6 lets a rollout end interrupted, and keeps the rows and the index", "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  {
+    auto db = Db::Open(path, true);
+    REQUIRE(db.ok());
+    REQUIRE(ConfigureConnection(*db, 1000).ok());
+    REQUIRE(Migrate(*db, 5).ok());
+    REQUIRE(db->Exec("INSERT INTO rollouts (id, started_ms, ended_ms, outcome, reason, command_before, command_after, "
+                     "steps_json) VALUES (4, 100, 200, 'done', '', '[\"e\"]', '[\"e\",\"-x\"]', '[]'), "
+                     "(5, 300, NULL, 'running', '', '[\"e\",\"-x\"]', '[\"e\"]', '[]')")
+                .ok());
+    // Version 5 refuses the outcome.
+    CHECK_FALSE(db->Exec("UPDATE rollouts SET outcome = 'interrupted' WHERE id = 5").ok());
+  }
+  {
+    auto l = MustOpen(path);
+    RolloutRecord r;
+    r.id = 5;
+    r.started_ms = 300;
+    r.ended_ms = 400;
+    r.outcome = "interrupted";
+    r.reason = "the supervisor restarted during step watching";
+    r.command_before = "[\"e\",\"-x\"]";
+    r.command_after = "[\"e\"]";
+    REQUIRE(l->UpdateRollout(r).ok());
+    auto id = l->RecordRollout(r);
+    REQUIRE(id.ok());
+    CHECK(*id == 6);  // continues after the copied rows
+    REQUIRE(l->Flush().ok());
+    r.outcome = "lost";
+    CHECK_FALSE(l->UpdateRollout(r).ok());
+  }
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  CHECK(*SchemaVersion(reader->db()) == kSchemaVersion);
+  auto rows = reader->Rollouts();
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == 3);
+  CHECK((*rows)[0].id == 4);
+  CHECK((*rows)[0].outcome == "done");
+  CHECK((*rows)[1].outcome == "interrupted");
+  CHECK((*rows)[1].ended_ms == 400);
+  CHECK((*rows)[2].id == 6);
+  CHECK(*reader->db().QueryText("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'rollouts'") ==
+        "rollouts_started_ms");
+  CHECK(*reader->db().QueryText("PRAGMA integrity_check") == "ok");
+}
+
 TEST_CASE("ledger: migrating twice is a no-op, a newer schema is refused", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");

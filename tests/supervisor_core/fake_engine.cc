@@ -1,5 +1,7 @@
 #include "tests/supervisor_core/fake_engine.h"
 
+#include <fcntl.h>
+
 #include <future>
 
 #include <nlohmann/json.hpp>
@@ -17,6 +19,12 @@ uint64_t FakeEngine::NextSeq() {
 
 FakeEngine::FakeEngine(int port, std::string nonce, std::string probe_text, std::string control_token)
     : port_(port), nonce_(std::move(nonce)), probe_text_(std::move(probe_text)), control_token_(std::move(control_token)) {}
+
+std::unique_ptr<FakeEngine> FakeEngine::Front(int listen_fd, std::string probe_text) {
+  auto f = std::make_unique<FakeEngine>(0, "", std::move(probe_text));
+  f->adopt_fd_ = listen_fd;
+  return f;
+}
 
 FakeEngine::~FakeEngine() { Stop(); }
 
@@ -36,7 +44,12 @@ bool FakeEngine::Start() {
     so.port = port_;
     server_ = std::make_unique<http::HttpServer>(&loop_, so,
                                                  [this](std::shared_ptr<http::ResponseWriter> w) { Handle(std::move(w)); });
-    bound.set_value(server_->Listen().ok());
+    if (adopt_fd_ >= 0) {
+      const int fd = ::fcntl(adopt_fd_, F_DUPFD_CLOEXEC, 3);
+      bound.set_value(fd >= 0 && server_->Adopt(fd).ok());
+    } else {
+      bound.set_value(server_->Listen().ok());
+    }
     uv_run(&loop_, UV_RUN_DEFAULT);
     server_.reset();
     uv_loop_close(&loop_);

@@ -9,7 +9,8 @@
 // would.
 //
 // It serves on its own libuv loop and thread, on the port the supervisor
-// picked for the slot, until Stop() (its process "died").
+// picked for the slot (or, as a front, on the front's listening socket),
+// until Stop() (its process "died").
 //
 // Thread-safety: every public method from any thread.
 #pragma once
@@ -37,6 +38,10 @@ class FakeEngine {
   enum class Release { kOk, kRefuse, kHang };
 
   FakeEngine(int port, std::string nonce, std::string probe_text, std::string control_token = "");
+  // A front on the listening socket the supervisor handed its front (a
+  // dup of listen_fd is served): completions answer probe_text, so that a
+  // failover's probe through the front proves it.
+  static std::unique_ptr<FakeEngine> Front(int listen_fd, std::string probe_text);
   ~FakeEngine();
   FakeEngine(const FakeEngine&) = delete;
   FakeEngine& operator=(const FakeEngine&) = delete;
@@ -64,6 +69,7 @@ class FakeEngine {
   std::string KvJson() const;
 
   int port_;
+  int adopt_fd_ = -1;  // a front's: served instead of binding port_
   std::string nonce_;
   std::string probe_text_;
   std::string control_token_;

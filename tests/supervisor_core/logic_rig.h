@@ -156,6 +156,11 @@ class FakeProcs final : public Launcher {
       slow_kills.push_back(pgid);
       return Status::Ok();
     }
+    if (sig == SIGTERM && term_is_slow) {
+      // Asked to stop, and still running until the test says (Exit).
+      slow_terms.push_back(pgid);
+      return Status::Ok();
+    }
     if (sig == SIGKILL || sig == SIGTERM) Exit(pgid, -1, sig);
     return Status::Ok();
   }
@@ -192,6 +197,10 @@ class FakeProcs final : public Launcher {
   // left to the test; SIGKILL and SIGTERM end the process at once.
   bool kill_is_slow = false;
   std::vector<pid_t> slow_kills;
+  // SIGTERM is taken and the process runs on (an engine that takes its time
+  // to stop); SIGKILL still ends it.
+  bool term_is_slow = false;
+  std::vector<pid_t> slow_terms;
 
   // Queues an exit (code, or signal when sig != 0); Deliver() reports it.
   void Exit(pid_t pid, int code, int sig = 0) {
@@ -228,8 +237,10 @@ class FakeProcs final : public Launcher {
 
 // A supervisor on fake processes and fake time. `extra_toml` goes into the
 // config where [probe] ends (bare keys are the probe's; sections may
-// follow); `before_start` runs before the supervisor is created (to hook
-// the fake processes).
+// follow), `supervisor_toml` at the end of [supervisor]; `before_start`
+// runs before the supervisor is created (to hook the fake processes).
+// Restart() replaces the supervisor by a new one on the same files and
+// processes, as after a crash of the supervisor.
 struct Rig {
   test::TempDir dir;
   FakeClock clock;
@@ -237,8 +248,10 @@ struct Rig {
   FakeProcs procs;
   std::unique_ptr<Supervisor> sup;
 
+  SupervisorOptions options;
+
   explicit Rig(const std::string& mode, int64_t window_ms = 600'000, const std::string& extra_toml = "",
-               const std::function<void(Rig&)>& before_start = nullptr) {
+               const std::function<void(Rig&)>& before_start = nullptr, const std::string& supervisor_toml = "") {
     REQUIRE(MakeDirs(dir.Join("model"), 0755).ok());
     REQUIRE(WriteFileAtomic(dir.Join("model/config.json"), "{}").ok());
     REQUIRE(WriteFileAtomic(dir.Join("model/model.safetensors"), "x").ok());
@@ -254,7 +267,7 @@ struct Rig {
                        "[probe]\nprompt = \"Hello\"\nexpect = \"world\"\nmax_tokens = 4\n"
                        "[front]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n"
                        "[supervisor]\nrestart_backoff_ms = 1000\nrestart_backoff_max_ms = 4000\nmax_restarts = 3\n"
-                       "restart_window_ms = " + std::to_string(window_ms) + "\n";
+                       "restart_window_ms = " + std::to_string(window_ms) + "\n" + supervisor_toml;
     if (mode != "daemon") toml.replace(toml.find("[holder]"), toml.find("[probe]") - toml.find("[holder]"), "");
     // Inserted where [probe] ends: bare keys are the probe's, and sections may follow.
     toml.insert(toml.find("[front]"), extra_toml);
@@ -262,13 +275,25 @@ struct Rig {
     auto cfg = LoadConfig(dir.Join("node.toml"));
     INFO((cfg.ok() ? "" : cfg.error().message()));
     REQUIRE(cfg.ok());
-    SupervisorOptions o;
-    o.bin_dir = dir.path();
-    o.clock = &clock;
-    o.launcher = &procs;
-    o.timers = &timers;
+    options.bin_dir = dir.path();
+    options.clock = &clock;
+    options.launcher = &procs;
+    options.timers = &timers;
     if (before_start) before_start(*this);
-    auto s = Supervisor::Create(std::move(*cfg), o);
+    auto s = Supervisor::Create(std::move(*cfg), options);
+    INFO((s.ok() ? "" : s.error().message()));
+    REQUIRE(s.ok());
+    sup = std::move(*s);
+    Settle();
+  }
+  // The supervisor goes away without a stop (its processes run on), and a
+  // new one starts from the config file and what the old one left.
+  void Restart() {
+    sup.reset();
+    auto cfg = LoadConfig(dir.Join("node.toml"));
+    INFO((cfg.ok() ? "" : cfg.error().message()));
+    REQUIRE(cfg.ok());
+    auto s = Supervisor::Create(std::move(*cfg), options);
     INFO((s.ok() ? "" : s.error().message()));
     REQUIRE(s.ok());
     sup = std::move(*s);

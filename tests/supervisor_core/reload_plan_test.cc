@@ -143,5 +143,52 @@ TEST_CASE("reload plan: every key of the schema has an effect, and only the vers
   CHECK(EffectOf("front.loops") == ReloadEffect::kCold);
 }
 
+TEST_CASE("reload plan: a slot that runs another version rolls, though the config did not change", "[reload]") {
+  const Config c = Parse(kBase);
+  const EngineVersion same = VersionOf(c);
+  // Both slots run the config's version: nothing to do.
+  ReloadPlan none = PlanReload(c, c, {{"a", same}, {"b", same}});
+  CHECK(none.changes.empty());
+  // One runs another command (a roll a restart cut short): the reload rolls.
+  EngineVersion other = same;
+  other.command.push_back("--max-batch");
+  ReloadPlan p = PlanReload(c, c, {{"a", same}, {"b", other}});
+  REQUIRE(p.changes.size() == 1);
+  CHECK(p.roll());
+  CHECK(p.refused.empty());
+  CHECK(p.changes[0].key == "engine.command");
+  CHECK(p.changes[0].note.find("engine b runs another version") != std::string::npos);
+  CHECK(p.changes[0].where.rfind("/etc/wsup/n.toml:", 0) == 0);
+  // Another env only: engine.env.
+  EngineVersion env = same;
+  env.env.emplace_back("NCCL_DEBUG", "WARN");
+  ReloadPlan e = PlanReload(c, c, {{"a", env}});
+  REQUIRE(e.changes.size() == 1);
+  CHECK(e.changes[0].key == "engine.env");
+  // A config change that rolls already: one change for it, none per slot.
+  std::string next = Replace(kBase, "\"--port\", \"{port}\"]", "\"--port\", \"{port}\", \"--x\"]");
+  ReloadPlan both = PlanReload(c, Parse(next), {{"a", other}, {"b", same}});
+  REQUIRE(both.changes.size() == 1);
+  CHECK(both.changes[0].note.empty());
+  // WithVersion and VersionOf are each other's inverse on the version.
+  CHECK(VersionOf(WithVersion(c, other)) == other);
+  CHECK(WithVersion(c, other).engine.primary_port == c.engine.primary_port);
+}
+
+TEST_CASE("reload plan: reload --set comes after the start's overrides, one per key", "[reload]") {
+  CHECK(MergeOverrides({}, {}).empty());
+  CHECK(MergeOverrides({"node.state_dir=/s", "probe.failures=3"}, {"probe.failures=7"}) ==
+        std::vector<std::string>{"node.state_dir=/s", "probe.failures=7"});
+  CHECK(MergeOverrides({"probe.failures=3"}, {" probe.failures = 5", "probe.successes=1"}) ==
+        std::vector<std::string>{" probe.failures = 5", "probe.successes=1"});
+  // The same again changes nothing.
+  const std::vector<std::string> start = {"node.state_dir=/s", "front.listen=127.0.0.1:0"};
+  CHECK(MergeOverrides(start, start) == start);
+  // As loaded: the later value wins.
+  auto c = ParseConfig(kBase, "/etc/wsup/n.toml", MergeOverrides({"probe.failures=3"}, {"probe.failures=7"}));
+  REQUIRE(c.ok());
+  CHECK(c->probe.failures == 7);
+}
+
 }  // namespace
 }  // namespace wsup
