@@ -176,8 +176,10 @@ TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no 
   auto engine_idle = [&] {
     auto s = n.Status();
     if (!s) return false;
-    int eport = n.Engine(*s, "active").value("port", 0);
-    auto r = test::HttpRequestOnce(eport, "GET", "/wsup/status", "", 2s);
+    const json act = n.Engine(*s, "active");
+    // The engine's control routes answer the supervisor's token only.
+    auto r = test::HttpRequestOnce(act.value("port", 0), "GET", "/wsup/status", "", 2s,
+                                   n.ControlAuth(act.value("slot", "")));
     if (r.status != 200) return false;
     auto j = json::parse(r.body, nullptr, false);
     return !j.is_discarded() && j["requests"].value("active", -1) == 0 && j["requests"].value("waiting", -1) == 0;

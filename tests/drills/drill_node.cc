@@ -136,6 +136,15 @@ DrillNode::~DrillNode() {
   for (const auto& e : j.value("engines", json::array())) kill(e["proc"]);
 }
 
+std::string DrillNode::ControlToken(const std::string& slot) const {
+  json st = json::parse(ReadAll(dir_.Join("run/state.json")), nullptr, false);
+  if (!st.is_object()) return "";
+  for (const auto& e : st.value("engines", json::array())) {
+    if (e.value("slot", "") == slot) return e.value("control_token", "");
+  }
+  return "";
+}
+
 nlohmann::json EngineOf(const nlohmann::json& status, const std::string& role) {
   for (const auto& e : status.value("engines", nlohmann::json::array())) {
     if (e.value("role", "") == role) return e;

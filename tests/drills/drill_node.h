@@ -87,6 +87,10 @@ class DrillNode {
   // Runs `wsup ARGS... --socket <the supervisor's socket>`.
   RunResult Cli(std::vector<std::string> args) const;
   const TempDir& dir() const { return dir_; }
+  // The control token the supervisor gave the engine of `slot` (its
+  // /wsup/status and /wsup/role answer no one else), from the node's 0600
+  // state.json; "" when none is recorded.
+  std::string ControlToken(const std::string& slot) const;
   // The supervisor's process (a test that kills it calls Start() again).
   Child& sup() { return sup_; }
 

@@ -146,8 +146,9 @@ class Streams {
   std::vector<bool> done_;
 };
 
-// GET path on 127.0.0.1:port: the body of a 200, else "".
-std::string Get(int port, const std::string& path) {
+// GET path on 127.0.0.1:port (with a control token, when given): the body
+// of a 200, else "".
+std::string Get(int port, const std::string& path, const std::string& token = "") {
   uv_loop_t loop;
   uv_loop_init(&loop);
   std::string out;
@@ -156,6 +157,7 @@ std::string Get(int port, const std::string& path) {
     http::ClientRequest r;
     r.target = path;
     r.timeout_ms = 10'000;
+    if (!token.empty()) r.headers.push_back({"Authorization", "Bearer " + token});
     client.Send("127.0.0.1", port, std::move(r), [&](Result<http::HttpResponse> res) {
       if (res.ok() && res->status == 200) out = res->body;
     });
@@ -166,8 +168,11 @@ std::string Get(int port, const std::string& path) {
   return out;
 }
 
-// An engine's GET /wsup/status.
-json EngineStatus(int port) { return json::parse(Get(port, "/wsup/status"), nullptr, false); }
+// The GET /wsup/status of the node's engine of `slot`, with its control token.
+json EngineStatus(const test::DrillNode& node, const json& engine) {
+  return json::parse(Get(engine.value("port", 0), "/wsup/status", node.ControlToken(engine.value("slot", ""))),
+                     nullptr, false);
+}
 
 // Serving, with the active engine on the pool and the standby ready.
 bool Settled(const test::DrillNode& node, json* last) {
@@ -247,7 +252,7 @@ Cut RunCut(test::DrillNode& node, const std::vector<std::pair<std::string, std::
   INFO(st.dump(1));
   REQUIRE(settled);
   const json active = test::EngineOf(st, "active");
-  const int standby_port = test::EngineOf(st, "standby").value("port", 0);
+  const json standby = test::EngineOf(st, "standby");
   const int pid = active.value("pid", 0);
   REQUIRE(pid > 0);
   Cut cut;
@@ -269,7 +274,7 @@ Cut RunCut(test::DrillNode& node, const std::vector<std::pair<std::string, std::
     CHECK(s.Tokens(i) == want[i]);
     CHECK(s.Finish(i) == "length");
   }
-  json es = EngineStatus(standby_port);
+  json es = EngineStatus(node, standby);
   INFO(es.dump(1));
   REQUIRE(es.is_object());
   REQUIRE(es.contains("resume"));

@@ -136,6 +136,19 @@ class Node {
     }
     return json();
   }
+  // The Authorization header of the engine of `slot`'s control routes: the
+  // token the supervisor gave it, from its 0600 state.json (only the node's
+  // user can read it). Empty when none is recorded.
+  std::vector<std::pair<std::string, std::string>> ControlAuth(const std::string& slot) const {
+    json st = json::parse(test::ReadAll(dir_.Join("run/state.json")), nullptr, false);
+    if (!st.is_object()) return {};
+    for (const auto& e : st.value("engines", json::array())) {
+      if (e.value("slot", "") == slot && !e.value("control_token", "").empty()) {
+        return {{"Authorization", "Bearer " + e.value("control_token", "")}};
+      }
+    }
+    return {};
+  }
 
   // Runs `wsup ARGS... --socket SOCK`.
   test::RunResult Cli(std::vector<std::string> args) const {
