@@ -35,6 +35,10 @@ class Metrics {
   // recomputed_sequences; counts of the engine's process (a restart starts
   // them again).
   std::map<std::string, std::map<std::string, uint64_t>> engine_resume;
+  // Messages refused or dropped because a field could not be read
+  // (supervisor/messages.h), by who sent them: control (a `wsup.sock`
+  // client), front, engine.
+  std::map<std::string, uint64_t> bad_messages;
   void ObserveKvBack(double seconds);
 
   void ObserveRecovery(double seconds);

@@ -51,6 +51,7 @@
 #include "supervisor/rollout_fsm.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
+#include "supervisor/messages.h"
 #include "supervisor/metrics.h"
 #include "supervisor/notify.h"
 #include "supervisor/process.h"
@@ -104,6 +105,7 @@ class Supervisor::Impl {
     int port = 0;
     bool adopted = false;
     bool identity_logged = false;  // "port answered by someone else" said once per start
+    bool status_logged = false;    // "its /wsup/status cannot be read" said once per start
 
     ProcessWatch* watch = nullptr;
     HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
@@ -258,7 +260,7 @@ class Supervisor::Impl {
   void ConnectFront();
   void OnFrontMessage(const nlohmann::json& m);
   // The front's `silent` report (supervisor/silence_check.h says what is done).
-  void OnFrontSilent(const nlohmann::json& m);
+  void OnFrontSilent(const FrontMessage& m);
   void TripSilent(Slot& s, const std::string& why);
   void OnFrontExit(const ExitInfo& info);
   void PushRoutes();
@@ -305,8 +307,8 @@ class Supervisor::Impl {
   void SpawnEngine(Slot& s);
   void PollStatus(Slot& s);
   bool CheckIdentity(Slot& s, const nlohmann::json* status);
-  void OnEngineStatus(Slot& s, const nlohmann::json& status);
-  void RecordCache(Slot& s, const nlohmann::json& weights);
+  void OnEngineStatus(Slot& s, const nlohmann::json& status, const EngineStatus& view);
+  void RecordCache(Slot& s, const EngineStatus::Weights& weights);
   void StartProbing(Slot& s);
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
