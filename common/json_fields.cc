@@ -46,20 +46,20 @@ Result<T> As(std::string_view key, const json& v) {
   } else if constexpr (std::is_integral_v<T>) {
     if (!v.is_number_integer()) return WrongType(key, v, Wanted<T>());
     // Compared as the type the parser stored, so that nothing wraps.
+    auto out_of_range = [&](const std::string& shown) {
+      return InvalidArgument("field '" + std::string(key) + "' is " + shown + ", out of range for " + Wanted<T>() +
+                             " (" + std::to_string(std::numeric_limits<T>::min()) + " to " +
+                             std::to_string(std::numeric_limits<T>::max()) + ")");
+    };
     if (v.is_number_unsigned()) {
       const uint64_t u = v.get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
-        return InvalidArgument("field '" + std::string(key) + "' is " + std::to_string(u) + ", past the largest " +
-                               Wanted<T>() + " it may be (" + std::to_string(std::numeric_limits<T>::max()) + ")");
-      }
+      if (u > static_cast<uint64_t>(std::numeric_limits<T>::max())) return out_of_range(std::to_string(u));
       return static_cast<T>(u);
     }
     const int64_t i = v.get<int64_t>();
     if (i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
         (std::is_signed_v<T> && i > static_cast<int64_t>(std::numeric_limits<T>::max()))) {
-      return InvalidArgument("field '" + std::string(key) + "' is " + std::to_string(i) + ", out of range for " +
-                             Wanted<T>() + " (" + std::to_string(std::numeric_limits<T>::min()) + " to " +
-                             std::to_string(std::numeric_limits<T>::max()) + ")");
+      return out_of_range(std::to_string(i));
     }
     return static_cast<T>(i);
   } else {

@@ -350,27 +350,44 @@ ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty() || !j["choices"][0].is_object())
     return Fail("bad response: no choices[0]", latency_ms);
   const auto& choice = j["choices"][0];
+  // What it answered, as far as it said (a wrong answer carries it).
+  ProbeAnswer answer;
+  bool ids_ok = choice.contains("token_ids") && choice["token_ids"].is_array();
+  if (ids_ok) {
+    for (const auto& t : choice["token_ids"]) {
+      if (!t.is_number_integer()) {
+        ids_ok = false;
+        break;
+      }
+      answer.token_ids.push_back(t.get<int64_t>());
+    }
+  }
+  if (choice.contains("text") && choice["text"].is_string()) answer.text = choice["text"].get<std::string>();
+  if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+    answer.finish_reason = choice["finish_reason"].get<std::string>();
+  }
+  auto wrong = [&](std::string reason) {
+    ProbeOutcome o = Fail(std::move(reason), latency_ms);
+    o.wrong_answer = std::move(answer);
+    return o;
+  };
   if (spec.expect_token_ids) {
     if (!choice.contains("token_ids") || !choice["token_ids"].is_array())
       return Fail("bad response: no choices[0].token_ids; the engine must honour return_token_ids", latency_ms);
-    std::vector<int64_t> got;
-    for (const auto& t : choice["token_ids"]) {
-      if (!t.is_number_integer()) return Fail("bad response: choices[0].token_ids holds a non-integer", latency_ms);
-      got.push_back(t.get<int64_t>());
-    }
-    if (got != *spec.expect_token_ids)
-      return Fail("wrong answer: got " + IdList(got) + " expected " + IdList(*spec.expect_token_ids), latency_ms);
+    if (!ids_ok) return Fail("bad response: choices[0].token_ids holds a non-integer", latency_ms);
+    if (answer.token_ids != *spec.expect_token_ids)
+      return wrong("wrong answer: got " + IdList(answer.token_ids) + " expected " + IdList(*spec.expect_token_ids));
     return {true, "", latency_ms};
   }
   if (!choice.contains("text") || !choice["text"].is_string())
     return Fail("bad response: no choices[0].text", latency_ms);
-  const std::string text = choice["text"].get<std::string>();
   const std::string want = spec.expect.value_or("");
-  if (text != want) {
+  if (answer.text != want) {
     auto quote = [](const std::string& s) {
       return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     };
-    return Fail("wrong answer: got " + quote(text) + " expected " + quote(want), latency_ms);
+    if (!ids_ok) answer.token_ids.clear();
+    return wrong("wrong answer: got " + quote(answer.text) + " expected " + quote(want));
   }
   return {true, "", latency_ms};
 }

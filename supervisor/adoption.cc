@@ -75,7 +75,11 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     if (PoolEnabled() && SlotByName(prev->kv_pool_owner)) kv_.AdoptHeld(prev->kv_pool_owner);
     adopting_ = true;
     for (const auto& pe : prev->engines) {
-      if (!AdoptEngine(pe)) dead.push_back(pe);
+      if (AdoptEngine(pe)) {
+        ever_proven_ = true;  // it served before this start (expectation_check.h)
+      } else {
+        dead.push_back(pe);
+      }
     }
     adopting_ = false;
     if (PoolEnabled() && !kv_.owner().empty()) AdoptPoolOwner(*prev);

@@ -18,6 +18,7 @@
 #include "probes/probe.h"
 #include "supervisor/probe_config.h"
 #include "supervisor/preflight.h"
+#include "supervisor/expectation_check.h"
 #include "supervisor/supervisor_impl.h"
 #include "wire/death_word.h"
 
@@ -379,12 +380,28 @@ void Supervisor::Impl::StartProbing(Slot& s) {
         if (o.ok) {
           s.last_ok_mono = clock_.MonotonicMs();
           s.last_ok_wall = clock_.WallMs();
+          ever_proven_ = true;
         }
+        s.wrong_answer = o.wrong_answer;
         metrics_.ObserveProbe(s.name, o.ok, o.latency_ms);
+        if (s.wrong_answer) CheckExpectation(s);
       });
   s.monitor->Start();
   // What it says of its KV and memory, at once and then while it serves.
   s.status_timer->Start(0, [this, sp] { RefreshStatus(*sp); }, kStatusRefreshMs);
+}
+
+void Supervisor::Impl::CheckExpectation(Slot& s) {
+  if (ever_proven_ || roll_ || stopping_) return;
+  Slot* other = Other(&s);
+  if (!s.wrong_answer || !other->wrong_answer) return;
+  auto unmet = UnmetExpectation(cfg_, *s.wrong_answer, *other->wrong_answer);
+  if (!unmet) return;
+  // Restarting engines cannot change what the model answers: a config that
+  // cannot work, as any other, stops the node with 78 (systemd's
+  // RestartPreventExitStatus) instead of a restart loop.
+  spdlog::error("{}", *unmet);
+  BeginStop(*unmet, kExitConfig);
 }
 
 void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) {

@@ -124,6 +124,11 @@ class Supervisor::Impl {
     bool comm_warm = false;
     nlohmann::json last_status;  // the engine's /wsup/status
     std::string last_probe_reason;
+    // The slot's last probe answered, wrongly, with a well-formed
+    // completion (supervisor/expectation_check.h); none after any other
+    // outcome. Kept across a restart: the answer of the model, whichever
+    // process of the slot gave it.
+    std::optional<ProbeAnswer> wrong_answer;
     int64_t last_probe_ms = 0;       // latency of the last probe
     int64_t last_ok_mono = 0;        // when a probe last passed (0: never, this start)
     int64_t last_ok_wall = 0;        // ... the same, wall time: where a probe trip's fault is put
@@ -239,6 +244,8 @@ class Supervisor::Impl {
   Slot* Standby();
 
   // supervisor.cc
+  // CheckConfigPaths, as one InvalidArgument (exit 78).
+  Status CheckPaths();
   Status PrepareDirs();
   Status Preflight(const std::optional<RuntimeState>& prev);
   void BeginStop(const std::string& why, int exit_code);
@@ -310,6 +317,9 @@ class Supervisor::Impl {
   void OnEngineStatus(Slot& s, const nlohmann::json& status, const EngineStatus& view);
   void RecordCache(Slot& s, const EngineStatus::Weights& weights);
   void StartProbing(Slot& s);
+  // Stops the node (exit 78) when both engines' wrong answers show that the
+  // model does not produce the probe's expected answer (expectation_check.h).
+  void CheckExpectation(Slot& s);
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
@@ -482,6 +492,9 @@ class Supervisor::Impl {
   std::optional<FailoverTimes> tail_;
   ProcessWatch* kv_fence_watch_ = nullptr;  // the exit of a pool owner that was not adopted
   bool ready_notified_ = false;
+  // An engine passed a probe, or was adopted, since this supervisor started:
+  // a wrong answer is then an engine's fault, never the config's.
+  bool ever_proven_ = false;
   bool degraded_ = false;
   std::string degraded_reason_;
   bool stopping_ = false;
