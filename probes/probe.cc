@@ -9,15 +9,45 @@
 namespace wsup {
 namespace {
 
-// A short, single-line excerpt of a body for a reason string.
+// The length of the valid UTF-8 sequence at s[i], or 0 when there is none.
+size_t Utf8Length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xc0) != 0x80) return 0;
+  }
+  // No overlong forms, surrogates or code points past U+10FFFF.
+  if ((c == 0xe0 && b(i + 1) < 0xa0) || (c == 0xed && b(i + 1) > 0x9f) || (c == 0xf0 && b(i + 1) < 0x90) ||
+      (c == 0xf4 && b(i + 1) > 0x8f)) {
+    return 0;
+  }
+  return n;
+}
+
+// A short, single-line excerpt of a body for a reason string. The body is
+// the engine's bytes: anything that is not UTF-8 becomes '?', so that the
+// reason can go into any JSON answer (`wsup status`, the ledger's rows).
 std::string Excerpt(const std::string& body, size_t max = 200) {
   std::string s;
-  for (char c : body) {
+  for (size_t i = 0; i < body.size();) {
     if (s.size() >= max) {
       s += "...";
       break;
     }
-    s += (c == '\n' || c == '\r') ? ' ' : c;
+    const size_t n = Utf8Length(body, i);
+    if (n == 0) {
+      s += '?';
+      ++i;
+    } else if (n == 1) {
+      s += (body[i] == '\n' || body[i] == '\r') ? ' ' : body[i];
+      ++i;
+    } else {
+      s.append(body, i, n);
+      i += n;
+    }
   }
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;

@@ -277,7 +277,9 @@ void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
     }
     w->Send(std::move(resp));
   } else if (req.path == "/status") {
-    w->Send(http::HttpResponse::Json(200, StatusJson().dump()));
+    // Strings an engine or a child wrote (a probe's reason, an exit) are
+    // not trusted to be UTF-8: replaced, never thrown on.
+    w->Send(http::HttpResponse::Json(200, StatusJson().dump(-1, ' ', false, json::error_handler_t::replace)));
   } else {
     w->Send(http::HttpResponse::Json(404, http::ErrorJson("no such path; try /metrics or /status", "not_found")));
   }

@@ -32,7 +32,7 @@ TEST_CASE("json fields: a field of the wrong type is an error naming it, its typ
   CHECK(ArrayFieldOr(msg, "o").error().message() == "field 'o' is an object ({...}), not an array");
 }
 
-TEST_CASE("json fields: absent and null read as the fallback; required fields say they are missing",
+TEST_CASE("json fields: absent and null read as the fallback, required fields say they are missing",
           "[json_fields]") {
   const json msg = {{"a", nullptr}, {"b", true}, {"s", "x"}, {"o", {{"k", 1}}}, {"l", {1, 2}}};
   CHECK(*FieldOr<bool>(msg, "a", true) == true);

@@ -237,30 +237,66 @@ TEST_CASE("node: no control message stops the supervisor: fields of another type
   CHECK(std::stoi(m[1]) >= errors + 3);
 }
 
+// A stand-in for the supervisor on a control socket: takes one request,
+// then answers `reply` (a JSON body), or closes with no answer when it is
+// empty, as a supervisor that dies mid-call does.
+class OneShotServer {
+ public:
+  OneShotServer(const std::string& path, std::string reply) {
+    listener_.Reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
+    REQUIRE(::bind(listener_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listener_.get(), 4) == 0);
+    thread_ = std::thread([this, reply = std::move(reply)] {
+      UniqueFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      timeval tv{10, 0};
+      ::setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+      char buf[4096];
+      (void)::recv(c.get(), buf, sizeof buf, 0);
+      if (!reply.empty()) {
+        const std::string frame = Frame(reply);
+        (void)::send(c.get(), frame.data(), frame.size(), MSG_NOSIGNAL);
+      }
+    });
+  }
+  ~OneShotServer() { thread_.join(); }
+
+ private:
+  UniqueFd listener_;
+  std::thread thread_;
+};
+
 TEST_CASE("wsup: a supervisor that closes the connection mid-call is named, not the holder", "[node][control]") {
   test::TempDir dir;
   const std::string path = dir.Join("wsup.sock");
-  UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof a.sun_path, "%s", path.c_str());
-  REQUIRE(::bind(listener.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  REQUIRE(::listen(listener.get(), 4) == 0);
-  // A supervisor that dies after taking the request: the connection closes
-  // with no reply.
-  std::thread dies([&] {
-    UniqueFd c(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    char buf[4096];
-    timeval tv{10, 0};
-    ::setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    (void)::recv(c.get(), buf, sizeof buf, 0);
-  });
-  auto r = test::Run({test::BinPath("wsup"), "status", "--socket", path}, 30s);
-  dies.join();
+  test::RunResult r;
+  {
+    OneShotServer dies(path, "");
+    r = test::Run({test::BinPath("wsup"), "status", "--socket", path}, 30s);
+  }
   INFO(r.output);
   CHECK(r.exit_code == 1);
   CHECK(r.output.find(path + ": the supervisor closed the connection") != std::string::npos);
   CHECK(r.output.find("holder") == std::string::npos);
+}
+
+TEST_CASE("wsup: a supervisor's answer with fields of another type is printed as far as it can be, and says so",
+          "[node][control]") {
+  test::TempDir dir;
+  const std::string path = dir.Join("wsup.sock");
+  test::RunResult r;
+  {
+    OneShotServer odd(path, R"({"type":"status","node":"n1","state":3,"engines":"none","front":{"pid":"x"}})");
+    r = test::Run({test::BinPath("wsup"), "status", "--socket", path}, 30s);
+  }
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("node n1: ?") != std::string::npos);
+  CHECK(r.output.find("part of the supervisor's answer could not be read: field 'state' is an integer (3), not a "
+                      "string; run the same wsup version as the supervisor") != std::string::npos);
+  CHECK(r.output.find("json.exception") == std::string::npos);
 }
 
 // A located config error: FILE:LINE:COL: KEY: what.

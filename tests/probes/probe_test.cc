@@ -79,6 +79,11 @@ TEST_CASE("probe: semantic verdicts and their exact reasons", "[probes]") {
   CHECK(EvaluateCompletion(ids, Response(503, R"({"error":{"message":"model is loading","type":"unavailable"}})"), 1)
             .reason == "HTTP 503: model is loading");
   CHECK(EvaluateCompletion(ids, Response(500, "boom\nat line 3"), 1).reason == "HTTP 500: boom at line 3");
+  // An engine's bytes that are not UTF-8 never reach a reason (which goes
+  // into JSON answers and the ledger); UTF-8 stays as it is.
+  const auto binary = EvaluateCompletion(ids, Response(500, std::string("\xff\xfe boom \xc3\xa9t\xe9", 12)), 1);
+  CHECK(binary.reason == "HTTP 500: ?? boom \xc3\xa9t?");
+  CHECK_NOTHROW(nlohmann::json(binary.reason).dump());
   CHECK(EvaluateCompletion(ids, Response(200, "<html>"), 1).reason.rfind("bad response: not a JSON object", 0) == 0);
   CHECK(EvaluateCompletion(ids, Response(200, R"({"choices":[]})"), 1).reason == "bad response: no choices[0]");
   CHECK(EvaluateCompletion(ids, Response(200, R"({"choices":[{"text":"x"}]})"), 1).reason.find("return_token_ids") !=
@@ -103,7 +108,7 @@ TEST_CASE("probe: semantic verdicts and their exact reasons", "[probes]") {
             .reason == "connection broken: connection reset by peer");
 }
 
-TEST_CASE("probe: a wrong answer carries what the engine answered; no other failure does", "[probes]") {
+TEST_CASE("probe: a wrong answer carries what the engine answered, no other failure does", "[probes]") {
   SemanticProbeSpec ids = IdsSpec();
   auto wrong = EvaluateCompletion(ids, Response(200, Completion({92, 16, 98}, "abc")), 12);
   REQUIRE(wrong.wrong_answer);

@@ -60,7 +60,7 @@ TEST_CASE("control requests: a field of another type is refused, naming the fiel
   CHECK(RefusalOf(json::array({1, 2})).rfind("a request must be a JSON object", 0) == 0);
 }
 
-TEST_CASE("front messages: events and replies typed; a field of another type is an error", "[messages]") {
+TEST_CASE("front messages: events and replies typed, a field of another type is an error", "[messages]") {
   auto sw = ParseFrontMessage(json{{"type", "event"}, {"kind", "switched"}, {"from", "h:1"}, {"to", "h:2"},
                                    {"reason", "refused"}, {"at_ms", 5}});
   REQUIRE(sw.ok());
@@ -124,7 +124,7 @@ TEST_CASE("front status: in-flight counts and the switch log, every field checke
   CHECK_FALSE(ParseFrontLog(json{{"events", "none"}}).ok());
 }
 
-TEST_CASE("engine status: state, comm and weights read; a field of another type is an error", "[messages]") {
+TEST_CASE("engine status: state, comm and weights read, a field of another type is an error", "[messages]") {
   auto st = ParseEngineStatus(json{{"state", "ready"},
                                    {"comm", {{"warm", true}}},
                                    {"weights", {{"mode", "daemon"}, {"source", "holder"}, {"ms", 12.6}}}});
