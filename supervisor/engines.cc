@@ -16,9 +16,9 @@
 #include "common/json_limits.h"
 #include "common/log.h"
 #include "probes/probe.h"
+#include "supervisor/expectation_check.h"
 #include "supervisor/probe_config.h"
 #include "supervisor/preflight.h"
-#include "supervisor/expectation_check.h"
 #include "supervisor/supervisor_impl.h"
 #include "wire/death_word.h"
 
