@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 
@@ -31,11 +32,25 @@ namespace wsup {
 enum class Health { kUnknown, kHealthy, kUnhealthy };
 const char* HealthName(Health h);  // "unknown", "healthy", "unhealthy"
 
+// A semantic probe's answer: what the engine generated.
+struct ProbeAnswer {
+  std::vector<int64_t> token_ids;  // empty when the engine sent none
+  std::string text;
+  std::string finish_reason;       // "length", "stop", ...; "" when not sent
+  bool operator==(const ProbeAnswer& o) const {
+    return token_ids == o.token_ids && text == o.text && finish_reason == o.finish_reason;
+  }
+};
+
 // The result of one probe.
 struct ProbeOutcome {
   bool ok = false;
   std::string reason;      // why it failed ("" when ok)
   int64_t latency_ms = 0;  // from start to verdict
+  // A well-formed completion that is not the expected one ("wrong
+  // answer: ..."): what the engine answered. Absent for every other
+  // outcome (a pass, no answer, an error, a malformed answer).
+  std::optional<ProbeAnswer> wrong_answer;
 };
 
 struct HysteresisOptions {

@@ -10,15 +10,45 @@
 namespace wsup {
 namespace {
 
-// A short, single-line excerpt of a body for a reason string.
+// The length of the valid UTF-8 sequence at s[i], or 0 when there is none.
+size_t Utf8Length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    if ((b(i + k) & 0xc0) != 0x80) return 0;
+  }
+  // No overlong forms, surrogates or code points past U+10FFFF.
+  if ((c == 0xe0 && b(i + 1) < 0xa0) || (c == 0xed && b(i + 1) > 0x9f) || (c == 0xf0 && b(i + 1) < 0x90) ||
+      (c == 0xf4 && b(i + 1) > 0x8f)) {
+    return 0;
+  }
+  return n;
+}
+
+// A short, single-line excerpt of a body for a reason string. The body is
+// the engine's bytes: anything that is not UTF-8 becomes '?', so that the
+// reason can go into any JSON answer (`wsup status`, the ledger's rows).
 std::string Excerpt(const std::string& body, size_t max = 200) {
   std::string s;
-  for (char c : body) {
+  for (size_t i = 0; i < body.size();) {
     if (s.size() >= max) {
       s += "...";
       break;
     }
-    s += (c == '\n' || c == '\r') ? ' ' : c;
+    const size_t n = Utf8Length(body, i);
+    if (n == 0) {
+      s += '?';
+      ++i;
+    } else if (n == 1) {
+      s += (body[i] == '\n' || body[i] == '\r') ? ' ' : body[i];
+      ++i;
+    } else {
+      s.append(body, i, n);
+      i += n;
+    }
   }
   while (!s.empty() && s.back() == ' ') s.pop_back();
   return s;
@@ -352,27 +382,44 @@ ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty() || !j["choices"][0].is_object())
     return Fail("bad response: no choices[0]", latency_ms);
   const auto& choice = j["choices"][0];
+  // What it answered, as far as it said (a wrong answer carries it).
+  ProbeAnswer answer;
+  bool ids_ok = choice.contains("token_ids") && choice["token_ids"].is_array();
+  if (ids_ok) {
+    for (const auto& t : choice["token_ids"]) {
+      if (!t.is_number_integer()) {
+        ids_ok = false;
+        break;
+      }
+      answer.token_ids.push_back(t.get<int64_t>());
+    }
+  }
+  if (choice.contains("text") && choice["text"].is_string()) answer.text = choice["text"].get<std::string>();
+  if (choice.contains("finish_reason") && choice["finish_reason"].is_string()) {
+    answer.finish_reason = choice["finish_reason"].get<std::string>();
+  }
+  auto wrong = [&](std::string reason) {
+    ProbeOutcome o = Fail(std::move(reason), latency_ms);
+    o.wrong_answer = std::move(answer);
+    return o;
+  };
   if (spec.expect_token_ids) {
     if (!choice.contains("token_ids") || !choice["token_ids"].is_array())
       return Fail("bad response: no choices[0].token_ids; the engine must honour return_token_ids", latency_ms);
-    std::vector<int64_t> got;
-    for (const auto& t : choice["token_ids"]) {
-      if (!t.is_number_integer()) return Fail("bad response: choices[0].token_ids holds a non-integer", latency_ms);
-      got.push_back(t.get<int64_t>());
-    }
-    if (got != *spec.expect_token_ids)
-      return Fail("wrong answer: got " + IdList(got) + " expected " + IdList(*spec.expect_token_ids), latency_ms);
+    if (!ids_ok) return Fail("bad response: choices[0].token_ids holds a non-integer", latency_ms);
+    if (answer.token_ids != *spec.expect_token_ids)
+      return wrong("wrong answer: got " + IdList(answer.token_ids) + " expected " + IdList(*spec.expect_token_ids));
     return {true, "", latency_ms};
   }
   if (!choice.contains("text") || !choice["text"].is_string())
     return Fail("bad response: no choices[0].text", latency_ms);
-  const std::string text = choice["text"].get<std::string>();
   const std::string want = spec.expect.value_or("");
-  if (text != want) {
+  if (answer.text != want) {
     auto quote = [](const std::string& s) {
       return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     };
-    return Fail("wrong answer: got " + quote(text) + " expected " + quote(want), latency_ms);
+    if (!ids_ok) answer.token_ids.clear();
+    return wrong("wrong answer: got " + quote(answer.text) + " expected " + quote(want));
   }
   return {true, "", latency_ms};
 }

@@ -100,7 +100,11 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     if (PoolEnabled() && SlotByName(prev->kv_pool_owner)) kv_.AdoptHeld(prev->kv_pool_owner);
     adopting_ = true;
     for (const auto& pe : prev->engines) {
-      if (!AdoptEngine(pe)) dead.push_back(pe);
+      if (AdoptEngine(pe)) {
+        ever_proven_ = true;  // it served before this start (expectation_check.h)
+      } else {
+        dead.push_back(pe);
+      }
     }
     adopting_ = false;
     if (PoolEnabled() && !kv_.owner().empty()) AdoptPoolOwner(*prev);
@@ -237,7 +241,7 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<
     s->recovery_cause = "crash";
     s->recovery_fault_ms = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
   }
-  auto record = [this, prev, lost](const json* front_status) {
+  auto record = [this, prev, lost](const FrontLog* front_log) {
     for (const auto& e : lost) {
       Slot* s = SlotByName(e.slot);
       if (!s) continue;
@@ -247,25 +251,19 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<
       int64_t swapped = detected;
       std::string switched_to;
       std::string front_reason;
-      if (front_status) {
+      if (front_log) {
         // The front's own switch away from this engine, if it made one.
-        const json* events = front_status->contains("events") ? &(*front_status)["events"] : nullptr;
-        if (events && events->is_array()) {
-          for (const auto& ev : *events) {
-            if (!ev.is_object() || ev.value("kind", "") != "switched" || ev.value("from", "") != addr) continue;
-            int64_t at = ev.value("at_ms", int64_t{0});
-            if (at < prev.saved_ms) continue;
-            fault = detected = swapped = at;
-            switched_to = ev.value("to", "");
-            front_reason = ev.value("reason", "");
-          }
+        for (const auto& sw : front_log->switches) {
+          if (sw.from != addr || sw.at_ms < prev.saved_ms) continue;
+          fault = detected = swapped = sw.at_ms;
+          switched_to = sw.to;
+          front_reason = sw.reason;
         }
         // When it made none, its record of the engine's first failure.
         if (switched_to.empty()) {
-          const json* backends = front_status->contains("backends") ? &(*front_status)["backends"] : nullptr;
-          if (backends && backends->is_object() && backends->contains(addr) && (*backends)[addr].is_object()) {
-            int64_t failed_at = (*backends)[addr].value("failed_at_ms", int64_t{0});
-            if (failed_at >= prev.saved_ms && failed_at > 0) fault = detected = failed_at;
+          auto failed = front_log->failed_at_ms.find(addr);
+          if (failed != front_log->failed_at_ms.end() && failed->second >= prev.saved_ms) {
+            fault = detected = failed->second;
           }
         }
       }
@@ -314,10 +312,16 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<
     auto done = std::make_shared<bool>(false);
     conn->Start(
         [record, done](const std::shared_ptr<JsonConn>& self, const json& m) {
-          if (m.value("type", "") == "event" || *done) return;
+          if (IsFrontEvent(m) || *done) return;
           *done = true;
           self->Close("done");
-          record(&m);
+          auto log = ParseFrontLog(m);
+          if (!log.ok()) {
+            spdlog::warn("the front's status cannot be read ({}); what happened while no supervisor ran is "
+                         "recorded without its log",
+                         log.error().message());
+          }
+          record(log.ok() ? &*log : nullptr);
         },
         [record, done](const std::string&) {
           if (*done) return;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "common/json_fields.h"
 #include "common/log.h"
 #include "state/ledger.h"
 #include "state/report.h"
@@ -67,103 +68,143 @@ std::string SelfDir() {
 }
 
 Result<json> Call(const std::string& socket, const json& req, int timeout_ms) {
-  auto r = JsonCall(socket, req, timeout_ms);
+  auto r = JsonCall(socket, req, timeout_ms, "the supervisor");
   if (!r.ok()) {
     return Error(r.error().code(), r.error().message() +
                                        "; is the supervisor running? (`wsup start CONFIG`; pass --socket or "
                                        "--config to name another node)");
   }
-  if (r->value("type", "") == "error") return Refused(socket + ": " + r->value("message", "refused"));
+  auto type = FieldOr<std::string>(*r, "type", "");
+  if (type.ok() && *type == "error") {
+    auto message = FieldOr<std::string>(*r, "message", "refused");
+    return Refused(socket + ": " + (message.ok() ? *message : "refused (" + message.error().message() + ")"));
+  }
   return std::move(*r);
 }
 
+// The supervisor's answer, read for what the CLI prints: a field that is
+// absent reads as its fallback, and so does one of another type, which is
+// also named once at the end (a supervisor of another wsup version). Never
+// throws.
+class AnswerReader {
+ public:
+  std::string Str(const json& o, std::string_view key, std::string fallback = "") {
+    return Read<std::string>(o, key, std::move(fallback));
+  }
+  int64_t Int(const json& o, std::string_view key, int64_t fallback = 0) { return Read<int64_t>(o, key, fallback); }
+  uint64_t Uint(const json& o, std::string_view key) { return Read<uint64_t>(o, key, 0); }
+  bool Bool(const json& o, std::string_view key) { return Read<bool>(o, key, false); }
+  // An empty object (array) when absent or of another type.
+  const json& Obj(const json& o, std::string_view key) { return Nested(ObjectFieldOr(o, key), kEmptyObject); }
+  const json& Arr(const json& o, std::string_view key) { return Nested(ArrayFieldOr(o, key), kEmptyArray); }
+  // What could not be read, as a line to print; "" when everything could.
+  std::string Note() const {
+    if (bad_.empty()) return "";
+    return "(part of the supervisor's answer could not be read: " + bad_ +
+           "; run the same wsup version as the supervisor)\n";
+  }
+
+ private:
+  template <typename T>
+  T Read(const json& o, std::string_view key, T fallback) {
+    auto v = FieldOr<T>(o, key, fallback);
+    if (v.ok()) return std::move(*v);
+    Bad(v.error());
+    return fallback;
+  }
+  const json& Nested(const Result<const json*>& r, const json& fallback) {
+    if (!r.ok()) Bad(r.error());
+    return r.ok() && *r ? **r : fallback;
+  }
+  void Bad(const Error& e) {
+    if (bad_.empty()) bad_ = e.message();
+  }
+  inline static const json kEmptyObject = json::object();
+  inline static const json kEmptyArray = json::array();
+  std::string bad_;
+};
+
 void PrintStatus(std::ostream& o, const json& s) {
-  o << "node " << s.value("node", "?") << ": " << s.value("state", "?");
-  if (s.contains("degraded_reason")) o << " (" << s["degraded_reason"].get<std::string>() << ")";
-  o << "\nactive: " << (s["active"].is_null() ? "none" : s["active"].get<std::string>()) << "\n";
-  const json& f = s["front"];
-  o << "front: " << f.value("listen", "") << " (pid " << f.value("pid", 0) << ", " << f.value("state", "?")
-    << ", restarts " << f.value("restarts", 0) << (f.value("crash_looping", false) ? ", CRASH-LOOPING" : "") << ")\n";
+  AnswerReader rd;
+  o << "node " << rd.Str(s, "node", "?") << ": " << rd.Str(s, "state", "?");
+  if (s.contains("degraded_reason")) o << " (" << rd.Str(s, "degraded_reason") << ")";
+  o << "\nactive: " << rd.Str(s, "active", "none") << "\n";
+  const json& f = rd.Obj(s, "front");
+  o << "front: " << rd.Str(f, "listen") << " (pid " << rd.Int(f, "pid") << ", " << rd.Str(f, "state", "?")
+    << ", restarts " << rd.Int(f, "restarts") << (rd.Bool(f, "crash_looping") ? ", CRASH-LOOPING" : "") << ")\n";
   o << "engines:\n";
-  for (const auto& e : s["engines"]) {
-    o << "  " << e.value("slot", "") << "  " << e.value("state", "") << "  pid " << e.value("pid", 0) << "  port "
-      << e.value("port", 0) << "  semantic_ready " << (e.value("semantic_ready", false) ? "yes" : "no")
-      << "  comm_warm " << (e.value("comm_warm", false) ? "yes" : "no") << "  cache "
-      << (e.value("cache", "").empty() ? "-" : e.value("cache", ""));
+  for (const auto& e : rd.Arr(s, "engines")) {
+    o << "  " << rd.Str(e, "slot") << "  " << rd.Str(e, "state") << "  pid " << rd.Int(e, "pid") << "  port "
+      << rd.Int(e, "port") << "  semantic_ready " << (rd.Bool(e, "semantic_ready") ? "yes" : "no")
+      << "  comm_warm " << (rd.Bool(e, "comm_warm") ? "yes" : "no") << "  cache " << rd.Str(e, "cache", "-");
     // Its KV: the node's pool, its scratch, or a cache of its own.
-    if (e.contains("kv") && e["kv"].is_object()) {
-      const json& kv = e["kv"];
-      o << "  kv " << kv.value("source", "?");
-      if (kv.contains("bytes") && kv["bytes"].is_number_unsigned()) o << " " << (kv["bytes"].get<uint64_t>() >> 20) << " MiB";
+    if (const json& kv = rd.Obj(e, "kv"); !kv.empty()) {
+      o << "  kv " << rd.Str(kv, "source", "?");
+      if (kv.contains("bytes")) o << " " << (rd.Uint(kv, "bytes") >> 20) << " MiB";
     }
-    if (e.contains("death_seen_by") && e["death_seen_by"].is_string()) {
-      o << "  death seen by " << e["death_seen_by"].get<std::string>();
-    }
+    if (e.contains("death_seen_by")) o << "  death seen by " << rd.Str(e, "death_seen_by");
     o << "\n";
   }
-  if (s.contains("kv_pool") && s["kv_pool"].is_object()) {
-    const json& p = s["kv_pool"];
-    o << "kv pool: " << p.value("pool_mib", int64_t{0}) << " MiB per rank, "
-      << (p["owner"].is_string() ? "mapped by " + p["owner"].get<std::string>() + " (" + p.value("state", "?") + ")"
-                                 : std::string("mapped by no engine (") + p.value("state", "?") + ")")
-      << ", scratch " << p.value("scratch_mib", int64_t{0}) << " MiB\n";
+  if (const json& p = rd.Obj(s, "kv_pool"); !p.empty()) {
+    const std::string owner = rd.Str(p, "owner");
+    o << "kv pool: " << rd.Int(p, "pool_mib") << " MiB per rank, "
+      << (!owner.empty() ? "mapped by " + owner + " (" + rd.Str(p, "state", "?") + ")"
+                         : std::string("mapped by no engine (") + rd.Str(p, "state", "?") + ")")
+      << ", scratch " << rd.Int(p, "scratch_mib") << " MiB\n";
   }
-  if (!s["holders"].empty()) {
+  if (const json& holders = rd.Arr(s, "holders"); !holders.empty()) {
     o << "holders:\n";
-    for (const auto& h : s["holders"]) {
-      o << "  rank " << h.value("rank", 0) << "  pid " << h.value("pid", 0) << "  " << h.value("socket", "")
-        << "  kept fds " << h.value("kept_fds", 0);
-      if (h.contains("kv_pool") && h["kv_pool"].is_object()) {
-        o << "  kv pool " << h["kv_pool"].value("id", "?").substr(0, 8) << " ("
-          << (h["kv_pool"].value("bytes", uint64_t{0}) >> 20) << " MiB)";
+    for (const auto& h : holders) {
+      o << "  rank " << rd.Int(h, "rank") << "  pid " << rd.Int(h, "pid") << "  " << rd.Str(h, "socket")
+        << "  kept fds " << rd.Int(h, "kept_fds");
+      if (const json& kp = rd.Obj(h, "kv_pool"); !kp.empty()) {
+        o << "  kv pool " << rd.Str(kp, "id", "?").substr(0, 8) << " (" << (rd.Uint(kp, "bytes") >> 20) << " MiB)";
       }
-      if (h.value("kept_layouts", 0) > 0) {
-        o << "  kept layouts " << h.value("kept_layouts", 0) << " (" << h.value("kept_layout_fds", 0) << " fds)";
+      if (rd.Int(h, "kept_layouts") > 0) {
+        o << "  kept layouts " << rd.Int(h, "kept_layouts") << " (" << rd.Int(h, "kept_layout_fds") << " fds)";
       }
       o << "\n";
     }
   }
-  if (s.contains("failover") && s["failover"].is_object() && s["failover"].value("in_progress", false)) {
-    const json& fo = s["failover"];
-    o << "failover #" << fo.value("failover_id", int64_t{0}) << " in progress: engine " << fo.value("from_slot", "?")
-      << " to " << (fo["to_slot"].is_string() ? "engine " + fo["to_slot"].get<std::string>() : std::string("none yet"))
-      << (fo.value("drill", false) ? " (drill)" : "") << ", until the first correct answer through the front\n";
+  if (const json& fo = rd.Obj(s, "failover"); rd.Bool(fo, "in_progress")) {
+    const std::string to = rd.Str(fo, "to_slot");
+    o << "failover #" << rd.Int(fo, "failover_id") << " in progress: engine " << rd.Str(fo, "from_slot", "?")
+      << " to " << (!to.empty() ? "engine " + to : std::string("none yet"))
+      << (rd.Bool(fo, "drill") ? " (drill)" : "") << ", until the first correct answer through the front\n";
   }
-  if (s.contains("rollout") && s["rollout"].is_object()) {
-    const json& r = s["rollout"];
-    if (r.value("in_progress", false)) {
-      o << "rollout #" << r.value("id", int64_t{0}) << ": step " << r.value("step", "?") << " (new version on engine "
-        << r.value("new_slot", "?") << " first, then " << r.value("old_slot", "?") << ")\n  to " << r.value("command_after", "")
-        << "\n";
-    } else if (r.contains("last") && r["last"].is_object()) {
-      const json& l = r["last"];
-      o << "last rollout #" << l.value("id", int64_t{0}) << ": " << l.value("outcome", "?");
-      if (!l.value("reason", "").empty()) o << " (" << l.value("reason", "") << ")";
+  if (const json& r = rd.Obj(s, "rollout"); !r.empty()) {
+    if (rd.Bool(r, "in_progress")) {
+      o << "rollout #" << rd.Int(r, "id") << ": step " << rd.Str(r, "step", "?") << " (new version on engine "
+        << rd.Str(r, "new_slot", "?") << " first, then " << rd.Str(r, "old_slot", "?") << ")\n  to "
+        << rd.Str(r, "command_after") << "\n";
+    } else if (const json& l = rd.Obj(r, "last"); !l.empty()) {
+      o << "last rollout #" << rd.Int(l, "id") << ": " << rd.Str(l, "outcome", "?");
+      if (const std::string reason = rd.Str(l, "reason"); !reason.empty()) o << " (" << reason << ")";
       o << "\n";
     }
   }
-  if (s.contains("ledger_writes") && s["ledger_writes"].is_object()) {
-    const json& l = s["ledger_writes"];
-    const int64_t now = l.value("write_errors", int64_t{0});
+  if (const json& l = rd.Obj(s, "ledger_writes"); !l.empty()) {
+    const int64_t now = rd.Int(l, "write_errors");
     // lost_rows counts earlier runs too (a supervisor without it: this run's).
-    const int64_t all = std::max(now, l.value("lost_rows", int64_t{0}));
+    const int64_t all = std::max(now, rd.Int(l, "lost_rows"));
     if (all > 0) {
       o << "ledger: " << all << " row(s) NOT recorded";
       if (all != now) o << " (" << now << " by this supervisor, the rest before its start)";
-      std::string last = l.value("last_write_error", l.value("last_error", l.value("lost_last_error", "")));
+      std::string last = rd.Str(l, "last_write_error", rd.Str(l, "last_error", rd.Str(l, "lost_last_error")));
       if (!last.empty()) o << " (last: " << last << ")";
-      o << "; check the disk and permissions of " << s.value("ledger", "the ledger")
+      o << "; check the disk and permissions of " << rd.Str(s, "ledger", "the ledger")
         << "; `wsup report` counts them by table\n";
     }
-    if (l.value("retrying", false)) {
-      o << "ledger: a write failed and is being retried: " << l.value("retry_error", "") << "\n";
+    if (rd.Bool(l, "retrying")) {
+      o << "ledger: a write failed and is being retried: " << rd.Str(l, "retry_error") << "\n";
     }
     if (l.contains("lost_file_error")) {
-      o << "ledger: the count of lost rows cannot be saved (" << l.value("lost_file_error", "")
+      o << "ledger: the count of lost rows cannot be saved (" << rd.Str(l, "lost_file_error")
         << "); it is kept in memory only\n";
     }
-    if (l.contains("reopened")) o << "ledger: " << l.value("reopened", "") << "\n";
+    if (l.contains("reopened")) o << "ledger: " << rd.Str(l, "reopened") << "\n";
   }
+  o << rd.Note();
 }
 
 void RegisterStart(CLI::App& app, CliContext& ctx) {
@@ -268,21 +309,22 @@ void RegisterFailover(CLI::App& app, CliContext& ctx) {
       return;
     }
     r->erase("type");
-    bool ok = r->value("ok", false);
+    AnswerReader rd;
+    bool ok = rd.Bool(*r, "ok");
     // A failover the ledger did not record happened, but a drill is also
     // its record: the caller must know it is missing.
-    bool recorded = !r->contains("recorded") || r->value("recorded", false);
+    bool recorded = !r->contains("recorded") || rd.Bool(*r, "recorded");
     if (*as_json) {
       *ctx.out << r->dump(2) << "\n";
     } else if (ok) {
-      *ctx.out << "failover " << r->value("from_slot", "") << " -> " << r->value("to_slot", "") << ": swapped after "
-               << r->value("swap_ms", 0) << " ms, first correct answer through the front after "
-               << r->value("first_ok_ms", 0) << " ms\n";
+      *ctx.out << "failover " << rd.Str(*r, "from_slot") << " -> " << rd.Str(*r, "to_slot") << ": swapped after "
+               << rd.Int(*r, "swap_ms") << " ms, first correct answer through the front after "
+               << rd.Int(*r, "first_ok_ms") << " ms\n" << rd.Note();
     } else {
-      *ctx.err << "wsup failover: " << r->value("error", "failed") << "\n";
+      *ctx.err << "wsup failover: " << rd.Str(*r, "error", "failed") << "\n" << rd.Note();
     }
     if (!recorded && !*as_json) {
-      *ctx.err << "wsup failover: the ledger did NOT record this failover: " << r->value("ledger_error", "?")
+      *ctx.err << "wsup failover: the ledger did NOT record this failover: " << rd.Str(*r, "ledger_error", "?")
                << "; `wsup status` and `wsup report` count the rows lost\n";
     }
     ctx.exit_code = ok && recorded ? 0 : 1;
@@ -318,19 +360,21 @@ void RegisterReload(CLI::App& app, CliContext& ctx) {
       return;
     }
     r->erase("type");
-    const bool ok = r->value("ok", false);
-    const std::string outcome = r->value("outcome", "?");
+    AnswerReader rd;
+    const bool ok = rd.Bool(*r, "ok");
+    const std::string outcome = rd.Str(*r, "outcome", "?");
     if (*as_json) {
       *ctx.out << r->dump(2) << "\n";
     } else if (outcome == "done") {
-      *ctx.out << "rollout #" << r->value("rollout_id", int64_t{0}) << " done in " << r->value("ms", int64_t{0})
+      *ctx.out << "rollout #" << rd.Int(*r, "rollout_id") << " done in " << rd.Int(*r, "ms")
                << " ms: both engines run the new version\n";
     } else if (outcome == "applied" || outcome == "unchanged") {
       *ctx.out << "reload: " << (outcome == "applied" ? "applied at once" : "nothing changed") << "\n";
     } else {
-      std::string why = r->value("error", r->value("reason", ""));
+      std::string why = rd.Str(*r, "error", rd.Str(*r, "reason"));
       *ctx.err << "wsup reload: " << outcome << (why.empty() ? "" : ": " + why) << "\n";
     }
+    if (!*as_json) *(ok ? ctx.out : ctx.err) << rd.Note();
     ctx.exit_code = ok ? 0 : 1;
   });
 }
@@ -367,7 +411,9 @@ void RegisterReport(CLI::App& app, CliContext& ctx) {
           ctx.exit_code = 1;
           return;
         }
-        path = s->value("ledger", "");
+        AnswerReader rd;
+        path = rd.Str(*s, "ledger");
+        *ctx.err << rd.Note();
       }
     }
     ReportOptions o;

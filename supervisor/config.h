@@ -21,6 +21,7 @@
 // Thread-safety: pure functions over values; call from any thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -206,6 +207,12 @@ Result<std::vector<std::string>> ExpandPlaceholders(const std::vector<std::strin
 
 // The {devices} value: "cuda:0,1,2" for the configured devices, "cpu" when none.
 std::string DevicesArg(const Config& config);
+
+// The longest path a Unix socket may have (sun_path, less its terminating
+// NUL). Every socket the node binds is checked against it when the config
+// is loaded: the supervisor's control socket, <runtime_dir>/front.sock and
+// each holder's socket.
+inline constexpr size_t kMaxSocketPathBytes = 107;
 
 // The socket of rank's holder: weight_cache.socket for tp = 1, else
 // weight_cache.socket + "." + rank. An engine's {socket} lists every rank's,

@@ -233,6 +233,8 @@ class Loader {
   Status CheckUnknown(const toml::table& root);
   Status Read(const toml::table& root, Config* c);
   Status CheckRules(Config* c);
+  // The node's Unix socket paths fit in sun_path (part of CheckRules).
+  Status CheckSocketPaths(const Config& c) const;
   // Fills c->where for every key of the schema.
   void RecordWhere(Config* c) const {
     for (const SectionSpec& s : Schema()) {

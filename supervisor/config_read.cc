@@ -295,6 +295,48 @@ Status Loader::CheckRules(Config* c) {
   if (c->node.state_dir == c->node.runtime_dir)
     return Err("node.runtime_dir", "is the same folder as node.state_dir; runtime files are removed at boot while "
                                    "the ledger must persist: use two folders");
+  return CheckSocketPaths(*c);
+}
+
+Status Loader::CheckSocketPaths(const Config& c) const {
+  // Every Unix socket the node binds, and the key that places it: a key of
+  // its own when the file (or --set) gives one, else node.runtime_dir. A
+  // path past sun_path would be cut short or refused by bind, and the
+  // holders and the front would crash-loop on it.
+  struct Socket {
+    std::string key;
+    std::string path;
+    const char* what;
+  };
+  auto given = [&](const std::string& key) { return value_src_.count(key) > 0 || set_.count(key) > 0; };
+  std::vector<Socket> sockets;
+  sockets.push_back({given("supervisor.control_socket") ? "supervisor.control_socket" : "node.runtime_dir",
+                     c.supervisor.control_socket, "the supervisor's control socket"});
+  sockets.push_back({"node.runtime_dir", JoinPath(c.node.runtime_dir, "front.sock"), "the front's control socket"});
+  if (c.weight_cache.mode != CacheMode::kOff) {
+    // The last rank's is the longest ("holder.sock.7").
+    sockets.push_back({given("weight_cache.socket") ? "weight_cache.socket" : "node.runtime_dir",
+                       HolderSocket(c, std::max(1, c.parallel.tp) - 1),
+                       c.parallel.tp > 1 ? "the last holder's socket" : "the holder's socket"});
+  }
+  // What node.runtime_dir leaves room for: its longest socket name.
+  size_t runtime_suffix = 0;
+  for (const auto& s : sockets) {
+    if (s.key == "node.runtime_dir") runtime_suffix = std::max(runtime_suffix, s.path.size() - c.node.runtime_dir.size());
+  }
+  for (const auto& s : sockets) {
+    if (s.path.size() <= kMaxSocketPathBytes) continue;
+    const std::string what = std::string(s.what) + " " + Printable(s.path, 400) + " is " +
+                             std::to_string(s.path.size()) + " bytes, longer than the " +
+                             std::to_string(kMaxSocketPathBytes) + " a Unix socket path may have";
+    if (s.key == "node.runtime_dir") {
+      return Err(s.key, what + "; choose a runtime_dir of at most " +
+                            std::to_string(kMaxSocketPathBytes - std::min(runtime_suffix, kMaxSocketPathBytes)) +
+                            " bytes (it is " + std::to_string(c.node.runtime_dir.size()) + ")");
+    }
+    const size_t suffix = s.key == "weight_cache.socket" ? s.path.size() - c.weight_cache.socket.size() : 0;
+    return Err(s.key, what + "; give a path of at most " + std::to_string(kMaxSocketPathBytes - suffix) + " bytes");
+  }
   return Status::Ok();
 }
 

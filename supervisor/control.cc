@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "common/log.h"
+#include "supervisor/messages.h"
 #include "supervisor/supervisor_impl.h"
 
 namespace wsup {
@@ -122,37 +123,29 @@ json Supervisor::Impl::StatusJson() {
 }
 
 void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json& msg) {
-  std::string type = msg.value("type", "");
-  if (type == "status") {
-    c->Send(StatusJson());
-  } else if (type == "failover") {
-    if (!msg.value("drill", false)) {
-      c->Send(json{{"type", "error"},
-                   {"message", "only drills can be asked for: send {\"type\":\"failover\",\"drill\":true}"}});
-      return;
-    }
-    Drill(c, msg.value("kill", false));
-  } else if (type == "reload") {
-    // `wsup reload --set`: "section.key=value" strings, checked here.
-    std::vector<std::string> sets;
-    if (msg.is_object() && msg.contains("set")) {
-      const json& set = msg["set"];
-      bool ok = set.is_array();
-      for (size_t i = 0; ok && i < set.size(); ++i) ok = set[i].is_string();
-      if (!ok) {
-        c->Send(json{{"type", "error"},
-                     {"message", "reload: \"set\" must be an array of \"section.key=value\" strings"}});
-        return;
-      }
-      for (const auto& v : set) sets.push_back(v.get<std::string>());
-    }
-    Reload(c, "wsup reload", sets);
-  } else if (type == "stop") {
-    stop_waiters_.push_back(c);
-    BeginStop("wsup stop", 0);
-  } else {
-    c->Send(json{{"type", "error"},
-                 {"message", "unknown request type '" + type + "'; use status, failover, reload or stop"}});
+  // Every field is read by the parser, typed and checked: a request that
+  // is not one gets an error reply naming the field, and changes nothing.
+  auto req = ParseControlRequest(msg);
+  if (!req.ok()) {
+    spdlog::warn("control: refused a request from pid {}: {}", c->peer_pid(), req.error().message());
+    metrics_.bad_messages["control"]++;
+    c->Send(json{{"type", "error"}, {"message", req.error().message()}});
+    return;
+  }
+  switch (req->kind) {
+    case ControlRequest::Kind::kStatus:
+      c->Send(StatusJson());
+      break;
+    case ControlRequest::Kind::kFailover:
+      Drill(c, req->kill);
+      break;
+    case ControlRequest::Kind::kReload:
+      Reload(c, "wsup reload", req->set);
+      break;
+    case ControlRequest::Kind::kStop:
+      stop_waiters_.push_back(c);
+      BeginStop("wsup stop", 0);
+      break;
   }
 }
 
@@ -281,11 +274,13 @@ void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64
     auto conn = *r;
     conn->Start(
         [decide, addr](const std::shared_ptr<JsonConn>& self, const json& m) {
-          if (m.value("type", "") == "event") return;
-          int64_t n = 0;
-          if (m.contains("inflight") && m["inflight"].is_object()) n = m["inflight"].value(addr, int64_t{0});
+          if (IsFrontEvent(m)) return;
+          // A reply that cannot be read counts as nothing in flight, as
+          // no reply does: the drain budget is not held up by it.
+          auto n = FrontInflight(m, addr);
+          if (!n.ok()) spdlog::warn("front's status: {}; the drain of {} ends", n.error().message(), addr);
           self->Close("done");
-          decide(n);
+          decide(n.ok() ? *n : 0);
         },
         [](const std::string&) {});
     conn->Send(json{{"type", "status"}});
@@ -314,7 +309,9 @@ void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
     }
     w->Send(std::move(resp));
   } else if (req.path == "/status") {
-    w->Send(http::HttpResponse::Json(200, StatusJson().dump()));
+    // Strings an engine or a child wrote (a probe's reason, an exit) are
+    // not trusted to be UTF-8: replaced, never thrown on.
+    w->Send(http::HttpResponse::Json(200, StatusJson().dump(-1, ' ', false, json::error_handler_t::replace)));
   } else {
     w->Send(http::HttpResponse::Json(404, http::ErrorJson("no such path; try /metrics or /status", "not_found")));
   }

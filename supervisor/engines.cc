@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "http/control_auth.h"
 #include "probes/probe.h"
+#include "supervisor/expectation_check.h"
 #include "supervisor/probe_config.h"
 #include "supervisor/preflight.h"
 #include "supervisor/supervisor_impl.h"
@@ -161,6 +162,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   s.drill_kill = false;
   s.adopted = false;
   s.identity_logged = false;
+  s.status_logged = false;
   s.kv = json();
   s.memory = json();
   s.resume = json();
@@ -273,13 +275,23 @@ void Supervisor::Impl::PollStatus(Slot& s) {
     if (s.pid != pid || s.state != SlotState::kStarting) return;
     if (r.ok() && r->status == 200) {
       auto st = ParseJsonChecked(r->body, "engine " + s.name + "'s /wsup/status", "it is not a wsup engine's status");
-      if (st.ok() && st->is_object()) {
+      // A status whose fields are not a wsup engine's (a field of another
+      // type) is taken as no wsup status at all, said once per start.
+      auto view = st.ok() ? ParseEngineStatus(*st) : Result<EngineStatus>(st.error());
+      if (st.ok() && st->is_object() && !view.ok() && !s.status_logged) {
+        s.status_logged = true;
+        metrics_.bad_messages["engine"]++;
+        spdlog::warn("engine {}: its /wsup/status cannot be read ({}); its semantic probe decides whether it is "
+                     "ready",
+                     s.name, view.error().message());
+      }
+      if (view.ok()) {
         if (!CheckIdentity(s, &*st)) {
           s.poll->Start(kStatusPollMs * 4, [this, sp] { PollStatus(*sp); });
           return;
         }
-        OnEngineStatus(s, *st);
-        if (st->value("state", "") == "ready") {
+        OnEngineStatus(s, *st, *view);
+        if (view->state == "ready") {
           Fire(s, SlotEvent::kEngineReady, "engine reports ready");
           return;
         }
@@ -297,18 +309,16 @@ void Supervisor::Impl::PollStatus(Slot& s) {
   });
 }
 
-void Supervisor::Impl::OnEngineStatus(Slot& s, const json& st) {
+void Supervisor::Impl::OnEngineStatus(Slot& s, const json& st, const EngineStatus& view) {
   s.last_status = st;
-  if (st.contains("comm") && st["comm"].is_object()) s.comm_warm = st["comm"].value("warm", false);
-  if (st.value("state", "") == "ready" && st.contains("weights") && st["weights"].is_object() && !s.cache_recorded) {
-    RecordCache(s, st["weights"]);
-  }
+  if (view.comm_warm) s.comm_warm = *view.comm_warm;
+  if (view.state == "ready" && view.weights && !s.cache_recorded) RecordCache(s, *view.weights);
 }
 
-void Supervisor::Impl::RecordCache(Slot& s, const json& weights) {
+void Supervisor::Impl::RecordCache(Slot& s, const EngineStatus::Weights& weights) {
   s.cache_recorded = true;
-  std::string mode = weights.value("mode", CacheModeName(cfg_.weight_cache.mode));
-  std::string source = weights.value("source", "");
+  const std::string mode = weights.mode.empty() ? CacheModeName(cfg_.weight_cache.mode) : weights.mode;
+  const std::string& source = weights.source;
   if (mode == "off") {
     s.cache_result = "off";
     return;
@@ -319,18 +329,18 @@ void Supervisor::Impl::RecordCache(Slot& s, const json& weights) {
   rec.mode = mode;
   if (source == "holder") {
     rec.result = "hit";
-    if (weights.contains("ms") && weights["ms"].is_number()) rec.attach_ms = weights["ms"].get<int64_t>();
+    if (weights.ms) rec.attach_ms = *weights.ms;
   } else if (source == "published") {
     // The engine found no committed layout and wrote its own (it loaded
     // from disk): a miss, with the time the publish took.
     rec.result = "miss";
     rec.miss_reason = "published";
-    if (weights.contains("ms") && weights["ms"].is_number()) rec.load_ms = weights["ms"].get<int64_t>();
+    if (weights.ms) rec.load_ms = *weights.ms;
   } else {
     rec.result = "miss";
-    rec.miss_reason = weights.value("miss_reason", "unknown");
-    if (weights.contains("diffs")) rec.diff_json = weights["diffs"].dump();
-    if (weights.contains("ms") && weights["ms"].is_number()) rec.load_ms = weights["ms"].get<int64_t>();
+    rec.miss_reason = weights.miss_reason.empty() ? "unknown" : weights.miss_reason;
+    if (!weights.diffs_json.empty()) rec.diff_json = weights.diffs_json;
+    if (weights.ms) rec.load_ms = *weights.ms;
   }
   s.cache_result = rec.result;
   s.cache_reason = rec.miss_reason;
@@ -376,12 +386,28 @@ void Supervisor::Impl::StartProbing(Slot& s) {
         if (o.ok) {
           s.last_ok_mono = clock_.MonotonicMs();
           s.last_ok_wall = clock_.WallMs();
+          ever_proven_ = true;
         }
+        s.wrong_answer = o.wrong_answer;
         metrics_.ObserveProbe(s.name, o.ok, o.latency_ms);
+        if (s.wrong_answer) CheckExpectation(s);
       });
   s.monitor->Start();
   // What it says of its KV and memory, at once and then while it serves.
   s.status_timer->Start(0, [this, sp] { RefreshStatus(*sp); }, kStatusRefreshMs);
+}
+
+void Supervisor::Impl::CheckExpectation(Slot& s) {
+  if (ever_proven_ || roll_ || stopping_) return;
+  Slot* other = Other(&s);
+  if (!s.wrong_answer || !other->wrong_answer) return;
+  auto unmet = UnmetExpectation(cfg_, *s.wrong_answer, *other->wrong_answer);
+  if (!unmet) return;
+  // Restarting engines cannot change what the model answers: a config that
+  // cannot work, as any other, stops the node with 78 (systemd's
+  // RestartPreventExitStatus) instead of a restart loop.
+  spdlog::error("{}", *unmet);
+  BeginStop(*unmet, kExitConfig);
 }
 
 void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) {

@@ -4,6 +4,7 @@
 // first good answer after a swap) come back over the same link.
 #include "common/fs.h"
 #include "common/log.h"
+#include "supervisor/messages.h"
 #include "supervisor/preflight.h"
 #include "supervisor/probe_config.h"
 #include "supervisor/silence_check.h"
@@ -175,33 +176,45 @@ void Supervisor::Impl::ConnectFront() {
 }
 
 void Supervisor::Impl::OnFrontMessage(const json& m) {
-  std::string type = m.value("type", "");
-  if (type == "event" && m.value("kind", "") == "switched") {
-    spdlog::warn("front switched on its own from {} to {}: {}", m.value("from", ""), m.value("to", ""),
-                 m.value("reason", ""));
-    metrics_.front_self_switches++;
-  } else if (type == "event" && m.value("kind", "") == "silent") {
-    OnFrontSilent(m);
-  } else if (type == "event" && m.value("kind", "") == "first_ok") {
-    if (pending_ && m.value("backend", "") == routed_active_) CompletePending(m.value("at_ms", clock_.WallMs()));
-  } else if (m.contains("cut")) {
-    spdlog::info("front: {} request(s) cut from the dead engine and sent on", m.value("cut", 0));
-  } else if (m.contains("ok") && m.contains("epoch")) {
-    // Routes acknowledged: the swap is done.
-    if (pending_ && pending_->swapped_ms == 0) pending_->swapped_ms = clock_.WallMs();
+  auto parsed = ParseFrontMessage(m);
+  if (!parsed.ok()) {
+    // The front is of this wsup version; a message that is not one is
+    // logged and dropped, never acted on in part.
+    spdlog::warn("front: a message that cannot be read was dropped: {}", parsed.error().message());
+    metrics_.bad_messages["front"]++;
+    return;
+  }
+  const FrontMessage& f = *parsed;
+  switch (f.kind) {
+    case FrontMessage::Kind::kSwitched:
+      spdlog::warn("front switched on its own from {} to {}: {}", f.from, f.to, f.reason);
+      metrics_.front_self_switches++;
+      break;
+    case FrontMessage::Kind::kSilent:
+      OnFrontSilent(f);
+      break;
+    case FrontMessage::Kind::kFirstOk:
+      if (pending_ && f.backend == routed_active_) CompletePending(f.at_ms > 0 ? f.at_ms : clock_.WallMs());
+      break;
+    case FrontMessage::Kind::kCut:
+      spdlog::info("front: {} request(s) cut from the dead engine and sent on", f.cut);
+      break;
+    case FrontMessage::Kind::kRoutesAck:
+      // Routes acknowledged: the swap is done.
+      if (pending_ && pending_->swapped_ms == 0) pending_->swapped_ms = clock_.WallMs();
+      break;
+    case FrontMessage::Kind::kOther:
+      break;
   }
 }
 
-void Supervisor::Impl::OnFrontSilent(const json& m) {
-  const std::string backend = m.value("backend", "");
+void Supervisor::Impl::OnFrontSilent(const FrontMessage& m) {
+  const std::string& backend = m.backend;
   Slot* act = Active();
   const bool routed = act && !backend.empty() && backend == routed_active_;
-  const int64_t last_byte = m.contains("last_byte_ms") && m["last_byte_ms"].is_number_integer()
-                                ? m["last_byte_ms"].get<int64_t>()
-                                : 0;
-  std::string report = "the front saw " + std::to_string(m.value("silent", 0)) + " of " +
-                       std::to_string(m.value("inflight", 0)) + " requests on " + backend + " get no byte for " +
-                       std::to_string(m.value("after_ms", 0)) + " ms";
+  const int64_t last_byte = m.last_byte_ms;
+  std::string report = "the front saw " + std::to_string(m.silent) + " of " + std::to_string(m.inflight) +
+                       " requests on " + backend + " get no byte for " + std::to_string(m.after_ms) + " ms";
   char run = 0;
   if (routed && act->pid > 0) {
     auto r = launcher_.RunState(act->pid);

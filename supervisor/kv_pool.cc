@@ -8,6 +8,7 @@
 // asked to let the pool go; only an answer that it did, or its exit, frees
 // the pool for the next. The lifeline's EOF fails a slot (it is dying), but
 // never frees the pool: a dying GPU process may still be running kernels.
+#include "common/json_fields.h"
 #include "common/json_limits.h"
 #include "common/log.h"
 #include "http/control_auth.h"
@@ -36,14 +37,26 @@ json KvOf(const Result<http::HttpResponse>& r) {
   return (*j)["kv"];
 }
 
+// The engine's words in an error answer: {"error": "..."} or the API's
+// {"error": {"message": "..."}}.
 std::string AnswerText(const Result<http::HttpResponse>& r) {
   if (!r.ok()) return r.error().message();
   auto j = ParseJsonChecked(r->body, "an engine's /wsup/role answer", "");
-  std::string msg = j.ok() && j->is_object() ? j->value("error", "") : "";
-  if (msg.empty() && j.ok() && j->is_object() && j->contains("error") && (*j)["error"].is_object()) {
-    msg = (*j)["error"].value("message", "");
+  std::string msg;
+  if (j.ok() && j->is_object() && j->contains("error")) {
+    const json& e = (*j)["error"];
+    auto text = e.is_object() ? FieldOr<std::string>(e, "message", "") : FieldOr<std::string>(*j, "error", "");
+    msg = text.ok() ? *text : "(an error of another form: " + text.error().message() + ")";
   }
   return "HTTP " + std::to_string(r->status) + (msg.empty() ? "" : ": " + msg.substr(0, 300));
+}
+
+// What an engine says its KV is served from (kv.source): pool, scratch or
+// private; "" when it does not say, or says it in another form.
+std::string KvSource(const json& kv) {
+  if (!kv.is_object()) return "";
+  auto source = FieldOr<std::string>(kv, "source", "");
+  return source.ok() ? *source : "";
 }
 
 }  // namespace
@@ -137,7 +150,7 @@ void Supervisor::Impl::SendRole(Slot& s, const std::string& role, bool pool, int
                   json kv = KvOf(r);
                   if (kv.is_object()) sp->kv = kv;
                   // An engine without the route keeps a private cache.
-                  if (r.ok() && (r->status == 404 || kv.value("source", "") == "private")) sp->kv_capable = false;
+                  if (r.ok() && (r->status == 404 || KvSource(kv) == "private")) sp->kv_capable = false;
                   if (r.ok() && r->status == 401) {
                     spdlog::error("engine {}: its /wsup/role refused the supervisor's control token ({}); it is not "
                                   "the engine this supervisor started",
@@ -160,7 +173,9 @@ void Supervisor::Impl::GrantPool(Slot& s) {
     if (!held_for_grant_.empty()) After(0, [this] { RunHeldForGrant(); });
     // A process that is gone was dropped from the table by its exit.
     if (sp->pid != pid || pid == 0) return;
-    const std::string source = sp->kv.value("source", "");
+    const std::string source = KvSource(sp->kv);
+    // The engine's own time to map it, for the log; not a number: 0.
+    const auto map_ms = FieldOr<double>(sp->kv, "map_ms", 0.0);
     if (r.ok() && r->status == 200 && source == "pool") {
       const int64_t now = clock_.WallMs();
       if (tail_ && tail_->await_kv && tail_->to == sp->name) {
@@ -170,7 +185,7 @@ void Supervisor::Impl::GrantPool(Slot& s) {
       }
       PoolFire(*sp, PoolEvent::kGranted,
                "mapped in " + std::to_string(clock_.MonotonicMs() - t0) + " ms (engine: " +
-                   std::to_string(sp->kv.value("map_ms", 0.0)) + " ms)");
+                   std::to_string(map_ms.ok() ? *map_ms : 0.0) + " ms)");
     } else if (r.ok()) {
       // It answered, and it does not map the pool.
       PoolFire(*sp, PoolEvent::kGrantFailed,
@@ -205,7 +220,7 @@ void Supervisor::Impl::ReleasePool(Slot& s) {
   const pid_t pid = s.pid;
   SendRole(s, "standby", false, kReleaseTimeoutMs, [this, sp, pid](Result<http::HttpResponse> r) {
     if (sp->pid != pid || pid == 0) return;
-    if (r.ok() && r->status == 200 && sp->kv.value("source", "") != "pool") {
+    if (r.ok() && r->status == 200 && KvSource(sp->kv) != "pool") {
       PoolFire(*sp, PoolEvent::kReleased, "it let the pool go");
     } else {
       PoolFire(*sp, PoolEvent::kReleaseFailed, AnswerText(r));

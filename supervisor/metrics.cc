@@ -171,6 +171,12 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_reconstructed_failovers_total Failovers that happened while no supervisor ran, recorded at "
        "its restart.\n# TYPE wsup_reconstructed_failovers_total counter\n"
     << "wsup_reconstructed_failovers_total " << reconstructed_failovers << "\n";
+  o << "# HELP wsup_bad_messages_total Messages refused or dropped because a field could not be read, by sender.\n"
+       "# TYPE wsup_bad_messages_total counter\n";
+  for (const char* from : {"control", "front", "engine"}) {
+    auto it = bad_messages.find(from);
+    o << "wsup_bad_messages_total{from=\"" << from << "\"} " << (it == bad_messages.end() ? 0 : it->second) << "\n";
+  }
   return o.str();
 }
 

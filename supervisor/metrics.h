@@ -37,6 +37,10 @@ class Metrics {
   // under this supervisor (an engine's own counts die with it, and most
   // resumes happen on engines that are later killed by the next drill).
   std::map<std::string, std::map<std::string, uint64_t>> engine_resume;
+  // Messages refused or dropped because a field could not be read
+  // (supervisor/messages.h), by who sent them: control (a `wsup.sock`
+  // client), front, engine.
+  std::map<std::string, uint64_t> bad_messages;
   void ObserveKvBack(double seconds);
 
   void ObserveRecovery(double seconds);

@@ -147,22 +147,46 @@ Supervisor::Impl::Slot* Supervisor::Impl::Standby() {
 }
 
 Status Supervisor::Impl::PrepareDirs() {
+  // Checked before (CheckConfigPaths); a folder that still cannot be made
+  // (another process changed it meanwhile) is a configuration that cannot
+  // work all the same: exit 78, located at its key, never a restart loop.
+  auto located = [this](const char* key, const Status& st) -> Status {
+    if (st.ok()) return st;
+    auto where = cfg_.where.find(key);
+    return InvalidArgument((where == cfg_.where.end() ? cfg_.path + ":1:1" : where->second) + ": " + key + ": " +
+                           st.error().message() + "; choose a folder this user can write");
+  };
   // The ledger and the logs hold what the node did (and engine.env's names):
   // no other local user may read them.
   const std::string logs = JoinPath(cfg_.node.state_dir, "logs");
   for (const auto& [dir, what] : {std::pair{cfg_.node.state_dir, std::string("node.state_dir")},
                                   std::pair{logs, std::string("node.state_dir (its logs folder)")}}) {
-    WSUP_ASSIGN_OR_RETURN(bool tightened, MakePrivateDir(dir, what));
-    if (tightened) spdlog::warn("{} {}: other users could read it; made it private (mode 0700)", what, dir);
+    auto tightened = MakePrivateDir(dir, what);
+    if (!tightened.ok()) return located("node.state_dir", Status(tightened.error()));
+    if (*tightened) spdlog::warn("{} {}: other users could read it; made it private (mode 0700)", what, dir);
   }
-  WSUP_RETURN_IF_ERROR(MakeDirs(cfg_.node.runtime_dir, 0700));
+  WSUP_RETURN_IF_ERROR(located("node.runtime_dir", MakeDirs(cfg_.node.runtime_dir, 0700)));
   if (::chmod(cfg_.node.runtime_dir.c_str(), 0700) != 0) {
-    return ErrnoError("node.runtime_dir " + cfg_.node.runtime_dir + ": cannot make it private (chmod 0700)", errno);
+    return located("node.runtime_dir",
+                   ErrnoError(cfg_.node.runtime_dir + ": cannot make it private (chmod 0700)", errno));
   }
   return Status::Ok();
 }
 
+Status Supervisor::Impl::CheckPaths() {
+  // What the config names on this machine: a missing model folder or engine
+  // program, a tp the model cannot be split by, an unusable state folder
+  // is a configuration that cannot work, said once, located, before
+  // anything is made or started.
+  auto problems = CheckConfigPaths(cfg_, JoinPath(opts_.bin_dir, "wsup-holder"));
+  if (problems.empty()) return Status::Ok();
+  std::string all;
+  for (const auto& e : problems) all += (all.empty() ? "" : "\n") + e.message();
+  return InvalidArgument(all);
+}
+
 Status Supervisor::Impl::Start() {
+  WSUP_RETURN_IF_ERROR(CheckPaths());
   WSUP_RETURN_IF_ERROR(PrepareDirs());
   if (cfg_.weight_cache.layout == CacheLayout::kEngine) {
     // Kept layouts are up to 4096 fds each, and a holder restart passes
@@ -248,14 +272,6 @@ Status Supervisor::Impl::Start() {
 }
 
 Status Supervisor::Impl::Preflight(const std::optional<RuntimeState>& prev) {
-  // What the config names on this machine: a missing model folder or engine
-  // program is a configuration that cannot work, said once, located.
-  auto problems = CheckConfigPaths(cfg_, JoinPath(opts_.bin_dir, "wsup-holder"));
-  if (!problems.empty()) {
-    std::string all;
-    for (const auto& e : problems) all += (all.empty() ? "" : "\n") + e.message();
-    return InvalidArgument(all);
-  }
   // Ports held by this node's own live processes (about to be adopted).
   std::vector<int> ours;
   if (prev) {

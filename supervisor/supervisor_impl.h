@@ -53,6 +53,7 @@
 #include "supervisor/rollout_fsm.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
+#include "supervisor/messages.h"
 #include "supervisor/metrics.h"
 #include "supervisor/notify.h"
 #include "supervisor/process.h"
@@ -110,6 +111,7 @@ class Supervisor::Impl {
     int port = 0;
     bool adopted = false;
     bool identity_logged = false;  // "port answered by someone else" said once per start
+    bool status_logged = false;    // "its /wsup/status cannot be read" said once per start
 
     ProcessWatch* watch = nullptr;
     HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
@@ -128,6 +130,11 @@ class Supervisor::Impl {
     bool comm_warm = false;
     nlohmann::json last_status;  // the engine's /wsup/status
     std::string last_probe_reason;
+    // The slot's last probe answered, wrongly, with a well-formed
+    // completion (supervisor/expectation_check.h); none after any other
+    // outcome. Kept across a restart: the answer of the model, whichever
+    // process of the slot gave it.
+    std::optional<ProbeAnswer> wrong_answer;
     int64_t last_probe_ms = 0;       // latency of the last probe
     int64_t last_ok_mono = 0;        // when a probe last passed (0: never, this start)
     int64_t last_ok_wall = 0;        // ... the same, wall time: where a probe trip's fault is put
@@ -254,6 +261,8 @@ class Supervisor::Impl {
   Slot* Standby();
 
   // supervisor.cc
+  // CheckConfigPaths, as one InvalidArgument (exit 78).
+  Status CheckPaths();
   Status PrepareDirs();
   Status Preflight(const std::optional<RuntimeState>& prev);
   void BeginStop(const std::string& why, int exit_code);
@@ -278,7 +287,7 @@ class Supervisor::Impl {
   void ConnectFront();
   void OnFrontMessage(const nlohmann::json& m);
   // The front's `silent` report (supervisor/silence_check.h says what is done).
-  void OnFrontSilent(const nlohmann::json& m);
+  void OnFrontSilent(const FrontMessage& m);
   void TripSilent(Slot& s, const std::string& why);
   void OnFrontExit(const ExitInfo& info);
   void PushRoutes();
@@ -325,9 +334,12 @@ class Supervisor::Impl {
   void SpawnEngine(Slot& s);
   void PollStatus(Slot& s);
   bool CheckIdentity(Slot& s, const nlohmann::json* status);
-  void OnEngineStatus(Slot& s, const nlohmann::json& status);
-  void RecordCache(Slot& s, const nlohmann::json& weights);
+  void OnEngineStatus(Slot& s, const nlohmann::json& status, const EngineStatus& view);
+  void RecordCache(Slot& s, const EngineStatus::Weights& weights);
   void StartProbing(Slot& s);
+  // Stops the node (exit 78) when both engines' wrong answers show that the
+  // model does not produce the probe's expected answer (expectation_check.h).
+  void CheckExpectation(Slot& s);
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
@@ -545,6 +557,9 @@ class Supervisor::Impl {
   std::optional<FailoverTimes> tail_;
   ProcessWatch* kv_fence_watch_ = nullptr;  // the exit of a pool owner that was not adopted
   bool ready_notified_ = false;
+  // An engine passed a probe, or was adopted, since this supervisor started:
+  // a wrong answer is then an engine's fault, never the config's.
+  bool ever_proven_ = false;
   bool degraded_ = false;
   std::string degraded_reason_;
   bool stopping_ = false;

@@ -1,7 +1,9 @@
 #include "tests/test_util.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -214,6 +216,57 @@ std::vector<TaggedProcess> KillLeftovers(const std::string& var, const std::stri
 std::string OwnerTag() {
   const char* v = std::getenv("WSUP_TEST_OWNER");
   return v ? v : "";
+}
+
+namespace {
+
+bool WriteProcFile(const char* path, const std::string& text) {
+  int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+int RunWithReadOnlyMount(const std::string& dir, const std::function<int()>& body, std::chrono::milliseconds limit) {
+  pid_t pid = ::fork();
+  if (pid < 0) return kNoReadOnlyMount;
+  if (pid == 0) {
+    const uid_t uid = ::geteuid();
+    const gid_t gid = ::getegid();
+    if (::unshare(CLONE_NEWNS) != 0) {
+      // Not allowed to mount here: a user namespace of our own, as its root.
+      if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) ::_exit(kNoReadOnlyMount);
+      if (!WriteProcFile("/proc/self/setgroups", "deny") ||
+          !WriteProcFile("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
+          !WriteProcFile("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
+        ::_exit(kNoReadOnlyMount);
+      }
+    }
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+        ::mount("tmpfs", dir.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=64k") != 0) {
+      ::_exit(kNoReadOnlyMount);
+    }
+    ::_exit(body());
+  }
+  int code = -1;
+  const bool done = WaitFor(
+      [&] {
+        int st = 0;
+        if (::waitpid(pid, &st, WNOHANG) != pid) return false;
+        code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return true;
+      },
+      limit);
+  if (!done) {
+    ::kill(pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    return -1;
+  }
+  return code;
 }
 
 }  // namespace wsup::test

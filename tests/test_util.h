@@ -101,4 +101,15 @@ std::vector<TaggedProcess> KillLeftovers(const std::string& var, const std::stri
 // The tag of this test process (WSUP_TEST_OWNER's value).
 std::string OwnerTag();
 
+// The exit code of a child that could not mount (no namespaces on this
+// machine): the caller skips, and says so.
+inline constexpr int kNoReadOnlyMount = 77;
+// Runs `body` in a forked child that sees a read-only filesystem (an empty
+// tmpfs) at `dir`, which must exist: a mount namespace of its own (and a
+// user namespace when not root), so nothing outside the child sees the
+// mount. Waits up to `limit`. Returns the child's exit code: body's return
+// value (or the exit code of a program it execs), kNoReadOnlyMount when no
+// mount could be made, -1 when it ran past the limit (it is then killed).
+int RunWithReadOnlyMount(const std::string& dir, const std::function<int()>& body, std::chrono::milliseconds limit);
+
 }  // namespace wsup::test

@@ -6,6 +6,8 @@
 // Channel (wire/protocol.h), so it lives beside it in wsup_wire, not in the
 // loop-side wsup_json_socket.
 //
+// A reply is any JSON object: reading its fields is the caller's business.
+//
 // Any thread; blocks the caller (connecting, sending and waiting are each
 // bounded by timeout_ms).
 #pragma once
@@ -18,6 +20,9 @@
 
 namespace wsup {
 
-Result<nlohmann::json> JsonCall(const std::string& path, const nlohmann::json& request, int timeout_ms);
+// `peer` names who answers on the socket in the errors ("the supervisor
+// closed the connection; ...").
+Result<nlohmann::json> JsonCall(const std::string& path, const nlohmann::json& request, int timeout_ms,
+                                const std::string& peer = "the server");
 
 }  // namespace wsup

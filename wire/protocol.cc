@@ -275,7 +275,7 @@ Status Channel::Send(const json& msg, std::vector<UniqueFd> fds, int timeout_ms,
     int rc = ::poll(&p, 1, left);
     if (rc < 0 && errno != EINTR) return ErrnoError(path_ + ": poll", errno);
     if (rc == 0) {
-      return Timeout(path_ + ": the holder did not take a message within " + std::to_string(timeout_ms) +
+      return Timeout(path_ + ": " + peer_ + " did not take a message within " + std::to_string(timeout_ms) +
                      " ms; it is overloaded or hung: check its log");
     }
   }
@@ -292,7 +292,7 @@ Result<Frame> Channel::Receive(int timeout_ms) {
     if (!state.ok()) return state.error().With(path_);
     if (*state == FrameReader::ReadState::kData) continue;
     if (*state == FrameReader::ReadState::kEof) {
-      return Unavailable(path_ + ": the holder closed the connection" +
+      return Unavailable(path_ + ": " + peer_ + " closed the connection" +
                          std::string(reader_.mid_message() ? " in the middle of a message" : "") +
                          "; it may have exited or refused this client: check its log");
     }
@@ -300,7 +300,7 @@ Result<Frame> Channel::Receive(int timeout_ms) {
     int rc = ::poll(&p, 1, MsLeft(deadline));
     if (rc < 0 && errno != EINTR) return ErrnoError(path_ + ": poll", errno);
     if (rc == 0) {
-      return Timeout(path_ + ": no reply from the holder within " + std::to_string(timeout_ms) +
+      return Timeout(path_ + ": no reply from " + peer_ + " within " + std::to_string(timeout_ms) +
                      " ms; it is overloaded or hung: check its log");
     }
   }

@@ -169,6 +169,10 @@ class Channel {
   // there (kUnavailable) or the socket is not ours to use (kRefused).
   static Result<Channel> Connect(const std::string& socket_path, int timeout_ms);
 
+  // Who answers on the socket, for the errors of Send() and Receive() ("the
+  // holder" unless told: JsonCall names the supervisor or the front).
+  void set_peer(std::string peer) { peer_ = std::move(peer); }
+
   // `blob`, when given, is the message's binary part (a commit's tensor table).
   Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms,
               std::shared_ptr<const std::string> blob = nullptr);
@@ -186,6 +190,7 @@ class Channel {
  private:
   UniqueFd fd_;
   std::string path_;
+  std::string peer_ = "the holder";
   FrameReader reader_{kMaxMessageBytes, true, kMaxBlobBytes};
 };
 

@@ -79,6 +79,11 @@ TEST_CASE("probe: semantic verdicts and their exact reasons", "[probes]") {
   CHECK(EvaluateCompletion(ids, Response(503, R"({"error":{"message":"model is loading","type":"unavailable"}})"), 1)
             .reason == "HTTP 503: model is loading");
   CHECK(EvaluateCompletion(ids, Response(500, "boom\nat line 3"), 1).reason == "HTTP 500: boom at line 3");
+  // An engine's bytes that are not UTF-8 never reach a reason (which goes
+  // into JSON answers and the ledger); UTF-8 stays as it is.
+  const auto binary = EvaluateCompletion(ids, Response(500, std::string("\xff\xfe boom \xc3\xa9t\xe9", 12)), 1);
+  CHECK(binary.reason == "HTTP 500: ?? boom \xc3\xa9t?");
+  CHECK_NOTHROW(nlohmann::json(binary.reason).dump());
   CHECK(EvaluateCompletion(ids, Response(200, "<html>"), 1).reason.rfind("bad response: not a JSON object", 0) == 0);
   CHECK(EvaluateCompletion(ids, Response(200, R"({"choices":[]})"), 1).reason == "bad response: no choices[0]");
   CHECK(EvaluateCompletion(ids, Response(200, R"({"choices":[{"text":"x"}]})"), 1).reason.find("return_token_ids") !=
@@ -89,6 +94,7 @@ TEST_CASE("probe: semantic verdicts and their exact reasons", "[probes]") {
         "bad response: no choices[0].text");
 
   auto slow = EvaluateCompletion(ids, Response(200, Completion({92, 16, 97})), 900);
+  CHECK_FALSE(slow.wrong_answer);
   CHECK_FALSE(slow.ok);
   CHECK(slow.reason.rfind("timeout after 800 ms", 0) == 0);
 
@@ -100,6 +106,25 @@ TEST_CASE("probe: semantic verdicts and their exact reasons", "[probes]") {
   CHECK(EvaluateCompletion(ids, IoError("127.0.0.1:1: POST /v1/completions: connection broken: connection reset by peer"),
                            0)
             .reason == "connection broken: connection reset by peer");
+}
+
+TEST_CASE("probe: a wrong answer carries what the engine answered, no other failure does", "[probes]") {
+  SemanticProbeSpec ids = IdsSpec();
+  auto wrong = EvaluateCompletion(ids, Response(200, Completion({92, 16, 98}, "abc")), 12);
+  REQUIRE(wrong.wrong_answer);
+  CHECK(wrong.wrong_answer->token_ids == std::vector<int64_t>{92, 16, 98});
+  CHECK(wrong.wrong_answer->text == "abc");
+  CHECK(wrong.wrong_answer->finish_reason == "length");
+  CHECK_FALSE(EvaluateCompletion(ids, Response(200, Completion({92, 16, 97})), 12).wrong_answer);
+  CHECK_FALSE(EvaluateCompletion(ids, Response(503, "{}"), 1).wrong_answer);
+  CHECK_FALSE(EvaluateCompletion(ids, Response(200, R"({"choices":[{"token_ids":[1,"a"]}]})"), 1).wrong_answer);
+  SemanticProbeSpec text = ids;
+  text.expect_token_ids.reset();
+  text.expect = " Paris";
+  auto lyon = EvaluateCompletion(text, Response(200, Completion({5, 6}, " Lyon")), 1);
+  REQUIRE(lyon.wrong_answer);
+  CHECK(lyon.wrong_answer->text == " Lyon");
+  CHECK(lyon.wrong_answer->token_ids == std::vector<int64_t>{5, 6});
 }
 
 TEST_CASE("probe: comm verdicts", "[probes]") {

@@ -5,11 +5,13 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
@@ -202,6 +204,20 @@ std::vector<BadCase> BadCases() {
       {"hedge most requests", kBase, {"front.hedge_percent=51"}, "front.hedge_percent", 1, "starves the standby"},
       {"front loops past 64", kBase, {"front.loops=65"}, "front.loops", 1, "allowed: an integer from 0 to 64"},
       {"front loops negative", kBase, {"front.loops=-1"}, "front.loops", 1, "allowed: an integer from 0 to 64"},
+      // Unix socket paths: sun_path holds 107 bytes. The longest of
+      // runtime_dir's sockets is holder.sock (12 bytes with the '/').
+      {"runtime dir too long for its sockets", kBase, {"node.runtime_dir=/" + std::string(96, 'r')},
+       "node.runtime_dir", 1,
+       "the front's control socket /" + std::string(96, 'r') +
+           "/front.sock is 108 bytes, longer than the 107 a Unix socket path may have; choose a runtime_dir of at "
+           "most 95 bytes (it is 97)"},
+      {"runtime dir in the file too long", Edit("runtime_dir = \"run\"", "runtime_dir = \"/" + std::string(110, 'r') + "\""),
+       {}, "node.runtime_dir", 4, "the supervisor's control socket"},
+      {"control socket too long", kBase, {"supervisor.control_socket=/" + std::string(110, 'c')},
+       "supervisor.control_socket", 1, "is 111 bytes, longer than the 107 a Unix socket path may have; give a path of "
+       "at most 107 bytes"},
+      {"the last holder's socket too long", kBase, {"parallel.tp=8", "weight_cache.socket=/" + std::string(105, 'h')},
+       "weight_cache.socket", 2, "the last holder's socket /" + std::string(105, 'h') + ".7 is 108 bytes"},
       // --set
       {"set without =", kBase, {"probe.failures"}, "probe.failures", 1, "has no '='"},
       {"set unknown key", kBase, {"probe.failurs=3"}, "probe.failurs", 1, "did you mean failures"},
@@ -772,8 +788,13 @@ TEST_CASE("config: check refuses expert_parallel for a model without experts or 
   CHECK(three.exit_code == 1);
   CHECK(three.output.find("parallel.expert_parallel: is true, but the 8 experts of") != std::string::npos);
   CHECK(three.output.find("do not divide among parallel.tp = 3 ranks") != std::string::npos);
-  // Without expert parallelism the same tp is not this check's business.
-  CHECK(CheckConfig(path, {moe, "parallel.tp=3"}, true, d.holder).exit_code == 0);
+  // Without expert parallelism the same tp is the tp check's: it cuts the
+  // vocabulary and the heads either way.
+  auto plain = CheckConfig(path, {moe, "parallel.tp=3"}, true, d.holder);
+  INFO(plain.output);
+  CHECK(plain.exit_code == 1);
+  CHECK(plain.output.find("parallel.expert_parallel") == std::string::npos);
+  CHECK(plain.output.find("parallel.tp: 3 cannot split the model") != std::string::npos);
   auto dense = CheckConfig(path,
                            {"model.path=\"" + test::TestData("llama-tiny-f32") + "\"", "parallel.tp=2",
                             "parallel.expert_parallel=true"},
@@ -781,6 +802,172 @@ TEST_CASE("config: check refuses expert_parallel for a model without experts or 
   INFO(dense.output);
   CHECK(dense.exit_code == 1);
   CHECK(dense.output.find("has no routed experts to partition") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace wsup
+
+namespace wsup {
+namespace {
+
+TEST_CASE("config: socket paths at the limit pass, and a holder socket counts only where holders run",
+          "[config]") {
+  // /<94 bytes>/holder.sock is 107 bytes: exactly what sun_path holds.
+  CHECK(ParseConfig(kBase, "/etc/wsup/c.toml", {"node.runtime_dir=/" + std::string(94, 'r')}).ok());
+  CHECK_FALSE(ParseConfig(kBase, "/etc/wsup/c.toml", {"node.runtime_dir=/" + std::string(95, 'r')}).ok());
+  // No holders: front.sock is the longest, 11 bytes.
+  CHECK(ParseConfig(kBase, "/etc/wsup/c.toml", {"node.runtime_dir=/" + std::string(95, 'r'), "weight_cache.mode=off"})
+            .ok());
+  // Sockets of their own leave runtime_dir only front.sock to hold.
+  CHECK(ParseConfig(kBase, "/etc/wsup/c.toml",
+                    {"node.runtime_dir=/" + std::string(95, 'r'), "weight_cache.socket=/run/h.sock"})
+            .ok());
+}
+
+// Every line of a failed check is one located error.
+std::vector<ErrorForm> Lines(const CheckOutcome& r) {
+  std::vector<ErrorForm> out;
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) out.push_back(Split(line));
+  return out;
+}
+
+TEST_CASE("config: check refuses what the model cannot do: a tp that cuts it, probe ids outside its vocabulary, "
+          "a probe longer than its context",
+          "[config]") {
+  if (!test::HaveTestData("llama-tiny-f32")) return;
+  PathsDir d;
+  const std::string model = "model.path=\"" + test::TestData("llama-tiny-f32") + "\"";
+  std::string path = d.Config(WithEngine(d.eng));
+  auto ok = CheckConfig(path, {model, "parallel.tp=2"}, true, d.holder);
+  INFO(ok.output);
+  CHECK(ok.exit_code == 0);
+
+  // 4 heads, 2 KV heads, a vocabulary of 256: tp 3 cuts them all.
+  auto tp = CheckConfig(path, {model, "parallel.tp=3"}, true, d.holder);
+  INFO(tp.output);
+  CHECK(tp.exit_code == 1);
+  auto lines = Lines(tp);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].file == "--set");
+  CHECK(lines[0].line == 2);
+  CHECK(lines[0].key == "parallel.tp");
+  CHECK(lines[0].what.rfind("3 cannot split the model: " + test::TestData("llama-tiny-f32"), 0) == 0);
+  CHECK(lines[0].what.find("tp sizes this checkpoint can use: 1, 2, 4") != std::string::npos);
+
+  // The probe: kBase expects text; these give ids, at the key's line in the file.
+  std::string ids_text = WithEngine(d.eng);
+  ids_text.replace(ids_text.find("expect = \"world\""), 16, "expect_token_ids = [1, 300, 2]");
+  std::string ids_path = d.dir.Join("ids.toml");
+  REQUIRE(WriteFileAtomic(ids_path, ids_text).ok());
+  auto vocab = CheckConfig(ids_path, {model}, true, d.holder);
+  INFO(vocab.output);
+  CHECK(vocab.exit_code == 1);
+  lines = Lines(vocab);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].line == 16);
+  CHECK(lines[0].key == "probe.expect_token_ids");
+  CHECK(lines[0].what.find("element 2 (300) of [1, 300, 2] is outside the vocabulary") != std::string::npos);
+  CHECK(lines[0].what.find("vocab_size 256") != std::string::npos);
+
+  // One token per byte (the model has no tokenizer); a context of 512.
+  auto prompt = CheckConfig(path, {model, "probe.prompt=" + std::string(600, 'p')}, true, d.holder);
+  INFO(prompt.output);
+  CHECK(prompt.exit_code == 1);
+  lines = Lines(prompt);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].key == "probe.prompt");
+  CHECK(lines[0].what.find("is 600 tokens") != std::string::npos);
+  CHECK(lines[0].what.find("context is 512 tokens") != std::string::npos);
+  auto room = CheckConfig(path, {model, "probe.prompt=" + std::string(510, 'p')}, true, d.holder);
+  INFO(room.output);
+  lines = Lines(room);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].key == "probe.max_tokens");
+  CHECK(lines[0].what.find("lower max_tokens to at most 2") != std::string::npos);
+  CHECK(CheckConfig(path, {model, "probe.prompt=" + std::string(508, 'p')}, true, d.holder).exit_code == 0);
+}
+
+TEST_CASE("config: with a tokenizer of its own a prompt's length is not judged, max_tokens against the context is",
+          "[config]") {
+  if (!test::HaveTestData("llama-tiny-f32")) return;
+  PathsDir d;
+  REQUIRE(MakeDirs(d.dir.Join("tok"), 0755).ok());
+  auto cfg = ReadFile(test::TestData("llama-tiny-f32") + "/config.json");
+  REQUIRE(cfg.ok());
+  REQUIRE(WriteFileAtomic(d.dir.Join("tok/config.json"), *cfg).ok());
+  REQUIRE(WriteFileAtomic(d.dir.Join("tok/model.safetensors"), "x").ok());
+  REQUIRE(WriteFileAtomic(d.dir.Join("tok/tokenizer.json"), "{}").ok());
+  std::string path = d.Config(WithEngine(d.eng));
+  auto r = CheckConfig(path, {"model.path=\"tok\"", "probe.prompt=" + std::string(600, 'p')}, true, d.holder);
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  auto m = CheckConfig(path, {"model.path=\"tok\"", "probe.max_tokens=512"}, true, d.holder);
+  INFO(m.output);
+  auto lines = Lines(m);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].key == "probe.max_tokens");
+  CHECK(lines[0].what.find("512 leaves no room for the prompt") != std::string::npos);
+}
+
+TEST_CASE("config: check refuses an unusable state folder, saying how it is unusable", "[config]") {
+  PathsDir d;
+  std::string path = d.Config(WithEngine(d.eng));
+  auto refused = [&](const std::string& state_dir, const std::string& words) {
+    auto r = CheckConfig(path, {"node.state_dir=\"" + state_dir + "\""}, true, d.holder);
+    INFO(state_dir << ": " << r.output);
+    CHECK(r.exit_code == 1);
+    auto lines = Lines(r);
+    REQUIRE(lines.size() == 1);
+    CHECK(lines[0].key == "node.state_dir");
+    CHECK(lines[0].what.find(words) != std::string::npos);
+  };
+  REQUIRE(::symlink(d.dir.Join("loop-b").c_str(), d.dir.Join("loop-a").c_str()) == 0);
+  REQUIRE(::symlink(d.dir.Join("loop-a").c_str(), d.dir.Join("loop-b").c_str()) == 0);
+  refused("loop-a", d.dir.Join("loop-a") + " is a symbolic link loop");
+  refused("loop-a/state", d.dir.Join("loop-a") + " is a symbolic link loop");
+  REQUIRE(::symlink(d.dir.Join("nowhere").c_str(), d.dir.Join("dangling").c_str()) == 0);
+  refused("dangling", d.dir.Join("dangling") + " is a symbolic link to a path that does not exist");
+  REQUIRE(WriteFileAtomic(d.dir.Join("afile"), "x").ok());
+  refused("afile", d.dir.Join("afile") + " exists and is not a folder");
+  REQUIRE(MakeDirs(d.dir.Join("s1/logs"), 0755).ok());
+  REQUIRE(::rmdir(d.dir.Join("s1/logs").c_str()) == 0);
+  REQUIRE(WriteFileAtomic(d.dir.Join("s1/logs"), "x").ok());
+  refused("s1", d.dir.Join("s1/logs") + " exists and is not a folder");
+  REQUIRE(MakeDirs(d.dir.Join("s2/wsup.db"), 0755).ok());
+  refused("s2", d.dir.Join("s2/wsup.db") + " (the ledger) exists and is not a file");
+  if (::geteuid() != 0) {
+    REQUIRE(MakeDirs(d.dir.Join("ro"), 0555).ok());
+    refused("ro/state", "cannot be created: " + d.dir.Join("ro") + " is not writable by this user");
+  }
+  CHECK(CheckConfig(path, {"node.state_dir=\"fresh/state\""}, true, d.holder).exit_code == 0);
+}
+
+TEST_CASE("config: check refuses a state folder on a read-only filesystem", "[config]") {
+  PathsDir d;
+  std::string path = d.Config(WithEngine(d.eng));
+  REQUIRE(MakeDirs(d.dir.Join("ro"), 0755).ok());
+  const std::string out = d.dir.Join("check.out");
+  for (const std::string state : {"ro", "ro/state"}) {
+    int code = test::RunWithReadOnlyMount(
+        d.dir.Join("ro"),
+        [&] {
+          auto r = CheckConfig(path, {"node.state_dir=\"" + state + "\""}, true, d.holder);
+          return WriteFileAtomic(out, r.output).ok() ? r.exit_code : 2;
+        },
+        std::chrono::seconds(30));
+    if (code == test::kNoReadOnlyMount) {
+      WARN("SKIP: this machine lets no test mount a read-only filesystem (no mount or user namespaces)");
+      return;
+    }
+    std::string output = test::ReadAll(out);
+    INFO(output);
+    CHECK(code == 1);
+    REQUIRE(!output.empty());
+    ErrorForm e = Split(output.substr(0, output.find('\n')));
+    CHECK(e.key == "node.state_dir");
+    CHECK(e.what.find(d.dir.Join("ro") + " is on a read-only filesystem") != std::string::npos);
+  }
 }
 
 }  // namespace

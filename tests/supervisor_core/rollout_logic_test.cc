@@ -434,7 +434,7 @@ TEST_CASE("rollout logic: reload --set applies its overrides and keeps them, and
     const json e = p.Reload(bad);
     INFO(e.dump());
     CHECK(e.value("type", "") == "error");
-    CHECK(e.value("message", "").find("\"set\" must be an array") != std::string::npos);
+    CHECK(e.value("message", "").find("send \"set\" as an array of \"section.key=value\" strings") != std::string::npos);
   }
 }
 
