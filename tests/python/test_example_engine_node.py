@@ -61,8 +61,9 @@ def node(tmp_path):
         n.cleanup()
 
 
-def engine_statuses(s):
-    return {e["slot"]: try_status(e["port"]) for e in s["engines"] if e.get("port")}
+def engine_statuses(node, s):
+    """Each engine's /wsup/status, asked with the control token the supervisor gave it."""
+    return {e["slot"]: try_status(e["port"], node.engine_token(e["slot"])) for e in s["engines"] if e.get("port")}
 
 
 def test_primary_and_standby_under_wsup_serve_fail_over_and_drain(node):
@@ -76,7 +77,7 @@ def test_primary_and_standby_under_wsup_serve_fail_over_and_drain(node):
     assert status == 200 and j["choices"][0]["token_ids"] == greedy(PROMPT, 16), j
 
     # Each engine: ready, known by its nonce, its weights from the holder.
-    for slot, st in engine_statuses(s).items():
+    for slot, st in engine_statuses(node, s).items():
         assert st and st["state"] == "ready", (slot, st)
         assert st["engine"]["name"] == "wsup-transformers-example" and st.get("nonce"), st
         assert st["weights"]["source"] == "holder" and st["weights"]["mode"] == "daemon", st

@@ -121,7 +121,7 @@ TEST_CASE("ledger: migrates a version 1 ledger forward and keeps its rows", "[st
   CHECK(restarts->size() == 1);
 }
 
-TEST_CASE("ledger: a fenced engine is a fences row, read back whole; a row without its facts is refused",
+TEST_CASE("ledger: a fenced engine is a fences row, read back whole, a row without its facts is refused",
           "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");

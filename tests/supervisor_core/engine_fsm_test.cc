@@ -95,7 +95,7 @@ TEST_CASE("a draining slot takes the traffic back when its replacement fails, un
   }
 }
 
-TEST_CASE("an engine that maps the KV pool the supervisor did not give it is killed at once; the active fails over") {
+TEST_CASE("an engine that maps the KV pool the supervisor did not give it is killed at once, the active fails over") {
   for (SlotState s : {SlotState::kStarting, SlotState::kWarming, SlotState::kStandby, SlotState::kDraining}) {
     auto t = NextTransition(s, SlotEvent::kKvTrespass);
     REQUIRE(t);

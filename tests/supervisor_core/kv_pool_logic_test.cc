@@ -259,7 +259,7 @@ test::HttpResult Admin(PoolRig& p, const std::string& method, const std::string&
   return r;
 }
 
-TEST_CASE("logic: resumed-stream counters add up over the engines a slot has run; the admin listener only reads",
+TEST_CASE("logic: resumed-stream counters add up over the engines a slot has run, the admin listener only reads",
           "[logic][kv_pool]") {
   PoolRig p;
   REQUIRE(p.Until([&] { return p.Settled(); }, 20s));

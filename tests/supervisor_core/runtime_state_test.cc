@@ -90,7 +90,7 @@ TEST_CASE("runtime state: the versions and a running rollout survive a save and 
   CHECK_FALSE(other == *st.engine_version);
 }
 
-TEST_CASE("runtime state: a malformed version or rollout is dropped and said, the processes are kept; an older file "
+TEST_CASE("runtime state: a malformed version or rollout is dropped and said, the processes are kept, an older file "
           "has none",
           "[rollout]") {
   test::TempDir dir;
