@@ -29,7 +29,7 @@
 #                  every 5 ms for 150 ms from each drill
 #   WSUP_BENCH_DEVICE [cpu]    the engines' --device (cuda:0 on a GPU node)
 #   WSUP_BENCH_BACKEND [host]  the weight cache (holder) backend: host | cuda
-#   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32]  a checkpoint folder with golden.json
+#   WSUP_BENCH_MODEL [testdata/llama-tiny-f32]  a checkpoint folder with golden.json
 #   WSUP_BENCH_PROBE_MS [1000] the supervisor's probe interval and timeout (above
 #                              the loaded engines' latency, or probes trip them)
 #   HANG [0]      hang drills (SIGSTOP of the active engine) per proxy, in turn with the others
@@ -52,7 +52,7 @@ hang=${HANG:-0}
 hedge_ms=${HEDGE_MS:-200}
 device=${WSUP_BENCH_DEVICE:-cpu}
 backend=${WSUP_BENCH_BACKEND:-host}
-model=$(cd "${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}" && pwd)
+model=$(cd "${WSUP_BENCH_MODEL:-$repo/testdata/llama-tiny-f32}" && pwd)
 probe_ms=${WSUP_BENCH_PROBE_MS:-1000}
 doc=${DOC:-$repo/docs/benchmarks.md}
 targets=" ${TARGETS:-wsup haproxy haproxy-observe} "

@@ -21,7 +21,7 @@
 #
 # Environment: DURATION [5] seconds per wrk run, ROUNDS [3], CONNS ["32 256"], THREADS [2]
 #   (wrk threads), WSUP_BENCH_DEVICE [cpu] the engine's --device,
-#   WSUP_BENCH_MODEL [../shared/testdata/llama-tiny-f32], UPSTREAM [engine] or canned,
+#   WSUP_BENCH_MODEL [testdata/llama-tiny-f32], UPSTREAM [engine] or canned,
 #   TARGETS ["direct wsup wsup1 haproxy haproxy1"] (wsup1, haproxy1: one loop, one thread),
 #   PIN [0]: 1 gives each party CPUs of its own (taskset): the upstream the first quarter, wrk the
 #   next THREADS, the proxies the rest, so that the proxies' loops never take the CPUs the
@@ -97,7 +97,7 @@ if [ "$upstream" = canned ]; then
   wait_port "$p_eng" "the canned upstream"
   up_label="the canned upstream ($(grep -o '[0-9]* loops' "$out/upstream.log"))"
 else
-  model_in=${WSUP_BENCH_MODEL:-$repo/../shared/testdata/llama-tiny-f32}
+  model_in=${WSUP_BENCH_MODEL:-$repo/testdata/llama-tiny-f32}
   model=$(cd "$model_in" 2>/dev/null && pwd) ||
     { echo "front.sh: the engine's model $model_in is missing; set WSUP_BENCH_MODEL (or UPSTREAM=canned)" >&2; exit 1; }
   "${on_up[@]}" "$bin/wsup-engine" --model "$model" --port "$p_eng" --weight-cache off --device "$device" \

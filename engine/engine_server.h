@@ -48,14 +48,16 @@
 #include <cstdint>
 #include <string>
 
+#include "common/exit_codes.h"
 #include "common/status.h"
 
 namespace wsup::engine {
 
-inline constexpr int kEngineExitOk = 0;
-inline constexpr int kEngineExitFailure = 1;
-inline constexpr int kEngineExitUsage = 2;
-inline constexpr int kEngineExitRefused = 78;
+// The engine's codes, from the one table (common/exit_codes.h).
+inline constexpr int kEngineExitOk = kExitOk;
+inline constexpr int kEngineExitFailure = kExitFailure;
+inline constexpr int kEngineExitUsage = kExitUsage;
+inline constexpr int kEngineExitRefused = kExitConfig;  // every permanent refusal
 
 struct EngineOptions {
   std::string model_dir;

@@ -12,11 +12,12 @@
 #   OUTDIR/run.sh OUTDIR/tests/mapping_test '[gpu]'
 #   OUTDIR/run.sh OUTDIR/tests/holder_layout_cuda_test '[gpu]'
 #   OUTDIR/run.sh python3 OUTDIR/python/gpu_layout_check.py --holder OUTDIR/bin/wsup-holder \
-#       --lib OUTDIR/lib/libwsup_client.so --testdata TESTDATA_DIR
+#       --lib OUTDIR/lib/libwsup_client.so --testdata OUTDIR/testdata
 # The Python client (wsup_client) and the GPU check scripts of tests/python
 # are in OUTDIR/python: each script finds the package beside it.
-# Tests find the test checkpoints through WSUP_TESTDATA_DIR (default: the
-# ../shared/testdata this build saw).
+# The test checkpoints (the repository's testdata/) are copied into
+# OUTDIR/testdata, and run.sh points WSUP_TESTDATA_DIR there unless it is
+# set: the bundle runs wherever it is copied to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: scripts/bundle.sh OUTDIR}
@@ -26,6 +27,7 @@ cmake --build "$WSUP_RELEASE_DIR" -j"$(nproc)"
 build=$WSUP_RELEASE_DIR
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/tests" "$out/lib"
+cp -r testdata "$out/testdata"
 cp "$build"/bin/* "$out/bin/"
 cp "$build"/tests/*_test "$out/tests/" 2>/dev/null || true
 cp "$build"/lib/libwsup_client.so "$out/lib/" 2>/dev/null || true
@@ -46,6 +48,7 @@ cat > "$out/run.sh" <<'RUN'
 here=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export WSUP_BIN_DIR="${WSUP_BIN_DIR:-$here/bin}"
+export WSUP_TESTDATA_DIR="${WSUP_TESTDATA_DIR:-$here/testdata}"
 exec "$@"
 RUN
 chmod +x "$out/run.sh"

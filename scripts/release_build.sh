@@ -10,8 +10,7 @@
 # Debian's GCC (/usr/bin/gcc, /usr/bin/g++, also as nvcc's host compiler),
 # whatever CC and CXX say; the cuda backend and engine when the CUDA toolkit
 # is found (sm_90 unless CMAKE_CUDA_ARCHITECTURES is given); the test
-# checkpoints from $WSUP_TESTDATA_DIR, else ../shared/testdata beside the
-# repository. Run from the repository root.
+# checkpoints from $WSUP_TESTDATA_DIR, else testdata/ in the repository. Run from the repository root.
 
 WSUP_RELEASE_DIR=build-release
 
@@ -24,5 +23,5 @@ wsup_release_configure() {
     -DCMAKE_C_COMPILER=/usr/bin/gcc \
     -DCMAKE_CXX_COMPILER=/usr/bin/g++ \
     -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
-    -DWSUP_TESTDATA_DIR="${WSUP_TESTDATA_DIR:-$PWD/../shared/testdata}" >/dev/null
+    -DWSUP_TESTDATA_DIR="${WSUP_TESTDATA_DIR:-$PWD/testdata}" >/dev/null
 }

@@ -6,10 +6,10 @@
 // restarts holders from the fds it keeps, and records all of it in the
 // ledger.
 //
-// Flows (DESIGN.md): cold start, attach, crash of the active engine, hang of
-// the active engine, crash of a holder, crash of the supervisor (adoption
-// from <runtime_dir>/state.json), crash of the front (restarted on the
-// listening socket the supervisor keeps).
+// Flows (docs/architecture.md, "Flows"): cold start, attach, crash of the
+// active engine, hang of the active engine, crash of a holder, crash of the
+// supervisor (adoption from <runtime_dir>/state.json), crash of the front
+// (restarted on the listening socket the supervisor keeps).
 //
 // Blocking work stays off the loop: ledger writes go to the ledger's writer
 // thread; the keeper's attach to a holder runs on libuv's thread pool.

@@ -12,11 +12,11 @@
 
 namespace wsup::test {
 
-// ../shared/testdata/<name>, or $WSUP_TESTDATA_DIR/<name> when set.
+// testdata/<name> in the repository, or $WSUP_TESTDATA_DIR/<name> when set.
 std::string TestData(const std::string& name);
 // build/bin/<name>, or $WSUP_BIN_DIR/<name> when set.
 std::string BinPath(const std::string& name);
-// True when the named checkpoint folder exists (CI has ../shared beside the repo).
+// True when the named checkpoint folder exists (a WSUP_TESTDATA_DIR may lack some).
 bool HaveTestData(const std::string& name);
 
 // A fresh directory under $TMPDIR, removed (recursively) on destruction.

@@ -33,7 +33,7 @@ constexpr int kDrills = test::kSanitized ? 5 : 20;
 
 TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and duplicate nothing", "[drills]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));

@@ -36,7 +36,7 @@ constexpr int kHedgeMs = 200;
 
 TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripped at once", "[drills][hedge]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));

@@ -68,7 +68,7 @@ bool PoolRolesSettle(const test::DrillNode& node, int64_t scratch_mib, std::stri
 TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill drills and a planned one under load",
           "[drills][kv_pool]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
@@ -181,7 +181,7 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
           "300 tokens stay exact",
           "[drills][kv_pool][security]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   test::DrillNodeSpec spec;
@@ -313,7 +313,7 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
 TEST_CASE("kv pool: an engine that maps the pool though it is the standby is fenced at once and recorded",
           "[drills][kv_pool][security]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   test::TempDir marks;

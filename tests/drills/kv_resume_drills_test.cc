@@ -285,7 +285,7 @@ Cut RunCut(test::DrillNode& node, const std::vector<std::pair<std::string, std::
 TEST_CASE("kv journal drills: streams cut by a crash resume from the dead engine's KV pages, token for token",
           "[drills][kv_journal]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   test::DrillNodeSpec spec;

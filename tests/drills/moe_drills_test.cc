@@ -52,7 +52,7 @@ TEST_CASE(
     "the re-armed engines hit the cache",
     "[drills][moe]") {
   if (!test::HaveTestData("qwen3moe-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/qwen3moe-tiny-f32 is missing");
+    WARN("SKIP: testdata/qwen3moe-tiny-f32 is missing");
     return;
   }
   auto golden = bench::LoadGolden(test::TestData("qwen3moe-tiny-f32/golden.json"));

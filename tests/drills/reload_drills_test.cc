@@ -154,7 +154,7 @@ Totals Count(const std::vector<bench::RequestRecord>& records) {
 TEST_CASE("reload: a new engine version rolls standby first under load, a wrong one rolls back, cold keys are refused",
           "[drills][reload]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
@@ -515,7 +515,7 @@ TEST_CASE("reload: the supervisor SIGKILLed during each step of a roll - every r
           "the next reload does the right thing",
           "[drills][reload]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   test::TempDir files;

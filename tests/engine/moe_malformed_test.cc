@@ -98,7 +98,7 @@ TEST_CASE(
     "both naming the tensor and the fix",
     "[moe]") {
   if (!test::HaveTestData("qwen3moe-tiny-f32") || !test::HaveTestData("deepseekv3-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/qwen3moe-tiny-f32 or deepseekv3-tiny-f32 is missing");
+    WARN("SKIP: testdata/qwen3moe-tiny-f32 or deepseekv3-tiny-f32 is missing");
     return;
   }
   const std::vector<Case> cases = {
@@ -158,7 +158,7 @@ TEST_CASE(
     "that work",
     "[moe]") {
   if (!test::HaveTestData("qwen3moe-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/qwen3moe-tiny-f32 is missing");
+    WARN("SKIP: testdata/qwen3moe-tiny-f32 is missing");
     return;
   }
   // 6 experts (the files and config.json agree): EP 4 cannot share them out.

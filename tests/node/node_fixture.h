@@ -244,7 +244,7 @@ inline Rows Query(const std::string& db, const std::string& sql) {
 
 inline bool Have() {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return false;
   }
   return true;

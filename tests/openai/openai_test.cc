@@ -52,7 +52,7 @@ std::pair<int64_t, int64_t> Progress(const std::string& log) {
 TEST_CASE("openai: the official npm client streams through crash drills, every stream complete and golden",
           "[openai][drills]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: ../shared/testdata/llama-tiny-f32 is missing");
+    WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
   std::string dir = std::string(WSUP_SOURCE_DIR) + "/tests/openai";

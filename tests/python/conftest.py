@@ -5,7 +5,7 @@ temporary directories.
 Paths come from the environment that ctest sets (tests/python/CMakeLists.txt):
   WSUP_BIN_DIR       folder of wsup-holder (default: build/bin)
   WSUP_CLIENT_LIB    libwsup_client.so (default: the package's own search)
-  WSUP_TESTDATA_DIR  the test checkpoints (default: ../shared/testdata)
+  WSUP_TESTDATA_DIR  the test checkpoints (default: testdata/ in the repository)
 """
 
 import json
@@ -27,11 +27,11 @@ def bin_dir():
 
 
 def model_dir(name):
-    base = os.environ.get("WSUP_TESTDATA_DIR") or os.path.join(ROOT, "..", "shared", "testdata")
+    base = os.environ.get("WSUP_TESTDATA_DIR") or os.path.join(ROOT, "testdata")
     path = os.path.abspath(os.path.join(base, name))
     if not os.path.isdir(path):
-        pytest.fail("test checkpoint %s is missing: put the test data in ../shared/testdata beside the "
-                    "repository or set WSUP_TESTDATA_DIR" % path)
+        pytest.fail("test checkpoint %s is missing: it is in the repository's testdata/; if WSUP_TESTDATA_DIR "
+                    "is set, point it at a folder that has it" % path)
     return path
 
 

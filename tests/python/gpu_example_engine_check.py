@@ -189,7 +189,7 @@ def main():
     ap.add_argument("--lib", help="libwsup_client.so for the engines (default: $WSUP_CLIENT_LIB, then the usual "
                                   "places)")
     ap.add_argument("--testdata", default=os.environ.get("WSUP_TESTDATA_DIR") or
-                    os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "testdata")))
+                    os.path.normpath(os.path.join(HERE, "..", "..", "testdata")))
     ap.add_argument("--model", default="qwen3moe-tiny-f32", help="a test checkpoint with golden.json")
     ap.add_argument("--device", type=int, default=0, help="cuda ordinal (default 0)")
     ap.add_argument("--layout", default="engine", choices=("engine", "checkpoint"))

@@ -326,10 +326,10 @@ TEST_CASE("config: demo.toml loads and matches the golden answer", "[config]") {
   REQUIRE(r.ok());
   const Config& c = *r;
   namespace fs = std::filesystem;
-  // Relative to the config's folder: ../shared beside the repository, wherever
+  // Relative to the config's folder: the repository's testdata/, wherever
   // this build's test checkpoints are (-DWSUP_TESTDATA_DIR may point elsewhere).
   CHECK(fs::weakly_canonical(c.model.path) ==
-        fs::weakly_canonical(fs::path(WSUP_SOURCE_DIR) / "../shared/testdata/llama-tiny-f32"));
+        fs::weakly_canonical(fs::path(WSUP_SOURCE_DIR) / "testdata/llama-tiny-f32"));
   CHECK(c.weight_cache.mode == CacheMode::kDaemon);
   CHECK(c.weight_cache.backend == CacheBackend::kHost);
   CHECK(c.parallel.tp == 1);
