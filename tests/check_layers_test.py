@@ -4,6 +4,8 @@ the checker refuses each kind of break in a small tree of its own."""
 import os
 import subprocess
 import sys
+import atexit
+import shutil
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -17,6 +19,7 @@ def run(root):
 
 def tree(files):
     d = tempfile.mkdtemp(prefix="wsup-layers-")
+    atexit.register(shutil.rmtree, d, True)  # every tree goes when the test ends
     for rel, text in files.items():
         os.makedirs(os.path.join(d, os.path.dirname(rel)), exist_ok=True)
         with open(os.path.join(d, rel), "w") as f:

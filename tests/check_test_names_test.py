@@ -5,6 +5,8 @@ fixture's test and across joined literals."""
 import os
 import subprocess
 import sys
+import atexit
+import shutil
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -18,6 +20,7 @@ def run(root):
 
 def tree(text):
     d = tempfile.mkdtemp(prefix="wsup-names-")
+    atexit.register(shutil.rmtree, d, True)  # every tree goes when the test ends
     os.makedirs(os.path.join(d, "tests"))
     with open(os.path.join(d, "tests", "a_test.cc"), "w") as f:
         f.write(text)
