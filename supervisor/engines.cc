@@ -446,7 +446,9 @@ void Supervisor::Impl::RecordRecovery(Slot& s) {
   rec.cache_result = s.cache_result.empty() ? (cfg_.weight_cache.mode == CacheMode::kOff ? "off" : "miss")
                                             : s.cache_result;
   rec.cache_reason = s.cache_reason;
-  if (s.last_status.contains("phases")) rec.phases_json = s.last_status["phases"].dump();
+  if (s.last_status.contains("phases")) {
+    rec.phases_json = s.last_status["phases"].dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   LedgerResult(ledger_->RecordRecovery(rec), "recovery");
   metrics_.ObserveRecovery((rec.ready_ms - rec.fault_ms) / 1000.0);
   s.recovery_cause.clear();

@@ -74,7 +74,7 @@ RuntimeState Supervisor::Impl::BuildState() {
     ro.cause = roll_->cause;
     ro.command_before = roll_->rec.command_before;
     ro.command_after = roll_->rec.command_after;
-    ro.steps_json = roll_->steps.dump();
+    ro.steps_json = roll_->steps.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     st.rollout = std::move(ro);
   }
   return st;

@@ -333,7 +333,7 @@ void Supervisor::Impl::RollStep(const std::string& step, const std::string& slot
   Roll& r = *roll_;
   r.steps.push_back({{"step", step}, {"slot", slot}, {"at_ms", clock_.WallMs()}, {"why", why}});
   r.step_since_ms = clock_.WallMs();
-  r.rec.steps_json = r.steps.dump();
+  r.rec.steps_json = r.steps.dump(-1, ' ', false, json::error_handler_t::replace);
   if (r.rec.id) LedgerResult(ledger_->UpdateRollout(r.rec), "rollout step");
   notifier_.Status("rollout: " + step + (slot.empty() ? "" : " (engine " + slot + ")"));
 }
@@ -465,7 +465,7 @@ void Supervisor::Impl::RollEnd(const std::string& why) {
                                                              : why;
   const int64_t now = clock_.WallMs();
   r.steps.push_back({{"step", outcome}, {"slot", ""}, {"at_ms", now}, {"why", reason}});
-  r.rec.steps_json = r.steps.dump();
+  r.rec.steps_json = r.steps.dump(-1, ' ', false, json::error_handler_t::replace);
   r.rec.outcome = outcome;
   r.rec.reason = reason;
   r.rec.ended_ms = now;
@@ -544,7 +544,7 @@ void Supervisor::Impl::ResumeRoll(const RuntimeState::Rollout& p) {
   json steps = json::parse(p.steps_json, nullptr, /*allow_exceptions=*/false);
   if (!steps.is_array()) steps = json::array();
   steps.push_back({{"step", "interrupted"}, {"slot", ""}, {"at_ms", now}, {"why", reason}});
-  rec.steps_json = steps.dump();
+  rec.steps_json = steps.dump(-1, ' ', false, json::error_handler_t::replace);
   if (rec.id == 0 || !ledger_->UpdateRollout(rec).ok()) {
     // Its first write was lost (with the old supervisor, or before): the
     // row is written now, whole.

@@ -7,11 +7,14 @@
 #include <signal.h>
 
 #include <cerrno>
-#include <stdexcept>
+#include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "common/json_fields.h"
+#include "common/json_limits.h"
 #include "common/unique_fd.h"
 #include "supervisor/process.h"
 
@@ -34,10 +37,16 @@ namespace {
 
 json ProcToJson(const ProcessRef& p) { return json{{"pid", p.pid}, {"start_time", p.start_time}}; }
 
-ProcessRef ProcFromJson(const json& j) {
+Result<ProcessRef> ProcFromJson(const json& j, std::string_view key) {
+  WSUP_ASSIGN_OR_RETURN(const json* o, ObjectFieldOr(j, key));
+  if (!o) return Corrupt("field '" + std::string(key) + "' is missing");
   ProcessRef p;
-  p.pid = j.at("pid").get<pid_t>();
-  p.start_time = j.at("start_time").get<uint64_t>();
+  auto pid = Field<int>(*o, "pid");
+  if (!pid.ok()) return pid.error().With(key);
+  auto start = Field<uint64_t>(*o, "start_time");
+  if (!start.ok()) return start.error().With(key);
+  p.pid = *pid;
+  p.start_time = *start;
   return p;
 }
 
@@ -47,14 +56,146 @@ json VersionToJson(const EngineVersion& v) {
   return json{{"command", v.command}, {"env", env}};
 }
 
-// Throws (nlohmann) on a malformed version; the callers catch.
-EngineVersion VersionFromJson(const json& j) {
+Result<EngineVersion> VersionFromJson(const json& j) {
   EngineVersion v;
-  v.command = j.at("command").get<std::vector<std::string>>();
-  const json& env = j.at("env");
-  if (!env.is_object()) throw std::runtime_error("env is not an object");
-  for (auto it = env.begin(); it != env.end(); ++it) v.env.emplace_back(it.key(), it.value().get<std::string>());
+  WSUP_ASSIGN_OR_RETURN(const json* command, ArrayFieldOr(j, "command"));
+  if (!command) return Corrupt("field 'command' is missing");
+  for (size_t i = 0; i < command->size(); ++i) {
+    const json& arg = (*command)[i];
+    if (!arg.is_string()) {
+      return Corrupt("command[" + std::to_string(i) + "] is " + JsonTypeName(arg) + ", not a string");
+    }
+    v.command.push_back(arg.get<std::string>());
+  }
+  WSUP_ASSIGN_OR_RETURN(const json* env, ObjectFieldOr(j, "env"));
+  if (!env) return Corrupt("field 'env' is missing");
+  for (const auto& [name, value] : env->items()) {
+    if (!value.is_string()) return Corrupt("env '" + name + "' is " + JsonTypeName(value) + ", not a string");
+    v.env.emplace_back(name, value.get<std::string>());
+  }
   return v;
+}
+
+Result<RuntimeState::Front> FrontFromJson(const json& f) {
+  RuntimeState::Front front;
+  WSUP_ASSIGN_OR_RETURN(front.proc, ProcFromJson(f, "proc"));
+  WSUP_ASSIGN_OR_RETURN(front.control_socket, Field<std::string>(f, "control_socket"));
+  WSUP_ASSIGN_OR_RETURN(front.listen, Field<std::string>(f, "listen"));
+  return front;
+}
+
+Result<RuntimeState::Holder> HolderFromJson(const json& h) {
+  RuntimeState::Holder holder;
+  WSUP_ASSIGN_OR_RETURN(holder.rank, Field<int>(h, "rank"));
+  WSUP_ASSIGN_OR_RETURN(holder.proc, ProcFromJson(h, "proc"));
+  WSUP_ASSIGN_OR_RETURN(holder.socket, Field<std::string>(h, "socket"));
+  WSUP_ASSIGN_OR_RETURN(holder.record_path, Field<std::string>(h, "record_path"));
+  return holder;
+}
+
+// The engine without its version (read on its own: a malformed one is dropped).
+Result<RuntimeState::Engine> EngineFromJson(const json& e) {
+  RuntimeState::Engine engine;
+  WSUP_ASSIGN_OR_RETURN(engine.slot, Field<std::string>(e, "slot"));
+  WSUP_ASSIGN_OR_RETURN(engine.proc, ProcFromJson(e, "proc"));
+  WSUP_ASSIGN_OR_RETURN(engine.port, Field<int>(e, "port"));
+  WSUP_ASSIGN_OR_RETURN(engine.role, Field<std::string>(e, "role"));
+  WSUP_ASSIGN_OR_RETURN(engine.started_ms, FieldOr<int64_t>(e, "started_ms", 0));
+  WSUP_ASSIGN_OR_RETURN(engine.cache_result, FieldOr<std::string>(e, "cache_result", ""));
+  WSUP_ASSIGN_OR_RETURN(engine.nonce, FieldOr<std::string>(e, "nonce", ""));
+  WSUP_ASSIGN_OR_RETURN(engine.control_token, FieldOr<std::string>(e, "control_token", ""));
+  return engine;
+}
+
+Result<RuntimeState::Rollout> RolloutFromJson(const json& r) {
+  RuntimeState::Rollout ro;
+  WSUP_ASSIGN_OR_RETURN(ro.id, Field<int64_t>(r, "id"));
+  WSUP_ASSIGN_OR_RETURN(ro.step, Field<std::string>(r, "step"));
+  WSUP_ASSIGN_OR_RETURN(ro.new_slot, Field<std::string>(r, "new_slot"));
+  WSUP_ASSIGN_OR_RETURN(ro.old_slot, Field<std::string>(r, "old_slot"));
+  WSUP_ASSIGN_OR_RETURN(ro.started_ms, Field<int64_t>(r, "started_ms"));
+  for (auto [key, out] : {std::pair<const char*, EngineVersion*>{"from", &ro.from}, {"to", &ro.to}}) {
+    WSUP_ASSIGN_OR_RETURN(const json* v, ObjectFieldOr(r, key));
+    if (!v) return Corrupt(std::string("field '") + key + "' is missing");
+    auto version = VersionFromJson(*v);
+    if (!version.ok()) return version.error().With(key);
+    *out = std::move(*version);
+  }
+  WSUP_ASSIGN_OR_RETURN(ro.new_proven, FieldOr<bool>(r, "new_proven", false));
+  WSUP_ASSIGN_OR_RETURN(ro.rolling_back, FieldOr<bool>(r, "rolling_back", false));
+  WSUP_ASSIGN_OR_RETURN(ro.cause, FieldOr<std::string>(r, "cause", ""));
+  WSUP_ASSIGN_OR_RETURN(ro.command_before, FieldOr<std::string>(r, "command_before", ""));
+  WSUP_ASSIGN_OR_RETURN(ro.command_after, FieldOr<std::string>(r, "command_after", ""));
+  WSUP_ASSIGN_OR_RETURN(ro.steps_json, FieldOr<std::string>(r, "steps_json", "[]"));
+  return ro;
+}
+
+// Every field read checked: the file is another process's (an older wsup's,
+// or damaged), and this runs on the loop.
+Result<RuntimeState> StateFromJson(const json& j) {
+  RuntimeState s;
+  WSUP_ASSIGN_OR_RETURN(s.config_path, Field<std::string>(j, "config_path"));
+  WSUP_ASSIGN_OR_RETURN(s.node_name, Field<std::string>(j, "node_name"));
+  WSUP_ASSIGN_OR_RETURN(s.supervisor, ProcFromJson(j, "supervisor"));
+  WSUP_ASSIGN_OR_RETURN(s.epoch, FieldOr<int64_t>(j, "epoch", 0));
+  WSUP_ASSIGN_OR_RETURN(s.saved_ms, FieldOr<int64_t>(j, "saved_ms", 0));
+  WSUP_ASSIGN_OR_RETURN(s.kv_pool_owner, FieldOr<std::string>(j, "kv_pool_owner", ""));
+  if (!j.contains("front")) return Corrupt("field 'front' is missing");
+  WSUP_ASSIGN_OR_RETURN(const json* front, ObjectFieldOr(j, "front"));
+  if (front) {
+    auto f = FrontFromJson(*front);
+    if (!f.ok()) return f.error().With("front");
+    s.front = std::move(*f);
+  }
+  WSUP_ASSIGN_OR_RETURN(const json* holders, ArrayFieldOr(j, "holders"));
+  if (!holders) return Corrupt("field 'holders' is missing");
+  for (size_t i = 0; i < holders->size(); ++i) {
+    auto h = HolderFromJson((*holders)[i]);
+    if (!h.ok()) return h.error().With("holders[" + std::to_string(i) + "]");
+    s.holders.push_back(std::move(*h));
+  }
+  // The versions and the rollout came later: a file without them is read
+  // as before, and a malformed one is dropped (and said), never the
+  // processes the file names.
+  auto note = [&s](const std::string& what, const Error& e) {
+    s.dropped += (s.dropped.empty() ? "" : "; ") + what + " (" + e.message() + ")";
+  };
+  WSUP_ASSIGN_OR_RETURN(const json* engines, ArrayFieldOr(j, "engines"));
+  if (!engines) return Corrupt("field 'engines' is missing");
+  for (size_t i = 0; i < engines->size(); ++i) {
+    const json& e = (*engines)[i];
+    auto engine = EngineFromJson(e);
+    if (!engine.ok()) return engine.error().With("engines[" + std::to_string(i) + "]");
+    s.engines.push_back(std::move(*engine));
+    if (e.contains("version")) {
+      auto v = ObjectFieldOr(e, "version");
+      auto version = v.ok() && *v ? VersionFromJson(**v) : Result<EngineVersion>(Corrupt("it is not an object"));
+      if (version.ok()) {
+        s.engines.back().version = std::move(*version);
+      } else {
+        note("engine " + s.engines.back().slot + "'s version", version.error());
+      }
+    }
+  }
+  if (j.contains("engine_version")) {
+    auto v = ObjectFieldOr(j, "engine_version");
+    auto version = v.ok() && *v ? VersionFromJson(**v) : Result<EngineVersion>(Corrupt("it is not an object"));
+    if (version.ok()) {
+      s.engine_version = std::move(*version);
+    } else {
+      note("the node's engine version", version.error());
+    }
+  }
+  if (j.contains("rollout") && !j["rollout"].is_null()) {
+    auto r = j["rollout"].is_object() ? RolloutFromJson(j["rollout"])
+                                      : Result<RuntimeState::Rollout>(Corrupt("it is not an object"));
+    if (r.ok()) {
+      s.rollout = std::move(*r);
+    } else {
+      note("the rollout in progress", r.error());
+    }
+  }
+  return s;
 }
 
 }  // namespace
@@ -109,88 +250,28 @@ std::string RuntimeState::ToJson() const {
                     {"command_after", r.command_after},
                     {"steps_json", r.steps_json}};
   }
-  return j.dump(2) + "\n";
+  // Replaced, not thrown: a rollout's cause may quote an engine's words cut short.
+  return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 Result<RuntimeState> RuntimeState::FromJson(const std::string& text, const std::string& path) {
-  try {
-    json j = json::parse(text);
-    if (j.value("version", 0) != kVersion) {
-      return Corrupt(path + ": state version " + std::to_string(j.value("version", 0)) + ", expected " +
-                     std::to_string(kVersion) +
-                     "; it was written by another wsup version: stop the old processes with `wsup stop` "
-                     "or remove the file");
-    }
-    RuntimeState s;
-    s.config_path = j.at("config_path").get<std::string>();
-    s.node_name = j.at("node_name").get<std::string>();
-    s.supervisor = ProcFromJson(j.at("supervisor"));
-    s.epoch = j.value("epoch", int64_t{0});
-    s.saved_ms = j.value("saved_ms", int64_t{0});
-    s.kv_pool_owner = j.value("kv_pool_owner", std::string());
-    if (!j.at("front").is_null()) {
-      const auto& f = j.at("front");
-      s.front = Front{ProcFromJson(f.at("proc")), f.at("control_socket").get<std::string>(),
-                      f.at("listen").get<std::string>()};
-    }
-    for (const auto& h : j.at("holders")) {
-      s.holders.push_back(Holder{h.at("rank").get<int>(), ProcFromJson(h.at("proc")),
-                                 h.at("socket").get<std::string>(), h.at("record_path").get<std::string>()});
-    }
-    // The versions and the rollout came later: a file without them is read
-    // as before, and a malformed one is dropped (and said), never the
-    // processes the file names.
-    auto note = [&s](const std::string& what, const std::exception& ex) {
-      s.dropped += (s.dropped.empty() ? "" : "; ") + what + " (" + ex.what() + ")";
-    };
-    for (const auto& e : j.at("engines")) {
-      s.engines.push_back(Engine{e.at("slot").get<std::string>(), ProcFromJson(e.at("proc")),
-                                 e.at("port").get<int>(), e.at("role").get<std::string>(),
-                                 e.value("started_ms", int64_t{0}), e.value("cache_result", std::string()),
-                                 e.value("nonce", std::string()), std::nullopt,
-                                 e.value("control_token", std::string())});
-      if (e.contains("version")) {
-        try {
-          s.engines.back().version = VersionFromJson(e.at("version"));
-        } catch (const std::exception& ex) {
-          note("engine " + s.engines.back().slot + "'s version", ex);
-        }
-      }
-    }
-    if (j.contains("engine_version")) {
-      try {
-        s.engine_version = VersionFromJson(j.at("engine_version"));
-      } catch (const std::exception& ex) {
-        note("the node's engine version", ex);
-      }
-    }
-    if (j.contains("rollout") && !j.at("rollout").is_null()) {
-      try {
-        const json& r = j.at("rollout");
-        Rollout ro;
-        ro.id = r.at("id").get<int64_t>();
-        ro.step = r.at("step").get<std::string>();
-        ro.new_slot = r.at("new_slot").get<std::string>();
-        ro.old_slot = r.at("old_slot").get<std::string>();
-        ro.started_ms = r.at("started_ms").get<int64_t>();
-        ro.from = VersionFromJson(r.at("from"));
-        ro.to = VersionFromJson(r.at("to"));
-        ro.new_proven = r.value("new_proven", false);
-        ro.rolling_back = r.value("rolling_back", false);
-        ro.cause = r.value("cause", std::string());
-        ro.command_before = r.value("command_before", std::string());
-        ro.command_after = r.value("command_after", std::string());
-        ro.steps_json = r.value("steps_json", std::string("[]"));
-        s.rollout = std::move(ro);
-      } catch (const std::exception& ex) {
-        note("the rollout in progress", ex);
-      }
-    }
-    return s;
-  } catch (const std::exception& ex) {
-    return Corrupt(path + ": not a valid wsup runtime state (" + ex.what() +
+  auto bad = [&path](const std::string& why) {
+    return Corrupt(path + ": not a valid wsup runtime state (" + why +
                    "); if no wsup processes run, remove the file and start again");
+  };
+  auto j = ParseJsonChecked(text, "the file", "it was damaged");
+  if (!j.ok()) return bad(j.error().message());
+  if (!j->is_object()) return bad(std::string("it is ") + JsonTypeName(*j) + ", not an object");
+  auto version = FieldOr<int64_t>(*j, "version", 0);
+  if (!version.ok()) return bad(version.error().message());
+  if (*version != kVersion) {
+    return Corrupt(path + ": state version " + std::to_string(*version) + ", expected " + std::to_string(kVersion) +
+                   "; it was written by another wsup version: stop the old processes with `wsup stop` "
+                   "or remove the file");
   }
+  auto s = StateFromJson(*j);
+  if (!s.ok()) return bad(s.error().message());
+  return s;
 }
 
 std::string RuntimeState::PathIn(const std::string& runtime_dir) { return JoinPath(runtime_dir, "state.json"); }

@@ -6,6 +6,9 @@
 #include <catch2/catch.hpp>
 #include <sys/stat.h>
 
+#include <functional>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
@@ -123,6 +126,57 @@ TEST_CASE("runtime state: a malformed version or rollout is dropped and said, th
   CHECK_FALSE((*loaded)->engines[0].version.has_value());
   CHECK_FALSE((*loaded)->rollout.has_value());
   CHECK((*loaded)->dropped.empty());
+}
+
+TEST_CASE("runtime state: a field of the wrong type is an error naming the field, never an exception", "[state]") {
+  test::TempDir dir;
+  const std::string path = RuntimeState::PathIn(dir.path());
+  struct Damage {
+    const char* what;
+    std::function<void(json&)> apply;
+    const char* named;
+  };
+  const std::vector<Damage> damages = {
+      {"pid a string", [](json& j) { j["supervisor"]["pid"] = "x"; }, "pid"},
+      {"no supervisor", [](json& j) { j.erase("supervisor"); }, "supervisor"},
+      {"front an array", [](json& j) { j["front"] = json::array(); }, "front"},
+      {"holders an object", [](json& j) { j["holders"] = json::object(); }, "holders"},
+      {"engine port a fraction", [](json& j) { j["engines"][1]["port"] = 80.5; }, "engines[1]"},
+      {"engine role null", [](json& j) { j["engines"][0]["role"] = nullptr; }, "role"},
+      {"epoch a string", [](json& j) { j["epoch"] = "7"; }, "epoch"},
+      {"version a string", [](json& j) { j["version"] = "1"; }, "version"},
+      {"not an object", [](json& j) { j = json::array({1, 2}); }, "not an object"},
+  };
+  for (const Damage& d : damages) {
+    INFO(d.what);
+    json j = json::parse(Sample().ToJson());
+    d.apply(j);
+    REQUIRE(WriteFileAtomic(path, j.dump()).ok());
+    auto loaded = RuntimeState::Load(path);
+    REQUIRE_FALSE(loaded.ok());
+    INFO(loaded.error().message());
+    CHECK(loaded.error().code() == Code::kCorrupt);
+    CHECK(loaded.error().message().find(d.named) != std::string::npos);
+    CHECK(loaded.error().message().find("remove the file") != std::string::npos);
+  }
+  REQUIRE(WriteFileAtomic(path, "{\"version\": ").ok());
+  auto cut = RuntimeState::Load(path);
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.error().message().find("not valid JSON") != std::string::npos);
+}
+
+TEST_CASE("runtime state: a rollout's cause cut inside a character is saved and read back, not thrown", "[state]") {
+  test::TempDir dir;
+  const std::string path = RuntimeState::PathIn(dir.path());
+  RuntimeState st = Sample();
+  // An engine's error text cut at a byte count, in the middle of "é".
+  st.rollout->cause = std::string("HTTP 500: caf\xc3");
+  REQUIRE(st.Save(path).ok());
+  auto loaded = RuntimeState::Load(path);
+  INFO((loaded.ok() ? "" : loaded.error().message()));
+  REQUIRE(loaded.ok());
+  REQUIRE((*loaded)->rollout.has_value());
+  CHECK((*loaded)->rollout->cause.rfind("HTTP 500: caf", 0) == 0);
 }
 
 }  // namespace
