@@ -9,165 +9,8 @@ namespace wsup {
 
 namespace {
 
-// What a split dimension is made of, which decides the sizes tp may take:
-// attention dimensions must be cut between heads, others anywhere even.
-// The multi-head latent attention units are heads of another size:
-// q_b_proj rows are per head qk_nope + qk_rope, kv_b_proj rows per head
-// qk_nope + v_head, o_proj columns per head v_head.
-enum class Unit { kEven, kQHeads, kKvHeads, kMlaQHeads, kMlaKvHeads, kMlaVHeads };
-
-// A routed expert's matrix (mlp.experts.E.*): split like a dense MLP under
-// tensor parallelism, held whole by one rank under expert parallelism.
-enum class Role { kPlain, kRoutedExpert };
-
-struct Rule {
-  const char* pattern;  // '*' matches one dotted segment (a layer or expert number)
-  Split split;
-  Unit unit;
-  Role role = Role::kPlain;
-};
-
-// Llama and the architectures that share its tensor names. Another family is
-// one more table and one more entry in kArchitectures.
-constexpr Rule kLlamaRules[] = {
-    {"model.embed_tokens.weight", Split::kRows, Unit::kEven},  // vocabulary
-    {"lm_head.weight", Split::kRows, Unit::kEven},             // vocabulary
-    {"model.norm.weight", Split::kReplicate, Unit::kEven},
-    {"model.rotary_emb.inv_freq", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.input_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.post_attention_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.rotary_emb.inv_freq", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.q_norm.weight", Split::kReplicate, Unit::kEven},  // per head_dim
-    {"model.layers.*.self_attn.k_norm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.q_proj.weight", Split::kRows, Unit::kQHeads},
-    {"model.layers.*.self_attn.q_proj.bias", Split::kRows, Unit::kQHeads},
-    {"model.layers.*.self_attn.k_proj.weight", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.k_proj.bias", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.v_proj.weight", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.v_proj.bias", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.o_proj.weight", Split::kCols, Unit::kQHeads},
-    // A row-parallel layer adds its bias once after the reduction: every rank keeps it whole.
-    {"model.layers.*.self_attn.o_proj.bias", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.mlp.gate_proj.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.gate_proj.bias", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.up_proj.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.up_proj.bias", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.down_proj.weight", Split::kCols, Unit::kEven},
-    {"model.layers.*.mlp.down_proj.bias", Split::kReplicate, Unit::kEven},
-};
-
-// Qwen3-MoE: Llama attention with q/k norms; every sparse layer a router
-// and routed experts (mlp_only_layers keep a dense MLP, as in Llama).
-constexpr Rule kQwen3MoeRules[] = {
-    {"model.embed_tokens.weight", Split::kRows, Unit::kEven},
-    {"lm_head.weight", Split::kRows, Unit::kEven},
-    {"model.norm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.input_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.post_attention_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.q_norm.weight", Split::kReplicate, Unit::kEven},  // per head_dim
-    {"model.layers.*.self_attn.k_norm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.q_proj.weight", Split::kRows, Unit::kQHeads},
-    {"model.layers.*.self_attn.q_proj.bias", Split::kRows, Unit::kQHeads},
-    {"model.layers.*.self_attn.k_proj.weight", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.k_proj.bias", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.v_proj.weight", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.v_proj.bias", Split::kRows, Unit::kKvHeads},
-    {"model.layers.*.self_attn.o_proj.weight", Split::kCols, Unit::kQHeads},
-    {"model.layers.*.self_attn.o_proj.bias", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.mlp.gate.weight", Split::kReplicate, Unit::kEven},  // the router: every rank routes
-    {"model.layers.*.mlp.experts.*.gate_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
-    {"model.layers.*.mlp.experts.*.up_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
-    {"model.layers.*.mlp.experts.*.down_proj.weight", Split::kCols, Unit::kEven, Role::kRoutedExpert},
-    {"model.layers.*.mlp.gate_proj.weight", Split::kRows, Unit::kEven},  // mlp_only_layers
-    {"model.layers.*.mlp.up_proj.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.down_proj.weight", Split::kCols, Unit::kEven},
-};
-
-// DeepSeek-V3: multi-head latent attention; the first first_k_dense_replace
-// layers dense, the others a router with a score correction bias, routed
-// experts and shared experts (a dense MLP every token goes through). The
-// multi-token-prediction layer (model.layers.<num_hidden_layers>) adds its
-// own embedding, norms, projection and head.
-constexpr Rule kDeepseekV3Rules[] = {
-    {"model.embed_tokens.weight", Split::kRows, Unit::kEven},
-    {"lm_head.weight", Split::kRows, Unit::kEven},
-    {"model.norm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.input_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.post_attention_layernorm.weight", Split::kReplicate, Unit::kEven},
-    // The low-rank down-projections and their norms are small and every head
-    // needs all of them.
-    {"model.layers.*.self_attn.q_a_proj.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.q_a_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.kv_a_proj_with_mqa.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.kv_a_layernorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.self_attn.q_b_proj.weight", Split::kRows, Unit::kMlaQHeads},
-    {"model.layers.*.self_attn.q_proj.weight", Split::kRows, Unit::kMlaQHeads},  // q_lora_rank null
-    {"model.layers.*.self_attn.kv_b_proj.weight", Split::kRows, Unit::kMlaKvHeads},
-    {"model.layers.*.self_attn.o_proj.weight", Split::kCols, Unit::kMlaVHeads},
-    {"model.layers.*.mlp.gate.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.mlp.gate.e_score_correction_bias", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.mlp.experts.*.gate_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
-    {"model.layers.*.mlp.experts.*.up_proj.weight", Split::kRows, Unit::kEven, Role::kRoutedExpert},
-    {"model.layers.*.mlp.experts.*.down_proj.weight", Split::kCols, Unit::kEven, Role::kRoutedExpert},
-    {"model.layers.*.mlp.shared_experts.gate_proj.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.shared_experts.up_proj.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.shared_experts.down_proj.weight", Split::kCols, Unit::kEven},
-    {"model.layers.*.mlp.gate_proj.weight", Split::kRows, Unit::kEven},  // dense layers
-    {"model.layers.*.mlp.up_proj.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.mlp.down_proj.weight", Split::kCols, Unit::kEven},
-    // Multi-token prediction.
-    {"model.layers.*.embed_tokens.weight", Split::kRows, Unit::kEven},
-    {"model.layers.*.enorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.hnorm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.eh_proj.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.shared_head.norm.weight", Split::kReplicate, Unit::kEven},
-    {"model.layers.*.shared_head.head.weight", Split::kRows, Unit::kEven},
-};
-
-struct Architecture {
-  const char* name;
-  std::span<const Rule> rules;
-  // Mixture of experts: the checkpoint is checked against config.json's
-  // expert counts and shapes before planning.
-  bool moe = false;
-  bool score_bias = false;  // the router has mlp.gate.e_score_correction_bias
-};
-
-constexpr Architecture kArchitectures[] = {
-    {"LlamaForCausalLM", kLlamaRules},
-    {"MistralForCausalLM", kLlamaRules},
-    {"Qwen2ForCausalLM", kLlamaRules},
-    {"Qwen3ForCausalLM", kLlamaRules},
-    {"Qwen3MoeForCausalLM", kQwen3MoeRules, true, false},
-    {"DeepseekV3ForCausalLM", kDeepseekV3Rules, true, true},
-};
-
 constexpr std::string_view kScaleSuffix = "_scale_inv";  // "<w>.weight" + "_scale_inv"
 constexpr int kMaxTpToSuggest = 64;
-
-bool Match(std::string_view pattern, std::string_view name) {
-  size_t p = 0, n = 0;
-  while (p < pattern.size()) {
-    if (pattern[p] == '*') {
-      size_t start = n;
-      while (n < name.size() && name[n] != '.') ++n;
-      if (n == start) return false;
-      ++p;
-      continue;
-    }
-    if (n >= name.size() || name[n] != pattern[p]) return false;
-    ++p;
-    ++n;
-  }
-  return n == name.size();
-}
-
-const Rule* FindRule(std::span<const Rule> rules, std::string_view name) {
-  for (const Rule& r : rules) {
-    if (Match(r.pattern, name)) return &r;
-  }
-  return nullptr;
-}
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
@@ -208,35 +51,6 @@ struct Plan {
   int64_t len = 0;   // along the split dimension
   bool held = true;  // false: another rank's expert under expert parallelism
 };
-
-// "model.layers.3.mlp.experts.17.up_proj.weight" -> 17, or -1.
-int64_t ExpertIndex(std::string_view name) {
-  constexpr std::string_view kExperts = ".experts.";
-  size_t at = name.find(kExperts);
-  if (at == std::string_view::npos) return -1;
-  int64_t e = 0;
-  size_t i = at + kExperts.size(), first = i;
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
-    if (e > (int64_t{1} << 40)) return -1;
-    e = e * 10 + (name[i] - '0');
-  }
-  return i == first || i >= name.size() || name[i] != '.' ? -1 : e;
-}
-
-// "model.layers.3.<rest>" -> 3 and rest, or -1.
-int64_t LayerIndex(std::string_view name, std::string_view* rest) {
-  constexpr std::string_view kLayers = "model.layers.";
-  if (name.substr(0, kLayers.size()) != kLayers) return -1;
-  int64_t l = 0;
-  size_t i = kLayers.size();
-  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
-    if (l > (int64_t{1} << 40)) return -1;
-    l = l * 10 + (name[i] - '0');
-  }
-  if (i == kLayers.size() || i >= name.size() || name[i] != '.') return -1;
-  *rest = name.substr(i + 1);
-  return l;
-}
 
 // How a head-split dimension is made: `heads` heads of `per_head` each; the
 // names are config.json's keys, for messages.
@@ -283,8 +97,9 @@ std::vector<int> SizesWhere(F ok) {
 
 class Planner {
  public:
-  Planner(const Checkpoint& ckpt, const ShardSpec& spec, std::span<const Rule> rules)
-      : ckpt_(ckpt), cfg_(ckpt.config()), spec_(spec), rules_(rules) {
+  // arch nullptr: an architecture without a descriptor, whose tensors match no rule.
+  Planner(const Checkpoint& ckpt, const ShardSpec& spec, const Architecture* arch)
+      : ckpt_(ckpt), cfg_(ckpt.config()), spec_(spec), arch_(arch) {
     const auto& bs = cfg_.quant.weight_block_size;
     if (bs.size() == 2) {
       block_[0] = bs[0];
@@ -297,21 +112,21 @@ class Planner {
     const int tp = spec_.tp_size;
     Plan p;
     if (tp == 1) return p;
-    const Rule* rule = FindRule(rules_, t.name);
+    const TensorRule* rule = arch_ ? arch_->Match(t.name) : nullptr;
     if (!rule) {
       *err = PlanError{
           Refused(ckpt_.dir() + ": tensor " + Q(t.name) + " matches no tensor-parallel rule for " +
                   cfg_.architecture + ", so wsup cannot tell how to split it across " + std::to_string(tp) +
-                  " ranks; use tp_size 1, or add a rule for it to "
-                  "checkpoint/sharding.cc"),
+                  " ranks; use tp_size 1, or add the tensor to the family's descriptor in "
+                  "checkpoint/architecture/"),
           false};
       return p;
     }
     if (rule->role == Role::kRoutedExpert && spec_.ep_size > 1) {
       // Whole experts: rank r holds [r*E/ep, (r+1)*E/ep). The index was
-      // checked against num_experts (ValidateMoe).
-      const int64_t e = ExpertIndex(t.name);
-      if (e < 0) {
+      // checked against num_experts (ValidateArchitecture).
+      int64_t layer = -1, e = -1;
+      if (!RoutedExpertOf(*arch_, t.name, &layer, &e)) {
         *err = PlanError{
             Corrupt(ckpt_.dir() + ": tensor " + Q(t.name) +
                     " is named like a routed expert but has no expert number after 'experts.', so "
@@ -498,118 +313,10 @@ class Planner {
   const Checkpoint& ckpt_;
   const ModelConfig& cfg_;
   ShardSpec spec_;
-  std::span<const Rule> rules_;
+  const Architecture* arch_;
   int64_t block_[2] = {0, 0};
   mutable bool last_fixable_ = false;
 };
-
-const Architecture* FindArchitecture(const std::string& architecture) {
-  for (const Architecture& a : kArchitectures) {
-    if (architecture == a.name) return &a;
-  }
-  return nullptr;
-}
-
-std::string ShapeStr(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// Checks a mixture-of-experts checkpoint against its config.json before
-// anything is planned, so that a missing or misshapen expert is an error
-// naming it rather than a slice that does not fit, or an engine that fails
-// much later.
-Status ValidateMoe(const Checkpoint& ckpt, const Architecture& arch) {
-  const ModelConfig& c = ckpt.config();
-  const std::string& dir = ckpt.dir();
-  const std::string redownload = "; the checkpoint is incomplete or damaged: re-download it";
-  const std::string mismatch =
-      "; the config and the weights belong to different models: restore the matching "
-      "config.json";
-  if (c.num_experts <= 0) {
-    return Corrupt(dir + ": config.json names " + c.architecture +
-                   ", a mixture-of-experts model, but has no expert count (num_experts, num_local_experts or "
-                   "n_routed_experts)" +
-                   mismatch);
-  }
-  const int64_t experts = c.num_experts;
-  const int64_t inter = c.moe_intermediate_size > 0 ? c.moe_intermediate_size : c.intermediate_size;
-  if (inter <= 0) {
-    return Corrupt(dir + ": config.json has no moe_intermediate_size, the width of each expert" + mismatch);
-  }
-  // Packed formats (int4 and the like) store other shapes than the matrix's.
-  const bool check_shapes = c.quant.method == "none" || c.quant.method == "fp8";
-
-  for (const TensorInfo& t : ckpt.tensors()) {
-    std::string_view rest;
-    const int64_t layer = LayerIndex(t.name, &rest);
-    if (layer < 0 || rest.substr(0, 12) != "mlp.experts.") continue;
-    const int64_t e = ExpertIndex(t.name);
-    if (e < 0) continue;  // not a per-expert name (a fused layout): no rule matches it when split
-    if (e >= experts) {
-      return Corrupt(dir + ": tensor " + Q(t.name) + " belongs to expert " + std::to_string(e) +
-                     ", but config.json has " + std::to_string(experts) + " experts (0 to " +
-                     std::to_string(experts - 1) + ")" + mismatch);
-    }
-    if (layer < c.num_hidden_layers && !c.IsMoeLayer(layer)) {
-      return Corrupt(dir + ": tensor " + Q(t.name) + " is a routed expert, but config.json makes layer " +
-                     std::to_string(layer) +
-                     " dense (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers)" +
-                     mismatch);
-    }
-  }
-
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    if (!c.IsMoeLayer(layer)) continue;
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".mlp.";
-    const std::string router_name = prefix + "gate.weight";
-    const TensorInfo* router = ckpt.Find(router_name);
-    if (!router) {
-      return Corrupt(dir + ": layer " + std::to_string(layer) +
-                     " is sparse by config.json but has no router " + Q(router_name) + redownload);
-    }
-    const std::vector<int64_t> router_shape = {experts, c.hidden_size};
-    if (check_shapes && router->shape != router_shape) {
-      return Corrupt(dir + ": router " + Q(router_name) + " is " + ShapeStr(router->shape) +
-                     ", but a router over " + std::to_string(experts) + " experts and hidden_size " +
-                     std::to_string(c.hidden_size) + " is " + ShapeStr(router_shape) + mismatch);
-    }
-    if (arch.score_bias) {
-      const std::string bias_name = prefix + "gate.e_score_correction_bias";
-      const TensorInfo* bias = ckpt.Find(bias_name);
-      if (!bias) {
-        return Corrupt(dir + ": layer " + std::to_string(layer) + " has a router but no " + Q(bias_name) +
-                       ", which " + c.architecture + " adds to every expert's routing score" + redownload);
-      }
-      if (bias->shape != std::vector<int64_t>{experts}) {
-        return Corrupt(dir + ": " + Q(bias_name) + " is " + ShapeStr(bias->shape) +
-                       ", not one value per expert [" + std::to_string(experts) + "]" + mismatch);
-      }
-    }
-    for (int64_t e = 0; e < experts; ++e) {
-      for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
-        const std::string name = prefix + "experts." + std::to_string(e) + "." + proj + ".weight";
-        const TensorInfo* t = ckpt.Find(name);
-        if (!t) {
-          return Corrupt(dir + ": expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
-                         " has no " + Q(name) + " (config.json: " + std::to_string(experts) + " experts)" +
-                         redownload);
-        }
-        const bool down = proj[0] == 'd';
-        const std::vector<int64_t> want =
-            down ? std::vector<int64_t>{c.hidden_size, inter} : std::vector<int64_t>{inter, c.hidden_size};
-        if (check_shapes && t->shape != want) {
-          return Corrupt(dir + ": tensor " + Q(name) + " is " + ShapeStr(t->shape) + ", but an expert of " +
-                         (c.moe_intermediate_size > 0 ? "moe_intermediate_size " : "intermediate_size ") +
-                         std::to_string(inter) + " over hidden_size " + std::to_string(c.hidden_size) +
-                         " has " + proj + " " + ShapeStr(want) + mismatch);
-        }
-      }
-    }
-  }
-  return Status::Ok();
-}
 
 Status PreadRows(const Checkpoint& ckpt, const TensorInfo& src, const ShardedTensor& t, uint8_t* dst) {
   const uint64_t row_bytes = Product(src.shape, 1) * DTypeSize(src.dtype);
@@ -650,18 +357,6 @@ Status PreadCols(const Checkpoint& ckpt, const TensorInfo& src, const ShardedTen
 
 }  // namespace
 
-const char* SplitName(Split split) {
-  switch (split) {
-    case Split::kReplicate:
-      return "replicate";
-    case Split::kRows:
-      return "rows";
-    case Split::kCols:
-      return "cols";
-  }
-  return "?";
-}
-
 Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const ShardSpec& spec) {
   if (spec.tp_size < 1 || spec.tp_rank < 0 || spec.tp_rank >= spec.tp_size) {
     return InvalidArgument("tp_size " + std::to_string(spec.tp_size) + " with tp_rank " +
@@ -681,8 +376,7 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
                            std::to_string(spec.tp_size) + " with ep_rank = tp_rank, or ep_size 1");
   }
   const Architecture* arch = FindArchitecture(ckpt.config().architecture);
-  std::span<const Rule> rules = arch ? arch->rules : std::span<const Rule>{};
-  if (arch && arch->moe) WSUP_RETURN_IF_ERROR(ValidateMoe(ckpt, *arch));
+  if (arch) WSUP_RETURN_IF_ERROR(ValidateArchitecture(ckpt, *arch));
   const int64_t experts = ckpt.config().num_experts;
   if (spec.ep_size > 1 && !(arch && arch->moe)) {
     return Refused(ckpt.dir() + ": architecture '" + ckpt.config().architecture +
@@ -692,7 +386,7 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
   // Sizes this checkpoint can be split into, with or without expert parallelism.
   auto works = [&](int t, bool ep) {
     if (ep && experts % t != 0) return false;
-    Planner p(ckpt, ShardSpec{t, 0, ep ? t : 1, 0}, rules);
+    Planner p(ckpt, ShardSpec{t, 0, ep ? t : 1, 0}, arch);
     return p.PlanAll(nullptr).ok();
   };
   auto sizes_note = [&]() {
@@ -709,15 +403,15 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
                    std::to_string(spec.ep_size) + ", so the ranks cannot hold equal shares of whole experts" +
                    sizes_note());
   }
-  if (spec.tp_size > 1 && rules.empty()) {
+  if (spec.tp_size > 1 && !arch) {
     std::string known;
-    for (const Architecture& a : kArchitectures) known += (known.empty() ? "" : ", ") + std::string(a.name);
+    for (const Architecture* a : Architectures()) known += (known.empty() ? "" : ", ") + a->name;
     return Refused(ckpt.dir() + ": architecture '" + ckpt.config().architecture +
                    "' has no tensor-parallel sharding rules (known: " + known + "); use tp_size 1");
   }
   std::vector<ShardedTensor> out;
   out.reserve(ckpt.tensors().size());
-  Planner planner(ckpt, spec, rules);
+  Planner planner(ckpt, spec, arch);
   Status s = planner.PlanAll(&out);
   if (!s.ok()) {
     if (!planner.last_fixable()) return s.error();

@@ -1,8 +1,9 @@
 // Tensor- and expert-parallel sharding rules: which slice of each checkpoint
 // tensor a rank holds.
 //
-// The rules for an architecture are one table (name pattern -> split), so
-// another architecture is one more table. Llama family:
+// The rules for an architecture are its descriptor's tensors
+// (checkpoint/architecture/: name pattern -> split), so another architecture
+// is one more descriptor. Llama family:
 //   q/k/v/gate/up projections: split on the output dimension (dim 0, rows);
 //   o/down projections: split on the input dimension (dim 1, columns);
 //   embed_tokens and lm_head: split on the vocabulary dimension (dim 0);
@@ -40,13 +41,11 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/architecture/architecture.h"
 #include "checkpoint/checkpoint.h"
 #include "common/status.h"
 
 namespace wsup {
-
-enum class Split { kReplicate, kRows, kCols };
-const char* SplitName(Split split);
 
 struct ShardSpec {
   int tp_size = 1;
