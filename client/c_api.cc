@@ -370,7 +370,9 @@ std::vector<uint64_t> BuildTable(const wsup::Attachment& att, size_t* total) {
   std::memcpy(base, &h, sizeof h);
   if (!dims.empty()) std::memcpy(base + h.dims_offset, dims.data(), dims.size() * sizeof(int64_t));
   char* strings = base + h.strings_offset;
-  std::memcpy(strings, dtypes.data(), dtypes.size());
+  // Strings are length-delimited (each record has its byte count); the
+  // block's zeros after each one are for C readers.
+  std::memcpy(strings, dtypes.data(), dtypes.size());  // NOLINT(bugprone-not-null-terminated-result)
   // Second pass: the records, and the names after the dtypes (the block's
   // zeros are their NULs).
   uint64_t at = dtypes.size();
@@ -385,7 +387,7 @@ std::vector<uint64_t> BuildTable(const wsup::Attachment& att, size_t* total) {
     r.dtype_bytes = e.dtype.size();
     r.ndim = e.shape.size();
     r.dims_index = dims_index[i];
-    std::memcpy(strings + at, e.name.data(), e.name.size());
+    std::memcpy(strings + at, e.name.data(), e.name.size());  // NOLINT(bugprone-not-null-terminated-result)
     at += e.name.size() + 1;
     std::memcpy(base + h.header_bytes + i * sizeof r, &r, sizeof r);
   }

@@ -5,10 +5,10 @@
 namespace wsup {
 namespace {
 
-std::string ToHex(const unsigned char* d, unsigned n) {
+std::string ToHex(const unsigned char* d, size_t n) {
   static const char* kDigits = "0123456789abcdef";
   std::string out(n * 2, '0');
-  for (unsigned i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n; ++i) {
     out[2 * i] = kDigits[d[i] >> 4];
     out[2 * i + 1] = kDigits[d[i] & 15];
   }

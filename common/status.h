@@ -147,4 +147,4 @@ Error ErrnoError(std::string what, int errno_value);
   auto WSUP_CONCAT_(wsup_result_, __LINE__) = (expr);                      \
   if (!WSUP_CONCAT_(wsup_result_, __LINE__).ok())                          \
     return WSUP_CONCAT_(wsup_result_, __LINE__).error();                   \
-  decl = std::move(WSUP_CONCAT_(wsup_result_, __LINE__)).value()
+  decl = std::move(WSUP_CONCAT_(wsup_result_, __LINE__)).value()  // NOLINT(bugprone-macro-parentheses): decl is a declaration

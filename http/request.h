@@ -51,7 +51,7 @@ struct HttpRequest {
 };
 
 struct ParserLimits {
-  size_t max_header_bytes = 16 * 1024;  // request line plus all header lines
+  size_t max_header_bytes = size_t{16} * 1024;  // request line plus all header lines
   size_t max_headers = 64;
   size_t max_body_bytes = 1 << 20;
 };

@@ -3,7 +3,8 @@
 # tree scripts/bundle.sh ships, defined once in scripts/release_build.sh:
 # -O3, warnings as errors, Debian's GCC, the cuda backend when the toolkit is
 # found) and its tests, then an ASan+UBSan build (clang) of the tests and the
-# fuzz targets, then each fuzz target for a bounded time. GPU tests skip with a message when no GPU is
+# fuzz targets, clang-tidy on the files the latest commit touched, then
+# each fuzz target for a bounded time. GPU tests skip with a message when no GPU is
 # present. Each stage's wall time is printed at the end (also when a stage
 # fails). Usage: scripts/test.sh [--quick]
 #   --quick: the Release build and its tests only.
@@ -69,6 +70,12 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_EXE_LINKER_FLAGS=-fuse-ld=lld -DCMAKE_SHARED_LINKER_FLAGS=-fuse-ld=lld \
   -DWSUP_SANITIZE=address,undefined -DWSUP_FUZZ=ON -DWSUP_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
+stage_end
+# clang-tidy (.clang-tidy) on the sources the latest commit touched, read
+# through the clang tree's compile commands; `scripts/tidy.sh all` checks
+# every file.
+stage_begin "clang-tidy (changed files)"
+bash scripts/tidy.sh "${WSUP_TIDY_BASE:-HEAD~1}" build-asan
 stage_end
 stage_begin "tests under ASan+UBSan"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs" --timeout 900)
