@@ -8,8 +8,10 @@
 #include <cstring>
 #include <strings.h>
 
+#include "front/call_policy.h"
 #include "front/completion.h"
 #include "front/sse_relay.h"
+#include "http/loop_timer.h"
 
 namespace wsup::front {
 
@@ -432,6 +434,8 @@ void ProxyCall::OnUpstreamDone() {
   Finish();
 }
 
+// What the call does next is one row of the failure table
+// (front/call_policy.h); this carries it out.
 void ProxyCall::OnUpstreamError(const UpstreamError& e) {
   Guard g(this);
   Backend* b = backend_;
@@ -439,37 +443,39 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
   backend_ = nullptr;
   --b->inflight;
   if (flow_paused_) flow_paused_ = false;
-  const bool stale = e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !stale_retry_used_;
-  if (HedgePending()) {
-    // The request is on the standby already: that attempt carries on alone.
-    std::string why = b->name + " " + e.Describe();
-    if (!stale) proxy_->BackendFailed(b, why);
-    spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->backend->name);
-    ++proxy_->mutable_counters().hedge_won;
-    AdoptHedge();
-    return;
-  }
-  // A kept-alive connection the engine had closed: not a failure of the
-  // engine. Try once more on a fresh connection before judging it.
-  if (stale) {
-    stale_retry_used_ = true;
-    force_fresh_ = true;
-    spdlog::debug("front: request {}: kept-alive connection to {} {}; retrying on a fresh one", id(), b->name,
-                  e.Describe());
-    proxy_->Dispatch(this);
-    return;
-  }
-  std::string why = b->name + " " + e.Describe();
-  proxy_->BackendFailed(b, why);
+  FailureFacts facts;
+  facts.stage = e.stage;
+  facts.stale = e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !stale_retry_used_;
+  facts.hedge_pending = HedgePending();
+  facts.delivered = writer_->started();
+  const bool sse = mode_ == Mode::kSse;
+  const int64_t remaining = sse ? plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size()) : 0;
+  facts.stream = sse ? StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(), remaining)
+                     : StreamState::kNotStream;
+  facts.budget_left = (facts.delivered ? resumes_ : retries_) < proxy_->options().max_retries;
+  const FailureAction action = DecideFailure(facts);
+  const std::string why = b->name + " " + e.Describe();
+  if (JudgesEngine(facts)) proxy_->BackendFailed(b, why);
   auto& counters = proxy_->mutable_counters();
 
-  if (!writer_->started()) {
-    // Nothing reached the client: the request can be sent again.
-    if (e.stage == UpstreamError::Stage::kConnect) {
+  switch (action) {
+    case FailureAction::kAdoptHedge:
+      spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->backend->name);
+      ++counters.hedge_won;
+      AdoptHedge();
+      return;
+    case FailureAction::kRetryFresh:
+      // A kept-alive connection the engine had closed: not a failure of the engine.
+      stale_retry_used_ = true;
+      force_fresh_ = true;
+      spdlog::debug("front: request {}: kept-alive connection to {} {}; retrying on a fresh one", id(), b->name,
+                    e.Describe());
+      proxy_->Dispatch(this);
+      return;
+    case FailureAction::kRedispatch:
       proxy_->Dispatch(this);  // it never reached an engine; bounded by the queue timeout
       return;
-    }
-    if (retries_ < proxy_->options().max_retries) {
+    case FailureAction::kRetry:
       ++retries_;
       ++counters.retried;
       cut_ = true;
@@ -478,53 +484,50 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
       spdlog::warn("front: request {}: {}; sending it again", id(), why);
       proxy_->Dispatch(this);
       return;
+    case FailureAction::kFail502:
+      Fail502(e, b->name);
+      return;
+    case FailureAction::kResume:
+    case FailureAction::kResumeFree: {
+      const bool counts = action == FailureAction::kResume;
+      if (counts) {
+        ++resumes_;
+        ++counters.resumed;
+      }
+      sse_->BeginContinuation();
+      resume_body_ = ResumeBody(plan_, sse_->delivered(), remaining);
+      body_ = resume_body_;
+      resuming_ = true;
+      cut_ = counts;
+      if (counts) deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
+      spdlog::warn("front: request {}: {}; resuming the stream after {} tokens ({} to go)", id(), why,
+                   sse_->delivered().size(), remaining);
+      proxy_->Dispatch(this);
+      return;
     }
-    Fail502(e, b->name);
-    return;
-  }
-
-  if (mode_ == Mode::kSse && !sse_->done()) {
-    int64_t remaining = plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size());
-    if (sse_->finished() || (remaining <= 0 && sse_->trackable())) {
+    case FailureAction::kEndStream:
       // Every token was delivered; only the end of the stream was lost.
       writer_->Write(sse_->SynthesizeEnd("length"));
       writer_->End();
       ++counters.ok;
       Finish();
       return;
-    }
-    if (sse_->trackable() && !sse_->error_seen()) {
-      bool counts = e.stage != UpstreamError::Stage::kConnect;
-      if (!counts || resumes_ < proxy_->options().max_retries) {
-        if (counts) {
-          ++resumes_;
-          ++counters.resumed;
-        }
-        sse_->BeginContinuation();
-        resume_body_ = ResumeBody(plan_, sse_->delivered(), remaining);
-        body_ = resume_body_;
-        resuming_ = true;
-        cut_ = counts;
-        if (counts) deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
-        spdlog::warn("front: request {}: {}; resuming the stream after {} tokens ({} to go)", id(), why,
-                     sse_->delivered().size(), remaining);
-        proxy_->Dispatch(this);
-        return;
-      }
-    }
-  } else if (mode_ == Mode::kSse) {
-    writer_->End();  // [DONE] went through; only the final chunk was lost
-    ++counters.ok;
-    Finish();
-    return;
+    case FailureAction::kCloseStream:
+      writer_->End();  // [DONE] went through; only the final chunk was lost
+      ++counters.ok;
+      Finish();
+      return;
+    case FailureAction::kAbortClient:
+      // Part of the answer reached the client and the rest cannot be had: cut
+      // the connection, so the client cannot take a truncated answer for a whole one.
+      spdlog::warn(
+          "front: request {}: {} after part of the answer reached the client; closing the client's connection", id(),
+          why);
+      ++counters.failed;
+      writer_->Abort();
+      Finish();
+      return;
   }
-  // Part of the answer reached the client and the rest cannot be had: cut
-  // the connection, so the client cannot take a truncated answer for a whole one.
-  spdlog::warn("front: request {}: {} after part of the answer reached the client; closing the client's connection",
-               id(), why);
-  ++counters.failed;
-  writer_->Abort();
-  Finish();
 }
 
 void ProxyCall::Fail502(const UpstreamError& e, const std::string& backend) {
@@ -628,13 +631,12 @@ bool ProxyCall::Silent(int64_t now, int64_t after_ms) const {
 }
 
 bool ProxyCall::CanHedge() const {
-  if (HedgePending() || hedges_.size() >= kMaxHedges) return false;
-  if (!writer_->started()) return true;  // the whole request can be sent again
-  // Part of the answer is out: only a stream that can be resumed after it.
-  if (mode_ != Mode::kSse || !sse_ || sse_->done() || sse_->finished() || !sse_->trackable() || sse_->error_seen()) {
-    return false;
+  StreamState stream = StreamState::kNotStream;
+  if (mode_ == Mode::kSse && sse_) {
+    stream = StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(),
+                           plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size()));
   }
-  return plan_.max_tokens > static_cast<int64_t>(sse_->delivered().size());
+  return front::CanHedge(HedgePending(), hedges_.size(), kMaxHedges, writer_->started(), stream);
 }
 
 void ProxyCall::Hedge(Backend* b) {
@@ -665,22 +667,28 @@ void ProxyCall::OnHedgeProgress() {
   Guard g(this);
   if (!HedgePending()) return;
   HedgeLeg& h = *hedge_;
-  if (!h.has_head) return;
-  bool stream_head = h.status / 100 == 2 && h.event_stream;
-  if (h.status >= 500 || (h.resume && !stream_head)) {
-    // Not an answer the client should get instead of the active engine's.
-    ++proxy_->mutable_counters().hedge_failed;
-    spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(), h.backend->name, h.status,
-                 backend_ ? backend_->name : "the active engine");
-    EndHedge(nullptr);
-    return;
+  HedgeFacts facts;
+  facts.has_head = h.has_head;
+  facts.status = h.status;
+  facts.event_stream = h.event_stream;
+  facts.resume = h.resume;
+  facts.call_relays_stream = sse_ != nullptr;
+  facts.got_body = !h.got.empty();
+  facts.done = h.done;
+  switch (JudgeHedge(facts)) {
+    case HedgeVerdict::kWait:
+      return;
+    case HedgeVerdict::kFailed:
+      ++proxy_->mutable_counters().hedge_failed;
+      spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(), h.backend->name,
+                   h.status, backend_ ? backend_->name : "the active engine");
+      EndHedge(nullptr);
+      return;
+    case HedgeVerdict::kWins:
+      ++proxy_->mutable_counters().hedge_won;
+      AdoptHedge();
+      return;
   }
-  // A stream wins with its first event bytes (its head comes before any
-  // token); anything else with its head.
-  bool wins = h.done || (stream_head && sse_ ? !h.got.empty() : true);
-  if (!wins) return;
-  ++proxy_->mutable_counters().hedge_won;
-  AdoptHedge();
 }
 
 void ProxyCall::OnHedgeError(const UpstreamError& e) {
@@ -758,7 +766,8 @@ void ProxyCall::EndHedge(const char* why) {
 
 // ---- Proxy ----
 
-Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared, Clock* clock)
+Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared, Clock* clock,
+             TimerSource* timers)
     : loop_(loop),
       options_(std::move(options)),
       events_(std::move(events)),
@@ -769,19 +778,19 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShare
     shared = own_shared_.get();
   }
   shared_ = shared;
-  uv_timer_init(loop_, &queue_timer_);
-  uv_timer_init(loop_, &flow_timer_);
-  uv_timer_init(loop_, &hedge_timer_);
-  queue_timer_.data = this;
-  flow_timer_.data = this;
-  hedge_timer_.data = this;
-  open_timers_ = 3;
+  if (!timers) {
+    own_timers_ = std::make_unique<LoopTimerSource>(loop_);
+    timers = own_timers_.get();
+  }
+  queue_timer_ = timers->Make();
+  flow_timer_ = timers->Make();
+  hedge_timer_ = timers->Make();
   if (options_.hedge_after_ms > 0) shared_->FillHedges(options_.hedge_burst);
   ArmHedgeTimer();
 }
 
 Proxy::~Proxy() {
-  if (open_timers_ != 0 || !calls_.empty()) spdlog::error("front: proxy destroyed while open; call Close() first");
+  if (!closing_ || !calls_.empty()) spdlog::error("front: proxy destroyed while open; call Close() first");
 }
 
 void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
@@ -804,7 +813,7 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   calls_.insert(call);
   // An idle proxy lets its hedge timer sleep (a front of many loops would
   // otherwise wake each of them up to 200 times a second for nothing).
-  if (options_.hedge_after_ms > 0 && !uv_is_active(reinterpret_cast<uv_handle_t*>(&hedge_timer_))) ArmHedgeTimer();
+  if (options_.hedge_after_ms > 0 && !hedge_timer_->active()) ArmHedgeTimer();
   call->Start();
 }
 
@@ -861,7 +870,7 @@ void Proxy::WakeQueue() {
 void Proxy::ArmQueueTimer() {
   if (closing_) return;
   if (queue_.empty()) {
-    uv_timer_stop(&queue_timer_);
+    queue_timer_->Stop();
     return;
   }
   int64_t next = INT64_MAX;
@@ -872,9 +881,7 @@ void Proxy::ArmQueueTimer() {
     next = std::min(next, active_->down_until_ms);
   }
   int64_t delay = std::max<int64_t>(0, next - now_ms());
-  uv_timer_start(
-      &queue_timer_, [](uv_timer_t* t) { static_cast<Proxy*>(t->data)->OnQueueTimer(); },
-      static_cast<uint64_t>(delay), 0);
+  queue_timer_->Start(delay, [this] { OnQueueTimer(); });
 }
 
 void Proxy::OnQueueTimer() {
@@ -1071,16 +1078,15 @@ void Proxy::SetHedging(const HedgeLimits& h) {
 void Proxy::ArmHedgeTimer() {
   if (closing_) return;
   if (options_.hedge_after_ms <= 0) {
-    uv_timer_stop(&hedge_timer_);
+    hedge_timer_->Stop();
     return;
   }
   // A fortieth of the silence, within 2..50 ms (5 ms at 200): a hedge, and
   // the silence report, go out at most that late. Every late ms is a ms of
   // every stuck request's wait. The timer runs only while requests are in
   // flight (OnHedgeTimer stops it on an idle loop).
-  uint64_t tick = static_cast<uint64_t>(std::clamp<int64_t>(options_.hedge_after_ms / 40, 2, 50));
-  uv_timer_start(
-      &hedge_timer_, [](uv_timer_t* t) { static_cast<Proxy*>(t->data)->OnHedgeTimer(); }, tick, tick);
+  const int64_t tick = std::clamp<int64_t>(options_.hedge_after_ms / 40, 2, 50);
+  hedge_timer_->Start(tick, [this] { OnHedgeTimer(); }, tick);
 }
 
 bool Proxy::TakeHedgeToken() { return shared_->TakeHedge(); }
@@ -1117,7 +1123,7 @@ void Proxy::OnHedgeTimer() {
   if (options_.hedge_after_ms <= 0) return;
   if (calls_.empty()) {
     ShareSilence(nullptr, 0, 0);
-    uv_timer_stop(&hedge_timer_);  // until the next request (Handle)
+    hedge_timer_->Stop();  // until the next request (Handle)
     return;
   }
   const int64_t now = now_ms();
@@ -1201,10 +1207,7 @@ void Proxy::OnHedgeTimer() {
 
 void Proxy::WatchFlow(ProxyCall* call) {
   flow_paused_.insert(call);
-  if (!uv_is_active(reinterpret_cast<uv_handle_t*>(&flow_timer_)) && !closing_) {
-    uv_timer_start(
-        &flow_timer_, [](uv_timer_t* t) { static_cast<Proxy*>(t->data)->OnFlowTimer(); }, 10, 10);
-  }
+  if (!closing_ && !flow_timer_->active()) flow_timer_->Start(10, [this] { OnFlowTimer(); }, 10);
 }
 
 void Proxy::OnFlowTimer() {
@@ -1212,7 +1215,7 @@ void Proxy::OnFlowTimer() {
   for (ProxyCall* c : paused) {
     if (c->ResumeIfDrained(options_.client_buffer_low)) flow_paused_.erase(c);
   }
-  if (flow_paused_.empty()) uv_timer_stop(&flow_timer_);
+  if (flow_paused_.empty()) flow_timer_->Stop();
 }
 
 nlohmann::json Proxy::StatusJson() const {
@@ -1274,14 +1277,11 @@ void Proxy::Close(std::function<void()> done) {
   std::vector<ProxyCall*> all(calls_.begin(), calls_.end());
   for (ProxyCall* c : all) c->Cancel();
   queue_.clear();
-  auto closed = [](uv_handle_t* h) {
-    auto* self = static_cast<Proxy*>(h->data);
-    --self->open_timers_;
-    self->MaybeDone();
-  };
-  uv_close(reinterpret_cast<uv_handle_t*>(&queue_timer_), closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&flow_timer_), closed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&hedge_timer_), closed);
+  // A timer's callback never runs once it is gone; each frees its own
+  // handle (http/loop_timer.h), while the loop still runs.
+  queue_timer_.reset();
+  flow_timer_.reset();
+  hedge_timer_.reset();
   pool_.Close([this] {
     pool_closed_ = true;
     MaybeDone();
@@ -1289,7 +1289,7 @@ void Proxy::Close(std::function<void()> done) {
 }
 
 void Proxy::MaybeDone() {
-  if (!closing_ || open_timers_ != 0 || !pool_closed_ || !calls_.empty() || !done_) return;
+  if (!closing_ || !pool_closed_ || !calls_.empty() || !done_) return;
   auto done = std::move(done_);
   done_ = nullptr;
   done();

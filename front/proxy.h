@@ -46,7 +46,9 @@
 // relayed in one piece (one write; a cut before the end is retried
 // invisibly); others, and all event streams, are relayed as they arrive.
 //
-// Ownership: the Proxy owns its calls, its UpstreamPool and two timers; it
+// Ownership: the Proxy owns its calls, its UpstreamPool and three timers
+// (common/timer.h: made by the TimerSource it is given, so that tests drive
+// its queue timeout and hedging with a fake clock); it
 // never owns a client connection (the HttpServer does). Close() ends every
 // call and closes the pool and timers; `done` runs when all are freed.
 // Threads: the loop thread only. A front of several loops runs one Proxy
@@ -70,6 +72,7 @@
 #include "common/clock.h"
 #include "common/log_limit.h"
 #include "common/status.h"
+#include "common/timer.h"
 #include "front/address.h"
 #include "front/shared.h"
 #include "front/upstream.h"
@@ -130,8 +133,10 @@ class Proxy {
 
   // `shared`: the state this proxy shares with the front's other loops
   // (front/shared.h); null: its own (a front of one loop).
+  // `timers` and `clock`: its queue, flow and hedge timers and the time it
+  // reads (tests drive both from a FakeClock); null timers: timers on `loop`.
   Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared = nullptr,
-        Clock* clock = &RealClock());
+        Clock* clock = &RealClock(), TimerSource* timers = nullptr);
   ~Proxy();
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
@@ -191,7 +196,7 @@ class Proxy {
   UpstreamPool& pool() { return pool_; }
   const ProxyOptions& options() const { return options_; }
   ProxyCounters& mutable_counters() { return counters_; }
-  int64_t now_ms() const { return static_cast<int64_t>(uv_now(loop_)); }
+  int64_t now_ms() const { return clock_->MonotonicMs(); }
 
  private:
   Backend* Get(const HostPort& addr);
@@ -218,9 +223,10 @@ class Proxy {
   EventSink events_;
   Clock* clock_;
   UpstreamPool pool_;
-  uv_timer_t queue_timer_;
-  uv_timer_t flow_timer_;
-  uv_timer_t hedge_timer_;  // scans calls for silence while hedging is on
+  std::unique_ptr<TimerSource> own_timers_;
+  std::unique_ptr<Timer> queue_timer_;
+  std::unique_ptr<Timer> flow_timer_;
+  std::unique_ptr<Timer> hedge_timer_;  // scans calls for silence while hedging is on
   // Warnings the hedge timer could repeat every tick: once a second each.
   LogLimiter refused_log_{1000}, silent_log_{1000};
   uint64_t refused_since_log_ = 0;
@@ -228,7 +234,6 @@ class Proxy {
   FrontShared* shared_;
   SharedBackend* shared_for_ = nullptr;  // the record this loop's counts are in
   int shared_waiting_ = 0, shared_silent_ = 0;
-  int open_timers_ = 0;
   bool closing_ = false;
   bool pool_closed_ = false;
   std::function<void()> done_;

@@ -1,4 +1,4 @@
-#include "supervisor/loop_timer.h"
+#include "http/loop_timer.h"
 
 namespace wsup {
 
