@@ -54,10 +54,10 @@
 #include "client/client.h"
 #include "client/mapping.h"
 #include "common/fs.h"
+#include "gpu/cuda_driver.h"
 #include "holder/arena.h"
 #include "holder/server.h"
 #include "tests/client/fd_channel.h"
-#include "wire/cuda_driver.h"
 #include "wire/manifest.h"
 
 namespace wsup {

@@ -43,7 +43,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/unique_fd.h"
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 namespace wsup {
 namespace {

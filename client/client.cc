@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 #include "wire/layout_protocol.h"
 
 namespace wsup {

@@ -17,7 +17,7 @@
 //
 // Roles: engines attach through Attach() with a fingerprint computed from
 // their checkpoint's headers and their deployment (ComputeFingerprint in
-// wire/local_fingerprint.h, which reads no tensor bytes). The supervisor's
+// gpu/local_fingerprint.h, which reads no tensor bytes). The supervisor's
 // fd keeper uses AttachKeeper(): manifest and raw fds, nothing mapped, no
 // CUDA; on a holder of engine-made layouts, KeepLayouts() instead.
 // `wsup cache verify` uses AttachInspect(), which takes the holder's
@@ -42,7 +42,7 @@
 #include "client/mapping.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "wire/local_fingerprint.h"
+#include "gpu/local_fingerprint.h"
 #include "wire/protocol.h"
 
 namespace wsup {

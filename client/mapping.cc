@@ -11,6 +11,8 @@
 #include <thread>
 #include <utility>
 
+#include "wire/manifest_fds.h"
+
 namespace wsup {
 namespace {
 
@@ -25,29 +27,10 @@ double Ms(Clock::time_point a, Clock::time_point b) {
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // A host arena's fd must be a memfd sealed against writes and shrinking, of
-// at least the allocation's size.
-Status CheckSealedMemfd(size_t i, int fd, uint64_t size) {
-  int seals = ::fcntl(fd, F_GET_SEALS);
-  if (seals < 0) {
-    return ErrnoError(AllocName(i) + ": fd " + std::to_string(fd) +
-                          " is not a sealable memfd (F_GET_SEALS); host arenas are memfds made "
-                          "by a wsup holder: attach to the holder again",
-                      errno);
-  }
-  if ((seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK)) {
-    return Refused(AllocName(i) +
-                   ": the memfd is not sealed against writes and shrinking, so "
-                   "its bytes could change or vanish under a reader: attach only to an arena "
-                   "a holder has finished loading");
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError(AllocName(i) + ": fstat", errno);
-  if (static_cast<uint64_t>(st.st_size) < size) {
-    return Mismatch(AllocName(i) + ": the memfd holds " + std::to_string(st.st_size) +
-                    " bytes but the manifest says " + std::to_string(size) +
-                    ": the fds and the manifest come from different arenas; attach again");
-  }
-  return {};
+// at least the allocation's size (the check the holder makes when it adopts).
+Status CheckHostFd(size_t i, int fd, uint64_t size) {
+  return CheckSealedMemfd(i, fd, size, MemfdSize::kAtLeast,
+                          "attach again, to an arena a holder has finished loading");
 }
 
 // `device` (this process's ordinal) must be the GPU named by `uuid`.
@@ -88,8 +71,7 @@ Result<std::shared_ptr<GrantMapping>> GrantMapping::Create(const std::string& ba
   // The grants of one lease can never hold more than the device's memory,
   // so a range of that size takes them all, one after the other.
   const uint64_t size = RoundUp(info.total_memory, g->granularity_);
-  WSUP_ASSIGN_OR_RETURN(g->va_base_, cuda::VmmReserve(size, g->granularity_));
-  g->va_size_ = size;
+  WSUP_ASSIGN_OR_RETURN(g->range_, cuda::VmmRange::Reserve(size, g->granularity_));
   return g;
 }
 
@@ -105,11 +87,8 @@ GrantMapping::~GrantMapping() {
     // faults and poisons the context.
     (void)cuda::ContextSynchronize();
   }
-  for (size_t i = 0; i < bases_.size(); ++i) {
-    (void)cuda::VmmUnmap(reinterpret_cast<cuda::DevicePtr>(bases_[i]), sizes_[i]);
-  }
-  if (va_base_ != 0) (void)cuda::VmmFree(va_base_, va_size_);
-  for (uint64_t h : handles_) (void)cuda::VmmRelease(h);
+  (void)range_.Reset();
+  handles_.clear();
 }
 
 Result<void*> GrantMapping::Map(int fd, uint64_t size) {
@@ -129,32 +108,29 @@ Result<void*> GrantMapping::Map(int fd, uint64_t size) {
     return Corrupt(what + ": " + std::to_string(size) + " bytes is not a multiple of this device's VMM granularity (" +
                    std::to_string(granularity_) + "); the holder is not a cuda holder of this GPU: restart it");
   }
-  if (size > va_size_ - va_used_) {
+  if (size > range_.size() - va_used_) {
     return Unavailable(what + ": " + std::to_string(size) + " more bytes would make the lease's grants (" +
                        std::to_string(va_used_) + " bytes so far) larger than the device's memory (" +
-                       std::to_string(va_size_) + " bytes); ask for less");
+                       std::to_string(range_.size()) + " bytes); ask for less");
   }
   cuda::ContextScope scope;
   WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
-  auto h = cuda::VmmImport(fd);
+  auto h = cuda::VmmHandle::Import(fd);
   if (!h.ok()) return h.error().With(what);
-  const cuda::DevicePtr at = va_base_ + va_used_;
+  const cuda::DevicePtr at = range_.base() + va_used_;
   Status st = [&]() -> Status {
-    WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(*h));
+    WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(h->get()));
     if (props.device != device_) {
       return Mismatch(what + ": the granted memory lives on device " + std::to_string(props.device) + ", not on device " +
                       std::to_string(device_) + " as the lease says; restart the holder");
     }
-    WSUP_RETURN_IF_ERROR(cuda::VmmMap(at, size, *h));
-    Status access = cuda::VmmSetAccess(at, size, device_);
-    if (!access.ok()) (void)cuda::VmmUnmap(at, size);
+    WSUP_RETURN_IF_ERROR(range_.Map(va_used_, size, h->get()));
+    Status access = range_.SetAccess(va_used_, size, device_);
+    if (!access.ok()) (void)range_.Unmap(va_used_, size);
     return access;
   }();
-  if (!st.ok()) {
-    (void)cuda::VmmRelease(*h);
-    return st.error().With(what);
-  }
-  handles_.push_back(*h);
+  if (!st.ok()) return st.error().With(what);
+  handles_.push_back(std::move(*h));
   bases_.push_back(reinterpret_cast<void*>(at));
   sizes_.push_back(size);
   va_used_ += size;
@@ -212,8 +188,7 @@ MappedArena& MappedArena::operator=(MappedArena&& o) noexcept {
     Unmap();
     manifest_ = std::move(o.manifest_);
     bases_ = std::exchange(o.bases_, {});
-    cuda_reserved_ = std::exchange(o.cuda_reserved_, 0);
-    cuda_base_ = std::exchange(o.cuda_base_, 0);
+    cuda_range_ = std::move(o.cuda_range_);
     cuda_handles_ = std::exchange(o.cuda_handles_, {});
     device_ = std::exchange(o.device_, -1);
     ctx_ = std::move(o.ctx_);
@@ -244,11 +219,8 @@ void MappedArena::Unmap() {
       (void)ctx_.MakeCurrent();
       (void)cuda::ContextSynchronize();
     }
-    for (size_t i = 0; i < bases_.size(); ++i) {
-      (void)cuda::VmmUnmap(reinterpret_cast<cuda::DevicePtr>(bases_[i]), manifest_.allocations[i].size);
-    }
-    if (cuda_base_ != 0) (void)cuda::VmmFree(cuda_base_, cuda_reserved_);
-    for (uint64_t h : cuda_handles_) (void)cuda::VmmRelease(h);
+    (void)cuda_range_.Reset();
+    cuda_handles_.clear();
   } else {
     for (size_t i = 0; i < bases_.size(); ++i) {
       if (bases_[i]) ::munmap(bases_[i], manifest_.allocations[i].size);
@@ -256,8 +228,6 @@ void MappedArena::Unmap() {
   }
   bases_.clear();
   cuda_handles_.clear();
-  cuda_base_ = 0;
-  cuda_reserved_ = 0;
   ctx_ = cuda::PrimaryContext();
   device_ = -1;
   index_.Clear();
@@ -268,7 +238,7 @@ Status MappedArena::MapHost(const std::vector<UniqueFd>& fds) {
   for (size_t i = 0; i < fds.size(); ++i) {
     int fd = fds[i].get();
     uint64_t size = allocs[i].size;
-    WSUP_RETURN_IF_ERROR(CheckSealedMemfd(i, fd, size));
+    WSUP_RETURN_IF_ERROR(CheckHostFd(i, fd, size));
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       return ErrnoError(AllocName(i) + ": mmap of " + std::to_string(size) +
@@ -290,35 +260,35 @@ Status MappedArena::MapDevice(const std::vector<UniqueFd>& fds, int device) {
   WSUP_ASSIGN_OR_RETURN(uint64_t gran, cuda::VmmGranularity(device));
   // One import per allocation, ONE virtual range for all of them, one map
   // per allocation into it, and ONE access grant over the whole range.
-  uint64_t total = 0;
+  std::vector<uint64_t> sizes;
+  std::vector<cuda::MemHandle> handles;
   for (size_t i = 0; i < fds.size(); ++i) {
     if (allocs[i].size % gran != 0) {
       return Corrupt(AllocName(i) + ": size " + std::to_string(allocs[i].size) +
                      " is not a multiple of this device's VMM granularity (" + std::to_string(gran) +
                      "): the manifest does not describe a cuda arena of this GPU; attach again");
     }
-    auto h = cuda::VmmImport(fds[i].get());
+    auto h = cuda::VmmHandle::Import(fds[i].get());
     if (!h.ok()) return h.error().With(AllocName(i));
-    cuda_handles_.push_back(*h);
-    WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(*h));
+    handles.push_back(h->get());
+    cuda_handles_.push_back(std::move(*h));
+    WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(handles.back()));
     if (props.device != device) {
       return Mismatch(AllocName(i) + ": the imported memory lives on device " + std::to_string(props.device) +
                       ", not device " + std::to_string(device) +
                       " as the manifest says: the fds and the manifest come from different "
                       "arenas; attach again");
     }
-    total += allocs[i].size;
+    sizes.push_back(allocs[i].size);
   }
-  WSUP_ASSIGN_OR_RETURN(cuda_base_, cuda::VmmReserve(total, gran));
-  cuda_reserved_ = total;
+  // On an error MapAll leaves nothing mapped; the handles go with Unmap().
+  WSUP_ASSIGN_OR_RETURN(cuda_range_, cuda::VmmRange::MapAll(sizes, handles, gran, device, "arena allocation"));
   uint64_t off = 0;
-  for (size_t i = 0; i < fds.size(); ++i) {
-    Status st = cuda::VmmMap(cuda_base_ + off, allocs[i].size, cuda_handles_[i]);
-    if (!st.ok()) return st.error().With(AllocName(i));
-    bases_.push_back(reinterpret_cast<void*>(cuda_base_ + off));
-    off += allocs[i].size;
+  for (uint64_t size : sizes) {
+    bases_.push_back(reinterpret_cast<void*>(cuda_range_.base() + off));
+    off += size;
   }
-  return cuda::VmmSetAccess(cuda_base_, total, device);
+  return {};
 }
 
 Status MappedArena::MapOverWriter(const std::vector<UniqueFd>& fds, std::shared_ptr<GrantMapping> writer) {
@@ -336,7 +306,7 @@ Status MappedArena::MapOverWriter(const std::vector<UniqueFd>& fds, std::shared_
     device_ = writer->device();
   } else {
     for (size_t i = 0; i < fds.size(); ++i) {
-      WSUP_RETURN_IF_ERROR(CheckSealedMemfd(i, fds[i].get(), allocs[i].size));
+      WSUP_RETURN_IF_ERROR(CheckHostFd(i, fds[i].get(), allocs[i].size));
       WSUP_RETURN_IF_ERROR(writer->MapSealed(i, fds[i].get()));
     }
   }
@@ -357,19 +327,8 @@ Result<MappedArena> MappedArena::Map(Manifest manifest, std::vector<UniqueFd> fd
   }
   // Enough to map safely; the entries are checked below.
   WSUP_RETURN_IF_ERROR(manifest.ValidateHeader());
-  if (fds.size() != manifest.allocations.size()) {
-    return InvalidArgument("arena: got " + std::to_string(fds.size()) + " fds for " +
-                           std::to_string(manifest.allocations.size()) +
-                           " allocations in the manifest: the sender must pass one fd per "
-                           "allocation, in allocation order");
-  }
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (!fds[i].valid()) {
-      return InvalidArgument(AllocName(i) +
-                             ": no fd was passed for it: the sender must pass one fd "
-                             "per allocation");
-    }
-  }
+  WSUP_RETURN_IF_ERROR(
+      CheckAllocationFds(manifest, fds, "the sender must pass one fd per allocation, in allocation order"));
 
   MappedArena m;
   m.manifest_ = std::move(manifest);

@@ -25,7 +25,8 @@
 
 #include "common/status.h"
 #include "common/unique_fd.h"
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
+#include "gpu/vmm.h"
 #include "wire/manifest.h"
 
 namespace wsup {
@@ -97,11 +98,10 @@ class GrantMapping {
   std::vector<uint64_t> sizes_;
   // cuda
   cuda::PrimaryContext ctx_;
-  uint64_t va_base_ = 0;
-  uint64_t va_size_ = 0;
-  uint64_t va_used_ = 0;
+  uint64_t va_used_ = 0;  // of range_, by the grants so far
   uint64_t granularity_ = 0;
-  std::vector<uint64_t> handles_;  // CUmemGenericAllocationHandle per grant
+  std::vector<cuda::VmmHandle> handles_;  // one per grant
+  cuda::VmmRange range_;                   // one range for all grants, reserved in Create()
 };
 
 // Where Map() spent its time, in milliseconds.
@@ -168,9 +168,8 @@ class MappedArena {
   void Unmap();
   Manifest manifest_;
   std::vector<void*> bases_;     // one per allocation (host) / device address (cuda)
-  uint64_t cuda_reserved_ = 0;   // bytes of the reserved VA range (cuda)
-  uint64_t cuda_base_ = 0;       // start of the reserved VA range (cuda)
-  std::vector<uint64_t> cuda_handles_;  // CUmemGenericAllocationHandle per allocation
+  std::vector<cuda::VmmHandle> cuda_handles_;  // one per allocation (cuda)
+  cuda::VmmRange cuda_range_;    // all allocations, mapped back to back (cuda)
   int device_ = -1;
   cuda::PrimaryContext ctx_;     // retained while mapped (cuda)
   std::shared_ptr<GrantMapping> writer_;  // the memory, when it is a writer's mapping

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 namespace wsup {
 

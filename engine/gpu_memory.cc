@@ -6,7 +6,7 @@
 #include <mutex>
 #include <string>
 
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 namespace wsup::engine {
 

@@ -3,7 +3,7 @@
 // made, its own VMM memory; not memory it imported from another process,
 // such as the holder's weights and the node's KV pool, which the driver
 // charges to no process). Read through NVML (libnvidia-ml.so.1, loaded with
-// dlopen at the first call, as the CUDA driver is: wire/cuda_driver.h), so
+// dlopen at the first call, as the CUDA driver is: gpu/cuda_driver.h), so
 // the engine runs where there is none and says so.
 //
 // Thread-safety: any thread; the library is loaded once.

@@ -8,7 +8,8 @@
 #include <cstring>
 #include <mutex>
 
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
+#include "gpu/vmm.h"
 
 namespace wsup::engine {
 
@@ -179,10 +180,7 @@ class CudaKvMemory : public KvMemory {
  public:
   ~CudaKvMemory() override {
     DropPrepared();
-    if (base_ == 0) return;
-    if (pool_mapped_) (void)cuda::VmmUnmap(base_, layout_.pool_span);
-    if (scratch_mapped_) (void)cuda::VmmUnmap(base_ + layout_.pool_span, size_ - layout_.pool_span);
-    (void)cuda::VmmFree(base_, size_);
+    (void)range_.Reset();  // the pool's and the scratch's mappings, then the range
   }
   uint8_t* base() const override { return reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(base_)); }
 
@@ -200,18 +198,16 @@ class CudaKvMemory : public KvMemory {
     }
     size_ = RoundUp(layout.span(), gran);
     const uint64_t scratch_len = size_ - layout.pool_span;
-    WSUP_ASSIGN_OR_RETURN(base_, cuda::VmmReserve(size_, gran));
-    auto h = cuda::VmmCreate(device, scratch_len);
+    WSUP_ASSIGN_OR_RETURN(range_, cuda::VmmRange::Reserve(size_, gran));
+    base_ = range_.base();
+    auto h = cuda::VmmHandle::Create(device, scratch_len);
     if (!h.ok()) {
       return h.error().With("KV cache: allocating " + MiB(scratch_len) + " on cuda:" + std::to_string(device) +
                             "; lower --kv-cache-mib (or --kv-scratch-mib) or free GPU memory");
     }
-    Status mapped = cuda::VmmMap(base_ + layout.pool_span, scratch_len, *h);
-    // The mapping keeps the memory; the handle is not needed again.
-    (void)cuda::VmmRelease(*h);
-    WSUP_RETURN_IF_ERROR(mapped);
-    scratch_mapped_ = true;
-    WSUP_RETURN_IF_ERROR(cuda::VmmSetAccess(base_ + layout.pool_span, scratch_len, device));
+    // The mapping keeps the memory; the handle goes at the end of the scope.
+    WSUP_RETURN_IF_ERROR(range_.Map(layout.pool_span, scratch_len, h->get()));
+    WSUP_RETURN_IF_ERROR(range_.SetAccess(layout.pool_span, scratch_len, device));
     WSUP_ASSIGN_OR_RETURN(ctx_, cuda::PrimaryContext::Retain(device));
     cuda::ContextScope scope;
     WSUP_RETURN_IF_ERROR(scope.Enter(ctx_));
@@ -233,7 +229,7 @@ class CudaKvMemory : public KvMemory {
   }
 
   Status PreparePool(const std::vector<UniqueFd>& fds) override {
-    std::vector<cuda::MemHandle> handles;
+    std::vector<cuda::VmmHandle> handles;
     Status st = Import(fds, &handles);
     std::lock_guard<std::mutex> lk(prepared_mu_);
     ReleaseLocked();
@@ -251,7 +247,7 @@ class CudaKvMemory : public KvMemory {
   Status MapPool(const std::vector<UniqueFd>& fds) override {
     if (pool_mapped_) return Status::Ok();
     MapTimes t;
-    std::vector<cuda::MemHandle> handles;
+    std::vector<cuda::VmmHandle> handles;
     {
       // A preparation of these very fds is used up here; any other goes.
       std::lock_guard<std::mutex> lk(prepared_mu_);
@@ -274,15 +270,15 @@ class CudaKvMemory : public KvMemory {
     const auto t1 = Clock::now();
     for (size_t i = 0; i < handles.size() && st.ok(); ++i) {
       const uint64_t len = layout_.pool_allocations[i];
-      st = cuda::VmmMap(base_ + off, len, handles[i]);
+      st = range_.Map(off, len, handles[i].get());
       if (st.ok()) mapped_ += len;
       off += len;
     }
     // The mappings keep the memory; the handles are not needed again.
-    for (cuda::MemHandle h : handles) (void)cuda::VmmRelease(h);
+    handles.clear();
     t.map_ms = MsSince(t1);
     const auto t2 = Clock::now();
-    if (st.ok()) st = cuda::VmmSetAccess(base_, layout_.pool_span, device_);
+    if (st.ok()) st = range_.SetAccess(0, layout_.pool_span, device_);
     t.access_ms = MsSince(t2);
     if (!st.ok()) {
       UnmapPrefix();
@@ -296,7 +292,7 @@ class CudaKvMemory : public KvMemory {
   Status UnmapPool() override {
     DropPrepared();
     if (!pool_mapped_) return Status::Ok();
-    WSUP_RETURN_IF_ERROR(cuda::VmmUnmap(base_, layout_.pool_span));
+    WSUP_RETURN_IF_ERROR(range_.Unmap(0, layout_.pool_span));
     pool_mapped_ = false;
     mapped_ = 0;
     return Status::Ok();
@@ -305,7 +301,7 @@ class CudaKvMemory : public KvMemory {
  private:
   // After a failed MapPool(): what was mapped goes back.
   void UnmapPrefix() {
-    if (mapped_ > 0) (void)cuda::VmmUnmap(base_, mapped_);
+    if (mapped_ > 0) (void)range_.Unmap(0, mapped_);
     mapped_ = 0;
   }
 
@@ -317,20 +313,20 @@ class CudaKvMemory : public KvMemory {
 
   // One handle per fd, each checked to live on this rank's device; on an
   // error none is kept.
-  Status Import(const std::vector<UniqueFd>& fds, std::vector<cuda::MemHandle>* out) const {
+  Status Import(const std::vector<UniqueFd>& fds, std::vector<cuda::VmmHandle>* out) const {
     if (fds.size() != layout_.pool_allocations.size()) {
       return InvalidArgument("KV pool: " + std::to_string(fds.size()) + " fds for " +
                              std::to_string(layout_.pool_allocations.size()) + " allocations");
     }
     Status st;
     for (size_t i = 0; i < fds.size() && st.ok(); ++i) {
-      auto h = cuda::VmmImport(fds[i].get());
+      auto h = cuda::VmmHandle::Import(fds[i].get());
       if (!h.ok()) {
         st = h.error().With("KV pool: importing allocation " + std::to_string(i));
         break;
       }
-      out->push_back(*h);
-      auto props = cuda::VmmGetProperties(*h);
+      auto props = cuda::VmmGetProperties(h->get());
+      out->push_back(std::move(*h));
       if (!props.ok() || props->device != device_) {
         st = Mismatch("KV pool: allocation " + std::to_string(i) + " lives on " +
                       (props.ok() ? "cuda:" + std::to_string(props->device) : std::string("an unknown device")) +
@@ -338,29 +334,25 @@ class CudaKvMemory : public KvMemory {
                       "; give each rank's holder the rank's GPU (parallel.devices)");
       }
     }
-    if (!st.ok()) {
-      for (cuda::MemHandle h : *out) (void)cuda::VmmRelease(h);
-      out->clear();
-    }
+    if (!st.ok()) out->clear();
     return st;
   }
 
   void ReleaseLocked() {
-    for (cuda::MemHandle h : prepared_) (void)cuda::VmmRelease(h);
     prepared_.clear();
     prepared_from_.clear();
   }
 
   // PreparePool()'s handles, and the fd numbers they came from.
   std::mutex prepared_mu_;
-  std::vector<cuda::MemHandle> prepared_;
+  std::vector<cuda::VmmHandle> prepared_;
   std::vector<int> prepared_from_;
 
   int device_ = -1;
-  cuda::DevicePtr base_ = 0;
+  cuda::VmmRange range_;  // the pool span, then the scratch
+  cuda::DevicePtr base_ = 0;  // range_.base()
   uint64_t size_ = 0;
   uint64_t mapped_ = 0;  // of the pool span, during MapPool()
-  bool scratch_mapped_ = false;
   cuda::PrimaryContext ctx_;
 };
 

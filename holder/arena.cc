@@ -12,8 +12,10 @@
 #include <limits>
 #include <memory>
 
+#include "gpu/cuda_driver.h"
+#include "gpu/vmm.h"
 #include "holder/loader.h"
-#include "wire/cuda_driver.h"
+#include "wire/manifest_fds.h"
 
 namespace wsup {
 namespace {
@@ -79,7 +81,7 @@ class ArenaBuilder {
     if (d.cuda) {
       uint64_t off = 0;
       for (const auto& a : m_.allocations) {
-        d.device_bases.push_back(va_ + off);
+        d.device_bases.push_back(range_.base() + off);
         off += a.size;
       }
       d.context = &ctx_;
@@ -104,9 +106,8 @@ class ArenaBuilder {
       // Every fill must have landed before the temporary mapping goes away
       // (an access through an unmapped range poisons the context).
       WSUP_RETURN_IF_ERROR(cuda::ContextSynchronize());
-      UnmapCuda();
+      (void)range_.Reset();
       // The exported fds keep the memory alive from here on.
-      for (auto h : handles_) (void)cuda::VmmRelease(h);
       handles_.clear();
     }
     return Arena(std::move(m_), std::move(fds_));
@@ -144,45 +145,28 @@ class ArenaBuilder {
     WSUP_ASSIGN_OR_RETURN(ctx_, cuda::PrimaryContext::Retain(device));
     WSUP_RETURN_IF_ERROR(ctx_.MakeCurrent());
     WSUP_ASSIGN_OR_RETURN(uint64_t gran, cuda::VmmGranularity(device));
+    std::vector<uint64_t> sizes;
+    std::vector<cuda::MemHandle> handles;
     for (size_t i = 0; i < m_.allocations.size(); ++i) {
-      auto h = cuda::VmmCreate(device, m_.allocations[i].size);
+      auto h = cuda::VmmHandle::Create(device, m_.allocations[i].size);
       if (!h.ok()) return h.error().With(AllocName(i));
-      handles_.push_back(*h);
-      auto fd = cuda::VmmExport(*h);
+      auto fd = h->Export();
       if (!fd.ok()) return fd.error().With(AllocName(i));
       fds_.push_back(std::move(*fd));
+      sizes.push_back(m_.allocations[i].size);
+      handles.push_back(h->get());
+      handles_.push_back(std::move(*h));
     }
     // A temporary mapping of the whole arena, only for filling it.
     const uint64_t total = m_.arena_bytes();
-    WSUP_ASSIGN_OR_RETURN(va_, cuda::VmmReserve(total, gran));
-    va_size_ = total;
-    uint64_t off = 0;
-    for (size_t i = 0; i < handles_.size(); ++i) {
-      Status st = cuda::VmmMap(va_ + off, m_.allocations[i].size, handles_[i]);
-      if (!st.ok()) return st.error().With(AllocName(i));
-      ++mapped_;
-      off += m_.allocations[i].size;
-    }
-    WSUP_RETURN_IF_ERROR(cuda::VmmSetAccess(va_, total, device));
+    WSUP_ASSIGN_OR_RETURN(range_, cuda::VmmRange::MapAll(sizes, handles, gran, device, "arena allocation"));
     // New device memory holds whatever was there before; zero it so that
     // padding between tensors is deterministic. The memset runs on the
     // legacy stream, which the loader's non-blocking streams do not wait
     // for: finish it before any copy starts.
-    WSUP_RETURN_IF_ERROR(cuda::MemsetD8(va_, 0, total));
+    WSUP_RETURN_IF_ERROR(cuda::MemsetD8(range_.base(), 0, total));
     WSUP_RETURN_IF_ERROR(cuda::ContextSynchronize());
     return {};
-  }
-
-  void UnmapCuda() {
-    uint64_t off = 0;
-    for (size_t i = 0; i < mapped_; ++i) {
-      (void)cuda::VmmUnmap(va_ + off, m_.allocations[i].size);
-      off += m_.allocations[i].size;
-    }
-    mapped_ = 0;
-    if (va_) (void)cuda::VmmFree(va_, va_size_);
-    va_ = 0;
-    va_size_ = 0;
   }
 
   void Release() {
@@ -191,8 +175,7 @@ class ArenaBuilder {
     if (ctx_.valid()) {
       (void)ctx_.MakeCurrent();
       (void)cuda::ContextSynchronize();
-      UnmapCuda();
-      for (auto h : handles_) (void)cuda::VmmRelease(h);
+      (void)range_.Reset();
       handles_.clear();
     }
     fds_.clear();
@@ -202,10 +185,8 @@ class ArenaBuilder {
   std::vector<UniqueFd> fds_;
   uint8_t* host_map_ = nullptr;
   cuda::PrimaryContext ctx_;
-  std::vector<cuda::MemHandle> handles_;
-  cuda::DevicePtr va_ = 0;
-  uint64_t va_size_ = 0;
-  size_t mapped_ = 0;
+  std::vector<cuda::VmmHandle> handles_;  // until Finish(): the exported fds keep the memory after
+  cuda::VmmRange range_;                   // the temporary mapping for filling
 };
 
 namespace {
@@ -279,33 +260,11 @@ Result<Arena> Arena::Synthesize(const std::vector<ShardedTensor>& tensors, const
 
 Result<Arena> Arena::Adopt(Manifest manifest, std::vector<UniqueFd> fds) {
   WSUP_RETURN_IF_ERROR(manifest.Validate());
-  if (fds.size() != manifest.allocations.size()) {
-    return InvalidArgument("arena: adopting " + std::to_string(fds.size()) + " fds for " +
-                           std::to_string(manifest.allocations.size()) +
-                           " allocations in the manifest: keep and pass one fd per allocation, in "
-                           "allocation order");
-  }
-  for (size_t i = 0; i < fds.size(); ++i) {
-    if (!fds[i].valid())
-      return InvalidArgument(AllocName(i) + ": no fd to adopt: pass one fd per allocation");
-  }
+  WSUP_RETURN_IF_ERROR(CheckAllocationFds(manifest, fds, "keep and pass one fd per allocation, in allocation order"));
   if (manifest.backend == "host") {
     for (size_t i = 0; i < fds.size(); ++i) {
-      const uint64_t size = manifest.allocations[i].size;
-      struct stat st;
-      if (::fstat(fds[i].get(), &st) != 0) return ErrnoError(AllocName(i) + ": fstat of the kept fd", errno);
-      if (static_cast<uint64_t>(st.st_size) != size) {
-        return Mismatch(AllocName(i) + ": the kept fd holds " + std::to_string(st.st_size) +
-                        " bytes but the manifest says " + std::to_string(size) +
-                        ": the fds and the manifest belong to different arenas; load from the "
-                        "checkpoint instead");
-      }
-      int seals = ::fcntl(fds[i].get(), F_GET_SEALS);
-      if (seals < 0 || (seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK)) {
-        return Refused(AllocName(i) +
-                       ": the kept fd is not a memfd sealed read-only, so its bytes "
-                       "cannot be trusted: load from the checkpoint instead");
-      }
+      WSUP_RETURN_IF_ERROR(CheckSealedMemfd(i, fds[i].get(), manifest.allocations[i].size, MemfdSize::kExact,
+                                            "load from the checkpoint instead"));
     }
     return Arena(std::move(manifest), std::move(fds));
   }
@@ -326,22 +285,19 @@ Result<Arena> Arena::Adopt(Manifest manifest, std::vector<UniqueFd> fds) {
                      "-byte granularity: the manifest is not of a cuda arena here; "
                      "load from the checkpoint instead");
     }
-    auto h = cuda::VmmImport(fds[i].get());
+    auto h = cuda::VmmHandle::Import(fds[i].get());
     if (!h.ok()) return h.error().With(AllocName(i));
     Status st = [&]() -> Status {
-      WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(*h));
+      WSUP_ASSIGN_OR_RETURN(cuda::VmmProperties props, cuda::VmmGetProperties(h->get()));
       if (props.device != device) {
         return Mismatch(AllocName(i) + ": the kept memory is on device " + std::to_string(props.device) +
                         ", not on " + manifest.device_uuid + " (device " + std::to_string(device) +
                         "): the fds and the manifest belong to different arenas");
       }
-      WSUP_ASSIGN_OR_RETURN(cuda::DevicePtr va, cuda::VmmReserve(size, gran));
-      Status mapped = cuda::VmmMap(va, size, *h);
-      if (mapped.ok()) (void)cuda::VmmUnmap(va, size);
-      (void)cuda::VmmFree(va, size);
-      return mapped;
+      // A trial mapping, gone (with the handle) at the end of the scope.
+      WSUP_ASSIGN_OR_RETURN(cuda::VmmRange trial, cuda::VmmRange::Reserve(size, gran));
+      return trial.Map(0, size, h->get());
     }();
-    (void)cuda::VmmRelease(*h);
     if (!st.ok()) return st.error().With(AllocName(i) + " (adopting a kept fd)");
   }
   return Arena(std::move(manifest), std::move(fds));

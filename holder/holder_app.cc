@@ -14,13 +14,13 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/quant.h"
 #include "checkpoint/sharding.h"
+#include "gpu/local_fingerprint.h"
 #include "holder/arena.h"
 #include "holder/kv_pool.h"
 #include "holder/layout_store.h"
 #include "holder/server.h"
 #include "wire/kv_pool_record.h"
 #include "wire/layout_record.h"
-#include "wire/local_fingerprint.h"
 #include "wire/protocol.h"
 
 namespace wsup {

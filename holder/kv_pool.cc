@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cerrno>
 
+#include "gpu/cuda_driver.h"
 #include "holder/arena.h"
-#include "wire/cuda_driver.h"
 
 namespace wsup {
 

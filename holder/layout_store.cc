@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 namespace wsup {
 

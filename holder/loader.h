@@ -29,8 +29,8 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/sharding.h"
 #include "common/status.h"
+#include "gpu/cuda_driver.h"
 #include "holder/arena.h"
-#include "wire/cuda_driver.h"
 #include "wire/manifest.h"
 
 namespace wsup {

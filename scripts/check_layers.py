@@ -20,15 +20,16 @@ import sys
 LAYERS = {
     "common": [],
     "checkpoint": ["common"],
+    "gpu": ["common", "checkpoint"],
     "wire": ["common", "checkpoint"],
     "http": ["common"],
     "state": ["common"],
     "probes": ["common", "http"],
-    "holder": ["common", "checkpoint", "wire"],
-    "client": ["common", "checkpoint", "wire"],
-    "engine": ["common", "checkpoint", "wire", "client", "http"],
+    "holder": ["common", "checkpoint", "gpu", "wire"],
+    "client": ["common", "checkpoint", "gpu", "wire"],
+    "engine": ["common", "checkpoint", "gpu", "wire", "client", "http"],
     "front": ["common", "http", "wire"],
-    "supervisor": ["common", "checkpoint", "wire", "client", "http", "probes", "state"],
+    "supervisor": ["common", "checkpoint", "gpu", "wire", "client", "http", "probes", "state"],
 }
 
 # (folder, included folder) -> the only headers of it that folder may include.

@@ -5,7 +5,7 @@
 #include <memory>
 #include <ostream>
 
-#include "client/cache_commands.h"
+#include "supervisor/cache_commands.h"
 #include "supervisor/cli.h"
 
 namespace wsup {

@@ -25,9 +25,9 @@
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
+#include "gpu/cuda_driver.h"
 #include "holder/arena.h"
 #include "tests/client/fd_channel.h"
-#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

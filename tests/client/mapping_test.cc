@@ -16,10 +16,10 @@
 #include "checkpoint/sharding.h"
 #include "common/fs.h"
 #include "common/sha256.h"
+#include "gpu/cuda_driver.h"
 #include "holder/arena.h"
 #include "tests/client/fd_channel.h"
 #include "tests/test_util.h"
-#include "wire/cuda_driver.h"
 #include "wire/manifest.h"
 
 namespace wsup {
@@ -394,7 +394,8 @@ TEST_CASE("Map refuses fds that do not match the manifest") {
     fds.emplace_back(fd);
     auto r = MappedArena::Map(one, std::move(fds));
     REQUIRE_FALSE(r.ok());
-    CHECK(Has(r.error().message(), "not a sealable memfd"));
+    CHECK(r.error().code() == Code::kRefused);
+    CHECK(Has(r.error().message(), "not a memfd sealed read-only"));
   }
   SECTION("an inconsistent manifest") {
     Manifest bad = one;

@@ -25,9 +25,9 @@
 #include "engine/cuda/cuda_engine.h"
 #include "engine/kv_memory.h"
 #include "engine/runner.h"
+#include "gpu/cuda_driver.h"
 #include "tests/engine/engine_fixture.h"
 #include "tests/engine/golden.h"
-#include "wire/cuda_driver.h"
 
 using namespace std::chrono_literals;
 using namespace wsup;

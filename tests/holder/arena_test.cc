@@ -18,9 +18,9 @@
 #include "client/mapping.h"
 #include "common/fs.h"
 #include "common/sha256.h"
+#include "gpu/cuda_driver.h"
 #include "holder/loader.h"
 #include "tests/test_util.h"
-#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

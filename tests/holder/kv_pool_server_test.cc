@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "client/cache_commands.h"
 #include "client/client.h"
 #include "client/kv_pool.h"
 #include "client/wsup_client.h"
 #include "common/fs.h"
+#include "gpu/cuda_driver.h"
+#include "supervisor/cache_commands.h"
 #include "tests/holder/holder_fixture.h"
-#include "wire/cuda_driver.h"
 #include "wire/kv_journal.h"
 #include "wire/kv_pool_record.h"
 

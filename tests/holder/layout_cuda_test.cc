@@ -18,8 +18,8 @@
 #include "client/publish.h"
 #include "client/wsup_client.h"
 #include "common/sha256.h"
+#include "gpu/cuda_driver.h"
 #include "tests/holder/holder_fixture.h"
-#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

@@ -16,13 +16,13 @@
 #include <filesystem>
 #include <thread>
 
-#include "client/cache_commands.h"
 #include "client/publish.h"
 #include "client/wsup_client.h"
 #include "common/fs.h"
+#include "gpu/cuda_driver.h"
+#include "supervisor/cache_commands.h"
 #include "tests/holder/holder_fixture.h"
 #include "tests/holder/manifest_table_check.h"
-#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

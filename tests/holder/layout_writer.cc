@@ -20,7 +20,7 @@
 
 #include "client/publish.h"
 #include "common/sha256.h"
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 namespace {
 

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "client/cache_commands.h"
 #include "client/client.h"
+#include "gpu/local_fingerprint.h"
 #include "holder/holder_app.h"
+#include "supervisor/cache_commands.h"
 #include "tests/holder/holder_fixture.h"
-#include "wire/local_fingerprint.h"
 
 namespace wsup {
 namespace {

@@ -13,12 +13,12 @@
 #include <sstream>
 
 #include "checkpoint/checkpoint.h"
-#include "client/cache_commands.h"
 #include "client/client.h"
 #include "client/wsup_client.h"
+#include "gpu/cuda_driver.h"
+#include "supervisor/cache_commands.h"
 #include "tests/holder/holder_fixture.h"
 #include "tests/holder/manifest_table_check.h"
-#include "wire/cuda_driver.h"
 
 namespace wsup {
 namespace {

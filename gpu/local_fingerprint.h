@@ -7,7 +7,7 @@
 // The holder computes its fingerprint here and every client (engines, the C
 // ABI, `wsup cache`) computes the one it presents here too, so the two sides
 // can only differ where the deployments differ. The driver is reached
-// through wire/cuda_driver.h (dlopen), so this works without a GPU for the
+// through gpu/cuda_driver.h (dlopen), so this works without a GPU for the
 // host backend.
 //
 // Pure apart from reading the checkpoint's headers and asking the driver;

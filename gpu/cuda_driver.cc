@@ -1,4 +1,4 @@
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 #include <cstdio>
 #include <cstdlib>

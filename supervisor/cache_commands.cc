@@ -1,4 +1,4 @@
-#include "client/cache_commands.h"
+#include "supervisor/cache_commands.h"
 
 #include <chrono>
 #include <cstring>

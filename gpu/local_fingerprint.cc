@@ -1,9 +1,9 @@
-#include "wire/local_fingerprint.h"
+#include "gpu/local_fingerprint.h"
 
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
-#include "wire/cuda_driver.h"
+#include "gpu/cuda_driver.h"
 
 #ifndef WSUP_CUDA_RUNTIME_VERSION
 #define WSUP_CUDA_RUNTIME_VERSION "none"
