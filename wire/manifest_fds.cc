@@ -35,7 +35,7 @@ Status CheckSealedMemfd(size_t alloc, int fd, uint64_t size, MemfdSize rule, std
   }
   if ((seals & (F_SEAL_WRITE | F_SEAL_SHRINK)) != (F_SEAL_WRITE | F_SEAL_SHRINK)) {
     return Refused(AllocName(alloc) +
-                   ": the fd is not a memfd sealed read-only (against writes and shrinking), so its bytes "
+                   ": the fd is not a memfd sealed read-only (it is not sealed against writes and shrinking), so its bytes "
                    "could change or vanish under a reader: " +
                    std::string(fix));
   }
