@@ -54,6 +54,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/architecture/architecture.h"
 #include "checkpoint/checkpoint.h"
 #include "common/status.h"
 #include "engine/kv_memory.h"
@@ -64,11 +65,13 @@
 
 namespace wsup::engine {
 
-enum class Family { kLlama, kQwen3Moe, kDeepseekV3 };
-const char* FamilyName(Family f);
+// The family and its name come from the descriptors (checkpoint/architecture/).
+using ::wsup::Family;
+using ::wsup::FamilyName;
 
 struct ModelDims {
   Family family = Family::kLlama;
+  const Architecture* arch = nullptr;  // the family's descriptor: tensor names and shapes
   int64_t vocab = 0, hidden = 0, inter = 0, layers = 0;
   int64_t heads = 0, kv_heads = 0, head_dim = 0, max_pos = 0;
   float eps = 1e-6f;
@@ -148,7 +151,8 @@ struct StepBatch {
 };
 
 // A rank's weights, found and checked (names, local shapes, dtypes, FP8
-// block scales), as the kernels read them. A layer's MLP inputs are either
+// block scales), as the kernels read them (engine/model_bind.cc). Names and
+// shapes are the family descriptor's (ModelDims::arch). A layer's MLP inputs are either
 // the checkpoint's gate_proj and up_proj or the engine layout's fused
 // gate_up_proj (engine/layout_publish.h), read as two views of its halves. The CPU model and the CUDA rank
 // bind through this one function, so both refuse the same checkpoints with
@@ -170,7 +174,10 @@ struct ModelWeights {
   MatrixRef embed, lm_head, final_norm;
   std::vector<LayerWeights> layers;
 };
-Result<ModelWeights> BindWeights(const ModelDims& dims, const WeightSource& weights);
+// bound, when given, gets the name of every tensor bound, in order (a test
+// checks it against the descriptor).
+Result<ModelWeights> BindWeights(const ModelDims& dims, const WeightSource& weights,
+                                 std::vector<std::string>* bound = nullptr);
 
 class RankModel {
  public:
