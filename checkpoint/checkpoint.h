@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -85,14 +86,21 @@ struct ModelConfig {
   double rope_theta = 10000.0;  // rope_theta, or rope_parameters.rope_theta
   bool tie_word_embeddings = false;
   QuantConfig quant;
-  // config.json as read: family-specific keys (mixture-of-experts, MLA) are
-  // read from it by the engine that computes that family.
-  std::string json;
+  // rope_parameters.rope_type (or rope_scaling's) when it is not the
+  // default rope, e.g. "yarn", and the key that said so; empty otherwise.
+  std::string rope_type;
+  std::string rope_type_key;
 
   // Mixture of experts; num_experts 0 for a dense model. The key names vary
   // by family: num_experts or num_local_experts (Qwen-MoE, Mixtral),
-  // n_routed_experts (DeepSeek).
+  // n_routed_experts (DeepSeek); experts_key is the one config.json used
+  // (empty when none).
   int64_t num_experts = 0;
+  std::string experts_key;
+  int64_t num_experts_per_tok = 0;        // the router's top k; 0 when absent
+  std::optional<bool> norm_topk_prob;     // absent: the family's default
+  int64_t n_group = 1, topk_group = 1;    // DeepSeek: expert groups, and how many are kept
+  double routed_scaling_factor = 1.0;     // DeepSeek: the routed experts' weight
   int64_t moe_intermediate_size = 0;
   int64_t n_shared_experts = 0;          // DeepSeek: mlp.shared_experts
   int64_t first_k_dense_replace = 0;     // DeepSeek: layers below it are dense
@@ -105,6 +113,7 @@ struct ModelConfig {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
+  std::optional<bool> rope_interleave;  // DeepSeek: absent means interleaved
 
   // Whether layer l (< num_hidden_layers) has routed experts, by the rules
   // of the config's family.

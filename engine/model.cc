@@ -7,8 +7,6 @@
 #include <cstring>
 #include <numeric>
 
-#include <nlohmann/json.hpp>
-
 namespace wsup::engine {
 
 namespace {
@@ -18,98 +16,54 @@ void Grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// Reads the mixture-of-experts and MLA keys of config.json into d.
+// The mixture-of-experts and MLA sizes of config.json (read once, by
+// checkpoint/model_config.cc) into d, with what this engine can compute.
 Status ReadFamilyConfig(const ModelConfig& cfg, ModelDims& d) {
   const std::string where = "config.json";
   const std::string fix = "; fix config.json or restore it from the model repository";
-  nlohmann::json j = nlohmann::json::parse(cfg.json, nullptr, false);
-  if (!j.is_object()) return Corrupt(where + ": cannot be read as a JSON object for " + cfg.architecture + fix);
-  auto num = [&](const char* key, bool required, double dflt, double* out) -> Status {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) {
-      if (required) return Corrupt(where + ": key '" + std::string(key) + "' is missing; " + cfg.architecture + " needs it" + fix);
-      *out = dflt;
-      return Status::Ok();
-    }
-    if (!it->is_number()) return Corrupt(where + ": key '" + std::string(key) + "' is " + it->dump() + ", not a number" + fix);
-    *out = it->get<double>();
-    return Status::Ok();
+  auto needed = [&](int64_t v, const char* key) -> Status {
+    if (v > 0) return Status::Ok();
+    return Corrupt(where + ": key '" + key + "' is missing (or 0); " + cfg.architecture + " needs it" + fix);
   };
-  auto integer = [&](const char* key, bool required, int64_t dflt, int64_t* out) -> Status {
-    double v = 0;
-    WSUP_RETURN_IF_ERROR(num(key, required, static_cast<double>(dflt), &v));
-    if (v != std::floor(v)) return Corrupt(where + ": key '" + std::string(key) + "' is " + std::to_string(v) + ", not an integer" + fix);
-    *out = static_cast<int64_t>(v);
-    return Status::Ok();
-  };
-  auto boolean = [&](const char* key, bool dflt) -> Result<bool> {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return dflt;
-    if (!it->is_boolean()) return Corrupt(where + ": key '" + std::string(key) + "' is " + it->dump() + ", not true or false" + fix);
-    return it->get<bool>();
-  };
-  // rope_parameters (transformers 5) or rope_scaling (older): only the
-  // default rope; a scaled one (yarn and its mscale) would change the
-  // answers, so it is refused rather than ignored.
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_object()) continue;
-    auto type = it->find("rope_type");
-    if (type == it->end()) type = it->find("type");
-    if (type != it->end() && type->is_string() && *type != "default") {
-      return Refused(where + ": " + key + ".rope_type is " + type->dump() + "; the reference engine computes " +
-                     cfg.architecture + " with the default rope only: use a checkpoint without rope scaling");
-    }
+  // Only the default rope: a scaled one (yarn and its mscale) would change
+  // the answers, so it is refused rather than ignored.
+  if (!cfg.rope_type.empty()) {
+    return Refused(where + ": " + cfg.rope_type_key + " is \"" + cfg.rope_type + "\"; the reference engine computes " +
+                   cfg.architecture + " with the default rope only: use a checkpoint without rope scaling");
   }
   d.sparse.assign(static_cast<size_t>(std::max<int64_t>(d.layers, 0)), false);
-  WSUP_RETURN_IF_ERROR(integer("num_experts_per_tok", true, 0, &d.top_k));
-  WSUP_RETURN_IF_ERROR(integer("moe_intermediate_size", true, 0, &d.moe_inter));
-  WSUP_ASSIGN_OR_RETURN(d.norm_topk, boolean("norm_topk_prob", d.family == Family::kDeepseekV3));
+  for (int64_t l = 0; l < d.layers; ++l) d.sparse[static_cast<size_t>(l)] = cfg.IsMoeLayer(l);
+  WSUP_RETURN_IF_ERROR(needed(cfg.num_experts_per_tok, "num_experts_per_tok"));
+  WSUP_RETURN_IF_ERROR(needed(cfg.moe_intermediate_size, "moe_intermediate_size"));
+  d.top_k = cfg.num_experts_per_tok;
+  d.moe_inter = cfg.moe_intermediate_size;
+  d.norm_topk = cfg.norm_topk_prob.value_or(d.family == Family::kDeepseekV3);
+  d.experts = cfg.num_experts;
   if (d.family == Family::kQwen3Moe) {
-    auto it = j.find("num_local_experts");
-    WSUP_RETURN_IF_ERROR(integer(it != j.end() && !it->is_null() ? "num_local_experts" : "num_experts", true, 0, &d.experts));
-    int64_t step = 1;
-    WSUP_RETURN_IF_ERROR(integer("decoder_sparse_step", false, 1, &step));
-    if (step <= 0) return Corrupt(where + ": decoder_sparse_step is " + std::to_string(step) + "; it must be positive" + fix);
-    std::vector<int64_t> dense;
-    auto ml = j.find("mlp_only_layers");
-    if (ml != j.end() && !ml->is_null()) {
-      if (!ml->is_array()) return Corrupt(where + ": mlp_only_layers is " + ml->dump() + ", not a list of layer numbers" + fix);
-      for (const auto& v : *ml) {
-        if (!v.is_number_integer()) return Corrupt(where + ": mlp_only_layers holds " + v.dump() + ", not a layer number" + fix);
-        dense.push_back(v.get<int64_t>());
-      }
-    }
-    for (int64_t l = 0; l < d.layers; ++l) {
-      const bool only = std::find(dense.begin(), dense.end(), l) != dense.end();
-      d.sparse[static_cast<size_t>(l)] = !only && d.experts > 0 && (l + 1) % step == 0;
+    if (cfg.experts_key != "num_local_experts" && cfg.experts_key != "num_experts") {
+      return Corrupt(where + ": key 'num_experts' (or 'num_local_experts') is missing; " + cfg.architecture + " needs it" + fix);
     }
     d.qk_norm = true;
     d.q_dim = d.v_dim = d.kv_dim = d.head_dim;
   } else {
-    WSUP_RETURN_IF_ERROR(integer("n_routed_experts", true, 0, &d.experts));
-    int64_t first_dense = 0, shared = 0;
-    WSUP_RETURN_IF_ERROR(integer("first_k_dense_replace", false, 0, &first_dense));
-    WSUP_RETURN_IF_ERROR(integer("n_shared_experts", false, 0, &shared));
-    WSUP_RETURN_IF_ERROR(integer("n_group", false, 1, &d.n_group));
-    WSUP_RETURN_IF_ERROR(integer("topk_group", false, 1, &d.topk_group));
-    double scale = 1.0;
-    WSUP_RETURN_IF_ERROR(num("routed_scaling_factor", false, 1.0, &scale));
-    d.routed_scale = static_cast<float>(scale);
-    d.shared_inter = shared * d.moe_inter;
-    for (int64_t l = 0; l < d.layers; ++l) d.sparse[static_cast<size_t>(l)] = l >= first_dense && d.experts > 0;
+    if (cfg.experts_key != "n_routed_experts") {
+      return Corrupt(where + ": key 'n_routed_experts' is missing; " + cfg.architecture + " needs it" + fix);
+    }
+    d.n_group = cfg.n_group;
+    d.topk_group = cfg.topk_group;
+    d.routed_scale = static_cast<float>(cfg.routed_scaling_factor);
+    d.shared_inter = cfg.n_shared_experts * d.moe_inter;
     d.sigmoid_router = true;
-    WSUP_RETURN_IF_ERROR(integer("q_lora_rank", false, 0, &d.q_lora_rank));
-    WSUP_RETURN_IF_ERROR(integer("kv_lora_rank", true, 0, &d.kv_lora_rank));
-    WSUP_RETURN_IF_ERROR(integer("qk_nope_head_dim", true, 0, &d.qk_nope));
-    WSUP_RETURN_IF_ERROR(integer("qk_rope_head_dim", true, 0, &d.qk_rope));
-    WSUP_RETURN_IF_ERROR(integer("v_head_dim", true, 0, &d.v_dim));
-    WSUP_ASSIGN_OR_RETURN(d.rope_interleave, boolean("rope_interleave", true));
+    d.q_lora_rank = cfg.q_lora_rank;
+    d.kv_lora_rank = cfg.kv_lora_rank;
+    d.qk_nope = cfg.qk_nope_head_dim;
+    d.qk_rope = cfg.qk_rope_head_dim;
+    d.v_dim = cfg.v_head_dim;
+    d.rope_interleave = cfg.rope_interleave.value_or(true);
     for (auto [v, key] : {std::pair{d.kv_lora_rank, "kv_lora_rank"}, {d.qk_nope, "qk_nope_head_dim"},
                           {d.qk_rope, "qk_rope_head_dim"}, {d.v_dim, "v_head_dim"}}) {
-      if (v <= 0) return Corrupt(where + ": " + key + " is " + std::to_string(v) + "; it must be positive" + fix);
+      WSUP_RETURN_IF_ERROR(needed(v, key));
     }
-    if (d.q_lora_rank < 0) return Corrupt(where + ": q_lora_rank is negative" + fix);
     if (d.qk_rope > 512) return Refused(where + ": qk_rope_head_dim " + std::to_string(d.qk_rope) + " exceeds the 512 the reference engine supports");
     if (d.qk_rope % 2 != 0) return Corrupt(where + ": qk_rope_head_dim " + std::to_string(d.qk_rope) + " is odd; rotary embeddings need it even" + fix);
     // Rope runs over the rope part of each head only; every head has its
@@ -119,11 +73,11 @@ Status ReadFamilyConfig(const ModelConfig& cfg, ModelDims& d) {
     d.q_dim = d.qk_nope + d.qk_rope;
     d.kv_dim = std::max(d.q_dim, d.v_dim);
     if (d.experts > 0) {
-      if (d.n_group <= 0 || d.experts % d.n_group != 0 || d.experts / d.n_group < 2) {
+      if (d.experts % d.n_group != 0 || d.experts / d.n_group < 2) {
         return Corrupt(where + ": n_group " + std::to_string(d.n_group) + " does not split n_routed_experts " +
                        std::to_string(d.experts) + " into groups of at least 2" + fix);
       }
-      if (d.topk_group <= 0 || d.topk_group > d.n_group) {
+      if (d.topk_group > d.n_group) {
         return Corrupt(where + ": topk_group " + std::to_string(d.topk_group) + " must be between 1 and n_group " +
                        std::to_string(d.n_group) + fix);
       }

@@ -388,11 +388,15 @@ TEST_CASE("model: MoE configs the engine cannot compute are refused with the fix
     CHECK(Has(e.error().message(), "pass --ep-size 4"));
   }
   auto edit = [&](const std::function<void(nlohmann::json&)>& f, int tp = 1, int ep = 1) {
-    ModelConfig c = ckpt->config();
-    auto j = nlohmann::json::parse(c.json);
+    // config.json as the checkpoint has it, edited, then read the one way
+    // the engine gets it (ParseModelConfig).
+    auto text = ReadFile(test::TestData("qwen3moe-tiny-f32") + "/config.json");
+    REQUIRE(text.ok());
+    auto j = nlohmann::json::parse(*text);
     f(j);
-    c.json = j.dump();
-    return ModelDims::From(c, tp, 0, ep);
+    auto c = ParseModelConfig(j.dump(), "config.json");
+    REQUIRE(c.ok());
+    return ModelDims::From(*c, tp, 0, ep);
   };
   SECTION("experts that the ranks cannot share evenly") {
     auto d = edit([](nlohmann::json& j) { j["num_local_experts"] = 6; }, 4, 4);
