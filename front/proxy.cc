@@ -8,6 +8,7 @@
 #include <cstring>
 #include <strings.h>
 
+#include "front/attempt.h"
 #include "front/call_policy.h"
 #include "front/completion.h"
 #include "front/sse_relay.h"
@@ -74,7 +75,7 @@ class ProxyCall final : public UpstreamListener {
 
   void Start();
   // Sends the request to `b` (from Proxy::Dispatch or the queue).
-  void Attempt(Backend* b);
+  void Send(Backend* b);
   // The queue timeout passed (or the queue is full) with no engine to take it.
   void Reject503(const std::string& cause);
   // The request is one no engine may be given (past the JSON limits).
@@ -97,7 +98,7 @@ class ProxyCall final : public UpstreamListener {
   bool Silent(int64_t now, int64_t after_ms) const;
   bool CanHedge() const;
   bool hedged() const { return HedgePending(); }
-  Backend* backend() const { return backend_; }
+  Backend* backend() const { return attempt_.backend(); }
   // Sends the request (or the stream's resume request) to `b` as well.
   void Hedge(Backend* b);
   // From the hedge's listener.
@@ -148,8 +149,7 @@ class ProxyCall final : public UpstreamListener {
   // the dead engine's journal (docs/kv_journal.md).
   bool cut_ = false;
 
-  UpstreamConn* conn_ = nullptr;
-  Backend* backend_ = nullptr;
+  Attempt attempt_;  // the engine the request is on now, and its connection
   bool force_fresh_ = false;
   bool stale_retry_used_ = false;
   int retries_ = 0;
@@ -194,19 +194,18 @@ class HedgeLeg final : public UpstreamListener {
     call_->OnHedgeProgress();
   }
   void OnUpstreamDone() override {
-    conn = nullptr;  // back in the pool
+    attempt.ConnReturned();  // back in the pool; the claim lasts until the call decides
     done = true;
     call_->OnHedgeProgress();
   }
   void OnUpstreamError(const UpstreamError& e) override {
-    conn = nullptr;  // closed
+    attempt.ConnReturned();  // closed
     call_->OnHedgeError(e);
   }
 
   enum class State { kPending, kAdopted, kEnded };
   State state = State::kPending;
-  UpstreamConn* conn = nullptr;
-  Backend* backend = nullptr;
+  Attempt attempt;      // on the standby, until the call adopts it or ends it
   bool resume = false;  // continues a stream after the tokens the client already has
   bool stale_retry_used = false;
   std::string head;         // what it sends: the request's head ...
@@ -298,17 +297,16 @@ void ProxyCall::BuildHead(const Backend* b, std::string_view body, bool cut, std
   head_ += "\r\n";
 }
 
-void ProxyCall::Attempt(Backend* b) {
+void ProxyCall::Send(Backend* b) {
   Guard g(this);
   if (finished_) return;
-  backend_ = b;
-  ++b->inflight;
+  attempt_ = Attempt(b);
   ResetAttempt();
   BuildHead(b, body_, cut_, &head_);
   last_byte_ms_ = proxy_->now_ms();
-  conn_ = proxy_->pool().Acquire(b, force_fresh_);
+  attempt_.Lend(proxy_->pool().Acquire(b, force_fresh_));
   force_fresh_ = false;
-  conn_->Send(this, head_, body_, writer_->request().method == "HEAD");
+  attempt_.conn()->Send(this, head_, body_, writer_->request().method == "HEAD");
 }
 
 void ProxyCall::ResetAttempt() {
@@ -331,7 +329,7 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
       return;  // the continuation's events follow the ones already sent
     }
     spdlog::warn("front: request {}: resuming the stream on {} got status {} ({}); closing the client's connection",
-                 id(), backend_->name, status, content_type ? *content_type : "no content type");
+                 id(), attempt_.backend()->name, status, content_type ? *content_type : "no content type");
     ++proxy_->mutable_counters().failed;
     writer_->Abort();
     Finish();
@@ -366,7 +364,7 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
     mode_ = Mode::kBuffer;
     if (answer_pending_) {
       answer_pending_ = false;
-      proxy_->BackendAnswered(backend_);
+      proxy_->BackendAnswered(attempt_.backend());
     }
     if (announced != SIZE_MAX && !bodiless) resp_body_.reserve(announced);
   } else {
@@ -380,7 +378,7 @@ void ProxyCall::OnUpstreamBody(std::string_view data) {
   Heard();
   if (answer_pending_) {
     answer_pending_ = false;
-    proxy_->BackendAnswered(backend_);
+    proxy_->BackendAnswered(attempt_.backend());
   }
   switch (mode_) {
     case Mode::kBuffer:
@@ -406,11 +404,9 @@ void ProxyCall::OnUpstreamDone() {
   // A 2xx answer that ended with no body byte (an empty stream) is good too.
   if (answer_pending_) {
     answer_pending_ = false;
-    proxy_->BackendAnswered(backend_);
+    proxy_->BackendAnswered(attempt_.backend());
   }
-  conn_ = nullptr;
-  --backend_->inflight;
-  backend_ = nullptr;
+  attempt_.Complete();  // the connection went back to the pool
   switch (mode_) {
     case Mode::kBuffer: {
       http::HttpResponse resp;
@@ -438,10 +434,7 @@ void ProxyCall::OnUpstreamDone() {
 // (front/call_policy.h); this carries it out.
 void ProxyCall::OnUpstreamError(const UpstreamError& e) {
   Guard g(this);
-  Backend* b = backend_;
-  conn_ = nullptr;
-  backend_ = nullptr;
-  --b->inflight;
+  Backend* b = attempt_.Complete();  // the connection is closed
   if (flow_paused_) flow_paused_ = false;
   FailureFacts facts;
   facts.stage = e.stage;
@@ -460,7 +453,7 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
 
   switch (action) {
     case FailureAction::kAdoptHedge:
-      spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->backend->name);
+      spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->attempt.backend()->name);
       ++counters.hedge_won;
       AdoptHedge();
       return;
@@ -583,9 +576,9 @@ void ProxyCall::OnClientGone() {
 }
 
 void ProxyCall::CheckFlow() {
-  if (!conn_ || flow_paused_ || writer_->queued_bytes() < proxy_->options().client_buffer_high) return;
+  if (!attempt_.conn() || flow_paused_ || writer_->queued_bytes() < proxy_->options().client_buffer_high) return;
   flow_paused_ = true;
-  conn_->PauseReading();
+  attempt_.conn()->PauseReading();
   proxy_->WatchFlow(this);
 }
 
@@ -593,7 +586,7 @@ bool ProxyCall::ResumeIfDrained(size_t low) {
   if (!flow_paused_) return true;
   if (writer_->queued_bytes() > low) return false;
   flow_paused_ = false;
-  if (conn_) conn_->ResumeReading();
+  if (attempt_.conn()) attempt_.conn()->ResumeReading();
   return true;
 }
 
@@ -601,14 +594,7 @@ void ProxyCall::Finish() {
   if (finished_) return;
   finished_ = true;
   if (HedgePending()) EndHedge(nullptr);
-  if (conn_) {
-    conn_->Abort();
-    conn_ = nullptr;
-  }
-  if (backend_) {
-    --backend_->inflight;
-    backend_ = nullptr;
-  }
+  attempt_.Cancel();
   if (queued) proxy_->Dequeue(this);
   writer_->OnClose(nullptr);
   proxy_->Forget(this);
@@ -619,7 +605,7 @@ void ProxyCall::Finish() {
 
 void ProxyCall::Heard() {
   last_byte_ms_ = proxy_->now_ms();
-  if (backend_) proxy_->BackendSpoke(backend_);
+  if (attempt_) proxy_->BackendSpoke(attempt_.backend());
   // The engine the call was sent to spoke first: the hedge is not needed.
   if (HedgePending()) EndHedge("the active engine answered first");
 }
@@ -627,7 +613,7 @@ void ProxyCall::Heard() {
 bool ProxyCall::HedgePending() const { return hedge_ && hedge_->state == HedgeLeg::State::kPending; }
 
 bool ProxyCall::Silent(int64_t now, int64_t after_ms) const {
-  return !finished_ && conn_ && backend_ && !flow_paused_ && now - last_byte_ms_ >= after_ms;
+  return !finished_ && attempt_.conn() && attempt_ && !flow_paused_ && now - last_byte_ms_ >= after_ms;
 }
 
 bool ProxyCall::CanHedge() const {
@@ -644,7 +630,6 @@ void ProxyCall::Hedge(Backend* b) {
   hedges_.push_back(std::make_unique<HedgeLeg>(this));
   hedge_ = hedges_.back().get();
   HedgeLeg& h = *hedge_;
-  h.backend = b;
   h.resume = writer_->started();
   if (h.resume) {
     int64_t remaining = plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size());
@@ -654,13 +639,13 @@ void ProxyCall::Hedge(Backend* b) {
     h.body = body_;
   }
   BuildHead(b, h.body, false, &h.head);  // the engine it hedges is alive: nothing to adopt
-  ++b->inflight;
+  h.attempt = Attempt(b);
   ++proxy_->mutable_counters().hedged;
-  spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), backend_->name,
+  spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), attempt_.backend()->name,
                proxy_->now_ms() - last_byte_ms_, b->name,
                h.resume ? " (resuming after " + std::to_string(sse_->delivered().size()) + " tokens)" : "");
-  h.conn = proxy_->pool().Acquire(b, /*fresh=*/false);
-  h.conn->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
+  h.attempt.Lend(proxy_->pool().Acquire(b, /*fresh=*/false));
+  h.attempt.conn()->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
 }
 
 void ProxyCall::OnHedgeProgress() {
@@ -680,8 +665,9 @@ void ProxyCall::OnHedgeProgress() {
       return;
     case HedgeVerdict::kFailed:
       ++proxy_->mutable_counters().hedge_failed;
-      spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(), h.backend->name,
-                   h.status, backend_ ? backend_->name : "the active engine");
+      spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(),
+                   h.attempt.backend()->name, h.status,
+                   attempt_ ? attempt_.backend()->name : "the active engine");
       EndHedge(nullptr);
       return;
     case HedgeVerdict::kWins:
@@ -698,17 +684,17 @@ void ProxyCall::OnHedgeError(const UpstreamError& e) {
   if (e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !h.stale_retry_used) {
     // A kept-alive connection the standby had closed: once more on a fresh one.
     h.stale_retry_used = true;
-    h.conn = proxy_->pool().Acquire(h.backend, /*fresh=*/true);
-    h.conn->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
+    h.attempt.Lend(proxy_->pool().Acquire(h.attempt.backend(), /*fresh=*/true));
+    h.attempt.conn()->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
     return;
   }
   h.state = HedgeLeg::State::kEnded;
-  --h.backend->inflight;
+  Backend* standby = h.attempt.Complete();
   ++proxy_->mutable_counters().hedge_failed;
-  std::string why = h.backend->name + " " + e.Describe();
+  std::string why = standby->name + " " + e.Describe();
   spdlog::info("front: request {}: the hedge failed: {}; waiting for {}", id(), why,
-               backend_ ? backend_->name : "the active engine");
-  proxy_->BackendFailed(h.backend, why);
+               attempt_ ? attempt_.backend()->name : "the active engine");
+  proxy_->BackendFailed(standby, why);
 }
 
 // The standby's attempt becomes the call's: the active engine's connection,
@@ -718,15 +704,11 @@ void ProxyCall::AdoptHedge() {
   Guard g(this);
   HedgeLeg& h = *hedge_;
   h.state = HedgeLeg::State::kAdopted;
-  if (conn_) {
-    conn_->Abort();
-    conn_ = nullptr;
+  if (attempt_) {
+    spdlog::info("front: request {}: {} answered first; closing the request on {}", id(),
+                 h.attempt.backend()->name, attempt_.backend()->name);
   }
-  if (backend_) {
-    spdlog::info("front: request {}: {} answered first; closing the request on {}", id(), h.backend->name,
-                 backend_->name);
-    --backend_->inflight;
-  }
+  attempt_.Cancel();  // the loser: its engine cancels the request
   flow_paused_ = false;
   if (h.resume) {
     sse_->BeginContinuation();
@@ -735,11 +717,9 @@ void ProxyCall::AdoptHedge() {
   } else {
     ResetAttempt();
   }
-  proxy_->HedgeWon(h.backend);
-  backend_ = h.backend;  // its inflight count was taken when the hedge was sent
-  conn_ = h.conn;
-  h.conn = nullptr;
-  if (conn_) conn_->Rebind(this);
+  proxy_->HedgeWon(h.attempt.backend());
+  attempt_ = std::move(h.attempt);  // its claim, taken when the hedge was sent, is the call's now
+  if (attempt_.conn()) attempt_.conn()->Rebind(this);
   if (h.has_head) OnUpstreamHead(h.status, &h.headers);
   if (finished_) return;
   if (!h.got.empty()) {
@@ -753,14 +733,11 @@ void ProxyCall::AdoptHedge() {
 void ProxyCall::EndHedge(const char* why) {
   HedgeLeg& h = *hedge_;
   h.state = HedgeLeg::State::kEnded;
-  if (h.conn) {
-    h.conn->Abort();
-    h.conn = nullptr;
-  }
-  --h.backend->inflight;
+  const Backend* standby = h.attempt.backend();
+  h.attempt.Cancel();  // the loser: its engine cancels the request
   if (why) {
     ++proxy_->mutable_counters().hedge_lost;
-    spdlog::info("front: request {}: {}; closing the hedge on {}", id(), why, h.backend->name);
+    spdlog::info("front: request {}: {}; closing the hedge on {}", id(), why, standby->name);
   }
 }
 
@@ -830,7 +807,7 @@ Backend* Proxy::Pick() const {
 void Proxy::Dispatch(ProxyCall* call) {
   if (Backend* b = Pick(); b && queue_.empty()) {
     if (b != active_) ++counters_.silent_to_standby;
-    call->Attempt(b);
+    call->Send(b);
     return;
   }
   if (queue_.size() >= options_.max_queued) {
@@ -862,7 +839,7 @@ void Proxy::WakeQueue() {
     ProxyCall* call = queue_.front();
     Dequeue(call);
     if (b != active_) ++counters_.silent_to_standby;
-    call->Attempt(b);
+    call->Send(b);
   }
   ArmQueueTimer();
 }
