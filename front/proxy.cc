@@ -11,64 +11,22 @@
 #include "front/attempt.h"
 #include "front/call_policy.h"
 #include "front/completion.h"
+#include "front/hedge.h"
+#include "front/request_head.h"
 #include "front/sse_relay.h"
 #include "http/loop_timer.h"
 
 namespace wsup::front {
 
-namespace {
-
 using http::Header;
 using http::HeaderNameEquals;
-
-// Headers that describe one hop of the exchange (RFC 9110 7.6.1), and the
-// framing headers each side writes for itself.
-bool IsHopByHop(std::string_view name) {
-  static constexpr std::string_view kNames[] = {
-      "Connection",          "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
-      "TE",                  "Trailer",    "Transfer-Encoding", "Upgrade",           "Content-Length",
-  };
-  for (std::string_view n : kNames) {
-    if (HeaderNameEquals(name, n)) return true;
-  }
-  return false;
-}
-
-// True when `name` is one of the comma-separated tokens of a Connection
-// header value (those headers are hop-by-hop too).
-bool ListedIn(std::string_view connection_value, std::string_view name) {
-  size_t pos = 0;
-  while (pos <= connection_value.size()) {
-    size_t comma = connection_value.find(',', pos);
-    if (comma == std::string_view::npos) comma = connection_value.size();
-    std::string_view tok = connection_value.substr(pos, comma - pos);
-    while (!tok.empty() && (tok.front() == ' ' || tok.front() == '\t')) tok.remove_prefix(1);
-    while (!tok.empty() && (tok.back() == ' ' || tok.back() == '\t')) tok.remove_suffix(1);
-    if (!tok.empty() && HeaderNameEquals(tok, name)) return true;
-    pos = comma + 1;
-  }
-  return false;
-}
-
-const std::string* FindHeader(const std::vector<Header>& headers, std::string_view name) {
-  for (const auto& h : headers) {
-    if (HeaderNameEquals(h.name, name)) return &h.value;
-  }
-  return nullptr;
-}
-
-bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
-  return s.size() >= prefix.size() && ::strncasecmp(s.data(), prefix.data(), prefix.size()) == 0;
-}
-
-}  // namespace
 
 // One client request on its way through the front. Lives from Handle()
 // until its answer is complete, the client is gone, or the proxy closes.
 // Entry points from callbacks hold a Guard, so that a call that finishes
 // inside one of them (the client vanished during a write) is deleted only
 // when the outermost entry returns.
-class ProxyCall final : public UpstreamListener {
+class ProxyCall final : public UpstreamListener, public HedgeLeg::Owner {
  public:
   ProxyCall(Proxy* proxy, std::shared_ptr<http::ResponseWriter> writer)
       : proxy_(proxy), writer_(std::move(writer)) {}
@@ -91,19 +49,14 @@ class ProxyCall final : public UpstreamListener {
   void CheckFlow();
   bool ResumeIfDrained(size_t low);
 
-  // Hedging (Proxy::OnHedgeTimer). True when the call has waited at least
-  // `after_ms` for a byte from the engine it was sent to, and can be sent
-  // to another one: nothing reached the client yet, or it is a stream that
-  // can be resumed after the tokens it delivered.
-  bool Silent(int64_t now, int64_t after_ms) const;
-  bool CanHedge() const;
-  bool hedged() const { return HedgePending(); }
+  // The call as the hedge scan sees it (front/hedge.h).
+  HedgeCandidate HedgeView() const;
   Backend* backend() const { return attempt_.backend(); }
   // Sends the request (or the stream's resume request) to `b` as well.
   void Hedge(Backend* b);
   // From the hedge's listener.
-  void OnHedgeProgress();
-  void OnHedgeError(const UpstreamError& e);
+  void OnHedgeProgress() override;
+  void OnHedgeError(const UpstreamError& e) override;
 
   int64_t deadline_ms = 0;
   std::list<ProxyCall*>::iterator queue_pos;
@@ -111,6 +64,7 @@ class ProxyCall final : public UpstreamListener {
   bool hedge_refused = false;  // the budget was spent when it was silent (counted once)
 
  private:
+  bool CanHedge() const;
   enum class Mode { kNone, kBuffer, kStream, kSse };
 
   struct Guard {
@@ -170,56 +124,8 @@ class ProxyCall final : public UpstreamListener {
   // engine it is on). Kept until the call ends: the connection it handed
   // over sends its head and body.
   static constexpr size_t kMaxHedges = 1;
-  std::vector<std::unique_ptr<class HedgeLeg>> hedges_;
-  class HedgeLeg* hedge_ = nullptr;
-};
-
-// The second attempt of a hedged call, on the standby. What the standby
-// sends is held here until the call decides: the first of the two engines
-// to answer wins, and the other's connection is closed.
-class HedgeLeg final : public UpstreamListener {
- public:
-  explicit HedgeLeg(ProxyCall* call) : call_(call) {}
-
-  void OnUpstreamHead(int s, std::vector<Header>* h) override {
-    status = s;
-    has_head = true;
-    const std::string* content_type = FindHeader(*h, "Content-Type");
-    event_stream = content_type && StartsWithNoCase(*content_type, "text/event-stream");
-    headers = std::move(*h);
-    call_->OnHedgeProgress();
-  }
-  void OnUpstreamBody(std::string_view data) override {
-    got.append(data);
-    call_->OnHedgeProgress();
-  }
-  void OnUpstreamDone() override {
-    attempt.ConnReturned();  // back in the pool; the claim lasts until the call decides
-    done = true;
-    call_->OnHedgeProgress();
-  }
-  void OnUpstreamError(const UpstreamError& e) override {
-    attempt.ConnReturned();  // closed
-    call_->OnHedgeError(e);
-  }
-
-  enum class State { kPending, kAdopted, kEnded };
-  State state = State::kPending;
-  Attempt attempt;      // on the standby, until the call adopts it or ends it
-  bool resume = false;  // continues a stream after the tokens the client already has
-  bool stale_retry_used = false;
-  std::string head;         // what it sends: the request's head ...
-  std::string resume_body;  // ... and body (this one for a resume, else the call's)
-  std::string_view body;
-  bool has_head = false;
-  bool event_stream = false;
-  bool done = false;
-  int status = 0;
-  std::vector<Header> headers;
-  std::string got;  // the response body so far
-
- private:
-  ProxyCall* call_;
+  std::vector<std::unique_ptr<HedgeLeg>> hedges_;
+  HedgeLeg* hedge_ = nullptr;
 };
 
 void ProxyCall::Start() {
@@ -254,47 +160,7 @@ void ProxyCall::Start() {
 }
 
 void ProxyCall::BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const {
-  std::string& head_ = *out;
-  const http::HttpRequest& r = writer_->request();
-  const std::string* connection = r.FindHeader("Connection");
-  head_.clear();
-  head_.reserve(128 + r.target.size() + r.headers.size() * 48);
-  head_ += r.method;
-  head_ += ' ';
-  head_ += r.target;
-  head_ += " HTTP/1.1\r\n";
-  bool have_host = false;
-  for (const auto& h : r.headers) {
-    // X-Request-Id and X-Wsup-Resume are the front's to set, never a client's.
-    if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "Expect") ||
-        HeaderNameEquals(h.name, "X-Request-Id") || HeaderNameEquals(h.name, "X-Wsup-Resume")) {
-      continue;
-    }
-    if (connection && ListedIn(*connection, h.name)) continue;
-    if (HeaderNameEquals(h.name, "Host")) have_host = true;
-    head_ += h.name;
-    head_ += ": ";
-    head_ += h.value;
-    head_ += "\r\n";
-  }
-  if (!have_host) {
-    head_ += "Host: ";
-    head_ += b->name;
-    head_ += "\r\n";
-  }
-  head_ += "X-Request-Id: ";
-  head_ += r.request_id;
-  head_ += "\r\n";
-  if (cut) head_ += "X-Wsup-Resume: cut\r\n";
-  if (!body.empty() || r.method == "POST" || r.method == "PUT" || r.method == "PATCH") {
-    char len[32];
-    auto [end, ec] = std::to_chars(len, len + sizeof(len), body.size());
-    (void)ec;
-    head_ += "Content-Length: ";
-    head_.append(len, end);
-    head_ += "\r\n";
-  }
-  head_ += "\r\n";
+  BuildRequestHead(writer_->request(), b->name, body, cut, out);
 }
 
 void ProxyCall::Send(Backend* b) {
@@ -322,7 +188,7 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
   Guard g(this);
   Heard();
   const std::string* content_type = FindHeader(*headers, "Content-Type");
-  bool event_stream = content_type && StartsWithNoCase(*content_type, "text/event-stream");
+  const bool event_stream = IsEventStream(*headers);
   if (resuming_) {
     if (status / 100 == 2 && event_stream) {
       answer_pending_ = true;
@@ -340,22 +206,8 @@ void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
   // body's) head only says the engine took the request: that one is good at
   // its first body byte (OnUpstreamBody), as clients see it.
   answer_pending_ = status / 100 == 2;
-  // Copied: the headers are moved out below. (Usually "keep-alive": no allocation.)
-  std::string connection;
-  if (const std::string* c = FindHeader(*headers, "Connection")) connection = *c;
-  bool chunked = FindHeader(*headers, "Transfer-Encoding") != nullptr;
   size_t announced = SIZE_MAX;
-  if (const std::string* length = FindHeader(*headers, "Content-Length"); length && !chunked) {
-    size_t n = 0;
-    auto [end, ec] = std::from_chars(length->data(), length->data() + length->size(), n);
-    if (ec == std::errc() && end == length->data() + length->size()) announced = n;
-  }
-  resp_headers_.reserve(headers->size());
-  for (auto& h : *headers) {
-    if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "X-Request-Id") || HeaderNameEquals(h.name, "Server")) continue;
-    if (!connection.empty() && ListedIn(connection, h.name)) continue;
-    resp_headers_.push_back(std::move(h));
-  }
+  resp_headers_ = RelayedHeaders(headers, &announced);
   bool bodiless = writer_->request().method == "HEAD" || status == 204 || status == 304;
   if (sse_ && status / 100 == 2 && event_stream) {
     mode_ = Mode::kSse;
@@ -610,10 +462,17 @@ void ProxyCall::Heard() {
   if (HedgePending()) EndHedge("the active engine answered first");
 }
 
-bool ProxyCall::HedgePending() const { return hedge_ && hedge_->state == HedgeLeg::State::kPending; }
+bool ProxyCall::HedgePending() const { return hedge_ && hedge_->pending(); }
 
-bool ProxyCall::Silent(int64_t now, int64_t after_ms) const {
-  return !finished_ && attempt_.conn() && attempt_ && !flow_paused_ && now - last_byte_ms_ >= after_ms;
+HedgeCandidate ProxyCall::HedgeView() const {
+  HedgeCandidate c;
+  c.backend = attempt_.backend();
+  c.reading = !finished_ && attempt_.conn() && !flow_paused_;
+  c.last_byte_ms = last_byte_ms_;
+  c.hedge_pending = HedgePending();
+  c.can_hedge = c.backend && !c.hedge_pending && CanHedge();
+  c.refused = hedge_refused;
+  return c;
 }
 
 bool ProxyCall::CanHedge() const {
@@ -627,10 +486,9 @@ bool ProxyCall::CanHedge() const {
 
 void ProxyCall::Hedge(Backend* b) {
   Guard g(this);
-  hedges_.push_back(std::make_unique<HedgeLeg>(this));
+  hedges_.push_back(std::make_unique<HedgeLeg>(this, b, writer_->started()));
   hedge_ = hedges_.back().get();
   HedgeLeg& h = *hedge_;
-  h.resume = writer_->started();
   if (h.resume) {
     int64_t remaining = plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size());
     h.resume_body = ResumeBody(plan_, sse_->delivered(), remaining);
@@ -639,7 +497,6 @@ void ProxyCall::Hedge(Backend* b) {
     h.body = body_;
   }
   BuildHead(b, h.body, false, &h.head);  // the engine it hedges is alive: nothing to adopt
-  h.attempt = Attempt(b);
   ++proxy_->mutable_counters().hedged;
   spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), attempt_.backend()->name,
                proxy_->now_ms() - last_byte_ms_, b->name,
@@ -652,15 +509,7 @@ void ProxyCall::OnHedgeProgress() {
   Guard g(this);
   if (!HedgePending()) return;
   HedgeLeg& h = *hedge_;
-  HedgeFacts facts;
-  facts.has_head = h.has_head;
-  facts.status = h.status;
-  facts.event_stream = h.event_stream;
-  facts.resume = h.resume;
-  facts.call_relays_stream = sse_ != nullptr;
-  facts.got_body = !h.got.empty();
-  facts.done = h.done;
-  switch (JudgeHedge(facts)) {
+  switch (JudgeHedge(h.Facts(sse_ != nullptr))) {
     case HedgeVerdict::kWait:
       return;
     case HedgeVerdict::kFailed:
@@ -732,9 +581,8 @@ void ProxyCall::AdoptHedge() {
 
 void ProxyCall::EndHedge(const char* why) {
   HedgeLeg& h = *hedge_;
-  h.state = HedgeLeg::State::kEnded;
   const Backend* standby = h.attempt.backend();
-  h.attempt.Cancel();  // the loser: its engine cancels the request
+  h.Cancel();  // the loser: its engine cancels the request
   if (why) {
     ++proxy_->mutable_counters().hedge_lost;
     spdlog::info("front: request {}: {}; closing the hedge on {}", id(), why, standby->name);
@@ -761,9 +609,9 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShare
   }
   queue_timer_ = timers->Make();
   flow_timer_ = timers->Make();
-  hedge_timer_ = timers->Make();
+  hedger_ = std::make_unique<Hedger>(timers, clock_, static_cast<Hedger::Site*>(this));
   if (options_.hedge_after_ms > 0) shared_->FillHedges(options_.hedge_burst);
-  ArmHedgeTimer();
+  hedger_->SetAfter(options_.hedge_after_ms);
 }
 
 Proxy::~Proxy() {
@@ -790,7 +638,7 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   calls_.insert(call);
   // An idle proxy lets its hedge timer sleep (a front of many loops would
   // otherwise wake each of them up to 200 times a second for nothing).
-  if (options_.hedge_after_ms > 0 && !hedge_timer_->active()) ArmHedgeTimer();
+  hedger_->Wake();
   call->Start();
 }
 
@@ -1049,24 +897,10 @@ void Proxy::SetHedging(const HedgeLimits& h) {
   if (!was_on && h.after_ms > 0) shared_->FillHedges(h.burst);
   shared_->CapHedges(h.burst);
   if (h.after_ms <= 0) ShareSilence(nullptr, 0, 0);
-  ArmHedgeTimer();
+  if (!closing_) hedger_->SetAfter(h.after_ms);
 }
 
-void Proxy::ArmHedgeTimer() {
-  if (closing_) return;
-  if (options_.hedge_after_ms <= 0) {
-    hedge_timer_->Stop();
-    return;
-  }
-  // A fortieth of the silence, within 2..50 ms (5 ms at 200): a hedge, and
-  // the silence report, go out at most that late. Every late ms is a ms of
-  // every stuck request's wait. The timer runs only while requests are in
-  // flight (OnHedgeTimer stops it on an idle loop).
-  const int64_t tick = std::clamp<int64_t>(options_.hedge_after_ms / 40, 2, 50);
-  hedge_timer_->Start(tick, [this] { OnHedgeTimer(); }, tick);
-}
-
-bool Proxy::TakeHedgeToken() { return shared_->TakeHedge(); }
+bool Proxy::TakeToken() { return shared_->TakeHedge(); }
 
 void Proxy::ShareSilence(SharedBackend* b, int waiting, int silent) {
   if (b != shared_for_) {
@@ -1096,41 +930,35 @@ void Proxy::HedgeWon(Backend* b) {
 
 void Proxy::BackendSpoke(Backend* b) { b->shared->Spoke(clock_->WallMs(), now_ms()); }
 
-void Proxy::OnHedgeTimer() {
-  if (options_.hedge_after_ms <= 0) return;
-  if (calls_.empty()) {
-    ShareSilence(nullptr, 0, 0);
-    hedge_timer_->Stop();  // until the next request (Handle)
-    return;
-  }
-  const int64_t now = now_ms();
-  const int64_t after = options_.hedge_after_ms;
+void Proxy::Candidates(std::vector<HedgeCandidate>* out) {
+  scanned_.assign(calls_.begin(), calls_.end());
+  out->reserve(scanned_.size());
+  for (const ProxyCall* c : scanned_) out->push_back(c->HedgeView());
+}
+
+Backend* Proxy::HedgeTarget(int64_t now) const {
   // The standby takes hedges only while the supervisor routes it (it does
   // so once its probes pass) and the front has not seen it fail.
-  Backend* target = standby_ && standby_->down_until_ms <= now ? standby_ : nullptr;
-  std::vector<ProxyCall*> to_hedge;
-  int on_active = 0;
-  int silent_on_active = 0;
-  for (ProxyCall* c : calls_) {
-    Backend* b = c->backend();
-    if (!b) continue;
-    bool silent = c->Silent(now, after);
-    if (b == active_) {
-      ++on_active;
-      if (silent) ++silent_on_active;
-    }
-  }
+  return standby_ && standby_->down_until_ms <= now ? standby_ : nullptr;
+}
+
+void Proxy::Idle() { ShareSilence(nullptr, 0, 0); }
+
+bool Proxy::JudgeSilence(const HedgeScan& counts, int64_t now) {
+  const int64_t after = hedger_->after_ms();
   // This loop's share of the counts, summed over the loops in the record.
-  ShareSilence(active_ && on_active > 0 ? active_->shared : nullptr, on_active, silent_on_active);
+  ShareSilence(active_ && counts.on_active > 0 ? active_->shared : nullptr, counts.on_active,
+               counts.silent_on_active);
   // The active engine sent nothing at all, on any request of any loop, for
   // the whole wait, while at least two requests waited that long for it:
   // more likely the engine than the requests. (Requests younger than the
   // wait do not count against it: under steady traffic they always exist.)
   // Said once until it speaks again: the loop that flips the flag says it.
   SharedBackend* sa = active_ ? active_->shared : nullptr;
-  const int silent_all = sa ? sa->silent.load(std::memory_order_relaxed) : 0;
+  if (!sa) return false;
+  const int silent_all = sa->silent.load(std::memory_order_relaxed);
   bool expected = false;
-  if (sa && silent_on_active > 0 && silent_all >= 2 && now - sa->last_byte_loop_ms.load() >= after &&
+  if (counts.silent_on_active > 0 && silent_all >= 2 && now - sa->last_byte_loop_ms.load() >= after &&
       sa->silent_reported.compare_exchange_strong(expected, true)) {
     const int waiting_all = sa->waiting.load(std::memory_order_relaxed);
     ++counters_.silent_reports;
@@ -1151,34 +979,24 @@ void Proxy::OnHedgeTimer() {
   }
   // On an engine reported silent (now or before), a request is not given
   // the whole wait again: it is hedged at once.
-  for (ProxyCall* c : calls_) {
-    Backend* b = c->backend();
-    if (!b || !target || b == target || c->hedged() || !c->CanHedge()) continue;
-    bool stuck = b == active_ && sa && sa->silent_reported.load(std::memory_order_relaxed) ? c->Silent(now, 0)
-                                                                                           : c->Silent(now, after);
-    if (stuck) to_hedge.push_back(c);
-  }
-  size_t refused = 0;
-  for (ProxyCall* c : to_hedge) {
-    if (TakeHedgeToken()) {
-      c->Hedge(target);
-    } else if (!c->hedge_refused) {
-      c->hedge_refused = true;  // counted once per request
-      ++refused;
-    }
-  }
-  if (refused > 0) {
-    counters_.hedge_refused += refused;
-    refused_since_log_ += refused;
-    // Checked every tick (every few ms at a small hedge_after_ms): said at
-    // most once a second, with what it held back.
-    if (uint64_t held = 0; refused_log_.Allow(now, &held)) {
-      spdlog::warn("front: {} silent requests not hedged{}: the hedge budget is spent (hedge_percent {}, "
-                   "hedge_burst {})",
-                   refused_since_log_, held > 0 ? " since the last such warning" : "", options_.hedge_percent,
-                   options_.hedge_burst);
-      refused_since_log_ = 0;
-    }
+  return sa->silent_reported.load(std::memory_order_relaxed);
+}
+
+void Proxy::Hedge(size_t index, Backend* target) { scanned_[index]->Hedge(target); }
+
+void Proxy::BudgetSpent(const std::vector<size_t>& indexes, size_t fresh, int64_t now) {
+  for (size_t i : indexes) scanned_[i]->hedge_refused = true;  // counted once per request
+  if (fresh == 0) return;
+  counters_.hedge_refused += fresh;
+  refused_since_log_ += fresh;
+  // Checked every tick (every few ms at a small hedge_after_ms): said at
+  // most once a second, with what it held back.
+  if (uint64_t held = 0; refused_log_.Allow(now, &held)) {
+    spdlog::warn("front: {} silent requests not hedged{}: the hedge budget is spent (hedge_percent {}, "
+                 "hedge_burst {})",
+                 refused_since_log_, held > 0 ? " since the last such warning" : "", options_.hedge_percent,
+                 options_.hedge_burst);
+    refused_since_log_ = 0;
   }
 }
 
@@ -1258,7 +1076,7 @@ void Proxy::Close(std::function<void()> done) {
   // handle (http/loop_timer.h), while the loop still runs.
   queue_timer_.reset();
   flow_timer_.reset();
-  hedge_timer_.reset();
+  hedger_->Close();
   pool_.Close([this] {
     pool_closed_ = true;
     MaybeDone();

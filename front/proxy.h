@@ -74,6 +74,7 @@
 #include "common/status.h"
 #include "common/timer.h"
 #include "front/address.h"
+#include "front/hedge.h"
 #include "front/shared.h"
 #include "front/upstream.h"
 #include "http/server.h"
@@ -127,7 +128,7 @@ struct ProxyCounters {
 
 class ProxyCall;
 
-class Proxy {
+class Proxy : private Hedger::Site {
  public:
   using EventSink = std::function<void(const nlohmann::json& event)>;
 
@@ -137,7 +138,7 @@ class Proxy {
   // reads (tests drive both from a FakeClock); null timers: timers on `loop`.
   Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared = nullptr,
         Clock* clock = &RealClock(), TimerSource* timers = nullptr);
-  ~Proxy();
+  ~Proxy() override;
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
@@ -208,9 +209,15 @@ class Proxy {
   void ArmQueueTimer();
   void OnQueueTimer();
   void OnFlowTimer();
-  void ArmHedgeTimer();
-  void OnHedgeTimer();
-  bool TakeHedgeToken();
+  // Hedger::Site: what the hedge scan reads and does (front/hedge.h).
+  void Candidates(std::vector<HedgeCandidate>* out) override;
+  const Backend* Active() const override { return active_; }
+  Backend* HedgeTarget(int64_t now_ms) const override;
+  bool JudgeSilence(const HedgeScan& counts, int64_t now_ms) override;
+  bool TakeToken() override;
+  void Hedge(size_t index, Backend* target) override;
+  void BudgetSpent(const std::vector<size_t>& indexes, size_t fresh, int64_t now_ms) override;
+  void Idle() override;
   // This loop's counts of requests waiting on its active engine `b`, and of
   // those silent, into b's shared record (null: it counts none now).
   void ShareSilence(SharedBackend* b, int waiting, int silent);
@@ -226,7 +233,8 @@ class Proxy {
   std::unique_ptr<TimerSource> own_timers_;
   std::unique_ptr<Timer> queue_timer_;
   std::unique_ptr<Timer> flow_timer_;
-  std::unique_ptr<Timer> hedge_timer_;  // scans calls for silence while hedging is on
+  std::unique_ptr<Hedger> hedger_;  // scans calls for silence while hedging is on
+  std::vector<ProxyCall*> scanned_;  // the calls of the hedge scan's tick, by index
   // Warnings the hedge timer could repeat every tick: once a second each.
   LogLimiter refused_log_{1000}, silent_log_{1000};
   uint64_t refused_since_log_ = 0;
