@@ -1,595 +1,14 @@
 #include "front/proxy.h"
-#include "front/routes.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <charconv>
-#include <cstring>
-#include <strings.h>
 
-#include "front/attempt.h"
-#include "front/call_policy.h"
-#include "front/completion.h"
-#include "front/hedge.h"
-#include "front/request_head.h"
-#include "front/sse_relay.h"
+#include "front/proxy_call.h"
+#include "front/routes.h"
 #include "http/loop_timer.h"
 
 namespace wsup::front {
-
-using http::Header;
-using http::HeaderNameEquals;
-
-// One client request on its way through the front. Lives from Handle()
-// until its answer is complete, the client is gone, or the proxy closes.
-// Entry points from callbacks hold a Guard, so that a call that finishes
-// inside one of them (the client vanished during a write) is deleted only
-// when the outermost entry returns.
-class ProxyCall final : public UpstreamListener, public HedgeLeg::Owner {
- public:
-  ProxyCall(Proxy* proxy, std::shared_ptr<http::ResponseWriter> writer)
-      : proxy_(proxy), writer_(std::move(writer)) {}
-
-  void Start();
-  // Sends the request to `b` (from Proxy::Dispatch or the queue).
-  void Send(Backend* b);
-  // The queue timeout passed (or the queue is full) with no engine to take it.
-  void Reject503(const std::string& cause);
-  // The request is one no engine may be given (past the JSON limits).
-  void Reject400(const std::string& message);
-  // The proxy is closing: drop everything.
-  void Cancel();
-
-  void OnUpstreamHead(int status, std::vector<Header>* headers) override;
-  void OnUpstreamBody(std::string_view data) override;
-  void OnUpstreamDone() override;
-  void OnUpstreamError(const UpstreamError& e) override;
-
-  void CheckFlow();
-  bool ResumeIfDrained(size_t low);
-
-  // The call as the hedge scan sees it (front/hedge.h).
-  HedgeCandidate HedgeView() const;
-  Backend* backend() const { return attempt_.backend(); }
-  // Sends the request (or the stream's resume request) to `b` as well.
-  void Hedge(Backend* b);
-  // From the hedge's listener.
-  void OnHedgeProgress() override;
-  void OnHedgeError(const UpstreamError& e) override;
-
-  int64_t deadline_ms = 0;
-  std::list<ProxyCall*>::iterator queue_pos;
-  bool queued = false;
-  bool hedge_refused = false;  // the budget was spent when it was silent (counted once)
-
- private:
-  bool CanHedge() const;
-  enum class Mode { kNone, kBuffer, kStream, kSse };
-
-  struct Guard {
-    explicit Guard(ProxyCall* c) : c_(c) { ++c_->depth_; }
-    ~Guard() {
-      if (--c_->depth_ == 0 && c_->finished_) delete c_;
-    }
-    ProxyCall* c_;
-  };
-
-  void OnClientGone();
-  // The engine's request head; `cut` adds X-Wsup-Resume: cut.
-  void BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const;
-  bool HedgePending() const;
-  void AdoptHedge();
-  void EndHedge(const char* why);
-  void Heard();
-  void ResetAttempt();
-  void Fail502(const UpstreamError& e, const std::string& backend);
-  void Finish();
-  const std::string& id() const { return writer_->request().request_id; }
-
-  Proxy* proxy_;
-  std::shared_ptr<http::ResponseWriter> writer_;
-  int depth_ = 0;
-  bool finished_ = false;
-
-  std::string head_;
-  std::string_view body_;
-  CompletionPlan plan_;
-  std::unique_ptr<CompletionStream> sse_;
-  std::string resume_body_;
-  bool resuming_ = false;
-  // Sent again after the engine it ran on failed mid-request: marked
-  // (X-Wsup-Resume: cut) so that the next engine may adopt its KV from
-  // the dead engine's journal (docs/kv_journal.md).
-  bool cut_ = false;
-
-  Attempt attempt_;  // the engine the request is on now, and its connection
-  bool force_fresh_ = false;
-  bool stale_retry_used_ = false;
-  int retries_ = 0;
-  int resumes_ = 0;
-  bool flow_paused_ = false;
-
-  Mode mode_ = Mode::kNone;
-  int status_ = 0;
-  std::vector<Header> resp_headers_;
-  std::string resp_body_;
-  std::string out_;
-  int64_t start_ms_ = 0;
-  int64_t last_byte_ms_ = 0;  // loop time of the engine's latest byte, or of the attempt's start
-  bool answer_pending_ = false;  // a 2xx head came; the answer counts as good at its first body byte
-
-  // Hedges: one in the call's life, as docs/front.md promises (a call the
-  // hedge took over is not hedged again: the supervisor's probes judge the
-  // engine it is on). Kept until the call ends: the connection it handed
-  // over sends its head and body.
-  static constexpr size_t kMaxHedges = 1;
-  std::vector<std::unique_ptr<HedgeLeg>> hedges_;
-  HedgeLeg* hedge_ = nullptr;
-};
-
-void ProxyCall::Start() {
-  Guard g(this);
-  start_ms_ = proxy_->now_ms();
-  deadline_ms = start_ms_ + proxy_->options().queue_timeout_ms;
-  writer_->OnClose([this] { OnClientGone(); });
-  const http::HttpRequest& r = writer_->request();
-  body_ = r.body;
-  if (r.method == "POST" && r.path == "/v1/completions") {
-    // Past the shared JSON limits: refused here, before anything parses it
-    // and before an engine spends a parse on it (the engine would refuse it
-    // with the same words).
-    if (Status limits = CheckCompletionBody(r.body); !limits.ok()) {
-      Reject400(limits.error().message());
-      return;
-    }
-  }
-  // Only a completion that may ask for a stream is parsed; everything else
-  // is forwarded byte for byte.
-  if (r.method == "POST" && r.path == "/v1/completions" && MayRequestStream(r.body)) {
-    if (PlanCompletion(r.body, proxy_->options().default_max_tokens, &plan_) && plan_.stream) {
-      body_ = plan_.upstream_body;
-      if (plan_.resumable) {
-        sse_ = std::make_unique<CompletionStream>(!plan_.client_wants_token_ids);
-      } else {
-        spdlog::debug("front: request {}: stream not resumable: {}", id(), plan_.not_resumable);
-      }
-    }
-  }
-  proxy_->Dispatch(this);
-}
-
-void ProxyCall::BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const {
-  BuildRequestHead(writer_->request(), b->name, body, cut, out);
-}
-
-void ProxyCall::Send(Backend* b) {
-  Guard g(this);
-  if (finished_) return;
-  attempt_ = Attempt(b);
-  ResetAttempt();
-  BuildHead(b, body_, cut_, &head_);
-  last_byte_ms_ = proxy_->now_ms();
-  attempt_.Lend(proxy_->pool().Acquire(b, force_fresh_));
-  force_fresh_ = false;
-  attempt_.conn()->Send(this, head_, body_, writer_->request().method == "HEAD");
-}
-
-void ProxyCall::ResetAttempt() {
-  answer_pending_ = false;
-  if (resuming_) return;  // the client's head is out; only the engine side restarts
-  mode_ = Mode::kNone;
-  status_ = 0;
-  resp_headers_.clear();
-  resp_body_.clear();
-}
-
-void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
-  Guard g(this);
-  Heard();
-  const std::string* content_type = FindHeader(*headers, "Content-Type");
-  const bool event_stream = IsEventStream(*headers);
-  if (resuming_) {
-    if (status / 100 == 2 && event_stream) {
-      answer_pending_ = true;
-      return;  // the continuation's events follow the ones already sent
-    }
-    spdlog::warn("front: request {}: resuming the stream on {} got status {} ({}); closing the client's connection",
-                 id(), attempt_.backend()->name, status, content_type ? *content_type : "no content type");
-    ++proxy_->mutable_counters().failed;
-    writer_->Abort();
-    Finish();
-    return;
-  }
-  status_ = status;
-  // A 2xx head of a whole answer is a good answer; a stream's (or a big
-  // body's) head only says the engine took the request: that one is good at
-  // its first body byte (OnUpstreamBody), as clients see it.
-  answer_pending_ = status / 100 == 2;
-  size_t announced = SIZE_MAX;
-  resp_headers_ = RelayedHeaders(headers, &announced);
-  bool bodiless = writer_->request().method == "HEAD" || status == 204 || status == 304;
-  if (sse_ && status / 100 == 2 && event_stream) {
-    mode_ = Mode::kSse;
-    writer_->StartStream(status, std::move(resp_headers_));
-  } else if (bodiless || announced <= proxy_->options().buffer_limit_bytes) {
-    mode_ = Mode::kBuffer;
-    if (answer_pending_) {
-      answer_pending_ = false;
-      proxy_->BackendAnswered(attempt_.backend());
-    }
-    if (announced != SIZE_MAX && !bodiless) resp_body_.reserve(announced);
-  } else {
-    mode_ = Mode::kStream;
-    writer_->StartStream(status, std::move(resp_headers_));
-  }
-}
-
-void ProxyCall::OnUpstreamBody(std::string_view data) {
-  Guard g(this);
-  Heard();
-  if (answer_pending_) {
-    answer_pending_ = false;
-    proxy_->BackendAnswered(attempt_.backend());
-  }
-  switch (mode_) {
-    case Mode::kBuffer:
-      resp_body_.append(data);
-      break;
-    case Mode::kStream:
-      writer_->Write(data);
-      CheckFlow();
-      break;
-    case Mode::kSse:
-      out_.clear();
-      sse_->Feed(data, &out_);
-      if (!out_.empty()) writer_->Write(out_);
-      CheckFlow();
-      break;
-    case Mode::kNone:
-      break;
-  }
-}
-
-void ProxyCall::OnUpstreamDone() {
-  Guard g(this);
-  // A 2xx answer that ended with no body byte (an empty stream) is good too.
-  if (answer_pending_) {
-    answer_pending_ = false;
-    proxy_->BackendAnswered(attempt_.backend());
-  }
-  attempt_.Complete();  // the connection went back to the pool
-  switch (mode_) {
-    case Mode::kBuffer: {
-      http::HttpResponse resp;
-      resp.status = status_;
-      resp.headers = std::move(resp_headers_);
-      resp.body = std::move(resp_body_);
-      writer_->Send(std::move(resp));
-      break;
-    }
-    case Mode::kSse:
-    case Mode::kStream:
-      writer_->End();
-      break;
-    case Mode::kNone:
-      writer_->Send(http::HttpResponse::Json(502, http::ErrorJson("the engine's answer had no head", "upstream_error")));
-      break;
-  }
-  ++proxy_->mutable_counters().ok;
-  spdlog::debug("front: request {} {} {} -> {} in {} ms", id(), writer_->request().method, writer_->request().target,
-                status_, proxy_->now_ms() - start_ms_);
-  Finish();
-}
-
-// What the call does next is one row of the failure table
-// (front/call_policy.h); this carries it out.
-void ProxyCall::OnUpstreamError(const UpstreamError& e) {
-  Guard g(this);
-  Backend* b = attempt_.Complete();  // the connection is closed
-  if (flow_paused_) flow_paused_ = false;
-  FailureFacts facts;
-  facts.stage = e.stage;
-  facts.stale = e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !stale_retry_used_;
-  facts.hedge_pending = HedgePending();
-  facts.delivered = writer_->started();
-  const bool sse = mode_ == Mode::kSse;
-  const int64_t remaining = sse ? plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size()) : 0;
-  facts.stream = sse ? StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(), remaining)
-                     : StreamState::kNotStream;
-  facts.budget_left = (facts.delivered ? resumes_ : retries_) < proxy_->options().max_retries;
-  const FailureAction action = DecideFailure(facts);
-  const std::string why = b->name + " " + e.Describe();
-  if (JudgesEngine(facts)) proxy_->BackendFailed(b, why);
-  auto& counters = proxy_->mutable_counters();
-
-  switch (action) {
-    case FailureAction::kAdoptHedge:
-      spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->attempt.backend()->name);
-      ++counters.hedge_won;
-      AdoptHedge();
-      return;
-    case FailureAction::kRetryFresh:
-      // A kept-alive connection the engine had closed: not a failure of the engine.
-      stale_retry_used_ = true;
-      force_fresh_ = true;
-      spdlog::debug("front: request {}: kept-alive connection to {} {}; retrying on a fresh one", id(), b->name,
-                    e.Describe());
-      proxy_->Dispatch(this);
-      return;
-    case FailureAction::kRedispatch:
-      proxy_->Dispatch(this);  // it never reached an engine; bounded by the queue timeout
-      return;
-    case FailureAction::kRetry:
-      ++retries_;
-      ++counters.retried;
-      cut_ = true;
-      // The wait for an engine starts again: the first attempt may have run long.
-      deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
-      spdlog::warn("front: request {}: {}; sending it again", id(), why);
-      proxy_->Dispatch(this);
-      return;
-    case FailureAction::kFail502:
-      Fail502(e, b->name);
-      return;
-    case FailureAction::kResume:
-    case FailureAction::kResumeFree: {
-      const bool counts = action == FailureAction::kResume;
-      if (counts) {
-        ++resumes_;
-        ++counters.resumed;
-      }
-      sse_->BeginContinuation();
-      resume_body_ = ResumeBody(plan_, sse_->delivered(), remaining);
-      body_ = resume_body_;
-      resuming_ = true;
-      cut_ = counts;
-      if (counts) deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
-      spdlog::warn("front: request {}: {}; resuming the stream after {} tokens ({} to go)", id(), why,
-                   sse_->delivered().size(), remaining);
-      proxy_->Dispatch(this);
-      return;
-    }
-    case FailureAction::kEndStream:
-      // Every token was delivered; only the end of the stream was lost.
-      writer_->Write(sse_->SynthesizeEnd("length"));
-      writer_->End();
-      ++counters.ok;
-      Finish();
-      return;
-    case FailureAction::kCloseStream:
-      writer_->End();  // [DONE] went through; only the final chunk was lost
-      ++counters.ok;
-      Finish();
-      return;
-    case FailureAction::kAbortClient:
-      // Part of the answer reached the client and the rest cannot be had: cut
-      // the connection, so the client cannot take a truncated answer for a whole one.
-      spdlog::warn(
-          "front: request {}: {} after part of the answer reached the client; closing the client's connection", id(),
-          why);
-      ++counters.failed;
-      writer_->Abort();
-      Finish();
-      return;
-  }
-}
-
-void ProxyCall::Fail502(const UpstreamError& e, const std::string& backend) {
-  ++proxy_->mutable_counters().failed;
-  std::string msg = "the engine at " + backend + " " + e.Describe() +
-                    (retries_ > 0 ? " (the request had already been sent again once)" : "") +
-                    "; the supervisor restarts failed engines: retry the request";
-  spdlog::warn("front: request {}: answering 502: {}", id(), msg);
-  auto resp = http::HttpResponse::Json(502, http::ErrorJson(msg, "upstream_error"));
-  writer_->Send(std::move(resp));
-  Finish();
-}
-
-void ProxyCall::Reject503(const std::string& cause) {
-  Guard g(this);
-  ++proxy_->mutable_counters().rejected_503;
-  if (writer_->started()) {
-    // A stream waiting for its continuation: it cannot be answered any more.
-    spdlog::warn("front: request {}: no engine to resume the stream on ({}); closing the client's connection", id(),
-                 cause);
-    writer_->Abort();
-    Finish();
-    return;
-  }
-  std::string msg = "no engine is ready to take the request: " + cause + "; retry after the Retry-After delay";
-  spdlog::info("front: request {}: answering 503: {}", id(), msg);
-  auto resp = http::HttpResponse::Json(503, http::ErrorJson(msg, "unavailable"));
-  resp.headers.push_back({"Retry-After", "1"});
-  writer_->Send(std::move(resp));
-  Finish();
-}
-
-void ProxyCall::Reject400(const std::string& message) {
-  Guard g(this);
-  ++proxy_->mutable_counters().rejected_400;
-  spdlog::info("front: request {}: answering 400: {}", id(), message);
-  writer_->Send(http::HttpResponse::Json(400, http::ErrorJson(message, "invalid_request_error")));
-  Finish();
-}
-
-void ProxyCall::Cancel() {
-  Guard g(this);
-  writer_->Abort();
-  Finish();
-}
-
-void ProxyCall::OnClientGone() {
-  Guard g(this);
-  if (finished_) return;
-  ++proxy_->mutable_counters().client_closed;
-  spdlog::debug("front: request {}: the client went away", id());
-  Finish();
-}
-
-void ProxyCall::CheckFlow() {
-  if (!attempt_.conn() || flow_paused_ || writer_->queued_bytes() < proxy_->options().client_buffer_high) return;
-  flow_paused_ = true;
-  attempt_.conn()->PauseReading();
-  proxy_->WatchFlow(this);
-}
-
-bool ProxyCall::ResumeIfDrained(size_t low) {
-  if (!flow_paused_) return true;
-  if (writer_->queued_bytes() > low) return false;
-  flow_paused_ = false;
-  if (attempt_.conn()) attempt_.conn()->ResumeReading();
-  return true;
-}
-
-void ProxyCall::Finish() {
-  if (finished_) return;
-  finished_ = true;
-  if (HedgePending()) EndHedge(nullptr);
-  attempt_.Cancel();
-  if (queued) proxy_->Dequeue(this);
-  writer_->OnClose(nullptr);
-  proxy_->Forget(this);
-  if (depth_ == 0) delete this;
-}
-
-// ---- hedging ----
-
-void ProxyCall::Heard() {
-  last_byte_ms_ = proxy_->now_ms();
-  if (attempt_) proxy_->BackendSpoke(attempt_.backend());
-  // The engine the call was sent to spoke first: the hedge is not needed.
-  if (HedgePending()) EndHedge("the active engine answered first");
-}
-
-bool ProxyCall::HedgePending() const { return hedge_ && hedge_->pending(); }
-
-HedgeCandidate ProxyCall::HedgeView() const {
-  HedgeCandidate c;
-  c.backend = attempt_.backend();
-  c.reading = !finished_ && attempt_.conn() && !flow_paused_;
-  c.last_byte_ms = last_byte_ms_;
-  c.hedge_pending = HedgePending();
-  c.can_hedge = c.backend && !c.hedge_pending && CanHedge();
-  c.refused = hedge_refused;
-  return c;
-}
-
-bool ProxyCall::CanHedge() const {
-  StreamState stream = StreamState::kNotStream;
-  if (mode_ == Mode::kSse && sse_) {
-    stream = StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(),
-                           plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size()));
-  }
-  return front::CanHedge(HedgePending(), hedges_.size(), kMaxHedges, writer_->started(), stream);
-}
-
-void ProxyCall::Hedge(Backend* b) {
-  Guard g(this);
-  hedges_.push_back(std::make_unique<HedgeLeg>(this, b, writer_->started()));
-  hedge_ = hedges_.back().get();
-  HedgeLeg& h = *hedge_;
-  if (h.resume) {
-    int64_t remaining = plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size());
-    h.resume_body = ResumeBody(plan_, sse_->delivered(), remaining);
-    h.body = h.resume_body;
-  } else {
-    h.body = body_;
-  }
-  BuildHead(b, h.body, false, &h.head);  // the engine it hedges is alive: nothing to adopt
-  ++proxy_->mutable_counters().hedged;
-  spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), attempt_.backend()->name,
-               proxy_->now_ms() - last_byte_ms_, b->name,
-               h.resume ? " (resuming after " + std::to_string(sse_->delivered().size()) + " tokens)" : "");
-  h.attempt.Lend(proxy_->pool().Acquire(b, /*fresh=*/false));
-  h.attempt.conn()->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
-}
-
-void ProxyCall::OnHedgeProgress() {
-  Guard g(this);
-  if (!HedgePending()) return;
-  HedgeLeg& h = *hedge_;
-  switch (JudgeHedge(h.Facts(sse_ != nullptr))) {
-    case HedgeVerdict::kWait:
-      return;
-    case HedgeVerdict::kFailed:
-      ++proxy_->mutable_counters().hedge_failed;
-      spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(),
-                   h.attempt.backend()->name, h.status,
-                   attempt_ ? attempt_.backend()->name : "the active engine");
-      EndHedge(nullptr);
-      return;
-    case HedgeVerdict::kWins:
-      ++proxy_->mutable_counters().hedge_won;
-      AdoptHedge();
-      return;
-  }
-}
-
-void ProxyCall::OnHedgeError(const UpstreamError& e) {
-  Guard g(this);
-  if (!HedgePending()) return;
-  HedgeLeg& h = *hedge_;
-  if (e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !h.stale_retry_used) {
-    // A kept-alive connection the standby had closed: once more on a fresh one.
-    h.stale_retry_used = true;
-    h.attempt.Lend(proxy_->pool().Acquire(h.attempt.backend(), /*fresh=*/true));
-    h.attempt.conn()->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
-    return;
-  }
-  h.state = HedgeLeg::State::kEnded;
-  Backend* standby = h.attempt.Complete();
-  ++proxy_->mutable_counters().hedge_failed;
-  std::string why = standby->name + " " + e.Describe();
-  spdlog::info("front: request {}: the hedge failed: {}; waiting for {}", id(), why,
-               attempt_ ? attempt_.backend()->name : "the active engine");
-  proxy_->BackendFailed(standby, why);
-}
-
-// The standby's attempt becomes the call's: the active engine's connection,
-// if it is still open, is closed (so that engine cancels the request when it
-// wakes), and what the standby sent so far is handled as if it had come now.
-void ProxyCall::AdoptHedge() {
-  Guard g(this);
-  HedgeLeg& h = *hedge_;
-  h.state = HedgeLeg::State::kAdopted;
-  if (attempt_) {
-    spdlog::info("front: request {}: {} answered first; closing the request on {}", id(),
-                 h.attempt.backend()->name, attempt_.backend()->name);
-  }
-  attempt_.Cancel();  // the loser: its engine cancels the request
-  flow_paused_ = false;
-  if (h.resume) {
-    sse_->BeginContinuation();
-    resuming_ = true;
-    body_ = h.body;
-  } else {
-    ResetAttempt();
-  }
-  proxy_->HedgeWon(h.attempt.backend());
-  attempt_ = std::move(h.attempt);  // its claim, taken when the hedge was sent, is the call's now
-  if (attempt_.conn()) attempt_.conn()->Rebind(this);
-  if (h.has_head) OnUpstreamHead(h.status, &h.headers);
-  if (finished_) return;
-  if (!h.got.empty()) {
-    std::string got = std::move(h.got);
-    OnUpstreamBody(got);
-  }
-  if (finished_) return;
-  if (h.done) OnUpstreamDone();
-}
-
-void ProxyCall::EndHedge(const char* why) {
-  HedgeLeg& h = *hedge_;
-  const Backend* standby = h.attempt.backend();
-  h.Cancel();  // the loser: its engine cancels the request
-  if (why) {
-    ++proxy_->mutable_counters().hedge_lost;
-    spdlog::info("front: request {}: {}; closing the hedge on {}", id(), why, standby->name);
-  }
-}
-
-// ---- Proxy ----
 
 Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared, Clock* clock,
              TimerSource* timers)
@@ -598,6 +17,12 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShare
       events_(std::move(events)),
       clock_(clock),
       pool_(loop, options_.upstream) {
+  services_.router = this;
+  services_.engines = this;
+  services_.pool = &pool_;
+  services_.counters = &counters_;
+  services_.options = &options_;
+  services_.clock = clock_;
   if (!shared) {
     own_shared_ = std::make_unique<FrontShared>();
     shared = own_shared_.get();
@@ -634,7 +59,7 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
     writer->Send(http::HttpResponse::Json(404, http::ErrorJson(kNotForwardedMessage, "not_found_error")));
     return;
   }
-  auto* call = new ProxyCall(this, std::move(writer));
+  auto* call = new ProxyCall(&services_, std::move(writer));
   calls_.insert(call);
   // An idle proxy lets its hedge timer sleep (a front of many loops would
   // otherwise wake each of them up to 200 times a second for nothing).
@@ -652,7 +77,7 @@ Backend* Proxy::Pick() const {
   return active_;
 }
 
-void Proxy::Dispatch(ProxyCall* call) {
+void Proxy::Route(ProxyCall* call) {
   if (Backend* b = Pick(); b && queue_.empty()) {
     if (b != active_) ++counters_.silent_to_standby;
     call->Send(b);
@@ -663,18 +88,16 @@ void Proxy::Dispatch(ProxyCall* call) {
                     NoRouteCause());
     return;
   }
-  call->queued = true;
-  call->queue_pos = queue_.insert(queue_.end(), call);
+  call->Queued(queue_.insert(queue_.end(), call));
   ArmQueueTimer();
 }
 
 void Proxy::Dequeue(ProxyCall* call) {
-  if (!call->queued) return;
-  call->queued = false;
-  queue_.erase(call->queue_pos);
+  if (auto slot = call->TakeQueueSlot()) queue_.erase(*slot);
 }
 
 void Proxy::Forget(ProxyCall* call) {
+  Dequeue(call);
   calls_.erase(call);
   flow_paused_.erase(call);
   MaybeDone();
@@ -699,7 +122,7 @@ void Proxy::ArmQueueTimer() {
     return;
   }
   int64_t next = INT64_MAX;
-  for (ProxyCall* c : queue_) next = std::min(next, c->deadline_ms);
+  for (const ProxyCall* c : queue_) next = std::min(next, c->deadline_ms());
   if (Pick()) {
     next = now_ms();  // a backend is up again: serve the queue on the next turn
   } else if (active_) {
@@ -713,7 +136,7 @@ void Proxy::OnQueueTimer() {
   int64_t now = now_ms();
   std::vector<ProxyCall*> expired;
   for (ProxyCall* c : queue_) {
-    if (c->deadline_ms <= now) expired.push_back(c);
+    if (c->deadline_ms() <= now) expired.push_back(c);
   }
   if (!expired.empty()) {
     std::string cause = NoRouteCause();
@@ -858,7 +281,7 @@ void Proxy::ActiveChanged(const Backend* from) {
         {"hedged", true}});
 }
 
-void Proxy::BackendAnswered(Backend* b) {
+void Proxy::Answered(Backend* b) {
   b->failures = 0;
   b->last_ok_ms = clock_->WallMs();
   if (first_ok_pending_.empty() || first_ok_pending_ != b->name) return;
@@ -928,7 +351,7 @@ void Proxy::HedgeWon(Backend* b) {
   }
 }
 
-void Proxy::BackendSpoke(Backend* b) { b->shared->Spoke(clock_->WallMs(), now_ms()); }
+void Proxy::Spoke(Backend* b) { b->shared->Spoke(clock_->WallMs(), now_ms()); }
 
 void Proxy::Candidates(std::vector<HedgeCandidate>* out) {
   scanned_.assign(calls_.begin(), calls_.end());
@@ -985,7 +408,7 @@ bool Proxy::JudgeSilence(const HedgeScan& counts, int64_t now) {
 void Proxy::Hedge(size_t index, Backend* target) { scanned_[index]->Hedge(target); }
 
 void Proxy::BudgetSpent(const std::vector<size_t>& indexes, size_t fresh, int64_t now) {
-  for (size_t i : indexes) scanned_[i]->hedge_refused = true;  // counted once per request
+  for (size_t i : indexes) scanned_[i]->MarkHedgeRefused();  // counted once per request
   if (fresh == 0) return;
   counters_.hedge_refused += fresh;
   refused_since_log_ += fresh;
