@@ -29,18 +29,17 @@ void ProxyCall::Start() {
   const http::HttpRequest& r = writer_->request();
   body_ = r.body;
   if (r.method == "POST" && r.path == "/v1/completions") {
-    // Past the shared JSON limits: refused here, before anything parses it
-    // and before an engine spends a parse on it (the engine would refuse it
-    // with the same words).
-    if (Status limits = CheckCompletionBody(r.body); !limits.ok()) {
-      Reject400(limits.error().message());
+    // The one reading of the body (front/completion.h): past the shared
+    // JSON limits it is refused here, before anything parses it and before
+    // an engine spends a parse on it (the engine would refuse it with the
+    // same words); a body that may ask for a stream is parsed once, into the
+    // plan every resume and hedge body is made from. Everything else is
+    // forwarded byte for byte.
+    if (Status read = ReadCompletion(r.body, options().default_max_tokens, &plan_); !read.ok()) {
+      Reject400(read.error().message());
       return;
     }
-  }
-  // Only a completion that may ask for a stream is parsed; everything else
-  // is forwarded byte for byte.
-  if (r.method == "POST" && r.path == "/v1/completions" && MayRequestStream(r.body)) {
-    if (PlanCompletion(r.body, options().default_max_tokens, &plan_) && plan_.stream) {
+    if (plan_.stream) {
       body_ = plan_.upstream_body;
       if (plan_.resumable) {
         sse_ = std::make_unique<CompletionStream>(!plan_.client_wants_token_ids);
