@@ -46,9 +46,14 @@
 // relayed in one piece (one write; a cut before the end is retried
 // invisibly); others, and all event streams, are relayed as they arrive.
 //
-// Ownership: the Proxy owns its calls, its UpstreamPool and three timers
-// (common/timer.h: made by the TimerSource it is given, so that tests drive
-// its queue timeout and hedging with a fake clock); it
+// Files: proxy.cc (accepting, routing, the queue, switching, status),
+// proxy_silence.cc (the hedge scan's side: silence, budget); a call is
+// front/proxy_call.h.
+//
+// Ownership: the Proxy owns its calls, its UpstreamPool, two timers and a
+// Hedger (front/hedge.h) with the third (common/timer.h: made by the
+// TimerSource it is given, so that tests drive its queue timeout and
+// hedging with a fake clock); it
 // never owns a client connection (the HttpServer does). Close() ends every
 // call and closes the pool and timers; `done` runs when all are freed.
 // Threads: the loop thread only. A front of several loops runs one Proxy
