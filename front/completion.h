@@ -36,7 +36,9 @@
 
 namespace wsup::front {
 
-struct CompletionPlan {
+// Its implicit members only make empty values and move them: a null json
+// allocates nothing and throws nothing.
+struct CompletionPlan {  // NOLINT(bugprone-exception-escape): see above
   bool stream = false;           // the client asked for server-sent events
   bool resumable = false;        // a cut stream can be continued elsewhere
   std::string not_resumable;     // why not, for logs (empty when resumable)

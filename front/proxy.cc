@@ -13,7 +13,7 @@ namespace wsup::front {
 Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared, Clock* clock,
              TimerSource* timers)
     : loop_(loop),
-      options_(std::move(options)),
+      options_(options),
       events_(std::move(events)),
       clock_(clock),
       pool_(loop, options_.upstream) {
@@ -289,7 +289,7 @@ void Proxy::Answered(Backend* b) {
   Emit({{"type", "event"}, {"kind", "first_ok"}, {"backend", b->name}, {"epoch", epoch_}, {"at_ms", clock_->WallMs()}});
 }
 
-void Proxy::Emit(nlohmann::json event) {
+void Proxy::Emit(const nlohmann::json& event) {
   if (event_log_.size() >= kEventLogSize) event_log_.pop_front();
   event_log_.push_back(event);
   if (events_) events_(event);

@@ -184,7 +184,7 @@ class Proxy : private CallRouter, private EngineBook, private Hedger::Site {
   // those silent, into b's shared record (null: it counts none now).
   void ShareSilence(SharedBackend* b, int waiting, int silent);
   void SetRouted(Backend* b, bool routed);
-  void Emit(nlohmann::json event);
+  void Emit(const nlohmann::json& event);
   void MaybeDone();
 
   uv_loop_t* loop_;

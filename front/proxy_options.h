@@ -13,7 +13,7 @@ namespace wsup::front {
 struct ProxyOptions {
   int64_t queue_timeout_ms = 5'000;
   size_t max_queued = 1024;
-  size_t buffer_limit_bytes = 256 * 1024;
+  size_t buffer_limit_bytes = size_t{256} * 1024;
   int max_retries = 1;               // re-sends of a request (or resumes of a stream) after a failure
   int64_t default_max_tokens = 16;   // the engines' default, made explicit in streamed requests
   int64_t down_backoff_ms = 100;     // a failed backend is not tried for this long, doubling per failure
