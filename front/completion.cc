@@ -21,11 +21,11 @@ Status CheckCompletionBody(std::string_view body) {
                          R"(send a JSON object such as {"prompt": "Hello", "max_tokens": 16})", SIZE_MAX);
 }
 
-bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
-  *plan = CompletionPlan();
-  // Never parse past the limits: copying or dumping a deep tree (the request
-  // is kept for resumes) recurses once per level.
-  if (!CheckCompletionBody(body).ok()) return false;
+namespace {
+
+// The plan from a body within the JSON limits (checked by the caller: never
+// parse past them, as copying or dumping a deep tree recurses once per level).
+bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
   ordered_json j = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
   auto stream = j.find("stream");
@@ -88,6 +88,23 @@ bool PlanCompletion(std::string_view body, int64_t default_max_tokens, Completio
   plan->upstream_body = Dump(j);
   plan->request = std::move(j);
   return true;
+}
+
+}  // namespace
+
+bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
+  *plan = CompletionPlan();
+  if (!CheckCompletionBody(body).ok()) return false;
+  return PlanChecked(body, default_max_tokens, plan);
+}
+
+Status ReadCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
+  *plan = CompletionPlan();
+  WSUP_RETURN_IF_ERROR(CheckCompletionBody(body));
+  // A completion that cannot ask for a stream costs no parse at all.
+  if (!MayRequestStream(body)) return Status::Ok();
+  if (!PlanChecked(body, default_max_tokens, plan)) *plan = CompletionPlan();
+  return Status::Ok();
 }
 
 std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& delivered, int64_t remaining) {

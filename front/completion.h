@@ -1,6 +1,11 @@
 // What the front needs to know about a `POST /v1/completions` request to
 // resume its stream on another engine, and the request bodies it sends.
 //
+// ReadCompletion is the one reading of a client's body: checked against the
+// JSON limits once, parsed once (only when it may ask for a stream), and the
+// parsed request kept in the plan, from which every resume and hedge body is
+// made (ResumeBody) without parsing again.
+//
 // PlanCompletion reads the client's JSON body once. For a streamed request
 // it rewrites the body the engine receives: `return_token_ids: true` (so the
 // front learns which tokens it has delivered) and an explicit `max_tokens`
@@ -31,7 +36,9 @@
 
 namespace wsup::front {
 
-struct CompletionPlan {
+// Its implicit members only make empty values and move them: a null json
+// allocates nothing and throws nothing.
+struct CompletionPlan {  // NOLINT(bugprone-exception-escape): see above
   bool stream = false;           // the client asked for server-sent events
   bool resumable = false;        // a cut stream can be continued elsewhere
   std::string not_resumable;     // why not, for logs (empty when resumable)
@@ -49,6 +56,13 @@ struct CompletionPlan {
 // a body the engines would refuse never reaches one, and none reaches the
 // parser below.
 Status CheckCompletionBody(std::string_view body);
+
+// The front's reading of a `POST /v1/completions` body: an error (the
+// client's 400, CheckCompletionBody's words) past the JSON limits; else Ok,
+// with `plan` planned when the body asks for a stream (plan->stream), and
+// left as not a stream when it cannot (MayRequestStream: no parse) or is not
+// a JSON object (forwarded unchanged: the engine answers it).
+Status ReadCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan);
 
 // Returns false when the body is not a JSON object, or fails
 // CheckCompletionBody (the front then forwards it unchanged and lets the

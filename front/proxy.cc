@@ -1,778 +1,28 @@
 #include "front/proxy.h"
-#include "front/routes.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <charconv>
-#include <cstring>
-#include <strings.h>
 
-#include "front/call_policy.h"
-#include "front/completion.h"
-#include "front/sse_relay.h"
+#include "front/proxy_call.h"
+#include "front/routes.h"
 #include "http/loop_timer.h"
 
 namespace wsup::front {
 
-namespace {
-
-using http::Header;
-using http::HeaderNameEquals;
-
-// Headers that describe one hop of the exchange (RFC 9110 7.6.1), and the
-// framing headers each side writes for itself.
-bool IsHopByHop(std::string_view name) {
-  static constexpr std::string_view kNames[] = {
-      "Connection",          "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate", "Proxy-Authorization",
-      "TE",                  "Trailer",    "Transfer-Encoding", "Upgrade",           "Content-Length",
-  };
-  for (std::string_view n : kNames) {
-    if (HeaderNameEquals(name, n)) return true;
-  }
-  return false;
-}
-
-// True when `name` is one of the comma-separated tokens of a Connection
-// header value (those headers are hop-by-hop too).
-bool ListedIn(std::string_view connection_value, std::string_view name) {
-  size_t pos = 0;
-  while (pos <= connection_value.size()) {
-    size_t comma = connection_value.find(',', pos);
-    if (comma == std::string_view::npos) comma = connection_value.size();
-    std::string_view tok = connection_value.substr(pos, comma - pos);
-    while (!tok.empty() && (tok.front() == ' ' || tok.front() == '\t')) tok.remove_prefix(1);
-    while (!tok.empty() && (tok.back() == ' ' || tok.back() == '\t')) tok.remove_suffix(1);
-    if (!tok.empty() && HeaderNameEquals(tok, name)) return true;
-    pos = comma + 1;
-  }
-  return false;
-}
-
-const std::string* FindHeader(const std::vector<Header>& headers, std::string_view name) {
-  for (const auto& h : headers) {
-    if (HeaderNameEquals(h.name, name)) return &h.value;
-  }
-  return nullptr;
-}
-
-bool StartsWithNoCase(std::string_view s, std::string_view prefix) {
-  return s.size() >= prefix.size() && ::strncasecmp(s.data(), prefix.data(), prefix.size()) == 0;
-}
-
-}  // namespace
-
-// One client request on its way through the front. Lives from Handle()
-// until its answer is complete, the client is gone, or the proxy closes.
-// Entry points from callbacks hold a Guard, so that a call that finishes
-// inside one of them (the client vanished during a write) is deleted only
-// when the outermost entry returns.
-class ProxyCall final : public UpstreamListener {
- public:
-  ProxyCall(Proxy* proxy, std::shared_ptr<http::ResponseWriter> writer)
-      : proxy_(proxy), writer_(std::move(writer)) {}
-
-  void Start();
-  // Sends the request to `b` (from Proxy::Dispatch or the queue).
-  void Attempt(Backend* b);
-  // The queue timeout passed (or the queue is full) with no engine to take it.
-  void Reject503(const std::string& cause);
-  // The request is one no engine may be given (past the JSON limits).
-  void Reject400(const std::string& message);
-  // The proxy is closing: drop everything.
-  void Cancel();
-
-  void OnUpstreamHead(int status, std::vector<Header>* headers) override;
-  void OnUpstreamBody(std::string_view data) override;
-  void OnUpstreamDone() override;
-  void OnUpstreamError(const UpstreamError& e) override;
-
-  void CheckFlow();
-  bool ResumeIfDrained(size_t low);
-
-  // Hedging (Proxy::OnHedgeTimer). True when the call has waited at least
-  // `after_ms` for a byte from the engine it was sent to, and can be sent
-  // to another one: nothing reached the client yet, or it is a stream that
-  // can be resumed after the tokens it delivered.
-  bool Silent(int64_t now, int64_t after_ms) const;
-  bool CanHedge() const;
-  bool hedged() const { return HedgePending(); }
-  Backend* backend() const { return backend_; }
-  // Sends the request (or the stream's resume request) to `b` as well.
-  void Hedge(Backend* b);
-  // From the hedge's listener.
-  void OnHedgeProgress();
-  void OnHedgeError(const UpstreamError& e);
-
-  int64_t deadline_ms = 0;
-  std::list<ProxyCall*>::iterator queue_pos;
-  bool queued = false;
-  bool hedge_refused = false;  // the budget was spent when it was silent (counted once)
-
- private:
-  enum class Mode { kNone, kBuffer, kStream, kSse };
-
-  struct Guard {
-    explicit Guard(ProxyCall* c) : c_(c) { ++c_->depth_; }
-    ~Guard() {
-      if (--c_->depth_ == 0 && c_->finished_) delete c_;
-    }
-    ProxyCall* c_;
-  };
-
-  void OnClientGone();
-  // The engine's request head; `cut` adds X-Wsup-Resume: cut.
-  void BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const;
-  bool HedgePending() const;
-  void AdoptHedge();
-  void EndHedge(const char* why);
-  void Heard();
-  void ResetAttempt();
-  void Fail502(const UpstreamError& e, const std::string& backend);
-  void Finish();
-  const std::string& id() const { return writer_->request().request_id; }
-
-  Proxy* proxy_;
-  std::shared_ptr<http::ResponseWriter> writer_;
-  int depth_ = 0;
-  bool finished_ = false;
-
-  std::string head_;
-  std::string_view body_;
-  CompletionPlan plan_;
-  std::unique_ptr<CompletionStream> sse_;
-  std::string resume_body_;
-  bool resuming_ = false;
-  // Sent again after the engine it ran on failed mid-request: marked
-  // (X-Wsup-Resume: cut) so that the next engine may adopt its KV from
-  // the dead engine's journal (docs/kv_journal.md).
-  bool cut_ = false;
-
-  UpstreamConn* conn_ = nullptr;
-  Backend* backend_ = nullptr;
-  bool force_fresh_ = false;
-  bool stale_retry_used_ = false;
-  int retries_ = 0;
-  int resumes_ = 0;
-  bool flow_paused_ = false;
-
-  Mode mode_ = Mode::kNone;
-  int status_ = 0;
-  std::vector<Header> resp_headers_;
-  std::string resp_body_;
-  std::string out_;
-  int64_t start_ms_ = 0;
-  int64_t last_byte_ms_ = 0;  // loop time of the engine's latest byte, or of the attempt's start
-  bool answer_pending_ = false;  // a 2xx head came; the answer counts as good at its first body byte
-
-  // Hedges: one in the call's life, as docs/front.md promises (a call the
-  // hedge took over is not hedged again: the supervisor's probes judge the
-  // engine it is on). Kept until the call ends: the connection it handed
-  // over sends its head and body.
-  static constexpr size_t kMaxHedges = 1;
-  std::vector<std::unique_ptr<class HedgeLeg>> hedges_;
-  class HedgeLeg* hedge_ = nullptr;
-};
-
-// The second attempt of a hedged call, on the standby. What the standby
-// sends is held here until the call decides: the first of the two engines
-// to answer wins, and the other's connection is closed.
-class HedgeLeg final : public UpstreamListener {
- public:
-  explicit HedgeLeg(ProxyCall* call) : call_(call) {}
-
-  void OnUpstreamHead(int s, std::vector<Header>* h) override {
-    status = s;
-    has_head = true;
-    const std::string* content_type = FindHeader(*h, "Content-Type");
-    event_stream = content_type && StartsWithNoCase(*content_type, "text/event-stream");
-    headers = std::move(*h);
-    call_->OnHedgeProgress();
-  }
-  void OnUpstreamBody(std::string_view data) override {
-    got.append(data);
-    call_->OnHedgeProgress();
-  }
-  void OnUpstreamDone() override {
-    conn = nullptr;  // back in the pool
-    done = true;
-    call_->OnHedgeProgress();
-  }
-  void OnUpstreamError(const UpstreamError& e) override {
-    conn = nullptr;  // closed
-    call_->OnHedgeError(e);
-  }
-
-  enum class State { kPending, kAdopted, kEnded };
-  State state = State::kPending;
-  UpstreamConn* conn = nullptr;
-  Backend* backend = nullptr;
-  bool resume = false;  // continues a stream after the tokens the client already has
-  bool stale_retry_used = false;
-  std::string head;         // what it sends: the request's head ...
-  std::string resume_body;  // ... and body (this one for a resume, else the call's)
-  std::string_view body;
-  bool has_head = false;
-  bool event_stream = false;
-  bool done = false;
-  int status = 0;
-  std::vector<Header> headers;
-  std::string got;  // the response body so far
-
- private:
-  ProxyCall* call_;
-};
-
-void ProxyCall::Start() {
-  Guard g(this);
-  start_ms_ = proxy_->now_ms();
-  deadline_ms = start_ms_ + proxy_->options().queue_timeout_ms;
-  writer_->OnClose([this] { OnClientGone(); });
-  const http::HttpRequest& r = writer_->request();
-  body_ = r.body;
-  if (r.method == "POST" && r.path == "/v1/completions") {
-    // Past the shared JSON limits: refused here, before anything parses it
-    // and before an engine spends a parse on it (the engine would refuse it
-    // with the same words).
-    if (Status limits = CheckCompletionBody(r.body); !limits.ok()) {
-      Reject400(limits.error().message());
-      return;
-    }
-  }
-  // Only a completion that may ask for a stream is parsed; everything else
-  // is forwarded byte for byte.
-  if (r.method == "POST" && r.path == "/v1/completions" && MayRequestStream(r.body)) {
-    if (PlanCompletion(r.body, proxy_->options().default_max_tokens, &plan_) && plan_.stream) {
-      body_ = plan_.upstream_body;
-      if (plan_.resumable) {
-        sse_ = std::make_unique<CompletionStream>(!plan_.client_wants_token_ids);
-      } else {
-        spdlog::debug("front: request {}: stream not resumable: {}", id(), plan_.not_resumable);
-      }
-    }
-  }
-  proxy_->Dispatch(this);
-}
-
-void ProxyCall::BuildHead(const Backend* b, std::string_view body, bool cut, std::string* out) const {
-  std::string& head_ = *out;
-  const http::HttpRequest& r = writer_->request();
-  const std::string* connection = r.FindHeader("Connection");
-  head_.clear();
-  head_.reserve(128 + r.target.size() + r.headers.size() * 48);
-  head_ += r.method;
-  head_ += ' ';
-  head_ += r.target;
-  head_ += " HTTP/1.1\r\n";
-  bool have_host = false;
-  for (const auto& h : r.headers) {
-    // X-Request-Id and X-Wsup-Resume are the front's to set, never a client's.
-    if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "Expect") ||
-        HeaderNameEquals(h.name, "X-Request-Id") || HeaderNameEquals(h.name, "X-Wsup-Resume")) {
-      continue;
-    }
-    if (connection && ListedIn(*connection, h.name)) continue;
-    if (HeaderNameEquals(h.name, "Host")) have_host = true;
-    head_ += h.name;
-    head_ += ": ";
-    head_ += h.value;
-    head_ += "\r\n";
-  }
-  if (!have_host) {
-    head_ += "Host: ";
-    head_ += b->name;
-    head_ += "\r\n";
-  }
-  head_ += "X-Request-Id: ";
-  head_ += r.request_id;
-  head_ += "\r\n";
-  if (cut) head_ += "X-Wsup-Resume: cut\r\n";
-  if (!body.empty() || r.method == "POST" || r.method == "PUT" || r.method == "PATCH") {
-    char len[32];
-    auto [end, ec] = std::to_chars(len, len + sizeof(len), body.size());
-    (void)ec;
-    head_ += "Content-Length: ";
-    head_.append(len, end);
-    head_ += "\r\n";
-  }
-  head_ += "\r\n";
-}
-
-void ProxyCall::Attempt(Backend* b) {
-  Guard g(this);
-  if (finished_) return;
-  backend_ = b;
-  ++b->inflight;
-  ResetAttempt();
-  BuildHead(b, body_, cut_, &head_);
-  last_byte_ms_ = proxy_->now_ms();
-  conn_ = proxy_->pool().Acquire(b, force_fresh_);
-  force_fresh_ = false;
-  conn_->Send(this, head_, body_, writer_->request().method == "HEAD");
-}
-
-void ProxyCall::ResetAttempt() {
-  answer_pending_ = false;
-  if (resuming_) return;  // the client's head is out; only the engine side restarts
-  mode_ = Mode::kNone;
-  status_ = 0;
-  resp_headers_.clear();
-  resp_body_.clear();
-}
-
-void ProxyCall::OnUpstreamHead(int status, std::vector<Header>* headers) {
-  Guard g(this);
-  Heard();
-  const std::string* content_type = FindHeader(*headers, "Content-Type");
-  bool event_stream = content_type && StartsWithNoCase(*content_type, "text/event-stream");
-  if (resuming_) {
-    if (status / 100 == 2 && event_stream) {
-      answer_pending_ = true;
-      return;  // the continuation's events follow the ones already sent
-    }
-    spdlog::warn("front: request {}: resuming the stream on {} got status {} ({}); closing the client's connection",
-                 id(), backend_->name, status, content_type ? *content_type : "no content type");
-    ++proxy_->mutable_counters().failed;
-    writer_->Abort();
-    Finish();
-    return;
-  }
-  status_ = status;
-  // A 2xx head of a whole answer is a good answer; a stream's (or a big
-  // body's) head only says the engine took the request: that one is good at
-  // its first body byte (OnUpstreamBody), as clients see it.
-  answer_pending_ = status / 100 == 2;
-  // Copied: the headers are moved out below. (Usually "keep-alive": no allocation.)
-  std::string connection;
-  if (const std::string* c = FindHeader(*headers, "Connection")) connection = *c;
-  bool chunked = FindHeader(*headers, "Transfer-Encoding") != nullptr;
-  size_t announced = SIZE_MAX;
-  if (const std::string* length = FindHeader(*headers, "Content-Length"); length && !chunked) {
-    size_t n = 0;
-    auto [end, ec] = std::from_chars(length->data(), length->data() + length->size(), n);
-    if (ec == std::errc() && end == length->data() + length->size()) announced = n;
-  }
-  resp_headers_.reserve(headers->size());
-  for (auto& h : *headers) {
-    if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "X-Request-Id") || HeaderNameEquals(h.name, "Server")) continue;
-    if (!connection.empty() && ListedIn(connection, h.name)) continue;
-    resp_headers_.push_back(std::move(h));
-  }
-  bool bodiless = writer_->request().method == "HEAD" || status == 204 || status == 304;
-  if (sse_ && status / 100 == 2 && event_stream) {
-    mode_ = Mode::kSse;
-    writer_->StartStream(status, std::move(resp_headers_));
-  } else if (bodiless || announced <= proxy_->options().buffer_limit_bytes) {
-    mode_ = Mode::kBuffer;
-    if (answer_pending_) {
-      answer_pending_ = false;
-      proxy_->BackendAnswered(backend_);
-    }
-    if (announced != SIZE_MAX && !bodiless) resp_body_.reserve(announced);
-  } else {
-    mode_ = Mode::kStream;
-    writer_->StartStream(status, std::move(resp_headers_));
-  }
-}
-
-void ProxyCall::OnUpstreamBody(std::string_view data) {
-  Guard g(this);
-  Heard();
-  if (answer_pending_) {
-    answer_pending_ = false;
-    proxy_->BackendAnswered(backend_);
-  }
-  switch (mode_) {
-    case Mode::kBuffer:
-      resp_body_.append(data);
-      break;
-    case Mode::kStream:
-      writer_->Write(data);
-      CheckFlow();
-      break;
-    case Mode::kSse:
-      out_.clear();
-      sse_->Feed(data, &out_);
-      if (!out_.empty()) writer_->Write(out_);
-      CheckFlow();
-      break;
-    case Mode::kNone:
-      break;
-  }
-}
-
-void ProxyCall::OnUpstreamDone() {
-  Guard g(this);
-  // A 2xx answer that ended with no body byte (an empty stream) is good too.
-  if (answer_pending_) {
-    answer_pending_ = false;
-    proxy_->BackendAnswered(backend_);
-  }
-  conn_ = nullptr;
-  --backend_->inflight;
-  backend_ = nullptr;
-  switch (mode_) {
-    case Mode::kBuffer: {
-      http::HttpResponse resp;
-      resp.status = status_;
-      resp.headers = std::move(resp_headers_);
-      resp.body = std::move(resp_body_);
-      writer_->Send(std::move(resp));
-      break;
-    }
-    case Mode::kSse:
-    case Mode::kStream:
-      writer_->End();
-      break;
-    case Mode::kNone:
-      writer_->Send(http::HttpResponse::Json(502, http::ErrorJson("the engine's answer had no head", "upstream_error")));
-      break;
-  }
-  ++proxy_->mutable_counters().ok;
-  spdlog::debug("front: request {} {} {} -> {} in {} ms", id(), writer_->request().method, writer_->request().target,
-                status_, proxy_->now_ms() - start_ms_);
-  Finish();
-}
-
-// What the call does next is one row of the failure table
-// (front/call_policy.h); this carries it out.
-void ProxyCall::OnUpstreamError(const UpstreamError& e) {
-  Guard g(this);
-  Backend* b = backend_;
-  conn_ = nullptr;
-  backend_ = nullptr;
-  --b->inflight;
-  if (flow_paused_) flow_paused_ = false;
-  FailureFacts facts;
-  facts.stage = e.stage;
-  facts.stale = e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !stale_retry_used_;
-  facts.hedge_pending = HedgePending();
-  facts.delivered = writer_->started();
-  const bool sse = mode_ == Mode::kSse;
-  const int64_t remaining = sse ? plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size()) : 0;
-  facts.stream = sse ? StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(), remaining)
-                     : StreamState::kNotStream;
-  facts.budget_left = (facts.delivered ? resumes_ : retries_) < proxy_->options().max_retries;
-  const FailureAction action = DecideFailure(facts);
-  const std::string why = b->name + " " + e.Describe();
-  if (JudgesEngine(facts)) proxy_->BackendFailed(b, why);
-  auto& counters = proxy_->mutable_counters();
-
-  switch (action) {
-    case FailureAction::kAdoptHedge:
-      spdlog::warn("front: request {}: {}; the hedge on {} carries on", id(), why, hedge_->backend->name);
-      ++counters.hedge_won;
-      AdoptHedge();
-      return;
-    case FailureAction::kRetryFresh:
-      // A kept-alive connection the engine had closed: not a failure of the engine.
-      stale_retry_used_ = true;
-      force_fresh_ = true;
-      spdlog::debug("front: request {}: kept-alive connection to {} {}; retrying on a fresh one", id(), b->name,
-                    e.Describe());
-      proxy_->Dispatch(this);
-      return;
-    case FailureAction::kRedispatch:
-      proxy_->Dispatch(this);  // it never reached an engine; bounded by the queue timeout
-      return;
-    case FailureAction::kRetry:
-      ++retries_;
-      ++counters.retried;
-      cut_ = true;
-      // The wait for an engine starts again: the first attempt may have run long.
-      deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
-      spdlog::warn("front: request {}: {}; sending it again", id(), why);
-      proxy_->Dispatch(this);
-      return;
-    case FailureAction::kFail502:
-      Fail502(e, b->name);
-      return;
-    case FailureAction::kResume:
-    case FailureAction::kResumeFree: {
-      const bool counts = action == FailureAction::kResume;
-      if (counts) {
-        ++resumes_;
-        ++counters.resumed;
-      }
-      sse_->BeginContinuation();
-      resume_body_ = ResumeBody(plan_, sse_->delivered(), remaining);
-      body_ = resume_body_;
-      resuming_ = true;
-      cut_ = counts;
-      if (counts) deadline_ms = proxy_->now_ms() + proxy_->options().queue_timeout_ms;
-      spdlog::warn("front: request {}: {}; resuming the stream after {} tokens ({} to go)", id(), why,
-                   sse_->delivered().size(), remaining);
-      proxy_->Dispatch(this);
-      return;
-    }
-    case FailureAction::kEndStream:
-      // Every token was delivered; only the end of the stream was lost.
-      writer_->Write(sse_->SynthesizeEnd("length"));
-      writer_->End();
-      ++counters.ok;
-      Finish();
-      return;
-    case FailureAction::kCloseStream:
-      writer_->End();  // [DONE] went through; only the final chunk was lost
-      ++counters.ok;
-      Finish();
-      return;
-    case FailureAction::kAbortClient:
-      // Part of the answer reached the client and the rest cannot be had: cut
-      // the connection, so the client cannot take a truncated answer for a whole one.
-      spdlog::warn(
-          "front: request {}: {} after part of the answer reached the client; closing the client's connection", id(),
-          why);
-      ++counters.failed;
-      writer_->Abort();
-      Finish();
-      return;
-  }
-}
-
-void ProxyCall::Fail502(const UpstreamError& e, const std::string& backend) {
-  ++proxy_->mutable_counters().failed;
-  std::string msg = "the engine at " + backend + " " + e.Describe() +
-                    (retries_ > 0 ? " (the request had already been sent again once)" : "") +
-                    "; the supervisor restarts failed engines: retry the request";
-  spdlog::warn("front: request {}: answering 502: {}", id(), msg);
-  auto resp = http::HttpResponse::Json(502, http::ErrorJson(msg, "upstream_error"));
-  writer_->Send(std::move(resp));
-  Finish();
-}
-
-void ProxyCall::Reject503(const std::string& cause) {
-  Guard g(this);
-  ++proxy_->mutable_counters().rejected_503;
-  if (writer_->started()) {
-    // A stream waiting for its continuation: it cannot be answered any more.
-    spdlog::warn("front: request {}: no engine to resume the stream on ({}); closing the client's connection", id(),
-                 cause);
-    writer_->Abort();
-    Finish();
-    return;
-  }
-  std::string msg = "no engine is ready to take the request: " + cause + "; retry after the Retry-After delay";
-  spdlog::info("front: request {}: answering 503: {}", id(), msg);
-  auto resp = http::HttpResponse::Json(503, http::ErrorJson(msg, "unavailable"));
-  resp.headers.push_back({"Retry-After", "1"});
-  writer_->Send(std::move(resp));
-  Finish();
-}
-
-void ProxyCall::Reject400(const std::string& message) {
-  Guard g(this);
-  ++proxy_->mutable_counters().rejected_400;
-  spdlog::info("front: request {}: answering 400: {}", id(), message);
-  writer_->Send(http::HttpResponse::Json(400, http::ErrorJson(message, "invalid_request_error")));
-  Finish();
-}
-
-void ProxyCall::Cancel() {
-  Guard g(this);
-  writer_->Abort();
-  Finish();
-}
-
-void ProxyCall::OnClientGone() {
-  Guard g(this);
-  if (finished_) return;
-  ++proxy_->mutable_counters().client_closed;
-  spdlog::debug("front: request {}: the client went away", id());
-  Finish();
-}
-
-void ProxyCall::CheckFlow() {
-  if (!conn_ || flow_paused_ || writer_->queued_bytes() < proxy_->options().client_buffer_high) return;
-  flow_paused_ = true;
-  conn_->PauseReading();
-  proxy_->WatchFlow(this);
-}
-
-bool ProxyCall::ResumeIfDrained(size_t low) {
-  if (!flow_paused_) return true;
-  if (writer_->queued_bytes() > low) return false;
-  flow_paused_ = false;
-  if (conn_) conn_->ResumeReading();
-  return true;
-}
-
-void ProxyCall::Finish() {
-  if (finished_) return;
-  finished_ = true;
-  if (HedgePending()) EndHedge(nullptr);
-  if (conn_) {
-    conn_->Abort();
-    conn_ = nullptr;
-  }
-  if (backend_) {
-    --backend_->inflight;
-    backend_ = nullptr;
-  }
-  if (queued) proxy_->Dequeue(this);
-  writer_->OnClose(nullptr);
-  proxy_->Forget(this);
-  if (depth_ == 0) delete this;
-}
-
-// ---- hedging ----
-
-void ProxyCall::Heard() {
-  last_byte_ms_ = proxy_->now_ms();
-  if (backend_) proxy_->BackendSpoke(backend_);
-  // The engine the call was sent to spoke first: the hedge is not needed.
-  if (HedgePending()) EndHedge("the active engine answered first");
-}
-
-bool ProxyCall::HedgePending() const { return hedge_ && hedge_->state == HedgeLeg::State::kPending; }
-
-bool ProxyCall::Silent(int64_t now, int64_t after_ms) const {
-  return !finished_ && conn_ && backend_ && !flow_paused_ && now - last_byte_ms_ >= after_ms;
-}
-
-bool ProxyCall::CanHedge() const {
-  StreamState stream = StreamState::kNotStream;
-  if (mode_ == Mode::kSse && sse_) {
-    stream = StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(),
-                           plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size()));
-  }
-  return front::CanHedge(HedgePending(), hedges_.size(), kMaxHedges, writer_->started(), stream);
-}
-
-void ProxyCall::Hedge(Backend* b) {
-  Guard g(this);
-  hedges_.push_back(std::make_unique<HedgeLeg>(this));
-  hedge_ = hedges_.back().get();
-  HedgeLeg& h = *hedge_;
-  h.backend = b;
-  h.resume = writer_->started();
-  if (h.resume) {
-    int64_t remaining = plan_.max_tokens - static_cast<int64_t>(sse_->delivered().size());
-    h.resume_body = ResumeBody(plan_, sse_->delivered(), remaining);
-    h.body = h.resume_body;
-  } else {
-    h.body = body_;
-  }
-  BuildHead(b, h.body, false, &h.head);  // the engine it hedges is alive: nothing to adopt
-  ++b->inflight;
-  ++proxy_->mutable_counters().hedged;
-  spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), backend_->name,
-               proxy_->now_ms() - last_byte_ms_, b->name,
-               h.resume ? " (resuming after " + std::to_string(sse_->delivered().size()) + " tokens)" : "");
-  h.conn = proxy_->pool().Acquire(b, /*fresh=*/false);
-  h.conn->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
-}
-
-void ProxyCall::OnHedgeProgress() {
-  Guard g(this);
-  if (!HedgePending()) return;
-  HedgeLeg& h = *hedge_;
-  HedgeFacts facts;
-  facts.has_head = h.has_head;
-  facts.status = h.status;
-  facts.event_stream = h.event_stream;
-  facts.resume = h.resume;
-  facts.call_relays_stream = sse_ != nullptr;
-  facts.got_body = !h.got.empty();
-  facts.done = h.done;
-  switch (JudgeHedge(facts)) {
-    case HedgeVerdict::kWait:
-      return;
-    case HedgeVerdict::kFailed:
-      ++proxy_->mutable_counters().hedge_failed;
-      spdlog::info("front: request {}: the hedge on {} got status {}; waiting for {}", id(), h.backend->name,
-                   h.status, backend_ ? backend_->name : "the active engine");
-      EndHedge(nullptr);
-      return;
-    case HedgeVerdict::kWins:
-      ++proxy_->mutable_counters().hedge_won;
-      AdoptHedge();
-      return;
-  }
-}
-
-void ProxyCall::OnHedgeError(const UpstreamError& e) {
-  Guard g(this);
-  if (!HedgePending()) return;
-  HedgeLeg& h = *hedge_;
-  if (e.reused && e.stage == UpstreamError::Stage::kAwaitingResponse && !h.stale_retry_used) {
-    // A kept-alive connection the standby had closed: once more on a fresh one.
-    h.stale_retry_used = true;
-    h.conn = proxy_->pool().Acquire(h.backend, /*fresh=*/true);
-    h.conn->Send(&h, h.head, h.body, writer_->request().method == "HEAD");
-    return;
-  }
-  h.state = HedgeLeg::State::kEnded;
-  --h.backend->inflight;
-  ++proxy_->mutable_counters().hedge_failed;
-  std::string why = h.backend->name + " " + e.Describe();
-  spdlog::info("front: request {}: the hedge failed: {}; waiting for {}", id(), why,
-               backend_ ? backend_->name : "the active engine");
-  proxy_->BackendFailed(h.backend, why);
-}
-
-// The standby's attempt becomes the call's: the active engine's connection,
-// if it is still open, is closed (so that engine cancels the request when it
-// wakes), and what the standby sent so far is handled as if it had come now.
-void ProxyCall::AdoptHedge() {
-  Guard g(this);
-  HedgeLeg& h = *hedge_;
-  h.state = HedgeLeg::State::kAdopted;
-  if (conn_) {
-    conn_->Abort();
-    conn_ = nullptr;
-  }
-  if (backend_) {
-    spdlog::info("front: request {}: {} answered first; closing the request on {}", id(), h.backend->name,
-                 backend_->name);
-    --backend_->inflight;
-  }
-  flow_paused_ = false;
-  if (h.resume) {
-    sse_->BeginContinuation();
-    resuming_ = true;
-    body_ = h.body;
-  } else {
-    ResetAttempt();
-  }
-  proxy_->HedgeWon(h.backend);
-  backend_ = h.backend;  // its inflight count was taken when the hedge was sent
-  conn_ = h.conn;
-  h.conn = nullptr;
-  if (conn_) conn_->Rebind(this);
-  if (h.has_head) OnUpstreamHead(h.status, &h.headers);
-  if (finished_) return;
-  if (!h.got.empty()) {
-    std::string got = std::move(h.got);
-    OnUpstreamBody(got);
-  }
-  if (finished_) return;
-  if (h.done) OnUpstreamDone();
-}
-
-void ProxyCall::EndHedge(const char* why) {
-  HedgeLeg& h = *hedge_;
-  h.state = HedgeLeg::State::kEnded;
-  if (h.conn) {
-    h.conn->Abort();
-    h.conn = nullptr;
-  }
-  --h.backend->inflight;
-  if (why) {
-    ++proxy_->mutable_counters().hedge_lost;
-    spdlog::info("front: request {}: {}; closing the hedge on {}", id(), why, h.backend->name);
-  }
-}
-
-// ---- Proxy ----
-
 Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared, Clock* clock,
              TimerSource* timers)
     : loop_(loop),
-      options_(std::move(options)),
+      options_(options),
       events_(std::move(events)),
       clock_(clock),
       pool_(loop, options_.upstream) {
+  services_.router = this;
+  services_.engines = this;
+  services_.pool = &pool_;
+  services_.counters = &counters_;
+  services_.options = &options_;
+  services_.clock = clock_;
   if (!shared) {
     own_shared_ = std::make_unique<FrontShared>();
     shared = own_shared_.get();
@@ -784,9 +34,9 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShare
   }
   queue_timer_ = timers->Make();
   flow_timer_ = timers->Make();
-  hedge_timer_ = timers->Make();
+  hedger_ = std::make_unique<Hedger>(timers, clock_, static_cast<Hedger::Site*>(this));
   if (options_.hedge_after_ms > 0) shared_->FillHedges(options_.hedge_burst);
-  ArmHedgeTimer();
+  hedger_->SetAfter(options_.hedge_after_ms);
 }
 
 Proxy::~Proxy() {
@@ -809,11 +59,11 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
     writer->Send(http::HttpResponse::Json(404, http::ErrorJson(kNotForwardedMessage, "not_found_error")));
     return;
   }
-  auto* call = new ProxyCall(this, std::move(writer));
+  auto* call = new ProxyCall(&services_, std::move(writer));
   calls_.insert(call);
   // An idle proxy lets its hedge timer sleep (a front of many loops would
   // otherwise wake each of them up to 200 times a second for nothing).
-  if (options_.hedge_after_ms > 0 && !hedge_timer_->active()) ArmHedgeTimer();
+  hedger_->Wake();
   call->Start();
 }
 
@@ -827,10 +77,10 @@ Backend* Proxy::Pick() const {
   return active_;
 }
 
-void Proxy::Dispatch(ProxyCall* call) {
+void Proxy::Route(ProxyCall* call) {
   if (Backend* b = Pick(); b && queue_.empty()) {
     if (b != active_) ++counters_.silent_to_standby;
-    call->Attempt(b);
+    call->Send(b);
     return;
   }
   if (queue_.size() >= options_.max_queued) {
@@ -838,18 +88,16 @@ void Proxy::Dispatch(ProxyCall* call) {
                     NoRouteCause());
     return;
   }
-  call->queued = true;
-  call->queue_pos = queue_.insert(queue_.end(), call);
+  call->Queued(queue_.insert(queue_.end(), call));
   ArmQueueTimer();
 }
 
 void Proxy::Dequeue(ProxyCall* call) {
-  if (!call->queued) return;
-  call->queued = false;
-  queue_.erase(call->queue_pos);
+  if (auto slot = call->TakeQueueSlot()) queue_.erase(*slot);
 }
 
 void Proxy::Forget(ProxyCall* call) {
+  Dequeue(call);
   calls_.erase(call);
   flow_paused_.erase(call);
   MaybeDone();
@@ -862,7 +110,7 @@ void Proxy::WakeQueue() {
     ProxyCall* call = queue_.front();
     Dequeue(call);
     if (b != active_) ++counters_.silent_to_standby;
-    call->Attempt(b);
+    call->Send(b);
   }
   ArmQueueTimer();
 }
@@ -874,7 +122,7 @@ void Proxy::ArmQueueTimer() {
     return;
   }
   int64_t next = INT64_MAX;
-  for (ProxyCall* c : queue_) next = std::min(next, c->deadline_ms);
+  for (const ProxyCall* c : queue_) next = std::min(next, c->deadline_ms());
   if (Pick()) {
     next = now_ms();  // a backend is up again: serve the queue on the next turn
   } else if (active_) {
@@ -888,7 +136,7 @@ void Proxy::OnQueueTimer() {
   int64_t now = now_ms();
   std::vector<ProxyCall*> expired;
   for (ProxyCall* c : queue_) {
-    if (c->deadline_ms <= now) expired.push_back(c);
+    if (c->deadline_ms() <= now) expired.push_back(c);
   }
   if (!expired.empty()) {
     std::string cause = NoRouteCause();
@@ -1033,7 +281,7 @@ void Proxy::ActiveChanged(const Backend* from) {
         {"hedged", true}});
 }
 
-void Proxy::BackendAnswered(Backend* b) {
+void Proxy::Answered(Backend* b) {
   b->failures = 0;
   b->last_ok_ms = clock_->WallMs();
   if (first_ok_pending_.empty() || first_ok_pending_ != b->name) return;
@@ -1041,168 +289,10 @@ void Proxy::BackendAnswered(Backend* b) {
   Emit({{"type", "event"}, {"kind", "first_ok"}, {"backend", b->name}, {"epoch", epoch_}, {"at_ms", clock_->WallMs()}});
 }
 
-void Proxy::Emit(nlohmann::json event) {
+void Proxy::Emit(const nlohmann::json& event) {
   if (event_log_.size() >= kEventLogSize) event_log_.pop_front();
   event_log_.push_back(event);
   if (events_) events_(event);
-}
-
-Status HedgeLimits::Check() const {
-  if (after_ms < 0 || after_ms > 3'600'000) {
-    return InvalidArgument("hedge_after_ms " + std::to_string(after_ms) +
-                           " is out of range; give 0 (no hedging) or the silence in ms, up to 3600000");
-  }
-  if (percent < 0 || percent > 100) {
-    return InvalidArgument("hedge_percent " + std::to_string(percent) +
-                           " is out of range; give 0..100, the hedges earned per 100 requests (10 by default)");
-  }
-  if (burst < 1 || burst > 1'000'000) {
-    return InvalidArgument("hedge_burst " + std::to_string(burst) +
-                           " is out of range; give 1..1000000, the hedges that can be saved up (16 by default)");
-  }
-  return Status::Ok();
-}
-
-void Proxy::SetHedging(const HedgeLimits& h) {
-  bool was_on = options_.hedge_after_ms > 0;
-  options_.hedge_after_ms = h.after_ms;
-  options_.hedge_percent = h.percent;
-  options_.hedge_burst = h.burst;
-  // Every loop does the same (the bucket is shared): both are idempotent.
-  if (!was_on && h.after_ms > 0) shared_->FillHedges(h.burst);
-  shared_->CapHedges(h.burst);
-  if (h.after_ms <= 0) ShareSilence(nullptr, 0, 0);
-  ArmHedgeTimer();
-}
-
-void Proxy::ArmHedgeTimer() {
-  if (closing_) return;
-  if (options_.hedge_after_ms <= 0) {
-    hedge_timer_->Stop();
-    return;
-  }
-  // A fortieth of the silence, within 2..50 ms (5 ms at 200): a hedge, and
-  // the silence report, go out at most that late. Every late ms is a ms of
-  // every stuck request's wait. The timer runs only while requests are in
-  // flight (OnHedgeTimer stops it on an idle loop).
-  const int64_t tick = std::clamp<int64_t>(options_.hedge_after_ms / 40, 2, 50);
-  hedge_timer_->Start(tick, [this] { OnHedgeTimer(); }, tick);
-}
-
-bool Proxy::TakeHedgeToken() { return shared_->TakeHedge(); }
-
-void Proxy::ShareSilence(SharedBackend* b, int waiting, int silent) {
-  if (b != shared_for_) {
-    if (shared_for_) {  // this loop's counts move off the engine it counted before
-      shared_for_->waiting.fetch_sub(shared_waiting_, std::memory_order_relaxed);
-      shared_for_->silent.fetch_sub(shared_silent_, std::memory_order_relaxed);
-    }
-    shared_for_ = b;
-    shared_waiting_ = shared_silent_ = 0;
-  }
-  if (!b) return;
-  b->waiting.fetch_add(waiting - shared_waiting_, std::memory_order_relaxed);
-  b->silent.fetch_add(silent - shared_silent_, std::memory_order_relaxed);
-  shared_waiting_ = waiting;
-  shared_silent_ = silent;
-}
-
-void Proxy::HedgeWon(Backend* b) {
-  // The first win since the active engine last spoke: where a failover to
-  // this engine began serving clients, if the supervisor then routes it.
-  const int64_t since = active_ ? active_->shared->last_byte_ms.load() : 0;
-  int64_t won = b->shared->hedge_win_ms.load();
-  // The first loop to win since then sets it.
-  while (won <= since && !b->shared->hedge_win_ms.compare_exchange_weak(won, clock_->WallMs())) {
-  }
-}
-
-void Proxy::BackendSpoke(Backend* b) { b->shared->Spoke(clock_->WallMs(), now_ms()); }
-
-void Proxy::OnHedgeTimer() {
-  if (options_.hedge_after_ms <= 0) return;
-  if (calls_.empty()) {
-    ShareSilence(nullptr, 0, 0);
-    hedge_timer_->Stop();  // until the next request (Handle)
-    return;
-  }
-  const int64_t now = now_ms();
-  const int64_t after = options_.hedge_after_ms;
-  // The standby takes hedges only while the supervisor routes it (it does
-  // so once its probes pass) and the front has not seen it fail.
-  Backend* target = standby_ && standby_->down_until_ms <= now ? standby_ : nullptr;
-  std::vector<ProxyCall*> to_hedge;
-  int on_active = 0;
-  int silent_on_active = 0;
-  for (ProxyCall* c : calls_) {
-    Backend* b = c->backend();
-    if (!b) continue;
-    bool silent = c->Silent(now, after);
-    if (b == active_) {
-      ++on_active;
-      if (silent) ++silent_on_active;
-    }
-  }
-  // This loop's share of the counts, summed over the loops in the record.
-  ShareSilence(active_ && on_active > 0 ? active_->shared : nullptr, on_active, silent_on_active);
-  // The active engine sent nothing at all, on any request of any loop, for
-  // the whole wait, while at least two requests waited that long for it:
-  // more likely the engine than the requests. (Requests younger than the
-  // wait do not count against it: under steady traffic they always exist.)
-  // Said once until it speaks again: the loop that flips the flag says it.
-  SharedBackend* sa = active_ ? active_->shared : nullptr;
-  const int silent_all = sa ? sa->silent.load(std::memory_order_relaxed) : 0;
-  bool expected = false;
-  if (sa && silent_on_active > 0 && silent_all >= 2 && now - sa->last_byte_loop_ms.load() >= after &&
-      sa->silent_reported.compare_exchange_strong(expected, true)) {
-    const int waiting_all = sa->waiting.load(std::memory_order_relaxed);
-    ++counters_.silent_reports;
-    if (uint64_t held = 0; silent_log_.Allow(now, &held)) {
-      spdlog::warn("front: {} of {} requests on the active engine {} have had no byte for {} ms{}", silent_all,
-                   waiting_all, active_->name, after,
-                   held > 0 ? " (" + std::to_string(held) + " more such reports in the last second)" : "");
-    }
-    Emit({{"type", "event"},
-          {"kind", "silent"},
-          {"backend", active_->name},
-          {"silent", silent_all},
-          {"inflight", waiting_all},
-          {"after_ms", after},
-          {"last_byte_ms", sa->last_byte_ms.load()},
-          {"epoch", epoch_},
-          {"at_ms", clock_->WallMs()}});
-  }
-  // On an engine reported silent (now or before), a request is not given
-  // the whole wait again: it is hedged at once.
-  for (ProxyCall* c : calls_) {
-    Backend* b = c->backend();
-    if (!b || !target || b == target || c->hedged() || !c->CanHedge()) continue;
-    bool stuck = b == active_ && sa && sa->silent_reported.load(std::memory_order_relaxed) ? c->Silent(now, 0)
-                                                                                           : c->Silent(now, after);
-    if (stuck) to_hedge.push_back(c);
-  }
-  size_t refused = 0;
-  for (ProxyCall* c : to_hedge) {
-    if (TakeHedgeToken()) {
-      c->Hedge(target);
-    } else if (!c->hedge_refused) {
-      c->hedge_refused = true;  // counted once per request
-      ++refused;
-    }
-  }
-  if (refused > 0) {
-    counters_.hedge_refused += refused;
-    refused_since_log_ += refused;
-    // Checked every tick (every few ms at a small hedge_after_ms): said at
-    // most once a second, with what it held back.
-    if (uint64_t held = 0; refused_log_.Allow(now, &held)) {
-      spdlog::warn("front: {} silent requests not hedged{}: the hedge budget is spent (hedge_percent {}, "
-                   "hedge_burst {})",
-                   refused_since_log_, held > 0 ? " since the last such warning" : "", options_.hedge_percent,
-                   options_.hedge_burst);
-      refused_since_log_ = 0;
-    }
-  }
 }
 
 void Proxy::WatchFlow(ProxyCall* call) {
@@ -1281,7 +371,7 @@ void Proxy::Close(std::function<void()> done) {
   // handle (http/loop_timer.h), while the loop still runs.
   queue_timer_.reset();
   flow_timer_.reset();
-  hedge_timer_.reset();
+  hedger_->Close();
   pool_.Close([this] {
     pool_closed_ = true;
     MaybeDone();

@@ -3,7 +3,7 @@
 // "active" is (SetRoutes), and the front moves on its own when the active
 // engine refuses or drops connections.
 //
-// Per request (a ProxyCall, internal to proxy.cc):
+// Per request (a ProxyCall, front/proxy_call.h):
 //   - routing: the active backend when it is up; otherwise the call waits
 //     in a bounded queue until a route appears (served at once) or the queue
 //     timeout passes (503 with Retry-After and the cause);
@@ -46,9 +46,14 @@
 // relayed in one piece (one write; a cut before the end is retried
 // invisibly); others, and all event streams, are relayed as they arrive.
 //
-// Ownership: the Proxy owns its calls, its UpstreamPool and three timers
-// (common/timer.h: made by the TimerSource it is given, so that tests drive
-// its queue timeout and hedging with a fake clock); it
+// Files: proxy.cc (accepting, routing, the queue, switching, status),
+// proxy_silence.cc (the hedge scan's side: silence, budget); a call is
+// front/proxy_call.h.
+//
+// Ownership: the Proxy owns its calls, its UpstreamPool, two timers and a
+// Hedger (front/hedge.h) with the third (common/timer.h: made by the
+// TimerSource it is given, so that tests drive its queue timeout and
+// hedging with a fake clock); it
 // never owns a client connection (the HttpServer does). Close() ends every
 // call and closes the pool and timers; `done` runs when all are freed.
 // Threads: the loop thread only. A front of several loops runs one Proxy
@@ -74,60 +79,20 @@
 #include "common/status.h"
 #include "common/timer.h"
 #include "front/address.h"
+#include "front/call_services.h"
+#include "front/hedge.h"
+#include "front/proxy_options.h"
 #include "front/shared.h"
 #include "front/upstream.h"
 #include "http/server.h"
 
 namespace wsup::front {
 
-struct ProxyOptions {
-  int64_t queue_timeout_ms = 5'000;
-  size_t max_queued = 1024;
-  size_t buffer_limit_bytes = 256 * 1024;
-  int max_retries = 1;               // re-sends of a request (or resumes of a stream) after a failure
-  int64_t default_max_tokens = 16;   // the engines' default, made explicit in streamed requests
-  int64_t down_backoff_ms = 100;     // a failed backend is not tried for this long, doubling per failure
-  int64_t down_backoff_max_ms = 2'000;
-  size_t client_buffer_high = 4 << 20;  // unsent client bytes that pause reading from the engine
-  size_t client_buffer_low = 1 << 20;   // ... and resume it
-  int64_t hedge_after_ms = 0;        // silence from the active before the standby is asked too; 0: no hedging
-  int hedge_percent = 10;            // hedges earned per 100 client requests ...
-  int hedge_burst = 16;              // ... and the most that can be saved up (also the starting balance)
-  bool log_routes = true;            // log route changes (one loop of several does)
-  UpstreamOptions upstream;
-};
-
-// The hedging settings as a reload changes them; Check() says what is wrong.
-struct HedgeLimits {
-  int64_t after_ms = 0;
-  int percent = 10;
-  int burst = 16;
-  Status Check() const;
-};
-
-struct ProxyCounters {
-  uint64_t requests = 0;       // client requests handed to the proxy
-  uint64_t ok = 0;             // engine answers relayed completely (any status)
-  uint64_t failed = 0;         // answered 502 by the front, or cut off after an engine failure
-  uint64_t retried = 0;        // requests sent again after an engine failure
-  uint64_t resumed = 0;        // streams continued on another attempt
-  uint64_t switched_self = 0;  // times the front made the standby active by itself
-  uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full
-  uint64_t client_closed = 0;  // clients that went away before their answer was complete
-  uint64_t rejected_400 = 0;   // completion bodies past the shared JSON limits, refused by the front
-  uint64_t not_forwarded = 0;  // paths outside /v1/ and /health, answered 404 by the front (front/routes.h)
-  uint64_t hedged = 0;         // requests also sent to the standby after hedge_after_ms of silence
-  uint64_t hedge_won = 0;      // ... where the standby answered first (or the active failed meanwhile)
-  uint64_t hedge_lost = 0;     // ... where the active answered first
-  uint64_t hedge_failed = 0;   // ... where the standby's attempt failed (the active's went on)
-  uint64_t hedge_refused = 0;  // silent requests not hedged because the hedge budget was spent
-  uint64_t silent_reports = 0; // `silent` events: the active engine sent nothing while requests waited
-  uint64_t silent_to_standby = 0;  // new requests sent to the standby while the active was silent
-};
-
 class ProxyCall;
 
-class Proxy {
+// A call reaches the proxy only through CallServices (front/call_services.h):
+// the Proxy is its CallRouter and its EngineBook, privately.
+class Proxy : private CallRouter, private EngineBook, private Hedger::Site {
  public:
   using EventSink = std::function<void(const nlohmann::json& event)>;
 
@@ -137,7 +102,7 @@ class Proxy {
   // reads (tests drive both from a FakeClock); null timers: timers on `loop`.
   Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShared* shared = nullptr,
         Clock* clock = &RealClock(), TimerSource* timers = nullptr);
-  ~Proxy();
+  ~Proxy() override;
   Proxy(const Proxy&) = delete;
   Proxy& operator=(const Proxy&) = delete;
 
@@ -175,30 +140,28 @@ class Proxy {
 
   void Close(std::function<void()> done = {});
 
-  // Internal: used by ProxyCall.
-  void Dispatch(ProxyCall* call);
+  // Another loop of this front switched from the active engine `name` at
+  // `epoch` (at wall time at_ms): do the same if this loop still routes it so.
+  void PeerFailed(const std::string& name, const std::string& why, int64_t epoch, int64_t at_ms);
+
+ private:
+  int64_t now_ms() const { return clock_->MonotonicMs(); }
+  // CallRouter (front/call_services.h).
+  void Route(ProxyCall* call) override;
+  void Forget(ProxyCall* call) override;
+  void WatchFlow(ProxyCall* call) override;
   void Dequeue(ProxyCall* call);
-  void Forget(ProxyCall* call);
+  // EngineBook (front/call_services.h).
+  void Failed(Backend* b, const std::string& why) override { BackendFailed(b, why); }
+  void Answered(Backend* b) override;
+  void Spoke(Backend* b) override;
+  void HedgeWon(Backend* b) override;
   // `peer_at_ms` > 0: another loop of the front saw it fail then (wall
   // time) and switched; its event is the one the supervisor gets: follow
   // without an event.
   void BackendFailed(Backend* b, const std::string& why, int64_t peer_at_ms = 0);
-  // Another loop of this front switched from the active engine `name` at
-  // `epoch` (at wall time at_ms): do the same if this loop still routes it so.
-  void PeerFailed(const std::string& name, const std::string& why, int64_t epoch, int64_t at_ms);
-  void BackendAnswered(Backend* b);
-  // A byte from `b` on any call: it is not silent.
-  void BackendSpoke(Backend* b);
-  // A hedge on `b` won.
-  void HedgeWon(Backend* b);
-  void WatchFlow(ProxyCall* call);
   std::string NoRouteCause() const;
-  UpstreamPool& pool() { return pool_; }
-  const ProxyOptions& options() const { return options_; }
-  ProxyCounters& mutable_counters() { return counters_; }
-  int64_t now_ms() const { return clock_->MonotonicMs(); }
 
- private:
   Backend* Get(const HostPort& addr);
   // The active engine is now a different one (was `from`): first_ok is
   // due at its first good answer, or at once if it won hedges already.
@@ -208,14 +171,20 @@ class Proxy {
   void ArmQueueTimer();
   void OnQueueTimer();
   void OnFlowTimer();
-  void ArmHedgeTimer();
-  void OnHedgeTimer();
-  bool TakeHedgeToken();
+  // Hedger::Site: what the hedge scan reads and does (front/hedge.h).
+  void Candidates(std::vector<HedgeCandidate>* out) override;
+  const Backend* Active() const override { return active_; }
+  Backend* HedgeTarget(int64_t now_ms) const override;
+  bool JudgeSilence(const HedgeScan& counts, int64_t now_ms) override;
+  bool TakeToken() override;
+  void Hedge(size_t index, Backend* target) override;
+  void BudgetSpent(const std::vector<size_t>& indexes, size_t fresh, int64_t now_ms) override;
+  void Idle() override;
   // This loop's counts of requests waiting on its active engine `b`, and of
   // those silent, into b's shared record (null: it counts none now).
   void ShareSilence(SharedBackend* b, int waiting, int silent);
   void SetRouted(Backend* b, bool routed);
-  void Emit(nlohmann::json event);
+  void Emit(const nlohmann::json& event);
   void MaybeDone();
 
   uv_loop_t* loop_;
@@ -223,10 +192,12 @@ class Proxy {
   EventSink events_;
   Clock* clock_;
   UpstreamPool pool_;
+  CallServices services_;  // what the calls get of this proxy
   std::unique_ptr<TimerSource> own_timers_;
   std::unique_ptr<Timer> queue_timer_;
   std::unique_ptr<Timer> flow_timer_;
-  std::unique_ptr<Timer> hedge_timer_;  // scans calls for silence while hedging is on
+  std::unique_ptr<Hedger> hedger_;  // scans calls for silence while hedging is on
+  std::vector<ProxyCall*> scanned_;  // the calls of the hedge scan's tick, by index
   // Warnings the hedge timer could repeat every tick: once a second each.
   LogLimiter refused_log_{1000}, silent_log_{1000};
   uint64_t refused_since_log_ = 0;

@@ -84,7 +84,7 @@ class FrontShared {
     while (cur > cap && !hedge_hundredths_.compare_exchange_weak(cur, cap, std::memory_order_relaxed)) {
     }
   }
-  double hedge_budget() const { return hedge_hundredths_.load(std::memory_order_relaxed) / 100.0; }
+  double hedge_budget() const { return static_cast<double>(hedge_hundredths_.load(std::memory_order_relaxed)) / 100.0; }
 
  private:
   std::mutex mu_;

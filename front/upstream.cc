@@ -8,7 +8,7 @@ namespace wsup::front {
 
 namespace {
 
-constexpr size_t kReadBufferSize = 64 * 1024;
+constexpr size_t kReadBufferSize = size_t{64} * 1024;
 
 }  // namespace
 

@@ -86,7 +86,7 @@ struct UpstreamOptions {
   int64_t connect_timeout_ms = 2'000;
   int64_t idle_timeout_ms = 20'000;  // below the engines' keep-alive timeout, so they never close first
   size_t max_idle_per_backend = 64;  // the front raises it to its loop's share of --max-connections
-  size_t max_header_bytes = 64 * 1024;
+  size_t max_header_bytes = size_t{64} * 1024;
   size_t max_headers = 100;
 };
 
