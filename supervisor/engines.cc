@@ -532,7 +532,7 @@ void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid, const std::string& how)
   // instead of waiting for the kernel to close the dead engine's sockets
   // (tens of ms for a GPU engine): an active engine's requests and streams,
   // a draining one's streams, a standby's hedges.
-  if (serving) CutInFront(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
+  if (serving) front_.CutEngine(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
 }
 
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {

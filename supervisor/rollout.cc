@@ -160,7 +160,7 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
   if (!std::getenv("WSUP_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(cfg_.supervisor.log_level));
   for (Slot* s : {&a_, &b_}) s->throttle.set_policy(EngineRestartPolicy(cfg_));
   for (auto& h : holders_) h->throttle.set_policy(HolderRestartPolicy(cfg_));
-  front_.throttle.set_policy(FrontRestartPolicy(cfg_));
+  front_.SetRestartPolicy(FrontRestartPolicy(cfg_));
   if (probe_changed) {
     // Probes of the new shape from now on; a monitor starts over, the
     // engine's role does not change.
@@ -171,7 +171,7 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
       }
     }
   }
-  PushFrontLimits();
+  front_.PushLimits();
   for (const auto& ch : plan.changes) {
     if (ch.effect == ReloadEffect::kAtOnce) spdlog::info("reload: {} = {} (was {}), at once", ch.key, ch.after, ch.before);
   }

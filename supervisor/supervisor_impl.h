@@ -4,7 +4,10 @@
 //   supervisor.cc  start, preflight, stop, the loop's lifetime
 //   adoption.cc    a restarted supervisor: adopt what runs, reconstruct
 //                  what happened while none ran
-//   front_link.cc  the front: spawn, link, routes, restarts
+//   front_link.cc  FrontLink (front_link.h), the front's one owner: spawn,
+//                  link, routes, restarts; nothing else touches the front
+//   front_events.cc  what the front says (its messages, a silent engine),
+//                  FrontLink's hooks, the routes it is given
 //   holders.cc     the weight holders: spawn, keeper attach, restarts
 //   engines.cc     the engine slots: spawn, identity, status, probes, the
 //                  table's actions, restarts
@@ -16,8 +19,9 @@
 //   node_state.cc  state.json, the status line, ledger writes
 //
 // Every state change of an engine, a holder or the front goes through its
-// table (engine_fsm.h, child_fsm.h): Fire() / FireChild() look the row up,
-// log it with its cause, and carry out its action.
+// table (engine_fsm.h, child_fsm.h): Fire() (engines), FireHolder() and
+// FrontLink's own Fire() look the row up, log it with its cause, and carry
+// out its action.
 //
 // Threads: the loop thread only, except the keeper attaches and KV pool
 // fetches, which run on libuv's thread pool and come back through their
@@ -48,6 +52,7 @@
 #include "supervisor/child_fsm.h"
 #include "supervisor/engine_fsm.h"
 #include "supervisor/engine_version.h"
+#include "supervisor/front_link.h"
 #include "supervisor/kv_handover.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout_fsm.h"
@@ -65,13 +70,9 @@
 
 namespace wsup {
 
-// "host:port", with brackets for an IPv6 literal.
-std::string HostPortString(const std::string& host, int port);
-
 // Restart policies, one per kind of child, from the one [supervisor] section.
 RestartPolicy EngineRestartPolicy(const Config& cfg);
 RestartPolicy HolderRestartPolicy(const Config& cfg);
-RestartPolicy FrontRestartPolicy(const Config& cfg);
 
 class Supervisor::Impl {
  public:
@@ -214,25 +215,6 @@ class Supervisor::Impl {
     bool ready() const { return state == ChildState::kReady; }
   };
 
-  // ---- the front
-  struct FrontSlot {
-    FrontSlot(TimerSource& timers, RestartPolicy policy)
-        : retry(timers.Make()), restart_timer(timers.Make()), throttle(std::move(policy)) {}
-    ChildState state = ChildState::kIdle;
-    UniqueFd listen;  // kept across front restarts: connections wait in the backlog
-    int port = 0;
-    pid_t pid = 0;
-    uint64_t start_time = 0;
-    ProcessWatch* watch = nullptr;
-    std::string control_path;
-    std::shared_ptr<JsonConn> link;
-    std::unique_ptr<Timer> retry;          // control link retries
-    std::unique_ptr<Timer> restart_timer;  // backoff
-    RestartThrottle throttle;
-    std::string last_exit;    // how the last one ended
-    std::string down_reason;
-  };
-
   // ---- a failover waiting for its first good answer through the front
   struct PendingFailover {
     int64_t id = 0;
@@ -280,22 +262,17 @@ class Supervisor::Impl {
   // the launcher sees it.
   bool StillRuns(const ProcessRef& p);
 
-  // front_link.cc
-  void StartFront();
-  void FireFront(ChildEvent event, const std::string& cause, int exit_code = -1);
-  void ScheduleFrontRestart(int exit_code, const std::string& how);
-  void ConnectFront();
-  void OnFrontMessage(const nlohmann::json& m);
+  // front_events.cc (the front itself: front_link.h)
+  // The hooks through which front_ tells and asks this node.
+  FrontLink::Hooks FrontHooks();
+  // The routes the front should have: the active and standby engines.
+  FrontLink::Routes WantedRoutes();
+  // Gives the front WantedRoutes() (a new epoch when they changed).
+  void PushRoutes();
+  void OnFrontMessage(const FrontMessage& m);
   // The front's `silent` report (supervisor/silence_check.h says what is done).
   void OnFrontSilent(const FrontMessage& m);
   void TripSilent(Slot& s, const std::string& why);
-  void OnFrontExit(const ExitInfo& info);
-  void PushRoutes();
-  // Tells the front that the engine at `address` died: it fails over what it
-  // has in flight there now (front/front.h, engine_dead).
-  void CutInFront(const std::string& address, const std::string& why);
-  // The front's queue limits (a reload changed them).
-  void PushFrontLimits();
 
   // holders.cc
   void SpawnHolder(HolderSlot& h);
@@ -506,12 +483,10 @@ class Supervisor::Impl {
 
   Slot a_, b_;
   std::vector<std::unique_ptr<HolderSlot>> holders_;
-  FrontSlot front_;
+  FrontLink front_;
   bool engines_started_ = false;
   bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles
   bool swapping_ = false;   // a planned swap is moving roles: MaybePromote() waits
-  int64_t epoch_ = 0;
-  std::string routed_active_, routed_standby_;
 
   std::optional<PendingFailover> pending_;
   // Ends a failover that no correct answer through the front proved within
