@@ -73,7 +73,9 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       watchdog_(timers_.Make()),
       a_(timers_, "a", EngineRestartPolicy(cfg_)),
       b_(timers_, "b", EngineRestartPolicy(cfg_)),
-      front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()) {}
+      front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()) {
+  SubscribeToEngines();
+}
 
 void Supervisor::Impl::After(int64_t ms, std::function<void()> cb) {
   oneshots_.push_back(timers_.Make());

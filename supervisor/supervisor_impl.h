@@ -21,7 +21,9 @@
 // Every state change of an engine, a holder or the front goes through its
 // table (engine_fsm.h, child_fsm.h): Fire() (engines), FireHolder() and
 // FrontLink's own Fire() look the row up, log it with its cause, and carry
-// out its action.
+// out its action. An engine's move is published once (engine_events.h) to
+// the subscribers of SubscribeToEngines() (engines.cc), the table's action
+// among them, in the order their effects must happen.
 //
 // Threads: the loop thread only, except the keeper attaches and KV pool
 // fetches, which run on libuv's thread pool and come back through their
@@ -50,6 +52,7 @@
 #include "probes/monitor.h"
 #include "state/ledger.h"
 #include "supervisor/child_fsm.h"
+#include "supervisor/engine_events.h"
 #include "supervisor/engine_fsm.h"
 #include "supervisor/engine_version.h"
 #include "supervisor/front_link.h"
@@ -317,7 +320,12 @@ class Supervisor::Impl {
   // Stops the node (exit 78) when both engines' wrong answers show that the
   // model does not produce the probe's expected answer (expectation_check.h).
   void CheckExpectation(Slot& s);
+  // Moves the slot by its table and publishes the move (engine_events_).
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
+  // Subscribes, once and in order, what follows a slot's move: its
+  // recovery row, the KV pool, the table's action, the rollout, a
+  // promotion, the front's routes, state.json and the status line.
+  void SubscribeToEngines();
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
   void OnEngineDying(Slot& s, pid_t pid, const std::string& how);
@@ -482,6 +490,9 @@ class Supervisor::Impl {
   bool signals_started_ = false;
 
   Slot a_, b_;
+  // Every move of a slot's table, published by Fire() to the subscribers
+  // of SubscribeToEngines().
+  EngineEventList engine_events_;
   std::vector<std::unique_ptr<HolderSlot>> holders_;
   FrontLink front_;
   bool engines_started_ = false;
