@@ -111,7 +111,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     MaybePromote();
     ready_notified_ = Active() != nullptr;
     if (ready_notified_) notifier_.Ready("serving (re-adopted)");
-    ReconcileWithFront(*prev, std::move(dead));
+    ReconcileWithFront(*prev, dead);
     // A rollout the predecessor ran: ended, and the slots left on one
     // version (before the engines not adopted start: one that was being
     // replaced starts with the version it was to run).
@@ -193,13 +193,13 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   return true;
 }
 
-void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead) {
+void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead) {
   // Engines that died while no supervisor ran. Their slots restart like any
   // failed slot; what the ledger gets is dated from what is known: the
   // front's own log of the switch it made, else the last state the
   // predecessor saved (the latest moment the engine was known to serve).
   std::vector<RuntimeState::Engine> lost;
-  for (auto& e : dead) {
+  for (const auto& e : dead) {
     if (SlotByName(e.slot) && (e.role == "active" || e.role == "standby" || e.role == "draining")) lost.push_back(e);
   }
   if (lost.empty()) return;

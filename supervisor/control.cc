@@ -196,7 +196,8 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
   PlannedSwap(*act, *stby, "planned drill", c);
 }
 
-bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why, std::shared_ptr<JsonConn> c) {
+bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why,
+                                   const std::shared_ptr<JsonConn>& c) {
   // The standby takes new traffic at once; the old active drains, then
   // becomes the standby. Both moves are rows of the engine table.
   int64_t fault = clock_.WallMs();
@@ -238,7 +239,7 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   return promoted;
 }
 
-void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono) {
+void Supervisor::Impl::FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono) {
   if (old.state != SlotState::kDraining) return;
   Slot* op = &old;
   std::string addr = HostPortString(cfg_.engine.host, old.port);
@@ -271,7 +272,7 @@ void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64
   });
 }
 
-void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
+void Supervisor::Impl::OnAdmin(const std::shared_ptr<http::ResponseWriter>& w) {
   const auto& req = w->request();
   // Read-only: what is not a read is refused, not answered as one.
   if (req.method != "GET" && req.method != "HEAD") {

@@ -470,7 +470,7 @@ void Supervisor::Impl::RecordRecovery(Slot& s) {
     rec.phases_json = s.last_status["phases"].dump(-1, ' ', false, json::error_handler_t::replace);
   }
   LedgerResult(ledger_->RecordRecovery(rec), "recovery");
-  metrics_.ObserveRecovery((rec.ready_ms - rec.fault_ms) / 1000.0);
+  metrics_.ObserveRecovery(static_cast<double>(rec.ready_ms - rec.fault_ms) / 1000.0);
   s.recovery_cause.clear();
   s.recovery_failover_id.reset();
 }

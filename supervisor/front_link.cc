@@ -297,7 +297,7 @@ void FrontLink::PushLimits() {
             {"hedge_burst", cfg_.front.hedge_burst}});
 }
 
-void FrontLink::AskStatus(std::function<void(const json* reply)> done) {
+void FrontLink::AskStatus(const std::function<void(const json* reply)>& done) {
   if (control_path_.empty() || pid_ == 0) {
     done(nullptr);
     return;

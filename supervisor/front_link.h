@@ -110,7 +110,7 @@ class FrontLink {
   // The front's own status (its `status` answer, on a connection of its
   // own): done(nullptr) when there is no front, it does not answer, or the
   // link closes first.
-  void AskStatus(std::function<void(const nlohmann::json* reply)> done);
+  void AskStatus(const std::function<void(const nlohmann::json* reply)>& done);
 
   ChildState state() const { return state_; }
   pid_t pid() const { return pid_; }

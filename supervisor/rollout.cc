@@ -25,7 +25,8 @@ constexpr int64_t kProofMs = 120'000;
 
 }  // namespace
 
-void Supervisor::Impl::Reload(std::shared_ptr<JsonConn> c, const std::string& why, const std::vector<std::string>& sets) {
+void Supervisor::Impl::Reload(const std::shared_ptr<JsonConn>& c, const std::string& why,
+                              const std::vector<std::string>& sets) {
   auto reply = [c](json j) {
     j["type"] = "reload";
     if (c && c->alive()) c->Send(j);
@@ -116,7 +117,7 @@ void Supervisor::Impl::Reload(std::shared_ptr<JsonConn> c, const std::string& wh
 }
 
 void Supervisor::Impl::BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to,
-                                 RollEvent first, const std::string& why, std::shared_ptr<JsonConn> c) {
+                                 RollEvent first, const std::string& why, const std::shared_ptr<JsonConn>& c) {
   roll_.emplace();
   Roll& r = *roll_;
   r.new_slot = new_slot;

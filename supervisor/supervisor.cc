@@ -230,7 +230,7 @@ Status Supervisor::Impl::Start() {
   ao.host = cfg_.admin.listen.host;
   ao.port = cfg_.admin.listen.port;
   admin_ = std::make_unique<http::HttpServer>(&loop_, ao,
-                                              [this](std::shared_ptr<http::ResponseWriter> w) { OnAdmin(std::move(w)); });
+                                              [this](const std::shared_ptr<http::ResponseWriter>& w) { OnAdmin(w); });
   Status as = admin_->Listen();
   if (!as.ok()) return as.error().With("admin.listen " + cfg_.admin.listen.ToString());
 

@@ -260,7 +260,7 @@ class Supervisor::Impl {
   // The KV pool's owner before the restart (kv_.AdoptHeld): kept, released
   // (it is the standby now), or freed once its process is gone.
   void AdoptPoolOwner(const RuntimeState& prev);
-  void ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead);
+  void ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead);
   // The recorded process still runs as recorded (pid and start time), as
   // the launcher sees it.
   bool StillRuns(const ProcessRef& p);
@@ -392,11 +392,11 @@ class Supervisor::Impl {
   // rollout.cc (see rollout_fsm.h, reload_plan.h)
   // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
   // `sets` (`wsup reload --set`) after the node's own overrides.
-  void Reload(std::shared_ptr<JsonConn> c, const std::string& why, const std::vector<std::string>& sets = {});
+  void Reload(const std::shared_ptr<JsonConn>& c, const std::string& why, const std::vector<std::string>& sets = {});
   // A roll from the node's version to `to`, new_slot first, its row
   // written, entered by `first` (begin, or a restarted supervisor's resume).
   void BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to, RollEvent first,
-                 const std::string& why, std::shared_ptr<JsonConn> c);
+                 const std::string& why, const std::shared_ptr<JsonConn>& c);
   // A restarted supervisor (adoption.cc), after adopting the engines: the
   // roll its predecessor ran ends as interrupted, and the slots are left on
   // one version (a roll of its own finishes or rolls back what remains).
@@ -432,9 +432,9 @@ class Supervisor::Impl {
   // A planned swap: stby takes new traffic, act drains and becomes the
   // standby; `c` (may be null) gets the failover's answer. False when the
   // standby could not be promoted.
-  bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, std::shared_ptr<JsonConn> c);
-  void FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono);
-  void OnAdmin(std::shared_ptr<http::ResponseWriter> w);
+  bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, const std::shared_ptr<JsonConn>& c);
+  void FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono);
+  void OnAdmin(const std::shared_ptr<http::ResponseWriter>& w);
 
   // node_state.cc
   void SaveState();
