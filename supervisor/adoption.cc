@@ -47,9 +47,9 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
   // Front: adopt when it still runs; otherwise start one on the socket bound
   // in Preflight().
   if (prev && prev->front && prev->front->proc.StillRunning()) {
-    AdoptFront(*prev->front, prev->epoch);
+    front_.Adopt(*prev->front, prev->epoch);
   } else {
-    StartFront();
+    front_.Start();
   }
   if (stopping_) return Status::Ok();
 
@@ -111,7 +111,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     MaybePromote();
     ready_notified_ = Active() != nullptr;
     if (ready_notified_) notifier_.Ready("serving (re-adopted)");
-    ReconcileWithFront(*prev, std::move(dead));
+    ReconcileWithFront(*prev, dead);
     // A rollout the predecessor ran: ended, and the slots left on one
     // version (before the engines not adopted start: one that was being
     // replaced starts with the version it was to run).
@@ -148,39 +148,6 @@ void Supervisor::Impl::AdoptPoolOwner(const RuntimeState& prev) {
     spdlog::error("kv pool: cannot watch pid {}: {}; taking it as gone", pe.proc.pid, w.error().message());
   }
   PoolFire(*o, PoolEvent::kGone, "the engine that held it before the restart is gone");
-}
-
-void Supervisor::Impl::AdoptFront(const RuntimeState::Front& pf, int64_t epoch) {
-  front_.pid = pf.proc.pid;
-  front_.start_time = pf.proc.start_time;
-  front_.control_path = pf.control_socket;
-  epoch_ = epoch;
-  // Take the listening socket back for the next front restart: from the
-  // service manager's fd store, else from the front itself (it serves on
-  // fd 3, as this supervisor's predecessor started it).
-  bool got_fd = false;
-  for (auto& [name, fd] : Notifier::ReceivedFds()) {
-    if (name == "front-listen" && !got_fd) {
-      front_.listen.Reset(fd);
-      got_fd = true;
-    }
-  }
-  if (!got_fd) {
-    auto fd = TakeFdFrom(front_.pid, 3);
-    if (fd.ok()) {
-      front_.listen = std::move(*fd);
-      got_fd = true;
-    } else {
-      spdlog::warn("{}", fd.error().message());
-    }
-  }
-  auto port_pos = pf.listen.rfind(':');
-  front_.port = port_pos == std::string::npos ? 0 : std::atoi(pf.listen.c_str() + port_pos + 1);
-  auto w = launcher_.WatchExit(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
-  if (w.ok()) front_.watch = *w;
-  spdlog::info("adopted front pid {} on {}{}", front_.pid, pf.listen,
-               got_fd ? "" : " (its listening socket could not be taken back; a front crash will rebind)");
-  FireFront(ChildEvent::kAdopt, "adopted pid " + std::to_string(front_.pid) + " after a supervisor restart");
 }
 
 bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
@@ -226,13 +193,13 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
   return true;
 }
 
-void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead) {
+void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead) {
   // Engines that died while no supervisor ran. Their slots restart like any
   // failed slot; what the ledger gets is dated from what is known: the
   // front's own log of the switch it made, else the last state the
   // predecessor saved (the latest moment the engine was known to serve).
   std::vector<RuntimeState::Engine> lost;
-  for (auto& e : dead) {
+  for (const auto& e : dead) {
     if (SlotByName(e.slot) && (e.role == "active" || e.role == "standby" || e.role == "draining")) lost.push_back(e);
   }
   if (lost.empty()) return;
@@ -298,37 +265,19 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, std::vector<
       spdlog::warn("failover {} -> {} while no supervisor ran (reconstructed): {}", e.slot, to, rec.reason);
     }
   };
-  if (front_.control_path.empty() || front_.pid == 0) {
-    record(nullptr);
-    return;
-  }
   // Ask the front for its log; record without it if it does not answer.
-  JsonConn::Connect(&loop_, front_.control_path, 1 << 20, [record](Result<std::shared_ptr<JsonConn>> r) {
-    if (!r.ok()) {
+  front_.AskStatus([record](const json* reply) {
+    if (!reply) {
       record(nullptr);
       return;
     }
-    auto conn = *r;
-    auto done = std::make_shared<bool>(false);
-    conn->Start(
-        [record, done](const std::shared_ptr<JsonConn>& self, const json& m) {
-          if (IsFrontEvent(m) || *done) return;
-          *done = true;
-          self->Close("done");
-          auto log = ParseFrontLog(m);
-          if (!log.ok()) {
-            spdlog::warn("the front's status cannot be read ({}); what happened while no supervisor ran is "
-                         "recorded without its log",
-                         log.error().message());
-          }
-          record(log.ok() ? &*log : nullptr);
-        },
-        [record, done](const std::string&) {
-          if (*done) return;
-          *done = true;
-          record(nullptr);
-        });
-    conn->Send(json{{"type", "status"}});
+    auto log = ParseFrontLog(*reply);
+    if (!log.ok()) {
+      spdlog::warn("the front's status cannot be read ({}); what happened while no supervisor ran is "
+                   "recorded without its log",
+                   log.error().message());
+    }
+    record(log.ok() ? &*log : nullptr);
   });
 }
 

@@ -74,15 +74,7 @@ json Supervisor::Impl::StatusJson() {
     if (h->kv_pool) hj["kv_pool"] = KvPoolStatus(*h);
     j["holders"].push_back(hj);
   }
-  json fj{{"listen", HostPortString(cfg_.front.listen.host, front_.port)},
-          {"pid", front_.pid},
-          {"state", ChildStateName(front_.state)},
-          {"restarts", front_.throttle.total()},
-          {"crash_looping", front_.throttle.crash_looping()},
-          {"epoch", epoch_}};
-  if (!front_.last_exit.empty()) fj["last_exit"] = front_.last_exit;
-  if (!front_.down_reason.empty()) fj["failure"] = front_.down_reason;
-  j["front"] = fj;
+  j["front"] = front_.StatusJson();
   if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
   // A failover ends with the first correct answer through the front; until
   // then drills and rollouts are refused (they say so and point here).
@@ -204,7 +196,8 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
   PlannedSwap(*act, *stby, "planned drill", c);
 }
 
-bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why, std::shared_ptr<JsonConn> c) {
+bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why,
+                                   const std::shared_ptr<JsonConn>& c) {
   // The standby takes new traffic at once; the old active drains, then
   // becomes the standby. Both moves are rows of the engine table.
   int64_t fault = clock_.WallMs();
@@ -246,7 +239,7 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   return promoted;
 }
 
-void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono) {
+void Supervisor::Impl::FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono) {
   if (old.state != SlotState::kDraining) return;
   Slot* op = &old;
   std::string addr = HostPortString(cfg_.engine.host, old.port);
@@ -261,33 +254,25 @@ void Supervisor::Impl::FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64
     }
     After(kDrainPollMs, [this, op, c, started_mono] { FinishDrain(*op, c, started_mono); });
   };
-  if (!front_.link) {
+  if (!front_.linked()) {
     decide(0);
     return;
   }
   // Ask the front how many requests it still has on the old engine.
-  JsonConn::Connect(&loop_, front_.control_path, 1 << 20, [decide, addr](Result<std::shared_ptr<JsonConn>> r) {
-    if (!r.ok()) {
+  front_.AskStatus([decide, addr](const json* reply) {
+    // A reply that cannot be read counts as nothing in flight, as no reply
+    // does: the drain budget is not held up by it.
+    if (!reply) {
       decide(0);
       return;
     }
-    auto conn = *r;
-    conn->Start(
-        [decide, addr](const std::shared_ptr<JsonConn>& self, const json& m) {
-          if (IsFrontEvent(m)) return;
-          // A reply that cannot be read counts as nothing in flight, as
-          // no reply does: the drain budget is not held up by it.
-          auto n = FrontInflight(m, addr);
-          if (!n.ok()) spdlog::warn("front's status: {}; the drain of {} ends", n.error().message(), addr);
-          self->Close("done");
-          decide(n.ok() ? *n : 0);
-        },
-        [](const std::string&) {});
-    conn->Send(json{{"type", "status"}});
+    auto n = FrontInflight(*reply, addr);
+    if (!n.ok()) spdlog::warn("front's status: {}; the drain of {} ends", n.error().message(), addr);
+    decide(n.ok() ? *n : 0);
   });
 }
 
-void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
+void Supervisor::Impl::OnAdmin(const std::shared_ptr<http::ResponseWriter>& w) {
   const auto& req = w->request();
   // Read-only: what is not a read is refused, not answered as one.
   if (req.method != "GET" && req.method != "HEAD") {
@@ -303,6 +288,7 @@ void Supervisor::Impl::OnAdmin(std::shared_ptr<http::ResponseWriter> w) {
     Ledger::Stats ls = ledger_->stats();
     metrics_.ledger_write_errors = ls.failed + ls.dropped + ls.refused;
     metrics_.ledger_lost_rows = static_cast<uint64_t>(ls.losses.rows);
+    front_.Report(metrics_);
     auto resp = http::HttpResponse::Text(200, metrics_.Render());
     for (auto& h : resp.headers) {
       if (http::HeaderNameEquals(h.name, "Content-Type")) h.value = "text/plain; version=0.0.4";

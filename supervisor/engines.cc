@@ -420,19 +420,39 @@ void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) 
   spdlog::info("engine {}: {} --{}--> {} [{}] {}", s.name, SlotStateName(t->from), SlotEventName(event),
                SlotStateName(t->to), SlotActionName(t->action), cause);
   s.state = t->to;
+  // Everything else that follows from the move, in the order of
+  // SubscribeToEngines().
+  engine_events_.Publish(EngineEvent{s.name, *t, cause});
+}
+
+void Supervisor::Impl::SubscribeToEngines() {
+  auto slot = [this](const EngineEvent& e) -> Slot& { return e.slot == a_.name ? a_ : b_; };
   // Proven ready again: recorded now, before an action or a rollout step
   // below moves the slot on (a rollout promotes its new engine inside the
   // transition that proves it).
-  if (t->to == SlotState::kStandby && !s.recovery_cause.empty()) RecordRecovery(s);
-  // The pool first: a slot that failed is fenced before its standby is
-  // promoted by the action below.
-  PoolOnSlotMoved(s, t->from, t->to, cause);
-  Apply(s, *t, cause);
-  RollOnSlotMoved(s, t->from, t->to, cause);
-  MaybePromote();
-  if (!swapping_) PushRoutes();
-  SaveState();
-  UpdateStatusLine();
+  engine_events_.Subscribe("recovery row", [this, slot](const EngineEvent& e) {
+    Slot& s = slot(e);
+    if (e.row.to == SlotState::kStandby && !s.recovery_cause.empty()) RecordRecovery(s);
+  });
+  // The pool before the action: a slot that failed is fenced before its
+  // standby is promoted by the action.
+  engine_events_.Subscribe("kv pool", [this, slot](const EngineEvent& e) {
+    PoolOnSlotMoved(slot(e), e.row.from, e.row.to, e.cause);
+  });
+  // The table's own action (kill, terminate, failover, routes).
+  engine_events_.Subscribe("action", [this, slot](const EngineEvent& e) { Apply(slot(e), e.row, e.cause); });
+  engine_events_.Subscribe("rollout", [this, slot](const EngineEvent& e) {
+    RollOnSlotMoved(slot(e), e.row.from, e.row.to, e.cause);
+  });
+  engine_events_.Subscribe("promotion", [this](const EngineEvent&) { MaybePromote(); });
+  // The routes before state.json and any ledger row that follows: the
+  // front is told first. A swap in progress moves two slots; its caller
+  // pushes the routes once.
+  engine_events_.Subscribe("front routes", [this](const EngineEvent&) {
+    if (!swapping_) PushRoutes();
+  });
+  engine_events_.Subscribe("state.json", [this](const EngineEvent&) { SaveState(); });
+  engine_events_.Subscribe("status line", [this](const EngineEvent&) { UpdateStatusLine(); });
 }
 
 void Supervisor::Impl::RecordRecovery(Slot& s) {
@@ -450,7 +470,7 @@ void Supervisor::Impl::RecordRecovery(Slot& s) {
     rec.phases_json = s.last_status["phases"].dump(-1, ' ', false, json::error_handler_t::replace);
   }
   LedgerResult(ledger_->RecordRecovery(rec), "recovery");
-  metrics_.ObserveRecovery((rec.ready_ms - rec.fault_ms) / 1000.0);
+  metrics_.ObserveRecovery(static_cast<double>(rec.ready_ms - rec.fault_ms) / 1000.0);
   s.recovery_cause.clear();
   s.recovery_failover_id.reset();
 }
@@ -532,7 +552,7 @@ void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid, const std::string& how)
   // instead of waiting for the kernel to close the dead engine's sockets
   // (tens of ms for a GPU engine): an active engine's requests and streams,
   // a draining one's streams, a standby's hedges.
-  if (serving) CutInFront(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
+  if (serving) front_.CutEngine(address, "engine " + s.name + " pid " + std::to_string(pid) + " died (" + how + ")");
 }
 
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {

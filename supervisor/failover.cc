@@ -259,8 +259,8 @@ void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done
   std::string host = cfg_.front.listen.host == "0.0.0.0" ? "127.0.0.1"
                      : cfg_.front.listen.host == "::"    ? "::1"
                                                          : cfg_.front.listen.host;
-  http_->Send(host, front_.port, std::move(req),
-              [this, spec, start, done = std::move(done), attempts_left](Result<http::HttpResponse> r) mutable {
+  http_->Send(host, front_.port(), std::move(req),
+              [this, spec, start, done = std::move(done), attempts_left](const Result<http::HttpResponse>& r) mutable {
                 int64_t lat = clock_.MonotonicMs() - start;
                 ProbeOutcome o = EvaluateCompletion(spec, r, lat);
                 if (o.ok) {

@@ -1,14 +1,19 @@
-// The front: started on the listening socket the supervisor keeps, steered
-// over its control socket (set_routes), restarted through the one restart
-// throttle when it dies. Its own events (a switch it made by itself, the
-// first good answer after a swap) come back over the same link.
+// The front: started on the listening socket kept here, steered over its
+// control socket (set_routes), restarted through the one restart throttle
+// when it dies. Its own events (a switch it made by itself, the first good
+// answer after a swap) come back over the same link and go to the owner's
+// message hook.
+#include "supervisor/front_link.h"
+
+#include <signal.h>
+
+#include <cstdlib>
+
 #include "common/fs.h"
 #include "common/log.h"
-#include "supervisor/messages.h"
+#include "supervisor/notify.h"
 #include "supervisor/preflight.h"
-#include "supervisor/probe_config.h"
-#include "supervisor/silence_check.h"
-#include "supervisor/supervisor_impl.h"
+#include "supervisor/process.h"
 
 namespace wsup {
 
@@ -16,289 +21,334 @@ using nlohmann::json;
 
 namespace {
 constexpr int64_t kFrontConnectRetryMs = 20;
+
+void Logged(const Status& st, const char* what) {
+  if (!st.ok()) spdlog::warn("{}: {}", what, st.error().message());
+}
 }  // namespace
 
-void Supervisor::Impl::FireFront(ChildEvent event, const std::string& cause, int exit_code) {
-  auto t = NextChildTransition(ChildKind::kFront, front_.state, event);
+FrontLink::FrontLink(uv_loop_t* loop, Launcher& launcher, TimerSource& timers, const Clock& clock, const Config& cfg,
+                     std::string bin_dir, Hooks hooks)
+    : loop_(loop),
+      launcher_(launcher),
+      clock_(clock),
+      cfg_(cfg),
+      bin_dir_(std::move(bin_dir)),
+      hooks_(std::move(hooks)),
+      retry_(timers.Make()),
+      restart_timer_(timers.Make()),
+      throttle_(FrontRestartPolicy(cfg)) {}
+
+FrontLink::~FrontLink() { Detach("supervisor exiting"); }
+
+void FrontLink::Detach(const std::string& why) {
+  detached_ = true;
+  retry_->Stop();
+  restart_timer_->Stop();
+  if (watch_) watch_->Close();
+  watch_ = nullptr;
+  CloseLink(why);
+}
+
+void FrontLink::CloseLink(const std::string& why) {
+  if (link_) link_->Close(why);
+  link_.reset();
+}
+
+std::string FrontLink::LogPath() const { return JoinPath(cfg_.node.state_dir, "logs/front.log"); }
+
+void FrontLink::Fire(ChildEvent event, const std::string& cause, int exit_code) {
+  auto t = NextChildTransition(ChildKind::kFront, state_, event);
   if (!t) {
-    spdlog::debug("front: event {} ignored in state {} ({})", ChildEventName(event), ChildStateName(front_.state),
-                  cause);
+    spdlog::debug("front: event {} ignored in state {} ({})", ChildEventName(event), ChildStateName(state_), cause);
     return;
   }
   if (t->from != t->to || event == ChildEvent::kExited) {
     spdlog::info("front: {} --{}--> {} [{}] {}", ChildStateName(t->from), ChildEventName(event),
                  ChildStateName(t->to), ChildActionName(t->action), cause);
   }
-  front_.state = t->to;
+  state_ = t->to;
   switch (t->action) {
     case ChildAction::kNone:
     case ChildAction::kAttachKeeper:
     case ChildAction::kEnginesMayStart:
       break;
     case ChildAction::kPushRoutes:
-      PushRoutes();
+      SetRoutes(hooks_.routes ? hooks_.routes() : routes_);
       break;
     case ChildAction::kReconnect:
       if (event == ChildEvent::kLinkLost) {
-        front_.retry->Start(kFrontConnectRetryMs, [this] { ConnectFront(); });
+        retry_->Start(kFrontConnectRetryMs, [this] { Connect(); });
       } else {
-        ConnectFront();
+        Connect();
       }
       break;
     case ChildAction::kKill:
-      if (front_.pid > 0) Logged(launcher_.Signal(front_.pid, SIGKILL), "killing the front");
+      if (pid_ > 0) Logged(launcher_.Signal(pid_, SIGKILL), "killing the front");
       break;
     case ChildAction::kTerminate:
-      if (front_.pid > 0) Logged(launcher_.Signal(front_.pid, SIGTERM), "stopping the front");
+      if (pid_ > 0) Logged(launcher_.Signal(pid_, SIGTERM), "stopping the front");
       break;
     case ChildAction::kScheduleRestart:
-      ScheduleFrontRestart(exit_code, cause);
+      ScheduleRestart(exit_code, cause);
       break;
     case ChildAction::kReportDown:
-      SetDegraded(front_.down_reason);
+      if (hooks_.down) hooks_.down(down_reason_);
       break;
   }
-  metrics_.front_crash_looping = front_.throttle.crash_looping();
 }
 
-void Supervisor::Impl::StartFront() {
-  if (stopping_) return;
-  if (!front_.listen.valid()) {
+Status FrontLink::Bind() {
+  auto fd = BindListenSocket(cfg_.front.listen, "front.listen", &port_);
+  if (!fd.ok()) return fd.error();
+  listen_ = std::move(*fd);
+  return Status::Ok();
+}
+
+void FrontLink::Start() {
+  if (Stopping()) return;
+  if (!listen_.valid()) {
     // Only after an adopted front whose socket could not be taken back.
-    auto fd = BindListenSocket(cfg_.front.listen, "front.listen", &front_.port);
-    if (!fd.ok()) {
-      BeginStop(fd.error().message(), kExitConfig);
+    Status st = Bind();
+    if (!st.ok()) {
+      if (hooks_.fatal) hooks_.fatal(st.error().message());
       return;
     }
-    front_.listen = std::move(*fd);
   }
-  front_.control_path = JoinPath(cfg_.node.runtime_dir, "front.sock");
+  control_path_ = JoinPath(cfg_.node.runtime_dir, "front.sock");
   ChildSpec spec;
-  spec.argv = {JoinPath(opts_.bin_dir, "wsup-front"), "--listen-fd", "3", "--control", front_.control_path,
+  spec.argv = {JoinPath(bin_dir_, "wsup-front"), "--listen-fd", "3", "--control", control_path_,
                "--queue-timeout-ms", std::to_string(cfg_.front.queue_timeout_ms), "--max-queued",
                std::to_string(cfg_.front.max_queued), "--epoch", std::to_string(epoch_), "--hedge-after-ms",
                std::to_string(cfg_.front.hedge_after_ms), "--hedge-percent", std::to_string(cfg_.front.hedge_percent),
                "--hedge-burst", std::to_string(cfg_.front.hedge_burst), "--loops", std::to_string(cfg_.front.loops)};
-  if (!routed_active_.empty()) {
+  if (!routes_.active.empty()) {
     spec.argv.push_back("--active");
-    spec.argv.push_back(routed_active_);
+    spec.argv.push_back(routes_.active);
   }
-  if (!routed_standby_.empty()) {
+  if (!routes_.standby.empty()) {
     spec.argv.push_back("--standby");
-    spec.argv.push_back(routed_standby_);
+    spec.argv.push_back(routes_.standby);
   }
-  spec.pass_fds = {front_.listen.get()};
-  bool first = front_.state == ChildState::kIdle;
-  if (first) Logged(notifier_.StoreFds("front-listen", {front_.listen.get()}), "storing the front's socket");
-  spec.log_path = JoinPath(cfg_.node.state_dir, "logs/front.log");
+  spec.pass_fds = {listen_.get()};
+  bool first = state_ == ChildState::kIdle;
+  if (first && hooks_.store_listen_fd) hooks_.store_listen_fd(listen_.get());
+  spec.log_path = LogPath();
   auto pid = launcher_.Spawn(spec);
   if (!pid.ok()) {
-    BeginStop(pid.error().message().empty() ? "cannot start the front" : pid.error().message(), kExitConfig);
+    if (hooks_.fatal) hooks_.fatal(pid.error().message().empty() ? "cannot start the front" : pid.error().message());
     return;
   }
-  front_.pid = *pid;
-  auto st = launcher_.StartTime(front_.pid);
-  front_.start_time = st.ok() ? *st : 0;
-  metrics_.front_restarts = front_.throttle.total();
-  SaveState();
-  auto w = launcher_.WatchExit(&loop_, front_.pid, [this](const ExitInfo& info) { OnFrontExit(info); });
+  pid_ = *pid;
+  auto st = launcher_.StartTime(pid_);
+  start_time_ = st.ok() ? *st : 0;
+  if (hooks_.save_state) hooks_.save_state();
+  auto w = launcher_.WatchExit(loop_, pid_, [this](const ExitInfo& info) { OnExit(info); });
   if (w.ok()) {
-    front_.watch = *w;
+    watch_ = *w;
   } else {
-    spdlog::error("front pid {}: {}; its death will not be seen", front_.pid, w.error().message());
+    spdlog::error("front pid {}: {}; its death will not be seen", pid_, w.error().message());
   }
-  spdlog::info("{} front pid {} on {}", first ? "started" : "restarted", front_.pid,
-               HostPortString(cfg_.front.listen.host, front_.port));
-  FireFront(ChildEvent::kSpawn, "started pid " + std::to_string(front_.pid));
+  spdlog::info("{} front pid {} on {}", first ? "started" : "restarted", pid_,
+               HostPortString(cfg_.front.listen.host, port_));
+  Fire(ChildEvent::kSpawn, "started pid " + std::to_string(pid_));
 }
 
-void Supervisor::Impl::OnFrontExit(const ExitInfo& info) {
-  if (front_.watch) front_.watch->Close();
-  front_.watch = nullptr;
-  std::string how = "pid " + std::to_string(front_.pid) + " " + info.Describe();
-  if (stopping_) {
+void FrontLink::Adopt(const RuntimeState::Front& prev, int64_t epoch) {
+  pid_ = prev.proc.pid;
+  start_time_ = prev.proc.start_time;
+  control_path_ = prev.control_socket;
+  epoch_ = epoch;
+  // Take the listening socket back for the next front restart: from the
+  // service manager's fd store, else from the front itself (it serves on
+  // fd 3, as this supervisor's predecessor started it).
+  bool got_fd = false;
+  for (auto& [name, fd] : Notifier::ReceivedFds()) {
+    if (name == "front-listen" && !got_fd) {
+      listen_.Reset(fd);
+      got_fd = true;
+    }
+  }
+  if (!got_fd) {
+    auto fd = TakeFdFrom(pid_, 3);
+    if (fd.ok()) {
+      listen_ = std::move(*fd);
+      got_fd = true;
+    } else {
+      spdlog::warn("{}", fd.error().message());
+    }
+  }
+  auto port_pos = prev.listen.rfind(':');
+  port_ = port_pos == std::string::npos ? 0 : std::atoi(prev.listen.c_str() + port_pos + 1);
+  auto w = launcher_.WatchExit(loop_, pid_, [this](const ExitInfo& info) { OnExit(info); });
+  if (w.ok()) watch_ = *w;
+  spdlog::info("adopted front pid {} on {}{}", pid_, prev.listen,
+               got_fd ? "" : " (its listening socket could not be taken back; a front crash will rebind)");
+  Fire(ChildEvent::kAdopt, "adopted pid " + std::to_string(pid_) + " after a supervisor restart");
+}
+
+void FrontLink::Stop(const std::string& why) {
+  restart_timer_->Stop();
+  retry_->Stop();
+  Fire(ChildEvent::kStop, why);
+}
+
+void FrontLink::OnExit(const ExitInfo& info) {
+  if (watch_) watch_->Close();
+  watch_ = nullptr;
+  std::string how = "pid " + std::to_string(pid_) + " " + info.Describe();
+  if (Stopping()) {
     spdlog::info("front {}", how);
   } else {
     spdlog::error("front {}", how);
   }
-  front_.last_exit = how;
-  front_.retry->Stop();
-  if (front_.link) front_.link->Close("front exited");
-  front_.link.reset();
-  front_.pid = 0;
-  SaveState();
-  FireFront(ChildEvent::kExited, how, info.known && !info.signal ? info.exit_code : -1);
-  if (stopping_) MaybeFinishStop();
+  last_exit_ = how;
+  retry_->Stop();
+  CloseLink("front exited");
+  pid_ = 0;
+  if (hooks_.save_state) hooks_.save_state();
+  Fire(ChildEvent::kExited, how, info.known && !info.signal ? info.exit_code : -1);
+  if (hooks_.exited) hooks_.exited();
 }
 
-void Supervisor::Impl::ScheduleFrontRestart(int exit_code, const std::string& how) {
-  if (stopping_) return;
-  RestartDecision d = front_.throttle.OnExit(clock_.MonotonicMs(), exit_code);
-  metrics_.front_crash_looping = front_.throttle.crash_looping();
+void FrontLink::ScheduleRestart(int exit_code, const std::string& how) {
+  if (Stopping()) return;
+  RestartDecision d = throttle_.OnExit(clock_.MonotonicMs(), exit_code);
   if (d.kind != RestartDecision::Kind::kRestart) {
-    front_.down_reason = "the front (" + how + ") is " + d.Describe() + "; see " +
-                         JoinPath(cfg_.node.state_dir, "logs/front.log");
-    FireFront(ChildEvent::kGiveUp, front_.down_reason);
+    down_reason_ = "the front (" + how + ") is " + d.Describe() + "; see " + LogPath();
+    Fire(ChildEvent::kGiveUp, down_reason_);
     return;
   }
   if (d.crash_looping) {
     spdlog::error("the front is crash-looping ({} restarts within supervisor.restart_window_ms = {} ms): restarting "
                   "it in {} ms; see {}",
-                  d.recent, cfg_.supervisor.restart_window_ms, d.delay_ms,
-                  JoinPath(cfg_.node.state_dir, "logs/front.log"));
-    UpdateStatusLine();
+                  d.recent, cfg_.supervisor.restart_window_ms, d.delay_ms, LogPath());
+    if (hooks_.crash_looping) hooks_.crash_looping();
   }
-  front_.restart_timer->Start(d.delay_ms, [this] {
-    if (front_.state == ChildState::kFailed && !stopping_) StartFront();
+  restart_timer_->Start(d.delay_ms, [this] {
+    if (state_ == ChildState::kFailed && !Stopping()) Start();
   });
 }
 
-void Supervisor::Impl::ConnectFront() {
-  if (stopping_ || front_.pid == 0) return;
-  const pid_t pid = front_.pid;
-  JsonConn::Connect(&loop_, front_.control_path, 1 << 20, [this, pid](Result<std::shared_ptr<JsonConn>> r) {
-    if (stopping_ || front_.pid != pid) return;
+void FrontLink::Connect() {
+  if (Stopping() || pid_ == 0) return;
+  const pid_t pid = pid_;
+  JsonConn::Connect(loop_, control_path_, 1 << 20, [this, pid](Result<std::shared_ptr<JsonConn>> r) {
+    if (Stopping() || pid_ != pid) return;
     if (!r.ok()) {
-      FireFront(ChildEvent::kLinkLost, "control socket not up yet: " + r.error().message());
+      Fire(ChildEvent::kLinkLost, "control socket not up yet: " + r.error().message());
       return;
     }
-    front_.link = *r;
-    front_.link->Start([this](const std::shared_ptr<JsonConn>&, const json& m) { OnFrontMessage(m); },
-                       [this, pid](const std::string& why) {
-                         spdlog::debug("front control link closed: {}", why);
-                         front_.link.reset();
-                         if (!stopping_ && front_.pid == pid && launcher_.Alive(pid)) {
-                           FireFront(ChildEvent::kLinkLost, "control link closed: " + why);
-                         }
-                       });
-    FireFront(ChildEvent::kUp, "control link connected");
+    link_ = *r;
+    link_->Start([this](const std::shared_ptr<JsonConn>&, const json& m) { OnMessage(m); },
+                 [this, pid](const std::string& why) {
+                   spdlog::debug("front control link closed: {}", why);
+                   link_.reset();
+                   if (!detached_ && !Stopping() && pid_ == pid && launcher_.Alive(pid)) {
+                     Fire(ChildEvent::kLinkLost, "control link closed: " + why);
+                   }
+                 });
+    Fire(ChildEvent::kUp, "control link connected");
   });
 }
 
-void Supervisor::Impl::OnFrontMessage(const json& m) {
+void FrontLink::OnMessage(const json& m) {
   auto parsed = ParseFrontMessage(m);
   if (!parsed.ok()) {
     // The front is of this wsup version; a message that is not one is
     // logged and dropped, never acted on in part.
     spdlog::warn("front: a message that cannot be read was dropped: {}", parsed.error().message());
-    metrics_.bad_messages["front"]++;
+    bad_messages_++;
     return;
   }
-  const FrontMessage& f = *parsed;
-  switch (f.kind) {
-    case FrontMessage::Kind::kSwitched:
-      spdlog::warn("front switched on its own from {} to {}: {}", f.from, f.to, f.reason);
-      metrics_.front_self_switches++;
-      break;
-    case FrontMessage::Kind::kSilent:
-      OnFrontSilent(f);
-      break;
-    case FrontMessage::Kind::kFirstOk:
-      if (pending_ && f.backend == routed_active_) CompletePending(f.at_ms > 0 ? f.at_ms : clock_.WallMs());
-      break;
-    case FrontMessage::Kind::kCut:
-      spdlog::info("front: {} request(s) cut from the dead engine and sent on", f.cut);
-      break;
-    case FrontMessage::Kind::kRoutesAck:
-      // Routes acknowledged: the swap is done.
-      if (pending_ && pending_->swapped_ms == 0) pending_->swapped_ms = clock_.WallMs();
-      break;
-    case FrontMessage::Kind::kOther:
-      break;
-  }
+  if (hooks_.message) hooks_.message(*parsed);
 }
 
-void Supervisor::Impl::OnFrontSilent(const FrontMessage& m) {
-  const std::string& backend = m.backend;
-  Slot* act = Active();
-  const bool routed = act && !backend.empty() && backend == routed_active_;
-  const int64_t last_byte = m.last_byte_ms;
-  std::string report = "the front saw " + std::to_string(m.silent) + " of " + std::to_string(m.inflight) +
-                       " requests on " + backend + " get no byte for " + std::to_string(m.after_ms) + " ms";
-  char run = 0;
-  if (routed && act->pid > 0) {
-    auto r = launcher_.RunState(act->pid);
-    if (r.ok()) run = *r;
+void FrontLink::Send(const json& m) {
+  if (link_) link_->Send(m);
+}
+
+void FrontLink::SetRoutes(const Routes& routes) {
+  if (!(routes == routes_)) {
+    ++epoch_;
+    routes_ = routes;
+    if (hooks_.save_state) hooks_.save_state();
   }
-  SilenceVerdict v = JudgeSilence(routed, Standby() != nullptr, routed ? act->pid : 0, run);
-  if (routed && last_byte > 0) act->traffic_last_ms = last_byte;
-  switch (v.step) {
-    case SilenceStep::kIgnore:
-      spdlog::info("{}; not acted on: {}", report, v.why);
-      metrics_.front_silent["ignored"]++;
-      return;
-    case SilenceStep::kTrip:
-      TripSilent(*act, report + "; " + v.why);
-      return;
-    case SilenceStep::kConfirm:
-      break;
+  if (!link_) return;
+  json m{{"type", "set_routes"}, {"epoch", epoch_}};
+  m["active"] = routes_.active.empty() ? json(nullptr) : json(routes_.active);
+  m["standby"] = routes_.standby.empty() ? json(nullptr) : json(routes_.standby);
+  Send(m);
+}
+
+void FrontLink::CutEngine(const std::string& address, const std::string& why) {
+  // A front that predates the message answers it with an error, which
+  // changes nothing: it still sees the sockets close a little later.
+  if (address.empty()) return;
+  Send(json{{"type", "engine_dead"}, {"engine", address}, {"why", why}});
+}
+
+void FrontLink::PushLimits() {
+  Send(json{{"type", "set_limits"},
+            {"queue_timeout_ms", cfg_.front.queue_timeout_ms},
+            {"max_queued", cfg_.front.max_queued},
+            {"hedge_after_ms", cfg_.front.hedge_after_ms},
+            {"hedge_percent", cfg_.front.hedge_percent},
+            {"hedge_burst", cfg_.front.hedge_burst}});
+}
+
+void FrontLink::AskStatus(const std::function<void(const json* reply)>& done) {
+  if (control_path_.empty() || pid_ == 0) {
+    done(nullptr);
+    return;
   }
-  if (silence_probe_ && silence_pid_ == act->pid) return;  // one check at a time
-  spdlog::warn("{}; {}", report, v.why);
-  silence_pid_ = act->pid;
-  silence_probe_ = MakeProbeFromConfig(cfg_, act->port, act->control_token, *http_, clock_);
-  Slot* sp = act;
-  const pid_t pid = act->pid;
-  silence_probe_->Run([this, sp, pid, report](ProbeOutcome o) {
-    // Freed after this callback returns, on the loop.
-    After(0, [this, pid] {
-      if (silence_pid_ == pid) {
-        silence_probe_.reset();
-        silence_pid_ = 0;
-      }
-    });
-    if (stopping_ || sp->pid != pid || sp->state != SlotState::kActive) return;
-    if (o.ok) {
-      spdlog::info("{}; the probe made at once passed ({} ms): not tripped, it is busy, not hung", report,
-                   o.latency_ms);
-      metrics_.front_silent["dismissed"]++;
+  // A connection of its own: the link carries the front's events, and an
+  // answer on it could not be told from them.
+  JsonConn::Connect(loop_, control_path_, 1 << 20, [done](Result<std::shared_ptr<JsonConn>> r) {
+    if (!r.ok()) {
+      done(nullptr);
       return;
     }
-    TripSilent(*sp, report + "; a probe made at once failed: " + o.reason);
+    auto conn = *r;
+    auto answered = std::make_shared<bool>(false);
+    conn->Start(
+        [done, answered](const std::shared_ptr<JsonConn>& self, const json& m) {
+          if (IsFrontEvent(m) || *answered) return;
+          *answered = true;
+          self->Close("done");
+          done(&m);
+        },
+        [done, answered](const std::string&) {
+          if (*answered) return;
+          *answered = true;
+          done(nullptr);
+        });
+    conn->Send(json{{"type", "status"}});
   });
 }
 
-void Supervisor::Impl::TripSilent(Slot& s, const std::string& why) {
-  metrics_.front_silent["tripped"]++;
-  spdlog::warn("engine {}: tripped: {}", s.name, why);
-  s.semantic_ready = false;
-  Fire(s, SlotEvent::kProbeTrip, why);
+std::optional<RuntimeState::Front> FrontLink::Record() const {
+  if (pid_ <= 0) return std::nullopt;
+  return RuntimeState::Front{ProcessRef{pid_, start_time_}, control_path_,
+                             HostPortString(cfg_.front.listen.host, port_)};
 }
 
-void Supervisor::Impl::PushRoutes() {
-  Slot* act = Active();
-  Slot* stby = Standby();
-  std::string na = act ? HostPortString(cfg_.engine.host, act->port) : "";
-  std::string ns = stby ? HostPortString(cfg_.engine.host, stby->port) : "";
-  if (na != routed_active_ || ns != routed_standby_) {
-    ++epoch_;
-    routed_active_ = na;
-    routed_standby_ = ns;
-    SaveState();
-  }
-  if (!front_.link) return;
-  json m{{"type", "set_routes"}, {"epoch", epoch_}};
-  m["active"] = na.empty() ? json(nullptr) : json(na);
-  m["standby"] = ns.empty() ? json(nullptr) : json(ns);
-  front_.link->Send(m);
+json FrontLink::StatusJson() const {
+  json fj{{"listen", HostPortString(cfg_.front.listen.host, port_)},
+          {"pid", pid_},
+          {"state", ChildStateName(state_)},
+          {"restarts", throttle_.total()},
+          {"crash_looping", throttle_.crash_looping()},
+          {"epoch", epoch_}};
+  if (!last_exit_.empty()) fj["last_exit"] = last_exit_;
+  if (!down_reason_.empty()) fj["failure"] = down_reason_;
+  return fj;
 }
 
-void Supervisor::Impl::CutInFront(const std::string& address, const std::string& why) {
-  // A front that predates the message answers it with an error, which
-  // changes nothing: it still sees the sockets close a little later.
-  if (!front_.link || address.empty()) return;
-  front_.link->Send(json{{"type", "engine_dead"}, {"engine", address}, {"why", why}});
-}
-
-void Supervisor::Impl::PushFrontLimits() {
-  // A front started later gets them on its command line.
-  if (!front_.link) return;
-  front_.link->Send(json{{"type", "set_limits"},
-                         {"queue_timeout_ms", cfg_.front.queue_timeout_ms},
-                         {"max_queued", cfg_.front.max_queued},
-                         {"hedge_after_ms", cfg_.front.hedge_after_ms},
-                         {"hedge_percent", cfg_.front.hedge_percent},
-                         {"hedge_burst", cfg_.front.hedge_burst}});
+void FrontLink::Report(Metrics& m) const {
+  m.front_restarts = throttle_.total();
+  m.front_crash_looping = throttle_.crash_looping();
+  if (bad_messages_ > 0) m.bad_messages["front"] = bad_messages_;
 }
 
 }  // namespace wsup

@@ -26,7 +26,7 @@ void Supervisor::Impl::SaveState() {
   // runtime_state.h), and a child must never run unrecorded, or a
   // supervisor that dies right after a spawn leaves a process that neither
   // its successor nor `wsup stop` can find.
-  if (stopping_ && a_.pid == 0 && b_.pid == 0 && front_.pid == 0) {
+  if (stopping_ && a_.pid == 0 && b_.pid == 0 && !front_.has_process()) {
     bool any = false;
     for (const auto& h : holders_) any |= h->pid > 0;
     if (!any) return;  // MaybeFinishStop() removes the file
@@ -40,13 +40,10 @@ RuntimeState Supervisor::Impl::BuildState() {
   st.config_path = cfg_.path;
   st.node_name = cfg_.node.name;
   st.supervisor = ProcessRef{::getpid(), ProcessStartTime(::getpid()).ok() ? *ProcessStartTime(::getpid()) : 0};
-  st.epoch = epoch_;
+  st.epoch = front_.epoch();
   st.saved_ms = clock_.WallMs();
   st.kv_pool_owner = kv_.owner();
-  if (front_.pid > 0) {
-    st.front = RuntimeState::Front{ProcessRef{front_.pid, front_.start_time}, front_.control_path,
-                                   HostPortString(cfg_.front.listen.host, front_.port)};
-  }
+  st.front = front_.Record();
   for (const auto& h : holders_) {
     if (h->pid > 0) st.holders.push_back({h->rank, ProcessRef{h->pid, h->start_time}, h->socket, h->record_path});
   }
@@ -85,7 +82,7 @@ void Supervisor::Impl::UpdateStatusLine() {
   std::string line = NodeState();
   line += act ? ": active " + act->name : ": no active engine";
   for (Slot* s : {&a_, &b_}) line += ", " + s->name + " " + SlotStateName(s->state);
-  if (front_.throttle.crash_looping()) line += ", front crash-looping";
+  if (front_.crash_looping()) line += ", front crash-looping";
   if (degraded_) line += " (" + degraded_reason_ + ")";
   notifier_.Status(line);
   metrics_.SetSlots(a_.name, SlotStateName(a_.state), a_.semantic_ready, b_.name, SlotStateName(b_.state),

@@ -25,7 +25,8 @@ constexpr int64_t kProofMs = 120'000;
 
 }  // namespace
 
-void Supervisor::Impl::Reload(std::shared_ptr<JsonConn> c, const std::string& why, const std::vector<std::string>& sets) {
+void Supervisor::Impl::Reload(const std::shared_ptr<JsonConn>& c, const std::string& why,
+                              const std::vector<std::string>& sets) {
   auto reply = [c](json j) {
     j["type"] = "reload";
     if (c && c->alive()) c->Send(j);
@@ -116,7 +117,7 @@ void Supervisor::Impl::Reload(std::shared_ptr<JsonConn> c, const std::string& wh
 }
 
 void Supervisor::Impl::BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to,
-                                 RollEvent first, const std::string& why, std::shared_ptr<JsonConn> c) {
+                                 RollEvent first, const std::string& why, const std::shared_ptr<JsonConn>& c) {
   roll_.emplace();
   Roll& r = *roll_;
   r.new_slot = new_slot;
@@ -160,7 +161,7 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
   if (!std::getenv("WSUP_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(cfg_.supervisor.log_level));
   for (Slot* s : {&a_, &b_}) s->throttle.set_policy(EngineRestartPolicy(cfg_));
   for (auto& h : holders_) h->throttle.set_policy(HolderRestartPolicy(cfg_));
-  front_.throttle.set_policy(FrontRestartPolicy(cfg_));
+  front_.SetRestartPolicy(FrontRestartPolicy(cfg_));
   if (probe_changed) {
     // Probes of the new shape from now on; a monitor starts over, the
     // engine's role does not change.
@@ -171,7 +172,7 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
       }
     }
   }
-  PushFrontLimits();
+  front_.PushLimits();
   for (const auto& ch : plan.changes) {
     if (ch.effect == ReloadEffect::kAtOnce) spdlog::info("reload: {} = {} (was {}), at once", ch.key, ch.after, ch.before);
   }

@@ -73,7 +73,9 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       watchdog_(timers_.Make()),
       a_(timers_, "a", EngineRestartPolicy(cfg_)),
       b_(timers_, "b", EngineRestartPolicy(cfg_)),
-      front_(timers_, FrontRestartPolicy(cfg_)) {}
+      front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()) {
+  SubscribeToEngines();
+}
 
 void Supervisor::Impl::After(int64_t ms, std::function<void()> cb) {
   oneshots_.push_back(timers_.Make());
@@ -102,10 +104,7 @@ Supervisor::Impl::~Impl() {
     if (h->ready_line) h->ready_line->Close();
     h->ready_line = nullptr;
   }
-  if (front_.watch) front_.watch->Close();
-  front_.watch = nullptr;
-  if (front_.link) front_.link->Close("supervisor exiting");
-  front_.link.reset();
+  front_.Detach("supervisor exiting");
   if (control_) control_->Close();
   if (admin_) admin_->Close();
   if (http_) http_->CancelAll();
@@ -231,7 +230,7 @@ Status Supervisor::Impl::Start() {
   ao.host = cfg_.admin.listen.host;
   ao.port = cfg_.admin.listen.port;
   admin_ = std::make_unique<http::HttpServer>(&loop_, ao,
-                                              [this](std::shared_ptr<http::ResponseWriter> w) { OnAdmin(std::move(w)); });
+                                              [this](const std::shared_ptr<http::ResponseWriter>& w) { OnAdmin(w); });
   Status as = admin_->Listen();
   if (!as.ok()) return as.error().With("admin.listen " + cfg_.admin.listen.ToString());
 
@@ -287,9 +286,7 @@ Status Supervisor::Impl::Preflight(const std::optional<RuntimeState>& prev) {
   if (!front_adoptable) {
     // Bound now and kept: the front starts on this socket, and a restarted
     // front on the same one.
-    auto fd = BindListenSocket(cfg_.front.listen, "front.listen", &front_.port);
-    if (!fd.ok()) return fd.error();
-    front_.listen = std::move(*fd);
+    WSUP_RETURN_IF_ERROR(front_.Bind());
   }
   return Status::Ok();
 }
@@ -307,9 +304,7 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
     s->restart_timer->Stop();
     Fire(*s, SlotEvent::kStop, why);
   }
-  front_.restart_timer->Stop();
-  front_.retry->Stop();
-  FireFront(ChildEvent::kStop, why);
+  front_.Stop(why);
   for (auto& h : holders_) {
     h->restart_timer->Stop();
     FireHolder(*h, ChildEvent::kStop, why);
@@ -319,7 +314,7 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
 
 void Supervisor::Impl::MaybeFinishStop() {
   if (!stopping_) return;
-  if (a_.pid > 0 || b_.pid > 0 || front_.pid > 0) return;
+  if (a_.pid > 0 || b_.pid > 0 || front_.has_process()) return;
   for (auto& h : holders_) {
     if (h->pid > 0) return;
   }
@@ -339,7 +334,7 @@ void Supervisor::Impl::MaybeFinishStop() {
     http_->CancelAll();
     if (control_) control_->Close();
     if (admin_) admin_->Close();
-    if (front_.link) front_.link->Close("stopping");
+    front_.CloseLink("stopping");
     watchdog_->Stop();
     if (signals_started_) {
       uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);

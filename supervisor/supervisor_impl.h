@@ -4,7 +4,10 @@
 //   supervisor.cc  start, preflight, stop, the loop's lifetime
 //   adoption.cc    a restarted supervisor: adopt what runs, reconstruct
 //                  what happened while none ran
-//   front_link.cc  the front: spawn, link, routes, restarts
+//   front_link.cc  FrontLink (front_link.h), the front's one owner: spawn,
+//                  link, routes, restarts; nothing else touches the front
+//   front_events.cc  what the front says (its messages, a silent engine),
+//                  FrontLink's hooks, the routes it is given
 //   holders.cc     the weight holders: spawn, keeper attach, restarts
 //   engines.cc     the engine slots: spawn, identity, status, probes, the
 //                  table's actions, restarts
@@ -16,8 +19,11 @@
 //   node_state.cc  state.json, the status line, ledger writes
 //
 // Every state change of an engine, a holder or the front goes through its
-// table (engine_fsm.h, child_fsm.h): Fire() / FireChild() look the row up,
-// log it with its cause, and carry out its action.
+// table (engine_fsm.h, child_fsm.h): Fire() (engines), FireHolder() and
+// FrontLink's own Fire() look the row up, log it with its cause, and carry
+// out its action. An engine's move is published once (engine_events.h) to
+// the subscribers of SubscribeToEngines() (engines.cc), the table's action
+// among them, in the order their effects must happen.
 //
 // Threads: the loop thread only, except the keeper attaches and KV pool
 // fetches, which run on libuv's thread pool and come back through their
@@ -46,8 +52,10 @@
 #include "probes/monitor.h"
 #include "state/ledger.h"
 #include "supervisor/child_fsm.h"
+#include "supervisor/engine_events.h"
 #include "supervisor/engine_fsm.h"
 #include "supervisor/engine_version.h"
+#include "supervisor/front_link.h"
 #include "supervisor/kv_handover.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout_fsm.h"
@@ -65,13 +73,9 @@
 
 namespace wsup {
 
-// "host:port", with brackets for an IPv6 literal.
-std::string HostPortString(const std::string& host, int port);
-
 // Restart policies, one per kind of child, from the one [supervisor] section.
 RestartPolicy EngineRestartPolicy(const Config& cfg);
 RestartPolicy HolderRestartPolicy(const Config& cfg);
-RestartPolicy FrontRestartPolicy(const Config& cfg);
 
 class Supervisor::Impl {
  public:
@@ -214,25 +218,6 @@ class Supervisor::Impl {
     bool ready() const { return state == ChildState::kReady; }
   };
 
-  // ---- the front
-  struct FrontSlot {
-    FrontSlot(TimerSource& timers, RestartPolicy policy)
-        : retry(timers.Make()), restart_timer(timers.Make()), throttle(std::move(policy)) {}
-    ChildState state = ChildState::kIdle;
-    UniqueFd listen;  // kept across front restarts: connections wait in the backlog
-    int port = 0;
-    pid_t pid = 0;
-    uint64_t start_time = 0;
-    ProcessWatch* watch = nullptr;
-    std::string control_path;
-    std::shared_ptr<JsonConn> link;
-    std::unique_ptr<Timer> retry;          // control link retries
-    std::unique_ptr<Timer> restart_timer;  // backoff
-    RestartThrottle throttle;
-    std::string last_exit;    // how the last one ended
-    std::string down_reason;
-  };
-
   // ---- a failover waiting for its first good answer through the front
   struct PendingFailover {
     int64_t id = 0;
@@ -275,27 +260,22 @@ class Supervisor::Impl {
   // The KV pool's owner before the restart (kv_.AdoptHeld): kept, released
   // (it is the standby now), or freed once its process is gone.
   void AdoptPoolOwner(const RuntimeState& prev);
-  void ReconcileWithFront(const RuntimeState& prev, std::vector<RuntimeState::Engine> dead);
+  void ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead);
   // The recorded process still runs as recorded (pid and start time), as
   // the launcher sees it.
   bool StillRuns(const ProcessRef& p);
 
-  // front_link.cc
-  void StartFront();
-  void FireFront(ChildEvent event, const std::string& cause, int exit_code = -1);
-  void ScheduleFrontRestart(int exit_code, const std::string& how);
-  void ConnectFront();
-  void OnFrontMessage(const nlohmann::json& m);
+  // front_events.cc (the front itself: front_link.h)
+  // The hooks through which front_ tells and asks this node.
+  FrontLink::Hooks FrontHooks();
+  // The routes the front should have: the active and standby engines.
+  FrontLink::Routes WantedRoutes();
+  // Gives the front WantedRoutes() (a new epoch when they changed).
+  void PushRoutes();
+  void OnFrontMessage(const FrontMessage& m);
   // The front's `silent` report (supervisor/silence_check.h says what is done).
   void OnFrontSilent(const FrontMessage& m);
   void TripSilent(Slot& s, const std::string& why);
-  void OnFrontExit(const ExitInfo& info);
-  void PushRoutes();
-  // Tells the front that the engine at `address` died: it fails over what it
-  // has in flight there now (front/front.h, engine_dead).
-  void CutInFront(const std::string& address, const std::string& why);
-  // The front's queue limits (a reload changed them).
-  void PushFrontLimits();
 
   // holders.cc
   void SpawnHolder(HolderSlot& h);
@@ -340,7 +320,12 @@ class Supervisor::Impl {
   // Stops the node (exit 78) when both engines' wrong answers show that the
   // model does not produce the probe's expected answer (expectation_check.h).
   void CheckExpectation(Slot& s);
+  // Moves the slot by its table and publishes the move (engine_events_).
   void Fire(Slot& s, SlotEvent event, const std::string& cause);
+  // Subscribes, once and in order, what follows a slot's move: its
+  // recovery row, the KV pool, the table's action, the rollout, a
+  // promotion, the front's routes, state.json and the status line.
+  void SubscribeToEngines();
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
   void OnEngineDying(Slot& s, pid_t pid, const std::string& how);
@@ -407,11 +392,11 @@ class Supervisor::Impl {
   // rollout.cc (see rollout_fsm.h, reload_plan.h)
   // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
   // `sets` (`wsup reload --set`) after the node's own overrides.
-  void Reload(std::shared_ptr<JsonConn> c, const std::string& why, const std::vector<std::string>& sets = {});
+  void Reload(const std::shared_ptr<JsonConn>& c, const std::string& why, const std::vector<std::string>& sets = {});
   // A roll from the node's version to `to`, new_slot first, its row
   // written, entered by `first` (begin, or a restarted supervisor's resume).
   void BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to, RollEvent first,
-                 const std::string& why, std::shared_ptr<JsonConn> c);
+                 const std::string& why, const std::shared_ptr<JsonConn>& c);
   // A restarted supervisor (adoption.cc), after adopting the engines: the
   // roll its predecessor ran ends as interrupted, and the slots are left on
   // one version (a roll of its own finishes or rolls back what remains).
@@ -447,9 +432,9 @@ class Supervisor::Impl {
   // A planned swap: stby takes new traffic, act drains and becomes the
   // standby; `c` (may be null) gets the failover's answer. False when the
   // standby could not be promoted.
-  bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, std::shared_ptr<JsonConn> c);
-  void FinishDrain(Slot& old, std::shared_ptr<JsonConn> c, int64_t started_mono);
-  void OnAdmin(std::shared_ptr<http::ResponseWriter> w);
+  bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, const std::shared_ptr<JsonConn>& c);
+  void FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono);
+  void OnAdmin(const std::shared_ptr<http::ResponseWriter>& w);
 
   // node_state.cc
   void SaveState();
@@ -505,13 +490,14 @@ class Supervisor::Impl {
   bool signals_started_ = false;
 
   Slot a_, b_;
+  // Every move of a slot's table, published by Fire() to the subscribers
+  // of SubscribeToEngines().
+  EngineEventList engine_events_;
   std::vector<std::unique_ptr<HolderSlot>> holders_;
-  FrontSlot front_;
+  FrontLink front_;
   bool engines_started_ = false;
   bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles
   bool swapping_ = false;   // a planned swap is moving roles: MaybePromote() waits
-  int64_t epoch_ = 0;
-  std::string routed_active_, routed_standby_;
 
   std::optional<PendingFailover> pending_;
   // Ends a failover that no correct answer through the front proved within
