@@ -3,24 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 namespace wsup::engine {
 
-namespace {
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
-    : runner_(runner), opts_(opts), sink_(std::move(sink)) {
+Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink, const EngineClock& clock)
+    : runner_(runner), opts_(opts), sink_(std::move(sink)), clock_(clock) {
   opts_.max_batch = std::max(1, opts_.max_batch);
   opts_.max_step_tokens = std::max(1, opts_.max_step_tokens);
   opts_.keepalive_ms = std::max<int64_t>(1, opts_.keepalive_ms);
@@ -32,8 +20,8 @@ Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
   // The cache's layout is fixed before the scheduler exists: so is the journal's size.
   journal_blocks_ = ComputeJournalBlocks();
   // The runner's communicator was proven at startup.
-  stats_.last_keepalive_mono_ms = NowMs();
-  next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
+  stats_.last_keepalive_mono_ms = clock_.NowMs();
+  next_keepalive_ms_ = stats_.last_keepalive_mono_ms + opts_.keepalive_ms;
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -105,7 +93,7 @@ void Scheduler::OpenJournal() {
   Status read = runner_->ReadKvPool(0, journal_host_.data(), journal_host_.size());
   if (read.ok()) {
     adopt_.emplace(KvJournalReader::Read(journal_host_.data(), journal_host_.size(), g));
-    adopt_until_ms_ = NowMs() + opts_.adopt_keep_ms;
+    adopt_until_ms_ = clock_.NowMs() + opts_.adopt_keep_ms;
     journal_found_ = static_cast<int>(adopt_->entries().size());
     std::string dropped;
     for (const auto& [why, n] : adopt_->dropped()) {
@@ -292,7 +280,7 @@ Status Scheduler::Submit(GenRequest req) {
     return Unavailable("the engine has " + std::to_string(opts_.max_waiting) +
                        " requests waiting for KV cache; retry later");
   }
-  req.submitted_us = NowUs();
+  req.submitted_us = clock_.NowUs();
   incoming_.push_back(std::move(req));
   cv_.notify_all();
   return Status::Ok();
@@ -364,7 +352,7 @@ void Scheduler::HandOutPool() {
     if (!kept[static_cast<size_t>(b)]) free_pool_.push_back(b);
   }
   // The resumes that waited for the pool go first, in their order.
-  const int64_t now = NowMs();
+  const int64_t now = clock_.NowMs();
   while (!held_.empty()) {
     held_max_ms_ = std::max(held_max_ms_, now - held_.back().held_since_ms);
     waiting_.push_front(std::move(held_.back()));
@@ -406,14 +394,14 @@ void Scheduler::Loop() {
         }
         // Timed work: the keepalive, a held resume's bound, the previous
         // journal's pages' bound.
-        const int64_t now = NowMs();
+        const int64_t now = clock_.NowMs();
         int64_t wake = next_keepalive_ms_;
         if (!held_.empty()) wake = std::min(wake, held_.front().held_until_ms);
         if (adopt_ && !adopt_->entries().empty()) wake = std::min(wake, adopt_until_ms_);
         if (now >= wake) break;
-        cv_.wait_for(lk, std::chrono::milliseconds(wake - now));
+        clock_.WaitUntilMs(cv_, lk, wake);
       }
-      const int64_t now = NowMs();
+      const int64_t now = clock_.NowMs();
       while (!incoming_.empty()) {
         Seq s;
         s.req = std::move(incoming_.front());
@@ -458,30 +446,28 @@ void Scheduler::Loop() {
       std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
       FlushJournal();
     }
-    if (NowMs() >= next_keepalive_ms_) RunKeepalive();
+    if (clock_.NowMs() >= next_keepalive_ms_) RunKeepalive();
     // Pool work runs between steps, so it delays every sequence's next
     // token: the debug log says when it took long enough to see.
-    const int64_t pool_work_start = NowUs();
+    const int64_t pool_work_start = clock_.NowUs();
     HandOutPool();
     RunPoolCommands();
-    const int64_t pool_work_us = NowUs() - pool_work_start;
+    const int64_t pool_work_us = clock_.NowUs() - pool_work_start;
     if (pool_work_us >= 1000) {
       spdlog::debug("KV pool work between steps took {:.1f} ms ({} sequences waiting for their next token)",
                     pool_work_us / 1e3, active_.size());
     }
-    ExpireHeld(NowMs());
-    if (adopt_ && !adopt_->entries().empty() && NowMs() >= adopt_until_ms_)
+    ExpireHeld(clock_.NowMs());
+    if (adopt_ && !adopt_->entries().empty() && clock_.NowMs() >= adopt_until_ms_)
       ReleaseUnclaimed("nobody resumed them in time");
     Admit();
     if (!active_.empty()) {
-      const int64_t step_start = NowMs();
+      const int64_t step_start = clock_.NowMs();
       StepOnce();
       if (opts_.min_step_ms > 0) {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait_until(
-            lk,
-            std::chrono::steady_clock::time_point(std::chrono::milliseconds(step_start + opts_.min_step_ms)),
-            [this] { return stop_; });
+        const int64_t step_end = step_start + opts_.min_step_ms;
+        while (!stop_ && clock_.NowMs() < step_end) clock_.WaitUntilMs(cv_, lk, step_end);
       }
     }
     MaybeFinishClose();
@@ -495,16 +481,15 @@ void Scheduler::Loop() {
 }
 
 void Scheduler::RunKeepalive() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = clock_.NowUs();
   Status st = runner_->Keepalive();
-  const int64_t us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-  next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
+  const int64_t t1 = clock_.NowUs();
+  next_keepalive_ms_ = t1 / 1000 + opts_.keepalive_ms;
   std::lock_guard<std::mutex> lk(mu_);
   ++stats_.keepalives;
   if (st.ok()) {
-    stats_.last_keepalive_mono_ms = NowMs();
-    stats_.last_keepalive_us = us;
+    stats_.last_keepalive_mono_ms = t1 / 1000;
+    stats_.last_keepalive_us = t1 - t0;
   } else {
     ++stats_.keepalive_failures;
     if (stats_.comm_ok) spdlog::error("communicator keepalive failed: {}", st.ToString());
@@ -780,7 +765,7 @@ void Scheduler::StepOnce() {
   }
   const int64_t vocab = runner_->dims().vocab;
   uint64_t produced = 0;
-  const int64_t now_us = NowUs();
+  const int64_t now_us = clock_.NowUs();
   for (size_t r = 0; r < row_seq.size(); ++r) {
     Seq& s = active_[row_seq[r]];
     const int32_t tok = Sample(s, logits_.data() + static_cast<int64_t>(r) * vocab);

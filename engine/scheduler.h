@@ -33,6 +33,11 @@
 // Between steps (and while idle) the scheduler runs the communicator
 // keepalive every keepalive_ms and records its outcome.
 //
+// Time: every time the scheduler reads or waits for (the keepalive, a
+// resume's wait for the pool, how long the previous engine's pages are
+// kept, the shortest step, the debug log's timings) is its EngineClock's
+// (engine/clock.h): the steady clock, or a test's fake one.
+//
 // Threads: Submit, Cancel and stats() from any thread; the Sink is called
 // on the scheduler thread. The runner is used only by the scheduler thread
 // once Start() has run.
@@ -53,6 +58,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/clock.h"
 #include "engine/runner.h"
 #include "wire/kv_journal.h"
 
@@ -83,7 +89,7 @@ struct GenRequest {
   std::vector<int32_t> stop_tokens;  // end-of-sequence ids
   std::string request_id;            // the front's X-Request-Id: the KV journal's key (empty: not journaled)
   bool resumed = false;              // the front resumes a stream cut by a failure: adopt its KV if it can
-  int64_t submitted_us = 0;          // steady clock, set by Submit(): the request's timing in the debug log
+  int64_t submitted_us = 0;          // the scheduler's clock, set by Submit(): the request's timing in the debug log
 };
 
 struct GenEvent {
@@ -131,7 +137,7 @@ struct SchedulerStats {
   std::string comm_error;
   uint64_t keepalives = 0;
   uint64_t keepalive_failures = 0;
-  int64_t last_keepalive_mono_ms = 0;  // when the last one succeeded (steady clock)
+  int64_t last_keepalive_mono_ms = 0;  // when the last one succeeded (the scheduler's clock: steady)
   int64_t last_keepalive_us = 0;       // how long it took
 };
 
@@ -139,7 +145,9 @@ class Scheduler {
  public:
   using Sink = std::function<void(std::vector<GenEvent>)>;
 
-  Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink);
+  // clock: outlives the scheduler (the steady clock when not given).
+  Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink,
+            const EngineClock& clock = SteadyEngineClock());
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -238,6 +246,7 @@ class Scheduler {
   ModelRunner* runner_;
   SchedulerOptions opts_;
   Sink sink_;
+  const EngineClock& clock_;
   std::thread thread_;
 
   mutable std::mutex mu_;
