@@ -8,14 +8,11 @@
 namespace wsup::engine {
 
 Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink, const EngineClock& clock)
-    : runner_(runner), opts_(opts), sink_(std::move(sink)), clock_(clock) {
+    : runner_(runner), opts_(opts), sink_(std::move(sink)), clock_(clock), blocks_(runner->kv_layout()) {
   opts_.max_batch = std::max(1, opts_.max_batch);
   opts_.max_step_tokens = std::max(1, opts_.max_step_tokens);
   opts_.keepalive_ms = std::max<int64_t>(1, opts_.keepalive_ms);
-  // Handed out from the back: the lowest ids first.
-  const KvLayout& kv = runner_->kv_layout();
-  for (int b = kv.scratch_first + kv.scratch_blocks - 1; b >= kv.scratch_first; --b) free_scratch_.push_back(b);
-  stats_.total_blocks = kv.scratch_blocks;
+  stats_.total_blocks = runner_->kv_layout().scratch_blocks;
   stats_.free_blocks = stats_.total_blocks;
   // The cache's layout is fixed before the scheduler exists: so is the journal's size.
   journal_blocks_ = ComputeJournalBlocks();
@@ -176,11 +173,10 @@ void Scheduler::TryAdopt(Seq& s) {
     KvJournalMiss why = KvJournalMiss::kMissing;
     std::vector<uint32_t> freed;
     auto a = adopt_->Take(s.req.request_id, s.req.prompt, &why, &freed);
-    for (uint32_t b : freed) free_pool_.push_back(static_cast<int32_t>(b));
+    for (uint32_t b : freed) blocks_.Release(b);
     if (a.ok()) {
-      for (uint32_t b : a->spare) free_pool_.push_back(static_cast<int32_t>(b));
-      s.blocks.assign(a->pages.begin(), a->pages.end());
-      pool_in_use_ += static_cast<int>(a->pages.size());
+      for (uint32_t b : a->spare) blocks_.Release(b);
+      blocks_.Adopt(a->pages, &s.blocks);
       s.prefilled = a->count;
       // The journal goes on describing it from what it adopted.
       HashTokens(s, a->count);
@@ -215,8 +211,7 @@ void Scheduler::ReleaseUnclaimed(const char* why) {
   if (pages.empty()) return;
   released_blocks_ += pages.size();
   spdlog::info("KV journal: {} pages of sequences nobody resumed are free again ({})", pages.size(), why);
-  if (pool_ != PoolState::kOpen) return;  // closing: handed out no more
-  for (uint32_t b : pages) free_pool_.push_back(static_cast<int32_t>(b));
+  for (uint32_t b : pages) blocks_.Release(b);  // dropped while closing: handed out no more
 }
 
 std::vector<bool> Scheduler::KeptPoolBlocks() const {
@@ -340,17 +335,12 @@ void Scheduler::HandOutPool() {
     if (map_phase_ != MapPhase::kMapped) return;
     map_phase_ = MapPhase::kIdle;
   }
-  const KvLayout& kv = runner_->kv_layout();
   pool_ = PoolState::kOpen;
   // The previous engine's journal is read before any block is handed out:
   // its sequences' pages are kept for their resumes, and the journal's
   // own blocks are never handed out.
   OpenJournal();
-  free_pool_.clear();
-  const std::vector<bool> kept = KeptPoolBlocks();
-  for (int b = kv.pool_blocks - 1; b >= 0; --b) {
-    if (!kept[static_cast<size_t>(b)]) free_pool_.push_back(b);
-  }
+  blocks_.OpenPool(KeptPoolBlocks());
   // The resumes that waited for the pool go first, in their order.
   const int64_t now = clock_.NowMs();
   while (!held_.empty()) {
@@ -429,7 +419,7 @@ void Scheduler::Loop() {
       cancelled_ += std::erase_if(held_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
       for (auto& s : waiting_) {
         if (cancels.count(s.req.id)) {
-          FreeBlocks(&s.blocks);  // adopted pages, if it had its turn but no room yet
+          blocks_.Free(&s.blocks);  // adopted pages, if it had its turn but no room yet
           s.req.id = 0;
           ++cancelled_;
         }
@@ -438,7 +428,7 @@ void Scheduler::Loop() {
       for (auto& s : active_) {
         if (cancels.count(s.req.id)) {
           JournalRemove(s);
-          FreeBlocks(&s.blocks);
+          blocks_.Free(&s.blocks);
           s.req.id = 0;  // marks it for removal
           ++cancelled_;
         }
@@ -505,7 +495,9 @@ void Scheduler::Admit() {
     // Beyond the pages it adopted, if any.
     const int need = BlocksFor(static_cast<int64_t>(s.req.prompt.size()) + s.req.max_tokens) -
                      static_cast<int>(s.blocks.size());
-    if (need > FreeCount()) {
+    // The pool's blocks first: the scratch stays free for the probes and
+    // the first requests after a promotion.
+    if (!blocks_.Take(need, &s.blocks).ok()) {
       // Pages kept for resumes that have not come yet give way to a
       // request that is here.
       if (adopt_ && !adopt_->entries().empty()) {
@@ -514,15 +506,6 @@ void Scheduler::Admit() {
       }
       break;  // first come, first served
     }
-    // The pool's blocks first: the scratch stays free for the probes and
-    // the first requests after a promotion.
-    const int from_pool = std::min<int>(need, static_cast<int>(free_pool_.size()));
-    s.blocks.insert(s.blocks.end(), free_pool_.end() - from_pool, free_pool_.end());
-    free_pool_.resize(free_pool_.size() - static_cast<size_t>(from_pool));
-    pool_in_use_ += from_pool;
-    const int rest = need - from_pool;
-    s.blocks.insert(s.blocks.end(), free_scratch_.end() - rest, free_scratch_.end());
-    free_scratch_.resize(free_scratch_.size() - static_cast<size_t>(rest));
     active_.push_back(std::move(s));
     waiting_.pop_front();
   }
@@ -530,7 +513,7 @@ void Scheduler::Admit() {
 
 void Scheduler::PoolStatsLocked() {
   const KvLayout& kv = runner_->kv_layout();
-  stats_.free_blocks = FreeCount();
+  stats_.free_blocks = blocks_.free_count();
   stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks - JournalBlocks() : 0);
   stats_.journal = journal_.has_value();
   stats_.journal_blocks = journal_ ? JournalBlocks() : 0;
@@ -550,7 +533,7 @@ void Scheduler::PoolStatsLocked() {
   stats_.released_blocks = released_blocks_;
   stats_.pool_mapped = runner_->kv_pool_mapped();
   stats_.pool_closing = pool_ == PoolState::kClosing;
-  stats_.pool_blocks_in_use = pool_in_use_;
+  stats_.pool_blocks_in_use = blocks_.pool_in_use();
 }
 
 void Scheduler::Done(const PoolDone& done, const Status& st) {
@@ -560,19 +543,6 @@ void Scheduler::Done(const PoolDone& done, const Status& st) {
     PoolStatsLocked();
   }
   done(st);
-}
-
-void Scheduler::FreeBlocks(std::vector<int32_t>* blocks) {
-  const int pool_blocks = runner_->kv_layout().pool_blocks;
-  for (int32_t b : *blocks) {
-    if (b < pool_blocks) {
-      --pool_in_use_;
-      if (pool_ == PoolState::kOpen) free_pool_.push_back(b);
-    } else {
-      free_scratch_.push_back(b);
-    }
-  }
-  blocks->clear();
 }
 
 void Scheduler::RunPoolCommands() {
@@ -595,7 +565,7 @@ void Scheduler::RunPoolCommands() {
     if (!c.open) {
       if (pool_ == PoolState::kOpen) {
         pool_ = PoolState::kClosing;
-        free_pool_.clear();  // handed out no more; the held ones are dropped as they come back
+        blocks_.ClosePool();  // handed out no more; the held ones are dropped as they come back
         // Nothing adopts from a pool this engine lets go: kept pages are
         // dropped, and a waiting request's adopted pages given back (it is
         // computed in full when its turn comes).
@@ -603,7 +573,7 @@ void Scheduler::RunPoolCommands() {
         adopt_.reset();
         for (auto& w : waiting_) {
           if (w.blocks.empty()) continue;
-          FreeBlocks(&w.blocks);
+          blocks_.Free(&w.blocks);
           w.prefilled = 0;
           w.kv_hashed = 0;
           w.kv_hash = kTokenHashSeed;
@@ -630,9 +600,7 @@ void Scheduler::RunPoolCommands() {
           if (b < kv.pool_blocks) held[static_cast<size_t>(b)] = true;
         }
       }
-      for (int b = kv.pool_blocks - 1; b >= 0; --b) {
-        if (!held[static_cast<size_t>(b)]) free_pool_.push_back(b);
-      }
+      blocks_.OpenPool(held);
       pool_ = PoolState::kOpen;
       for (auto& w : close_waiters_) Done(w, Refused("the pool was opened again before its blocks came back"));
       close_waiters_.clear();
@@ -654,7 +622,7 @@ void Scheduler::RunPoolCommands() {
 void Scheduler::MaybeFinishClose() {
   // Without a waiter nothing is retried: a pool that could not be unmapped
   // stays closing (mapped, handed out no more) until the next ClosePool().
-  if (pool_ != PoolState::kClosing || pool_in_use_ > 0 || close_waiters_.empty()) return;
+  if (pool_ != PoolState::kClosing || blocks_.pool_in_use() > 0 || close_waiters_.empty()) return;
   // No sequence holds a pool block: the journal describes none (each was
   // freed as it ended) and goes with the pool.
   FlushJournal();
@@ -682,7 +650,7 @@ void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason
   e.done = true;
   e.finish_reason = std::move(reason);
   e.error = std::move(error);
-  FreeBlocks(&s.blocks);
+  blocks_.Free(&s.blocks);
   s.req.id = 0;
   ++finished_;
 }

@@ -5,8 +5,9 @@
 // running one. New tokens leave through the Sink after each step, which the
 // server hands back to its loop with uv_async.
 //
-// KV cache: paged, blocks of block_size positions. A sequence reserves all
-// the blocks it can need (prompt + max_tokens) when admitted, so a running
+// KV cache: paged, blocks of block_size positions (the free ones are a
+// BlockAllocator, engine/block_allocator.h). A sequence reserves all the
+// blocks it can need (prompt + max_tokens) when admitted, so a running
 // sequence never waits for memory; a request that could never fit is
 // refused at Submit() with a message saying how much fits.
 //
@@ -58,6 +59,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/block_allocator.h"
 #include "engine/clock.h"
 #include "engine/runner.h"
 #include "wire/kv_journal.h"
@@ -207,8 +209,6 @@ class Scheduler {
   void Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error = {});
   int32_t Sample(Seq& s, const float* logits);
   int BlocksFor(int64_t tokens) const;
-  // Blocks go back to the list of their kind; a closing pool's are kept out.
-  void FreeBlocks(std::vector<int32_t>* blocks);
   void RunPoolCommands();
   void MaybeFinishClose();
   // The pool's counters in stats_ (mu_ held), and a PoolDone called after
@@ -220,7 +220,6 @@ class Scheduler {
   void MapPool(PoolFetch fetch);
   void StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done);
   void HandOutPool();
-  int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
   // The KV journal: its geometry for this engine (entries 0 without a
   // pool), the blocks it takes, and its work on the scheduler thread.
   KvJournalGeometry JournalGeometry() const;
@@ -270,10 +269,9 @@ class Scheduler {
   // Scheduler thread only.
   std::deque<Seq> waiting_;
   std::vector<Seq> active_;
-  std::vector<int32_t> free_scratch_, free_pool_;
+  BlockAllocator blocks_;  // the pool's handed out while pool_ is open
   enum class PoolState { kClosed, kOpen, kClosing };
   PoolState pool_ = PoolState::kClosed;
-  int pool_in_use_ = 0;                  // pool blocks held by sequences
   std::vector<PoolDone> close_waiters_;  // ClosePool() callers, until the pool is unmapped
   int64_t next_keepalive_ms_ = 0;
   uint64_t finished_ = 0;
