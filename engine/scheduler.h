@@ -24,7 +24,8 @@
 // not what is free now waits for blocks, as any request does.
 //
 // The active engine keeps a journal of its sequences in the pool's first
-// blocks (wire/kv_journal.h, docs/kv_journal.md): after each step, every
+// blocks (engine/pool_journal.h over the format of wire/kv_journal.h;
+// docs/kv_journal.md): after each step, every
 // sequence whose KV is wholly in the pool and that has a request id is
 // described (positions with KV, their tokens' hash, their blocks), and a
 // finished or cancelled one is freed; one copy of the changed bytes per
@@ -61,8 +62,8 @@
 #include "common/status.h"
 #include "engine/block_allocator.h"
 #include "engine/clock.h"
+#include "engine/pool_journal.h"
 #include "engine/runner.h"
-#include "wire/kv_journal.h"
 
 namespace wsup::engine {
 
@@ -189,9 +190,7 @@ class Scheduler {
     size_t prefilled = 0;              // prompt tokens already in the cache
     std::vector<int32_t> generated;
     std::mt19937_64 rng;
-    uint64_t kv_hash = kTokenHashSeed;  // TokenHash of the first kv_hashed tokens (prompt, then generated)
-    size_t kv_hashed = 0;
-    std::vector<uint64_t> chain;  // kv_hash at each full block's end (the journal's chain)
+    JournalHash hash;  // of the tokens the journal describes (prompt, then generated)
     int64_t held_until_ms = 0;    // a resumed request waiting for the pool: until then
     int64_t held_since_ms = 0;
     bool adopt_tried = false;
@@ -220,15 +219,8 @@ class Scheduler {
   void MapPool(PoolFetch fetch);
   void StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done);
   void HandOutPool();
-  // The KV journal: its geometry for this engine (entries 0 without a
-  // pool), the blocks it takes, and its work on the scheduler thread.
-  KvJournalGeometry JournalGeometry() const;
-  int JournalBlocks() const { return journal_blocks_; }
-  int ComputeJournalBlocks() const;
-  void OpenJournal();
-  void JournalSeq(Seq& s);
-  // Extends s's hash and chain over its tokens up to position `upto`.
-  void HashTokens(Seq& s, size_t upto) const;
+  // Pool blocks the KV journal takes (never handed out).
+  int JournalBlocks() const { return journal_.blocks(); }
   // Resumes: whether one waits for the pool now; adopting (or counting why
   // not) at admission; held requests past their bound; the previous
   // journal's pages let go (the bound passed, or `all` for a request that
@@ -238,9 +230,7 @@ class Scheduler {
   void ExpireHeld(int64_t now);
   void ReleaseUnclaimed(const char* why);
   // Pool blocks kept from use (the journal, and pages kept for resumes).
-  std::vector<bool> KeptPoolBlocks() const;
-  void JournalRemove(const Seq& s);
-  void FlushJournal();
+  std::vector<bool> KeptPoolBlocks() const { return journal_.Kept(runner_->kv_layout().pool_blocks); }
 
   ModelRunner* runner_;
   SchedulerOptions opts_;
@@ -270,6 +260,7 @@ class Scheduler {
   std::deque<Seq> waiting_;
   std::vector<Seq> active_;
   BlockAllocator blocks_;  // the pool's handed out while pool_ is open
+  PoolJournal journal_;    // this engine's journal, and the previous engine's pages
   enum class PoolState { kClosed, kOpen, kClosing };
   PoolState pool_ = PoolState::kClosed;
   std::vector<PoolDone> close_waiters_;  // ClosePool() callers, until the pool is unmapped
@@ -277,19 +268,9 @@ class Scheduler {
   uint64_t finished_ = 0;
   uint64_t cancelled_ = 0;
   std::vector<float> logits_;
-  int journal_blocks_ = 0;  // JournalBlocks(), fixed at construction
-  std::optional<KvJournalWriter> journal_;
-  std::vector<uint8_t> journal_host_;  // the journal's bytes; the changed range is copied to the pool
-  uint64_t dirty_lo_ = UINT64_MAX, dirty_hi_ = 0;
-  int journal_found_ = 0;
-  uint64_t journal_writes_ = 0, journal_errors_ = 0;
   // Resumes.
-  std::deque<Seq> held_;                  // resumed requests waiting for the pool, in arrival order
-  std::optional<KvJournalReader> adopt_;  // the previous engine's journal, since the pool opened
-  int64_t adopt_until_ms_ = 0;
-  uint64_t adopted_sequences_ = 0, adopted_tokens_ = 0, adopted_by_page_ = 0, recomputed_ = 0;
-  std::map<std::string, uint64_t> recomputed_reasons_;
-  uint64_t held_total_ = 0, released_blocks_ = 0;
+  std::deque<Seq> held_;  // resumed requests waiting for the pool, in arrival order
+  uint64_t held_total_ = 0;
   int64_t held_max_ms_ = 0;
 };
 
