@@ -157,7 +157,7 @@ void Scheduler::StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, 
   map_thread_ = std::thread([this, fetch = std::move(fetch)] { MapPool(fetch); });
 }
 
-void Scheduler::MapPool(PoolFetch fetch) {
+void Scheduler::MapPool(const PoolFetch& fetch) {
   auto fds = fetch();
   Status st = fds.ok() ? runner_->MapKvPool(*fds) : Status(fds.error());
   std::vector<PoolDone> waiters;
@@ -289,7 +289,7 @@ void Scheduler::Loop() {
     const int64_t pool_work_us = clock_.NowUs() - pool_work_start;
     if (pool_work_us >= 1000) {
       spdlog::debug("KV pool work between steps took {:.1f} ms ({} sequences waiting for their next token)",
-                    pool_work_us / 1e3, active_.size());
+                    static_cast<double>(pool_work_us) / 1e3, active_.size());
     }
     ExpireHeld(clock_.NowMs());
     if (journal_.keeping() && clock_.NowMs() >= journal_.keep_until_ms())
@@ -484,8 +484,9 @@ void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason
     spdlog::debug("request {} ({}): {} prompt and {} generated tokens; first token {:.1f} ms after it came, "
                   "done at {:.1f} ms; longest wait between two tokens {:.1f} ms",
                   s.req.id, reason, s.req.prompt.size(), s.generated.size(),
-                  (s.first_token_us - s.req.submitted_us) / 1e3, (s.last_token_us - s.req.submitted_us) / 1e3,
-                  s.longest_gap_us / 1e3);
+                  static_cast<double>(s.first_token_us - s.req.submitted_us) / 1e3,
+                  static_cast<double>(s.last_token_us - s.req.submitted_us) / 1e3,
+                  static_cast<double>(s.longest_gap_us) / 1e3);
   }
   GenEvent& e = events->back();
   e.done = true;

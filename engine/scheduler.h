@@ -216,7 +216,7 @@ class Scheduler {
   void Done(const PoolDone& done, const Status& st);
   // The mapping thread's work, its start (mu_ held by lk; released while
   // the last mapping thread is joined), and the scheduler thread's side.
-  void MapPool(PoolFetch fetch);
+  void MapPool(const PoolFetch& fetch);
   void StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done);
   void HandOutPool();
   // Pool blocks the KV journal takes (never handed out).
