@@ -3,37 +3,26 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 
 namespace wsup::engine {
 
-namespace {
-int64_t NowMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-int64_t NowUs() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-}  // namespace
-
-Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink)
-    : runner_(runner), opts_(opts), sink_(std::move(sink)) {
+Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink, const EngineClock& clock)
+    : runner_(runner), opts_(opts), sink_(std::move(sink)), clock_(clock),
+      blocks_(runner->kv_layout()),
+      // The cache's layout is fixed before the scheduler exists: so is the journal's size.
+      journal_(PoolJournalGeometry(runner->kv_layout(), runner->dims().max_pos, opts.max_batch, opts.kv_format),
+               PoolBytes{[runner](uint64_t off, void* out, size_t n) { return runner->ReadKvPool(off, out, n); },
+                         [runner](uint64_t off, const void* in, size_t n) { return runner->WriteKvPool(off, in, n); }},
+               clock, opts.adopt_keep_ms) {
   opts_.max_batch = std::max(1, opts_.max_batch);
   opts_.max_step_tokens = std::max(1, opts_.max_step_tokens);
   opts_.keepalive_ms = std::max<int64_t>(1, opts_.keepalive_ms);
-  // Handed out from the back: the lowest ids first.
-  const KvLayout& kv = runner_->kv_layout();
-  for (int b = kv.scratch_first + kv.scratch_blocks - 1; b >= kv.scratch_first; --b) free_scratch_.push_back(b);
-  stats_.total_blocks = kv.scratch_blocks;
+  stats_.total_blocks = runner_->kv_layout().scratch_blocks;
   stats_.free_blocks = stats_.total_blocks;
-  // The cache's layout is fixed before the scheduler exists: so is the journal's size.
-  journal_blocks_ = ComputeJournalBlocks();
   // The runner's communicator was proven at startup.
-  stats_.last_keepalive_mono_ms = NowMs();
-  next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
+  stats_.last_keepalive_mono_ms = clock_.NowMs();
+  next_keepalive_ms_ = stats_.last_keepalive_mono_ms + opts_.keepalive_ms;
 }
 
 Scheduler::~Scheduler() { Stop(); }
@@ -70,104 +59,6 @@ int64_t Scheduler::max_sequence_tokens() const {
                                runner_->block_size());
 }
 
-KvJournalGeometry Scheduler::JournalGeometry() const {
-  const KvLayout& kv = runner_->kv_layout();
-  KvJournalGeometry g;
-  if (!kv.pooled()) return g;
-  g.block_bytes = kv.block_bytes;
-  g.block_size = static_cast<uint32_t>(kv.block_size);
-  g.pool_blocks = static_cast<uint32_t>(kv.pool_blocks);
-  g.entries = static_cast<uint32_t>(std::max(1, opts_.max_batch));
-  g.kv_format = opts_.kv_format;
-  // The longest sequence's blocks, counting the journal's as usable (an
-  // upper bound: the journal cannot depend on its own size).
-  const int64_t longest = std::min<int64_t>(runner_->dims().max_pos,
-                                            (static_cast<int64_t>(kv.pool_blocks) + kv.scratch_blocks) * kv.block_size);
-  g.max_pages = static_cast<uint32_t>((longest + kv.block_size - 1) / kv.block_size);
-  return g;
-}
-
-int Scheduler::ComputeJournalBlocks() const {
-  const KvJournalGeometry g = JournalGeometry();
-  return g.Check().ok() ? static_cast<int>(g.journal_blocks()) : 0;
-}
-
-void Scheduler::OpenJournal() {
-  journal_.reset();
-  dirty_lo_ = UINT64_MAX;
-  dirty_hi_ = 0;
-  const KvJournalGeometry g = JournalGeometry();
-  if (!g.Check().ok()) return;  // a pool too small for one: no journal, nothing held back
-  journal_host_.assign(g.bytes(), 0);
-  // What the engine before this one left (a crash leaves its sequences):
-  // their pages are kept for the resumed requests until adopt_keep_ms.
-  adopt_.reset();
-  Status read = runner_->ReadKvPool(0, journal_host_.data(), journal_host_.size());
-  if (read.ok()) {
-    adopt_.emplace(KvJournalReader::Read(journal_host_.data(), journal_host_.size(), g));
-    adopt_until_ms_ = NowMs() + opts_.adopt_keep_ms;
-    journal_found_ = static_cast<int>(adopt_->entries().size());
-    std::string dropped;
-    for (const auto& [why, n] : adopt_->dropped()) {
-      dropped += std::string(dropped.empty() ? "" : ", ") + std::to_string(n) + " " + KvJournalMissName(why);
-    }
-    if (journal_found_ > 0 || !dropped.empty()) {
-      spdlog::info(
-          "KV journal: the previous engine left {} sequences in the pool ({} pages kept for their resumes "
-          "for {} ms){}{}",
-          journal_found_, adopt_->pages_held(), opts_.adopt_keep_ms,
-          dropped.empty() ? "" : "; refused: ", dropped);
-    }
-    if (opts_.adopt_keep_ms <= 0) ReleaseUnclaimed("keeping is off");
-  } else {
-    spdlog::warn("KV journal: cannot read the previous engine's ({}); resumed streams are computed in full",
-                 read.ToString());
-  }
-  auto w = KvJournalWriter::Create(journal_host_.data(), g);
-  Status st = w.ok() ? runner_->WriteKvPool(0, journal_host_.data(), journal_host_.size()) : w.status();
-  ++journal_writes_;
-  if (!st.ok()) {
-    ++journal_errors_;
-    spdlog::warn("KV journal: cannot write it in the pool ({}); sequences are not journaled", st.ToString());
-    return;
-  }
-  journal_.emplace(std::move(*w));
-}
-
-void Scheduler::JournalSeq(Seq& s) {
-  if (!journal_ || s.req.request_id.empty()) return;
-  const size_t plen = s.req.prompt.size();
-  // Positions whose KV is complete: the prompt's cached part, then every
-  // generated token but the newest (the next step computes its KV).
-  const size_t kv = s.prefilled < plen ? s.prefilled : plen + (s.generated.empty() ? 0 : s.generated.size() - 1);
-  if (kv == 0 || kv == s.kv_hashed) return;
-  const int bs = runner_->block_size();
-  const size_t pages = (kv + static_cast<size_t>(bs) - 1) / static_cast<size_t>(bs);
-  const int pool_blocks = runner_->kv_layout().pool_blocks;
-  if (pages > s.blocks.size()) return;
-  std::vector<uint32_t> ids(pages);
-  for (size_t i = 0; i < pages; ++i) {
-    if (s.blocks[i] >= pool_blocks) return;  // KV on the scratch: nothing another engine could adopt
-    ids[i] = static_cast<uint32_t>(s.blocks[i]);
-  }
-  HashTokens(s, kv);
-  if (!journal_->Put(s.req.request_id, s.kv_hash, static_cast<uint32_t>(kv), ids, s.chain).ok()) return;
-  const auto [off, len] = journal_->last_write();
-  dirty_lo_ = std::min(dirty_lo_, off);
-  dirty_hi_ = std::max(dirty_hi_, off + len);
-}
-
-void Scheduler::HashTokens(Seq& s, size_t upto) const {
-  const size_t plen = s.req.prompt.size();
-  const size_t bs = static_cast<size_t>(runner_->block_size());
-  for (size_t i = s.kv_hashed; i < upto; ++i) {
-    const int32_t t = i < plen ? s.req.prompt[i] : s.generated[i - plen];
-    s.kv_hash = TokenHash(&t, 1, s.kv_hash);
-    if ((i + 1) % bs == 0) s.chain.push_back(s.kv_hash);
-  }
-  s.kv_hashed = std::max(s.kv_hashed, upto);
-}
-
 bool Scheduler::HoldsForPool() const {
   // Only an engine that may yet get the pool, and not one letting it go.
   return opts_.adopt_wait_ms > 0 && runner_->kv_layout().pooled() && pool_ == PoolState::kClosed;
@@ -175,40 +66,14 @@ bool Scheduler::HoldsForPool() const {
 
 void Scheduler::TryAdopt(Seq& s) {
   s.adopt_tried = true;
-  const char* reason = nullptr;
-  if (!runner_->kv_layout().pooled()) {
-    reason = "private_kv_cache";
-  } else if (pool_ != PoolState::kOpen) {
-    reason = "pool_not_granted";
-  } else if (s.req.request_id.empty()) {
-    reason = "no_request_id";
-  } else if (!adopt_) {
-    reason = KvJournalMissName(KvJournalMiss::kNoJournal);
-  } else {
-    KvJournalMiss why = KvJournalMiss::kMissing;
-    std::vector<uint32_t> freed;
-    auto a = adopt_->Take(s.req.request_id, s.req.prompt, &why, &freed);
-    for (uint32_t b : freed) free_pool_.push_back(static_cast<int32_t>(b));
-    if (a.ok()) {
-      for (uint32_t b : a->spare) free_pool_.push_back(static_cast<int32_t>(b));
-      s.blocks.assign(a->pages.begin(), a->pages.end());
-      pool_in_use_ += static_cast<int>(a->pages.size());
-      s.prefilled = a->count;
-      // The journal goes on describing it from what it adopted.
-      HashTokens(s, a->count);
-      ++adopted_sequences_;
-      adopted_tokens_ += a->count;
-      if (a->by_page) ++adopted_by_page_;
-      spdlog::debug("request {}: adopted {} of {} positions from the previous engine's KV ({} pages)",
-                    s.req.request_id, a->count, s.req.prompt.size(), a->pages.size());
-      return;
-    }
-    reason = KvJournalMissName(why);
-  }
-  ++recomputed_;
-  ++recomputed_reasons_[reason];
-  spdlog::info("request {}: resumed, computing its {} tokens again ({})", s.req.request_id,
-               s.req.prompt.size(), reason);
+  PoolAdoption a =
+      journal_.Adopt(runner_->kv_layout().pooled(), pool_ == PoolState::kOpen, s.req.request_id, s.req.prompt);
+  for (uint32_t b : a.released) blocks_.Release(b);
+  if (!a.adopted) return;
+  blocks_.Adopt(a.pages, &s.blocks);
+  s.prefilled = a.count;
+  // The journal goes on describing it from what it adopted.
+  journal_.HashTokens(s.req.prompt, s.generated, a.count, &s.hash);
 }
 
 void Scheduler::ExpireHeld(int64_t now) {
@@ -222,46 +87,8 @@ void Scheduler::ExpireHeld(int64_t now) {
 }
 
 void Scheduler::ReleaseUnclaimed(const char* why) {
-  if (!adopt_) return;
-  std::vector<uint32_t> pages = adopt_->Release();
-  if (pages.empty()) return;
-  released_blocks_ += pages.size();
-  spdlog::info("KV journal: {} pages of sequences nobody resumed are free again ({})", pages.size(), why);
-  if (pool_ != PoolState::kOpen) return;  // closing: handed out no more
-  for (uint32_t b : pages) free_pool_.push_back(static_cast<int32_t>(b));
-}
-
-std::vector<bool> Scheduler::KeptPoolBlocks() const {
-  const int pool_blocks = runner_->kv_layout().pool_blocks;
-  std::vector<bool> kept(static_cast<size_t>(pool_blocks), false);
-  for (int b = 0; b < std::min(JournalBlocks(), pool_blocks); ++b) kept[static_cast<size_t>(b)] = true;
-  if (adopt_) {
-    for (const auto& [id, e] : adopt_->entries()) {
-      for (uint32_t b : e.pages) kept[b] = true;  // the reader checked they lie in the pool
-    }
-  }
-  return kept;
-}
-
-void Scheduler::JournalRemove(const Seq& s) {
-  if (!journal_ || s.req.request_id.empty() || s.kv_hashed == 0) return;
-  journal_->Remove(s.req.request_id);
-  const auto [off, len] = journal_->last_write();
-  dirty_lo_ = std::min(dirty_lo_, off);
-  dirty_hi_ = std::max(dirty_hi_, off + len);
-}
-
-void Scheduler::FlushJournal() {
-  if (!journal_ || dirty_hi_ <= dirty_lo_) return;
-  Status st = runner_->WriteKvPool(dirty_lo_, journal_host_.data() + dirty_lo_, dirty_hi_ - dirty_lo_);
-  ++journal_writes_;
-  dirty_lo_ = UINT64_MAX;
-  dirty_hi_ = 0;
-  if (!st.ok()) {
-    ++journal_errors_;
-    spdlog::warn("KV journal: writing it in the pool failed ({}); it is dropped for this pool", st.ToString());
-    journal_.reset();
-  }
+  // Dropped while closing: handed out no more.
+  for (uint32_t b : journal_.Release(why)) blocks_.Release(b);
 }
 
 Status Scheduler::Submit(GenRequest req) {
@@ -292,7 +119,7 @@ Status Scheduler::Submit(GenRequest req) {
     return Unavailable("the engine has " + std::to_string(opts_.max_waiting) +
                        " requests waiting for KV cache; retry later");
   }
-  req.submitted_us = NowUs();
+  req.submitted_us = clock_.NowUs();
   incoming_.push_back(std::move(req));
   cv_.notify_all();
   return Status::Ok();
@@ -330,7 +157,7 @@ void Scheduler::StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, 
   map_thread_ = std::thread([this, fetch = std::move(fetch)] { MapPool(fetch); });
 }
 
-void Scheduler::MapPool(PoolFetch fetch) {
+void Scheduler::MapPool(const PoolFetch& fetch) {
   auto fds = fetch();
   Status st = fds.ok() ? runner_->MapKvPool(*fds) : Status(fds.error());
   std::vector<PoolDone> waiters;
@@ -352,19 +179,14 @@ void Scheduler::HandOutPool() {
     if (map_phase_ != MapPhase::kMapped) return;
     map_phase_ = MapPhase::kIdle;
   }
-  const KvLayout& kv = runner_->kv_layout();
   pool_ = PoolState::kOpen;
   // The previous engine's journal is read before any block is handed out:
   // its sequences' pages are kept for their resumes, and the journal's
   // own blocks are never handed out.
-  OpenJournal();
-  free_pool_.clear();
-  const std::vector<bool> kept = KeptPoolBlocks();
-  for (int b = kv.pool_blocks - 1; b >= 0; --b) {
-    if (!kept[static_cast<size_t>(b)]) free_pool_.push_back(b);
-  }
+  journal_.Open();
+  blocks_.OpenPool(KeptPoolBlocks());
   // The resumes that waited for the pool go first, in their order.
-  const int64_t now = NowMs();
+  const int64_t now = clock_.NowMs();
   while (!held_.empty()) {
     held_max_ms_ = std::max(held_max_ms_, now - held_.back().held_since_ms);
     waiting_.push_front(std::move(held_.back()));
@@ -406,14 +228,14 @@ void Scheduler::Loop() {
         }
         // Timed work: the keepalive, a held resume's bound, the previous
         // journal's pages' bound.
-        const int64_t now = NowMs();
+        const int64_t now = clock_.NowMs();
         int64_t wake = next_keepalive_ms_;
         if (!held_.empty()) wake = std::min(wake, held_.front().held_until_ms);
-        if (adopt_ && !adopt_->entries().empty()) wake = std::min(wake, adopt_until_ms_);
+        if (journal_.keeping()) wake = std::min(wake, journal_.keep_until_ms());
         if (now >= wake) break;
-        cv_.wait_for(lk, std::chrono::milliseconds(wake - now));
+        clock_.WaitUntilMs(cv_, lk, wake);
       }
-      const int64_t now = NowMs();
+      const int64_t now = clock_.NowMs();
       while (!incoming_.empty()) {
         Seq s;
         s.req = std::move(incoming_.front());
@@ -441,7 +263,7 @@ void Scheduler::Loop() {
       cancelled_ += std::erase_if(held_, [&](const Seq& s) { return cancels.count(s.req.id) > 0; });
       for (auto& s : waiting_) {
         if (cancels.count(s.req.id)) {
-          FreeBlocks(&s.blocks);  // adopted pages, if it had its turn but no room yet
+          blocks_.Free(&s.blocks);  // adopted pages, if it had its turn but no room yet
           s.req.id = 0;
           ++cancelled_;
         }
@@ -449,39 +271,37 @@ void Scheduler::Loop() {
       std::erase_if(waiting_, [](const Seq& s) { return s.req.id == 0; });
       for (auto& s : active_) {
         if (cancels.count(s.req.id)) {
-          JournalRemove(s);
-          FreeBlocks(&s.blocks);
+          journal_.Remove(s.req.request_id, s.hash);
+          blocks_.Free(&s.blocks);
           s.req.id = 0;  // marks it for removal
           ++cancelled_;
         }
       }
       std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
-      FlushJournal();
+      journal_.Flush();
     }
-    if (NowMs() >= next_keepalive_ms_) RunKeepalive();
+    if (clock_.NowMs() >= next_keepalive_ms_) RunKeepalive();
     // Pool work runs between steps, so it delays every sequence's next
     // token: the debug log says when it took long enough to see.
-    const int64_t pool_work_start = NowUs();
+    const int64_t pool_work_start = clock_.NowUs();
     HandOutPool();
     RunPoolCommands();
-    const int64_t pool_work_us = NowUs() - pool_work_start;
+    const int64_t pool_work_us = clock_.NowUs() - pool_work_start;
     if (pool_work_us >= 1000) {
       spdlog::debug("KV pool work between steps took {:.1f} ms ({} sequences waiting for their next token)",
-                    pool_work_us / 1e3, active_.size());
+                    static_cast<double>(pool_work_us) / 1e3, active_.size());
     }
-    ExpireHeld(NowMs());
-    if (adopt_ && !adopt_->entries().empty() && NowMs() >= adopt_until_ms_)
+    ExpireHeld(clock_.NowMs());
+    if (journal_.keeping() && clock_.NowMs() >= journal_.keep_until_ms())
       ReleaseUnclaimed("nobody resumed them in time");
     Admit();
     if (!active_.empty()) {
-      const int64_t step_start = NowMs();
+      const int64_t step_start = clock_.NowMs();
       StepOnce();
       if (opts_.min_step_ms > 0) {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait_until(
-            lk,
-            std::chrono::steady_clock::time_point(std::chrono::milliseconds(step_start + opts_.min_step_ms)),
-            [this] { return stop_; });
+        const int64_t step_end = step_start + opts_.min_step_ms;
+        while (!stop_ && clock_.NowMs() < step_end) clock_.WaitUntilMs(cv_, lk, step_end);
       }
     }
     MaybeFinishClose();
@@ -495,16 +315,15 @@ void Scheduler::Loop() {
 }
 
 void Scheduler::RunKeepalive() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = clock_.NowUs();
   Status st = runner_->Keepalive();
-  const int64_t us =
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
-  next_keepalive_ms_ = NowMs() + opts_.keepalive_ms;
+  const int64_t t1 = clock_.NowUs();
+  next_keepalive_ms_ = t1 / 1000 + opts_.keepalive_ms;
   std::lock_guard<std::mutex> lk(mu_);
   ++stats_.keepalives;
   if (st.ok()) {
-    stats_.last_keepalive_mono_ms = NowMs();
-    stats_.last_keepalive_us = us;
+    stats_.last_keepalive_mono_ms = t1 / 1000;
+    stats_.last_keepalive_us = t1 - t0;
   } else {
     ++stats_.keepalive_failures;
     if (stats_.comm_ok) spdlog::error("communicator keepalive failed: {}", st.ToString());
@@ -520,24 +339,17 @@ void Scheduler::Admit() {
     // Beyond the pages it adopted, if any.
     const int need = BlocksFor(static_cast<int64_t>(s.req.prompt.size()) + s.req.max_tokens) -
                      static_cast<int>(s.blocks.size());
-    if (need > FreeCount()) {
+    // The pool's blocks first: the scratch stays free for the probes and
+    // the first requests after a promotion.
+    if (!blocks_.Take(need, &s.blocks).ok()) {
       // Pages kept for resumes that have not come yet give way to a
       // request that is here.
-      if (adopt_ && !adopt_->entries().empty()) {
+      if (journal_.keeping()) {
         ReleaseUnclaimed("a waiting request needs the blocks");
         continue;
       }
       break;  // first come, first served
     }
-    // The pool's blocks first: the scratch stays free for the probes and
-    // the first requests after a promotion.
-    const int from_pool = std::min<int>(need, static_cast<int>(free_pool_.size()));
-    s.blocks.insert(s.blocks.end(), free_pool_.end() - from_pool, free_pool_.end());
-    free_pool_.resize(free_pool_.size() - static_cast<size_t>(from_pool));
-    pool_in_use_ += from_pool;
-    const int rest = need - from_pool;
-    s.blocks.insert(s.blocks.end(), free_scratch_.end() - rest, free_scratch_.end());
-    free_scratch_.resize(free_scratch_.size() - static_cast<size_t>(rest));
     active_.push_back(std::move(s));
     waiting_.pop_front();
   }
@@ -545,27 +357,27 @@ void Scheduler::Admit() {
 
 void Scheduler::PoolStatsLocked() {
   const KvLayout& kv = runner_->kv_layout();
-  stats_.free_blocks = FreeCount();
+  stats_.free_blocks = blocks_.free_count();
   stats_.total_blocks = kv.scratch_blocks + (pool_ == PoolState::kOpen ? kv.pool_blocks - JournalBlocks() : 0);
-  stats_.journal = journal_.has_value();
-  stats_.journal_blocks = journal_ ? JournalBlocks() : 0;
-  stats_.journal_entries = journal_ ? static_cast<int>(journal_->used()) : 0;
-  stats_.journal_found = journal_found_;
-  stats_.journal_writes = journal_writes_;
-  stats_.journal_errors = journal_errors_;
-  stats_.adopted_sequences = adopted_sequences_;
-  stats_.adopted_tokens = adopted_tokens_;
-  stats_.adopted_by_page = adopted_by_page_;
-  stats_.recomputed_sequences = recomputed_;
-  stats_.recomputed_reasons = recomputed_reasons_;
+  stats_.journal = journal_.on();
+  stats_.journal_blocks = journal_.on() ? JournalBlocks() : 0;
+  stats_.journal_entries = journal_.entries();
+  stats_.journal_found = journal_.found();
+  stats_.journal_writes = journal_.writes();
+  stats_.journal_errors = journal_.errors();
+  stats_.adopted_sequences = journal_.adopted_sequences();
+  stats_.adopted_tokens = journal_.adopted_tokens();
+  stats_.adopted_by_page = journal_.adopted_by_page();
+  stats_.recomputed_sequences = journal_.recomputed();
+  stats_.recomputed_reasons = journal_.recomputed_reasons();
   stats_.resume_held = static_cast<int>(held_.size());
   stats_.resume_held_total = held_total_;
   stats_.resume_held_max_ms = held_max_ms_;
-  stats_.adoptable_blocks = adopt_ ? static_cast<int>(adopt_->pages_held()) : 0;
-  stats_.released_blocks = released_blocks_;
+  stats_.adoptable_blocks = journal_.pages_kept();
+  stats_.released_blocks = journal_.released_blocks();
   stats_.pool_mapped = runner_->kv_pool_mapped();
   stats_.pool_closing = pool_ == PoolState::kClosing;
-  stats_.pool_blocks_in_use = pool_in_use_;
+  stats_.pool_blocks_in_use = blocks_.pool_in_use();
 }
 
 void Scheduler::Done(const PoolDone& done, const Status& st) {
@@ -575,19 +387,6 @@ void Scheduler::Done(const PoolDone& done, const Status& st) {
     PoolStatsLocked();
   }
   done(st);
-}
-
-void Scheduler::FreeBlocks(std::vector<int32_t>* blocks) {
-  const int pool_blocks = runner_->kv_layout().pool_blocks;
-  for (int32_t b : *blocks) {
-    if (b < pool_blocks) {
-      --pool_in_use_;
-      if (pool_ == PoolState::kOpen) free_pool_.push_back(b);
-    } else {
-      free_scratch_.push_back(b);
-    }
-  }
-  blocks->clear();
 }
 
 void Scheduler::RunPoolCommands() {
@@ -610,19 +409,17 @@ void Scheduler::RunPoolCommands() {
     if (!c.open) {
       if (pool_ == PoolState::kOpen) {
         pool_ = PoolState::kClosing;
-        free_pool_.clear();  // handed out no more; the held ones are dropped as they come back
+        blocks_.ClosePool();  // handed out no more; the held ones are dropped as they come back
         // Nothing adopts from a pool this engine lets go: kept pages are
         // dropped, and a waiting request's adopted pages given back (it is
         // computed in full when its turn comes).
         ReleaseUnclaimed("the pool is being let go");
-        adopt_.reset();
+        journal_.DropPrevious();
         for (auto& w : waiting_) {
           if (w.blocks.empty()) continue;
-          FreeBlocks(&w.blocks);
+          blocks_.Free(&w.blocks);
           w.prefilled = 0;
-          w.kv_hashed = 0;
-          w.kv_hash = kTokenHashSeed;
-          w.chain.clear();
+          w.hash = JournalHash{};
         }
       }
       if (pool_ == PoolState::kClosed) {
@@ -645,9 +442,7 @@ void Scheduler::RunPoolCommands() {
           if (b < kv.pool_blocks) held[static_cast<size_t>(b)] = true;
         }
       }
-      for (int b = kv.pool_blocks - 1; b >= 0; --b) {
-        if (!held[static_cast<size_t>(b)]) free_pool_.push_back(b);
-      }
+      blocks_.OpenPool(held);
       pool_ = PoolState::kOpen;
       for (auto& w : close_waiters_) Done(w, Refused("the pool was opened again before its blocks came back"));
       close_waiters_.clear();
@@ -669,11 +464,10 @@ void Scheduler::RunPoolCommands() {
 void Scheduler::MaybeFinishClose() {
   // Without a waiter nothing is retried: a pool that could not be unmapped
   // stays closing (mapped, handed out no more) until the next ClosePool().
-  if (pool_ != PoolState::kClosing || pool_in_use_ > 0 || close_waiters_.empty()) return;
+  if (pool_ != PoolState::kClosing || blocks_.pool_in_use() > 0 || close_waiters_.empty()) return;
   // No sequence holds a pool block: the journal describes none (each was
   // freed as it ended) and goes with the pool.
-  FlushJournal();
-  journal_.reset();
+  journal_.Close();
   Status st = runner_->UnmapKvPool();
   if (st.ok()) {
     pool_ = PoolState::kClosed;
@@ -690,14 +484,15 @@ void Scheduler::Finish(Seq& s, std::vector<GenEvent>* events, std::string reason
     spdlog::debug("request {} ({}): {} prompt and {} generated tokens; first token {:.1f} ms after it came, "
                   "done at {:.1f} ms; longest wait between two tokens {:.1f} ms",
                   s.req.id, reason, s.req.prompt.size(), s.generated.size(),
-                  (s.first_token_us - s.req.submitted_us) / 1e3, (s.last_token_us - s.req.submitted_us) / 1e3,
-                  s.longest_gap_us / 1e3);
+                  static_cast<double>(s.first_token_us - s.req.submitted_us) / 1e3,
+                  static_cast<double>(s.last_token_us - s.req.submitted_us) / 1e3,
+                  static_cast<double>(s.longest_gap_us) / 1e3);
   }
   GenEvent& e = events->back();
   e.done = true;
   e.finish_reason = std::move(reason);
   e.error = std::move(error);
-  FreeBlocks(&s.blocks);
+  blocks_.Free(&s.blocks);
   s.req.id = 0;
   ++finished_;
 }
@@ -770,17 +565,17 @@ void Scheduler::StepOnce() {
     }
     for (auto& s : active_) {
       events.push_back(GenEvent{s.req.id});
-      JournalRemove(s);
+      journal_.Remove(s.req.request_id, s.hash);
       Finish(s, &events, "error", st.error());
     }
     active_.clear();
-    FlushJournal();
+    journal_.Flush();
     sink_(std::move(events));
     return;
   }
   const int64_t vocab = runner_->dims().vocab;
   uint64_t produced = 0;
-  const int64_t now_us = NowUs();
+  const int64_t now_us = clock_.NowUs();
   for (size_t r = 0; r < row_seq.size(); ++r) {
     Seq& s = active_[row_seq[r]];
     const int32_t tok = Sample(s, logits_.data() + static_cast<int64_t>(r) * vocab);
@@ -803,12 +598,12 @@ void Scheduler::StepOnce() {
   // The journal follows the step: what the KV now holds, and what ended.
   for (auto& s : active_) {
     if (s.req.id == 0) {
-      JournalRemove(s);
+      journal_.Remove(s.req.request_id, s.hash);
     } else {
-      JournalSeq(s);
+      journal_.Describe(s.req.request_id, s.req.prompt, s.generated, s.prefilled, s.blocks, &s.hash);
     }
   }
-  FlushJournal();
+  journal_.Flush();
   std::erase_if(active_, [](const Seq& s) { return s.req.id == 0; });
   {
     std::lock_guard<std::mutex> lk(mu_);

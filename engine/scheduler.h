@@ -5,8 +5,9 @@
 // running one. New tokens leave through the Sink after each step, which the
 // server hands back to its loop with uv_async.
 //
-// KV cache: paged, blocks of block_size positions. A sequence reserves all
-// the blocks it can need (prompt + max_tokens) when admitted, so a running
+// KV cache: paged, blocks of block_size positions (the free ones are a
+// BlockAllocator, engine/block_allocator.h). A sequence reserves all the
+// blocks it can need (prompt + max_tokens) when admitted, so a running
 // sequence never waits for memory; a request that could never fit is
 // refused at Submit() with a message saying how much fits.
 //
@@ -23,7 +24,8 @@
 // not what is free now waits for blocks, as any request does.
 //
 // The active engine keeps a journal of its sequences in the pool's first
-// blocks (wire/kv_journal.h, docs/kv_journal.md): after each step, every
+// blocks (engine/pool_journal.h over the format of wire/kv_journal.h;
+// docs/kv_journal.md): after each step, every
 // sequence whose KV is wholly in the pool and that has a request id is
 // described (positions with KV, their tokens' hash, their blocks), and a
 // finished or cancelled one is freed; one copy of the changed bytes per
@@ -32,6 +34,11 @@
 //
 // Between steps (and while idle) the scheduler runs the communicator
 // keepalive every keepalive_ms and records its outcome.
+//
+// Time: every time the scheduler reads or waits for (the keepalive, a
+// resume's wait for the pool, how long the previous engine's pages are
+// kept, the shortest step, the debug log's timings) is its EngineClock's
+// (engine/clock.h): the steady clock, or a test's fake one.
 //
 // Threads: Submit, Cancel and stats() from any thread; the Sink is called
 // on the scheduler thread. The runner is used only by the scheduler thread
@@ -53,8 +60,10 @@
 #include <vector>
 
 #include "common/status.h"
+#include "engine/block_allocator.h"
+#include "engine/clock.h"
+#include "engine/pool_journal.h"
 #include "engine/runner.h"
-#include "wire/kv_journal.h"
 
 namespace wsup::engine {
 
@@ -83,7 +92,7 @@ struct GenRequest {
   std::vector<int32_t> stop_tokens;  // end-of-sequence ids
   std::string request_id;            // the front's X-Request-Id: the KV journal's key (empty: not journaled)
   bool resumed = false;              // the front resumes a stream cut by a failure: adopt its KV if it can
-  int64_t submitted_us = 0;          // steady clock, set by Submit(): the request's timing in the debug log
+  int64_t submitted_us = 0;          // the scheduler's clock, set by Submit(): the request's timing in the debug log
 };
 
 struct GenEvent {
@@ -131,7 +140,7 @@ struct SchedulerStats {
   std::string comm_error;
   uint64_t keepalives = 0;
   uint64_t keepalive_failures = 0;
-  int64_t last_keepalive_mono_ms = 0;  // when the last one succeeded (steady clock)
+  int64_t last_keepalive_mono_ms = 0;  // when the last one succeeded (the scheduler's clock: steady)
   int64_t last_keepalive_us = 0;       // how long it took
 };
 
@@ -139,7 +148,9 @@ class Scheduler {
  public:
   using Sink = std::function<void(std::vector<GenEvent>)>;
 
-  Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink);
+  // clock: outlives the scheduler (the steady clock when not given).
+  Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink,
+            const EngineClock& clock = SteadyEngineClock());
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -179,9 +190,7 @@ class Scheduler {
     size_t prefilled = 0;              // prompt tokens already in the cache
     std::vector<int32_t> generated;
     std::mt19937_64 rng;
-    uint64_t kv_hash = kTokenHashSeed;  // TokenHash of the first kv_hashed tokens (prompt, then generated)
-    size_t kv_hashed = 0;
-    std::vector<uint64_t> chain;  // kv_hash at each full block's end (the journal's chain)
+    JournalHash hash;  // of the tokens the journal describes (prompt, then generated)
     int64_t held_until_ms = 0;    // a resumed request waiting for the pool: until then
     int64_t held_since_ms = 0;
     bool adopt_tried = false;
@@ -199,8 +208,6 @@ class Scheduler {
   void Finish(Seq& s, std::vector<GenEvent>* events, std::string reason, std::optional<Error> error = {});
   int32_t Sample(Seq& s, const float* logits);
   int BlocksFor(int64_t tokens) const;
-  // Blocks go back to the list of their kind; a closing pool's are kept out.
-  void FreeBlocks(std::vector<int32_t>* blocks);
   void RunPoolCommands();
   void MaybeFinishClose();
   // The pool's counters in stats_ (mu_ held), and a PoolDone called after
@@ -209,19 +216,11 @@ class Scheduler {
   void Done(const PoolDone& done, const Status& st);
   // The mapping thread's work, its start (mu_ held by lk; released while
   // the last mapping thread is joined), and the scheduler thread's side.
-  void MapPool(PoolFetch fetch);
+  void MapPool(const PoolFetch& fetch);
   void StartMapping(std::unique_lock<std::mutex>& lk, PoolFetch fetch, PoolDone done);
   void HandOutPool();
-  int FreeCount() const { return static_cast<int>(free_pool_.size() + free_scratch_.size()); }
-  // The KV journal: its geometry for this engine (entries 0 without a
-  // pool), the blocks it takes, and its work on the scheduler thread.
-  KvJournalGeometry JournalGeometry() const;
-  int JournalBlocks() const { return journal_blocks_; }
-  int ComputeJournalBlocks() const;
-  void OpenJournal();
-  void JournalSeq(Seq& s);
-  // Extends s's hash and chain over its tokens up to position `upto`.
-  void HashTokens(Seq& s, size_t upto) const;
+  // Pool blocks the KV journal takes (never handed out).
+  int JournalBlocks() const { return journal_.blocks(); }
   // Resumes: whether one waits for the pool now; adopting (or counting why
   // not) at admission; held requests past their bound; the previous
   // journal's pages let go (the bound passed, or `all` for a request that
@@ -231,13 +230,12 @@ class Scheduler {
   void ExpireHeld(int64_t now);
   void ReleaseUnclaimed(const char* why);
   // Pool blocks kept from use (the journal, and pages kept for resumes).
-  std::vector<bool> KeptPoolBlocks() const;
-  void JournalRemove(const Seq& s);
-  void FlushJournal();
+  std::vector<bool> KeptPoolBlocks() const { return journal_.Kept(runner_->kv_layout().pool_blocks); }
 
   ModelRunner* runner_;
   SchedulerOptions opts_;
   Sink sink_;
+  const EngineClock& clock_;
   std::thread thread_;
 
   mutable std::mutex mu_;
@@ -261,28 +259,18 @@ class Scheduler {
   // Scheduler thread only.
   std::deque<Seq> waiting_;
   std::vector<Seq> active_;
-  std::vector<int32_t> free_scratch_, free_pool_;
+  BlockAllocator blocks_;  // the pool's handed out while pool_ is open
+  PoolJournal journal_;    // this engine's journal, and the previous engine's pages
   enum class PoolState { kClosed, kOpen, kClosing };
   PoolState pool_ = PoolState::kClosed;
-  int pool_in_use_ = 0;                  // pool blocks held by sequences
   std::vector<PoolDone> close_waiters_;  // ClosePool() callers, until the pool is unmapped
   int64_t next_keepalive_ms_ = 0;
   uint64_t finished_ = 0;
   uint64_t cancelled_ = 0;
   std::vector<float> logits_;
-  int journal_blocks_ = 0;  // JournalBlocks(), fixed at construction
-  std::optional<KvJournalWriter> journal_;
-  std::vector<uint8_t> journal_host_;  // the journal's bytes; the changed range is copied to the pool
-  uint64_t dirty_lo_ = UINT64_MAX, dirty_hi_ = 0;
-  int journal_found_ = 0;
-  uint64_t journal_writes_ = 0, journal_errors_ = 0;
   // Resumes.
-  std::deque<Seq> held_;                  // resumed requests waiting for the pool, in arrival order
-  std::optional<KvJournalReader> adopt_;  // the previous engine's journal, since the pool opened
-  int64_t adopt_until_ms_ = 0;
-  uint64_t adopted_sequences_ = 0, adopted_tokens_ = 0, adopted_by_page_ = 0, recomputed_ = 0;
-  std::map<std::string, uint64_t> recomputed_reasons_;
-  uint64_t held_total_ = 0, released_blocks_ = 0;
+  std::deque<Seq> held_;  // resumed requests waiting for the pool, in arrival order
+  uint64_t held_total_ = 0;
   int64_t held_max_ms_ = 0;
 };
 
