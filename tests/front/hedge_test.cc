@@ -9,11 +9,11 @@
 
 #include "common/clock.h"
 #include "front/hedge.h"
-#include "tests/front/fake_timers.h"
+#include "tests/fake_timers.h"
 
 using namespace wsup::front;
 using wsup::FakeClock;
-using wsup::front::testing::FakeTimers;
+using wsup::testing::FakeTimers;
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The proxy's timed decisions in-process, on a fake clock: the wait queue's
 // timeout and bound, and the hedge scan that sleeps while no request is in
 // flight. No engine, no socket, no sleep: the test moves the clock and the
-// proxy's timers fire (tests/front/fake_timers.h).
+// proxy's timers fire (tests/fake_timers.h).
 #include <catch2/catch.hpp>
 
 #include <uv.h>
@@ -11,11 +11,11 @@
 #include "common/clock.h"
 #include "front/proxy.h"
 #include "http/server.h"
-#include "tests/front/fake_timers.h"
+#include "tests/fake_timers.h"
 
 using namespace wsup::front;
 using wsup::FakeClock;
-using wsup::front::testing::FakeTimers;
+using wsup::testing::FakeTimers;
 
 namespace {
 

@@ -27,69 +27,15 @@
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/supervisor.h"
+#include "tests/fake_timers.h"
 #include "tests/test_util.h"
 
 namespace wsup::logic {
 
 using nlohmann::json;
 
-// Timers that fire when Advance() moves the clock past their deadline, in
-// deadline order, each at its own time.
-class FakeTimers final : public TimerSource {
- public:
-  explicit FakeTimers(FakeClock* clock) : clock_(clock) {}
-
-  class T final : public Timer {
-   public:
-    explicit T(FakeTimers* src) : src_(src) { src_->all_.insert(this); }
-    ~T() override { src_->all_.erase(this); }
-    void Start(int64_t delay_ms, std::function<void()> cb, int64_t repeat_ms) override {
-      due_ = src_->clock_->MonotonicMs() + std::max<int64_t>(0, delay_ms);
-      repeat_ = repeat_ms;
-      cb_ = std::move(cb);
-      armed_ = true;
-    }
-    void Stop() override { armed_ = false; }
-    bool active() const override { return armed_; }
-
-    FakeTimers* src_;
-    int64_t due_ = 0, repeat_ = 0;
-    std::function<void()> cb_;
-    bool armed_ = false;
-  };
-
-  std::unique_ptr<Timer> Make() override { return std::make_unique<T>(this); }
-
-  // The earliest armed deadline, or -1.
-  int64_t NextDue() const {
-    int64_t best = -1;
-    for (T* t : all_) {
-      if (t->armed_ && (best < 0 || t->due_ < best)) best = t->due_;
-    }
-    return best;
-  }
-  // Fires the timers due by now (each may arm others).
-  bool FireDue() {
-    for (T* t : all_) {
-      if (t->armed_ && t->due_ <= clock_->MonotonicMs()) {
-        auto cb = t->cb_;
-        if (t->repeat_ > 0) {
-          t->due_ += t->repeat_;
-        } else {
-          t->armed_ = false;
-        }
-        cb();  // may destroy t and change all_: restart the scan
-        return true;
-      }
-    }
-    return false;
-  }
-
- private:
-  friend class T;
-  FakeClock* clock_;
-  std::set<T*> all_;
-};
+// The shared fake timers (tests/fake_timers.h).
+using FakeTimers = wsup::testing::FakeTimers;
 
 // Processes that exist only here. The test decides when they exit.
 class FakeProcs final : public Launcher {

@@ -1,6 +1,8 @@
-// Timers for the front's in-process tests: they fire when the test moves a
-// FakeClock (common/clock.h) with Advance(), in deadline order, each at its
-// own time. Nothing sleeps; a test that forgets to advance sees nothing fire.
+// Timers for in-process tests (the front's and the supervisor's logic): they
+// fire when the test moves a FakeClock (common/clock.h) with Advance(), in
+// deadline order, each at its own time, or when it calls FireDue() after
+// moving the clock itself. Nothing sleeps; a test that forgets to advance
+// sees nothing fire.
 #pragma once
 
 #include <algorithm>
@@ -12,7 +14,7 @@
 #include "common/clock.h"
 #include "common/timer.h"
 
-namespace wsup::front::testing {
+namespace wsup::testing {
 
 class FakeTimers final : public TimerSource {
  public:
@@ -67,10 +69,35 @@ class FakeTimers final : public TimerSource {
     return static_cast<size_t>(std::count_if(all_.begin(), all_.end(), [](T* t) { return t->armed_; }));
   }
 
+  // The earliest armed deadline, or -1.
+  int64_t NextDue() const {
+    int64_t best = -1;
+    for (T* t : all_) {
+      if (t->armed_ && (best < 0 || t->due_ < best)) best = t->due_;
+    }
+    return best;
+  }
+  // Fires the timers due by now (each may arm others).
+  bool FireDue() {
+    for (T* t : all_) {
+      if (t->armed_ && t->due_ <= clock_->MonotonicMs()) {
+        auto cb = t->cb_;
+        if (t->repeat_ > 0) {
+          t->due_ += t->repeat_;
+        } else {
+          t->armed_ = false;
+        }
+        cb();  // may destroy t and change all_: restart the scan
+        return true;
+      }
+    }
+    return false;
+  }
+
  private:
   friend class T;
   FakeClock* clock_;
   std::set<T*> all_;
 };
 
-}  // namespace wsup::front::testing
+}  // namespace wsup::testing
