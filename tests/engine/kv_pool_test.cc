@@ -24,6 +24,7 @@
 #include "engine/scheduler.h"
 #include "wire/kv_journal.h"
 #include "tests/test_util.h"
+#include "tests/engine/tiny_runner.h"
 
 using namespace wsup;
 using namespace wsup::engine;
@@ -153,20 +154,7 @@ TEST_CASE("role requests: active with the pool, active on scratch, standby - bad
 
 // ---------------------------------------------------------------- scheduler
 
-std::unique_ptr<ModelRunner> TinyRunner() {
-  auto ckpt = Checkpoint::Open(test::TestData("llama-tiny-f32"));
-  REQUIRE(ckpt.ok());
-  std::vector<std::unique_ptr<engine::WeightSource>> w;
-  auto src = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 2);
-  REQUIRE(src.ok());
-  w.push_back(std::move(*src));
-  RunnerOptions o;
-  o.threads_per_rank = 1;
-  auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
-  REQUIRE(runner.ok());
-  REQUIRE((*runner)->InitCommunicator().ok());
-  return std::move(*runner);
-}
+using testing::TinyRunner;
 
 // Collects what the scheduler says, per request.
 struct Outcomes {

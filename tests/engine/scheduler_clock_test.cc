@@ -13,6 +13,7 @@
 #include "engine/clock.h"
 #include "engine/runner.h"
 #include "engine/scheduler.h"
+#include "tests/engine/tiny_runner.h"
 #include "tests/test_util.h"
 
 using namespace std::chrono_literals;
@@ -23,20 +24,7 @@ namespace {
 
 constexpr uint64_t kBlock = 32768;  // llama-tiny-f32: one block of 16 positions
 
-std::unique_ptr<ModelRunner> TinyRunner() {
-  auto ckpt = Checkpoint::Open(test::TestData("llama-tiny-f32"));
-  REQUIRE(ckpt.ok());
-  std::vector<std::unique_ptr<engine::WeightSource>> w;
-  auto src = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 1);
-  REQUIRE(src.ok());
-  w.push_back(std::move(*src));
-  RunnerOptions o;
-  o.threads_per_rank = 1;
-  auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
-  REQUIRE(runner.ok());
-  REQUIRE((*runner)->InitCommunicator().ok());
-  return std::move(*runner);
-}
+using testing::TinyRunner;
 
 struct Outcomes {
   std::mutex mu;
