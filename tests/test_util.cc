@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 namespace wsup::test {
@@ -91,6 +92,43 @@ Child& Child::operator=(Child&& o) noexcept {
 Child Child::Start(const std::vector<std::string>& argv, const std::string& log_path,
                    const std::vector<int>& extra_fds,
                    const std::vector<std::pair<std::string, std::string>>& env_set) {
+  // Everything the child needs is made here, before the fork. The test
+  // process has threads (fake engines, readers), and one of them may hold the
+  // allocator's lock at the fork: a child that allocates (std::vector,
+  // setenv, stdio) can then wait on that lock for ever. Under ASan this hung
+  // a front start in CI, its log empty. Between fork and exec the child makes
+  // only async-signal-safe calls.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+
+  std::vector<std::string> env_text;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view entry(*e);
+    bool replaced = false;
+    for (const auto& [k, v] : env_set) {
+      replaced = replaced || (entry.size() > k.size() && entry.compare(0, k.size(), k) == 0 && entry[k.size()] == '=');
+    }
+    if (!replaced) env_text.emplace_back(entry);
+  }
+  for (const auto& [k, v] : env_set) env_text.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  // Copies of the extra fds out of the way of 3, 4, ... (close-on-exec, so
+  // only the dup2 targets survive the exec; dup2 clears the flag on those).
+  std::vector<int> moved;
+  for (int fd : extra_fds) {
+    int m = ::fcntl(fd, F_DUPFD_CLOEXEC, 100);
+    if (m < 0) {
+      std::fprintf(stderr, "fcntl(F_DUPFD_CLOEXEC, %d): %s\n", fd, std::strerror(errno));
+      std::abort();
+    }
+    moved.push_back(m);
+  }
+  const std::string exec_failed = "exec " + argv.at(0) + " failed\n";
+
   Child c;
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -106,20 +144,14 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
         ::close(fd);
       }
     }
-    // Move extra fds out of the way first, then into 3, 4, ... (dup2 clears
-    // close-on-exec on the target; the copies out of the way close at exec).
-    std::vector<int> moved;
-    for (int fd : extra_fds) moved.push_back(::fcntl(fd, F_DUPFD_CLOEXEC, 100));
     for (size_t i = 0; i < moved.size(); ++i) ::dup2(moved[i], 3 + static_cast<int>(i));
-    for (const auto& [k, v] : env_set) ::setenv(k.c_str(), v.c_str(), 1);
     ::signal(SIGPIPE, SIG_DFL);  // the test process ignores it (test_main.cc); a program starts with the default
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    ::execv(args[0], args.data());
-    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    ::execve(args[0], args.data(), envp.data());
+    ssize_t ignored = ::write(2, exec_failed.data(), exec_failed.size());
+    (void)ignored;
     ::_exit(127);
   }
+  for (int m : moved) ::close(m);
   c.pid_ = pid;
   return c;
 }
