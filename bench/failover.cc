@@ -29,13 +29,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
-#include "bench/failover_load.h"
+#include "testkit/failover_drill.h"
+#include "testkit/failover_load.h"
 
 namespace wsup::bench {
 namespace {
 
 using nlohmann::json;
+using namespace ::wsup::test;  // the load and drill library (testkit/)
 
 std::string Ms(const json& v) {
   if (!v.is_number()) return "-";

@@ -38,12 +38,8 @@
 #                  run through the same front with hedging on (set over its control
 #                  socket for that run, then off again)
 set -euo pipefail
-usage="usage: bench/failover.sh OUTDIR [BIN_DIR]"
-out=${1:?$usage}
-repo=$(cd "$(dirname "$0")/.." && pwd)
-bin=$(cd "${2:-$repo/build/bin}" && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. "$(dirname "$0")/lib.sh"
+bench_args "usage: bench/failover.sh OUTDIR [BIN_DIR]" "$@"
 clients=${CLIENTS:-16}
 probe_every=${PROBE_MS:-50}
 duration=${DURATION:-60}
@@ -54,11 +50,8 @@ device=${WSUP_BENCH_DEVICE:-cpu}
 backend=${WSUP_BENCH_BACKEND:-host}
 model=$(cd "${WSUP_BENCH_MODEL:-$repo/testdata/llama-tiny-f32}" && pwd)
 probe_ms=${WSUP_BENCH_PROBE_MS:-1000}
-doc=${DOC:-$repo/docs/benchmarks.md}
 targets=" ${TARGETS:-wsup haproxy haproxy-observe} "
-for p in wsup wsup-holder wsup-engine wsup-front wsup-bench-failover; do
-  [ -x "$bin/$p" ] || { echo "failover.sh: $bin/$p is missing; build it (ninja -C build $p)" >&2; exit 1; }
-done
+bench_need wsup wsup-holder wsup-engine wsup-front wsup-bench-failover
 command -v haproxy >/dev/null || { echo "failover.sh: haproxy is missing; run scripts/setup.sh" >&2; exit 1; }
 [ -f "$model/golden.json" ] || { echo "failover.sh: $model/golden.json is missing" >&2; exit 1; }
 

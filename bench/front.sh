@@ -32,18 +32,13 @@
 # for direct) spent per request, over all its threads: behind an engine that is the cap, the
 # proxies' rates tie, and this is what each would take from the engine's CPUs.
 set -euo pipefail
-usage="usage: bench/front.sh OUTDIR [BIN_DIR]"
-out=${1:?$usage}
-repo=$(cd "$(dirname "$0")/.." && pwd)
-bin=$(cd "${2:-$repo/build/bin}" && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. "$(dirname "$0")/lib.sh"
+bench_args "usage: bench/front.sh OUTDIR [BIN_DIR]" "$@"
 duration=${DURATION:-5}
 rounds=${ROUNDS:-3}
 conns=${CONNS:-32 256}
 threads=${THREADS:-2}
 device=${WSUP_BENCH_DEVICE:-cpu}
-doc=${DOC:-$repo/docs/benchmarks.md}
 upstream=${UPSTREAM:-engine}
 case "$upstream" in engine | canned) ;; *) echo "front.sh: UPSTREAM=$upstream: say engine or canned" >&2; exit 1 ;; esac
 read -r -a targets <<< "${TARGETS:-direct wsup wsup1 haproxy haproxy1}"

@@ -18,11 +18,8 @@
 #                                       # ORDER=private-first|pool-first
 # Writes OUTDIR/kv_pool.md and the section of DOC (default: none).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: bench/kv_pool.sh OUTDIR [BIN_DIR]}
-bin=${2:-build/bin}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. "$(dirname "$0")/lib.sh"
+bench_args "usage: bench/kv_pool.sh OUTDIR [BIN_DIR]" "$@"
 device=${DEVICE:-cuda:0}
 dev=${device#cuda:}
 pool_mib=${POOL_MIB:-2048}

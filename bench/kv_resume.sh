@@ -27,11 +27,8 @@
 #                                         # DOC=docs/benchmarks.md
 # Prints a table and writes it to OUTDIR/kv_resume.md (and the section of DOC).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: bench/kv_resume.sh OUTDIR [BIN_DIR]}
-bin=$(cd "${2:-build/bin}" && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. "$(dirname "$0")/lib.sh"
+bench_args "usage: bench/kv_resume.sh OUTDIR [BIN_DIR]" "$@"
 device=${DEVICE:-cuda:0}
 lengths=${LENGTHS:-8192 32768}
 drills=${DRILLS:-5}
@@ -43,75 +40,28 @@ modes=${MODES:-adopt recompute}
 model=${MODEL_DIR:-/tmp/wsup-bench-llama-40k}
 engine_args=${ENGINE_ARGS:-}
 W="$bin/wsup"
-if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else
-  backend=cuda
-  devices_line="tp = 1
-devices = [${device#cuda:}]"
-fi
+bench_device "$device"
 
 if [ "${SUMMARY_ONLY:-0}" != 1 ]; then
+bench_need wsup wsup-engine wsup-holder wsup-front wsup-gen-llama
 [ -f "$model/config.json" ] || "$bin/wsup-gen-llama" --out "$model" --max-pos 40960 ${GEN_ARGS:-} | tee "$out/gen.txt"
 cp "$model/config.json" "$out/model.json"
 
 # The probe's answer: 8 greedy tokens of a plain engine on the same model.
-"$bin/wsup-engine" --model "$model" --port 0 --device "$device" --weight-cache off --kv-cache-mib 256 \
-  > "$out/record.log" 2>&1 &
-rec=$!
-expect=$(python3 - "$out/record.log" <<'PY'
-import json, re, sys, time, urllib.request
-for _ in range(6000):
-    m = re.search(r"listening on [0-9.]+:(\d+)", open(sys.argv[1]).read())
-    if m:
-        try:
-            s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/wsup/status", timeout=2))
-            if s.get("state") == "ready":
-                break
-        except Exception:
-            pass
-    time.sleep(0.1)
-body = json.dumps({"prompt": "Hello, world", "max_tokens": 8, "return_token_ids": True}).encode()
-req = urllib.request.Request(f"http://127.0.0.1:{m.group(1)}/v1/completions", data=body,
-                             headers={"Content-Type": "application/json"})
-print(json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["token_ids"])
-PY
-)
-kill "$rec"; wait "$rec" || true
+expect=$(bench_record_expect "$model" "$device" "$out/record.log")
 
 for mode in $modes; do
   node="$out/$mode"
-  rm -rf "$node"; mkdir -p "$node/state" "$node/run"; chmod 700 "$node/run"
+  rm -rf "$node"
   extra=""
   [ "$mode" = recompute ] && extra=', "--kv-adopt-wait-ms", "0", "--kv-adopt-keep-ms", "0"'
   for a in $engine_args; do extra="$extra, \"$a\""; done
-  cat > "$node/node.toml" <<EOF
-[node]
-name = "bench-kv-resume"
-state_dir = "$node/state"
-runtime_dir = "$node/run"
-
-[model]
-path = "$model"
-revision = "bench"
-
-[parallel]
-$devices_line
-
-[weight_cache]
-mode = "daemon"
-backend = "$backend"
-
+  bench_node_config "$node/node.toml" "$node" bench-kv-resume "$model" \
+    "\"--kv-pool\", \"--kv-scratch-mib\", \"{kv_scratch_mib}\"$extra" 300000
+  cat >> "$node/node.toml" <<EOF
 [kv]
 pool_mib = $pool_mib
 scratch_mib = $scratch_mib
-
-[engine]
-command = ["$bin/wsup-engine", "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
-           "--socket", "{socket}", "--device", "{devices}", "--revision", "{revision}",
-           "--kv-pool", "--kv-scratch-mib", "{kv_scratch_mib}"$extra]
-host = "127.0.0.1"
-primary_port = 0
-standby_port = 0
-ready_timeout_ms = 300000
 
 [probe]
 kind = "semantic"

@@ -32,35 +32,12 @@
 #   bench/node.sh OUTDIR [BIN_DIR]    # DEVICE=cuda:0 DRILLS=10 LOAD_SECS=10 KV_POOL_MIB=0 KV_MIB=2048 ROLL=0
 # Prints a table and writes it to OUTDIR/node.md (and OUTDIR/node.json).
 set -euo pipefail
-out=${1:?usage: bench/node.sh OUTDIR [BIN_DIR]}
-bin=$(cd "${2:-build/bin}" && pwd)
+. "$(dirname "$0")/lib.sh"
+bench_args "usage: bench/node.sh OUTDIR [BIN_DIR]" "$@"
+bench_need wsup wsup-engine wsup-holder wsup-front wsup-gen-llama
 device=${DEVICE:-cuda:0}
 dev=${device#cuda:}    # "0", or "0,1" for tensor parallelism over two GPUs
-if [ "$device" = cpu ]; then backend=host; devices_line="tp = 1"; else
-  backend=cuda
-  tp=$(echo "$dev" | tr ',' '\n' | wc -l)
-  devices_line="tp = $tp
-devices = [$dev]"
-fi
-# HTTP through python3 (present wherever the benchmarks run).
-post() {  # post PORT_OR_HOSTPORT JSON -> response body
-  python3 - "$1" "$2" <<'PY'
-import sys, urllib.request
-addr = sys.argv[1] if ":" in sys.argv[1] else "127.0.0.1:" + sys.argv[1]
-req = urllib.request.Request(f"http://{addr}/v1/completions", data=sys.argv[2].encode(), headers={"Content-Type": "application/json"})
-print(urllib.request.urlopen(req, timeout=30).read().decode())
-PY
-}
-engine_ready() {
-  python3 - "$1" <<'PY'
-import sys, json, urllib.request
-try:
-    s = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/wsup/status", timeout=2))
-    sys.exit(0 if s.get("state") == "ready" else 1)
-except Exception:
-    sys.exit(1)
-PY
-}
+bench_device "$device"
 model=${MODEL_DIR:-/tmp/wsup-bench-llama}
 drills=${DRILLS:-10}
 load_secs=${LOAD_SECS:-10}
@@ -68,25 +45,12 @@ kv_mib=${KV_MIB:-2048}; [ "$device" = cpu ] && kv_mib=${KV_MIB:-64}
 pool_mib=${KV_POOL_MIB:-0}
 scratch_mib=${SCRATCH_MIB:-64}
 fill_gib=${FILL_GIB:-0}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 W="$bin/wsup"
 
 [ -f "$model/config.json" ] || "$bin/wsup-gen-llama" --out "$model" | tee "$out/gen.txt"
 
 # The probe's answer: 8 greedy tokens of a plain engine on the same model.
-"$bin/wsup-engine" --model "$model" --port 0 --device "$device" --weight-cache off --kv-cache-mib 256 \
-  > "$out/record.log" 2>&1 &
-rec=$!
-port=""
-for _ in $(seq 1 600); do
-  port=$(sed -n 's/.*listening on [0-9.]*:\([0-9]*\).*/\1/p' "$out/record.log" | head -1)
-  if [ -n "$port" ] && engine_ready "$port"; then break; fi
-  sleep 0.1
-done
-expect=$(post "$port" '{"prompt": "Hello, world", "max_tokens": 8, "temperature": 0, "return_token_ids": true}' |
-  python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["token_ids"])')
-kill "$rec"; wait "$rec" || true
+expect=$(bench_record_expect "$model" "$device" "$out/record.log")
 echo "probe answer: $expect"
 
 # A process that only holds GPU memory (and one that only holds a CUDA
@@ -114,7 +78,7 @@ if [ "$fill_gib" != 0 ]; then
 fi
 
 node="$out/node"
-rm -rf "$node"; mkdir -p "$node/state" "$node/run"; chmod 700 "$node/run"
+rm -rf "$node"
 cfg="$node/node.toml"
 if [ "$pool_mib" != 0 ]; then
   kv_args='"--kv-pool", "--kv-scratch-mib", "{kv_scratch_mib}"'
@@ -126,31 +90,8 @@ else
   kv_section=""
 fi
 if [ -n "${ENGINE_LOG_LEVEL:-}" ]; then kv_args="$kv_args, \"--log-level\", \"$ENGINE_LOG_LEVEL\""; fi
-cat > "$cfg" <<EOF
-[node]
-name = "bench-gpu"
-state_dir = "$node/state"
-runtime_dir = "$node/run"
-
-[model]
-path = "$model"
-revision = "bench"
-
-[parallel]
-$devices_line
-
-[weight_cache]
-mode = "daemon"
-backend = "$backend"
-
-[engine]
-command = ["$bin/wsup-engine", "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
-           "--socket", "{socket}", "--device", "{devices}", "--revision", "{revision}", $kv_args]
-host = "127.0.0.1"
-primary_port = 0
-standby_port = 0
-ready_timeout_ms = 120000
-
+bench_node_config "$cfg" "$node" bench-gpu "$model" "$kv_args" 120000
+cat >> "$cfg" <<EOF
 [probe]
 kind = "semantic"
 prompt = "Hello, world"

@@ -10,15 +10,12 @@
 #   bench/teardown.sh OUTDIR [BIN_DIR]   # DEVICE=0 SIZES="2048 65536" RUNS=10 DOC=docs/benchmarks.md
 # Prints the tables and writes them to OUTDIR/teardown.md (and the section of DOC).
 set -euo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: bench/teardown.sh OUTDIR [BIN_DIR]}
-bin=$(cd "${2:-build/bin}" && pwd)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+. "$(dirname "$0")/lib.sh"
+bench_args "usage: bench/teardown.sh OUTDIR [BIN_DIR]" "$@"
+bench_need wsup-bench-teardown
 device=${DEVICE:-0}
 sizes=${SIZES:-2048 65536}
 runs=${RUNS:-10}
-doc=${DOC:-$here/../docs/benchmarks.md}
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader -i "$device" 2>/dev/null || echo "unknown GPU")
 {
   echo "Machine: $gpu; $(date -u +%Y-%m-%d)."

@@ -30,6 +30,9 @@ LAYERS = {
     "engine": ["common", "checkpoint", "gpu", "wire", "client", "http"],
     "front": ["common", "http", "wire"],
     "supervisor": ["common", "checkpoint", "gpu", "wire", "client", "http", "probes", "state"],
+    # What tests and benchmarks share (control and HTTP clients, fd passing,
+    # load and drills): it speaks to the processes, never links their insides.
+    "testkit": ["common", "checkpoint", "wire", "http"],
 }
 
 # (folder, included folder) -> the only headers of it that folder may include.
@@ -37,11 +40,41 @@ ONLY = {
     ("front", "wire"): {"wire/json_frame.h", "wire/json_socket.h"},
 }
 
-# Folders that are not library code: anything goes.
+# Folders that are not library code: anything goes, except what APART says.
 FREE = {"tests", "fuzz", "bench", "build", "docs", "scripts", "systemd", "config", "node_modules"}
+# Free folders that must not include each other's files: what both need
+# belongs in testkit/.
+APART = {"tests": {"bench"}, "bench": {"tests"}}
 
 SOURCE = re.compile(r"\.(cc|h|cu|cuh|cpp|hpp)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+
+
+def includes(path):
+    """(line number, included path) of every quoted #include with a folder."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            m = INCLUDE.match(line)
+            if m and "/" in m.group(1):
+                yield n, m.group(1)
+
+
+def apart_problems(root, top, path):
+    out = []
+    for d, _, fs in os.walk(path):
+        if "node_modules" in d:
+            continue
+        for f in sorted(fs):
+            if not SOURCE.search(f):
+                continue
+            src = os.path.join(d, f)
+            for n, inc in includes(src):
+                dep = inc.split("/", 1)[0]
+                if dep in APART.get(top, ()):
+                    out.append(f"{os.path.relpath(src, root)}:{n}: {top}/ includes {inc}, but {top}/ and {dep}/ "
+                               f"must not include each other's files (scripts/check_layers.py); move what both "
+                               f"need to testkit/")
+    return out
 
 
 def main():
@@ -49,7 +82,10 @@ def main():
     problems = []
     for top in sorted(os.listdir(root)):
         path = os.path.join(root, top)
-        if not os.path.isdir(path) or top.startswith(".") or top in FREE or top.startswith("build"):
+        if not os.path.isdir(path) or top.startswith(".") or top.startswith("build"):
+            continue
+        if top in FREE:
+            problems.extend(apart_problems(root, top, path))
             continue
         sources = [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if SOURCE.search(f)]
         if not sources:

@@ -55,4 +55,10 @@ rc, out = run(tree(new))
 expect(rc == 1 and "newlib/: a folder of library code that is not in the layer table" in out,
        "a folder not in the table is refused until it is placed", out)
 
+apart = dict(good, **{"bench/b.cc": '#include "testkit/k.h"\n#include "tests/t.h"\n', "tests/u.cc": '#include "bench/b.h"\n',
+                      "testkit/k.h": '#include "common/a.h"\n'})
+rc, out = run(tree(apart))
+expect(rc == 1 and "bench/b.cc:2: bench/ includes tests/t.h" in out and "tests/u.cc:1: tests/ includes bench/b.h" in out
+       and "bench/b.cc:1" not in out, "tests/ and bench/ share code only through testkit/", out)
+
 print("check_layers: all cases passed")

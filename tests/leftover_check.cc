@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 int main() {
   const char* run = std::getenv("WSUP_TEST_RUN");

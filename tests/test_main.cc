@@ -12,12 +12,12 @@
 #include <cstdlib>
 #include <string>
 
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 int main(int argc, char** argv) {
   // As in every wsup program's main: a vanished peer is an error code, not
   // a death. The libraries tested in this process write to sockets whose
-  // peers close at any moment (tests/test_util.cc gives children the
+  // peers close at any moment (testkit/test_util.cc gives children the
   // default back).
   ::signal(SIGPIPE, SIG_IGN);
   // The suite's tag is inherited when ctest runs us; a test binary started

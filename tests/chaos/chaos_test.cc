@@ -31,9 +31,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 #include "tests/node/node_fixture.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/protocol.h"
 
@@ -82,7 +82,7 @@ struct HeldPort {
 };
 
 std::optional<json> FrontStatus(const Node& n) {
-  auto r = JsonCall(n.FrontSock(), json{{"type", "status"}}, 2000);
+  auto r = JsonCall(n.FrontSocket(), json{{"type", "status"}}, 2000);
   if (!r.ok()) return std::nullopt;
   return *r;
 }
@@ -112,7 +112,7 @@ double Metric(const std::string& text, const std::string& name) {
 
 pid_t EnginePid(const Node& n, const std::string& role) {
   auto s = n.Status();
-  return s ? static_cast<pid_t>(n.Engine(*s, role).value("pid", 0)) : 0;
+  return s ? static_cast<pid_t>(test::EngineOf(*s, role).value("pid", 0)) : 0;
 }
 
 char RunState(pid_t pid) {
@@ -176,7 +176,7 @@ TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no 
   auto engine_idle = [&] {
     auto s = n.Status();
     if (!s) return false;
-    const json act = n.Engine(*s, "active");
+    const json act = test::EngineOf(*s, "active");
     // The engine's control routes answer the supervisor's token only.
     auto r = test::HttpRequestOnce(act.value("port", 0), "GET", "/wsup/status", "", 2s,
                                    n.ControlAuth(act.value("slot", "")));
@@ -189,7 +189,7 @@ TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no 
   auto probes = [&] {
     auto m = Metrics(n);
     auto s = n.Status();
-    std::string slot = s ? n.Engine(*s, "active").value("slot", "a") : "a";
+    std::string slot = s ? test::EngineOf(*s, "active").value("slot", "a") : "a";
     return Metric(m, "wsup_probe_latency_seconds_count{slot=\"" + slot + "\"}");
   };
   double before = probes();
@@ -229,7 +229,7 @@ TEST_CASE("chaos 3: a node whose engine ports collide is refused before its engi
   CHECK(test::ReadAll(b.dir().Join("run/state.json")).empty());
   // A is untouched: same engines, no failover, still serving.
   auto after = *a.Status();
-  for (const char* role : {"active", "standby"}) CHECK(a.Engine(after, role)["pid"] == a.Engine(before, role)["pid"]);
+  for (const char* role : {"active", "standby"}) CHECK(test::EngineOf(after, role)["pid"] == test::EngineOf(before, role)["pid"]);
   CHECK(Query(a.Db(), "select * from failovers").rows.empty());
   CHECK(Complete(a.FrontPort()) == kGolden);
 }
@@ -391,9 +391,9 @@ TEST_CASE("chaos 6: a frozen standby is not promoted - the clients are served on
   n.Start();
   REQUIRE(n.WaitServing());
   auto s = *n.Status();
-  pid_t active = n.Engine(s, "active").value("pid", 0);
-  pid_t standby = n.Engine(s, "standby").value("pid", 0);
-  std::string standby_slot = n.Engine(s, "standby").value("slot", "");
+  pid_t active = test::EngineOf(s, "active").value("pid", 0);
+  pid_t standby = test::EngineOf(s, "standby").value("pid", 0);
+  std::string standby_slot = test::EngineOf(s, "standby").value("slot", "");
   REQUIRE(::kill(standby, SIGSTOP) == 0);
   REQUIRE(test::WaitFor([&] { return RunState(standby) == 'T'; }, 5s));
   REQUIRE(::kill(active, SIGKILL) == 0);
@@ -463,8 +463,8 @@ TEST_CASE("chaos 8: a failover while no supervisor runs gets a reconstructed row
   n.Start();
   REQUIRE(n.WaitServing());
   auto s = *n.Status();
-  json active = n.Engine(s, "active");
-  json standby = n.Engine(s, "standby");
+  json active = test::EngineOf(s, "active");
+  json standby = test::EngineOf(s, "standby");
   std::string standby_addr = "127.0.0.1:" + std::to_string(standby.value("port", 0));
   n.sup().Kill(SIGKILL);
   REQUIRE(n.sup().Wait(5s) >= 0);
@@ -543,7 +543,7 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   n.Start();
   if (!n.WaitServing()) FAIL(n.Log());
   auto s0 = *n.Status();
-  const json first = n.Engine(s0, "active");
+  const json first = test::EngineOf(s0, "active");
   const std::string old_slot = first.value("slot", "");
   const pid_t old_pid = first.value("pid", 0);
   const std::string old_addr = "127.0.0.1:" + std::to_string(first.value("port", 0));
@@ -579,7 +579,7 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   REQUIRE(drill.exit_code == 0);
   auto s1 = *n.Status();
   INFO(s1.dump());
-  const json fresh = n.Engine(s1, "active");
+  const json fresh = test::EngineOf(s1, "active");
   REQUIRE(fresh.value("slot", "") != old_slot);
   bool draining = false;
   for (const auto& e : s1["engines"]) draining |= e.value("slot", "") == old_slot && e.value("state", "") == "draining";
@@ -594,7 +594,7 @@ TEST_CASE("chaos 9: the active dies while the engine it replaced drains - that o
   CHECK_FALSE(stream_ended);
   auto s2 = *n.Status();
   INFO(s2.dump());
-  CHECK(n.Engine(s2, "active").value("pid", 0) == old_pid);
+  CHECK(test::EngineOf(s2, "active").value("pid", 0) == old_pid);
   CHECK(Complete(port) == kGolden);
   // The stream it was draining was never cut: every token, once.
   streamer.join();
@@ -627,7 +627,7 @@ TEST_CASE("chaos 10: a SIGKILLed active is seen through its death word, and its 
   auto s0 = *n.Status();
   INFO(s0.dump());
   for (const auto& e : s0["engines"]) CHECK(e.value("death_seen_by", "") == "death_word");
-  const json first = n.Engine(s0, "active");
+  const json first = test::EngineOf(s0, "active");
   const std::string old_addr = "127.0.0.1:" + std::to_string(first.value("port", 0));
   const int port = n.FrontPort();
   auto text = n.Cli({"status"});

@@ -11,7 +11,7 @@
 #include "checkpoint/safetensors_writer.h"
 #include "checkpoint/sharding.h"
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include "checkpoint/checkpoint.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

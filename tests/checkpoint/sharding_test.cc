@@ -7,7 +7,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -27,7 +27,7 @@
 #include "common/sha256.h"
 #include "gpu/cuda_driver.h"
 #include "holder/arena.h"
-#include "tests/client/fd_channel.h"
+#include "testkit/fd_channel.h"
 
 namespace wsup {
 namespace {

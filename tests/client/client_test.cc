@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "client/wsup_client.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/protocol.h"
 
 namespace wsup {

@@ -18,8 +18,8 @@
 #include "common/sha256.h"
 #include "gpu/cuda_driver.h"
 #include "holder/arena.h"
-#include "tests/client/fd_channel.h"
-#include "tests/test_util.h"
+#include "testkit/fd_channel.h"
+#include "testkit/test_util.h"
 #include "wire/manifest.h"
 
 namespace wsup {

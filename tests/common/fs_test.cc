@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

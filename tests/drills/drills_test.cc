@@ -6,8 +6,8 @@
 // one request may fail, be lost, be duplicated or differ from the golden
 // output; streamed completions are compared whole.
 //
-// The load and the drills are bench/failover_load.h and
-// bench/failover_drill.h, the same code as wsup-bench-failover.
+// The load and the drills are testkit/failover_load.h and
+// testkit/failover_drill.h, the same code as wsup-bench-failover.
 //
 // Under sanitizers the engines run several times slower and the drill
 // counts are scaled down to 5 + 5 so the test fits the CI's time; the
@@ -18,10 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
-#include "bench/failover_load.h"
+#include "testkit/failover_drill.h"
+#include "testkit/failover_load.h"
 #include "tests/drills/drill_node.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -36,7 +36,7 @@ TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and d
     WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
-  auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
+  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
   REQUIRE(golden.ok());
 
   test::DrillNode node;
@@ -44,16 +44,16 @@ TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and d
   INFO(node.Log());
   REQUIRE(node.WaitServing());
 
-  auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadGenerator load(test::DrillLoad(node, 16), *golden);
-  bench::DrillPlan plan = test::DrillPlanOf(kDrills, kDrills, 0, 16);
+  auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
+  test::LoadGenerator load(test::DrillLoad(node, 16), *golden);
+  test::DrillPlan plan = test::DrillPlanOf(kDrills, kDrills, 0, 16);
 
-  std::vector<bench::DrillRecord> drills;
+  std::vector<test::DrillRecord> drills;
   load.Start();
-  Status ran = bench::RunDrills(*target, load, plan, &drills);
+  Status ran = test::RunDrills(*target, load, plan, &drills);
   load.Stop();
   INFO(node.LogTails());
-  json a = bench::Analyze(drills, load.records());
+  json a = test::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));
   INFO((ran.ok() ? std::string("drills ran") : ran.error().message()));

@@ -12,18 +12,18 @@
 // (ctest runs this test alone: tests/drills/CMakeLists.txt) and the
 // ledger's outage for each drill (fault to first correct answer) is within
 // 20% of what the clients measured (the stop to the first correct output they got after it, hedged
-// answers included: bench/failover_load.h, first_output_ms).
+// answers included: testkit/failover_load.h, first_output_ms).
 #include <catch2/catch.hpp>
 
 #include <chrono>
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
-#include "bench/failover_load.h"
+#include "testkit/failover_drill.h"
+#include "testkit/failover_load.h"
 #include "state/report.h"
 #include "tests/drills/drill_node.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -39,7 +39,7 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
     WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
-  auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
+  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
   REQUIRE(golden.ok());
 
   test::DrillNode node(std::vector<std::string>{"front.hedge_after_ms=" + std::to_string(kHedgeMs)});
@@ -47,8 +47,8 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   INFO(node.Log());
   REQUIRE(node.WaitServing());
 
-  auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadOptions lo = test::DrillLoad(node, 8);
+  auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
+  test::LoadOptions lo = test::DrillLoad(node, 8);
   // Each client pauses 100 ms between answers. Two engines share the CI's
   // two cores with everything else; saturated by closed-loop clients, the
   // engine that takes over would queue every stall's backlog behind new
@@ -62,17 +62,17 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   lo.probe_burst_ms = 0;
   // The probes ask the case with the shortest prompt: ten of them are in
   // the backlog a hang leaves, and longer prompts would add to its work.
-  lo.probe_case = bench::ShortestPromptCase(*golden);
-  bench::LoadGenerator load(lo, *golden);
-  bench::DrillPlan plan = test::DrillPlanOf(0, 0, kHangs, 16);
+  lo.probe_case = test::ShortestPromptCase(*golden);
+  test::LoadGenerator load(lo, *golden);
+  test::DrillPlan plan = test::DrillPlanOf(0, 0, kHangs, 16);
   plan.gap = test::kSanitized ? 1000ms : 500ms;
 
-  std::vector<bench::DrillRecord> drills;
+  std::vector<test::DrillRecord> drills;
   load.Start();
-  Status ran = bench::RunDrills(*target, load, plan, &drills);
+  Status ran = test::RunDrills(*target, load, plan, &drills);
   load.Stop();
   INFO(node.LogTails());
-  json a = bench::Analyze(drills, load.records());
+  json a = test::Analyze(drills, load.records());
   INFO(a["drills"].dump(1));
   INFO(a["latency_before_drills"].dump(1));
   INFO(a["not_ok_examples"].dump(1));

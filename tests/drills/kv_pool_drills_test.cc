@@ -24,13 +24,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
-#include "bench/failover_load.h"
+#include "testkit/failover_drill.h"
+#include "testkit/failover_load.h"
 #include "common/fs.h"
 #include "state/report.h"
 #include "tests/drills/drill_node.h"
-#include "tests/http/http_test_client.h"
-#include "tests/test_util.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -71,7 +71,7 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
     WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
-  auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
+  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
   REQUIRE(golden.ok());
   test::DrillNodeSpec spec;
   spec.kv_pool = true;
@@ -89,14 +89,14 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   INFO(why);
   REQUIRE(settled);
 
-  auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadGenerator load(test::DrillLoad(node, 8), *golden);
-  std::vector<bench::DrillRecord> drills;
+  auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
+  test::LoadGenerator load(test::DrillLoad(node, 8), *golden);
+  std::vector<test::DrillRecord> drills;
   load.Start();
   for (int i = 0; i < kCrashDrills + 1; ++i) {
-    bench::DrillPlan plan = test::DrillPlanOf(i < kCrashDrills ? 1 : 0, i < kCrashDrills ? 0 : 1, 0, 8);
-    std::vector<bench::DrillRecord> one;
-    Status ran = bench::RunDrills(*target, load, plan, &one);
+    test::DrillPlan plan = test::DrillPlanOf(i < kCrashDrills ? 1 : 0, i < kCrashDrills ? 0 : 1, 0, 8);
+    std::vector<test::DrillRecord> one;
+    Status ran = test::RunDrills(*target, load, plan, &one);
     INFO("drill " << i << ": " << (ran.ok() ? std::string("ran") : ran.error().message()));
     REQUIRE(ran.ok());
     drills.insert(drills.end(), one.begin(), one.end());
@@ -106,7 +106,7 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   }
   load.Stop();
   INFO(node.LogTails());
-  json a = bench::Analyze(drills, load.records());
+  json a = test::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));
   test::CheckNothingLost(a);

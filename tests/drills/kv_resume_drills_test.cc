@@ -32,7 +32,7 @@
 #include "common/unique_fd.h"
 #include "http/client.h"
 #include "tests/drills/drill_node.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/kv_journal.h"
 
 namespace wsup {

@@ -15,10 +15,10 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
-#include "bench/failover_load.h"
+#include "testkit/failover_drill.h"
+#include "testkit/failover_load.h"
 #include "tests/drills/drill_node.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -55,7 +55,7 @@ TEST_CASE(
     WARN("SKIP: testdata/qwen3moe-tiny-f32 is missing");
     return;
   }
-  auto golden = bench::LoadGolden(test::TestData("qwen3moe-tiny-f32/golden.json"));
+  auto golden = test::LoadGolden(test::TestData("qwen3moe-tiny-f32/golden.json"));
   REQUIRE(golden.ok());
   for (auto& g : *golden) {
     // The full golden text is the rendering of its ids; the prefix wanted
@@ -74,10 +74,10 @@ TEST_CASE(
   INFO(node.Log());
   REQUIRE(node.WaitServing());
 
-  auto target = bench::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  bench::LoadOptions lo = test::DrillLoad(node, 4);
+  auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
+  test::LoadOptions lo = test::DrillLoad(node, 4);
   lo.max_tokens = kMoeTokens;
-  bench::LoadGenerator load(lo, *golden);
+  test::LoadGenerator load(lo, *golden);
   load.Start();
 
   // The holder dies under load: the engines keep answering (checked with the
@@ -104,13 +104,13 @@ TEST_CASE(
   REQUIRE(test::WaitFor([&] { return load.completed() >= before_kill + 8; }, 30s));
 
   // Five kill drills; each re-armed engine attaches to the new holder.
-  bench::DrillPlan plan = test::DrillPlanOf(kMoeDrills, 0, 0, 4);
+  test::DrillPlan plan = test::DrillPlanOf(kMoeDrills, 0, 0, 4);
   plan.ready_limit = 60s;
-  std::vector<bench::DrillRecord> drills;
-  Status ran = bench::RunDrills(*target, load, plan, &drills);
+  std::vector<test::DrillRecord> drills;
+  Status ran = test::RunDrills(*target, load, plan, &drills);
   load.Stop();
   INFO(node.LogTails());
-  json a = bench::Analyze(drills, load.records());
+  json a = test::Analyze(drills, load.records());
   INFO(a["by_kind"].dump(1));
   INFO(a["not_ok_examples"].dump(1));
   INFO((ran.ok() ? std::string("drills ran") : ran.error().message()));

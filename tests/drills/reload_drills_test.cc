@@ -43,12 +43,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
-#include "bench/failover_load.h"
+#include "testkit/failover_drill.h"
+#include "testkit/failover_load.h"
 #include "state/report.h"
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 #include "tests/drills/drill_node.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -136,16 +136,16 @@ struct Totals {
   int64_t requests = 0, ok = 0, not_ok = 0;
   std::string examples;
 };
-Totals Count(const std::vector<bench::RequestRecord>& records) {
+Totals Count(const std::vector<test::RequestRecord>& records) {
   Totals t;
   for (const auto& r : records) {
     if (r.client < 0) continue;  // the prober
     ++t.requests;
-    if (r.outcome == bench::Outcome::kOk) {
+    if (r.outcome == test::Outcome::kOk) {
       ++t.ok;
     } else {
       ++t.not_ok;
-      if (t.examples.size() < 2000) t.examples += std::string(bench::OutcomeName(r.outcome)) + ": " + r.detail + "\n";
+      if (t.examples.size() < 2000) t.examples += std::string(test::OutcomeName(r.outcome)) + ": " + r.detail + "\n";
     }
   }
   return t;
@@ -157,7 +157,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return;
   }
-  auto golden = bench::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
+  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
   REQUIRE(golden.ok());
   test::TempDir files;
   const std::string cfg = files.Join("node.toml");
@@ -174,7 +174,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   INFO(node.Log());
   REQUIRE(node.WaitServing());
 
-  bench::LoadGenerator load(test::DrillLoad(node, 8), *golden);
+  test::LoadGenerator load(test::DrillLoad(node, 8), *golden);
   load.Start();
   REQUIRE(test::WaitFor([&] { return load.completed() >= 16; }, 60s));
 

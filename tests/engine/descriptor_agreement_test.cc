@@ -13,7 +13,7 @@
 #include "checkpoint/sharding.h"
 #include "engine/model.h"
 #include "engine/weights.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -16,8 +16,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
-#include "tests/http/http_test_client.h"
-#include "tests/test_util.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
 
 namespace wsup::test {
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup::test {
 

@@ -23,7 +23,7 @@
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "wire/kv_journal.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "tests/engine/tiny_runner.h"
 
 using namespace wsup;

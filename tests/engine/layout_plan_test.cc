@@ -8,7 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "engine/layout_publish.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/manifest.h"
 
 namespace wsup::engine {

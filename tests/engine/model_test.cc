@@ -13,7 +13,7 @@
 #include "engine/kernels.h"
 #include "engine/runner.h"
 #include "tests/engine/golden.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 using namespace wsup;
 using namespace wsup::engine;

@@ -21,7 +21,7 @@
 #include "common/fs.h"
 #include "holder/holder_app.h"
 #include "tests/engine/engine_fixture.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -11,7 +11,7 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/runner.h"
 #include "engine/weights.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup::engine::testing {
 

@@ -14,7 +14,7 @@
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
 using namespace wsup::engine;

@@ -16,30 +16,12 @@
 
 #include "tests/front/fake_engine.h"
 #include "tests/front/front_harness.h"
-#include "tests/http/http_test_client.h"
-#include "tests/test_util.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using wsup::test::ControlClient;
-using wsup::test::FakeEngine;
-using wsup::test::FormatRequest;
-using wsup::test::FrontProcess;
-using wsup::test::HttpConn;
-using wsup::test::HttpRequestOnce;
-using wsup::test::HttpResult;
-using wsup::test::WaitFor;
-
-namespace {
-
-json Status(ControlClient& ctl) {
-  auto st = ctl.Call({{"type", "status"}});
-  REQUIRE(st.has_value());
-  REQUIRE((*st)["ok"] == true);
-  return *st;
-}
-
-}  // namespace
+using namespace wsup::test;  // the front's harness and the shared test support
 
 TEST_CASE("clients that close on non-streamed requests: the front cancels upstream, retries nothing",
           "[front][process]") {
@@ -58,16 +40,16 @@ TEST_CASE("clients that close on non-streamed requests: the front cancels upstre
     clients.push_back(std::move(c));
   }
   REQUIRE(WaitFor([&] { return a.held.load() == kClients; }, 10s));
-  CHECK(Status(ctl)["inflight"][a.addr()] == kClients);
+  CHECK(FrontStatus(ctl)["inflight"][a.addr()] == kClients);
 
   // Every client hangs up at once. Nothing was sent to them, so each close
   // is a plain FIN (an EOF for the front), not a reset.
   for (auto& c : clients) c->Close();
 
-  CHECK(WaitFor([&] { return Status(ctl)["counters"]["client_closed"] == kClients; }, 10s));
+  CHECK(WaitFor([&] { return FrontStatus(ctl)["counters"]["client_closed"] == kClients; }, 10s));
   // The front closed each upstream connection, so the engine could cancel.
   CHECK(WaitFor([&] { return a.held_closed.load() == kClients; }, 10s));
-  json st = Status(ctl);
+  json st = FrontStatus(ctl);
   CHECK(st["counters"]["retried"] == 0);
   CHECK(st["counters"]["failed"] == 0);
   CHECK(st["counters"]["switched_self"] == 0);
@@ -91,17 +73,17 @@ TEST_CASE("a client that closes while its request waits for an engine leaves the
   HttpConn c;
   REQUIRE(c.Connect(front->port()));
   REQUIRE(c.Send(FormatRequest("POST", "/v1/completions", R"({"prompt":"x","max_tokens":500})")));
-  REQUIRE(WaitFor([&] { return Status(ctl)["queued"] == 1; }, 10s));
+  REQUIRE(WaitFor([&] { return FrontStatus(ctl)["queued"] == 1; }, 10s));
   c.Close();
-  CHECK(WaitFor([&] { return Status(ctl)["queued"] == 0; }, 10s));
-  json st = Status(ctl);
+  CHECK(WaitFor([&] { return FrontStatus(ctl)["queued"] == 0; }, 10s));
+  json st = FrontStatus(ctl);
   CHECK(st["counters"]["client_closed"] == 1);
   CHECK(st["counters"]["rejected_503"] == 0);
 
   // A route that appears later does not get the abandoned request.
   FakeEngine a("A");
   auto reply = ctl.Call(wsup::test::SetRoutes(a.addr(), "", 1));
-  REQUIRE(reply.has_value());
+  REQUIRE(reply.ok());
   REQUIRE((*reply)["ok"] == true);
   CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
   CHECK(a.completions.load() == 0);

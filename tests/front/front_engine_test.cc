@@ -28,54 +28,27 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/front/front_harness.h"
-#include "tests/http/http_test_client.h"
-#include "tests/test_util.h"
+#include "testkit/engine_process.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using wsup::test::Child;
-using wsup::test::ControlClient;
-using wsup::test::FrontProcess;
-using wsup::test::HttpResult;
-using wsup::test::WaitFor;
+using namespace wsup::test;  // the front's harness and the shared test support
 
 namespace {
 
 const char* kModel = "llama-tiny-f32";
 
-struct Engine {
-  Child child;
-  int port = 0;
-  std::string addr() const { return "127.0.0.1:" + std::to_string(port); }
-};
+using Engine = wsup::test::ReadyProcess;
 
-// Starts wsup-engine on port 0 and waits until it says it is ready (--ready-fd).
-Engine StartEngine(const wsup::test::TempDir& dir, const std::string& name) {
-  int p[2];
-  REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
-  Engine e;
-  std::string log = dir.Join(name + ".log");
-  e.child = Child::Start({wsup::test::BinPath("wsup-engine"), "--model", wsup::test::TestData(kModel), "--port", "0",
-                          "--weight-cache", "off", "--device", "cpu", "--ready-fd", "3"},
-                         log, {p[1]});
-  ::close(p[1]);
-  std::string line;
-  bool ready = WaitFor(
-      [&] {
-        char buf[256];
-        pollfd pf{p[0], POLLIN, 0};
-        if (::poll(&pf, 1, 0) == 1) {
-          ssize_t n = ::read(p[0], buf, sizeof(buf));
-          if (n > 0) line.append(buf, static_cast<size_t>(n));
-        }
-        return line.find('\n') != std::string::npos;
-      },
-      120s);
-  ::close(p[0]);
-  INFO(wsup::test::ReadAll(log));
-  REQUIRE(ready);
-  size_t colon = line.rfind(':');
-  e.port = std::atoi(line.c_str() + colon + 1);
+// wsup-engine on port 0 (the engine's own 64 MiB cache), ready within two
+// minutes (a loaded two-core machine) or the test stops.
+Engine StartCpuEngine(const wsup::test::TempDir& dir, const std::string& name) {
+  Engine e = wsup::test::StartEngine(dir, kModel, {"--weight-cache", "off", "--device", "cpu", "--kv-cache-mib", "64"},
+                                     name + ".log", 120s);
+  INFO(e.Log());
+  REQUIRE(e.ready);
   REQUIRE(e.port > 0);
   return e;
 }
@@ -216,8 +189,8 @@ TEST_CASE("a stream survives a SIGKILL of the active engine and equals the golde
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
   HoldingRelay relay(a.port, 5);
   auto front = FrontProcess::Start({"--active", relay.addr(), "--standby", b.addr()});
   ControlClient ctl;
@@ -250,7 +223,7 @@ TEST_CASE("a stream survives a SIGKILL of the active engine and equals the golde
   }
   CHECK(done);
   CHECK(text == c["output_text_latin1"].get<std::string>());
-  json st = ctl.Call({{"type", "status"}}).value_or(json::object());
+  json st = wsup::test::ReplyOr(ctl.Call({{"type", "status"}}));
   CHECK(st["counters"]["resumed"] == 1);
   CHECK(st["counters"]["switched_self"] == 1);
   CHECK(st["active"] == b.addr());
@@ -274,8 +247,8 @@ TEST_CASE("a request caught by the SIGKILL of a frozen engine is answered by the
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
   auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
   REQUIRE(ctl.Connect(front->control_path()));
@@ -297,7 +270,7 @@ TEST_CASE("a request caught by the SIGKILL of a frozen engine is answered by the
   client.join();
   REQUIRE(r.status == 200);
   CHECK(json::parse(r.body)["choices"][0]["text"] == c["output_text_latin1"]);
-  json st = ctl.Call({{"type", "status"}}).value_or(json::object());
+  json st = wsup::test::ReplyOr(ctl.Call({{"type", "status"}}));
   CHECK(st["counters"]["retried"] == 1);
   CHECK(st["active"] == b.addr());
 }
@@ -320,8 +293,6 @@ std::pair<std::string, bool> StreamText(const std::string& body) {
   return {text, done};
 }
 
-json FrontStatus(ControlClient& ctl) { return ctl.Call({{"type", "status"}}).value_or(json::object()); }
-
 }  // namespace
 
 TEST_CASE("hedging: requests to a SIGSTOPped active engine are answered by the standby, whole and correct",
@@ -329,8 +300,8 @@ TEST_CASE("hedging: requests to a SIGSTOPped active engine are answered by the s
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
   auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
   ControlClient ctl;
   REQUIRE(ctl.Connect(front->control_path()));
@@ -365,7 +336,7 @@ TEST_CASE("hedging: requests to a SIGSTOPped active engine are answered by the s
   CHECK(st["backends"][a.addr()]["inflight"] == 0);
   CHECK(st["active"] == a.addr());
   auto silent = ctl.WaitEvent("silent", "backend", a.addr(), 5s);
-  REQUIRE(silent.has_value());
+  REQUIRE(silent.ok());
   CHECK((*silent)["silent"] == 2);
   CHECK((*silent)["inflight"] == 2);
   CHECK((*silent)["after_ms"] == 200);
@@ -378,8 +349,8 @@ TEST_CASE("hedging: a stream that stalls after 5 tokens is resumed on the standb
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
   // The relay passes five events of the active engine, then holds the rest:
   // a stream that goes silent mid-way while the engine still runs.
   HoldingRelay relay(a.port, 5);
@@ -410,9 +381,9 @@ TEST_CASE("hedging: a request is hedged once in its life - a stream the hedge to
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
-  Engine c = StartEngine(dir, "c");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
+  Engine c = StartCpuEngine(dir, "c");
   // The active passes five events, the standby three (of the resumed
   // stream): the stream stalls on each in turn.
   HoldingRelay ra(a.port, 5), rb(b.port, 3);
@@ -429,7 +400,7 @@ TEST_CASE("hedging: a request is hedged once in its life - a stream the hedge to
   // The supervisor moves the roles: the engine the stream is on is now the
   // active one, and a third is the standby. The stream stays silent on it,
   // yet it is not hedged a second time.
-  REQUIRE(ctl.Call(wsup::test::SetRoutes(rb.addr(), c.addr(), 1)).has_value());
+  REQUIRE(ctl.Call(wsup::test::SetRoutes(rb.addr(), c.addr(), 1)).ok());
   CHECK_FALSE(WaitFor([&] { return FrontStatus(ctl)["counters"]["hedged"] != 1; }, 1500ms));
   // Its engine fails: the stream is resumed on the standby (after a failure,
   // not a hedge), with no gap and no repeat.
@@ -449,8 +420,8 @@ TEST_CASE("hedging: an active engine that answers first wins and the hedge is cl
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
   // The standby is reached through a relay that passes nothing: it never answers.
   HoldingRelay mute(b.port, 0);
   auto front = FrontProcess::Start({"--active", a.addr(), "--standby", mute.addr(), "--hedge-after-ms", "100"});
@@ -480,8 +451,8 @@ TEST_CASE("hedging: the budget bounds hedges, and nothing is hedged without a st
   if (!Prerequisites()) return;
   wsup::test::TempDir dir;
   json golden = Golden();
-  Engine a = StartEngine(dir, "a");
-  Engine b = StartEngine(dir, "b");
+  Engine a = StartCpuEngine(dir, "a");
+  Engine b = StartCpuEngine(dir, "b");
   // One hedge saved up and none earned: of two silent requests one is hedged.
   auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "100",
                                     "--hedge-percent", "0", "--hedge-burst", "1"});
@@ -513,21 +484,21 @@ TEST_CASE("hedging: the budget bounds hedges, and nothing is hedged without a st
   // The kill made the front switch by itself; the standby had answered a
   // client (the hedge) before that: first_ok says so, and when.
   auto sw = ctl.WaitEvent("switched", "to", b.addr());
-  REQUIRE(sw.has_value());
+  REQUIRE(sw.ok());
   auto first = ctl.WaitEvent("first_ok", "backend", b.addr());
-  REQUIRE(first.has_value());
+  REQUIRE(first.ok());
   CHECK((*first).value("hedged", false));
   CHECK((*first)["at_ms"].get<int64_t>() <= (*sw)["at_ms"].get<int64_t>());
 
   // Routed alone (no standby), the surviving engine's requests are never
   // hedged: two silent ones are reported (so the front judged them silent)
   // and none is hedged.
-  REQUIRE(ctl.Call(wsup::test::SetRoutes(b.addr(), "", 5)).value_or(json::object())["ok"] == true);
+  REQUIRE(wsup::test::ReplyOr(ctl.Call(wsup::test::SetRoutes(b.addr(), "", 5)))["ok"] == true);
   b.child.Kill(SIGSTOP);
   HttpResult r3, r4;
   std::thread t3([&] { r3 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
   std::thread t4([&] { r4 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
-  REQUIRE(ctl.WaitEvent("silent", "backend", b.addr(), 10s).has_value());
+  REQUIRE(ctl.WaitEvent("silent", "backend", b.addr(), 10s).ok());
   CHECK(FrontStatus(ctl)["counters"]["hedged"] == 1);
   b.child.Kill(SIGCONT);
   t3.join();

@@ -1,6 +1,6 @@
 // Test helpers for the front: a wsup-front child process on port 0 with its
-// own control socket, and a blocking control-socket client that keeps the
-// events the front pushes apart from the replies.
+// own control socket (spoken to with testkit/control_client.h), and a port
+// that refuses connections.
 #pragma once
 
 #include <chrono>
@@ -12,41 +12,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/test_util.h"
+#include "testkit/control_client.h"
+#include "testkit/test_util.h"
 
 namespace wsup::test {
 
-class ControlClient {
- public:
-  ControlClient() = default;
-  ~ControlClient();
-  ControlClient(const ControlClient&) = delete;
-  ControlClient& operator=(const ControlClient&) = delete;
+// A control reply, or an empty object when none came (the test then fails
+// on the fields it reads).
+inline nlohmann::json ReplyOr(const Result<nlohmann::json>& r) { return r.ok() ? *r : nlohmann::json::object(); }
 
-  bool Connect(const std::string& path);
-  bool SendRaw(std::string_view bytes);
-  bool Send(const nlohmann::json& msg);
-  // The next message that is not an event (events are kept in events()).
-  std::optional<nlohmann::json> Reply(std::chrono::milliseconds limit = std::chrono::seconds(5));
-  std::optional<nlohmann::json> Call(const nlohmann::json& msg);
-  // An event of this kind (already received or arriving within limit);
-  // with `field`, only one whose field equals `value`.
-  std::optional<nlohmann::json> WaitEvent(const std::string& kind, const std::string& field = "",
-                                          const std::string& value = "",
-                                          std::chrono::milliseconds limit = std::chrono::seconds(5));
-  // True once the front closed this connection.
-  bool WaitClosed(std::chrono::milliseconds limit = std::chrono::seconds(5));
-  const std::vector<nlohmann::json>& events() const { return events_; }
-
- private:
-  // One framed message, or nullopt on timeout/EOF.
-  std::optional<nlohmann::json> ReadMessage(std::chrono::steady_clock::time_point deadline);
-  bool Fill(size_t n, std::chrono::steady_clock::time_point deadline);
-  int fd_ = -1;
-  std::string buf_;
-  bool eof_ = false;
-  std::vector<nlohmann::json> events_;
-};
+// The front's status over its control socket; the test stops unless it
+// answers {"ok": true, ...}.
+nlohmann::json FrontStatus(ControlClient& ctl);
 
 // set_routes as JSON; empty strings become null.
 nlohmann::json SetRoutes(const std::string& active, const std::string& standby, int64_t epoch);

@@ -14,19 +14,12 @@
 
 #include "tests/front/fake_engine.h"
 #include "tests/front/front_harness.h"
-#include "tests/http/http_test_client.h"
-#include "tests/test_util.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using wsup::test::BytesToIds;
-using wsup::test::ControlClient;
-using wsup::test::FakeEngine;
-using wsup::test::FakeGenerate;
-using wsup::test::FakeText;
-using wsup::test::FrontProcess;
-using wsup::test::HttpRequestOnce;
-using wsup::test::HttpResult;
+using namespace wsup::test;  // the front's harness and the shared test support
 
 namespace {
 
@@ -41,12 +34,6 @@ std::string Objects(int depth) {
   return s;
 }
 
-json Status(ControlClient& ctl) {
-  auto st = ctl.Call({{"type", "status"}});
-  REQUIRE(st.has_value());
-  REQUIRE((*st)["ok"] == true);
-  return *st;
-}
 
 HttpResult Post(int port, const std::string& body) { return HttpRequestOnce(port, "POST", "/v1/completions", body, 30s); }
 
@@ -63,7 +50,7 @@ TEST_CASE("deeply nested completion bodies get a 400 from the front, which keeps
   auto front = FrontProcess::Start({"--active", a.addr()});
   ControlClient ctl;
   REQUIRE(ctl.Connect(front->control_path()));
-  const int64_t pid = Status(ctl)["pid"].get<int64_t>();
+  const int64_t pid = FrontStatus(ctl)["pid"].get<int64_t>();
   REQUIRE(pid == front->child().pid());
 
   struct Case {
@@ -114,7 +101,7 @@ TEST_CASE("deeply nested completion bodies get a 400 from the front, which keeps
   }
 
   // Same process, still serving, and the refusals are counted.
-  json st = Status(ctl);
+  json st = FrontStatus(ctl);
   CHECK(st["pid"].get<int64_t>() == pid);
   CHECK(st["counters"]["rejected_400"] == refused.size());
   HttpResult ok = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
@@ -133,14 +120,14 @@ TEST_CASE("a deeply nested control message gets an error reply and its sender st
     REQUIRE(body.size() < 64 * 1024);  // within the frame limit: the nesting is what is refused
     REQUIRE(ctl.SendRaw(Le32(static_cast<uint32_t>(body.size())) + body));
     auto reply = ctl.Reply();
-    REQUIRE(reply.has_value());
+    REQUIRE(reply.ok());
     CHECK((*reply)["ok"] == false);
     CHECK((*reply)["error"].get<std::string>().find("nested deeper than the limit of 64 levels") !=
           std::string::npos);
   }
   // Up to the limit is fine.
   auto reply = ctl.Call(json::parse("{\"type\":\"status\",\"x\":" + Arrays(63) + "}"));
-  REQUIRE(reply.has_value());
+  REQUIRE(reply.ok());
   CHECK((*reply)["ok"] == true);
   CHECK(front->child().running());
   CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");

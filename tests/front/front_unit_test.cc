@@ -17,7 +17,7 @@
 #include "front/sse_relay.h"
 #include "front/status_merge.h"
 #include "tests/front/fake_engine.h"
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 #include "wire/json_frame.h"
 
 using nlohmann::json;

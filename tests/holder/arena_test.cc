@@ -20,7 +20,7 @@
 #include "common/sha256.h"
 #include "gpu/cuda_driver.h"
 #include "holder/loader.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

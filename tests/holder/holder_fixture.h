@@ -16,7 +16,7 @@
 
 #include "client/client.h"
 #include "common/sha256.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup::test {
 

@@ -302,20 +302,7 @@ TEST_CASE("200 clients at once", "[holder][server][abuse]") {
 }
 
 // Runs fn in a child process as uid/gid 65534 and returns its exit code.
-int AsNobody(const std::function<int()>& fn) {
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(99);
-    ::_exit(fn());
-  }
-  int st = 0;
-  if (!test::WaitFor([&] { return ::waitpid(pid, &st, WNOHANG) == pid; }, 10s)) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &st, 0);
-    return -1;
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+int AsNobody(const std::function<int()>& fn) { return test::RunForkedAs(65534, fn, 10s); }
 
 // 0: connect failed with EACCES; 1: connected and got an error frame, then
 // EOF; 2: anything else.

@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "http/server.h"
-#include "tests/http/http_test_client.h"
-#include "tests/test_util.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
 using wsup::http::HttpResponse;

@@ -24,7 +24,7 @@
 #include "common/fs.h"
 #include "common/unique_fd.h"
 #include "tests/node/node_fixture.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/json_frame.h"
 
@@ -177,7 +177,7 @@ TEST_CASE("node: no control message stops the supervisor: fields of another type
       {json{{"type", "failover"}, {"drill", "yes"}}, "field 'drill' is a string (\"yes\"), not true or false"},
   };
   for (const auto& [msg, words] : named) {
-    auto r = JsonCall(n.Sock(), msg, 5000);
+    auto r = JsonCall(n.SupervisorSocket(), msg, 5000);
     INFO(msg.dump());
     REQUIRE(r.ok());
     CHECK(r->value("type", "") == "error");
@@ -188,7 +188,7 @@ TEST_CASE("node: no control message stops the supervisor: fields of another type
   int errors = 0, statuses = 0, reloads = 0;
   for (int i = 0; i < 1000; ++i) {
     json msg = GeneratedMessage(rng);
-    RawConn c(n.Sock());
+    RawConn c(n.SupervisorSocket());
     REQUIRE(c.connected());
     auto frame = EncodeFrame(msg);
     REQUIRE(frame.ok());
@@ -216,7 +216,7 @@ TEST_CASE("node: no control message stops the supervisor: fields of another type
   for (const std::string& bytes : {Frame("{not json"), Frame("[1,2,3]"), Frame("\"status\""), Frame("3"),
                                    std::string("\0\0\0\0", 4), std::string("\xff\xff\xff\x7f", 4) + "x",
                                    Frame(std::string("{\"type\":\"status\"\xff}"))}) {
-    RawConn c(n.Sock());
+    RawConn c(n.SupervisorSocket());
     REQUIRE(c.connected());
     c.Send(bytes);
     (void)c.Reply();

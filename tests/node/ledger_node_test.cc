@@ -20,9 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 #include "tests/node/node_fixture.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -127,7 +127,7 @@ TEST_CASE("node: an engine.env secret appears nowhere after a reload, a drill an
   CHECK(rows.rows[0].at("command_before") != rows.rows[0].at("command_after"));
   auto st = n.Status();
   REQUIRE(st);
-  CHECK(n.Engine(*st, "active").value("version", "").find("HF_TOKEN") != std::string::npos);
+  CHECK(test::EngineOf(*st, "active").value("version", "").find("HF_TOKEN") != std::string::npos);
 
   n.Stop();
   n.Start();

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "client/client.h"
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 #include "tests/node/node_fixture.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/json_call.h"
 
 namespace wsup {
@@ -40,8 +40,8 @@ TEST_CASE("node: serves correct completions through the front with a proven stan
   REQUIRE(n.WaitServing());
   auto s = *n.Status();
   CHECK(s["engines"].size() == 2);
-  CHECK(!n.Engine(s, "active").is_null());
-  CHECK(n.Engine(s, "standby").value("semantic_ready", false));
+  CHECK(!test::EngineOf(s, "active").is_null());
+  CHECK(test::EngineOf(s, "standby").value("semantic_ready", false));
   CHECK(s["holders"].size() == 1);
   CHECK(s["holders"][0].value("kept_fds", 0) >= 1);
   CHECK(Complete(n.FrontPort()) == kGolden);
@@ -79,7 +79,7 @@ TEST_CASE("node: SIGKILL of the active engine fails over, records it, and re-arm
   REQUIRE(n.WaitServing());
   int port = n.FrontPort();
   auto s = *n.Status();
-  auto active = n.Engine(s, "active");
+  auto active = test::EngineOf(s, "active");
   std::string from = active.value("slot", "");
   pid_t pid = active.value("pid", 0);
   REQUIRE(pid > 0);
@@ -108,7 +108,7 @@ TEST_CASE("node: a hung (SIGSTOPped) active engine is failed over within interva
   Node n;
   n.Start();
   REQUIRE(n.WaitServing());
-  auto active = n.Engine(*n.Status(), "active");
+  auto active = test::EngineOf(*n.Status(), "active");
   pid_t pid = active.value("pid", 0);
   auto t0 = std::chrono::steady_clock::now();
   REQUIRE(::kill(pid, SIGSTOP) == 0);
@@ -171,7 +171,7 @@ TEST_CASE("node: SIGKILL of the holder: engines keep answering, the holder retur
                                                    s["holders"][0].value("pid", 0) > 0; }, 10s));
   CHECK(test::ReadAll(n.dir().Join("state/logs/holder-0.log")).find("adopt") != std::string::npos);
   // The next re-arm attaches to the restarted holder: a cache hit.
-  auto standby = n.Engine(*n.Status(), "standby");
+  auto standby = test::EngineOf(*n.Status(), "standby");
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return Query(n.Db(), "select * from cache_events where result='hit'").rows.size() == 3; }, 15s));
   CHECK(Complete(n.FrontPort()) == kGolden);
@@ -331,8 +331,8 @@ TEST_CASE("node: a ledger that cannot be written: the failover still happens, an
   sqlite3_busy_timeout(h, 10'000);
   REQUIRE(sqlite3_exec(h, "BEGIN EXCLUSIVE", nullptr, nullptr, nullptr) == SQLITE_OK);
   auto s = *n.Status();
-  pid_t active = n.Engine(s, "active").value("pid", 0);
-  std::string from = n.Engine(s, "active").value("slot", "");
+  pid_t active = test::EngineOf(s, "active").value("pid", 0);
+  std::string from = test::EngineOf(s, "active").value("slot", "");
   REQUIRE(::kill(active, SIGKILL) == 0);
   // The failover happens regardless.
   CHECK(Complete(n.FrontPort()) == kGolden);
@@ -454,7 +454,7 @@ TEST_CASE("node: engine-made layouts - the first engine publishes (a miss with i
   CHECK(text.output.find("kept layouts 1") != std::string::npos);
 
   // The standby re-armed: it attaches the committed layout.
-  auto standby = n.Engine(*n.Status(), "standby");
+  auto standby = test::EngineOf(*n.Status(), "standby");
   REQUIRE(standby.is_object());
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return events("result='hit'").size() == 2; }, 30s));
@@ -558,7 +558,7 @@ TEST_CASE("node: a kept layout the new holder refuses is dropped and logged, nev
 
   // Never attached: the re-armed engine publishes the layout again.
   REQUIRE(n.WaitServing());
-  auto standby = n.Engine(*n.Status(), "standby");
+  auto standby = test::EngineOf(*n.Status(), "standby");
   REQUIRE(standby.is_object());
   REQUIRE(::kill(standby.value("pid", 0), SIGKILL) == 0);
   REQUIRE(test::WaitFor([&] { return events("result='miss'").size() == 2; }, 30s));
@@ -713,19 +713,17 @@ TEST_CASE("node: the control socket refuses another uid", "[node]") {
   Node n;
   n.Start();
   REQUIRE(n.WaitServing());
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
-    auto r = JsonCall(n.Sock(), json{{"type", "status"}}, 2000);
-    // Either the connect is refused (the socket is 0600 in a 0700 dir) or
-    // the supervisor answers with a refusal.
-    bool refused = !r.ok() || r->value("type", "") == "error";
-    ::_exit(refused ? 0 : 1);
-  }
-  int st = 0;
-  ::waitpid(pid, &st, 0);
-  CHECK(WIFEXITED(st));
-  CHECK(WEXITSTATUS(st) == 0);
+  // Either the connect is refused (the socket is 0600 in a 0700 dir) or the
+  // supervisor answers with a refusal.
+  const std::string socket = n.SupervisorSocket();
+  int code = test::RunForkedAs(
+      65534,
+      [&] {
+        auto r = JsonCall(socket, json{{"type", "status"}}, 2000);
+        return !r.ok() || r->value("type", "") == "error" ? 0 : 1;
+      },
+      10s);
+  CHECK(code == 0);
   CHECK(n.Status().has_value());
 }
 

@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_drill.h"
+#include "testkit/failover_drill.h"
 #include "tests/drills/drill_node.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {
@@ -78,7 +78,7 @@ TEST_CASE("openai: the official npm client streams through crash drills, every s
   REQUIRE(test::WaitFor([&] { return progress().first >= 20 || !script.running(); }, 60s));
   REQUIRE(script.running());
 
-  auto target = bench::MakeWsupTarget({n.SupervisorSocket(), n.FrontSocket()});
+  auto target = test::MakeWsupTarget({n.SupervisorSocket(), n.FrontSocket()});
   int drills = 0;
   int64_t resumed = 0, retried = 0;
   while (drills < 20 && (drills < 3 || resumed == 0)) {
@@ -87,7 +87,7 @@ TEST_CASE("openai: the official npm client streams through crash drills, every s
     // Streams are in flight when the kill comes: the loops never pause.
     int64_t before = progress().first;
     REQUIRE(test::WaitFor([&] { return progress().first >= before + 8; }, 30s));
-    bench::DrillRecord d;
+    test::DrillRecord d;
     Status crashed = target->Crash(&d);
     REQUIRE(crashed.ok());
     ++drills;

@@ -10,7 +10,7 @@
 
 #include "state/schema.h"
 #include "state/sqlite.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

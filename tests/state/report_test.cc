@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "state/ledger.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -16,7 +16,7 @@
 #include "supervisor/preflight.h"
 #include "supervisor/process.h"
 #include "supervisor/runtime_state.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

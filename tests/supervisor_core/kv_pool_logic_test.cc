@@ -19,7 +19,7 @@
 #include "tests/supervisor_core/fake_engine.h"
 #include "tests/supervisor_core/logic_rig.h"
 #include "state/report.h"
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 #include "wire/json_call.h"
 
 namespace wsup {

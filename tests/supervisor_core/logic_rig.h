@@ -28,7 +28,7 @@
 #include "supervisor/loop_timer.h"
 #include "supervisor/supervisor.h"
 #include "tests/fake_timers.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup::logic {
 

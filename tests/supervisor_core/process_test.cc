@@ -7,7 +7,7 @@
 
 #include "supervisor/process.h"
 #include "tests/armed_child.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/death_word.h"
 
 namespace wsup {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "supervisor/reload_plan.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "common/fs.h"
 #include "supervisor/runtime_state.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

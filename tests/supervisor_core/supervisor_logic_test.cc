@@ -21,7 +21,7 @@
 #include "supervisor/loop_timer.h"
 #include "supervisor/supervisor.h"
 #include "tests/supervisor_core/logic_rig.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 namespace wsup {
 namespace {

@@ -13,7 +13,7 @@
 #include <future>
 
 #include "tests/armed_child.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/death_word.h"
 
 namespace wsup {

@@ -20,7 +20,7 @@
 #include <optional>
 
 #include "common/unique_fd.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/json_frame.h"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/kv_pool_record.h"
 #include "wire/protocol.h"
 

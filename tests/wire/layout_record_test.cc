@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/fs.h"
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 #include "wire/layout_protocol.h"
 #include "wire/layout_record.h"
 

@@ -1,4 +1,4 @@
-#include "bench/failover_load.h"
+#include "testkit/failover_load.h"
 
 #include <uv.h>
 
@@ -11,7 +11,7 @@
 
 #include "http/client.h"
 
-namespace wsup::bench {
+namespace wsup::test {
 
 using nlohmann::json;
 
@@ -544,4 +544,4 @@ json RecordsJson(const std::vector<RequestRecord>& records, int64_t origin_us) {
   return a;
 }
 
-}  // namespace wsup::bench
+}  // namespace wsup::test

@@ -1,4 +1,4 @@
-#include "bench/failover_drill.h"
+#include "testkit/failover_drill.h"
 
 #include <poll.h>
 #include <signal.h>
@@ -14,44 +14,13 @@
 #include <sstream>
 #include <thread>
 
-namespace wsup::bench {
+namespace wsup::test {
 
 using nlohmann::json;
 using Steady = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 namespace {
-
-int RemainingMs(Steady::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Steady::now()).count();
-  return left < 0 ? 0 : static_cast<int>(left);
-}
-
-Result<int> ConnectUnix(const std::string& path) {
-  sockaddr_un a{};
-  if (path.size() >= sizeof(a.sun_path)) return InvalidArgument(path + ": socket path too long");
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return IoError("socket: " + std::string(std::strerror(errno)));
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    int e = errno;
-    ::close(fd);
-    return Unavailable(path + ": cannot connect: " + std::strerror(e) + "; is the process running?");
-  }
-  return fd;
-}
-
-Status SendAll(int fd, const std::string& bytes) {
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return IoError(std::string("send: ") + std::strerror(errno));
-    off += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
 
 std::string Addr(int port) { return "127.0.0.1:" + std::to_string(port); }
 
@@ -69,109 +38,6 @@ void StopEngine(pid_t pid) {
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// ControlLink
-
-ControlLink::~ControlLink() { Close(); }
-
-void ControlLink::Close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-  buf_.clear();
-}
-
-Status ControlLink::Connect(const std::string& path) {
-  Close();
-  path_ = path;
-  auto fd = ConnectUnix(path);
-  if (!fd.ok()) return fd.status();
-  fd_ = *fd;
-  return Status::Ok();
-}
-
-Result<json> ControlLink::Read(Steady::time_point deadline) {
-  for (;;) {
-    if (buf_.size() >= 4) {
-      uint32_t len = static_cast<uint8_t>(buf_[0]) | static_cast<uint8_t>(buf_[1]) << 8 |
-                     static_cast<uint8_t>(buf_[2]) << 16 | static_cast<uint32_t>(static_cast<uint8_t>(buf_[3])) << 24;
-      if (len > (16u << 20)) return Corrupt(path_ + ": a frame of " + std::to_string(len) + " bytes");
-      if (buf_.size() >= 4 + len) {
-        json j = json::parse(buf_.substr(4, len), nullptr, false);
-        buf_.erase(0, 4 + len);
-        if (j.is_discarded()) return Corrupt(path_ + ": a frame that is not JSON");
-        return j;
-      }
-    }
-    pollfd p{fd_, POLLIN, 0};
-    int left = RemainingMs(deadline);
-    if (left == 0 || ::poll(&p, 1, left) != 1) return Timeout(path_ + ": no reply in time");
-    char tmp[65536];
-    ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return IoError(path_ + ": the peer closed the connection");
-    buf_.append(tmp, static_cast<size_t>(n));
-  }
-}
-
-Result<json> ControlLink::Call(const json& msg, int timeout_ms) {
-  if (fd_ < 0) {
-    Status s = Connect(path_);
-    if (!s.ok()) return s.error();
-  }
-  std::string body = msg.dump();
-  std::string frame(4, '\0');
-  uint32_t len = static_cast<uint32_t>(body.size());
-  for (int i = 0; i < 4; ++i) frame[static_cast<size_t>(i)] = static_cast<char>((len >> (8 * i)) & 0xff);
-  frame += body;
-  if (Status s = SendAll(fd_, frame); !s.ok()) {
-    Close();
-    return s.error();
-  }
-  auto deadline = Steady::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    auto m = Read(deadline);
-    if (!m.ok()) {
-      Close();  // the next call reconnects
-      return m.error();
-    }
-    if (m->is_object() && m->value("type", "") == "event") {
-      events_.push_back(std::move(*m));
-      continue;
-    }
-    return m;
-  }
-}
-
-std::vector<json> ControlLink::TakeEvents() {
-  std::vector<json> e = std::move(events_);
-  events_.clear();
-  return e;
-}
-
-Result<std::string> HaproxyCommand(const std::string& socket, const std::string& command, int timeout_ms) {
-  auto fd = ConnectUnix(socket);
-  if (!fd.ok()) return fd.error();
-  std::string out;
-  Status s = SendAll(*fd, command + "\n");
-  auto deadline = Steady::now() + std::chrono::milliseconds(timeout_ms);
-  while (s.ok()) {
-    pollfd p{*fd, POLLIN, 0};
-    int left = RemainingMs(deadline);
-    if (left == 0 || ::poll(&p, 1, left) != 1) {
-      s = Timeout(socket + ": '" + command + "' got no complete answer in time");
-      break;
-    }
-    char tmp[65536];
-    ssize_t n = ::recv(*fd, tmp, sizeof(tmp), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // HAProxy closes after one command
-    out.append(tmp, static_cast<size_t>(n));
-  }
-  ::close(*fd);
-  if (!s.ok()) return s.error();
-  return out;
-}
 
 // ---------------------------------------------------------------------------
 // wsup
@@ -242,9 +108,9 @@ class WsupTarget final : public DrillTarget {
       std::atomic<bool> answered{false};
       d->t0_us = NowUs();
       std::thread caller([&] {
-        ControlLink link;
+        ControlClient link;
         Status s = link.Connect(o_.supervisor_socket);
-        reply = s.ok() ? link.Call({{"type", "failover"}, {"drill", true}, {"kill", false}}, 60'000)
+        reply = s.ok() ? link.Call({{"type", "failover"}, {"drill", true}, {"kill", false}}, std::chrono::seconds(60))
                        : Result<json>(s.error());
         answered = true;
       });
@@ -344,7 +210,7 @@ class WsupTarget final : public DrillTarget {
   }
 
   WsupTargetOptions o_;
-  ControlLink sup_, front_;
+  ControlClient sup_, front_;
   bool sup_linked_ = false, front_linked_ = false;
 };
 
@@ -488,7 +354,7 @@ class HaproxyTarget final : public DrillTarget {
   }
 
   Result<pid_t> EnginePid(int port) {
-    ControlLink sup;
+    ControlClient sup;
     WSUP_RETURN_IF_ERROR(sup.Connect(o_.supervisor_socket));
     auto st = sup.Call({{"type", "status"}});
     if (!st.ok()) return st.error();
@@ -504,7 +370,7 @@ class HaproxyTarget final : public DrillTarget {
     for (const std::string& n : {o_.primary, o_.backup}) {
       if ((*s)[n].status != "UP") return n + " is " + (*s)[n].status;
     }
-    ControlLink sup;
+    ControlClient sup;
     WSUP_RETURN_IF_ERROR(sup.Connect(o_.supervisor_socket));
     auto st = sup.Call({{"type", "status"}});
     if (!st.ok()) return st.error();
@@ -603,4 +469,4 @@ Status RunDrills(DrillTarget& target, LoadGenerator& load, const DrillPlan& plan
   return Status::Ok();
 }
 
-}  // namespace wsup::bench
+}  // namespace wsup::test

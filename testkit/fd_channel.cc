@@ -1,4 +1,4 @@
-#include "tests/client/fd_channel.h"
+#include "testkit/fd_channel.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "tests/http/http_test_client.h"
+#include "testkit/http_client.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

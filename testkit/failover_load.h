@@ -52,7 +52,7 @@
 
 #include "common/status.h"
 
-namespace wsup::bench {
+namespace wsup::test {
 
 // One golden case of a test checkpoint (golden.json): prompt and the text of
 // its greedy continuation (one token per byte; token t is U+00tt).
@@ -181,4 +181,4 @@ nlohmann::json RecordsJson(const std::vector<RequestRecord>& records, int64_t or
 // Nearest-rank percentile of `v` (p in 0..100); -1 when empty.
 double Percentile(std::vector<double> v, double p);
 
-}  // namespace wsup::bench
+}  // namespace wsup::test

@@ -32,39 +32,11 @@
 
 #include <nlohmann/json.hpp>
 
-#include "bench/failover_load.h"
+#include "testkit/control_client.h"
+#include "testkit/failover_load.h"
 #include "common/status.h"
 
-namespace wsup::bench {
-
-// A blocking client of a control socket framed as 4-byte little-endian
-// length + JSON (the supervisor's and the front's). Messages with
-// "type":"event" are kept apart from replies.
-class ControlLink {
- public:
-  ControlLink() = default;
-  ~ControlLink();
-  ControlLink(const ControlLink&) = delete;
-  ControlLink& operator=(const ControlLink&) = delete;
-
-  Status Connect(const std::string& path);
-  // Sends `msg` and returns the next message that is not an event.
-  Result<nlohmann::json> Call(const nlohmann::json& msg, int timeout_ms = 5000);
-  // Events received so far, oldest first; cleared by TakeEvents().
-  std::vector<nlohmann::json> TakeEvents();
-  void Close();
-
- private:
-  Result<nlohmann::json> Read(std::chrono::steady_clock::time_point deadline);
-  int fd_ = -1;
-  std::string path_;
-  std::string buf_;
-  std::vector<nlohmann::json> events_;
-};
-
-// One command on HAProxy's stats socket (a connection per command); the
-// whole answer.
-Result<std::string> HaproxyCommand(const std::string& socket, const std::string& command, int timeout_ms = 2000);
+namespace wsup::test {
 
 class DrillTarget {
  public:
@@ -124,4 +96,4 @@ struct DrillPlan {
 // could not run are an error; the records of those that ran are kept in `out`.
 Status RunDrills(DrillTarget& target, LoadGenerator& load, const DrillPlan& plan, std::vector<DrillRecord>* out);
 
-}  // namespace wsup::bench
+}  // namespace wsup::test

@@ -1,6 +1,7 @@
-#include "tests/test_util.h"
+#include "testkit/test_util.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -9,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -262,27 +264,28 @@ bool WriteProcFile(const char* path, const std::string& text) {
 
 }  // namespace
 
-int RunWithReadOnlyMount(const std::string& dir, const std::function<int()>& body, std::chrono::milliseconds limit) {
-  pid_t pid = ::fork();
-  if (pid < 0) return kNoReadOnlyMount;
-  if (pid == 0) {
-    const uid_t uid = ::geteuid();
-    const gid_t gid = ::getegid();
-    if (::unshare(CLONE_NEWNS) != 0) {
-      // Not allowed to mount here: a user namespace of our own, as its root.
-      if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) ::_exit(kNoReadOnlyMount);
-      if (!WriteProcFile("/proc/self/setgroups", "deny") ||
-          !WriteProcFile("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
-          !WriteProcFile("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
-        ::_exit(kNoReadOnlyMount);
-      }
-    }
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
-        ::mount("tmpfs", dir.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=64k") != 0) {
-      ::_exit(kNoReadOnlyMount);
-    }
-    ::_exit(body());
+int ThreadCount() {
+  std::error_code ec;
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
   }
+  return n;
+}
+
+int RunForked(const std::function<int()>& body, std::chrono::milliseconds limit) {
+  if (int threads = ThreadCount(); threads != 1) {
+    std::fprintf(stderr,
+                 "RunForked: this process runs %d threads; a forked child could hang on a lock another thread "
+                 "held. Fork before starting threads, or start a program (test::Child) instead\n",
+                 threads);
+    return kForkWithThreads;
+  }
+  std::fflush(nullptr);  // nothing buffered is written twice
+  pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) ::_exit(body());
   int code = -1;
   const bool done = WaitFor(
       [&] {
@@ -299,6 +302,38 @@ int RunWithReadOnlyMount(const std::string& dir, const std::function<int()>& bod
     return -1;
   }
   return code;
+}
+
+int RunForkedAs(uid_t uid, const std::function<int()>& body, std::chrono::milliseconds limit) {
+  return RunForked(
+      [&] {
+        if (::setgroups(0, nullptr) != 0 || ::setgid(uid) != 0 || ::setuid(uid) != 0) return 99;
+        return body();
+      },
+      limit);
+}
+
+int RunWithReadOnlyMount(const std::string& dir, const std::function<int()>& body, std::chrono::milliseconds limit) {
+  return RunForked(
+      [&] {
+        const uid_t uid = ::geteuid();
+        const gid_t gid = ::getegid();
+        if (::unshare(CLONE_NEWNS) != 0) {
+          // Not allowed to mount here: a user namespace of our own, as its root.
+          if (::unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0) return kNoReadOnlyMount;
+          if (!WriteProcFile("/proc/self/setgroups", "deny") ||
+              !WriteProcFile("/proc/self/uid_map", "0 " + std::to_string(uid) + " 1") ||
+              !WriteProcFile("/proc/self/gid_map", "0 " + std::to_string(gid) + " 1")) {
+            return kNoReadOnlyMount;
+          }
+        }
+        if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+            ::mount("tmpfs", dir.c_str(), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=64k") != 0) {
+          return kNoReadOnlyMount;
+        }
+        return body();
+      },
+      limit);
 }
 
 }  // namespace wsup::test

@@ -101,6 +101,24 @@ std::vector<TaggedProcess> KillLeftovers(const std::string& var, const std::stri
 // The tag of this test process (WSUP_TEST_OWNER's value).
 std::string OwnerTag();
 
+// What RunForked returns when it refuses to fork: the process runs more
+// than one thread, and a child forked from such a process runs its body on a
+// copy of memory whose locks (the allocator's, a logger's) another thread may
+// have held at the fork, so it can hang for ever. Fork before starting
+// threads, or start a program instead (Child, Run).
+inline constexpr int kForkWithThreads = -2;
+// The number of threads this process runs now (/proc/self/task).
+int ThreadCount();
+// Runs `body` in a forked child and returns its exit code (128 + the signal
+// when one ended it); `limit` bounds the wait, after which the child is
+// killed and -1 returned. `body` may allocate and call anything: the fork is
+// refused (kForkWithThreads, with the reason on stderr) unless this process
+// runs one thread.
+int RunForked(const std::function<int()>& body, std::chrono::milliseconds limit);
+// RunForked, with the child's uid and gid set to `uid` first (it needs
+// root; the child exits 99 when it cannot change them).
+int RunForkedAs(uid_t uid, const std::function<int()>& body, std::chrono::milliseconds limit);
+
 // The exit code of a child that could not mount (no namespaces on this
 // machine): the caller skips, and says so.
 inline constexpr int kNoReadOnlyMount = 77;
