@@ -174,6 +174,7 @@ class HolderServer {
   void AcceptAll();
   void Admit(UniqueFd fd);
   void ReadFrom(Conn* c);
+  // Requests (server_requests.cc).
   void Handle(Conn* c, Frame frame);
   void HandleHello(Conn* c, const Frame& frame);
   void HandleKvPool(Conn* c);
