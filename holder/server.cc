@@ -412,7 +412,7 @@ void HolderServer::Flush(Conn* c) {
       }
       break;
     }
-    Handle(c, std::move(**next));
+    Handle(c, **next);
   }
   UpdatePoll(c);
 }

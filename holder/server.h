@@ -175,7 +175,7 @@ class HolderServer {
   void Admit(UniqueFd fd);
   void ReadFrom(Conn* c);
   // Requests (server_requests.cc).
-  void Handle(Conn* c, Frame frame);
+  void Handle(Conn* c, const Frame& frame);
   void HandleHello(Conn* c, const Frame& frame);
   void HandleKvPool(Conn* c);
   // Engine-made layouts (server_layouts.cc).

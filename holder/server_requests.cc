@@ -16,7 +16,7 @@ namespace wsup {
 
 using nlohmann::json;
 
-void HolderServer::Handle(Conn* c, Frame frame) {
+void HolderServer::Handle(Conn* c, const Frame& frame) {
   c->restart_deadline = true;  // every request starts the connection's clock again
   std::string type = frame.type();
   if (c->waiting != 0) {
