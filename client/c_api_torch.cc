@@ -2,10 +2,11 @@
 // client/torch_allocator.h): a model's tensors carved out of a handle's
 // write lease. Every call serializes on the allocator's one lock.
 
+#include <sys/types.h>
+
 #include <exception>
 #include <mutex>
 #include <string>
-#include <sys/types.h>
 
 #include "client/c_api_handle.h"
 #include "client/carver.h"
