@@ -174,7 +174,8 @@ class HolderServer {
   void AcceptAll();
   void Admit(UniqueFd fd);
   void ReadFrom(Conn* c);
-  void Handle(Conn* c, Frame frame);
+  // Requests (server_requests.cc).
+  void Handle(Conn* c, const Frame& frame);
   void HandleHello(Conn* c, const Frame& frame);
   void HandleKvPool(Conn* c);
   // Engine-made layouts (server_layouts.cc).

@@ -1,7 +1,8 @@
 // HolderServer::Conn: one client connection of the holder server, shared by
-// the files that implement the server (server.cc: sockets, limits and the
-// checkpoint arena; server_layouts.cc: engine-made layouts). Private to
-// holder/. Loop thread only.
+// the files that implement the server (server.cc: sockets, limits and
+// connections; server_requests.cc: the requests, and the checkpoint arena's
+// hello; server_layouts.cc: engine-made layouts). Private to holder/. Loop
+// thread only.
 #pragma once
 
 #include <sys/types.h>
