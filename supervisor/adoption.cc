@@ -53,38 +53,10 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
   }
   if (stopping_) return Status::Ok();
 
-  // Holders.
+  // Holders: adopted when they still run, else spawned.
   if (cfg_.weight_cache.mode == CacheMode::kDaemon) {
-    for (int r = 0; r < std::max(1, cfg_.parallel.tp); ++r) {
-      auto h = std::make_unique<HolderSlot>(timers_, HolderRestartPolicy(cfg_));
-      h->rank = r;
-      h->socket = HolderSocket(cfg_, r);
-      h->record_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".arena.json");
-      h->layouts_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".layouts.json");
-      h->kv_pool_path = JoinPath(cfg_.node.runtime_dir, "holder-" + std::to_string(r) + ".kvpool.json");
-      holders_.push_back(std::move(h));
-    }
-    for (auto& h : holders_) {
-      const RuntimeState::Holder* ph = nullptr;
-      if (prev) {
-        for (const auto& x : prev->holders) {
-          if (x.rank == h->rank) ph = &x;
-        }
-      }
-      if (ph && ph->proc.StillRunning()) {
-        h->pid = ph->proc.pid;
-        h->start_time = ph->proc.start_time;
-        HolderSlot* hp = h.get();
-        auto w = launcher_.WatchExit(&loop_, h->pid, [this, hp](const ExitInfo& info) { OnHolderExit(*hp, info); });
-        if (w.ok()) h->watch = *w;
-        // The keeper attach runs off the loop; a holder that does not answer
-        // is killed and restarted (holder table: keeping --keep_failed-->).
-        FireHolder(*h, ChildEvent::kAdopt, "adopted pid " + std::to_string(h->pid) + " after a supervisor restart");
-        continue;
-      }
-      SpawnHolder(*h);
-      if (stopping_) return Status::Ok();
-    }
+    holders_.Start(prev ? prev->holders : std::vector<RuntimeState::Holder>{});
+    if (stopping_) return Status::Ok();
   }
 
   // Engines: adopt those that still run as the processes recorded; the one
@@ -117,7 +89,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     // replaced starts with the version it was to run).
     if (prev->rollout) ResumeRoll(*prev->rollout);
   }
-  if (AllHoldersReady()) StartEngines();
+  if (holders_.AllReady()) StartEngines();
   SaveState();
   return Status::Ok();
 }

@@ -17,6 +17,8 @@ constexpr ChildTransition kTable[] = {
     {K::kHolder, S::kIdle, E::kStop, S::kStopped, A::kNone},
 
     {K::kHolder, S::kStarting, E::kUp, S::kKeeping, A::kAttachKeeper},
+    // Its readiness line is not a holder's: the keeper could not reach it.
+    {K::kHolder, S::kStarting, E::kKeepFailed, S::kFailed, A::kKill},
     {K::kHolder, S::kStarting, E::kExited, S::kFailed, A::kScheduleRestart},
     {K::kHolder, S::kStarting, E::kStop, S::kStopping, A::kTerminate},
 

@@ -4,7 +4,8 @@
 // Holder (one per rank):
 //   idle --spawn--> starting --up--> keeping --kept--> ready
 //   idle --adopt--> keeping              (a restarted supervisor found it)
-//   keeping --keep_failed--> failed [kill]  (alive but not serving its arena)
+//   starting | keeping --keep_failed--> failed [kill]  (alive, but its
+//                   readiness line is refused or its arena cannot be kept)
 //   starting | keeping | ready --exited--> failed [schedule_restart]
 //   failed --spawn--> starting;  failed --give_up--> down
 //
@@ -49,7 +50,7 @@ enum class ChildEvent {
   kAdopt,       // a restarted supervisor found it running
   kUp,          // holder: readiness line; front: control link connected
   kKept,        // holder: the keeper attach returned the arena fds
-  kKeepFailed,  // holder: the keeper attach failed while the process lives
+  kKeepFailed,  // holder: alive but cannot be kept (bad readiness line, failed keeper attach)
   kLinkLost,    // front: the control link closed while the process lives
   kExited,      // the process exited (any cause)
   kGiveUp,      // the restart throttle says stop trying

@@ -1,7 +1,6 @@
 // The supervisor's surfaces: the control socket the `wsup` CLI talks to
 // (status, failover drills, stop) and the admin HTTP listener (/metrics,
 // /status).
-#include <numeric>
 
 #include "common/log.h"
 #include "supervisor/messages.h"
@@ -58,22 +57,7 @@ json Supervisor::Impl::StatusJson() {
     if (s->resume.is_object()) e["resume"] = s->resume;
     j["engines"].push_back(e);
   }
-  j["holders"] = json::array();
-  for (const auto& h : holders_) {
-    json hj{{"rank", h->rank},
-            {"pid", h->pid},
-            {"socket", h->socket},
-            {"state", ChildStateName(h->state)},
-            {"ready", h->ready()},
-            {"kept_fds", h->kept ? h->kept->fds.size() : 0},
-            {"kept_layouts", h->layouts.size()},
-            {"kept_layout_fds", std::accumulate(h->layouts.begin(), h->layouts.end(), size_t{0},
-                                                [](size_t n, const KeptLayout& k) { return n + k.fds.size(); })},
-            {"restarts", h->throttle.total()}};
-    if (!h->down_reason.empty()) hj["failure"] = h->down_reason;
-    if (h->kv_pool) hj["kv_pool"] = KvPoolStatus(*h);
-    j["holders"].push_back(hj);
-  }
+  j["holders"] = holders_.StatusJson();
   j["front"] = front_.StatusJson();
   if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
   // A failover ends with the first correct answer through the front; until

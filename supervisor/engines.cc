@@ -350,7 +350,7 @@ void Supervisor::Impl::RecordCache(Slot& s, const EngineStatus::Weights& weights
   // have found one committed by an engine that died before it said so.
   // Either way the holders are asked for what is not kept yet.
   if (cfg_.weight_cache.layout == CacheLayout::kEngine && (source == "published" || source == "holder")) {
-    KeepLayoutsEverywhere();
+    holders_.KeepLayoutsEverywhere();
   }
 }
 

@@ -26,10 +26,8 @@ void Supervisor::Impl::SaveState() {
   // runtime_state.h), and a child must never run unrecorded, or a
   // supervisor that dies right after a spawn leaves a process that neither
   // its successor nor `wsup stop` can find.
-  if (stopping_ && a_.pid == 0 && b_.pid == 0 && !front_.has_process()) {
-    bool any = false;
-    for (const auto& h : holders_) any |= h->pid > 0;
-    if (!any) return;  // MaybeFinishStop() removes the file
+  if (stopping_ && a_.pid == 0 && b_.pid == 0 && !front_.has_process() && !holders_.AnyProcess()) {
+    return;  // MaybeFinishStop() removes the file
   }
   Status st = BuildState().Save(RuntimeState::PathIn(cfg_.node.runtime_dir));
   if (!st.ok()) spdlog::error("{}", st.error().message());
@@ -44,9 +42,7 @@ RuntimeState Supervisor::Impl::BuildState() {
   st.saved_ms = clock_.WallMs();
   st.kv_pool_owner = kv_.owner();
   st.front = front_.Record();
-  for (const auto& h : holders_) {
-    if (h->pid > 0) st.holders.push_back({h->rank, ProcessRef{h->pid, h->start_time}, h->socket, h->record_path});
-  }
+  st.holders = holders_.Records();
   for (Slot* s : {&a_, &b_}) {
     if (s->pid <= 0) continue;
     std::string role = s->state == SlotState::kActive    ? "active"

@@ -160,7 +160,7 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
   cfg_.where = next.where;
   if (!std::getenv("WSUP_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(cfg_.supervisor.log_level));
   for (Slot* s : {&a_, &b_}) s->throttle.set_policy(EngineRestartPolicy(cfg_));
-  for (auto& h : holders_) h->throttle.set_policy(HolderRestartPolicy(cfg_));
+  holders_.SetRestartPolicy(HolderRestartPolicy(cfg_));
   front_.SetRestartPolicy(FrontRestartPolicy(cfg_));
   if (probe_changed) {
     // Probes of the new shape from now on; a monitor starts over, the

@@ -73,8 +73,29 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       watchdog_(timers_.Make()),
       a_(timers_, "a", EngineRestartPolicy(cfg_)),
       b_(timers_, "b", EngineRestartPolicy(cfg_)),
+      holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
       front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()) {
   SubscribeToEngines();
+}
+
+HolderSet::Hooks Supervisor::Impl::HolderHooks() {
+  HolderSet::Hooks h;
+  h.stopping = [this] { return stopping_; };
+  h.fatal = [this](const std::string& why, int exit_code) { BeginStop(why, exit_code); };
+  h.save_state = [this] { SaveState(); };
+  h.all_ready = [this] { StartEngines(); };
+  h.restarted = [this](const HolderRestartRecord& rec) {
+    LedgerResult(ledger_->RecordHolderRestart(rec), "holder restart");
+    metrics_.holder_restarts++;
+  };
+  h.down = [this](const std::string& why) { SetDegraded(why); };
+  h.store_fds = [this](const std::string& name, const std::vector<int>& fds) {
+    Logged(notifier_.StoreFds(name, fds), "storing the arena fds");
+  };
+  h.exited = [this] {
+    if (stopping_) MaybeFinishStop();
+  };
+  return h;
 }
 
 void Supervisor::Impl::After(int64_t ms, std::function<void()> cb) {
@@ -98,12 +119,7 @@ Supervisor::Impl::~Impl() {
   }
   if (kv_fence_watch_) kv_fence_watch_->Close();
   kv_fence_watch_ = nullptr;
-  for (auto& h : holders_) {
-    if (h->watch) h->watch->Close();
-    h->watch = nullptr;
-    if (h->ready_line) h->ready_line->Close();
-    h->ready_line = nullptr;
-  }
+  holders_.Detach();
   front_.Detach("supervisor exiting");
   if (control_) control_->Close();
   if (admin_) admin_->Close();
@@ -305,19 +321,13 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
     Fire(*s, SlotEvent::kStop, why);
   }
   front_.Stop(why);
-  for (auto& h : holders_) {
-    h->restart_timer->Stop();
-    FireHolder(*h, ChildEvent::kStop, why);
-  }
+  holders_.Stop(why);
   MaybeFinishStop();
 }
 
 void Supervisor::Impl::MaybeFinishStop() {
   if (!stopping_) return;
-  if (a_.pid > 0 || b_.pid > 0 || front_.has_process()) return;
-  for (auto& h : holders_) {
-    if (h->pid > 0) return;
-  }
+  if (a_.pid > 0 || b_.pid > 0 || front_.has_process() || holders_.AnyProcess()) return;
   // A clean stop leaves nothing to adopt.
   std::string state_path = RuntimeState::PathIn(cfg_.node.runtime_dir);
   if (::unlink(state_path.c_str()) != 0 && errno != ENOENT) {
@@ -349,10 +359,7 @@ void Supervisor::Impl::MaybeFinishStop() {
     }
     if (kv_fence_watch_) kv_fence_watch_->Close();
     kv_fence_watch_ = nullptr;
-    for (auto& h : holders_) {
-      h->kept.reset();
-      h->layouts.clear();  // releases the kept layouts: the holders have stopped
-    }
+    holders_.ReleaseKept();  // the holders have stopped
     finished_ = true;
     uv_stop(&loop_);
   });

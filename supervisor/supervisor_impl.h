@@ -8,7 +8,9 @@
 //                  link, routes, restarts; nothing else touches the front
 //   front_events.cc  what the front says (its messages, a silent engine),
 //                  FrontLink's hooks, the routes it is given
-//   holders.cc     the weight holders: spawn, keeper attach, restarts
+//   holder_set.cc  HolderSet (holder_set.h), the weight holders' one owner:
+//                  spawn, readiness, keeper attach, kept layouts and KV
+//                  pool, restarts; the rest reaches them through its methods
 //   engines.cc     the engine slots: spawn, identity, status, probes, the
 //                  table's actions, restarts
 //   failover.cc    failover and promotion (the standby checked first), the
@@ -19,15 +21,14 @@
 //   node_state.cc  state.json, the status line, ledger writes
 //
 // Every state change of an engine, a holder or the front goes through its
-// table (engine_fsm.h, child_fsm.h): Fire() (engines), FireHolder() and
-// FrontLink's own Fire() look the row up, log it with its cause, and carry
+// table (engine_fsm.h, child_fsm.h): Fire() (engines), and HolderSet's and
+// FrontLink's own Fire(), look the row up, log it with its cause, and carry
 // out its action. An engine's move is published once (engine_events.h) to
 // the subscribers of SubscribeToEngines() (engines.cc), the table's action
 // among them, in the order their effects must happen.
 //
-// Threads: the loop thread only, except the keeper attaches and KV pool
-// fetches, which run on libuv's thread pool and come back through their
-// after-work callbacks.
+// Threads: the loop thread only (HolderSet runs its keeper exchanges on
+// libuv's thread pool, and they come back on the loop).
 #pragma once
 
 #include <uv.h>
@@ -56,6 +57,7 @@
 #include "supervisor/engine_fsm.h"
 #include "supervisor/engine_version.h"
 #include "supervisor/front_link.h"
+#include "supervisor/holder_set.h"
 #include "supervisor/kv_handover.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout_fsm.h"
@@ -74,8 +76,8 @@
 namespace wsup {
 
 // Restart policies, one per kind of child, from the one [supervisor] section.
+// (The holders' is holder_set.h's, the front's front_link.h's.)
 RestartPolicy EngineRestartPolicy(const Config& cfg);
-RestartPolicy HolderRestartPolicy(const Config& cfg);
 
 class Supervisor::Impl {
  public:
@@ -180,44 +182,6 @@ class Supervisor::Impl {
     bool respawn_after_stop = false;  // a rollout ended while this slot was stopping
   };
 
-  // ---- a weight holder (one per rank, daemon mode)
-  struct HolderSlot {
-    HolderSlot(TimerSource& timers, RestartPolicy policy)
-        : restart_timer(timers.Make()), throttle(std::move(policy)) {}
-    int rank = 0;
-    ChildState state = ChildState::kIdle;
-    pid_t pid = 0;
-    uint64_t start_time = 0;
-    ProcessWatch* watch = nullptr;
-    std::string socket;
-    std::string record_path;
-    std::optional<KeptArena> kept;
-    // weight_cache.layout = "engine": the committed layouts kept for this
-    // rank, each whole (record and fds), handed to the next holder with
-    // --adopt-layouts through the record at layouts_path.
-    std::vector<KeptLayout> layouts;
-    std::string layouts_path;
-    bool keeping_layouts = false;  // a keep round is in flight
-    bool keep_again = false;       // a commit was seen meanwhile: one more round after it
-    uint64_t keep_seq = 0;         // the round in flight; older answers are stale
-    bool from_layouts = false;     // this start was given kept layouts
-    // [kv] pool_mib > 0: the node's KV pool of this rank, fetched from the
-    // holder once it is ready (its description and fds; nothing mapped),
-    // and handed to the next holder with --adopt-kv-pool through the record
-    // at kv_pool_path, so that the pool outlives the holder under its id.
-    std::optional<KvPoolFds> kv_pool;
-    std::string kv_pool_path;
-    uint64_t kv_pool_seq = 0;      // the fetch in flight; older answers are stale
-    LineWatch* ready_line = nullptr;  // its --ready-fd, until the line comes
-    int64_t spawned_ms = 0;
-    std::string restart_reason;  // set while a restart is in progress
-    bool from_fds = false;
-    std::unique_ptr<Timer> restart_timer;
-    RestartThrottle throttle;
-    std::string down_reason;
-    bool ready() const { return state == ChildState::kReady; }
-  };
-
   // ---- a failover waiting for its first good answer through the front
   struct PendingFailover {
     int64_t id = 0;
@@ -277,41 +241,13 @@ class Supervisor::Impl {
   void OnFrontSilent(const FrontMessage& m);
   void TripSilent(Slot& s, const std::string& why);
 
-  // holders.cc
-  void SpawnHolder(HolderSlot& h);
-  void FireHolder(HolderSlot& h, ChildEvent event, const std::string& cause, int exit_code = -1);
-  void WatchReadyLine(HolderSlot& h, UniqueFd read_end);
-  void CloseWatches(Slot& s);
-  void AttachKeeperAsync(HolderSlot& h);
-  void OnKept(HolderSlot& h, Result<KeptArena> kept);
-  // weight_cache.layout = "engine" (holders.cc): a keep round asks the
-  // holder for its committed layouts and takes the record and fds of each
-  // one not kept yet (off the loop). `first`: the round that makes a
-  // holder ready (holder table: keeping --kept-->).
-  void KeepLayoutsAsync(HolderSlot& h, bool first);
-  void OnLayoutsKept(HolderSlot& h, Result<LayoutKeepRound> round, bool first);
-  // After an engine reports weights from the holders: a commit may be new.
-  void KeepLayoutsEverywhere();
-  // [kv] pool_mib > 0 (holders.cc): fetches a ready holder's KV pool (off
-  // the loop) and keeps it in HolderSlot::kv_pool; after a restart, checks
-  // that the new holder serves the pool it was given.
-  void KeepKvPoolAsync(HolderSlot& h);
-  void OnKvPoolFetched(HolderSlot& h, Result<KvPoolFds> fetched);
-  // {"id", "bytes"} of a holder's kept pool, for `wsup status`; null when none.
-  nlohmann::json KvPoolStatus(const HolderSlot& h) const;
-  // The fds kept for every holder, and how many this process may keep (a
-  // holder restart passes each one twice at once: process.h).
-  uint64_t KeptFds() const;
-  uint64_t FdBudget() const;
-  // The holder_restarts row of a restart now complete (restart_reason set).
-  void RecordHolderRestart(HolderSlot& h, int64_t now);
-  void OnHolderExit(HolderSlot& h, const ExitInfo& info);
-  void ScheduleHolderRestart(HolderSlot& h, int exit_code, const std::string& how);
-  bool AllHoldersReady() const;
+  // supervisor.cc: the hooks through which holders_ tells this node.
+  HolderSet::Hooks HolderHooks();
 
   // engines.cc
   void StartEngines();
   void SpawnEngine(Slot& s);
+  void CloseWatches(Slot& s);
   void PollStatus(Slot& s);
   bool CheckIdentity(Slot& s, const nlohmann::json* status);
   void OnEngineStatus(Slot& s, const nlohmann::json& status, const EngineStatus& view);
@@ -493,7 +429,7 @@ class Supervisor::Impl {
   // Every move of a slot's table, published by Fire() to the subscribers
   // of SubscribeToEngines().
   EngineEventList engine_events_;
-  std::vector<std::unique_ptr<HolderSlot>> holders_;
+  HolderSet holders_;
   FrontLink front_;
   bool engines_started_ = false;
   bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles

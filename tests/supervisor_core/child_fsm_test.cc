@@ -51,6 +51,12 @@ TEST_CASE("holder: one that lives but cannot be kept is killed, and its exit res
   CHECK_FALSE(NextChildTransition(K::kHolder, S::kDown, E::kSpawn).has_value());
 }
 
+TEST_CASE("holder: one whose readiness line is refused is killed before it is kept, and its exit restarts it") {
+  S s = S::kStarting;
+  Step(K::kHolder, &s, E::kKeepFailed, S::kFailed, A::kKill);
+  Step(K::kHolder, &s, E::kExited, S::kFailed, A::kScheduleRestart);
+}
+
 TEST_CASE("holder: an adopted one is kept again without a spawn") {
   S s = S::kIdle;
   Step(K::kHolder, &s, E::kAdopt, S::kKeeping, A::kAttachKeeper);
