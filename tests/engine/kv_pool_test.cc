@@ -156,30 +156,7 @@ TEST_CASE("role requests: active with the pool, active on scratch, standby - bad
 
 using testing::TinyRunner;
 
-// Collects what the scheduler says, per request.
-struct Outcomes {
-  std::mutex mu;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, std::string> finish;
-  Scheduler::Sink Sink() {
-    return [this](std::vector<GenEvent> events) {
-      std::lock_guard<std::mutex> lk(mu);
-      for (auto& e : events) {
-        auto& t = tokens[e.id];
-        t.insert(t.end(), e.tokens.begin(), e.tokens.end());
-        if (e.done) finish[e.id] = e.error ? "error: " + e.error->message() : e.finish_reason;
-      }
-    };
-  }
-  bool Done(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu);
-    return finish.count(id) > 0;
-  }
-  std::vector<int32_t> Tokens(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu);
-    return tokens[id];
-  }
-};
+using Outcomes = testing::SchedulerEvents;
 
 GenRequest Req(uint64_t id, int max_tokens) {
   GenRequest g;
