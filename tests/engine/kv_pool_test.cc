@@ -158,6 +158,23 @@ using testing::TinyRunner;
 
 using Outcomes = testing::SchedulerEvents;
 
+// A started scheduler over TinyRunner's KV cache as a pool member: 4
+// scratch blocks beside one 1 MiB pool allocation; out collects what it
+// says.
+struct PooledScheduler {
+  std::unique_ptr<ModelRunner> runner = PooledRunner();
+  Outcomes out;
+  Scheduler sched{runner.get(), SchedulerOptions{}, out.Sink()};
+  PooledScheduler() { sched.Start(); }
+
+  static std::unique_ptr<ModelRunner> PooledRunner() {
+    REQUIRE(test::HaveTestData("llama-tiny-f32"));
+    auto runner = TinyRunner();
+    REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+    return runner;
+  }
+};
+
 GenRequest Req(uint64_t id, int max_tokens) {
   GenRequest g;
   g.id = id;
@@ -255,13 +272,9 @@ TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same 
   CHECK(st.pool_blocks_in_use == 0);
 }
 
-TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its blocks", "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler,
+                 "scheduler over a pool: closing waits for the sequences that hold its blocks",
+                 "[kv_pool]") {
   TestPool pool;
   auto fetch = pool.Fetch();
   Done opened;
@@ -295,14 +308,9 @@ TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its 
   CHECK(sched.stats().pool_mapped);
 }
 
-TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its scratch - a private cache refuses",
-          "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler,
+                 "scheduler over a pool: a fetch that fails leaves the engine on its scratch - a private cache refuses",
+                 "[kv_pool]") {
   Done failed;
   sched.OpenPool([]() -> Result<std::vector<std::vector<UniqueFd>>> { return Unavailable("holder down (test)"); },
                  failed.Fn());
@@ -356,13 +364,9 @@ TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its sc
 
 namespace {
 
-TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not between them", "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler,
+                 "scheduler over a pool: the pool is mapped beside the steps, not between them",
+                 "[kv_pool]") {
   // A sequence on the scratch, generating.
   REQUIRE(sched.Submit(Req(1, 50)).ok());
   REQUIRE(test::WaitFor([&] { return out.Tokens(1).size() >= 2; }, std::chrono::seconds(30)));
@@ -388,13 +392,8 @@ TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not betwe
 
 namespace {
 
-TEST_CASE("scheduler over a pool: role requests take effect in their order", "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler, "scheduler over a pool: role requests take effect in their order",
+                 "[kv_pool]") {
   TestPool pool;
   auto fetch = pool.Fetch();
   // Busy with a sequence, so that requests meet queued ones; whichever way
