@@ -1,36 +1,16 @@
 #!/usr/bin/env python3
 """Tests of scripts/check_layers.py: the repository follows its layers, and
 the checker refuses each kind of break in a small tree of its own."""
-import os
-import subprocess
-import sys
-import atexit
-import shutil
-import tempfile
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-CHECK = os.path.join(ROOT, "scripts", "check_layers.py")
+import script_check
+from script_check import ROOT, expect
 
 
 def run(root):
-    p = subprocess.run([sys.executable, CHECK, root], capture_output=True, text=True, timeout=60)
-    return p.returncode, p.stdout + p.stderr
+    return script_check.run("check_layers.py", root)
 
 
 def tree(files):
-    d = tempfile.mkdtemp(prefix="wsup-layers-")
-    atexit.register(shutil.rmtree, d, True)  # every tree goes when the test ends
-    for rel, text in files.items():
-        os.makedirs(os.path.join(d, os.path.dirname(rel)), exist_ok=True)
-        with open(os.path.join(d, rel), "w") as f:
-            f.write(text)
-    return d
-
-
-def expect(cond, what, out):
-    if not cond:
-        print(f"FAILED: {what}\n{out}")
-        sys.exit(1)
+    return script_check.tree("wsup-layers-", files)
 
 
 rc, out = run(ROOT)

@@ -2,35 +2,16 @@
 """Tests of scripts/check_test_names.py: the repository's test names are
 whole for CTest, and the checker refuses a ';' in a name, also in a
 fixture's test and across joined literals."""
-import os
-import subprocess
-import sys
-import atexit
-import shutil
-import tempfile
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-CHECK = os.path.join(ROOT, "scripts", "check_test_names.py")
+import script_check
+from script_check import ROOT, expect
 
 
 def run(root):
-    p = subprocess.run([sys.executable, CHECK, root], capture_output=True, text=True, timeout=60)
-    return p.returncode, p.stdout + p.stderr
+    return script_check.run("check_test_names.py", root)
 
 
 def tree(text):
-    d = tempfile.mkdtemp(prefix="wsup-names-")
-    atexit.register(shutil.rmtree, d, True)  # every tree goes when the test ends
-    os.makedirs(os.path.join(d, "tests"))
-    with open(os.path.join(d, "tests", "a_test.cc"), "w") as f:
-        f.write(text)
-    return d
-
-
-def expect(cond, what, out):
-    if not cond:
-        print(f"FAILED: {what}\n{out}")
-        sys.exit(1)
+    return script_check.tree("wsup-names-", {"tests/a_test.cc": text})
 
 
 rc, out = run(ROOT)

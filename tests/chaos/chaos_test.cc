@@ -33,6 +33,7 @@
 
 #include "testkit/http_client.h"
 #include "tests/node/node_fixture.h"
+#include "tests/probes/scripted_server.h"
 #include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/protocol.h"
@@ -43,21 +44,6 @@ namespace {
 using namespace std::chrono_literals;
 using namespace nodetest;
 using nlohmann::json;
-
-// A port no one listens on right now (the kernel's pick, released).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
-  ::close(fd);
-  return port;
-}
 
 // A socket listening on a loopback port, held by the test.
 struct HeldPort {
@@ -208,7 +194,7 @@ TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no 
 TEST_CASE("chaos 3: a node whose engine ports collide is refused before its engines start - the other is untouched",
           "[chaos]") {
   if (!Have()) return;
-  int p1 = FreePort(), p2 = FreePort();
+  int p1 = test::UnusedPort(), p2 = test::UnusedPort();
   REQUIRE(p1 != p2);
   Node a({"engine.primary_port=" + std::to_string(p1), "engine.standby_port=" + std::to_string(p2)});
   a.Start();

@@ -12,15 +12,14 @@
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "testkit/test_util.h"
+#include "tests/text_check.h"
 
 namespace wsup {
 namespace {
 
 using nlohmann::json;
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 
 // The checkpoint's tensors.json: name -> {file, dtype (torch name), shape, sha256}.
 json ReadTensorsJson(const std::string& dir) {

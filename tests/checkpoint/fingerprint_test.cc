@@ -7,13 +7,12 @@
 #include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
 #include "testkit/test_util.h"
+#include "tests/text_check.h"
 
 namespace wsup {
 namespace {
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 
 const std::vector<std::string> kFields = {
     "model_path", "architecture",      "revision",     "checkpoint",   "checkpoint_files",

@@ -12,13 +12,12 @@
 #include "checkpoint/sharding.h"
 #include "common/fs.h"
 #include "testkit/test_util.h"
+#include "tests/text_check.h"
 
 namespace wsup {
 namespace {
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 bool EndsWith(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }

@@ -4,13 +4,12 @@
 
 #include "checkpoint/checkpoint.h"
 #include "testkit/test_util.h"
+#include "tests/text_check.h"
 
 namespace wsup {
 namespace {
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 
 ModelConfig WithQuant(const std::string& quant_json) {
   auto c = ParseModelConfig(R"({"vocab_size": 8, "hidden_size": 8, "num_hidden_layers": 1,

@@ -8,13 +8,12 @@
 #include "checkpoint/safetensors_writer.h"
 #include "common/fs.h"
 #include "testkit/test_util.h"
+#include "tests/text_check.h"
 
 namespace wsup {
 namespace {
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 
 std::string ReadWhole(const Checkpoint& ck, const TensorInfo& t) {
   std::string b(t.nbytes, '\0');

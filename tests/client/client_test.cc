@@ -21,6 +21,7 @@
 
 #include "client/wsup_client.h"
 #include "testkit/test_util.h"
+#include "tests/wire/wire_check.h"
 #include "wire/protocol.h"
 
 namespace wsup {
@@ -32,6 +33,18 @@ std::string Prefix(uint32_t n) {
   std::string s(4, '\0');
   for (int i = 0; i < 4; ++i) s[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   return s;
+}
+
+// A unix socket listening at path (backlog 8) that nothing accepts on: the
+// kernel takes connections into the backlog, and nobody answers.
+UniqueFd ListenUnix(const std::string& path) {
+  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(l.get(), 8) == 0);
+  return l;
 }
 
 Fingerprint SomeFingerprint() {
@@ -513,12 +526,7 @@ TEST_CASE("a peer that is not a holder: the client gives up within its bound", "
   test::TempDir dir;
   std::string path = dir.Join("mute.sock");
   // A listener that accepts (the kernel does, through the backlog) but never answers.
-  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(l.get(), 8) == 0);
+  UniqueFd l = ListenUnix(path);
   AttachOptions o;
   o.socket_path = path;
   o.timeout_ms = 200;
@@ -537,12 +545,7 @@ TEST_CASE("a holder that turns a connection away before reading: the client repo
           "[client][protocol]") {
   test::TempDir dir;
   std::string path = dir.Join("full.sock");
-  UniqueFd l(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.data(), path.size());
-  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(l.get(), 8) == 0);
+  UniqueFd l = ListenUnix(path);
   auto ch = Channel::Connect(path, 5000);
   REQUIRE(ch.ok());
   {
@@ -572,12 +575,7 @@ TEST_CASE("a holder that turns a connection away before reading: the client repo
 class FakeHolder {
  public:
   explicit FakeHolder(const std::string& path) {
-    listen_ = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.data(), path.size());
-    REQUIRE(::bind(listen_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    REQUIRE(::listen(listen_.get(), 8) == 0);
+    listen_ = ListenUnix(path);
   }
   ~FakeHolder() {
     if (thread_.joinable()) thread_.join();
@@ -616,11 +614,7 @@ TEST_CASE("a holder that sends a bad tensor table gets a clear refusal, or disk 
   test::TempDir dir;
   const std::string path = dir.Join("fake.sock");
   FakeHolder holder(path);
-  Manifest m;
-  m.backend = "host";
-  m.device = -1;
-  m.device_uuid = "host";
-  m.allocations = {{4096}};
+  Manifest m = test::HostManifest({{4096}});
   m.entries = {{"w", "F32", {4}, 0, 0, 16}};
   const std::string table = EncodeTensorTable(m.entries).value();
   auto attach_with = [&](const std::string& blob, uint64_t announced) {

@@ -20,6 +20,10 @@
 #include "holder/arena.h"
 #include "testkit/fd_channel.h"
 #include "testkit/test_util.h"
+#include "tests/gpu_skip.h"
+#include "tests/holder/arena_check.h"
+#include "tests/text_check.h"
+#include "tests/wire/wire_check.h"
 #include "wire/manifest.h"
 
 namespace wsup {
@@ -29,41 +33,10 @@ using namespace std::chrono_literals;
 
 const char* const kCheckpoints[] = {"llama-tiny-f32", "llama-tiny-bf16-sharded", "llama-tiny-fp8-block"};
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
 std::string Peer() { return test::BinPath("wsup-test-arena-peer"); }
 
-// Why the [gpu] tests cannot run here, or "" when they can.
-std::string NoGpuReason() {
-  Status st = cuda::Init();
-  if (!st.ok()) return st.error().message();
-  auto n = cuda::DeviceCount();
-  if (!n.ok()) return n.error().message();
-  if (*n == 0) return "the driver sees no device";
-  return "";
-}
-
-#define WSUP_GPU_OR_SKIP()                                                                          \
-  do {                                                                                              \
-    std::string why_ = NoGpuReason();                                                               \
-    if (!why_.empty()) {                                                                            \
-      WARN("SKIP [gpu]: no CUDA device (" << why_                                                   \
-                                          << "); run on a GPU node with: build/tests/mapping_test " \
-                                             "'[gpu]'");                                            \
-      return;                                                                                       \
-    }                                                                                               \
-  } while (0)
-
-std::map<std::string, std::string> Hashes(const std::string& name) {
-  auto text = ReadFile(test::TestData(name) + "/tensors.json");
-  REQUIRE(text.ok());
-  auto j = nlohmann::json::parse(*text);
-  std::map<std::string, std::string> out;
-  for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value()["sha256"].get<std::string>();
-  return out;
-}
+using test::CheckHashes, test::Has, test::Hashes, test::MapDups, test::NoGpuReason;
+#define WSUP_GPU_OR_SKIP() WSUP_GPU_SKIP_IF(NoGpuReason(), "mapping_test")
 
 Arena LoadArena(const std::string& name, const std::string& backend) {
   auto ck = Checkpoint::Open(test::TestData(name));
@@ -77,36 +50,8 @@ Arena LoadArena(const std::string& name, const std::string& backend) {
   return std::move(*arena);
 }
 
-MappedArena MapDups(const Arena& a) {
-  auto fds = a.DupFds();
-  REQUIRE(fds.ok());
-  auto m = MappedArena::Map(a.manifest(), std::move(*fds));
-  if (!m.ok()) FAIL(m.error().ToString());
-  return std::move(*m);
-}
-
-// Hashes every tensor through CopyToHost (works for host and cuda).
-void CheckHashes(const MappedArena& m, const std::string& name) {
-  auto want = Hashes(name);
-  REQUIRE(m.size() == want.size());
-  std::vector<uint8_t> buf;
-  for (const auto& e : m.manifest().entries) {
-    INFO(name << ": " << e.name);
-    auto v = m.Find(e.name);
-    REQUIRE(v.entry == &e);
-    REQUIRE(v.data != nullptr);
-    buf.resize(e.nbytes);
-    REQUIRE(m.CopyToHost(e, buf.data()).ok());
-    CHECK(Sha256Hex(buf.data(), buf.size()) == want[e.name]);
-  }
-}
-
 Manifest Good() {
-  Manifest m;
-  m.backend = "host";
-  m.device = -1;
-  m.device_uuid = "host";
-  m.allocations = {{8192}, {4096}};
+  Manifest m = test::HostManifest({{8192}, {4096}});
   m.entries = {
       {"w", "F32", {4, 8}, 0, 0, 128}, {"b", "BF16", {100}, 0, 256, 200}, {"s", "F8_E4M3", {10}, 1, 0, 10}};
   return m;
@@ -350,6 +295,22 @@ TEST_CASE("a host arena maps in this process and every tensor reads right") {
   }
 }
 
+namespace {
+
+// Maps m (one allocation) on fd alone, first sized to `size` bytes unless
+// size is 0; the map must fail: its error.
+Error MapRefusal(const Manifest& m, UniqueFd fd, off_t size = 8192) {
+  REQUIRE(fd.get() >= 0);
+  if (size > 0) REQUIRE(::ftruncate(fd.get(), size) == 0);
+  std::vector<UniqueFd> fds;
+  fds.push_back(std::move(fd));
+  auto r = MappedArena::Map(m, std::move(fds));
+  REQUIRE_FALSE(r.ok());
+  return r.error();
+}
+
+}  // namespace
+
 TEST_CASE("Map refuses fds that do not match the manifest") {
   Manifest one = Good();
   one.allocations.pop_back();
@@ -369,33 +330,20 @@ TEST_CASE("Map refuses fds that do not match the manifest") {
     CHECK(Has(r.error().message(), "arena allocation 0: no fd"));
   }
   SECTION("an unsealed memfd") {
-    int fd = ::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    REQUIRE(::ftruncate(fd, 8192) == 0);
-    std::vector<UniqueFd> fds;
-    fds.emplace_back(fd);
-    auto r = MappedArena::Map(one, std::move(fds));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kRefused);
-    CHECK(Has(r.error().message(), "not sealed"));
+    Error e = MapRefusal(one, UniqueFd(::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING)));
+    CHECK(e.code() == Code::kRefused);
+    CHECK(Has(e.message(), "not sealed"));
   }
   SECTION("a memfd smaller than the manifest says") {
-    std::vector<UniqueFd> fds;
-    fds.push_back(SealedMemfd(4096));
-    auto r = MappedArena::Map(one, std::move(fds));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kMismatch);
-    CHECK(Has(r.error().message(), "holds 4096 bytes but the manifest says 8192"));
+    Error e = MapRefusal(one, SealedMemfd(4096), /*size=*/0);
+    CHECK(e.code() == Code::kMismatch);
+    CHECK(Has(e.message(), "holds 4096 bytes but the manifest says 8192"));
   }
   SECTION("a plain file") {
     test::TempDir dir;
-    int fd = ::open(dir.Join("f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    REQUIRE(::ftruncate(fd, 8192) == 0);
-    std::vector<UniqueFd> fds;
-    fds.emplace_back(fd);
-    auto r = MappedArena::Map(one, std::move(fds));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kRefused);
-    CHECK(Has(r.error().message(), "not a memfd sealed read-only"));
+    Error e = MapRefusal(one, UniqueFd(::open(dir.Join("f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600)));
+    CHECK(e.code() == Code::kRefused);
+    CHECK(Has(e.message(), "not a memfd sealed read-only"));
   }
   SECTION("an inconsistent manifest") {
     Manifest bad = one;
@@ -441,11 +389,7 @@ int PatternMappings() {
 
 // n entries of 256 bytes each, in layout order, in one allocation.
 Manifest Many(size_t n) {
-  Manifest m;
-  m.backend = "host";
-  m.device = -1;
-  m.device_uuid = "host";
-  m.allocations = {{(n * 256 + 4095) / 4096 * 4096}};
+  Manifest m = test::HostManifest({{(n * 256 + 4095) / 4096 * 4096}});
   for (size_t i = 0; i < n; ++i) {
     m.entries.push_back({"model.layers." + std::to_string(i) + ".weight", "F32", {8, 8}, 0, i * 256, 256});
   }

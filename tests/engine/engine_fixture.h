@@ -1,91 +1,26 @@
-// Real wsup-engine (and wsup-holder) processes for the engine tests:
-// started on --port 0 with a ready fd, so a test learns the port and that
-// the engine is ready without polling a port or sleeping.
+// Support for the engine tests: real wsup-engine (and wsup-holder)
+// processes come from testkit/engine_process.h (started on --port 0 with a
+// ready fd, so a test learns the port and that the engine is ready without
+// polling a port or sleeping); here, the test checkpoints' golden cases and
+// requests to a running engine.
 #pragma once
 
-#include <fcntl.h>
-#include <poll.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <chrono>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include "common/fs.h"
+#include "testkit/engine_process.h"
 #include "testkit/http_client.h"
 #include "testkit/test_util.h"
 
 namespace wsup::test {
 
-// Reads one line from fd within limit; nullopt on EOF or timeout.
-inline std::optional<std::string> ReadLine(int fd, std::chrono::milliseconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  std::string line;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return std::nullopt;
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return std::nullopt;
-    char c;
-    ssize_t n = ::read(fd, &c, 1);
-    if (n <= 0) return std::nullopt;
-    if (c == '\n') return line;
-    line.push_back(c);
-  }
-}
-
-struct Proc {
-  Child child;
-  int port = 0;
-  std::string log;
-  std::string ready_line;
-  bool ready = false;
-  std::string Log() const { return ReadAll(log); }
-};
-
-// Starts argv with fd 3 as its ready fd ("--ready-fd 3" must be in argv).
-inline Proc StartWithReadyFd(const std::vector<std::string>& argv, const std::string& log,
-                             std::chrono::milliseconds limit = std::chrono::seconds(60)) {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) std::abort();
-  Proc p;
-  p.log = log;
-  p.child = Child::Start(argv, log, {fds[1]});
-  ::close(fds[1]);
-  auto line = ReadLine(fds[0], limit);
-  ::close(fds[0]);
-  if (line) {
-    p.ready = true;
-    p.ready_line = *line;
-    auto colon = line->rfind(':');
-    if (line->rfind("listening on ", 0) == 0 && colon != std::string::npos) p.port = std::atoi(line->c_str() + colon + 1);
-  }
-  return p;
-}
-
-inline Proc StartEngine(const TempDir& dir, const std::string& model, std::vector<std::string> extra = {},
-                        const std::string& log_name = "engine.log") {
-  std::vector<std::string> argv = {BinPath("wsup-engine"), "--model", TestData(model), "--port", "0",
-                                   "--ready-fd", "3", "--log-level", "warn"};
-  // A small cache keeps startup fast; a test may ask for another size.
-  if (std::find(extra.begin(), extra.end(), "--kv-cache-mib") == extra.end()) {
-    argv.insert(argv.end(), {"--kv-cache-mib", "4"});
-  }
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return StartWithReadyFd(argv, dir.Join(log_name));
-}
-
-inline Proc StartHolder(const TempDir& dir, const std::string& model_dir, const std::string& socket,
-                        std::vector<std::string> extra = {}, const std::string& log_name = "holder.log") {
-  std::vector<std::string> argv = {BinPath("wsup-holder"), "--model", model_dir, "--socket", socket,
-                                   "--backend", "host", "--ready-fd", "3", "--log-level", "warn"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  return StartWithReadyFd(argv, dir.Join(log_name));
-}
+// The engine tests' name for testkit's started-and-ready process.
+using Proc = ReadyProcess;
 
 struct GoldenCase {
   std::string prompt;
@@ -114,6 +49,66 @@ inline std::vector<int> Complete(int port, const std::string& prompt, int max_to
   auto j = nlohmann::json::parse(r.body, nullptr, false);
   if (j.is_discarded()) return {};
   return j["choices"][0]["token_ids"].get<std::vector<int>>();
+}
+
+// The engine's 16-token greedy completions of the golden prompts of model
+// (a test checkpoint's name), in the golden file's order; compare with
+// GoldenOutputs(model).
+inline std::vector<std::vector<int>> AllOutputs(int port, const std::string& model) {
+  std::vector<std::vector<int>> out;
+  for (const auto& c : GoldenCases(model)) out.push_back(Complete(port, c.prompt, 16));
+  return out;
+}
+
+// The golden outputs of model, in the golden file's order.
+inline std::vector<std::vector<int>> GoldenOutputs(const std::string& model) {
+  std::vector<std::vector<int>> out;
+  for (const auto& c : GoldenCases(model)) out.push_back(c.output_ids);
+  return out;
+}
+
+// Opens `streams` concurrent streamed completions of model's golden prompts
+// (in turn) on the engine at port, checks that /health answers within 2 s
+// while they run, then that every stream's token ids are its golden's.
+inline void CheckConcurrentStreams(int port, const std::string& model, size_t streams) {
+  using namespace std::chrono_literals;
+  auto cases = GoldenCases(model);
+  REQUIRE(!cases.empty());
+  std::vector<HttpConn> conns(streams);
+  for (size_t i = 0; i < conns.size(); ++i) {
+    const auto& c = cases[i % cases.size()];
+    nlohmann::json req = {{"prompt", c.prompt}, {"max_tokens", 16}, {"stream", true}, {"return_token_ids", true}};
+    REQUIRE(conns[i].Connect(port));
+    REQUIRE(conns[i].Send(FormatRequest("POST", "/v1/completions", req.dump())));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  HttpResult h = HttpRequestOnce(port, "GET", "/health", "", 2s);
+  CHECK(h.status == 200);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  for (size_t i = 0; i < conns.size(); ++i) {
+    HttpResult r = conns[i].Read(60s);
+    INFO("stream " << i << ": " << r.error << " body: " << r.body.substr(0, 300));
+    REQUIRE(r.status == 200);
+    std::vector<int> ids;
+    for (const auto& ev : SseData(r.body)) {
+      if (ev == "[DONE]") continue;
+      nlohmann::json j = nlohmann::json::parse(ev);  // named: a temporary would die before the loop below
+      for (int t : j["choices"][0]["token_ids"]) ids.push_back(t);
+    }
+    CHECK(ids == cases[i % cases.size()].output_ids);
+  }
+}
+
+// wsup-engine on model_dir (a checkpoint folder) with `flags` refuses them
+// as a usage error (exit 2), its output naming `says`.
+inline void CheckUsageError(const std::string& model_dir, const std::vector<std::string>& flags,
+                            const std::string& says) {
+  std::vector<std::string> argv = {BinPath("wsup-engine"), "--model", model_dir, "--port", "0"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto r = Run(argv, std::chrono::seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find(says) != std::string::npos);
 }
 
 inline nlohmann::json GetJson(int port, const std::string& path) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "engine/engine_state.h"
+#include "tests/transition_table_check.h"
 
 using namespace wsup::engine;
 
@@ -30,11 +31,7 @@ TEST_CASE("engine state: each (state, event) pair appears at most once") {
   size_t n = 0;
   const EngineTransition* t = EngineTable(&n);
   REQUIRE(n == 8);  // a new row needs its own case below
-  std::set<std::pair<int, int>> seen;
-  for (size_t i = 0; i < n; ++i) {
-    INFO(EngineStateName(t[i].from) << " x " << EngineEventName(t[i].event));
-    CHECK(seen.insert({static_cast<int>(t[i].from), static_cast<int>(t[i].event)}).second);
-  }
+  wsup::test::CheckPairsOnce(t, n, EngineStateName, EngineEventName);
 }
 
 TEST_CASE("engine state: the names are the status contract") {

@@ -3,6 +3,7 @@
 // real wsup-holder, concurrency, and bad input.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
 #include <signal.h>
 
 #include <filesystem>
@@ -268,30 +269,7 @@ TEST_CASE("engine: 32 concurrent streams all get their goldens while /health ans
   Proc e = wsup::test::StartEngine(dir, "llama-tiny-f32", {"--kv-cache-mib", "8"});
   INFO(e.Log());
   REQUIRE(e.ready);
-  auto cases = wsup::test::GoldenCases("llama-tiny-f32");
-  std::vector<HttpConn> conns(32);
-  for (size_t i = 0; i < conns.size(); ++i) {
-    const auto& c = cases[i % cases.size()];
-    json req = {{"prompt", c.prompt}, {"max_tokens", 16}, {"stream", true}, {"return_token_ids", true}};
-    REQUIRE(conns[i].Connect(e.port));
-    REQUIRE(conns[i].Send(wsup::test::FormatRequest("POST", "/v1/completions", req.dump())));
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  HttpResult h = wsup::test::HttpRequestOnce(e.port, "GET", "/health", "", 2s);
-  CHECK(h.status == 200);
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
-  for (size_t i = 0; i < conns.size(); ++i) {
-    HttpResult r = conns[i].Read(60s);
-    INFO("stream " << i << ": " << r.error << " body: " << r.body.substr(0, 300));
-    REQUIRE(r.status == 200);
-    std::vector<int> ids;
-    for (const auto& ev : wsup::test::SseData(r.body)) {
-      if (ev == "[DONE]") continue;
-      json j = json::parse(ev);  // named: a temporary would die before the loop below
-      for (int t : j["choices"][0]["token_ids"]) ids.push_back(t);
-    }
-    CHECK(ids == cases[i % cases.size()].output_ids);
-  }
+  wsup::test::CheckConcurrentStreams(e.port, "llama-tiny-f32", 32);
   json st = wsup::test::GetJson(e.port, "/wsup/status");
   CHECK(st["kv_cache"]["free_blocks"] == st["kv_cache"]["blocks"]);
   StopClean(e);

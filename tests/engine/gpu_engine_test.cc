@@ -28,6 +28,7 @@
 #include "gpu/cuda_driver.h"
 #include "tests/engine/engine_fixture.h"
 #include "tests/engine/golden.h"
+#include "tests/gpu_skip.h"
 
 using namespace std::chrono_literals;
 using namespace wsup;
@@ -40,22 +41,10 @@ namespace {
 
 std::string NoGpuReason() {
   if (!CudaEngineBuilt()) return "this build has no CUDA engine (no CUDA Toolkit or NCCL at build time)";
-  Status st = wsup::cuda::Init();
-  if (!st.ok()) return st.error().message();
-  auto n = wsup::cuda::DeviceCount();
-  if (!n.ok()) return n.error().message();
-  if (*n == 0) return "the driver sees no device";
-  return "";
+  return wsup::test::NoGpuReason();
 }
 
-#define WSUP_GPU_OR_SKIP()                                                                            \
-  do {                                                                                                \
-    std::string why_ = NoGpuReason();                                                                 \
-    if (!why_.empty()) {                                                                              \
-      WARN("SKIP [gpu]: " << why_ << "; run on a GPU node with: build/tests/engine_gpu_test '[gpu]'"); \
-      return;                                                                                         \
-    }                                                                                                 \
-  } while (0)
+#define WSUP_GPU_OR_SKIP() WSUP_GPU_SKIP_IF(NoGpuReason(), "engine_gpu_test")
 
 using test::Golden;
 using test::LoadGolden;
@@ -185,18 +174,6 @@ void CheckHttpGoldens(int port, const std::string& model) {
     CHECK(out == g.output_ids);
   }
   CHECK(compared > 0);
-}
-
-std::vector<std::vector<int>> AllOutputs(int port, const std::string& model) {
-  std::vector<std::vector<int>> out;
-  for (const auto& c : wsup::test::GoldenCases(model)) out.push_back(wsup::test::Complete(port, c.prompt, 16));
-  return out;
-}
-
-std::vector<std::vector<int>> Goldens(const std::string& model) {
-  std::vector<std::vector<int>> out;
-  for (const auto& c : wsup::test::GoldenCases(model)) out.push_back(c.output_ids);
-  return out;
 }
 
 Proc StartCudaHolder(const TempDir& dir, const std::string& model, const std::string& sock) {
@@ -409,7 +386,7 @@ TEST_CASE("cuda engine: daemon, client and off modes serve the goldens over HTTP
       Proc e = wsup::test::StartEngine(dir, model, extra, mode + ".log");
       INFO(model << " " << mode << "\n" << e.Log());
       REQUIRE(e.ready);
-      CHECK(AllOutputs(e.port, model) == Goldens(model));
+      CHECK(wsup::test::AllOutputs(e.port, model) == wsup::test::GoldenOutputs(model));
       json st = wsup::test::GetJson(e.port, "/wsup/status");
       INFO(st.dump());
       CHECK(st["weights"]["source"] == (mode == "off" ? "disk" : "holder"));
@@ -438,34 +415,11 @@ TEST_CASE("cuda engine: 32 concurrent streams get their goldens - the holder SIG
                                    {"--device", "cuda:0", "--weight-cache", "daemon", "--socket", sock, "--kv-cache-mib", "16"});
   INFO(e.Log());
   REQUIRE(e.ready);
-  auto cases = wsup::test::GoldenCases("llama-tiny-f32");
-  std::vector<wsup::test::HttpConn> conns(32);
-  for (size_t i = 0; i < conns.size(); ++i) {
-    const auto& c = cases[i % cases.size()];
-    json req = {{"prompt", c.prompt}, {"max_tokens", 16}, {"stream", true}, {"return_token_ids", true}};
-    REQUIRE(conns[i].Connect(e.port));
-    REQUIRE(conns[i].Send(wsup::test::FormatRequest("POST", "/v1/completions", req.dump())));
-  }
-  auto t0 = std::chrono::steady_clock::now();
-  auto h = wsup::test::HttpRequestOnce(e.port, "GET", "/health", "", 2s);
-  CHECK(h.status == 200);
-  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
-  for (size_t i = 0; i < conns.size(); ++i) {
-    auto r = conns[i].Read(60s);
-    INFO("stream " << i << ": " << r.error << " body: " << r.body.substr(0, 300));
-    REQUIRE(r.status == 200);
-    std::vector<int> ids;
-    for (const auto& ev : wsup::test::SseData(r.body)) {
-      if (ev == "[DONE]") continue;
-      json j = json::parse(ev);
-      for (int t : j["choices"][0]["token_ids"]) ids.push_back(t);
-    }
-    CHECK(ids == cases[i % cases.size()].output_ids);
-  }
+  wsup::test::CheckConcurrentStreams(e.port, "llama-tiny-f32", 32);
   // The engine keeps its mapping: the arena outlives the holder.
   holder.child.Kill(SIGKILL);
   holder.child.Wait(10s);
-  CHECK(AllOutputs(e.port, "llama-tiny-f32") == Goldens("llama-tiny-f32"));
+  CHECK(wsup::test::AllOutputs(e.port, "llama-tiny-f32") == wsup::test::GoldenOutputs("llama-tiny-f32"));
   e.child.Kill(SIGTERM);
   CHECK(e.child.Wait(20s) == 0);
 }

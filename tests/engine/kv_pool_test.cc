@@ -156,28 +156,22 @@ TEST_CASE("role requests: active with the pool, active on scratch, standby - bad
 
 using testing::TinyRunner;
 
-// Collects what the scheduler says, per request.
-struct Outcomes {
-  std::mutex mu;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, std::string> finish;
-  Scheduler::Sink Sink() {
-    return [this](std::vector<GenEvent> events) {
-      std::lock_guard<std::mutex> lk(mu);
-      for (auto& e : events) {
-        auto& t = tokens[e.id];
-        t.insert(t.end(), e.tokens.begin(), e.tokens.end());
-        if (e.done) finish[e.id] = e.error ? "error: " + e.error->message() : e.finish_reason;
-      }
-    };
-  }
-  bool Done(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu);
-    return finish.count(id) > 0;
-  }
-  std::vector<int32_t> Tokens(uint64_t id) {
-    std::lock_guard<std::mutex> lk(mu);
-    return tokens[id];
+using Outcomes = testing::SchedulerEvents;
+
+// A started scheduler over TinyRunner's KV cache as a pool member: 4
+// scratch blocks beside one 1 MiB pool allocation; out collects what it
+// says.
+struct PooledScheduler {
+  std::unique_ptr<ModelRunner> runner = PooledRunner();
+  Outcomes out;
+  Scheduler sched{runner.get(), SchedulerOptions{}, out.Sink()};
+  PooledScheduler() { sched.Start(); }
+
+  static std::unique_ptr<ModelRunner> PooledRunner() {
+    REQUIRE(test::HaveTestData("llama-tiny-f32"));
+    auto runner = TinyRunner();
+    REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
+    return runner;
   }
 };
 
@@ -278,13 +272,9 @@ TEST_CASE("scheduler over a pool: scratch first, the pool when opened, the same 
   CHECK(st.pool_blocks_in_use == 0);
 }
 
-TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its blocks", "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler,
+                 "scheduler over a pool: closing waits for the sequences that hold its blocks",
+                 "[kv_pool]") {
   TestPool pool;
   auto fetch = pool.Fetch();
   Done opened;
@@ -318,14 +308,9 @@ TEST_CASE("scheduler over a pool: closing waits for the sequences that hold its 
   CHECK(sched.stats().pool_mapped);
 }
 
-TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its scratch - a private cache refuses",
-          "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler,
+                 "scheduler over a pool: a fetch that fails leaves the engine on its scratch - a private cache refuses",
+                 "[kv_pool]") {
   Done failed;
   sched.OpenPool([]() -> Result<std::vector<std::vector<UniqueFd>>> { return Unavailable("holder down (test)"); },
                  failed.Fn());
@@ -379,13 +364,9 @@ TEST_CASE("scheduler over a pool: a fetch that fails leaves the engine on its sc
 
 namespace {
 
-TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not between them", "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler,
+                 "scheduler over a pool: the pool is mapped beside the steps, not between them",
+                 "[kv_pool]") {
   // A sequence on the scratch, generating.
   REQUIRE(sched.Submit(Req(1, 50)).ok());
   REQUIRE(test::WaitFor([&] { return out.Tokens(1).size() >= 2; }, std::chrono::seconds(30)));
@@ -411,13 +392,8 @@ TEST_CASE("scheduler over a pool: the pool is mapped beside the steps, not betwe
 
 namespace {
 
-TEST_CASE("scheduler over a pool: role requests take effect in their order", "[kv_pool]") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto runner = TinyRunner();
-  REQUIRE(runner->AllocatePooledKv({{1 << 20}}, 4 * kBlock, 16).ok());
-  Outcomes out;
-  Scheduler sched(runner.get(), SchedulerOptions{}, out.Sink());
-  sched.Start();
+TEST_CASE_METHOD(PooledScheduler, "scheduler over a pool: role requests take effect in their order",
+                 "[kv_pool]") {
   TestPool pool;
   auto fetch = pool.Fetch();
   // Busy with a sequence, so that requests meet queued ones; whichever way

@@ -21,18 +21,6 @@ namespace {
 
 const char* kModel = "llama-tiny-f32";
 
-std::vector<std::vector<int>> AllOutputs(int port) {
-  std::vector<std::vector<int>> out;
-  for (const auto& c : wsup::test::GoldenCases(kModel)) out.push_back(wsup::test::Complete(port, c.prompt, 16));
-  return out;
-}
-
-std::vector<std::vector<int>> Goldens() {
-  std::vector<std::vector<int>> out;
-  for (const auto& c : wsup::test::GoldenCases(kModel)) out.push_back(c.output_ids);
-  return out;
-}
-
 // An engine started without waiting for it: its ready fd is read later, so
 // several can start at once.
 struct Launched {
@@ -104,7 +92,7 @@ TEST_CASE("layouts: four engines at once on an empty holder - one publishes, thr
     std::string source = st["weights"]["source"];
     if (source == "published") ++published;
     if (source == "holder") ++attached;
-    CHECK(AllOutputs(e->proc.port) == Goldens());
+    CHECK(wsup::test::AllOutputs(e->proc.port, kModel) == wsup::test::GoldenOutputs(kModel));
   }
   CHECK(published == 1);
   CHECK(attached == 3);
@@ -158,7 +146,7 @@ TEST_CASE("layouts: an engine with another revision publishes its own layout and
   INFO(r2->proc.Log());
   REQUIRE(AwaitReady(*r2));
   CHECK(wsup::test::GetJson(r2->proc.port, "/wsup/status")["weights"]["source"] == "published");
-  CHECK(AllOutputs(r2->proc.port) == Goldens());
+  CHECK(wsup::test::AllOutputs(r2->proc.port, kModel) == wsup::test::GoldenOutputs(kModel));
   auto again = Launch(dir, sock, "r1-again", {"--revision", "r1"});
   INFO(again->proc.Log());
   REQUIRE(AwaitReady(*again));
@@ -215,7 +203,7 @@ TEST_CASE("layouts: a writer SIGKILLed mid-publish commits nothing, its memory i
   REQUIRE(AwaitReady(*next));
   json st = wsup::test::GetJson(next->proc.port, "/wsup/status");
   CHECK(st["weights"]["source"] == "published");
-  CHECK(AllOutputs(next->proc.port) == Goldens());
+  CHECK(wsup::test::AllOutputs(next->proc.port, kModel) == wsup::test::GoldenOutputs(kModel));
   wsup::InfoMsg info = HolderInfo(sock);
   REQUIRE(info.layouts.size() == 1);
   CHECK(info.layouts[0].state == "committed");
@@ -240,14 +228,7 @@ TEST_CASE("layouts: --layout engine needs a holder and the CPU - bad values are 
       {{"--layout", "engine", "--weight-cache", "client", "--socket", dir.Join("h.sock"), "--device", "cuda:0"},
        "host-memory layouts only"},
   };
-  for (const auto& c : cases) {
-    std::vector<std::string> argv = {wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0"};
-    argv.insert(argv.end(), c.flags.begin(), c.flags.end());
-    auto r = wsup::test::Run(argv, 30s);
-    INFO(r.output);
-    CHECK(r.exit_code == 2);
-    CHECK(r.output.find(c.says) != std::string::npos);
-  }
+  for (const auto& c : cases) wsup::test::CheckUsageError(model, c.flags, c.says);
   // A holder of the checkpoint's own tensors is another layout: daemon mode
   // refuses it naming the field, client mode loads from disk.
   const std::string ckpt_sock = dir.Join("ckpt.sock");
@@ -270,5 +251,5 @@ TEST_CASE("layouts: --layout engine needs a holder and the CPU - bad values are 
   json st = wsup::test::GetJson(c.port, "/wsup/status");
   CHECK(st["weights"]["source"] == "disk");
   CHECK(st["weights"]["miss_reason"].get<std::string>().find("holder unavailable") != std::string::npos);
-  CHECK(AllOutputs(c.port) == Goldens());
+  CHECK(wsup::test::AllOutputs(c.port, kModel) == wsup::test::GoldenOutputs(kModel));
 }

@@ -9,6 +9,7 @@
 #include "checkpoint/checkpoint.h"
 #include "engine/layout_publish.h"
 #include "testkit/test_util.h"
+#include "tests/wire/wire_check.h"
 #include "wire/manifest.h"
 
 namespace wsup::engine {
@@ -26,11 +27,7 @@ TEST_CASE("engine layout: gate and up fuse per layer into a valid manifest, byte
   REQUIRE(layers > 0);
   CHECK(plan.size() == tensors.size() - static_cast<size_t>(layers));
 
-  Manifest m;
-  m.backend = "host";
-  m.device = -1;
-  m.device_uuid = "host";
-  m.allocations = {{(bytes + 4095) / 4096 * 4096}};
+  Manifest m = test::HostManifest({{(bytes + 4095) / 4096 * 4096}});
   for (const auto& p : plan) m.entries.push_back(p.entry);
   REQUIRE(m.Validate().ok());
   size_t fused = 0;

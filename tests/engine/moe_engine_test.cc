@@ -289,12 +289,7 @@ TEST_CASE("moe engine: expert-parallel flags that do not fit are usage errors na
   for (const Bad& b : {Bad{{"--tp", "2", "--ep-size", "4"}, "pass --ep-size 2"},
                        Bad{{"--expert-parallel"}, "drop --expert-parallel"},
                        Bad{{"--tp", "2", "--ep-size", "0"}, "--ep-size 0"}}) {
-    std::vector<std::string> argv = {wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0"};
-    argv.insert(argv.end(), b.args.begin(), b.args.end());
-    auto r = wsup::test::Run(argv, 30s);
-    INFO(r.output);
-    CHECK(r.exit_code == 2);
-    CHECK(r.output.find(b.needle) != std::string::npos);
+    wsup::test::CheckUsageError(model, b.args, b.needle);
   }
   // A dense model has no experts to partition.
   auto r = wsup::test::Run({wsup::test::BinPath("wsup-engine"), "--model", wsup::test::TestData("llama-tiny-f32"),

@@ -14,6 +14,7 @@
 #include "engine/runner.h"
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
+#include "tests/engine/tiny_runner.h"
 #include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
@@ -153,28 +154,7 @@ std::unique_ptr<ModelRunner> TinyRunner(std::unique_ptr<Communicator> comm = nul
   return std::move(r.value());
 }
 
-// Collects scheduler events for the test thread.
-struct Collector {
-  std::mutex mu;
-  std::map<uint64_t, std::vector<int32_t>> tokens;
-  std::map<uint64_t, std::string> finished;
-  std::map<uint64_t, std::string> errors;
-  Scheduler::Sink Sink() {
-    return [this](std::vector<GenEvent> events) {
-      std::lock_guard<std::mutex> lk(mu);
-      for (auto& e : events) {
-        auto& t = tokens[e.id];
-        t.insert(t.end(), e.tokens.begin(), e.tokens.end());
-        if (e.done) finished[e.id] = e.finish_reason;
-        if (e.error) errors[e.id] = e.error->message();
-      }
-    };
-  }
-  size_t done() {
-    std::lock_guard<std::mutex> lk(mu);
-    return finished.size();
-  }
-};
+using Collector = testing::SchedulerEvents;
 
 }  // namespace
 

@@ -19,22 +19,6 @@ using nlohmann::json;
 using wsup::test::Proc;
 using wsup::test::TempDir;
 
-namespace {
-
-std::vector<std::vector<int>> AllOutputs(int port, const std::string& model) {
-  std::vector<std::vector<int>> out;
-  for (const auto& c : wsup::test::GoldenCases(model)) out.push_back(wsup::test::Complete(port, c.prompt, 16));
-  return out;
-}
-
-std::vector<std::vector<int>> Goldens(const std::string& model) {
-  std::vector<std::vector<int>> out;
-  for (const auto& c : wsup::test::GoldenCases(model)) out.push_back(c.output_ids);
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("weight cache: daemon and client modes attach to the holder and serve the goldens") {
   TempDir dir;
   const std::string model = wsup::test::TestData("llama-tiny-f32");
@@ -51,7 +35,7 @@ TEST_CASE("weight cache: daemon and client modes attach to the holder and serve 
     CHECK(st["weights"]["mode"] == mode);
     CHECK(st["weights"]["source"] == "holder");
     CHECK_FALSE(st["weights"].contains("miss_reason"));
-    CHECK(AllOutputs(e.port, "llama-tiny-f32") == Goldens("llama-tiny-f32"));
+    CHECK(wsup::test::AllOutputs(e.port, "llama-tiny-f32") == wsup::test::GoldenOutputs("llama-tiny-f32"));
     e.child.Kill(SIGTERM);
     CHECK(e.child.Wait(10s) == 0);
   }
@@ -70,7 +54,7 @@ TEST_CASE("weight cache: tensor parallel engine attaches one holder per rank") {
   INFO(e.Log());
   REQUIRE(e.ready);
   CHECK(wsup::test::GetJson(e.port, "/wsup/status")["weights"]["source"] == "holder");
-  CHECK(AllOutputs(e.port, "llama-tiny-f32") == Goldens("llama-tiny-f32"));
+  CHECK(wsup::test::AllOutputs(e.port, "llama-tiny-f32") == wsup::test::GoldenOutputs("llama-tiny-f32"));
 
   // Ranks swapped: each holder has the other rank's shard.
   auto swapped = wsup::test::Run({wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0", "--tp", "2",
@@ -91,7 +75,7 @@ TEST_CASE("weight cache: client mode without a holder loads from disk and says w
   CHECK(st["weights"]["mode"] == "client");
   CHECK(st["weights"]["source"] == "disk");
   CHECK(st["weights"]["miss_reason"].get<std::string>().find("holder unavailable") != std::string::npos);
-  CHECK(AllOutputs(e.port, "llama-tiny-f32") == Goldens("llama-tiny-f32"));
+  CHECK(wsup::test::AllOutputs(e.port, "llama-tiny-f32") == wsup::test::GoldenOutputs("llama-tiny-f32"));
 
   auto d = wsup::test::Run({wsup::test::BinPath("wsup-engine"), "--model", wsup::test::TestData("llama-tiny-f32"),
                             "--port", "0", "--kv-cache-mib", "4", "--weight-cache", "daemon", "--socket", sock},
@@ -160,8 +144,8 @@ TEST_CASE("weight cache: altered bytes served by the holder change the answers")
   INFO(e.Log());
   REQUIRE(e.ready);
   CHECK(wsup::test::GetJson(e.port, "/wsup/status")["weights"]["source"] == "holder");
-  auto outputs = AllOutputs(e.port, "llama-tiny-f32");
-  auto goldens = Goldens("llama-tiny-f32");
+  auto outputs = wsup::test::AllOutputs(e.port, "llama-tiny-f32");
+  auto goldens = wsup::test::GoldenOutputs("llama-tiny-f32");
   REQUIRE(outputs.size() == goldens.size());
   for (size_t i = 0; i < outputs.size(); ++i) {
     CHECK(outputs[i].size() == 16);

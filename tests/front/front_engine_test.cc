@@ -183,23 +183,50 @@ json Golden() {
   return json::parse(in);
 }
 
+// Two CPU engines, a and b, on the test checkpoint, logging in dir, with
+// its golden cases; StartFront() puts the front under test before them.
+// Where the checkpoint or the engine is missing nothing starts and `ok` is
+// false: the test returns at once.
+struct TwoEngines {
+  bool ok = Prerequisites();
+  wsup::test::TempDir dir;
+  json golden = ok ? Golden() : json();
+  Engine a = ok ? StartCpuEngine(dir, "a") : Engine();
+  Engine b = ok ? StartCpuEngine(dir, "b") : Engine();
+  std::unique_ptr<FrontProcess> front;
+  ControlClient ctl;
+
+  // Starts the front with args and connects ctl to its control socket.
+  void StartFront(const std::vector<std::string>& args) {
+    front = FrontProcess::Start(args);
+    REQUIRE(ctl.Connect(front->control_path()));
+  }
+  // POSTs req to the front's /v1/completions; 60 s at most.
+  HttpResult Complete(const json& req) const {
+    return wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s);
+  }
+};
+
+// A greedy completion of a golden case's prompt, 16 tokens.
+json PlainRequest(const json& golden_case) { return {{"prompt", golden_case["prompt"]}, {"max_tokens", 16}}; }
+
+// The same, streamed.
+json StreamRequest(const json& golden_case) {
+  return {{"prompt", golden_case["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+}
+
 }  // namespace
 
-TEST_CASE("a stream survives a SIGKILL of the active engine and equals the golden output", "[front][engine]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
+TEST_CASE_METHOD(TwoEngines, "a stream survives a SIGKILL of the active engine and equals the golden output",
+                             "[front][engine]") {
+  if (!ok) return;
   HoldingRelay relay(a.port, 5);
-  auto front = FrontProcess::Start({"--active", relay.addr(), "--standby", b.addr()});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  StartFront({"--active", relay.addr(), "--standby", b.addr()});
 
   const json& c = golden["cases"][0];
-  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  json req = StreamRequest(c);
   HttpResult r;
-  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread client([&] { r = Complete(req); });
   REQUIRE(WaitFor([&] { return relay.events_passed() >= 5; }, 60s));
   a.child.Kill(SIGKILL);
   REQUIRE(a.child.Wait(10s) >= 0);
@@ -231,7 +258,7 @@ TEST_CASE("a stream survives a SIGKILL of the active engine and equals the golde
   // With token ids asked for and given as the prompt, the ids match too.
   const json& c2 = golden["cases"][2];
   json req2 = {{"prompt", c2["prompt_ids"]}, {"max_tokens", 16}, {"stream", true}, {"return_token_ids", true}};
-  r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req2.dump(), 60s);
+  r = Complete(req2);
   REQUIRE(r.status == 200);
   std::vector<int64_t> ids;
   for (const auto& d : wsup::test::SseData(r.body)) {
@@ -243,23 +270,18 @@ TEST_CASE("a stream survives a SIGKILL of the active engine and equals the golde
   CHECK(json(ids) == c2["output_ids"]);
 }
 
-TEST_CASE("a request caught by the SIGKILL of a frozen engine is answered by the standby", "[front][engine]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+TEST_CASE_METHOD(TwoEngines, "a request caught by the SIGKILL of a frozen engine is answered by the standby",
+                             "[front][engine]") {
+  if (!ok) return;
+  StartFront({"--active", a.addr(), "--standby", b.addr()});
 
   // Frozen, the engine cannot answer: the request is surely in flight, with
   // no response byte, when the kill comes.
   a.child.Kill(SIGSTOP);
   const json& c = golden["cases"][1];
-  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}};
+  json req = PlainRequest(c);
   HttpResult r;
-  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread client([&] { r = Complete(req); });
   REQUIRE(WaitFor(
       [&] {
         auto st = ctl.Call({{"type", "status"}});
@@ -295,27 +317,22 @@ std::pair<std::string, bool> StreamText(const std::string& body) {
 
 }  // namespace
 
-TEST_CASE("hedging: requests to a SIGSTOPped active engine are answered by the standby, whole and correct",
-          "[front][engine][hedge]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+TEST_CASE_METHOD(TwoEngines,
+                 "hedging: requests to a SIGSTOPped active engine are answered by the standby, whole and correct",
+                 "[front][engine][hedge]") {
+  if (!ok) return;
+  StartFront({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
 
   a.child.Kill(SIGSTOP);
   // One plain and one streamed request at once: both are silent on the
   // stopped engine, which the front also reports (two of two silent).
   const json& c0 = golden["cases"][0];
   const json& c1 = golden["cases"][1];
-  json plain = {{"prompt", c1["prompt"]}, {"max_tokens", 16}};
-  json stream = {{"prompt", c0["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  json plain = PlainRequest(c1);
+  json stream = StreamRequest(c0);
   HttpResult rp, rs;
-  std::thread t1([&] { rp = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", plain.dump(), 60s); });
-  std::thread t2([&] { rs = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", stream.dump(), 60s); });
+  std::thread t1([&] { rp = Complete(plain); });
+  std::thread t2([&] { rs = Complete(stream); });
   t1.join();
   t2.join();
   INFO(front->Log());
@@ -344,23 +361,18 @@ TEST_CASE("hedging: requests to a SIGSTOPped active engine are answered by the s
   a.child.Kill(SIGCONT);
 }
 
-TEST_CASE("hedging: a stream that stalls after 5 tokens is resumed on the standby without gap or repeat",
-          "[front][engine][hedge]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
+TEST_CASE_METHOD(TwoEngines,
+                 "hedging: a stream that stalls after 5 tokens is resumed on the standby without gap or repeat",
+                 "[front][engine][hedge]") {
+  if (!ok) return;
   // The relay passes five events of the active engine, then holds the rest:
   // a stream that goes silent mid-way while the engine still runs.
   HoldingRelay relay(a.port, 5);
-  auto front = FrontProcess::Start({"--active", relay.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  StartFront({"--active", relay.addr(), "--standby", b.addr(), "--hedge-after-ms", "200"});
 
   const json& c = golden["cases"][0];
-  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
-  HttpResult r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s);
+  json req = StreamRequest(c);
+  HttpResult r = Complete(req);
   INFO(front->Log());
   REQUIRE(r.status == 200);
   CHECK(relay.events_passed() == 5);
@@ -376,25 +388,20 @@ TEST_CASE("hedging: a stream that stalls after 5 tokens is resumed on the standb
   CHECK(st["counters"]["silent_reports"] == 0);
 }
 
-TEST_CASE("hedging: a request is hedged once in its life - a stream the hedge took over is not hedged again",
-          "[front][engine][hedge]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
+TEST_CASE_METHOD(TwoEngines,
+                 "hedging: a request is hedged once in its life - a stream the hedge took over is not hedged again",
+                 "[front][engine][hedge]") {
+  if (!ok) return;
   Engine c = StartCpuEngine(dir, "c");
   // The active passes five events, the standby three (of the resumed
   // stream): the stream stalls on each in turn.
   HoldingRelay ra(a.port, 5), rb(b.port, 3);
-  auto front = FrontProcess::Start({"--active", ra.addr(), "--standby", rb.addr(), "--hedge-after-ms", "200"});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  StartFront({"--active", ra.addr(), "--standby", rb.addr(), "--hedge-after-ms", "200"});
 
   const json& cs = golden["cases"][0];
-  json req = {{"prompt", cs["prompt"]}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}};
+  json req = StreamRequest(cs);
   HttpResult r;
-  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread client([&] { r = Complete(req); });
   // Hedged on the standby, which took the stream over.
   REQUIRE(WaitFor([&] { return FrontStatus(ctl)["counters"]["hedge_won"] == 1 && rb.events_passed() == 3; }, 20s));
   // The supervisor moves the roles: the engine the stream is on is now the
@@ -416,23 +423,18 @@ TEST_CASE("hedging: a request is hedged once in its life - a stream the hedge to
   CHECK(st["counters"]["resumed"] == 1);
 }
 
-TEST_CASE("hedging: an active engine that answers first wins and the hedge is closed", "[front][engine][hedge]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
+TEST_CASE_METHOD(TwoEngines, "hedging: an active engine that answers first wins and the hedge is closed",
+                             "[front][engine][hedge]") {
+  if (!ok) return;
   // The standby is reached through a relay that passes nothing: it never answers.
   HoldingRelay mute(b.port, 0);
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", mute.addr(), "--hedge-after-ms", "100"});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  StartFront({"--active", a.addr(), "--standby", mute.addr(), "--hedge-after-ms", "100"});
 
   a.child.Kill(SIGSTOP);
   const json& c = golden["cases"][1];
-  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}};
+  json req = PlainRequest(c);
   HttpResult r;
-  std::thread client([&] { r = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread client([&] { r = Complete(req); });
   // Hedged to the mute standby; then the active engine wakes and answers.
   REQUIRE(WaitFor([&] { return FrontStatus(ctl)["counters"]["hedged"] == 1; }, 10s));
   a.child.Kill(SIGCONT);
@@ -447,23 +449,18 @@ TEST_CASE("hedging: an active engine that answers first wins and the hedge is cl
   CHECK(st["backends"][a.addr()]["inflight"] == 0);
 }
 
-TEST_CASE("hedging: the budget bounds hedges, and nothing is hedged without a standby", "[front][engine][hedge]") {
-  if (!Prerequisites()) return;
-  wsup::test::TempDir dir;
-  json golden = Golden();
-  Engine a = StartCpuEngine(dir, "a");
-  Engine b = StartCpuEngine(dir, "b");
+TEST_CASE_METHOD(TwoEngines, "hedging: the budget bounds hedges, and nothing is hedged without a standby",
+                             "[front][engine][hedge]") {
+  if (!ok) return;
   // One hedge saved up and none earned: of two silent requests one is hedged.
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "100",
-                                    "--hedge-percent", "0", "--hedge-burst", "1"});
-  ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  StartFront({"--active", a.addr(), "--standby", b.addr(), "--hedge-after-ms", "100",
+             "--hedge-percent", "0", "--hedge-burst", "1"});
   a.child.Kill(SIGSTOP);
   const json& c = golden["cases"][1];
-  json req = {{"prompt", c["prompt"]}, {"max_tokens", 16}};
+  json req = PlainRequest(c);
   HttpResult r1, r2;
-  std::thread t1([&] { r1 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
-  std::thread t2([&] { r2 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread t1([&] { r1 = Complete(req); });
+  std::thread t2([&] { r2 = Complete(req); });
   REQUIRE(WaitFor(
       [&] {
         json st = FrontStatus(ctl);
@@ -496,8 +493,8 @@ TEST_CASE("hedging: the budget bounds hedges, and nothing is hedged without a st
   REQUIRE(wsup::test::ReplyOr(ctl.Call(wsup::test::SetRoutes(b.addr(), "", 5)))["ok"] == true);
   b.child.Kill(SIGSTOP);
   HttpResult r3, r4;
-  std::thread t3([&] { r3 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
-  std::thread t4([&] { r4 = wsup::test::HttpRequestOnce(front->port(), "POST", "/v1/completions", req.dump(), 60s); });
+  std::thread t3([&] { r3 = Complete(req); });
+  std::thread t4([&] { r4 = Complete(req); });
   REQUIRE(ctl.WaitEvent("silent", "backend", b.addr(), 10s).ok());
   CHECK(FrontStatus(ctl)["counters"]["hedged"] == 1);
   b.child.Kill(SIGCONT);

@@ -13,6 +13,7 @@
 
 #include "gpu/cuda_driver.h"
 #include "gpu/vmm.h"
+#include "tests/gpu_skip.h"
 
 namespace wsup::cuda {
 namespace {
@@ -186,16 +187,26 @@ TEST_CASE("a VmmRange unmaps a span of mappings with one call and keeps its rese
   CHECK(fake.double_frees == 0);
 }
 
-TEST_CASE("MapAll maps every handle back to back and grants access to the whole range") {
-  FakeVmm fake;
+// n handles of 2 MiB made on fake: their owners, and the raw handles that
+// MapAll takes.
+struct Handles {
   std::vector<VmmHandle> owned;
   std::vector<MemHandle> handles;
-  for (int i = 0; i < 3; ++i) {
+};
+Handles MakeHandles(FakeVmm& fake, int n) {
+  Handles out;
+  for (int i = 0; i < n; ++i) {
     auto h = VmmHandle::Create(0, 2 << 20, fake);
     REQUIRE(h.ok());
-    handles.push_back(h->get());
-    owned.push_back(std::move(*h));
+    out.handles.push_back(h->get());
+    out.owned.push_back(std::move(*h));
   }
+  return out;
+}
+
+TEST_CASE("MapAll maps every handle back to back and grants access to the whole range") {
+  FakeVmm fake;
+  auto [owned, handles] = MakeHandles(fake, 3);
   auto r = VmmRange::MapAll({2 << 20, 4 << 20, 2 << 20}, handles, 2 << 20, 0, "allocation", fake);
   REQUIRE(r.ok());
   CHECK(r->size() == (8u << 20));
@@ -207,14 +218,7 @@ TEST_CASE("MapAll maps every handle back to back and grants access to the whole 
 TEST_CASE("a MapAll that fails half-way leaves nothing mapped or reserved") {
   for (int fail_at : {1, 2, 3}) {
     FakeVmm fake;
-    std::vector<VmmHandle> owned;
-    std::vector<MemHandle> handles;
-    for (int i = 0; i < 3; ++i) {
-      auto h = VmmHandle::Create(0, 2 << 20, fake);
-      REQUIRE(h.ok());
-      handles.push_back(h->get());
-      owned.push_back(std::move(*h));
-    }
+    auto [owned, handles] = MakeHandles(fake, 3);
     fake.fail_map_at = fail_at;
     auto r = VmmRange::MapAll({2 << 20, 2 << 20, 2 << 20}, handles, 2 << 20, 0, "allocation", fake);
     REQUIRE(!r.ok());
@@ -239,21 +243,8 @@ TEST_CASE("a MapAll that fails half-way leaves nothing mapped or reserved") {
   CHECK(fake.live_ranges.empty());
 }
 
-std::string NoGpuReason() {
-  Status init = Init();
-  if (!init.ok()) return init.error().message();
-  auto n = DeviceCount();
-  if (!n.ok()) return n.error().message();
-  if (*n == 0) return "the driver sees no device";
-  return "";
-}
-
 TEST_CASE("the owners on a real GPU: export, import, map, and a failed map leaves nothing", "[gpu]") {
-  std::string why = NoGpuReason();
-  if (!why.empty()) {
-    WARN("SKIP [gpu]: no CUDA device (" << why << "); run on a GPU node with: build/tests/gpu_vmm_test '[gpu]'");
-    return;
-  }
+  WSUP_GPU_SKIP_IF(wsup::test::NoGpuReason(), "gpu_vmm_test");
   auto ctx = PrimaryContext::Retain(0);
   REQUIRE(ctx.ok());
   ContextScope scope;

@@ -21,15 +21,15 @@
 #include "gpu/cuda_driver.h"
 #include "holder/loader.h"
 #include "testkit/test_util.h"
+#include "tests/holder/arena_check.h"
+#include "tests/text_check.h"
 
 namespace wsup {
 namespace {
 
 const char* const kCheckpoints[] = {"llama-tiny-f32", "llama-tiny-bf16-sharded", "llama-tiny-fp8-block"};
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::CheckHashes, test::Has, test::Hashes, test::MapDups;
 
 Checkpoint OpenOrFail(const std::string& dir) {
   auto ck = Checkpoint::Open(dir);
@@ -37,40 +37,19 @@ Checkpoint OpenOrFail(const std::string& dir) {
   return std::move(*ck);
 }
 
+// llama-tiny-f32's files copied into dir, opened there (a test may then
+// damage the copy).
+Checkpoint OpenCopyOfTiny(const test::TempDir& dir) {
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy_file(test::TestData("llama-tiny-f32") + "/" + f, dir.Join(f));
+  }
+  return OpenOrFail(dir.path());
+}
+
 std::vector<ShardedTensor> Plan(const Checkpoint& ck, int tp = 1, int rank = 0) {
   auto p = PlanShards(ck, ShardSpec{tp, rank});
   if (!p.ok()) FAIL(p.error().ToString());
   return std::move(*p);
-}
-
-// name -> sha256 from the checkpoint's tensors.json.
-std::map<std::string, std::string> Hashes(const std::string& name) {
-  auto text = ReadFile(test::TestData(name) + "/tensors.json");
-  REQUIRE(text.ok());
-  auto j = nlohmann::json::parse(*text);
-  std::map<std::string, std::string> out;
-  for (auto it = j.begin(); it != j.end(); ++it) out[it.key()] = it.value()["sha256"].get<std::string>();
-  return out;
-}
-
-MappedArena MapDups(const Arena& a) {
-  auto fds = a.DupFds();
-  REQUIRE(fds.ok());
-  auto m = MappedArena::Map(a.manifest(), std::move(*fds));
-  if (!m.ok()) FAIL(m.error().ToString());
-  return std::move(*m);
-}
-
-void CheckHashes(const MappedArena& m, const std::string& name) {
-  auto want = Hashes(name);
-  REQUIRE(m.size() == want.size());
-  for (const auto& e : m.manifest().entries) {
-    auto v = m.Find(e.name);
-    REQUIRE(v.entry == &e);
-    INFO(name << ": " << e.name);
-    REQUIRE(want.count(e.name) == 1);
-    CHECK(Sha256Hex(v.data, e.nbytes) == want[e.name]);
-  }
 }
 
 ShardedTensor Synthetic(const std::string& name, DType dtype, std::vector<int64_t> shape) {
@@ -410,10 +389,7 @@ TEST_CASE("Load refuses bad options and a checkpoint that changes under it") {
   }
   SECTION("a file truncated after Open") {
     test::TempDir dir;
-    for (const char* f : {"config.json", "model.safetensors"}) {
-      std::filesystem::copy_file(test::TestData("llama-tiny-f32") + "/" + f, dir.Join(f));
-    }
-    Checkpoint copy = OpenOrFail(dir.path());
+    Checkpoint copy = OpenCopyOfTiny(dir);
     auto plan = Plan(copy);
     REQUIRE(::truncate(dir.Join("model.safetensors").c_str(), 1 << 20) == 0);
     auto r = Arena::Load(copy, plan, LoadOptions{});
@@ -424,10 +400,7 @@ TEST_CASE("Load refuses bad options and a checkpoint that changes under it") {
   }
   SECTION("a file removed after Open") {
     test::TempDir dir;
-    for (const char* f : {"config.json", "model.safetensors"}) {
-      std::filesystem::copy_file(test::TestData("llama-tiny-f32") + "/" + f, dir.Join(f));
-    }
-    Checkpoint copy = OpenOrFail(dir.path());
+    Checkpoint copy = OpenCopyOfTiny(dir);
     auto plan = Plan(copy);
     std::filesystem::remove(dir.Join("model.safetensors"));
     auto r = Arena::Load(copy, plan, LoadOptions{});

@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/fingerprint.h"
 #include "client/client.h"
 #include "common/sha256.h"
+#include "tests/text_check.h"
 #include "testkit/test_util.h"
 
 namespace wsup::test {
@@ -76,6 +78,29 @@ inline HolderProcess StartHolder(const TempDir& dir, const std::string& name, st
   ::fcntl(p[0], F_SETFL, O_NONBLOCK);
   h.ready_read = p[0];
   return h;
+}
+
+// A daemon-mode attach to holder h as client `name`.
+inline AttachOptions DaemonAttach(const HolderProcess& h, const std::string& name, int timeout_ms) {
+  AttachOptions o;
+  o.socket_path = h.socket;
+  o.mode = AttachMode::kDaemon;
+  o.client_name = name;
+  o.timeout_ms = timeout_ms;
+  return o;
+}
+
+// The fingerprint of a test engine's layout `layout` (EngineLayoutId
+// test-engine/1/<layout>) of checkpoint `checkpoint` at `revision`, with
+// the keys in `more` set too.
+inline Fingerprint TestLayoutFp(const std::string& checkpoint, const std::string& revision, const std::string& layout,
+                                const std::map<std::string, std::string>& more) {
+  Fingerprint fp;
+  fp.Set("checkpoint", checkpoint);
+  fp.Set("revision", revision);
+  for (const auto& [k, v] : more) fp.Set(k, v);
+  AddEngineLayout(&fp, EngineLayoutId{"test-engine", "1", layout});
+  return fp;
 }
 
 struct ExpectedTensor {

@@ -24,6 +24,7 @@
 #include "common/fs.h"
 #include "gpu/cuda_driver.h"
 #include "supervisor/cache_commands.h"
+#include "tests/gpu_skip.h"
 #include "tests/holder/holder_fixture.h"
 #include "wire/kv_journal.h"
 #include "wire/kv_pool_record.h"
@@ -32,15 +33,9 @@ namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using test::HolderProcess;
-using test::StartHolder;
-using test::TempDir;
+using test::Has, test::HolderProcess, test::StartHolder, test::TempDir;
 
 constexpr uint64_t kMiB = 1ull << 20;
-
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
 
 std::vector<std::string> CheckpointArgs() { return {"--model", test::TestData("llama-tiny-f32")}; }
 
@@ -400,24 +395,9 @@ TEST_CASE(
   }
 }
 
-// Why the [gpu] case cannot run here, or "" when it can.
-std::string NoGpuReason() {
-  Status st = cuda::Init();
-  if (!st.ok()) return st.error().message();
-  auto n = cuda::DeviceCount();
-  if (!n.ok()) return n.error().message();
-  if (*n == 0) return "the driver sees no device";
-  return "";
-}
-
 TEST_CASE("a cuda holder makes the pool on its GPU, and a restarted one adopts it under the same id",
           "[holder][kv][gpu]") {
-  std::string why = NoGpuReason();
-  if (!why.empty()) {
-    WARN("SKIP [gpu]: no CUDA device ("
-         << why << "); run on a GPU node with: build/tests/holder_kv_pool_test '[gpu]'");
-    return;
-  }
+  WSUP_GPU_SKIP_IF(test::NoGpuReason(), "holder_kv_pool_test");
   TempDir dir;
   std::vector<std::string> args = {"--layout", "engine", "--backend",     "cuda",
                                    "--device", "0",      "--kv-pool-mib", "64"};

@@ -19,57 +19,23 @@
 #include "client/wsup_client.h"
 #include "common/sha256.h"
 #include "gpu/cuda_driver.h"
+#include "tests/gpu_skip.h"
 #include "tests/holder/holder_fixture.h"
 
 namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using test::HolderProcess;
-using test::StartHolder;
-using test::TempDir;
+using test::Has, test::HolderProcess, test::StartHolder, test::TempDir;
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
-
-// Why the [gpu] tests cannot run here, or "" when they can.
-std::string NoGpuReason() {
-  Status st = cuda::Init();
-  if (!st.ok()) return st.error().message();
-  auto n = cuda::DeviceCount();
-  if (!n.ok()) return n.error().message();
-  if (*n == 0) return "the driver sees no device";
-  return "";
-}
-
-#define WSUP_GPU_OR_SKIP()                                                      \
-  do {                                                                          \
-    std::string why_ = NoGpuReason();                                           \
-    if (!why_.empty()) {                                                        \
-      WARN("SKIP [gpu]: no CUDA device ("                                       \
-           << why_                                                              \
-           << "); run on a GPU node with: build/tests/holder_layout_cuda_test " \
-              "'[gpu]'");                                                       \
-      return;                                                                   \
-    }                                                                           \
-  } while (0)
+#define WSUP_GPU_OR_SKIP() WSUP_GPU_SKIP_IF(test::NoGpuReason(), "holder_layout_cuda_test")
 
 Fingerprint CudaFp(const std::string& revision = "r1") {
-  Fingerprint fp;
-  fp.Set("checkpoint", "cafe");
-  fp.Set("revision", revision);
-  fp.Set("backend", "cuda");
-  AddEngineLayout(&fp, EngineLayoutId{"test-engine", "1", "vmm/v1"});
-  return fp;
+  return test::TestLayoutFp("cafe", revision, "vmm/v1", {{"backend", "cuda"}});
 }
 
 AttachOptions Opts(const HolderProcess& h, const std::string& name) {
-  AttachOptions o;
-  o.socket_path = h.socket;
-  o.mode = AttachMode::kDaemon;
-  o.client_name = name;
-  o.timeout_ms = 30'000;
+  AttachOptions o = test::DaemonAttach(h, name, 30'000);
   o.device = 0;
   return o;
 }

@@ -23,39 +23,33 @@
 #include "supervisor/cache_commands.h"
 #include "tests/holder/holder_fixture.h"
 #include "tests/holder/manifest_table_check.h"
+#include "tests/wire/wire_check.h"
 
 namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using test::HolderProcess;
-using test::StartHolder;
-using test::TempDir;
-
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has, test::HolderProcess, test::StartHolder, test::TempDir;
 
 Fingerprint LayoutFp(const std::string& revision = "r1") {
-  Fingerprint fp;
-  fp.Set("checkpoint", "0123");
-  fp.Set("revision", revision);
-  fp.Set("tp_rank", "0");
-  AddEngineLayout(&fp, EngineLayoutId{"test-engine", "1", "transposed/v1"});
-  return fp;
+  return test::TestLayoutFp("0123", revision, "transposed/v1", {{"tp_rank", "0"}});
 }
 
 AttachOptions Opts(const HolderProcess& h, const std::string& name) {
-  AttachOptions o;
-  o.socket_path = h.socket;
-  o.mode = AttachMode::kDaemon;
-  o.client_name = name;
-  o.timeout_ms = 10'000;
-  return o;
+  return test::DaemonAttach(h, name, 10'000);
 }
 
 // One 4 x 3 F32 tensor stored transposed (strides 1, 4) and one vector,
 // written into a fresh grant.
+// A writer's lease on the layout of LayoutFp() from holder h, as client
+// `name`, waiting up to wait_ms for it.
+Result<LayoutResult> Lease(const HolderProcess& h, const std::string& name, int wait_ms = 30'000) {
+  auto r = AttachOrPublish(Opts(h, name), LayoutFp(), wait_ms);
+  REQUIRE(r.ok());
+  REQUIRE(r->publication != nullptr);
+  return r;
+}
+
 std::vector<ManifestEntry> WriteTensors(Publication& p) {
   auto r = p.Allocate(1000);
   REQUIRE(r.ok());
@@ -105,10 +99,16 @@ HolderProcess StartLayoutHolder(const TempDir& dir, const std::string& name = "l
   return h;
 }
 
-TEST_CASE("a holder of engine-made layouts serves with no checkpoint - bad flag pairs are usage errors",
-          "[holder][layout]") {
+// A fresh folder and a ready holder of engine-made layouts in it
+// (StartLayoutHolder), for the tests that start with one.
+struct LayoutHolder {
   TempDir dir;
   HolderProcess h = StartLayoutHolder(dir);
+};
+
+TEST_CASE_METHOD(LayoutHolder,
+                 "a holder of engine-made layouts serves with no checkpoint - bad flag pairs are usage errors",
+                 "[holder][layout]") {
   InfoMsg info = Info(h);
   CHECK(info.layout == "engine");
   CHECK(info.layouts.empty());
@@ -144,15 +144,12 @@ TEST_CASE("a holder of engine-made layouts serves with no checkpoint - bad flag 
   CHECK(Has(none.output, "--model is required"));
 }
 
-TEST_CASE("the first client publishes, a waiter gets the commit, later clients attach - another fingerprint "
-          "publishes its own",
-          "[holder][layout]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "the first client publishes, a waiter gets the commit, later clients attach - another fingerprint "
+                 "publishes its own",
+                 "[holder][layout]") {
   INFO(h.Log());
-  auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 30'000);
-  REQUIRE(first.ok());
-  REQUIRE(first->publication != nullptr);
+  auto first = Lease(h, "writer");
   CHECK(first->attachment == nullptr);
   CHECK(Has(first->outcome.reason, "this client publishes it"));
   Publication& pub = *first->publication;
@@ -251,14 +248,11 @@ TEST_CASE("the first client publishes, a waiter gets the commit, later clients a
   CHECK(j["layouts"][1]["writer"] == "other");
 }
 
-TEST_CASE("a writer that leaves before its commit hands the lease to the waiter, and its memory is released",
-          "[holder][layout]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "a writer that leaves before its commit hands the lease to the waiter, and its memory is released",
+                 "[holder][layout]") {
   INFO(h.Log());
-  auto first = AttachOrPublish(Opts(h, "leaver"), LayoutFp(), 30'000);
-  REQUIRE(first.ok());
-  REQUIRE(first->publication != nullptr);
+  auto first = Lease(h, "leaver");
   REQUIRE(first->publication->Allocate(1 << 20).ok());
   CHECK(Info(h).arena_bytes == (1u << 20));
 
@@ -286,14 +280,11 @@ TEST_CASE("a writer that leaves before its commit hands the lease to the waiter,
   CHECK(again->publication != nullptr);
 }
 
-TEST_CASE("bad commits are refused with clear errors, the lease kept - a commit without a lease is refused",
-          "[holder][layout]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "bad commits are refused with clear errors, the lease kept - a commit without a lease is refused",
+                 "[holder][layout]") {
   INFO(h.Log());
-  auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 30'000);
-  REQUIRE(first.ok());
-  REQUIRE(first->publication != nullptr);
+  auto first = Lease(h, "writer");
   Publication& pub = *first->publication;
   auto good = WriteTensors(pub);
   struct Case {
@@ -358,15 +349,12 @@ TEST_CASE("bad commits are refused with clear errors, the lease kept - a commit 
   CHECK(Info(h).layouts.size() == 1);
 }
 
-TEST_CASE("a waiter whose bound passes gets an error naming it - a writer that keeps a writable mapping cannot "
-          "commit",
-          "[holder][layout]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "a waiter whose bound passes gets an error naming it - a writer that keeps a writable mapping cannot "
+                 "commit",
+                 "[holder][layout]") {
   INFO(h.Log());
-  auto first = AttachOrPublish(Opts(h, "slow-writer"), LayoutFp(), 30'000);
-  REQUIRE(first.ok());
-  REQUIRE(first->publication != nullptr);
+  auto first = Lease(h, "slow-writer");
   Publication& pub = *first->publication;
   auto entries = WriteTensors(pub);
 
@@ -389,9 +377,8 @@ TEST_CASE("a waiter whose bound passes gets an error naming it - a writer that k
   CHECK(Info(h).layouts.at(0).state == "committed");
 }
 
-TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, aborts", "[holder][layout][c]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder, "the C ABI publishes, refuses a bad commit with its reason, attaches, aborts",
+                 "[holder][layout][c]") {
   INFO(h.Log());
   const std::string fp = LayoutFp().ToJson().dump();
   wsup_attachment* w = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr,
@@ -471,18 +458,15 @@ TEST_CASE("the C ABI publishes, refuses a bad commit with its reason, attaches, 
   wsup_detach(off);
 }
 
-TEST_CASE("the writer's addresses never move: a refused commit keeps them writable, the committed layout's "
-          "tensors are there, read-only",
-          "[holder][layout]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "the writer's addresses never move: a refused commit keeps them writable, the committed layout's "
+                 "tensors are there, read-only",
+                 "[holder][layout]") {
   INFO(h.Log());
   const int mapped_before = LayoutMappings();
   Attachment* mine = nullptr;
   {
-    auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 30'000);
-    REQUIRE(first.ok());
-    REQUIRE(first->publication != nullptr);
+    auto first = Lease(h, "writer");
     Publication& pub = *first->publication;
     auto entries = WriteTensors(pub);
     auto* data = static_cast<float*>(pub.regions()[0].data);
@@ -528,9 +512,8 @@ TEST_CASE("the writer's addresses never move: a refused commit keeps them writab
   CHECK(LayoutMappings() == mapped_before);
 }
 
-TEST_CASE("a client whose fingerprint names another backend is refused with the fix", "[holder][layout]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder, "a client whose fingerprint names another backend is refused with the fix",
+                 "[holder][layout]") {
   INFO(h.Log());
   Fingerprint fp = LayoutFp();
   fp.Set("backend", "cuda");
@@ -545,10 +528,9 @@ TEST_CASE("a client whose fingerprint names another backend is refused with the 
   CHECK(ok->publication != nullptr);
 }
 
-TEST_CASE("wsup_attach names an engine-made layout as wsup_publish_begin does, and waits for its commit",
-          "[holder][layout][c]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "wsup_attach names an engine-made layout as wsup_publish_begin does, and waits for its commit",
+                 "[holder][layout][c]") {
   INFO(h.Log());
   Fingerprint bare;
   bare.Set("checkpoint", "0123");
@@ -601,11 +583,10 @@ TEST_CASE("wsup_attach names an engine-made layout as wsup_publish_begin does, a
   wsup_detach(w);
 }
 
-TEST_CASE("the torch allocator entry points carve a host lease: locate, reuse, commit in place, blocks outlive "
-          "the handle",
-          "[holder][layout][c][torch]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "the torch allocator entry points carve a host lease: locate, reuse, commit in place, blocks outlive "
+                 "the handle",
+                 "[holder][layout][c][torch]") {
   INFO(h.Log());
   const std::string fp = LayoutFp().ToJson().dump();
   const int mapped_before = LayoutMappings();
@@ -701,10 +682,9 @@ TEST_CASE("the torch allocator entry points carve a host lease: locate, reuse, c
   REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
 }
 
-TEST_CASE("wsup_torch_reserve gets the pool its first grant ahead, from another thread - blocks come from it",
-          "[holder][layout][c][torch]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder,
+                 "wsup_torch_reserve gets the pool its first grant ahead, from another thread - blocks come from it",
+                 "[holder][layout][c][torch]") {
   INFO(h.Log());
   const std::string fp = LayoutFp().ToJson().dump();
   wsup_attachment* w = wsup_publish_begin(h.socket.c_str(), "daemon", fp.c_str(), nullptr, R"({"wait_ms":0})");
@@ -746,9 +726,8 @@ TEST_CASE("wsup_torch_reserve gets the pool its first grant ahead, from another 
   REQUIRE(wsup_torch_set_chunk_bytes(0) == WSUP_OK);
 }
 
-TEST_CASE("an aborted lease carves no more, and a new publication becomes the target", "[holder][layout][c][torch]") {
-  TempDir dir;
-  HolderProcess h = StartLayoutHolder(dir);
+TEST_CASE_METHOD(LayoutHolder, "an aborted lease carves no more, and a new publication becomes the target",
+                 "[holder][layout][c][torch]") {
   INFO(h.Log());
   const std::string fp = LayoutFp().ToJson().dump();
   const int mapped_before = LayoutMappings();
@@ -791,19 +770,15 @@ TEST_CASE("a holder with --layout-max-bytes refuses a grant past its cap over th
       StartHolder(dir, "capped", {"--layout", "engine", "--backend", "host", "--layout-max-bytes", "8192"});
   INFO(h.Log());
   REQUIRE(h.WaitReady());
-  auto first = AttachOrPublish(Opts(h, "writer"), LayoutFp(), 0);
-  REQUIRE(first.ok());
-  REQUIRE(first->publication != nullptr);
+  auto first = Lease(h, "writer", 0);
   Publication& pub = *first->publication;
   auto entries = WriteTensors(pub);           // 4096 bytes
   REQUIRE(pub.Allocate(4096).ok());           // 8192: the cap
   auto over = pub.Allocate(1);
-  REQUIRE_FALSE(over.ok());
-  INFO(over.error().message());
-  CHECK(over.error().code() == Code::kRefused);
-  CHECK(Has(over.error().message(), "past its cap of 8192 bytes"));
-  CHECK(Has(over.error().message(), "it holds 8192 bytes in writing and committed layouts and was asked for 4096"));
-  CHECK(Has(over.error().message(), "raise weight_cache.layout_max_bytes, or remove unused layouts"));
+  test::CheckFailed(over, Code::kRefused,
+                    {"past its cap of 8192 bytes",
+                     "it holds 8192 bytes in writing and committed layouts and was asked for 4096",
+                     "raise weight_cache.layout_max_bytes, or remove unused layouts"});
   InfoMsg during = Info(h);
   CHECK(during.layout_max_bytes == 8192);
   CHECK(during.layout_bytes == 8192);

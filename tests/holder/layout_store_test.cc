@@ -16,6 +16,9 @@
 
 #include "holder/layout_fsm.h"
 #include "holder/layout_store.h"
+#include "tests/text_check.h"
+#include "tests/transition_table_check.h"
+#include "tests/wire/wire_check.h"
 
 namespace wsup {
 namespace {
@@ -24,9 +27,7 @@ using S = LayoutState;
 using E = LayoutEvent;
 using A = LayoutAction;
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 
 void Step(S* s, E e, S want, A act) {
   auto t = NextLayoutTransition(*s, e);
@@ -41,12 +42,7 @@ TEST_CASE("layout table: each (state, event) appears at most once, and released 
   size_t n = 0;
   const LayoutTransition* t = LayoutTable(&n);
   REQUIRE(n >= 5);
-  std::set<std::tuple<int, int>> seen;
-  for (size_t i = 0; i < n; ++i) {
-    INFO(LayoutStateName(t[i].from) << " x " << LayoutEventName(t[i].event));
-    CHECK(seen.insert({static_cast<int>(t[i].from), static_cast<int>(t[i].event)}).second);
-    CHECK(t[i].from != S::kReleased);
-  }
+  test::CheckPairsOnce(t, n, LayoutStateName, LayoutEventName, [](const LayoutTransition& r) { CHECK(r.from != S::kReleased); });
   for (E e : {E::kCommit, E::kCommitRefused, E::kAbort, E::kWriterLost}) {
     CHECK_FALSE(NextLayoutTransition(S::kReleased, e).has_value());
   }
@@ -87,11 +83,7 @@ void Fill(int fd, uint64_t size, uint64_t offset, uint64_t bytes, uint8_t value)
 }
 
 Manifest Header(const Layout& l) {
-  Manifest m;
-  m.backend = "host";
-  m.device = -1;
-  m.device_uuid = "host";
-  m.allocations = l.manifest.allocations;
+  Manifest m = test::HostManifest(l.manifest.allocations);
   return m;
 }
 
@@ -264,14 +256,10 @@ TEST_CASE("layout store: the cap refuses a grant past it naming the cap and the 
   auto fits = store.Allocate(*l, 4096);    // 12288: exactly the cap
   REQUIRE(fits.ok());
   auto over = store.Allocate(*l, 1);
-  REQUIRE_FALSE(over.ok());
-  INFO(over.error().message());
-  CHECK(over.error().code() == Code::kRefused);
-  CHECK(Has(over.error().message(), "past its cap of 12288 bytes"));
-  CHECK(Has(over.error().message(), "weight_cache.layout_max_bytes"));
-  CHECK(Has(over.error().message(), "it holds 12288 bytes in writing and committed layouts"));
-  CHECK(Has(over.error().message(), "asked for 4096 more"));
-  CHECK(Has(over.error().message(), "raise weight_cache.layout_max_bytes, or remove unused layouts"));
+  test::CheckFailed(over, Code::kRefused,
+                    {"past its cap of 12288 bytes", "weight_cache.layout_max_bytes",
+                     "it holds 12288 bytes in writing and committed layouts", "asked for 4096 more",
+                     "raise weight_cache.layout_max_bytes, or remove unused layouts"});
   CHECK((*l)->state == LayoutState::kWriting);
   CHECK((*l)->fds.size() == 2);
   CHECK(store.granted_bytes() == 12288);

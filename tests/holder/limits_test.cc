@@ -23,9 +23,7 @@ namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using test::HolderProcess;
-using test::StartHolder;
-using test::TempDir;
+using test::HolderProcess, test::StartHolder, test::TempDir;
 
 const std::string kModel = "llama-tiny-f32";
 

@@ -19,9 +19,7 @@ namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using test::HolderProcess;
-using test::StartHolder;
-using test::TempDir;
+using test::HolderProcess, test::StartHolder, test::TempDir;
 
 struct Group {
   int tp;

@@ -28,6 +28,14 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// Server options with the socket at dir/sock/h.sock (a folder the server
+// makes).
+ServerOptions SocketIn(const test::TempDir& dir) {
+  ServerOptions so;
+  so.socket_path = dir.Join("sock/h.sock");
+  return so;
+}
+
 Arena LoadArena(const std::string& model) {
   auto ckpt = Checkpoint::Open(test::TestData(model));
   REQUIRE(ckpt.ok());
@@ -81,8 +89,7 @@ TEST_CASE("HolderServer serves on its loop and closes every handle on Close()", 
   Arena arena = LoadArena(model);
   Fingerprint fp = test::EngineFingerprint(test::TestData(model));
   test::TempDir dir;
-  ServerOptions so;
-  so.socket_path = dir.Join("sock/h.sock");
+  ServerOptions so = SocketIn(dir);
   so.handshake_timeout_ms = 200;
   so.deployment = "inproc";
   LoopThread lt(arena, fp, so);
@@ -136,8 +143,7 @@ TEST_CASE("attach replies carry a tensor table to clients that ask and JSON to o
   Arena arena = LoadArena(model);
   Fingerprint fp = test::EngineFingerprint(test::TestData(model));
   test::TempDir dir;
-  ServerOptions so;
-  so.socket_path = dir.Join("sock/h.sock");
+  ServerOptions so = SocketIn(dir);
   LoopThread lt(arena, fp, so);
   REQUIRE(lt.Start().ok());
   const std::string want = ManifestToJson(arena.manifest()).dump();

@@ -24,9 +24,7 @@ namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using test::HolderProcess;
-using test::StartHolder;
-using test::TempDir;
+using test::HolderProcess, test::StartHolder, test::TempDir;
 
 std::string SafetensorsDtype(const std::string& torch_name) {
   if (torch_name == "float32") return "F32";
@@ -38,6 +36,19 @@ std::string SafetensorsDtype(const std::string& torch_name) {
 
 // Checks that every tensor of tensors.json is resident with the right
 // dtype, shape and bytes. For a cuda arena the bytes are copied to the host.
+// A kept arena's fds as a restarted holder inherits them: their numbers
+// here, and "3,4,..." (what they become in the child) for --adopt-fds.
+std::pair<std::vector<int>, std::string> AdoptFds(const KeptArena& kept) {
+  std::vector<int> fds;
+  std::string list;
+  for (size_t i = 0; i < kept.fds.size(); ++i) {
+    fds.push_back(kept.fds[i].get());
+    if (i) list += ',';  // not `(i ? "," : "") + ...`: GCC 12 -O3 gives a false -Wrestrict error on that
+    list += std::to_string(3 + i);
+  }
+  return {fds, list};
+}
+
 void CheckAllTensors(const Attachment& a, const std::string& model) {
   auto expected = test::ReadTensorsJson(model);
   REQUIRE(a.size() == expected.size());
@@ -352,13 +363,7 @@ TEST_CASE("mapped weights survive a SIGKILLed holder, and a holder adopted from 
   std::filesystem::rename(copy, dir.Join("moved-away"));
   REQUIRE_FALSE(std::filesystem::exists(copy));
 
-  std::vector<int> fd_numbers;
-  std::string fd_list;
-  for (size_t i = 0; i < kept->fds.size(); ++i) {
-    fd_numbers.push_back(kept->fds[i].get());
-    if (i) fd_list += ',';  // not `(i ? "," : "") + ...`: GCC 12 -O3 gives a false -Wrestrict error on that
-    fd_list += std::to_string(3 + i);
-  }
+  auto [fd_numbers, fd_list] = AdoptFds(*kept);
   // The same socket path: the dead holder's stale socket file is replaced.
   HolderProcess second =
       StartHolder(dir, "h", {"--adopt-manifest", record, "--adopt-fds", fd_list, "--deployment", "adopt"}, fd_numbers);
@@ -674,13 +679,7 @@ TEST_CASE("cuda backend: a keeper's fds outlive the holder and seed an adopted o
   first.child.Kill(SIGKILL);
   first.child.Wait(10s);
   std::filesystem::rename(copy, dir.Join("gone"));
-  std::vector<int> fds;
-  std::string list;
-  for (size_t i = 0; i < kept->fds.size(); ++i) {
-    fds.push_back(kept->fds[i].get());
-    if (i) list += ',';  // not `(i ? "," : "") + ...`: GCC 12 -O3 gives a false -Wrestrict error on that
-    list += std::to_string(3 + i);
-  }
+  auto [fds, list] = AdoptFds(*kept);
   HolderProcess second = StartHolder(dir, "h", {"--adopt-manifest", record, "--adopt-fds", list}, fds);
   REQUIRE(second.WaitReady(60s));
   kept->fds.clear();

@@ -26,3 +26,10 @@ class Table:
 
         return "\n".join([line(self.head), "|" + "|".join("-" * (x + 2) for x in w) + "|"] +
                          [line(r) for r in self.rows])
+
+    def finish(self):
+        """Prints the table and the run's RESULT line; returns the exit code (1: a check failed)."""
+        print()
+        print(self.render())
+        print("\nRESULT: %s" % ("FAIL" if self.failed() else "PASS"))
+        return 1 if self.failed() else 0

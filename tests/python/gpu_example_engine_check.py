@@ -247,10 +247,7 @@ def main():
             print("work folder (logs): %s" % workdir)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-    print()
-    print(table.render())
-    print("\nRESULT: %s" % ("FAIL" if table.failed() else "PASS"))
-    return 1 if table.failed() else 0
+    return table.finish()
 
 
 if __name__ == "__main__":

@@ -411,10 +411,7 @@ def main():
         except Exception as e:  # noqa: BLE001 - report it as a failed row, then print the table
             table.add("-", "ran to the end", False, "%s: %s" % (type(e).__name__, str(e)[:300]))
             traceback.print_exc()
-    print()
-    print(table.render())
-    print("\nRESULT: %s" % ("FAIL" if table.failed() else "PASS"))
-    return 1 if table.failed() else 0
+    return table.finish()
 
 
 if __name__ == "__main__":

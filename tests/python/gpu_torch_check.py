@@ -239,10 +239,7 @@ def main():
             except Exception as e:  # noqa: BLE001 - report and go on with the next model
                 table.add("%s [%s]" % (name, impl), "ran to the end", False, "%s: %s" % (type(e).__name__, e))
                 traceback.print_exc()
-    print()
-    print(table.render())
-    print("\nRESULT: %s" % ("FAIL" if table.failed() else "PASS"))
-    return 1 if table.failed() else 0
+    return table.finish()
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "supervisor/engine_fsm.h"
+#include "tests/transition_table_check.h"
 
 namespace wsup {
 namespace {
@@ -12,11 +13,7 @@ TEST_CASE("each (state, event) pair appears at most once in the table") {
   size_t n = 0;
   const SlotTransition* t = SlotTable(&n);
   REQUIRE(n > 20);
-  std::set<std::pair<int, int>> seen;
-  for (size_t i = 0; i < n; ++i) {
-    INFO(SlotStateName(t[i].from) << " x " << SlotEventName(t[i].event));
-    CHECK(seen.insert({static_cast<int>(t[i].from), static_cast<int>(t[i].event)}).second);
-  }
+  test::CheckPairsOnce(t, n, SlotStateName, SlotEventName);
 }
 
 TEST_CASE("the happy path: spawn, ready, proven, promoted") {

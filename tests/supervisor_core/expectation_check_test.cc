@@ -5,29 +5,13 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/supervisor_core/node_toml.h"
+
 namespace wsup {
 namespace {
 
 Config IdsConfig() {
-  auto c = ParseConfig(R"([node]
-name = "t"
-state_dir = "state"
-runtime_dir = "run"
-[model]
-path = "model"
-[engine]
-command = ["eng", "--port", "{port}"]
-primary_port = 8001
-standby_port = 8002
-[probe]
-prompt = "Hello, world"
-expect_token_ids = [1, 2, 3, 4]
-max_tokens = 4
-[front]
-listen = "127.0.0.1:8000"
-[admin]
-listen = "127.0.0.1:9090"
-)",
+  auto c = ParseConfig(test::NodeToml("prompt = \"Hello, world\"\nexpect_token_ids = [1, 2, 3, 4]\nmax_tokens = 4\n"),
                        "/etc/wsup/node.toml");
   REQUIRE(c.ok());
   return *c;
@@ -69,25 +53,7 @@ TEST_CASE("expectation: anything that may be an engine's fault is no evidence", 
 }
 
 TEST_CASE("expectation: a text expectation is judged the same way, and quoted", "[logic]") {
-  auto c = ParseConfig(R"([node]
-name = "t"
-state_dir = "state"
-runtime_dir = "run"
-[model]
-path = "model"
-[engine]
-command = ["eng", "--port", "{port}"]
-primary_port = 8001
-standby_port = 8002
-[probe]
-prompt = "The capital of France is"
-expect = " Lyon"
-max_tokens = 2
-[front]
-listen = "127.0.0.1:8000"
-[admin]
-listen = "127.0.0.1:9090"
-)",
+  auto c = ParseConfig(test::NodeToml("prompt = \"The capital of France is\"\nexpect = \" Lyon\"\nmax_tokens = 2\n"),
                        "n.toml");
   REQUIRE(c.ok());
   ProbeAnswer paris{{6342, 13}, " Paris.", "length"};

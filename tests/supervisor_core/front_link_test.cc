@@ -46,13 +46,7 @@ struct FakeFrontSocket {
   std::optional<json> status_reply;
 };
 
-struct FrontRig {
-  test::TempDir dir;
-  FakeClock clock;
-  FakeTimers timers{&clock};
-  FakeProcs procs;
-  uv_loop_t loop{};
-  Config cfg;
+struct FrontRig : logic::PartRig {
   // What the hooks were told.
   bool stopping = false;
   int saves = 0, exits = 0, crash_loops = 0;
@@ -64,13 +58,7 @@ struct FrontRig {
   std::unique_ptr<FakeFrontSocket> sock;
 
   FrontRig() {
-    REQUIRE(uv_loop_init(&loop) == 0);
     cfg.front.listen = ListenAddress{"127.0.0.1", 0};
-    cfg.node.runtime_dir = dir.path();
-    cfg.node.state_dir = dir.path();
-    cfg.supervisor.restart_backoff_ms = 1000;
-    cfg.supervisor.restart_backoff_max_ms = 4000;
-    cfg.supervisor.max_restarts = 3;
     procs.on_spawn = [this](pid_t, const std::string&, const ChildSpec& spec) { specs.push_back(spec); };
     FrontLink::Hooks h;
     h.stopping = [this] { return stopping; };
@@ -86,35 +74,20 @@ struct FrontRig {
   ~FrontRig() {
     front.reset();
     sock.reset();
-    for (int i = 0; i < 100 && uv_run(&loop, UV_RUN_NOWAIT) != 0; ++i) {
-    }
-    uv_walk(&loop, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); }, nullptr);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    CHECK(uv_loop_close(&loop) == 0);
   }
   std::string SocketPath() const { return dir.Join("front.sock"); }
   void Listen() {
     sock = std::make_unique<FakeFrontSocket>(&loop, SocketPath());
     REQUIRE(sock->server.Listen().ok());
   }
-  // Runs the loop, exits and due fake timers until cond holds (bounded).
-  bool Until(const std::function<bool()>& cond) {
-    return test::WaitFor(
-        [&] {
-          procs.Deliver();
-          uv_run(&loop, UV_RUN_NOWAIT);
-          while (timers.FireDue()) uv_run(&loop, UV_RUN_NOWAIT);
-          return cond();
-        },
-        std::chrono::seconds(5));
-  }
-  // Moves fake time on by ms and lets what falls due run.
-  void Advance(int64_t ms) {
-    clock.AdvanceMs(ms);
-    while (timers.FireDue()) uv_run(&loop, UV_RUN_NOWAIT);
-    procs.Deliver();
-  }
   bool Ready() { return Until([&] { return front->state() == ChildState::kReady; }); }
+  // Binds, listens as the front, starts it and waits until it is linked.
+  void StartLinked() {
+    REQUIRE(front->Bind().ok());
+    Listen();
+    front->Start();
+    REQUIRE(Ready());
+  }
 };
 
 bool HasArg(const ChildSpec& spec, const std::string& flag, const std::string& value) {
@@ -161,10 +134,7 @@ TEST_CASE("front link: idle --spawn--> starting, link refused --link_lost--> sta
 TEST_CASE("front link: new routes make a new epoch, the same ones do not, and what is sent reaches the front",
           "[front_link]") {
   FrontRig r;
-  REQUIRE(r.front->Bind().ok());
-  r.Listen();
-  r.front->Start();
-  REQUIRE(r.Ready());
+  r.StartLinked();
   REQUIRE(r.Until([&] { return r.sock->Of("set_routes").size() == 1; }));
   r.front->SetRoutes(r.wanted);
   CHECK(r.front->epoch() == 1);
@@ -191,10 +161,7 @@ TEST_CASE("front link: new routes make a new epoch, the same ones do not, and wh
 
 TEST_CASE("front link: ready --link_lost--> starting reconnects while the process lives", "[front_link]") {
   FrontRig r;
-  REQUIRE(r.front->Bind().ok());
-  r.Listen();
-  r.front->Start();
-  REQUIRE(r.Ready());
+  r.StartLinked();
   REQUIRE(r.Until([&] { return r.sock->conn != nullptr; }));
   r.sock->conn->Close("the test drops the link");
   REQUIRE(r.Until([&] { return r.front->state() == ChildState::kStarting; }));
@@ -264,10 +231,7 @@ TEST_CASE("front link: --stop--> stopping [terminate] --exited--> stopped, and s
   }
   SECTION("ready") {
     FrontRig r;
-    REQUIRE(r.front->Bind().ok());
-    r.Listen();
-    r.front->Start();
-    REQUIRE(r.Ready());
+    r.StartLinked();
     r.procs.term_is_slow = true;
     r.stopping = true;
     r.front->Stop("the node stops");
@@ -319,10 +283,7 @@ TEST_CASE("front link: idle --adopt--> starting links to the running front on th
 TEST_CASE("front link: the front's messages reach the owner read, and one that cannot be read is counted",
           "[front_link]") {
   FrontRig r;
-  REQUIRE(r.front->Bind().ok());
-  r.Listen();
-  r.front->Start();
-  REQUIRE(r.Ready());
+  r.StartLinked();
   REQUIRE(r.Until([&] { return r.sock->conn != nullptr; }));
   r.sock->conn->Send(json{{"type", "event"}, {"kind", "first_ok"}, {"backend", "127.0.0.1:7001"}, {"at_ms", 5}});
   r.sock->conn->Send(json{{"type", "event"}, {"kind", "silent"}, {"backend", 12}});

@@ -24,13 +24,7 @@ namespace {
 using logic::FakeProcs;
 using logic::FakeTimers;
 
-struct HolderRig {
-  test::TempDir dir;
-  FakeClock clock;
-  FakeTimers timers{&clock};
-  FakeProcs procs;
-  uv_loop_t loop{};
-  Config cfg;
+struct HolderRig : logic::PartRig {
   // What the hooks were told.
   bool stopping = false;
   int all_ready = 0, saves = 0, exits = 0;
@@ -48,15 +42,9 @@ struct HolderRig {
   std::unique_ptr<HolderSet> set;
 
   HolderRig() {
-    REQUIRE(uv_loop_init(&loop) == 0);
-    cfg.node.runtime_dir = dir.path();
-    cfg.node.state_dir = dir.path();
     cfg.weight_cache.mode = CacheMode::kDaemon;
     cfg.weight_cache.socket = dir.Join("holder.sock");
     cfg.holder.command = {dir.Join("holder"), "--socket", "{socket}"};
-    cfg.supervisor.restart_backoff_ms = 1000;
-    cfg.supervisor.restart_backoff_max_ms = 4000;
-    cfg.supervisor.max_restarts = 3;
     procs.on_spawn = [this](pid_t, const std::string&, const ChildSpec& spec) {
       specs.push_back(spec);
       REQUIRE(!spec.pass_fds.empty());
@@ -85,28 +73,6 @@ struct HolderRig {
   ~HolderRig() {
     set.reset();
     ready_w.Reset();
-    for (int i = 0; i < 100 && uv_run(&loop, UV_RUN_NOWAIT) != 0; ++i) {
-    }
-    uv_walk(&loop, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); }, nullptr);
-    uv_run(&loop, UV_RUN_DEFAULT);
-    CHECK(uv_loop_close(&loop) == 0);
-  }
-  // Runs the loop, exits and due fake timers until cond holds (bounded).
-  bool Until(const std::function<bool()>& cond) {
-    return test::WaitFor(
-        [&] {
-          procs.Deliver();
-          uv_run(&loop, UV_RUN_NOWAIT);
-          while (timers.FireDue()) uv_run(&loop, UV_RUN_NOWAIT);
-          return cond();
-        },
-        std::chrono::seconds(5));
-  }
-  // Moves fake time on by ms and lets what falls due run.
-  void Advance(int64_t ms) {
-    clock.AdvanceMs(ms);
-    while (timers.FireDue()) uv_run(&loop, UV_RUN_NOWAIT);
-    procs.Deliver();
   }
   void SayReady(const std::string& line) {
     std::string l = line + "\n";

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "supervisor/kv_handover.h"
+#include "tests/transition_table_check.h"
 
 namespace wsup {
 namespace {
@@ -14,15 +15,17 @@ using E = PoolEvent;
 using S = PoolState;
 using A = PoolAction;
 
+// A step's action, and the slot it is for.
+void CheckStep(const KvHandover::Step& s, A action, const std::string& slot) {
+  CHECK(s.action == action);
+  CHECK(s.slot == slot);
+}
+
 TEST_CASE("kv handover: each (state, event) pair appears at most once", "[kv_handover]") {
   size_t n = 0;
   const PoolTransition* t = PoolTable(&n);
   REQUIRE(n >= 10);
-  std::set<std::pair<int, int>> seen;
-  for (size_t i = 0; i < n; ++i) {
-    INFO(PoolStateName(t[i].from) << " x " << PoolEventName(t[i].event));
-    CHECK(seen.insert({static_cast<int>(t[i].from), static_cast<int>(t[i].event)}).second);
-  }
+  test::CheckPairsOnce(t, n, PoolStateName, PoolEventName);
 }
 
 TEST_CASE("kv handover: no row ever grants the pool while an owner may still write it", "[kv_handover]") {
@@ -50,8 +53,7 @@ TEST_CASE("kv handover: no row ever grants the pool while an owner may still wri
 TEST_CASE("kv handover: a crash - the promoted engine waits for the dead one's exit", "[kv_handover]") {
   KvHandover h;
   auto s = h.Fire(E::kWant, "a");
-  CHECK(s.action == A::kGrant);
-  CHECK(s.slot == "a");
+  CheckStep(s, A::kGrant, "a");
   CHECK(h.state() == S::kGranting);
   h.Fire(E::kGranted, "a");
   CHECK(h.state() == S::kHeld);
@@ -71,8 +73,7 @@ TEST_CASE("kv handover: a crash - the promoted engine waits for the dead one's e
   CHECK(h.state() == S::kFenced);
   // a's process is reaped: b gets the pool.
   s = h.Fire(E::kGone, "a");
-  CHECK(s.action == A::kGrant);
-  CHECK(s.slot == "b");
+  CheckStep(s, A::kGrant, "b");
   CHECK(h.state() == S::kGranting);
   CHECK(h.owner() == "b");
   h.Fire(E::kGranted, "b");
@@ -86,12 +87,10 @@ TEST_CASE("kv handover: a planned drill - released after the drain, then granted
   h.Fire(E::kUnwant, "a");
   CHECK_FALSE(h.Fire(E::kWant, "b").applied);  // a still drains on the pool
   auto s = h.Fire(E::kDrained, "a");
-  CHECK(s.action == A::kRelease);
-  CHECK(s.slot == "a");
+  CheckStep(s, A::kRelease, "a");
   CHECK(h.state() == S::kReleasing);
   s = h.Fire(E::kReleased, "a");
-  CHECK(s.action == A::kGrant);
-  CHECK(s.slot == "b");
+  CheckStep(s, A::kGrant, "b");
   h.Fire(E::kGranted, "b");
   CHECK(h.owner() == "b");
 }
@@ -104,12 +103,10 @@ TEST_CASE("kv handover: a release that fails kills the owner - only its exit fre
   h.Fire(E::kWant, "b");
   h.Fire(E::kDrained, "a");
   auto s = h.Fire(E::kReleaseFailed, "a");
-  CHECK(s.action == A::kKillOwner);
-  CHECK(s.slot == "a");
+  CheckStep(s, A::kKillOwner, "a");
   CHECK(h.state() == S::kFenced);
   s = h.Fire(E::kGone, "a");
-  CHECK(s.action == A::kGrant);
-  CHECK(s.slot == "b");
+  CheckStep(s, A::kGrant, "b");
 }
 
 TEST_CASE("kv handover: a grant that fails frees the pool and asks for a retry - nobody wanted, nobody granted",
@@ -117,8 +114,7 @@ TEST_CASE("kv handover: a grant that fails frees the pool and asks for a retry -
   KvHandover h;
   h.Fire(E::kWant, "a");
   auto s = h.Fire(E::kGrantFailed, "a");
-  CHECK(s.action == A::kRetryLater);
-  CHECK(s.slot == "a");
+  CheckStep(s, A::kRetryLater, "a");
   CHECK(h.state() == S::kFree);
   CHECK(h.owner().empty());
   // The retry is a new want.
@@ -153,8 +149,7 @@ TEST_CASE("kv handover: a restarted supervisor adopts the owner it finds", "[kv_
   auto s = h.Fire(E::kDrained, "b");
   CHECK(s.action == A::kRelease);
   s = h.Fire(E::kReleased, "b");
-  CHECK(s.action == A::kGrant);
-  CHECK(s.slot == "a");
+  CheckStep(s, A::kGrant, "a");
 }
 
 }  // namespace

@@ -26,8 +26,7 @@ namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using logic::FakeEngine;
-using logic::Rig;
+using logic::FakeEngine, logic::Rig;
 using nlohmann::json;
 
 // Fast real-time probes (they run on real timers against the fake engines),

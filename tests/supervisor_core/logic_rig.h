@@ -181,6 +181,56 @@ class FakeProcs final : public Launcher {
   pid_t next_ = 500'000;
 };
 
+// A uv loop with simulated processes and fake timers, for the rigs that
+// test one part of the supervisor (FrontLink, HolderSet) rather than all of
+// it. cfg: the state and runtime folders in dir, restarts after 1 s doubling
+// to 4 s, at most 3. A rig built on this one releases its part in its own
+// destructor; this one then closes the loop.
+struct PartRig {
+  test::TempDir dir;
+  FakeClock clock;
+  FakeTimers timers{&clock};
+  FakeProcs procs;
+  uv_loop_t loop{};
+  Config cfg;
+
+  PartRig() {
+    REQUIRE(uv_loop_init(&loop) == 0);
+    cfg.node.runtime_dir = dir.path();
+    cfg.node.state_dir = dir.path();
+    cfg.supervisor.restart_backoff_ms = 1000;
+    cfg.supervisor.restart_backoff_max_ms = 4000;
+    cfg.supervisor.max_restarts = 3;
+  }
+  ~PartRig() {
+    for (int i = 0; i < 100 && uv_run(&loop, UV_RUN_NOWAIT) != 0; ++i) {
+    }
+    uv_walk(&loop, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); }, nullptr);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    CHECK(uv_loop_close(&loop) == 0);
+  }
+  PartRig(const PartRig&) = delete;
+  PartRig& operator=(const PartRig&) = delete;
+
+  // Runs the loop, exits and due fake timers until cond holds (bounded).
+  bool Until(const std::function<bool()>& cond) {
+    return test::WaitFor(
+        [&] {
+          procs.Deliver();
+          uv_run(&loop, UV_RUN_NOWAIT);
+          while (timers.FireDue()) uv_run(&loop, UV_RUN_NOWAIT);
+          return cond();
+        },
+        std::chrono::seconds(5));
+  }
+  // Moves fake time on by ms and lets what falls due run.
+  void Advance(int64_t ms) {
+    clock.AdvanceMs(ms);
+    while (timers.FireDue()) uv_run(&loop, UV_RUN_NOWAIT);
+    procs.Deliver();
+  }
+};
+
 // A supervisor on fake processes and fake time. `extra_toml` goes into the
 // config where [probe] ends (bare keys are the probe's; sections may
 // follow), `supervisor_toml` at the end of [supervisor]; `before_start`
@@ -218,28 +268,30 @@ struct Rig {
     // Inserted where [probe] ends: bare keys are the probe's, and sections may follow.
     toml.insert(toml.find("[front]"), extra_toml);
     REQUIRE(WriteFileAtomic(dir.Join("node.toml"), toml).ok());
-    auto cfg = LoadConfig(dir.Join("node.toml"));
-    INFO((cfg.ok() ? "" : cfg.error().message()));
-    REQUIRE(cfg.ok());
+    Config cfg = LoadNodeToml();
     options.bin_dir = dir.path();
     options.clock = &clock;
     options.launcher = &procs;
     options.timers = &timers;
     if (before_start) before_start(*this);
-    auto s = Supervisor::Create(std::move(*cfg), options);
-    INFO((s.ok() ? "" : s.error().message()));
-    REQUIRE(s.ok());
-    sup = std::move(*s);
-    Settle();
+    Create(std::move(cfg));
   }
   // The supervisor goes away without a stop (its processes run on), and a
   // new one starts from the config file and what the old one left.
   void Restart() {
     sup.reset();
+    Create(LoadNodeToml());
+  }
+  // The config file dir/node.toml, parsed.
+  Config LoadNodeToml() {
     auto cfg = LoadConfig(dir.Join("node.toml"));
     INFO((cfg.ok() ? "" : cfg.error().message()));
     REQUIRE(cfg.ok());
-    auto s = Supervisor::Create(std::move(*cfg), options);
+    return std::move(*cfg);
+  }
+  // A supervisor of cfg with the rig's options, settled.
+  void Create(Config cfg) {
+    auto s = Supervisor::Create(std::move(cfg), options);
     INFO((s.ok() ? "" : s.error().message()));
     REQUIRE(s.ok());
     sup = std::move(*s);

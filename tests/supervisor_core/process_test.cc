@@ -25,6 +25,21 @@ bool RunUntil(uv_loop_t* loop, const std::function<bool()>& done, std::chrono::m
       limit);
 }
 
+// An exit watch that records the exit: got once it came, info what it was.
+struct ExitRecord {
+  bool got = false;
+  ExitInfo info;
+  ExitWatch* watch = nullptr;  // closed by the test
+  void Watch(uv_loop_t* loop, pid_t pid) {
+    auto w = ExitWatch::Start(loop, pid, [this](const ExitInfo& i) {
+      got = true;
+      info = i;
+    });
+    REQUIRE(w.ok());
+    watch = *w;
+  }
+};
+
 void CloseLoop(uv_loop_t* loop) {
   uv_walk(loop, [](uv_handle_t* h, void*) { if (!uv_is_closing(h)) uv_close(h, nullptr); }, nullptr);
   uv_run(loop, UV_RUN_DEFAULT);
@@ -40,21 +55,16 @@ TEST_CASE("a spawned child runs in its own session and its exit status is report
   spec.log_path = dir.Join("child.log");
   auto pid = SpawnChild(spec);
   REQUIRE(pid.ok());
-  bool got = false;
-  ExitInfo info;
-  auto w = ExitWatch::Start(&loop, *pid, [&](const ExitInfo& i) {
-    got = true;
-    info = i;
-  });
-  REQUIRE(w.ok());
-  REQUIRE(RunUntil(&loop, [&] { return got; }, 10s));
-  CHECK(info.known);
-  CHECK(info.exit_code == 7);
-  CHECK(info.Describe() == "exit 7");
+  ExitRecord watched;
+  watched.Watch(&loop, *pid);
+  REQUIRE(RunUntil(&loop, [&] { return watched.got; }, 10s));
+  CHECK(watched.info.known);
+  CHECK(watched.info.exit_code == 7);
+  CHECK(watched.info.Describe() == "exit 7");
   std::string log = test::ReadAll(spec.log_path);
   std::string want = "sid=" + std::to_string(*pid) + " pid=" + std::to_string(*pid);
   CHECK(log.find(want) != std::string::npos);
-  (*w)->Close();
+  watched.watch->Close();
   CloseLoop(&loop);
 }
 
@@ -67,23 +77,18 @@ TEST_CASE("SignalGroup kills the child and its own children") {
   spec.argv = {"/bin/sh", "-c", "sleep 600 & echo $! > " + dir.Join("gc.pid") + "; wait"};
   auto pid = SpawnChild(spec);
   REQUIRE(pid.ok());
-  bool got = false;
-  ExitInfo info;
-  auto w = ExitWatch::Start(&loop, *pid, [&](const ExitInfo& i) {
-    got = true;
-    info = i;
-  });
-  REQUIRE(w.ok());
+  ExitRecord watched;
+  watched.Watch(&loop, *pid);
   REQUIRE(test::WaitFor([&] { return test::ReadAll(dir.Join("gc.pid")).find('\n') != std::string::npos; }, 10s));
   pid_t gc = std::stoi(test::ReadAll(dir.Join("gc.pid")));
   REQUIRE(ProcessAlive(gc));
   REQUIRE(SignalGroup(*pid, SIGKILL).ok());
-  REQUIRE(RunUntil(&loop, [&] { return got; }, 10s));
-  CHECK(info.signal == SIGKILL);
-  CHECK(info.Describe() == "killed by SIGKILL");
+  REQUIRE(RunUntil(&loop, [&] { return watched.got; }, 10s));
+  CHECK(watched.info.signal == SIGKILL);
+  CHECK(watched.info.Describe() == "killed by SIGKILL");
   // The grandchild is reparented and reaped by init (or a subreaper); it must be gone.
   CHECK(test::WaitFor([&] { return !ProcessAlive(gc); }, 10s));
-  (*w)->Close();
+  watched.watch->Close();
   CloseLoop(&loop);
 }
 
@@ -194,19 +199,14 @@ TEST_CASE("an adopted process (not our child) is watched too, with status unknow
   REQUIRE(gc > 1);
   REQUIRE(ProcessAlive(gc));
   REQUIRE(ProcessStartTime(gc).ok());
-  bool got = false;
-  ExitInfo info;
-  auto w = ExitWatch::Start(&loop, gc, [&](const ExitInfo& i) {
-    got = true;
-    info = i;
-  });
-  REQUIRE(w.ok());
+  ExitRecord watched;
+  watched.Watch(&loop, gc);
   uv_run(&loop, UV_RUN_NOWAIT);
-  CHECK_FALSE(got);
+  CHECK_FALSE(watched.got);
   ::kill(gc, SIGTERM);
-  REQUIRE(RunUntil(&loop, [&] { return got; }, 10s));
-  CHECK_FALSE(info.known);
-  (*w)->Close();
+  REQUIRE(RunUntil(&loop, [&] { return watched.got; }, 10s));
+  CHECK_FALSE(watched.info.known);
+  watched.watch->Close();
   CloseLoop(&loop);
 }
 

@@ -8,33 +8,12 @@
 
 #include "supervisor/reload_plan.h"
 #include "testkit/test_util.h"
+#include "tests/supervisor_core/node_toml.h"
 
 namespace wsup {
 namespace {
 
-const char* kBase = R"([node]
-name = "n"
-state_dir = "/tmp/s"
-runtime_dir = "/tmp/r"
-
-[model]
-path = "/models/a"
-
-[engine]
-command = ["/bin/engine", "--port", "{port}"]
-primary_port = 8001
-standby_port = 8002
-
-[probe]
-prompt = "Hello"
-expect = " world"
-
-[front]
-listen = "127.0.0.1:8000"
-
-[admin]
-listen = "127.0.0.1:9090"
-)";
+const std::string kBase = test::NodeToml("prompt = \"Hello\"\nexpect = \" world\"\n");
 
 Config Parse(const std::string& text) {
   auto c = ParseConfig(text, "/etc/wsup/n.toml");
@@ -101,12 +80,12 @@ TEST_CASE("reload plan: engine.env values are never shown - their names and a ha
 }
 
 TEST_CASE("reload plan: a cold key is refused at its line and column, naming the fix", "[reload]") {
-  std::string next = Replace(kBase, "path = \"/models/a\"", "path = \"/models/b\"");
+  std::string next = Replace(kBase, "path = \"model\"", "path = \"/models/b\"");
   next = Replace(next, "listen = \"127.0.0.1:8000\"", "listen = \"127.0.0.1:8003\"");
   next = Replace(next, "expect = \" world\"", "expect = \" world\"\nfailures = 5");
   ReloadPlan p = PlanReload(Parse(kBase), Parse(next));
   REQUIRE(p.refused.size() == 2);
-  CHECK(p.refused[0].message().rfind("/etc/wsup/n.toml:7:8: model.path: cannot change while the node runs", 0) == 0);
+  CHECK(p.refused[0].message().rfind("/etc/wsup/n.toml:6:8: model.path: cannot change while the node runs", 0) == 0);
   CHECK(p.refused[0].message().find("wsup stop") != std::string::npos);
   CHECK(p.refused[1].message().rfind("/etc/wsup/n.toml:", 0) == 0);
   CHECK(p.refused[1].message().find("front.listen:") != std::string::npos);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "supervisor/rollout_fsm.h"
+#include "tests/transition_table_check.h"
 
 namespace wsup {
 namespace {
@@ -37,12 +38,7 @@ TEST_CASE("rollout table: each (state, event) pair appears at most once, and ove
   size_t n = 0;
   const RollTransition* t = RollTable(&n);
   REQUIRE(n >= 20);
-  std::set<std::pair<int, int>> seen;
-  for (size_t i = 0; i < n; ++i) {
-    INFO(RollStateName(t[i].from) << " x " << RollEventName(t[i].event));
-    CHECK(seen.insert({static_cast<int>(t[i].from), static_cast<int>(t[i].event)}).second);
-    CHECK_FALSE(RollOver(t[i].from));
-  }
+  test::CheckPairsOnce(t, n, RollStateName, RollEventName, [](const RollTransition& r) { CHECK_FALSE(RollOver(r.from)); });
 }
 
 TEST_CASE("rollout table: the way through - standby first, the swap, the watch, then the old slot", "[rollout]") {

@@ -34,8 +34,7 @@ namespace wsup {
 namespace {
 
 using namespace std::chrono_literals;
-using logic::FakeEngine;
-using logic::Rig;
+using logic::FakeEngine, logic::Rig;
 using nlohmann::json;
 
 // Fast real-time probes against the fake engines; a short watch window.

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/text_check.h"
+#include "tests/wire/wire_check.h"
 #include "wire/layout_protocol.h"
 #include "wire/protocol.h"
 
@@ -16,9 +18,7 @@ namespace {
 
 using nlohmann::json;
 
-bool Has(const std::string& haystack, const std::string& needle) {
-  return haystack.find(needle) != std::string::npos;
-}
+using test::Has;
 
 Fingerprint EngineFp() {
   Fingerprint fp;
@@ -28,11 +28,7 @@ Fingerprint EngineFp() {
 }
 
 Manifest OneTensor() {
-  Manifest m;
-  m.backend = "host";
-  m.device = -1;
-  m.device_uuid = "host";
-  m.allocations = {{4096}};
+  Manifest m = test::HostManifest({{4096}});
   m.entries = {{"w", "F32", {4, 4}, 0, 0, 64}};
   return m;
 }
@@ -44,10 +40,7 @@ void Refuses(const json& good, const std::function<void(json&)>& damage, const s
   json j = good;
   damage(j);
   auto r = decode(json::parse(j.dump()));
-  REQUIRE_FALSE(r.ok());
-  INFO(r.error().message());
-  CHECK(r.error().code() == Code::kCorrupt);
-  CHECK(Has(r.error().message(), says));
+  test::CheckCorrupt(r, {says});
 }
 
 TEST_CASE("layout messages round-trip", "[wire][layout]") {
