@@ -69,7 +69,6 @@
 #include "supervisor/kv_handover.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout.h"
-#include "supervisor/rollout_fsm.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/messages.h"
