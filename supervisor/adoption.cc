@@ -37,7 +37,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     // reload): a slot restarted now starts it too, never a third one, and
     // `wsup reload` rolls to the file's. (With none left running, the node
     // starts as from cold, with the file's; a roll that was running rolls
-    // back to its old version: ResumeRoll.)
+    // back to its old version: Rollout::Resume.)
     spdlog::warn("engine.command or engine.env in {} differs from what the node ran before this restart; the node "
                  "keeps its version until `wsup reload` rolls it to the file's",
                  cfg_.path);
@@ -87,7 +87,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     // A rollout the predecessor ran: ended, and the slots left on one
     // version (before the engines not adopted start: one that was being
     // replaced starts with the version it was to run).
-    if (prev->rollout) ResumeRoll(*prev->rollout);
+    if (prev->rollout) rollout_.Resume(*prev->rollout);
   }
   if (holders_.AllReady()) StartEngines();
   SaveState();

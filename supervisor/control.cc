@@ -71,7 +71,7 @@ json Supervisor::Impl::StatusJson() {
     fo["drill"] = pending_->drill;
   }
   j["failover"] = fo;
-  j["rollout"] = RollStatusJson();
+  j["rollout"] = rollout_.StatusJson();
   j["state_dir"] = cfg_.node.state_dir;
   j["ledger"] = ledger_->path();
   Ledger::Stats ls = ledger_->stats();
@@ -156,8 +156,8 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
   Slot* act = Active();
   Slot* stby = act ? Other(act) : nullptr;
   std::string refuse = SwapRefusal(act, stby);
-  if (refuse.empty() && roll_) {
-    refuse = "a rollout is in progress (step " + std::string(RollStateName(roll_->state)) +
+  if (refuse.empty() && rollout_.InProgress()) {
+    refuse = "a rollout is in progress (step " + rollout_.StepName() +
              "); drill once `wsup status` shows it ended";
   }
   if (!refuse.empty()) {

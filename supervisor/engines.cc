@@ -110,7 +110,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     if (s.version) {
       // The new version's command cannot be expanded: that version fails,
       // the node goes on.
-      RollSpawnFailed(s, argv.error().message());
+      rollout_.OnSpawnFailed(s.name, argv.error().message());
       return;
     }
     BeginStop(argv.error().message(), kExitConfig);
@@ -129,7 +129,7 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
   if (!pid.ok() && s.version) {
     // A rollout's new version that cannot be started: that version fails
     // (and is rolled back), the node goes on.
-    RollSpawnFailed(s, pid.error().message());
+    rollout_.OnSpawnFailed(s.name, pid.error().message());
     return;
   }
   if (!pid.ok()) {
@@ -398,7 +398,7 @@ void Supervisor::Impl::StartProbing(Slot& s) {
 }
 
 void Supervisor::Impl::CheckExpectation(Slot& s) {
-  if (ever_proven_ || roll_ || stopping_) return;
+  if (ever_proven_ || rollout_.InProgress() || stopping_) return;
   Slot* other = Other(&s);
   if (!s.wrong_answer || !other->wrong_answer) return;
   auto unmet = UnmetExpectation(cfg_, *s.wrong_answer, *other->wrong_answer);
@@ -441,9 +441,7 @@ void Supervisor::Impl::SubscribeToEngines() {
   });
   // The table's own action (kill, terminate, failover, routes).
   engine_events_.Subscribe("action", [this, slot](const EngineEvent& e) { Apply(slot(e), e.row, e.cause); });
-  engine_events_.Subscribe("rollout", [this, slot](const EngineEvent& e) {
-    RollOnSlotMoved(slot(e), e.row.from, e.row.to, e.cause);
-  });
+  engine_events_.Subscribe("rollout", &rollout_);
   engine_events_.Subscribe("promotion", [this](const EngineEvent&) { MaybePromote(); });
   // The routes before state.json and any ledger row that follows: the
   // front is told first. A swap in progress moves two slots; its caller

@@ -147,7 +147,7 @@ void Supervisor::Impl::AbandonPending(const std::string& why) {
     if (c->alive()) c->Send(reply);
   }
   UpdateStatusLine();
-  RollOnFailoverEnded();
+  rollout_.OnFailoverEnded();
 }
 
 void Supervisor::Impl::TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old,
@@ -186,7 +186,7 @@ void Supervisor::Impl::CompletePending(int64_t first_ok_ms) {
     }
     LedgerResult(st, "failover first answer");
   }
-  RollOnFailoverEnded();
+  rollout_.OnFailoverEnded();
   json reply{{"type", "failover"},
              {"ok", true},
              {"from_slot", p.from},

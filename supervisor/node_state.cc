@@ -53,23 +53,7 @@ RuntimeState Supervisor::Impl::BuildState() {
   }
   // The versions hold engine.env's values: the file is 0600 (runtime_state.h).
   st.engine_version = VersionOf(cfg_);
-  if (roll_) {
-    RuntimeState::Rollout ro;
-    ro.id = roll_->rec.id;
-    ro.step = RollStateName(roll_->state);
-    ro.new_slot = roll_->new_slot;
-    ro.old_slot = roll_->old_slot;
-    ro.started_ms = roll_->rec.started_ms;
-    ro.from = roll_->from;
-    ro.to = roll_->to;
-    ro.new_proven = roll_->new_proven;
-    ro.rolling_back = RollingBack(roll_->state);
-    ro.cause = roll_->cause;
-    ro.command_before = roll_->rec.command_before;
-    ro.command_after = roll_->rec.command_after;
-    ro.steps_json = roll_->steps.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    st.rollout = std::move(ro);
-  }
+  st.rollout = rollout_.Record();
   return st;
 }
 

@@ -74,7 +74,8 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       a_(timers_, "a", EngineRestartPolicy(cfg_)),
       b_(timers_, "b", EngineRestartPolicy(cfg_)),
       holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
-      front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()) {
+      front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()),
+      rollout_(timers_, clock_, cfg_, RolloutHooks()) {
   SubscribeToEngines();
 }
 
@@ -315,7 +316,7 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
   exit_code_ = exit_code;
   spdlog::info("stopping: {}", why);
   notifier_.Stopping();
-  RollFire(RollEvent::kAbort, "the node is stopping: " + why);
+  rollout_.Abort("the node is stopping: " + why);
   for (Slot* s : {&a_, &b_}) {
     s->restart_timer->Stop();
     Fire(*s, SlotEvent::kStop, why);

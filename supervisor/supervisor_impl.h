@@ -17,14 +17,22 @@
 //                  probe through the front, answers to `wsup failover`
 //   kv_pool.cc     the node's KV pool: which engine maps it (kv_handover.h),
 //                  the role requests, what engines say of their KV and memory
+//   reload.cc      `wsup reload` and SIGHUP: the config read again, what can
+//                  change applied at once (reload_plan.h), a new engine
+//                  version handed to the rollout; Rollout's hooks
+//   rollout.cc     Rollout (rollout.h), the rolling upgrade's one owner: its
+//                  steps (rollout_fsm.h), budgets, ledger row and resume
+//                  after a supervisor restart; it reaches the engines only
+//                  through its hooks
 //   control.cc     the control socket (CLI), drills, /metrics and /status
 //   node_state.cc  state.json, the status line, ledger writes
 //
-// Every state change of an engine, a holder or the front goes through its
-// table (engine_fsm.h, child_fsm.h): Fire() (engines), and HolderSet's and
-// FrontLink's own Fire(), look the row up, log it with its cause, and carry
-// out its action. An engine's move is published once (engine_events.h) to
-// the subscribers of SubscribeToEngines() (engines.cc), the table's action
+// Every state change of an engine, a holder, the front or a rollout goes
+// through its table (engine_fsm.h, child_fsm.h, rollout_fsm.h): Fire()
+// (engines), and HolderSet's, FrontLink's and Rollout's own Fire(), look
+// the row up, log it with its cause, and carry out its action. An engine's
+// move is published once (engine_events.h) to the subscribers of
+// SubscribeToEngines() (engines.cc), the table's action and the Rollout
 // among them, in the order their effects must happen.
 //
 // Threads: the loop thread only (HolderSet runs its keeper exchanges on
@@ -60,7 +68,7 @@
 #include "supervisor/holder_set.h"
 #include "supervisor/kv_handover.h"
 #include "supervisor/reload_plan.h"
-#include "supervisor/rollout_fsm.h"
+#include "supervisor/rollout.h"
 #include "supervisor/launcher.h"
 #include "supervisor/loop_timer.h"
 #include "supervisor/messages.h"
@@ -179,7 +187,6 @@ class Supervisor::Impl {
     // none for an engine adopted from an older wsup's state.json.
     std::optional<EngineVersion> runs;
     std::string version_text;  // the same, as EngineVersionText shows it
-    bool respawn_after_stop = false;  // a rollout ended while this slot was stopping
   };
 
   // ---- a failover waiting for its first good answer through the front
@@ -325,39 +332,18 @@ class Supervisor::Impl {
   void RefreshStatus(Slot& s);
   nlohmann::json PoolStatusJson() const;
 
-  // rollout.cc (see rollout_fsm.h, reload_plan.h)
+  // reload.cc (reload_plan.h; the roll itself: rollout.h)
   // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
   // `sets` (`wsup reload --set`) after the node's own overrides.
   void Reload(const std::shared_ptr<JsonConn>& c, const std::string& why, const std::vector<std::string>& sets = {});
-  // A roll from the node's version to `to`, new_slot first, its row
-  // written, entered by `first` (begin, or a restarted supervisor's resume).
-  void BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to, RollEvent first,
-                 const std::string& why, const std::shared_ptr<JsonConn>& c);
-  // A restarted supervisor (adoption.cc), after adopting the engines: the
-  // roll its predecessor ran ends as interrupted, and the slots are left on
-  // one version (a roll of its own finishes or rolls back what remains).
-  void ResumeRoll(const RuntimeState::Rollout& prev);
-  void RollOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause);
-  void RollFire(RollEvent event, const std::string& why);
-  void RollStep(const std::string& step, const std::string& slot, const std::string& why);
-  // The roll is over (its state says how); `why` is what ended it.
-  void RollEnd(const std::string& why);
-  void RollMaybeWatchOver();
-  // A failover ended (proven or not): a step that waited for it goes on.
-  void RollOnFailoverEnded();
-  // The rollback's steps (rollout_fsm.h).
-  void RollRestoreOld();
-  void RollSwapBack();
-  void RollRestoreNew();
+  // The hooks through which rollout_ reaches the engines and the node.
+  Rollout::Hooks RolloutHooks();
   // Starts the slot (off the current call) with its version for the next
   // start, as a recovery of `cause`.
   void RollSpawn(Slot& s, const std::string& cause);
   // A version as EngineVersionText shows it.
   std::string VersionText(const EngineVersion& v) const;
-  // The rollout's version could not even be started on this slot.
-  void RollSpawnFailed(Slot& s, const std::string& why);
   void ApplyAtOnce(const Config& next, const ReloadPlan& plan);
-  nlohmann::json RollStatusJson() const;
 
   // control.cc
   void OnControl(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
@@ -440,31 +426,9 @@ class Supervisor::Impl {
   // its budget after the swap (failover.cc, ArmProof), so that drills and
   // rollouts are not refused for ever.
   std::unique_ptr<Timer> proof_budget_;
-  // A rolling upgrade in progress (rollout.cc).
-  struct Roll {
-    // User-provided: clang takes a nested class with member initializers
-    // for not default-constructible while the enclosing class is incomplete.
-    Roll() {}
-    RollState state = RollState::kIdle;
-    std::string new_slot, old_slot;
-    // The node's version as the roll began (cfg_'s until it ends) and the
-    // one it rolls to.
-    EngineVersion from, to;
-    RolloutRecord rec;         // its ledger row, rewritten at each step
-    nlohmann::json steps = nlohmann::json::array();
-    std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup reload` callers
-    bool watch_elapsed = false;
-    int64_t step_since_ms = 0;
-    bool new_proven = false;       // the new version passed its probe on new_slot
-    bool back = false;             // being rolled back
-    std::string cause;             // why it is rolled back
-    bool swap_back_waits = false;  // the swap back waits for a failover in progress to end
-  };
-  std::optional<Roll> roll_;
-  // Its timers, made once (a roll may end inside one's callback): the
-  // step's budget, and the watch window after the swap.
-  std::unique_ptr<Timer> roll_budget_, roll_watch_;
-  nlohmann::json last_roll_;  // the last one's outcome, for `wsup status`
+  // The rolling upgrade (rollout.h): its state and steps; told of the
+  // engines' moves as a subscriber of engine_events_.
+  Rollout rollout_;
   uv_signal_t sighup_{};
   // The node's KV pool: who maps it.
   KvHandover kv_;
