@@ -5,6 +5,8 @@
 #include <optional>
 #include <span>
 
+#include "checkpoint/json_text.h"
+
 namespace wsup {
 
 namespace {
@@ -16,17 +18,7 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
-// Built by appending: GCC 12 at -O3 warns (-Wrestrict, a false positive) on
-// the inlined `"'" + std::string(name)`, and the Release build treats that
-// warning as an error.
-std::string Q(std::string_view name) {
-  std::string s;
-  s.reserve(name.size() + 2);
-  s += '\'';
-  s += name;
-  s += '\'';
-  return s;
-}
+using checkpoint_text::QuoteTensor;
 
 std::string JoinInts(const std::vector<int>& v) {
   std::string s;
@@ -115,7 +107,7 @@ class Planner {
     const TensorRule* rule = arch_ ? arch_->Match(t.name) : nullptr;
     if (!rule) {
       *err = PlanError{
-          Refused(ckpt_.dir() + ": tensor " + Q(t.name) + " matches no tensor-parallel rule for " +
+          Refused(ckpt_.dir() + ": tensor " + QuoteTensor(t.name) + " matches no tensor-parallel rule for " +
                   cfg_.architecture + ", so wsup cannot tell how to split it across " + std::to_string(tp) +
                   " ranks; use tp_size 1, or add the tensor to the family's descriptor in "
                   "checkpoint/architecture/"),
@@ -128,7 +120,7 @@ class Planner {
       int64_t layer = -1, e = -1;
       if (!RoutedExpertOf(*arch_, t.name, &layer, &e)) {
         *err = PlanError{
-            Corrupt(ckpt_.dir() + ": tensor " + Q(t.name) +
+            Corrupt(ckpt_.dir() + ": tensor " + QuoteTensor(t.name) +
                     " is named like a routed expert but has no expert number after 'experts.', so "
                     "wsup cannot tell which rank holds it; the checkpoint is damaged: re-download it"),
             false};
@@ -143,16 +135,16 @@ class Planner {
     const size_t dim = p.split == Split::kRows ? 0 : 1;
     if (t.shape.size() <= dim) {
       *err =
-          PlanError{Corrupt(ckpt_.dir() + ": tensor " + Q(t.name) + " has " + std::to_string(t.shape.size()) +
-                            " dimensions, but its rule splits dimension " + std::to_string(dim) +
-                            "; the checkpoint does not match its architecture " + cfg_.architecture +
-                            ": check config.json"),
+          PlanError{Corrupt(ckpt_.dir() + ": tensor " + QuoteTensor(t.name) + " has " +
+                            std::to_string(t.shape.size()) + " dimensions, but its rule splits dimension " +
+                            std::to_string(dim) + "; the checkpoint does not match its architecture " +
+                            cfg_.architecture + ": check config.json"),
                     false};
       return p;
     }
     const int64_t size = t.shape[dim];
-    const std::string what = ckpt_.dir() + ": tensor " + Q(t.name) + ": dimension " + std::to_string(dim) +
-                             " (" + std::to_string(size) + ")";
+    const std::string what = ckpt_.dir() + ": tensor " + QuoteTensor(t.name) + ": dimension " +
+                             std::to_string(dim) + " (" + std::to_string(size) + ")";
 
     if (rule->unit != Unit::kEven) {
       const HeadLayout hl = HeadsOf(rule->unit, cfg_);
@@ -230,7 +222,7 @@ class Planner {
             Refused(what + ": tp_size " + std::to_string(tp) + " gives each rank " + std::to_string(p.len) +
                     (dim == 0 ? " rows" : " columns") + ", which cuts through its " +
                     std::to_string(block_[0]) + "x" + std::to_string(block_[1]) + " FP8 scale blocks (" +
-                    Q(scale->name) + "): " + where +
+                    QuoteTensor(scale->name) + "): " + where +
                     "; tp sizes that keep this tensor's blocks whole: " + JoinInts(SizesWhere(ok))),
             true};
         return p;
@@ -245,7 +237,7 @@ class Planner {
     Plan p;
     if (block_[0] <= 0) {
       *err = PlanError{
-          Corrupt(ckpt_.dir() + ": tensor " + Q(scale.name) +
+          Corrupt(ckpt_.dir() + ": tensor " + QuoteTensor(scale.name) +
                   " is a block scale, but config.json's quantization_config has no weight_block_size; "
                   "restore the matching config.json"),
           false};
@@ -255,9 +247,9 @@ class Planner {
                     scale.shape[0] == (weight.shape[0] + block_[0] - 1) / block_[0] &&
                     scale.shape[1] == (weight.shape[1] + block_[1] - 1) / block_[1];
     if (!shape_ok) {
-      *err = PlanError{Corrupt(ckpt_.dir() + ": tensor " + Q(scale.name) + " does not hold one scale per " +
-                               std::to_string(block_[0]) + "x" + std::to_string(block_[1]) + " block of " +
-                               Q(weight.name) +
+      *err = PlanError{Corrupt(ckpt_.dir() + ": tensor " + QuoteTensor(scale.name) +
+                               " does not hold one scale per " + std::to_string(block_[0]) + "x" +
+                               std::to_string(block_[1]) + " block of " + QuoteTensor(weight.name) +
                                "; the checkpoint is damaged or its config.json belongs to "
                                "another model: re-download it"),
                        false};
@@ -424,7 +416,7 @@ Result<std::vector<ShardedTensor>> PlanShards(const Checkpoint& ckpt, const Shar
 
 Status ReadShard(const Checkpoint& ckpt, const ShardedTensor& t, void* dst) {
   if (t.source >= ckpt.tensors().size()) {
-    return Internal(ckpt.dir() + ": shard of " + Q(t.name) + " names source tensor " +
+    return Internal(ckpt.dir() + ": shard of " + QuoteTensor(t.name) + " names source tensor " +
                     std::to_string(t.source) + " but the checkpoint has " +
                     std::to_string(ckpt.tensors().size()));
   }
@@ -437,8 +429,8 @@ Status ReadShard(const Checkpoint& ckpt, const ShardedTensor& t, void* dst) {
                                     : t.shape[i] == src.shape[i];
   }
   if (!ok) {
-    return Internal(ckpt.dir() + ": shard of " + Q(t.name) + " does not fit its source tensor " +
-                    Q(src.name) + "; plan shards with PlanShards() on the same checkpoint");
+    return Internal(ckpt.dir() + ": shard of " + QuoteTensor(t.name) + " does not fit its source tensor " +
+                    QuoteTensor(src.name) + "; plan shards with PlanShards() on the same checkpoint");
   }
   auto* out = static_cast<uint8_t*>(dst);
   Status s;
@@ -453,7 +445,7 @@ Status ReadShard(const Checkpoint& ckpt, const ShardedTensor& t, void* dst) {
       s = PreadCols(ckpt, src, t, out);
       break;
   }
-  if (!s.ok()) return s.error().With("tensor " + Q(t.name));
+  if (!s.ok()) return s.error().With("tensor " + QuoteTensor(t.name));
   return Status::Ok();
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "common/enum_names.h"
 #include "gpu/cuda_driver.h"
 #include "wire/layout_protocol.h"
 
@@ -93,36 +94,19 @@ class AttachRun {
 
 }  // namespace
 
-const char* AttachModeName(AttachMode mode) {
-  switch (mode) {
-    case AttachMode::kDaemon:
-      return "daemon";
-    case AttachMode::kClient:
-      return "client";
-    case AttachMode::kOff:
-      return "off";
-  }
-  return "unknown";
-}
+constexpr EnumNames<AttachMode::kOff> kAttachModeNames{"daemon", "client", "off"};
+
+const char* AttachModeName(AttachMode mode) { return kAttachModeNames(mode, "unknown"); }
 
 Result<AttachMode> ParseAttachMode(std::string_view name) {
-  if (name == "daemon") return AttachMode::kDaemon;
-  if (name == "client") return AttachMode::kClient;
-  if (name == "off") return AttachMode::kOff;
+  if (auto mode = kAttachModeNames.Parse(name)) return *mode;
   return InvalidArgument("weight-cache mode '" + std::string(name.substr(0, 64)) +
                          "' is not one of daemon, client, off");
 }
 
 const char* WeightSourceName(WeightSource source) {
-  switch (source) {
-    case WeightSource::kHolder:
-      return "holder";
-    case WeightSource::kDisk:
-      return "disk";
-    case WeightSource::kPublished:
-      return "published";
-  }
-  return "disk";
+  static constexpr EnumNames<WeightSource::kPublished> kNames{"holder", "disk", "published"};
+  return kNames(source, "disk");
 }
 
 // ---------------------------------------------------------------- Attachment

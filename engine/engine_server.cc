@@ -135,8 +135,8 @@ void Engine::OnStartupDone() {
 void Engine::Fire(EngineEvent event, int exit_code, const std::string& why) {
   auto t = NextEngineTransition(state_, event);
   if (!t) {
-    spdlog::error("engine: event {} in state {} is not in the lifecycle table (engine/engine_state.cc); ignored",
-                  EngineEventName(event), state_name());
+    spdlog::error("engine: {}: the lifecycle table (engine/engine_state.cc) has no such move; ignored",
+                  kEngineNames.Refused(state_, event));
     return;
   }
   state_ = t->to;

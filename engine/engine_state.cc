@@ -7,6 +7,11 @@ using S = EngineState;
 using E = EngineEvent;
 using A = EngineAction;
 
+// The names, in the order of each enum's values (the logs' and tests' words).
+constexpr EnumNames<S::kStopping> kStateNames{"starting", "ready", "stopping"};
+constexpr EnumNames<E::kStop> kEventNames{"loaded", "startup_failed", "listen_failed", "stop"};
+constexpr EnumNames<A::kShutDown> kActionNames{"none", "start_serving", "shut_down"};
+
 // One row per transition; each (from, event) pair appears at most once
 // (checked by a test).
 constexpr EngineTransition kTable[] = {
@@ -26,44 +31,14 @@ constexpr EngineTransition kTable[] = {
 
 }  // namespace
 
-const char* EngineStateName(EngineState s) {
-  switch (s) {
-    case S::kStarting: return "starting";
-    case S::kReady: return "ready";
-    case S::kStopping: return "stopping";
-  }
-  return "?";
-}
-
-const char* EngineEventName(EngineEvent e) {
-  switch (e) {
-    case E::kLoaded: return "loaded";
-    case E::kStartupFailed: return "startup_failed";
-    case E::kListenFailed: return "listen_failed";
-    case E::kStop: return "stop";
-  }
-  return "?";
-}
-
-const char* EngineActionName(EngineAction a) {
-  switch (a) {
-    case A::kNone: return "none";
-    case A::kStartServing: return "start_serving";
-    case A::kShutDown: return "shut_down";
-  }
-  return "?";
-}
+const char* EngineStateName(EngineState s) { return kStateNames(s); }
+const char* EngineEventName(EngineEvent e) { return kEventNames(e); }
+const char* EngineActionName(EngineAction a) { return kActionNames(a); }
 
 std::optional<EngineTransition> NextEngineTransition(EngineState state, EngineEvent event) {
-  for (const auto& t : kTable) {
-    if (t.from == state && t.event == event) return t;
-  }
-  return std::nullopt;
+  return FindRow(kTable, state, event);
 }
 
-const EngineTransition* EngineTable(size_t* count) {
-  *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
+const EngineTransition* EngineTable(size_t* count) { return AllRows(kTable, count); }
 
 }  // namespace wsup::engine

@@ -20,6 +20,8 @@
 #include <cstddef>
 #include <optional>
 
+#include "common/state_table.h"
+
 namespace wsup::engine {
 
 enum class EngineState {
@@ -44,13 +46,10 @@ enum class EngineAction {
 const char* EngineStateName(EngineState s);  // the status contract's values
 const char* EngineEventName(EngineEvent e);
 const char* EngineActionName(EngineAction a);
+inline constexpr TableNames<EngineState, EngineEvent, EngineAction> kEngineNames{
+    EngineStateName, EngineEventName, EngineActionName};
 
-struct EngineTransition {
-  EngineState from;
-  EngineEvent event;
-  EngineState to;
-  EngineAction action;
-};
+using EngineTransition = TableRow<EngineState, EngineEvent, EngineAction>;
 
 // nullopt: the event cannot happen in that state (a bug in the caller,
 // which logs it and keeps its state).

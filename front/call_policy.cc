@@ -1,5 +1,7 @@
 #include "front/call_policy.h"
 
+#include "common/enum_names.h"
+
 namespace wsup::front {
 
 namespace {
@@ -59,19 +61,10 @@ size_t FailureRowFor(const FailureFacts& f) {
 FailureAction DecideFailure(const FailureFacts& f) { return kRows[FailureRowFor(f)].action; }
 
 const char* FailureActionName(FailureAction a) {
-  switch (a) {
-    case A::kAdoptHedge: return "adopt_hedge";
-    case A::kRetryFresh: return "retry_fresh";
-    case A::kRedispatch: return "redispatch";
-    case A::kRetry: return "retry";
-    case A::kFail502: return "fail_502";
-    case A::kResumeFree: return "resume_free";
-    case A::kResume: return "resume";
-    case A::kEndStream: return "end_stream";
-    case A::kCloseStream: return "close_stream";
-    case A::kAbortClient: return "abort_client";
-  }
-  return "?";
+  static constexpr EnumNames<A::kAbortClient> kNames{
+      "adopt_hedge", "retry_fresh", "redispatch", "retry",        "fail_502",
+      "resume_free", "resume",      "end_stream", "close_stream", "abort_client"};
+  return kNames(a);
 }
 
 HedgeVerdict JudgeHedge(const HedgeFacts& h) {
@@ -88,12 +81,8 @@ HedgeVerdict JudgeHedge(const HedgeFacts& h) {
 }
 
 const char* HedgeVerdictName(HedgeVerdict v) {
-  switch (v) {
-    case HedgeVerdict::kWait: return "wait";
-    case HedgeVerdict::kFailed: return "failed";
-    case HedgeVerdict::kWins: return "wins";
-  }
-  return "?";
+  static constexpr EnumNames<HedgeVerdict::kWins> kNames{"wait", "failed", "wins"};
+  return kNames(v);
 }
 
 bool CanHedge(bool hedge_pending, size_t hedges_sent, size_t max_hedges, bool delivered, StreamState stream) {

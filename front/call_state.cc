@@ -2,6 +2,9 @@
 
 #include <iterator>
 
+#include "common/enum_names.h"
+#include "common/state_table.h"
+
 namespace wsup::front {
 
 namespace {
@@ -48,10 +51,9 @@ constexpr CallTransition kRows[] = {
 std::span<const CallTransition> CallTransitions() { return kRows; }
 
 std::optional<CallState> NextCallState(CallState s, CallEvent e) {
-  for (const CallTransition& r : kRows) {
-    if (r.from == s && r.event == e) return r.to;
-  }
-  return std::nullopt;
+  auto row = FindRow(kRows, s, e);
+  if (!row) return std::nullopt;
+  return row->to;
 }
 
 bool IsResuming(CallState s) {
@@ -61,32 +63,15 @@ bool IsResuming(CallState s) {
 bool IsQueued(CallState s) { return s == S::kQueued || s == S::kResumeQueued; }
 
 const char* CallStateName(CallState s) {
-  switch (s) {
-    case S::kNew: return "new";
-    case S::kQueued: return "queued";
-    case S::kSent: return "sent";
-    case S::kRelaying: return "relaying";
-    case S::kResumeNew: return "resume_new";
-    case S::kResumeQueued: return "resume_queued";
-    case S::kResumeSent: return "resume_sent";
-    case S::kResuming: return "resuming";
-    case S::kDone: return "done";
-  }
-  return "?";
+  static constexpr EnumNames<S::kDone> kNames{
+      "new", "queued", "sent", "relaying", "resume_new", "resume_queued", "resume_sent", "resuming", "done"};
+  return kNames(s);
 }
 
 const char* CallEventName(CallEvent e) {
-  switch (e) {
-    case E::kQueue: return "queue";
-    case E::kSend: return "send";
-    case E::kHead: return "head";
-    case E::kRetry: return "retry";
-    case E::kResume: return "resume";
-    case E::kAdopt: return "adopt";
-    case E::kAdoptResume: return "adopt_resume";
-    case E::kFinish: return "finish";
-  }
-  return "?";
+  static constexpr EnumNames<E::kFinish> kNames{"queue",  "send",  "head",         "retry",
+                                                "resume", "adopt", "adopt_resume", "finish"};
+  return kNames(e);
 }
 
 }  // namespace wsup::front

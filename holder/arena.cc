@@ -204,6 +204,16 @@ Status LayoutParams(const LoadOptions& opts, uint64_t* gran, uint64_t* max_alloc
   return {};
 }
 
+// The options checked, the tensors laid out for the backend, and the
+// allocations made, empty: what loading and synthesizing both start with.
+Result<std::unique_ptr<ArenaBuilder>> EmptyArena(const std::vector<ShardedTensor>& tensors,
+                                                 const LoadOptions& opts) {
+  WSUP_RETURN_IF_ERROR(CheckOptions(opts));
+  uint64_t gran = 0, max_alloc = 0;
+  WSUP_RETURN_IF_ERROR(LayoutParams(opts, &gran, &max_alloc));
+  return ArenaBuilder::Create(PlanLayout(tensors, opts.backend, gran, max_alloc), opts);
+}
+
 }  // namespace
 
 Arena::Arena(Arena&&) noexcept = default;
@@ -213,11 +223,7 @@ Arena::~Arena() = default;
 Result<Arena> Arena::Load(const Checkpoint& ckpt, const std::vector<ShardedTensor>& shards,
                           const LoadOptions& opts, LoadStats* stats) {
   const auto t0 = std::chrono::steady_clock::now();
-  WSUP_RETURN_IF_ERROR(CheckOptions(opts));
-  uint64_t gran = 0, max_alloc = 0;
-  WSUP_RETURN_IF_ERROR(LayoutParams(opts, &gran, &max_alloc));
-  Manifest plan = PlanLayout(shards, opts.backend, gran, max_alloc);
-  WSUP_ASSIGN_OR_RETURN(auto builder, ArenaBuilder::Create(std::move(plan), opts));
+  WSUP_ASSIGN_OR_RETURN(auto builder, EmptyArena(shards, opts));
   LoadStats local;
   local.alloc_seconds = Since(t0);
   Status filled = FillArena(ckpt, shards, builder->manifest(), builder->dest(), opts, &local);
@@ -233,11 +239,7 @@ Result<Arena> Arena::Load(const Checkpoint& ckpt, const std::vector<ShardedTenso
 Result<Arena> Arena::Synthesize(const std::vector<ShardedTensor>& tensors, const LoadOptions& opts,
                                 LoadStats* stats) {
   const auto t0 = std::chrono::steady_clock::now();
-  WSUP_RETURN_IF_ERROR(CheckOptions(opts));
-  uint64_t gran = 0, max_alloc = 0;
-  WSUP_RETURN_IF_ERROR(LayoutParams(opts, &gran, &max_alloc));
-  Manifest plan = PlanLayout(tensors, opts.backend, gran, max_alloc);
-  WSUP_ASSIGN_OR_RETURN(auto builder, ArenaBuilder::Create(std::move(plan), opts));
+  WSUP_ASSIGN_OR_RETURN(auto builder, EmptyArena(tensors, opts));
   LoadStats local;
   local.alloc_seconds = Since(t0);
   const FillDest dest = builder->dest();
@@ -303,15 +305,17 @@ Result<Arena> Arena::Adopt(Manifest manifest, std::vector<UniqueFd> fds) {
   return Arena(std::move(manifest), std::move(fds));
 }
 
-Result<std::vector<UniqueFd>> Arena::DupFds() const {
+Result<std::vector<UniqueFd>> DupEach(const std::vector<UniqueFd>& fds) {
   std::vector<UniqueFd> out;
-  out.reserve(fds_.size());
-  for (const auto& fd : fds_) {
+  out.reserve(fds.size());
+  for (const auto& fd : fds) {
     WSUP_ASSIGN_OR_RETURN(UniqueFd d, fd.Dup());
     out.push_back(std::move(d));
   }
   return out;
 }
+
+Result<std::vector<UniqueFd>> Arena::DupFds() const { return DupEach(fds_); }
 
 Manifest PlanLayout(const std::vector<ShardedTensor>& shards, const std::string& backend,
                     uint64_t granularity, uint64_t max_alloc_bytes) {

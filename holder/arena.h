@@ -116,4 +116,8 @@ class Arena {
 Manifest PlanLayout(const std::vector<ShardedTensor>& shards, const std::string& backend,
                     uint64_t granularity, uint64_t max_alloc_bytes);
 
+// Fresh dups of each of `fds`, in order: what an arena or a KV pool sends or
+// keeps while it holds its own.
+Result<std::vector<UniqueFd>> DupEach(const std::vector<UniqueFd>& fds);
+
 }  // namespace wsup

@@ -86,15 +86,7 @@ Status CheckHostFds(const KvPoolMsg& pool, const std::vector<UniqueFd>& fds) {
 
 }  // namespace
 
-Result<std::vector<UniqueFd>> KvPool::DupFds() const {
-  std::vector<UniqueFd> out;
-  out.reserve(fds.size());
-  for (const UniqueFd& fd : fds) {
-    WSUP_ASSIGN_OR_RETURN(UniqueFd d, fd.Dup());
-    out.push_back(std::move(d));
-  }
-  return out;
-}
+Result<std::vector<UniqueFd>> KvPool::DupFds() const { return DupEach(fds); }
 
 KvPoolInfo KvPool::Info() const { return KvPoolInfo{msg.id, msg.bytes(), msg.allocations.size(), adopted}; }
 

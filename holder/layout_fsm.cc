@@ -7,6 +7,11 @@ using S = LayoutState;
 using E = LayoutEvent;
 using A = LayoutAction;
 
+// The names, in the order of each enum's values (the logs' and tests' words).
+constexpr EnumNames<S::kReleased> kStateNames{"writing", "committed", "released"};
+constexpr EnumNames<E::kWriterLost> kEventNames{"commit", "commit_refused", "abort", "writer_lost"};
+constexpr EnumNames<A::kRelease> kActionNames{"none", "seal_and_serve", "refuse", "release"};
+
 // One row per transition; each (from, event) appears at most once (checked
 // by a test).
 constexpr LayoutTransition kTable[] = {
@@ -20,45 +25,14 @@ constexpr LayoutTransition kTable[] = {
 
 }  // namespace
 
-const char* LayoutStateName(LayoutState s) {
-  switch (s) {
-    case S::kWriting: return "writing";
-    case S::kCommitted: return "committed";
-    case S::kReleased: return "released";
-  }
-  return "?";
-}
-
-const char* LayoutEventName(LayoutEvent e) {
-  switch (e) {
-    case E::kCommit: return "commit";
-    case E::kCommitRefused: return "commit_refused";
-    case E::kAbort: return "abort";
-    case E::kWriterLost: return "writer_lost";
-  }
-  return "?";
-}
-
-const char* LayoutActionName(LayoutAction a) {
-  switch (a) {
-    case A::kNone: return "none";
-    case A::kSealAndServe: return "seal_and_serve";
-    case A::kRefuse: return "refuse";
-    case A::kRelease: return "release";
-  }
-  return "?";
-}
+const char* LayoutStateName(LayoutState s) { return kStateNames(s); }
+const char* LayoutEventName(LayoutEvent e) { return kEventNames(e); }
+const char* LayoutActionName(LayoutAction a) { return kActionNames(a); }
 
 std::optional<LayoutTransition> NextLayoutTransition(LayoutState state, LayoutEvent event) {
-  for (const auto& t : kTable) {
-    if (t.from == state && t.event == event) return t;
-  }
-  return std::nullopt;
+  return FindRow(kTable, state, event);
 }
 
-const LayoutTransition* LayoutTable(size_t* count) {
-  *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
+const LayoutTransition* LayoutTable(size_t* count) { return AllRows(kTable, count); }
 
 }  // namespace wsup

@@ -23,6 +23,8 @@
 #include <cstddef>
 #include <optional>
 
+#include "common/state_table.h"
+
 namespace wsup {
 
 enum class LayoutState {
@@ -48,13 +50,10 @@ enum class LayoutAction {
 const char* LayoutStateName(LayoutState s);  // "writing", "committed", "released"
 const char* LayoutEventName(LayoutEvent e);
 const char* LayoutActionName(LayoutAction a);
+inline constexpr TableNames<LayoutState, LayoutEvent, LayoutAction> kLayoutNames{
+    LayoutStateName, LayoutEventName, LayoutActionName};
 
-struct LayoutTransition {
-  LayoutState from;
-  LayoutEvent event;
-  LayoutState to;
-  LayoutAction action;
-};
+using LayoutTransition = TableRow<LayoutState, LayoutEvent, LayoutAction>;
 
 // nullopt: the event means nothing in that state (a bug in the caller).
 std::optional<LayoutTransition> NextLayoutTransition(LayoutState state, LayoutEvent event);

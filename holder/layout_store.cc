@@ -426,13 +426,11 @@ void LayoutStore::IdleIfNoWriter() {
 void LayoutStore::Move(Layout* l, LayoutEvent event, const std::string& cause) {
   auto t = NextLayoutTransition(l->state, event);
   if (!t) {
-    spdlog::error("layout {}: event {} in state {} ({}); this is a bug", l->id, LayoutEventName(event),
-                  LayoutStateName(l->state), cause);
+    spdlog::error("layout {}: {} ({}); this is a bug", l->id, kLayoutNames.Refused(l->state, event), cause);
     return;
   }
   auto log = t->action == LayoutAction::kRefuse ? spdlog::level::warn : spdlog::level::info;
-  spdlog::log(log, "layout {}: {} --{}--> {} [{}] {}", l->id, LayoutStateName(t->from), LayoutEventName(event),
-              LayoutStateName(t->to), LayoutActionName(t->action), cause);
+  spdlog::log(log, "layout {}: {} {}", l->id, kLayoutNames.Move(*t), cause);
   l->state = t->to;
 }
 

@@ -6,20 +6,24 @@
 
 namespace wsup::http {
 
-HttpResponse HttpResponse::Json(int status, std::string body) {
+namespace {
+
+HttpResponse WithBody(int status, const char* content_type, std::string body) {
   HttpResponse r;
   r.status = status;
-  r.headers.push_back({"Content-Type", "application/json"});
+  r.headers.push_back({"Content-Type", content_type});
   r.body = std::move(body);
   return r;
 }
 
+}  // namespace
+
+HttpResponse HttpResponse::Json(int status, std::string body) {
+  return WithBody(status, "application/json", std::move(body));
+}
+
 HttpResponse HttpResponse::Text(int status, std::string body) {
-  HttpResponse r;
-  r.status = status;
-  r.headers.push_back({"Content-Type", "text/plain; charset=utf-8"});
-  r.body = std::move(body);
-  return r;
+  return WithBody(status, "text/plain; charset=utf-8", std::move(body));
 }
 
 const char* StatusReason(int status) {

@@ -2,15 +2,13 @@
 
 #include <algorithm>
 
+#include "common/enum_names.h"
+
 namespace wsup {
 
 const char* HealthName(Health h) {
-  switch (h) {
-    case Health::kUnknown: return "unknown";
-    case Health::kHealthy: return "healthy";
-    case Health::kUnhealthy: return "unhealthy";
-  }
-  return "?";
+  static constexpr EnumNames<Health::kUnhealthy> kNames{"unknown", "healthy", "unhealthy"};
+  return kNames(h);
 }
 
 HealthTracker::HealthTracker(const HysteresisOptions& options, const Clock& clock)

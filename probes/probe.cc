@@ -62,6 +62,21 @@ std::string IdList(const std::vector<int64_t>& ids) {
 
 ProbeOutcome Fail(std::string reason, int64_t latency_ms) { return {false, std::move(reason), latency_ms}; }
 
+// Parses an answer's body into *out, a JSON object; otherwise the outcome
+// that fails the probe. `bad` starts the failure ("bad status"), `what`
+// names the body and `fix` ends the message when it is past the limits.
+std::optional<ProbeOutcome> ParseObject(const std::string& body, const std::string& bad, const std::string& what,
+                                        std::string_view fix, int64_t latency_ms, nlohmann::json* out) {
+  if (Status limits = CheckJsonLimits(body, bad + ": " + what, fix); !limits.ok()) {
+    return Fail(limits.error().message(), latency_ms);
+  }
+  *out = nlohmann::json::parse(body, nullptr, false);
+  if (out->is_discarded() || !out->is_object()) {
+    return Fail(bad + ": not a JSON object: " + Excerpt(body, 80), latency_ms);
+  }
+  return std::nullopt;
+}
+
 // A non-2xx answer: "HTTP 503: <the error message, or the body>".
 std::string HttpFailure(const http::HttpResponse& r) {
   std::string detail = Excerpt(r.body);
@@ -98,7 +113,7 @@ class HttpProbe : public Probe {
     in_flight_ = true;
     cancelled_ = false;
     id_ = client_.Send(target_.host, target_.port, std::move(req),
-                       [this, start_us, judge = std::move(judge), done = std::move(done)](Result<http::HttpResponse> r) {
+                       [this, start_us, judge = std::move(judge), done = std::move(done)](const Result<http::HttpResponse>& r) {
                          if (cancelled_) return;
                          in_flight_ = false;
                          int64_t latency_ms = (clock_.MonotonicUs() - start_us) / 1000;
@@ -373,12 +388,11 @@ ProbeOutcome EvaluateCompletion(const SemanticProbeSpec& spec, const Result<http
                                 int64_t latency_ms) {
   if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
   const http::HttpResponse& r = *response;
-  if (Status limits = CheckJsonLimits(r.body, "bad response: the completion", "the engine must answer the completion API's JSON");
-      !limits.ok())
-    return Fail(limits.error().message(), latency_ms);
-  auto j = nlohmann::json::parse(r.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return Fail("bad response: not a JSON object: " + Excerpt(r.body, 80), latency_ms);
+  nlohmann::json j;
+  if (auto bad = ParseObject(r.body, "bad response", "the completion", "the engine must answer the completion API's JSON",
+                             latency_ms, &j)) {
+    return *bad;
+  }
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty() || !j["choices"][0].is_object())
     return Fail("bad response: no choices[0]", latency_ms);
   const auto& choice = j["choices"][0];
@@ -428,12 +442,11 @@ ProbeOutcome EvaluateStatus(const CommProbeSpec& spec, const Result<http::HttpRe
                             int64_t latency_ms) {
   if (auto failed = FailedExchange(response, spec.timeout_ms, latency_ms)) return *failed;
   const http::HttpResponse& r = *response;
-  if (Status limits = CheckJsonLimits(r.body, "bad status: the answer", "the engine must answer /wsup/status JSON");
-      !limits.ok())
-    return Fail(limits.error().message(), latency_ms);
-  auto j = nlohmann::json::parse(r.body, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return Fail("bad status: not a JSON object: " + Excerpt(r.body, 80), latency_ms);
+  nlohmann::json j;
+  if (auto bad = ParseObject(r.body, "bad status", "the answer", "the engine must answer /wsup/status JSON", latency_ms,
+                             &j)) {
+    return *bad;
+  }
   if (!j.contains("comm") || !j["comm"].is_object()) return Fail("bad status: no comm object", latency_ms);
   const auto& comm = j["comm"];
   if (!comm.contains("warm") || !comm["warm"].is_boolean()) return Fail("bad status: no comm.warm", latency_ms);

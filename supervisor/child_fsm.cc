@@ -8,6 +8,16 @@ using S = ChildState;
 using E = ChildEvent;
 using A = ChildAction;
 
+// The names, in the order of each enum's values (the logs' and tests' words).
+constexpr EnumNames<K::kFront> kKindNames{"holder", "front"};
+constexpr EnumNames<S::kStopped> kStateNames{"idle",   "starting", "keeping",  "ready",
+                                             "failed", "down",     "stopping", "stopped"};
+constexpr EnumNames<E::kStop> kEventNames{"spawn",     "adopt",  "up",      "kept", "keep_failed",
+                                          "link_lost", "exited", "give_up", "stop"};
+constexpr EnumNames<A::kReportDown> kActionNames{"none",        "attach_keeper",    "engines_may_start",
+                                                 "push_routes", "reconnect",        "kill",
+                                                 "terminate",   "schedule_restart", "report_down"};
+
 // One row per transition; each (kind, from, event) appears at most once
 // (checked by a test).
 constexpr ChildTransition kTable[] = {
@@ -79,74 +89,19 @@ constexpr ChildTransition kTable[] = {
 
 }  // namespace
 
-const char* ChildKindName(ChildKind k) { return k == K::kHolder ? "holder" : "front"; }
-
-const char* ChildStateName(ChildState s) {
-  switch (s) {
-    case S::kIdle: return "idle";
-    case S::kStarting: return "starting";
-    case S::kKeeping: return "keeping";
-    case S::kReady: return "ready";
-    case S::kFailed: return "failed";
-    case S::kDown: return "down";
-    case S::kStopping: return "stopping";
-    case S::kStopped: return "stopped";
-  }
-  return "?";
-}
-
-const char* ChildEventName(ChildEvent e) {
-  switch (e) {
-    case E::kSpawn: return "spawn";
-    case E::kAdopt: return "adopt";
-    case E::kUp: return "up";
-    case E::kKept: return "kept";
-    case E::kKeepFailed: return "keep_failed";
-    case E::kLinkLost: return "link_lost";
-    case E::kExited: return "exited";
-    case E::kGiveUp: return "give_up";
-    case E::kStop: return "stop";
-  }
-  return "?";
-}
-
-const char* ChildActionName(ChildAction a) {
-  switch (a) {
-    case A::kNone: return "none";
-    case A::kAttachKeeper: return "attach_keeper";
-    case A::kEnginesMayStart: return "engines_may_start";
-    case A::kPushRoutes: return "push_routes";
-    case A::kReconnect: return "reconnect";
-    case A::kKill: return "kill";
-    case A::kTerminate: return "terminate";
-    case A::kScheduleRestart: return "schedule_restart";
-    case A::kReportDown: return "report_down";
-  }
-  return "?";
-}
+const char* ChildKindName(ChildKind k) { return kKindNames(k); }
+const char* ChildStateName(ChildState s) { return kStateNames(s); }
+const char* ChildEventName(ChildEvent e) { return kEventNames(e); }
+const char* ChildActionName(ChildAction a) { return kActionNames(a); }
 
 std::optional<ChildTransition> NextChildTransition(ChildKind kind, ChildState state, ChildEvent event) {
-  for (const auto& t : kTable) {
-    if (t.kind == kind && t.from == state && t.event == event) return t;
-  }
-  return std::nullopt;
+  return FindRow(kTable, state, event, [kind](const ChildTransition& t) { return t.kind == kind; });
 }
 
-const ChildTransition* ChildTable(size_t* count) {
-  *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
+const ChildTransition* ChildTable(size_t* count) { return AllRows(kTable, count); }
 
 bool ChildHasProcess(ChildState s) {
-  switch (s) {
-    case S::kStarting:
-    case S::kKeeping:
-    case S::kReady:
-    case S::kStopping:
-      return true;
-    default:
-      return false;
-  }
+  return s == S::kStarting || s == S::kKeeping || s == S::kReady || s == S::kStopping;
 }
 
 }  // namespace wsup

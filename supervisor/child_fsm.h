@@ -30,6 +30,8 @@
 #include <cstddef>
 #include <optional>
 
+#include "common/state_table.h"
+
 namespace wsup {
 
 enum class ChildKind { kHolder, kFront };
@@ -73,7 +75,10 @@ const char* ChildKindName(ChildKind k);
 const char* ChildStateName(ChildState s);
 const char* ChildEventName(ChildEvent e);
 const char* ChildActionName(ChildAction a);
+inline constexpr TableNames<ChildState, ChildEvent, ChildAction> kChildNames{ChildStateName, ChildEventName,
+                                                                             ChildActionName};
 
+// A TableRow with the kind of child it is about: one array holds both tables.
 struct ChildTransition {
   ChildKind kind;
   ChildState from;

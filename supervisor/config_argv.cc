@@ -6,17 +6,14 @@
 #include <map>
 #include <sstream>
 
+#include "common/enum_names.h"
 #include "supervisor/config.h"
 
 namespace wsup {
 
 const char* CacheModeName(CacheMode m) {
-  switch (m) {
-    case CacheMode::kDaemon: return "daemon";
-    case CacheMode::kClient: return "client";
-    case CacheMode::kOff: return "off";
-  }
-  return "?";
+  static constexpr EnumNames<CacheMode::kOff> kNames{"daemon", "client", "off"};
+  return kNames(m);
 }
 
 const char* CacheBackendName(CacheBackend b) { return b == CacheBackend::kCuda ? "cuda" : "host"; }
@@ -112,6 +109,13 @@ std::map<std::string, std::string> CommonVars(const Config& c) {
 void AddKvPoolArgs(const Config& c, std::vector<std::string>* argv) {
   if (c.kv.pool_mib > 0) argv->insert(argv->end(), {"--kv-pool-mib", "{kv_pool_mib}"});
 }
+
+// The model's revision, and on cuda the rank's GPU (the host backend has
+// none): both holder templates pass them.
+void AddRevisionAndDevice(const Config& c, std::vector<std::string>* argv) {
+  if (!c.model.revision.empty()) argv->insert(argv->end(), {"--revision", "{revision}"});
+  if (!c.parallel.devices.empty()) argv->insert(argv->end(), {"--device", "{device}"});
+}
 }  // namespace
 
 bool EngineAnnouncesReady(const Config& config) {
@@ -147,15 +151,8 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
     // Loads nothing: the engines publish their layouts into it.
     tmpl = {config.holder.binary.empty() ? default_binary : config.holder.binary,
             "--layout", "engine", "--socket", "{socket}", "--backend", "{backend}", "--deployment", config.node.name};
-    if (!config.model.revision.empty()) {
-      tmpl.push_back("--revision");
-      tmpl.push_back("{revision}");
-    }
-    // cuda: the rank's GPU, where its grants are made.
-    if (!config.parallel.devices.empty()) {
-      tmpl.push_back("--device");
-      tmpl.push_back("{device}");
-    }
+    // cuda: the rank's GPU is where its grants are made.
+    AddRevisionAndDevice(config, &tmpl);
     if (config.weight_cache.layout_max_bytes > 0) {
       tmpl.push_back("--layout-max-bytes");
       tmpl.push_back("{layout_max_bytes}");
@@ -169,15 +166,7 @@ Result<std::vector<std::string>> HolderArgv(const Config& config, int rank, cons
       // Only when asked: holders of other versions know no --ep-size.
       tmpl.insert(tmpl.end(), {"--ep-size", "{ep}", "--ep-rank", "{rank}"});
     }
-    if (!config.model.revision.empty()) {
-      tmpl.push_back("--revision");
-      tmpl.push_back("{revision}");
-    }
-    // The host backend has no device; the cuda one takes the rank's ordinal.
-    if (!config.parallel.devices.empty()) {
-      tmpl.push_back("--device");
-      tmpl.push_back("{device}");
-    }
+    AddRevisionAndDevice(config, &tmpl);
     AddKvPoolArgs(config, &tmpl);
   }
   auto r = ExpandPlaceholders(tmpl, vars);

@@ -7,6 +7,18 @@ using S = SlotState;
 using E = SlotEvent;
 using A = SlotAction;
 
+// The names, in the order of each enum's values (the logs' and tests' words).
+constexpr EnumNames<S::kStopped> kStateNames{"idle",     "starting", "warming",  "standby", "active",
+                                             "draining", "failed",   "stopping", "stopped"};
+constexpr EnumNames<E::kKvTrespass> kEventNames{"spawn",         "engine_ready", "probe_pass", "probe_trip",
+                                                "start_timeout", "promote",      "demote",     "drained",
+                                                "exited",        "dying",        "stop",       "adopt",
+                                                "unfit",         "kv_stuck",     "kv_trespass"};
+constexpr EnumNames<A::kFailover> kActionNames{
+    "none",       "start_probing", "route_here",       "route_away",
+    "kill_group", "terminate",     "schedule_restart", "failover"};
+constexpr EnumNames<FailoverTrigger::kDrill> kTriggerNames{"crash", "probe", "drill"};
+
 // The lifecycle, one row per transition. Order does not matter; each
 // (from, event) pair appears at most once (checked by a test).
 constexpr SlotTransition kTable[] = {
@@ -99,64 +111,10 @@ constexpr SlotTransition kTable[] = {
 
 }  // namespace
 
-const char* SlotStateName(SlotState s) {
-  switch (s) {
-    case S::kIdle: return "idle";
-    case S::kStarting: return "starting";
-    case S::kWarming: return "warming";
-    case S::kStandby: return "standby";
-    case S::kActive: return "active";
-    case S::kDraining: return "draining";
-    case S::kFailed: return "failed";
-    case S::kStopping: return "stopping";
-    case S::kStopped: return "stopped";
-  }
-  return "?";
-}
-
-const char* SlotEventName(SlotEvent e) {
-  switch (e) {
-    case E::kSpawn: return "spawn";
-    case E::kEngineReady: return "engine_ready";
-    case E::kProbePass: return "probe_pass";
-    case E::kProbeTrip: return "probe_trip";
-    case E::kStartTimeout: return "start_timeout";
-    case E::kPromote: return "promote";
-    case E::kDemote: return "demote";
-    case E::kDrained: return "drained";
-    case E::kExited: return "exited";
-    case E::kDying: return "dying";
-    case E::kStop: return "stop";
-    case E::kAdopt: return "adopt";
-    case E::kUnfit: return "unfit";
-    case E::kKvStuck: return "kv_stuck";
-    case E::kKvTrespass: return "kv_trespass";
-  }
-  return "?";
-}
-
-const char* SlotActionName(SlotAction a) {
-  switch (a) {
-    case A::kNone: return "none";
-    case A::kStartProbing: return "start_probing";
-    case A::kRouteHere: return "route_here";
-    case A::kRouteAway: return "route_away";
-    case A::kKillGroup: return "kill_group";
-    case A::kTerminate: return "terminate";
-    case A::kScheduleRestart: return "schedule_restart";
-    case A::kFailover: return "failover";
-  }
-  return "?";
-}
-
-const char* FailoverTriggerName(FailoverTrigger t) {
-  switch (t) {
-    case FailoverTrigger::kCrash: return "crash";
-    case FailoverTrigger::kProbe: return "probe";
-    case FailoverTrigger::kDrill: return "drill";
-  }
-  return "?";
-}
+const char* SlotStateName(SlotState s) { return kStateNames(s); }
+const char* SlotEventName(SlotEvent e) { return kEventNames(e); }
+const char* SlotActionName(SlotAction a) { return kActionNames(a); }
+const char* FailoverTriggerName(FailoverTrigger t) { return kTriggerNames(t); }
 
 FailoverTrigger TriggerFor(SlotEvent event, bool drill) {
   if (drill) return FailoverTrigger::kDrill;
@@ -166,29 +124,14 @@ FailoverTrigger TriggerFor(SlotEvent event, bool drill) {
 }
 
 std::optional<SlotTransition> NextTransition(SlotState state, SlotEvent event) {
-  for (const auto& t : kTable) {
-    if (t.from == state && t.event == event) return t;
-  }
-  return std::nullopt;
+  return FindRow(kTable, state, event);
 }
 
-const SlotTransition* SlotTable(size_t* count) {
-  *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
+const SlotTransition* SlotTable(size_t* count) { return AllRows(kTable, count); }
 
 bool IsLive(SlotState s) {
-  switch (s) {
-    case S::kStarting:
-    case S::kWarming:
-    case S::kStandby:
-    case S::kActive:
-    case S::kDraining:
-    case S::kStopping:
-      return true;
-    default:
-      return false;
-  }
+  return s == S::kStarting || s == S::kWarming || s == S::kStandby || s == S::kActive || s == S::kDraining ||
+         s == S::kStopping;
 }
 
 }  // namespace wsup

@@ -26,6 +26,8 @@
 #include <optional>
 #include <string>
 
+#include "common/state_table.h"
+
 namespace wsup {
 
 enum class SlotState {
@@ -80,13 +82,10 @@ FailoverTrigger TriggerFor(SlotEvent event, bool drill);
 const char* SlotStateName(SlotState s);
 const char* SlotEventName(SlotEvent e);
 const char* SlotActionName(SlotAction a);
+inline constexpr TableNames<SlotState, SlotEvent, SlotAction> kSlotNames{SlotStateName, SlotEventName,
+                                                                         SlotActionName};
 
-struct SlotTransition {
-  SlotState from;
-  SlotEvent event;
-  SlotState to;
-  SlotAction action;
-};
+using SlotTransition = TableRow<SlotState, SlotEvent, SlotAction>;
 
 // Looks the (state, event) pair up in the table. nullopt means the event is
 // not meaningful in that state (for example kPromote while kStarting); the

@@ -413,12 +413,10 @@ void Supervisor::Impl::CheckExpectation(Slot& s) {
 void Supervisor::Impl::Fire(Slot& s, SlotEvent event, const std::string& cause) {
   auto t = NextTransition(s.state, event);
   if (!t) {
-    spdlog::debug("engine {}: event {} ignored in state {} ({})", s.name, SlotEventName(event),
-                  SlotStateName(s.state), cause);
+    spdlog::debug("engine {}: {}; ignored ({})", s.name, kSlotNames.Refused(s.state, event), cause);
     return;
   }
-  spdlog::info("engine {}: {} --{}--> {} [{}] {}", s.name, SlotStateName(t->from), SlotEventName(event),
-               SlotStateName(t->to), SlotActionName(t->action), cause);
+  spdlog::info("engine {}: {} {}", s.name, kSlotNames.Move(*t), cause);
   s.state = t->to;
   // Everything else that follows from the move, in the order of
   // SubscribeToEngines().

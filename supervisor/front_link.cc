@@ -60,12 +60,11 @@ std::string FrontLink::LogPath() const { return JoinPath(cfg_.node.state_dir, "l
 void FrontLink::Fire(ChildEvent event, const std::string& cause, int exit_code) {
   auto t = NextChildTransition(ChildKind::kFront, state_, event);
   if (!t) {
-    spdlog::debug("front: event {} ignored in state {} ({})", ChildEventName(event), ChildStateName(state_), cause);
+    spdlog::debug("front: {}; ignored ({})", kChildNames.Refused(state_, event), cause);
     return;
   }
   if (t->from != t->to || event == ChildEvent::kExited) {
-    spdlog::info("front: {} --{}--> {} [{}] {}", ChildStateName(t->from), ChildEventName(event),
-                 ChildStateName(t->to), ChildActionName(t->action), cause);
+    spdlog::info("front: {} {}", kChildNames.Move(*t), cause);
   }
   state_ = t->to;
   switch (t->action) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "common/exit_codes.h"
@@ -27,6 +28,32 @@ constexpr uint64_t kFdReserve = 512;
 
 void Logged(const Status& st, const char* what) {
   if (!st.ok()) spdlog::warn("{}: {}", what, st.error().message());
+}
+
+// Runs `work` (a short blocking exchange with a holder) on libuv's thread
+// pool, then `done` with its answer on the loop thread. `done` decides
+// whether the answer is stale; a stale one is dropped, and the fds it
+// brought close with it.
+template <typename T>
+void OffLoop(uv_loop_t* loop, std::function<T()> work, std::function<void(T)> done) {
+  struct Work {
+    uv_work_t req;
+    std::function<T()> work;
+    std::function<void(T)> done;
+    std::optional<T> result;
+  };
+  auto* w = new Work{{}, std::move(work), std::move(done), std::nullopt};
+  w->req.data = w;
+  uv_queue_work(
+      loop, &w->req,
+      [](uv_work_t* r) {
+        auto* w = static_cast<Work*>(r->data);
+        w->result.emplace(w->work());
+      },
+      [](uv_work_t* r, int) {
+        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+        w->done(std::move(*w->result));
+      });
 }
 }  // namespace
 
@@ -227,12 +254,10 @@ void HolderSet::Stop(const std::string& why) {
 void HolderSet::Fire(Holder& h, ChildEvent event, const std::string& cause, int exit_code) {
   auto t = NextChildTransition(ChildKind::kHolder, h.state, event);
   if (!t) {
-    spdlog::debug("holder rank {}: event {} ignored in state {} ({})", h.rank, ChildEventName(event),
-                  ChildStateName(h.state), cause);
+    spdlog::debug("holder rank {}: {}; ignored ({})", h.rank, kChildNames.Refused(h.state, event), cause);
     return;
   }
-  spdlog::info("holder rank {}: {} --{}--> {} [{}] {}", h.rank, ChildStateName(t->from), ChildEventName(event),
-               ChildStateName(t->to), ChildActionName(t->action), cause);
+  spdlog::info("holder rank {}: {} {}", h.rank, kChildNames.Move(*t), cause);
   h.state = t->to;
   // Ready: its weights are kept, and now its KV pool.
   if (t->to == ChildState::kReady && t->from != ChildState::kReady) KeepKvPoolAsync(h);
@@ -402,28 +427,12 @@ void HolderSet::AttachKeeperAsync(Holder& h) {
     return;
   }
   // The keeper's attach is a short blocking exchange; run it off the loop.
-  struct Work {
-    uv_work_t req;
-    std::shared_ptr<bool> alive;
-    HolderSet* self;
-    Holder* h;
-    pid_t pid;
-    std::string socket;
-    std::optional<Result<KeptArena>> result;
-  };
-  auto* w = new Work{{}, alive_, this, &h, h.pid, h.socket, std::nullopt};
-  w->req.data = w;
-  uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* r) {
-        auto* w = static_cast<Work*>(r->data);
-        w->result.emplace(w->self->keeper_.attach(w->socket));
-      },
-      [](uv_work_t* r, int) {
-        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+  OffLoop<Result<KeptArena>>(
+      loop_, [this, socket = h.socket] { return keeper_.attach(socket); },
+      [this, alive = alive_, hp = &h, pid = h.pid](Result<KeptArena> kept) {
         // A holder that died (or was replaced) meanwhile: the answer is stale.
-        if (!*w->alive || w->h->pid != w->pid) return;
-        w->self->OnKept(*w->h, std::move(*w->result));
+        if (!*alive || hp->pid != pid) return;
+        OnKept(*hp, std::move(kept));
       });
 }
 
@@ -497,35 +506,17 @@ void HolderSet::KeepLayoutsAsync(Holder& h, bool first) {
   }
   const uint64_t budget = FdBudget();
   const uint64_t kept = KeptFds();
-  struct Work {
-    uv_work_t req;
-    std::shared_ptr<bool> alive;
-    HolderSet* self;
-    Holder* h;
-    pid_t pid;
-    uint64_t seq;
-    bool first;
-    std::string socket;
-    std::vector<CommittedLayout> have;
-    uint64_t max_fds;
-    std::optional<Result<LayoutKeepRound>> result;
-  };
-  auto* w = new Work{{},    alive_,          this, &h, h.pid, seq, first, h.socket, std::move(have),
-                     budget > kept ? budget - kept : 0, std::nullopt};
-  w->req.data = w;
-  uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* r) {
-        auto* w = static_cast<Work*>(r->data);
-        w->result.emplace(w->self->keeper_.keep_layouts(w->socket, w->have, w->max_fds));
+  OffLoop<Result<LayoutKeepRound>>(
+      loop_,
+      [this, socket = h.socket, have = std::move(have), max_fds = budget > kept ? budget - kept : 0] {
+        return keeper_.keep_layouts(socket, have, max_fds);
       },
-      [](uv_work_t* r, int) {
-        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+      [this, alive = alive_, hp = &h, pid = h.pid, seq, first](Result<LayoutKeepRound> round) {
         // A holder that died (or was replaced) meanwhile: the answer is stale,
         // and the fds it brought close here.
-        if (!*w->alive || w->h->pid != w->pid || w->h->keep_seq != w->seq) return;
-        w->h->keeping_layouts = false;
-        w->self->OnLayoutsKept(*w->h, std::move(*w->result), w->first);
+        if (!*alive || hp->pid != pid || hp->keep_seq != seq) return;
+        hp->keeping_layouts = false;
+        OnLayoutsKept(*hp, std::move(round), first);
       });
 }
 
@@ -579,30 +570,13 @@ void HolderSet::OnLayoutsKept(Holder& h, Result<LayoutKeepRound> round, bool fir
 void HolderSet::KeepKvPoolAsync(Holder& h) {
   if (cfg_.kv.pool_mib == 0) return;
   // A short blocking exchange, like the keeper's attach: off the loop.
-  struct Work {
-    uv_work_t req;
-    std::shared_ptr<bool> alive;
-    HolderSet* self;
-    Holder* h;
-    pid_t pid;
-    uint64_t seq;
-    std::string socket;
-    std::optional<Result<KvPoolFds>> result;
-  };
-  auto* w = new Work{{}, alive_, this, &h, h.pid, ++h.kv_pool_seq, h.socket, std::nullopt};
-  w->req.data = w;
-  uv_queue_work(
-      loop_, &w->req,
-      [](uv_work_t* r) {
-        auto* w = static_cast<Work*>(r->data);
-        w->result.emplace(w->self->keeper_.fetch_kv_pool(w->socket));
-      },
-      [](uv_work_t* r, int) {
-        std::unique_ptr<Work> w(static_cast<Work*>(r->data));
+  OffLoop<Result<KvPoolFds>>(
+      loop_, [this, socket = h.socket] { return keeper_.fetch_kv_pool(socket); },
+      [this, alive = alive_, hp = &h, pid = h.pid, seq = ++h.kv_pool_seq](Result<KvPoolFds> fetched) {
         // A holder that died (or was replaced) meanwhile: the answer is stale,
         // and the fds it brought close here.
-        if (!*w->alive || w->h->pid != w->pid || w->h->kv_pool_seq != w->seq) return;
-        w->self->OnKvPoolFetched(*w->h, std::move(*w->result));
+        if (!*alive || hp->pid != pid || hp->kv_pool_seq != seq) return;
+        OnKvPoolFetched(*hp, std::move(fetched));
       });
 }
 

@@ -7,6 +7,13 @@ using S = PoolState;
 using E = PoolEvent;
 using A = PoolAction;
 
+// The names, in the order of each enum's values (the logs' and tests' words).
+constexpr EnumNames<S::kFenced> kStateNames{"free", "granting", "held", "releasing", "fenced"};
+constexpr EnumNames<E::kGone> kEventNames{"want",     "unwant",         "granted", "grant_failed", "drained",
+                                          "released", "release_failed", "failed",  "gone"};
+constexpr EnumNames<A::kRetryLater> kActionNames{"none",       "grant",           "release",
+                                                 "kill_owner", "grant_if_wanted", "retry_later"};
+
 // One row per transition; each (from, event) pair at most once (tested).
 constexpr PoolTransition kTable[] = {
     {S::kFree, E::kWant, S::kGranting, A::kGrant},
@@ -36,55 +43,15 @@ constexpr PoolTransition kTable[] = {
 
 }  // namespace
 
-const char* PoolStateName(PoolState s) {
-  switch (s) {
-    case S::kFree: return "free";
-    case S::kGranting: return "granting";
-    case S::kHeld: return "held";
-    case S::kReleasing: return "releasing";
-    case S::kFenced: return "fenced";
-  }
-  return "?";
-}
-
-const char* PoolEventName(PoolEvent e) {
-  switch (e) {
-    case E::kWant: return "want";
-    case E::kUnwant: return "unwant";
-    case E::kGranted: return "granted";
-    case E::kGrantFailed: return "grant_failed";
-    case E::kDrained: return "drained";
-    case E::kReleased: return "released";
-    case E::kReleaseFailed: return "release_failed";
-    case E::kFailed: return "failed";
-    case E::kGone: return "gone";
-  }
-  return "?";
-}
-
-const char* PoolActionName(PoolAction a) {
-  switch (a) {
-    case A::kNone: return "none";
-    case A::kGrant: return "grant";
-    case A::kRelease: return "release";
-    case A::kKillOwner: return "kill_owner";
-    case A::kGrantIfWanted: return "grant_if_wanted";
-    case A::kRetryLater: return "retry_later";
-  }
-  return "?";
-}
+const char* PoolStateName(PoolState s) { return kStateNames(s); }
+const char* PoolEventName(PoolEvent e) { return kEventNames(e); }
+const char* PoolActionName(PoolAction a) { return kActionNames(a); }
 
 std::optional<PoolTransition> NextPoolTransition(PoolState state, PoolEvent event) {
-  for (const auto& t : kTable) {
-    if (t.from == state && t.event == event) return t;
-  }
-  return std::nullopt;
+  return FindRow(kTable, state, event);
 }
 
-const PoolTransition* PoolTable(size_t* count) {
-  *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
+const PoolTransition* PoolTable(size_t* count) { return AllRows(kTable, count); }
 
 void KvHandover::AdoptHeld(const std::string& slot) {
   state_ = PoolState::kHeld;

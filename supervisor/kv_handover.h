@@ -35,6 +35,8 @@
 #include <optional>
 #include <string>
 
+#include "common/state_table.h"
+
 namespace wsup {
 
 enum class PoolState {
@@ -69,13 +71,10 @@ enum class PoolAction {
 const char* PoolStateName(PoolState s);
 const char* PoolEventName(PoolEvent e);
 const char* PoolActionName(PoolAction a);
+inline constexpr TableNames<PoolState, PoolEvent, PoolAction> kPoolNames{PoolStateName, PoolEventName,
+                                                                         PoolActionName};
 
-struct PoolTransition {
-  PoolState from;
-  PoolEvent event;
-  PoolState to;
-  PoolAction action;
-};
+using PoolTransition = TableRow<PoolState, PoolEvent, PoolAction>;
 // The row for (state, event) about the owner, or nullopt. `want` and
 // `unwant` rows apply whoever the slot is.
 std::optional<PoolTransition> NextPoolTransition(PoolState state, PoolEvent event);

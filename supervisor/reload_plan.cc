@@ -1,9 +1,9 @@
 #include "supervisor/reload_plan.h"
 
 #include <algorithm>
-
 #include <nlohmann/json.hpp>
 
+#include "common/enum_names.h"
 #include "common/sha256.h"
 
 namespace wsup {
@@ -25,12 +25,8 @@ json EnvShown(const std::vector<std::pair<std::string, std::string>>& env) {
 }  // namespace
 
 const char* ReloadEffectName(ReloadEffect e) {
-  switch (e) {
-    case ReloadEffect::kRoll: return "roll";
-    case ReloadEffect::kAtOnce: return "at_once";
-    case ReloadEffect::kCold: return "cold";
-  }
-  return "?";
+  static constexpr EnumNames<ReloadEffect::kCold> kNames{"roll", "at_once", "cold"};
+  return kNames(e);
 }
 
 ReloadEffect EffectOf(const std::string& key) {

@@ -7,6 +7,19 @@ using S = RollState;
 using E = RollEvent;
 using A = RollAction;
 
+// The names, in the order of each enum's values (the logs' and tests' words).
+constexpr EnumNames<S::kInterrupted> kStateNames{
+    "idle",         "stopping_standby", "starting_new",  "swapping",      "watching",
+    "stopping_old", "starting_old",     "restoring_old", "swapping_back", "restoring_new",
+    "done",         "rolled_back",      "failed",        "interrupted"};
+constexpr EnumNames<E::kResumeBack> kEventNames{"begin",        "stopped",    "new_proven",   "new_failed",
+                                                "old_failed",   "swapped",    "swap_refused", "watch_over",
+                                                "old_proven",   "timeout",    "abort",        "new_drained",
+                                                "resume_watch", "resume_old", "resume_back"};
+constexpr EnumNames<A::kRestoreNew> kActionNames{"none",        "stop_standby", "spawn_new", "swap",
+                                                 "start_watch", "stop_old",     "spawn_old", "finish",
+                                                 "roll_back",   "restore_old",  "swap_back", "restore_new"};
+
 // One row per transition; each (from, event) pair at most once (tested).
 constexpr RollTransition kTable[] = {
     {S::kIdle, E::kBegin, S::kStoppingStandby, A::kStopStandby},
@@ -81,81 +94,22 @@ constexpr RollTransition kTable[] = {
 
 }  // namespace
 
-const char* RollStateName(RollState s) {
-  switch (s) {
-    case S::kIdle: return "idle";
-    case S::kStoppingStandby: return "stopping_standby";
-    case S::kStartingNew: return "starting_new";
-    case S::kSwapping: return "swapping";
-    case S::kWatching: return "watching";
-    case S::kStoppingOld: return "stopping_old";
-    case S::kStartingOld: return "starting_old";
-    case S::kRestoringOld: return "restoring_old";
-    case S::kSwappingBack: return "swapping_back";
-    case S::kRestoringNew: return "restoring_new";
-    case S::kDone: return "done";
-    case S::kRolledBack: return "rolled_back";
-    case S::kFailed: return "failed";
-    case S::kInterrupted: return "interrupted";
-  }
-  return "?";
-}
-
-const char* RollEventName(RollEvent e) {
-  switch (e) {
-    case E::kBegin: return "begin";
-    case E::kStopped: return "stopped";
-    case E::kNewProven: return "new_proven";
-    case E::kNewFailed: return "new_failed";
-    case E::kOldFailed: return "old_failed";
-    case E::kSwapped: return "swapped";
-    case E::kSwapRefused: return "swap_refused";
-    case E::kWatchOver: return "watch_over";
-    case E::kOldProven: return "old_proven";
-    case E::kTimeout: return "timeout";
-    case E::kAbort: return "abort";
-    case E::kNewDrained: return "new_drained";
-    case E::kResumeWatch: return "resume_watch";
-    case E::kResumeOld: return "resume_old";
-    case E::kResumeBack: return "resume_back";
-  }
-  return "?";
-}
-
-const char* RollActionName(RollAction a) {
-  switch (a) {
-    case A::kNone: return "none";
-    case A::kStopStandby: return "stop_standby";
-    case A::kSpawnNew: return "spawn_new";
-    case A::kSwap: return "swap";
-    case A::kStartWatch: return "start_watch";
-    case A::kStopOld: return "stop_old";
-    case A::kSpawnOld: return "spawn_old";
-    case A::kFinish: return "finish";
-    case A::kRollBack: return "roll_back";
-    case A::kRestoreOld: return "restore_old";
-    case A::kSwapBack: return "swap_back";
-    case A::kRestoreNew: return "restore_new";
-  }
-  return "?";
-}
+const char* RollStateName(RollState s) { return kStateNames(s); }
+const char* RollEventName(RollEvent e) { return kEventNames(e); }
+const char* RollActionName(RollAction a) { return kActionNames(a); }
 
 bool RollOver(RollState s) {
   return s == S::kDone || s == S::kRolledBack || s == S::kFailed || s == S::kInterrupted;
 }
 
-bool RollingBack(RollState s) { return s == S::kRestoringOld || s == S::kSwappingBack || s == S::kRestoringNew; }
+bool RollingBack(RollState s) {
+  return s == S::kRestoringOld || s == S::kSwappingBack || s == S::kRestoringNew;
+}
 
 std::optional<RollTransition> NextRollTransition(RollState state, RollEvent event) {
-  for (const auto& t : kTable) {
-    if (t.from == state && t.event == event) return t;
-  }
-  return std::nullopt;
+  return FindRow(kTable, state, event);
 }
 
-const RollTransition* RollTable(size_t* count) {
-  *count = sizeof(kTable) / sizeof(kTable[0]);
-  return kTable;
-}
+const RollTransition* RollTable(size_t* count) { return AllRows(kTable, count); }
 
 }  // namespace wsup

@@ -57,6 +57,8 @@
 #include <optional>
 #include <string>
 
+#include "common/state_table.h"
+
 namespace wsup {
 
 enum class RollState {
@@ -117,12 +119,10 @@ bool RollingBack(RollState s);
 // done, rolled_back, failed, interrupted: the roll is over.
 bool RollOver(RollState s);
 
-struct RollTransition {
-  RollState from;
-  RollEvent event;
-  RollState to;
-  RollAction action;
-};
+inline constexpr TableNames<RollState, RollEvent, RollAction> kRollNames{RollStateName, RollEventName,
+                                                                         RollActionName};
+
+using RollTransition = TableRow<RollState, RollEvent, RollAction>;
 
 std::optional<RollTransition> NextRollTransition(RollState state, RollEvent event);
 const RollTransition* RollTable(size_t* count);

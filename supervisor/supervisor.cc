@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <initializer_list>
+
 #include "common/fs.h"
 #include "common/log.h"
 #include "supervisor/preflight.h"
@@ -17,6 +19,17 @@
 namespace wsup {
 
 using nlohmann::json;
+
+namespace {
+
+// Closes the signal watchers once: a stop and the destructor both try.
+void CloseSignals(bool* started, std::initializer_list<uv_signal_t*> watchers) {
+  if (!*started) return;
+  for (uv_signal_t* w : watchers) uv_close(reinterpret_cast<uv_handle_t*>(w), nullptr);
+  *started = false;
+}
+
+}  // namespace
 
 std::string HostPortString(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
@@ -126,14 +139,8 @@ Supervisor::Impl::~Impl() {
   if (admin_) admin_->Close();
   if (http_) http_->CancelAll();
   watchdog_->Stop();
-  if (signals_started_) {
-    // A supervisor destroyed without a stop (a test that drives its loop).
-    uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&sigpipe_), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&sighup_), nullptr);
-    signals_started_ = false;
-  }
+  // Still open in a supervisor destroyed without a stop (a test that drives its loop).
+  CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});
   uv_run(&loop_, UV_RUN_DEFAULT);
   control_.reset();
   admin_.reset();
@@ -347,13 +354,7 @@ void Supervisor::Impl::MaybeFinishStop() {
     if (admin_) admin_->Close();
     front_.CloseLink("stopping");
     watchdog_->Stop();
-    if (signals_started_) {
-      uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&sigpipe_), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&sighup_), nullptr);
-      signals_started_ = false;
-    }
+    CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});
     for (Slot* s : {&a_, &b_}) {
       s->monitor.reset();
       s->status_timer->Stop();

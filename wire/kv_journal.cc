@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstring>
 
+#include "common/enum_names.h"
+
 namespace wsup {
 
 namespace {
@@ -141,17 +143,11 @@ Status KvJournalGeometry::Check() const {
 }
 
 const char* KvJournalMissName(KvJournalMiss m) {
-  switch (m) {
-    case KvJournalMiss::kNoJournal: return "no_journal";
-    case KvJournalMiss::kMissing: return "missing";
-    case KvJournalMiss::kTorn: return "torn";
-    case KvJournalMiss::kHashMismatch: return "hash_mismatch";
-    case KvJournalMiss::kPastPages: return "count_past_pages";
-    case KvJournalMiss::kPageOutOfRange: return "page_out_of_range";
-    case KvJournalMiss::kPageClaimedTwice: return "page_claimed_twice";
-    case KvJournalMiss::kShorter: return "shorter_than_entry";
-  }
-  return "?";
+  static constexpr EnumNames<KvJournalMiss::kShorter> kNames{
+      "no_journal",         "missing",           "torn",
+      "hash_mismatch",      "count_past_pages",  "page_out_of_range",
+      "page_claimed_twice", "shorter_than_entry"};
+  return kNames(m);
 }
 
 // ---- writer ----

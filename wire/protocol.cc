@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/enum_names.h"
 #include "common/fs.h"
 #include "common/sha256.h"
 #include "wire/message_fields.h"
@@ -32,19 +33,12 @@ int MsLeft(std::chrono::steady_clock::time_point deadline) {
 
 }  // namespace
 
-const char* ClientRoleName(ClientRole role) {
-  switch (role) {
-    case ClientRole::kEngine: return "engine";
-    case ClientRole::kKeeper: return "keeper";
-    case ClientRole::kInspect: return "inspect";
-  }
-  return "unknown";
-}
+constexpr EnumNames<ClientRole::kInspect> kClientRoleNames{"engine", "keeper", "inspect"};
+
+const char* ClientRoleName(ClientRole role) { return kClientRoleNames(role, "unknown"); }
 
 Result<ClientRole> ParseClientRole(std::string_view name) {
-  if (name == "engine") return ClientRole::kEngine;
-  if (name == "keeper") return ClientRole::kKeeper;
-  if (name == "inspect") return ClientRole::kInspect;
+  if (auto role = kClientRoleNames.Parse(name)) return *role;
   return InvalidArgument("client role '" + std::string(name.substr(0, 64)) +
                          "' is not one of engine, keeper, inspect");
 }
@@ -230,7 +224,7 @@ Result<Channel> Channel::Connect(const std::string& socket_path, int timeout_ms)
   // A full backlog makes connect() wait; bound that wait like every other.
   timeval tv{};
   tv.tv_sec = timeout_ms / 1000;
-  tv.tv_usec = (timeout_ms % 1000) * 1000;
+  tv.tv_usec = static_cast<suseconds_t>(timeout_ms % 1000) * 1000;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;

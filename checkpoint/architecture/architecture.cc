@@ -2,77 +2,65 @@
 
 #include "checkpoint/architecture/families.h"
 #include "checkpoint/checkpoint.h"
+#include "common/enum_names.h"
 
 namespace wsup {
 
 const char* SplitName(Split split) {
-  switch (split) {
-    case Split::kReplicate:
-      return "replicate";
-    case Split::kRows:
-      return "rows";
-    case Split::kCols:
-      return "cols";
-  }
-  return "?";
+  static constexpr EnumNames<Split::kCols> kNames{"replicate", "rows", "cols"};
+  return kNames(split);
 }
 
 const char* FamilyName(Family f) {
-  switch (f) {
-    case Family::kLlama: return "Llama";
-    case Family::kQwen3Moe: return "Qwen3-MoE";
-    case Family::kDeepseekV3: return "DeepSeek-V3";
-  }
-  return "?";
+  static constexpr EnumNames<Family::kDeepseekV3> kNames{"Llama", "Qwen3-MoE", "DeepSeek-V3"};
+  return kNames(f);
 }
 
 const char* TensorIdName(TensorId id) {
-  switch (id) {
-    case TensorId::kEmbed: return "embed";
-    case TensorId::kLmHead: return "lm_head";
-    case TensorId::kFinalNorm: return "final norm";
-    case TensorId::kRotaryInvFreq: return "rotary frequencies";
-    case TensorId::kInputNorm: return "input norm";
-    case TensorId::kPostAttentionNorm: return "post-attention norm";
-    case TensorId::kLayerRotaryInvFreq: return "layer rotary frequencies";
-    case TensorId::kQ: return "q projection";
-    case TensorId::kQBias: return "q bias";
-    case TensorId::kK: return "k projection";
-    case TensorId::kKBias: return "k bias";
-    case TensorId::kV: return "v projection";
-    case TensorId::kVBias: return "v bias";
-    case TensorId::kO: return "o projection";
-    case TensorId::kOBias: return "o bias";
-    case TensorId::kQNorm: return "q norm";
-    case TensorId::kKNorm: return "k norm";
-    case TensorId::kQA: return "q_a projection";
-    case TensorId::kQANorm: return "q_a norm";
-    case TensorId::kQB: return "q_b projection";
-    case TensorId::kKvA: return "kv_a projection";
-    case TensorId::kKvANorm: return "kv_a norm";
-    case TensorId::kKvB: return "kv_b projection";
-    case TensorId::kGate: return "gate projection";
-    case TensorId::kGateBias: return "gate bias";
-    case TensorId::kUp: return "up projection";
-    case TensorId::kUpBias: return "up bias";
-    case TensorId::kDown: return "down projection";
-    case TensorId::kDownBias: return "down bias";
-    case TensorId::kRouter: return "router";
-    case TensorId::kRouterBias: return "router score bias";
-    case TensorId::kExpertGate: return "expert gate projection";
-    case TensorId::kExpertUp: return "expert up projection";
-    case TensorId::kExpertDown: return "expert down projection";
-    case TensorId::kSharedGate: return "shared expert gate projection";
-    case TensorId::kSharedUp: return "shared expert up projection";
-    case TensorId::kSharedDown: return "shared expert down projection";
-    case TensorId::kMtpEmbed: return "prediction layer embed";
-    case TensorId::kMtpENorm: return "prediction layer enorm";
-    case TensorId::kMtpHNorm: return "prediction layer hnorm";
-    case TensorId::kMtpEhProj: return "prediction layer projection";
-    case TensorId::kMtpHeadNorm: return "prediction layer head norm";
-    case TensorId::kMtpHead: return "prediction layer head";
-  }
-  return "?";
+  static constexpr EnumNames<TensorId::kMtpHead> kNames{"embed",
+                                                        "lm_head",
+                                                        "final norm",
+                                                        "rotary frequencies",
+                                                        "input norm",
+                                                        "post-attention norm",
+                                                        "layer rotary frequencies",
+                                                        "q projection",
+                                                        "q bias",
+                                                        "k projection",
+                                                        "k bias",
+                                                        "v projection",
+                                                        "v bias",
+                                                        "o projection",
+                                                        "o bias",
+                                                        "q norm",
+                                                        "k norm",
+                                                        "q_a projection",
+                                                        "q_a norm",
+                                                        "q_b projection",
+                                                        "kv_a projection",
+                                                        "kv_a norm",
+                                                        "kv_b projection",
+                                                        "gate projection",
+                                                        "gate bias",
+                                                        "up projection",
+                                                        "up bias",
+                                                        "down projection",
+                                                        "down bias",
+                                                        "router",
+                                                        "router score bias",
+                                                        "expert gate projection",
+                                                        "expert up projection",
+                                                        "expert down projection",
+                                                        "shared expert gate projection",
+                                                        "shared expert up projection",
+                                                        "shared expert down projection",
+                                                        "prediction layer embed",
+                                                        "prediction layer enorm",
+                                                        "prediction layer hnorm",
+                                                        "prediction layer projection",
+                                                        "prediction layer head norm",
+                                                        "prediction layer head"};
+  return kNames(id);
 }
 
 Dims Dims::Global(const ModelConfig& c) {

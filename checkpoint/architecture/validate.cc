@@ -5,19 +5,13 @@
 // family's descriptor.
 #include "checkpoint/architecture/architecture.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/json_text.h"
 
 namespace wsup {
 
 namespace {
 
-std::string Q(std::string_view name) {
-  std::string s;
-  s.reserve(name.size() + 2);
-  s += '\'';
-  s += name;
-  s += '\'';
-  return s;
-}
+using checkpoint_text::QuoteTensor;
 
 std::string ShapeStr(const std::vector<int64_t>& shape) {
   std::string s = "[";
@@ -55,13 +49,13 @@ Status ValidateArchitecture(const Checkpoint& ckpt, const Architecture& arch) {
     // Not a per-expert name (a fused layout): no rule matches it when split.
     if (!RoutedExpertOf(arch, t.name, &layer, &e)) continue;
     if (e >= experts) {
-      return Corrupt(dir + ": tensor " + Q(t.name) + " belongs to expert " + std::to_string(e) +
+      return Corrupt(dir + ": tensor " + QuoteTensor(t.name) + " belongs to expert " + std::to_string(e) +
                      ", but config.json has " + std::to_string(experts) + " experts (0 to " +
                      std::to_string(experts - 1) + ")" + mismatch);
     }
     if (layer < c.num_hidden_layers && !c.IsMoeLayer(layer)) {
-      return Corrupt(dir + ": tensor " + Q(t.name) + " is a routed expert, but config.json makes layer " +
-                     std::to_string(layer) +
+      return Corrupt(dir + ": tensor " + QuoteTensor(t.name) +
+                     " is a routed expert, but config.json makes layer " + std::to_string(layer) +
                      " dense (first_k_dense_replace, moe_layer_freq, decoder_sparse_step, mlp_only_layers)" +
                      mismatch);
     }
@@ -75,12 +69,13 @@ Status ValidateArchitecture(const Checkpoint& ckpt, const Architecture& arch) {
       WSUP_ASSIGN_OR_RETURN(const std::string router_name, arch.Name(TensorId::kRouter, layer));
       const TensorInfo* router = ckpt.Find(router_name);
       if (!router) {
-        return Corrupt(dir + ": layer " + std::to_string(layer) + " is sparse by config.json but has no router " +
-                       Q(router_name) + redownload);
+        return Corrupt(dir + ": layer " + std::to_string(layer) +
+                       " is sparse by config.json but has no router " + QuoteTensor(router_name) +
+                       redownload);
       }
       const std::vector<int64_t> router_shape = ShapeOf(*router_rule, dims);
       if (check_shapes && router->shape != router_shape) {
-        return Corrupt(dir + ": router " + Q(router_name) + " is " + ShapeStr(router->shape) +
+        return Corrupt(dir + ": router " + QuoteTensor(router_name) + " is " + ShapeStr(router->shape) +
                        ", but a router over " + std::to_string(experts) + " experts and hidden_size " +
                        std::to_string(c.hidden_size) + " is " + ShapeStr(router_shape) + mismatch);
       }
@@ -89,11 +84,12 @@ Status ValidateArchitecture(const Checkpoint& ckpt, const Architecture& arch) {
       WSUP_ASSIGN_OR_RETURN(const std::string bias_name, arch.Name(TensorId::kRouterBias, layer));
       const TensorInfo* bias = ckpt.Find(bias_name);
       if (!bias) {
-        return Corrupt(dir + ": layer " + std::to_string(layer) + " has a router but no " + Q(bias_name) +
-                       ", which " + c.architecture + " adds to every expert's routing score" + redownload);
+        return Corrupt(dir + ": layer " + std::to_string(layer) + " has a router but no " +
+                       QuoteTensor(bias_name) + ", which " + c.architecture +
+                       " adds to every expert's routing score" + redownload);
       }
       if (bias->shape != ShapeOf(*bias_rule, dims)) {
-        return Corrupt(dir + ": " + Q(bias_name) + " is " + ShapeStr(bias->shape) +
+        return Corrupt(dir + ": " + QuoteTensor(bias_name) + " is " + ShapeStr(bias->shape) +
                        ", not one value per expert [" + std::to_string(experts) + "]" + mismatch);
       }
     }
@@ -105,8 +101,8 @@ Status ValidateArchitecture(const Checkpoint& ckpt, const Architecture& arch) {
         const TensorInfo* t = ckpt.Find(name);
         if (!t) {
           return Corrupt(dir + ": expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
-                         " has no " + Q(name) + " (config.json: " + std::to_string(experts) + " experts)" +
-                         redownload);
+                         " has no " + QuoteTensor(name) + " (config.json: " + std::to_string(experts) +
+                         " experts)" + redownload);
         }
         const std::vector<int64_t> want = ShapeOf(*rule, dims);
         if (check_shapes && t->shape != want) {
@@ -114,7 +110,8 @@ Status ValidateArchitecture(const Checkpoint& ckpt, const Architecture& arch) {
           std::string_view proj = name;
           proj.remove_suffix(std::string_view(".weight").size());
           proj = proj.substr(proj.rfind('.') + 1);
-          return Corrupt(dir + ": tensor " + Q(name) + " is " + ShapeStr(t->shape) + ", but an expert of " +
+          return Corrupt(dir + ": tensor " + QuoteTensor(name) + " is " + ShapeStr(t->shape) +
+                         ", but an expert of " +
                          (c.moe_intermediate_size > 0 ? "moe_intermediate_size " : "intermediate_size ") +
                          std::to_string(inter) + " over hidden_size " + std::to_string(c.hidden_size) +
                          " has " + std::string(proj) + " " + ShapeStr(want) + mismatch);
