@@ -96,6 +96,9 @@ Result<ClientRole> ParseClientRole(std::string_view name);
 // ---------------------------------------------------------------- framing
 
 // One received message and the fds that came with it.
+// json's destructor flattens deep values into a vector, which can only throw
+// on out-of-memory; terminating there is the right end.
+// NOLINTNEXTLINE(bugprone-exception-escape)
 struct Frame {
   nlohmann::json msg;
   std::vector<UniqueFd> fds;
