@@ -44,22 +44,29 @@ void StopEngine(pid_t pid) {
 
 namespace {
 
+// Polls `ready` (empty: ready; else why not) until it says ready or `limit`
+// passes; the error names what was still missing.
+Status WaitUntilReady(const std::string& target, std::chrono::milliseconds limit,
+                      const std::function<Result<std::string>()>& ready) {
+  auto deadline = Steady::now() + limit;
+  std::string why = "no answer yet";
+  for (;;) {
+    auto r = ready();
+    if (r.ok() && r->empty()) return Status::Ok();
+    why = r.ok() ? *r : r.error().message();
+    if (Steady::now() >= deadline) break;
+    std::this_thread::sleep_for(5ms);
+  }
+  return Timeout(target + ": not ready for a drill within " + std::to_string(limit.count()) + " ms: " + why);
+}
+
 class WsupTarget final : public DrillTarget {
  public:
   explicit WsupTarget(WsupTargetOptions o) : o_(std::move(o)) {}
   std::string name() const override { return "wsup"; }
 
   Status WaitReady(std::chrono::milliseconds limit) override {
-    auto deadline = Steady::now() + limit;
-    std::string why = "no answer yet";
-    for (;;) {
-      auto r = Ready();
-      if (r.ok() && r->empty()) return Status::Ok();
-      why = r.ok() ? *r : r.error().message();
-      if (Steady::now() >= deadline) break;
-      std::this_thread::sleep_for(5ms);
-    }
-    return Timeout("wsup: not ready for a drill within " + std::to_string(limit.count()) + " ms: " + why);
+    return WaitUntilReady("wsup", limit, [this] { return Ready(); });
   }
 
   Status Crash(DrillRecord* d) override {
@@ -229,16 +236,7 @@ class HaproxyTarget final : public DrillTarget {
   std::string name() const override { return "haproxy"; }
 
   Status WaitReady(std::chrono::milliseconds limit) override {
-    auto deadline = Steady::now() + limit;
-    std::string why;
-    for (;;) {
-      auto r = Ready();
-      if (r.ok() && r->empty()) return Status::Ok();
-      why = r.ok() ? *r : r.error().message();
-      if (Steady::now() >= deadline) break;
-      std::this_thread::sleep_for(5ms);
-    }
-    return Timeout("haproxy: not ready for a drill within " + std::to_string(limit.count()) + " ms: " + why);
+    return WaitUntilReady("haproxy", limit, [this] { return Ready(); });
   }
 
   Status Crash(DrillRecord* d) override {

@@ -28,6 +28,17 @@ test::DrillPlan DrillPlanOf(int crash, int planned, int hang, int min_requests_b
   return plan;
 }
 
+DrillOutcome AnalyzeDrills(const DrillNode& node, const Status& ran, const std::vector<DrillRecord>& drills,
+                           const LoadGenerator& load) {
+  DrillOutcome out;
+  out.analysis = Analyze(drills, load.records());
+  out.report = node.LogTails() + "\nby kind: " + out.analysis["by_kind"].dump(1) +
+               "\nlatency before the drills: " + out.analysis["latency_before_drills"].dump(1) +
+               "\nrequests not ok: " + out.analysis["not_ok_examples"].dump(1) + "\n" +
+               (ran.ok() ? std::string("drills ran") : ran.error().message());
+  return out;
+}
+
 void CheckNothingLost(const nlohmann::json& analysis) {
   const nlohmann::json& total = analysis["total"];
   CHECK(total["failed"] == 0);

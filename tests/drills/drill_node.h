@@ -61,6 +61,17 @@ test::LoadOptions DrillLoad(const DrillNode& node, int clients);
 // answers between two, up to two minutes for the node to be ready again.
 test::DrillPlan DrillPlanOf(int crash, int planned, int hang, int min_requests_between);
 
+// A drilled load, analysed (test::Analyze), and what a failure should show
+// beside it: the node's logs, the analysis by kind, the latency before the
+// drills, examples of requests that went wrong, and whether the drills ran.
+// A test puts `report` in INFO (Catch2's INFO is scoped to the caller).
+struct DrillOutcome {
+  nlohmann::json analysis;
+  std::string report;
+};
+DrillOutcome AnalyzeDrills(const DrillNode& node, const Status& ran, const std::vector<DrillRecord>& drills,
+                           const LoadGenerator& load);
+
 // The analysis (test::Analyze) of a drilled load: no request failed, was
 // lost, duplicated or wrong, and every one was answered.
 void CheckNothingLost(const nlohmann::json& analysis);

@@ -52,11 +52,9 @@ TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and d
   load.Start();
   Status ran = test::RunDrills(*target, load, plan, &drills);
   load.Stop();
-  INFO(node.LogTails());
-  json a = test::Analyze(drills, load.records());
-  INFO(a["by_kind"].dump(1));
-  INFO(a["not_ok_examples"].dump(1));
-  INFO((ran.ok() ? std::string("drills ran") : ran.error().message()));
+  test::DrillOutcome out = test::AnalyzeDrills(node, ran, drills, load);
+  INFO(out.report);
+  json a = out.analysis;
   REQUIRE(ran.ok());
   REQUIRE(drills.size() == static_cast<size_t>(2 * kDrills));
 

@@ -35,10 +35,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 
 #include <nlohmann/json.hpp>
@@ -123,6 +125,22 @@ class NotifyListener {
   std::mutex mu_;
   std::vector<std::string> got_;
 };
+
+// The node's status once its rollout is at `step` and `also` holds of that
+// status (nothing more when none), within 60 s; REQUIREs that it gets there.
+json StatusAtStep(test::DrillNode& node, const std::string& step,
+                  const std::function<bool(const json&)>& also = nullptr) {
+  json at;
+  REQUIRE(test::WaitFor(
+      [&] {
+        auto s = node.Status();
+        if (!s || (*s)["rollout"].value("step", "") != step) return false;
+        at = *s;
+        return !also || also(at);
+      },
+      60s));
+  return at;
+}
 
 // Index of the first message at or after `from` that contains `what`; -1 if none.
 int Find(const std::vector<std::string>& m, const std::string& what, int from = 0) {
@@ -275,15 +293,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   {
     Write(cfg, DemoWith(test::EngineCommandToml(true, {"--max-batch", "12"}), model, 120'000));
     auto rolling = std::async(std::launch::async, [&] { return node.Cli({"reload", "--json"}); });
-    json watching;
-    REQUIRE(test::WaitFor(
-        [&] {
-          auto s = node.Status();
-          if (!s || (*s)["rollout"].value("step", "") != "watching") return false;
-          watching = *s;
-          return true;
-        },
-        60s));
+    json watching = StatusAtStep(node, "watching");
     const json fresh = test::EngineOf(watching, "active");
     INFO(fresh.dump());
     REQUIRE(fresh.value("version", "").find("\"12\"") != std::string::npos);
@@ -336,15 +346,8 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
     const std::string old_slot = test::EngineOf(*st, "active").value("slot", "");
     Write(cfg, DemoWith(test::EngineCommandToml(true, {"--max-batch", "10"}), model, 120'000));
     auto rolling = std::async(std::launch::async, [&] { return node.Cli({"reload", "--json"}); });
-    json watching;
-    REQUIRE(test::WaitFor(
-        [&] {
-          auto s = node.Status();
-          if (!s || (*s)["rollout"].value("step", "") != "watching") return false;
-          watching = *s;
-          return test::EngineOf(watching, "standby").is_object();
-        },
-        60s));
+    json watching =
+        StatusAtStep(node, "watching", [](const json& s) { return test::EngineOf(s, "standby").is_object(); });
     const json old_standby = test::EngineOf(watching, "standby");
     INFO(watching.dump());
     REQUIRE(old_standby.value("slot", "") == old_slot);
@@ -600,17 +603,13 @@ TEST_CASE("reload: the supervisor SIGKILLed during each step of a roll - every r
     version("12");
     auto cut = std::async(std::launch::async, [&] { return node.Cli({"reload"}); });
     int fresh = 0;
-    REQUIRE(test::WaitFor(
-        [&] {
-          auto s = node.Status();
-          if (!s || (*s)["rollout"].value("step", "") != "starting_new") return false;
-          const std::string slot = (*s)["rollout"].value("new_slot", "");
-          for (const auto& e : (*s)["engines"]) {
-            if (e.value("slot", "") == slot) fresh = e.value("pid", 0);
-          }
-          return fresh > 0;
-        },
-        60s));
+    StatusAtStep(node, "starting_new", [&](const json& s) {
+      const std::string slot = s["rollout"].value("new_slot", "");
+      for (const auto& e : s["engines"]) {
+        if (e.value("slot", "") == slot) fresh = e.value("pid", 0);
+      }
+      return fresh > 0;
+    });
     REQUIRE(::kill(fresh, SIGSTOP) == 0);
     kill_supervisor("starting_new");
     cut.get();
