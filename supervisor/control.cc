@@ -60,17 +60,7 @@ json Supervisor::Impl::StatusJson() {
   j["holders"] = holders_.StatusJson();
   j["front"] = front_.StatusJson();
   if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
-  // A failover ends with the first correct answer through the front; until
-  // then drills and rollouts are refused (they say so and point here).
-  json fo{{"in_progress", pending_.has_value()}};
-  if (pending_) {
-    fo["failover_id"] = pending_->id;
-    fo["from_slot"] = pending_->from;
-    fo["to_slot"] = pending_->to.empty() ? json(nullptr) : json(pending_->to);
-    fo["fault_ms"] = pending_->fault_ms;
-    fo["drill"] = pending_->drill;
-  }
-  j["failover"] = fo;
+  j["failover"] = failover_.StatusJson();
   j["rollout"] = rollout_.StatusJson();
   j["state_dir"] = cfg_.node.state_dir;
   j["ledger"] = ledger_->path();
@@ -125,17 +115,9 @@ void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json&
   }
 }
 
-std::string Supervisor::Impl::PendingText() const {
-  if (!pending_) return "";
-  const std::string to = pending_->to.empty() ? "no engine yet" : "engine " + pending_->to;
-  const int64_t secs = std::max<int64_t>(0, clock_.WallMs() - pending_->fault_ms) / 1000;
-  return "a failover is in progress (engine " + (pending_->from.empty() ? std::string("?") : pending_->from) + " to " +
-         to + ", " + std::to_string(secs) + " s ago; it ends with the first correct answer through the front)";
-}
-
 std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
   if (!act) return "no active engine to fail over from";
-  if (pending_) return PendingText() + "; try again once `wsup status` shows failover.in_progress false";
+  if (failover_.InProgress()) return failover_.Refusal();
   if (stby->state != SlotState::kStandby) {
     return "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
            ", not proven ready; wait for `wsup status` to show it semantically ready";
@@ -161,19 +143,14 @@ void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
              "); drill once `wsup status` shows it ended";
   }
   if (!refuse.empty()) {
-    c->Send(json{{"type", "failover"}, {"ok", false}, {"error", refuse}});
+    failover_.Refuse(c, refuse);
     return;
   }
   if (kill) {
     act->drill_kill = true;
     act->drill_fault_ms = clock_.WallMs();
-    pending_ = PendingFailover{};
-    pending_->from = act->name;
-    pending_->fault_ms = act->drill_fault_ms;
-    pending_->waiters.push_back(c);
-    pending_->drill = true;
+    failover_.ExpectKill(act->name, act->drill_fault_ms, c);
     // The exit drives the failover exactly as a real crash would.
-    // Failover() replaces pending_ but keeps its waiters.
     Logged(launcher_.Signal(act->pid, SIGKILL), "drill: killing the active engine");
     return;
   }
@@ -192,33 +169,8 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   swapping_ = false;
   PushRoutes();
   int64_t swapped = clock_.WallMs();
-  FailoverRecord rec;
-  rec.trigger = FailoverTriggerName(FailoverTrigger::kDrill);
-  // "planned swap" for a drill (what the ledger has always said), with
-  // the cause for anything else (a rollout).
-  const std::string kind = why == "planned drill" ? "planned swap" : "planned swap (" + why + ")";
-  rec.reason = promoted ? kind : kind + "; standby " + stby.name + " not promoted: " + unfit;
-  rec.drill = true;
-  rec.from_slot = act.name;
-  rec.to_slot = promoted ? stby.name : "none";
-  rec.fault_ms = fault;
-  rec.detected_ms = fault;
-  rec.swapped_ms = swapped;
-  uint64_t seq = 0;
-  auto id = LedgerResult(ledger_->RecordFailover(rec, &seq), "planned failover");
-  metrics_.failovers[rec.trigger]++;
-  // Planned: the old engine lives on, as the standby (no exit to record).
-  TrackFailover(id, act.name, FromEngine::kLivesOn, promoted ? stby.name : "", fault);
-  std::vector<std::shared_ptr<JsonConn>> waiters;
-  if (c) waiters.push_back(c);
-  pending_ = PendingFailover{id ? *id : 0, act.name, promoted ? stby.name : "", fault, fault, swapped,
-                             std::move(waiters), true};
-  if (id) {
-    pending_->rows.push_back(seq);
-  } else {
-    pending_->unrecorded = ledger_last_error_;
-  }
-  if (promoted) ArmProof();
+  // Its row, its proof and the answer to c: the failover's (failover.h).
+  failover_.OnSwapped(act.name, stby.name, promoted, why, unfit, fault, swapped, c);
   FinishDrain(act, c, clock_.MonotonicMs());
   return promoted;
 }

@@ -516,7 +516,7 @@ void Supervisor::Impl::Apply(Slot& s, const SlotTransition& t, const std::string
         if (last_good > 0 && last_good < fault) fault = last_good;
       }
       if (s.pid > 0 && launcher_.Alive(s.pid)) Logged(launcher_.Signal(s.pid, SIGKILL), "killing the failed engine");
-      Failover(s, TriggerFor(t.event, drill), cause, fault, drill);
+      failover_.OnFailed(s.name, s.pid != 0, TriggerFor(t.event, drill), cause, fault, drill);
       break;
     }
   }
@@ -567,10 +567,7 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
   metrics_.engine_memory.erase(s.name);
   // The slot's resume totals stay: counters (the next engine adds to them).
   s.resume_seen.clear();
-  if (tail_ && tail_->await_gone && tail_->from == s.name) {
-    LedgerResult(ledger_->SetFailoverGone(tail_->id, clock_.WallMs()), "failover gone");
-    tail_->await_gone = false;
-  }
+  failover_.OnEngineGone(s.name);
   Fire(s, SlotEvent::kExited, why);
   // Only the exit frees the pool of an engine that held it: none of its
   // work can still be running now (its lifeline's EOF came earlier).

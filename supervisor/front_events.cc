@@ -45,14 +45,15 @@ void Supervisor::Impl::OnFrontMessage(const FrontMessage& f) {
       OnFrontSilent(f);
       break;
     case FrontMessage::Kind::kFirstOk:
-      if (pending_ && f.backend == front_.routes().active) CompletePending(f.at_ms > 0 ? f.at_ms : clock_.WallMs());
+      // Only an answer of the engine the front routes to now proves the swap.
+      if (f.backend == front_.routes().active) failover_.OnFirstOk(f.at_ms > 0 ? f.at_ms : clock_.WallMs());
       break;
     case FrontMessage::Kind::kCut:
       spdlog::info("front: {} request(s) cut from the dead engine and sent on", f.cut);
       break;
     case FrontMessage::Kind::kRoutesAck:
       // Routes acknowledged: the swap is done.
-      if (pending_ && pending_->swapped_ms == 0) pending_->swapped_ms = clock_.WallMs();
+      failover_.OnRoutesAcked();
       break;
     case FrontMessage::Kind::kOther:
       break;

@@ -177,12 +177,7 @@ void Supervisor::Impl::GrantPool(Slot& s) {
     // The engine's own time to map it, for the log; not a number: 0.
     const auto map_ms = FieldOr<double>(sp->kv, "map_ms", 0.0);
     if (r.ok() && r->status == 200 && source == "pool") {
-      const int64_t now = clock_.WallMs();
-      if (tail_ && tail_->await_kv && tail_->to == sp->name) {
-        LedgerResult(ledger_->SetFailoverKvFull(tail_->id, now), "failover full KV");
-        metrics_.ObserveKvBack(static_cast<double>(now - tail_->fault_ms) / 1000.0);
-        tail_->await_kv = false;
-      }
+      failover_.OnKvFull(sp->name);
       PoolFire(*sp, PoolEvent::kGranted,
                "mapped in " + std::to_string(clock_.MonotonicMs() - t0) + " ms (engine: " +
                    std::to_string(map_ms.ok() ? *map_ms : 0.0) + " ms)");

@@ -85,7 +85,7 @@ void Supervisor::Impl::Reload(const std::shared_ptr<JsonConn>& c, const std::str
     std::string refusal = !act                                   ? "no active engine serves"
                           : stby->state != SlotState::kStandby   ? "the standby (" + stby->name + ") is " +
                                                                      SlotStateName(stby->state) + ", not proven ready"
-                          : pending_                             ? PendingText()
+                          : failover_.InProgress()               ? failover_.PendingText()
                                                                  : "";
     if (!refusal.empty()) {
       refuse(refusal + "; a rollout needs an active engine, a proven standby and no failover in progress: reload "
@@ -170,7 +170,7 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
     Slot* t = SlotByName(to);
     return f && t && PlannedSwap(*f, *t, why, nullptr);
   };
-  h.failover_pending = [this] { return pending_.has_value(); };
+  h.failover_pending = [this] { return failover_.InProgress(); };
   h.stopping = [this] { return stopping_; };
   h.set_node_version = [this](const EngineVersion& v) {
     cfg_.engine.command = v.command;

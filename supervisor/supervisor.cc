@@ -88,6 +88,7 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       b_(timers_, "b", EngineRestartPolicy(cfg_)),
       holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
       front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()),
+      failover_(timers_, clock_, FailoverHooks()),
       rollout_(timers_, clock_, cfg_, RolloutHooks()) {
   SubscribeToEngines();
 }

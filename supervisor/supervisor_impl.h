@@ -13,8 +13,13 @@
 //                  pool, restarts; the rest reaches them through its methods
 //   engines.cc     the engine slots: spawn, identity, status, probes, the
 //                  table's actions, restarts
-//   failover.cc    failover and promotion (the standby checked first), the
-//                  probe through the front, answers to `wsup failover`
+//   failover.cc    Failover (failover.h), the failovers' one owner: the
+//                  swap, its ledger row and later times, the proof by the
+//                  first correct answer through the front, its budget, the
+//                  `wsup failover` callers; it reaches the rest through its
+//                  hooks
+//   promotion.cc   promotion (the standby checked first), Failover's hooks,
+//                  the probe through the front, answers once rows are on disk
 //   kv_pool.cc     the node's KV pool: which engine maps it (kv_handover.h),
 //                  the role requests, what engines say of their KV and memory
 //   reload.cc      `wsup reload` and SIGHUP: the config read again, what can
@@ -64,6 +69,7 @@
 #include "supervisor/engine_events.h"
 #include "supervisor/engine_fsm.h"
 #include "supervisor/engine_version.h"
+#include "supervisor/failover.h"
 #include "supervisor/front_link.h"
 #include "supervisor/holder_set.h"
 #include "supervisor/kv_handover.h"
@@ -189,28 +195,6 @@ class Supervisor::Impl {
     std::string version_text;  // the same, as EngineVersionText shows it
   };
 
-  // ---- a failover waiting for its first good answer through the front
-  struct PendingFailover {
-    int64_t id = 0;
-    std::string from, to;
-    int64_t fault_ms = 0, detected_ms = 0, swapped_ms = 0;
-    std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup failover` callers
-    bool drill = false;
-    // Its ledger rows (sequence numbers, Ledger::LostRow), and why one
-    // was refused before it was even queued: `wsup failover` says whether
-    // the ledger has them.
-    std::vector<uint64_t> rows;
-    std::string unrecorded;
-  };
-
-  // Starts the budget of the pending failover (it has an engine to prove),
-  // and the probe through the front that proves it.
-  void ArmProof();
-  // Ends the pending failover unproven: logged, and its `wsup failover`
-  // callers told.
-  void AbandonPending(const std::string& why);
-  // "a failover is in progress (engine a to b, 2 s ago; ...)"; "" when none.
-  std::string PendingText() const;
   Slot* SlotByName(const std::string& name);
   Slot* Other(Slot* s) { return s == &a_ ? &b_ : &a_; }
   Slot* Active();
@@ -272,7 +256,6 @@ class Supervisor::Impl {
   void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
   void OnEngineExit(Slot& s, const ExitInfo& info);
   void OnEngineDying(Slot& s, pid_t pid, const std::string& how);
-  void Failover(Slot& failed, FailoverTrigger trigger, const std::string& reason, int64_t fault_ms, bool drill);
   // The promotion check of supervisor/promotion_check.h on this slot.
   PromotionCheck CheckStandby(Slot& s);
   // Checks the slot first (CheckStandby); an unfit one is failed and
@@ -284,14 +267,9 @@ class Supervisor::Impl {
   void RecordRecovery(Slot& s);
   void MaybePromote();
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
-  void CompletePending(int64_t first_ok_ms);
-  // The failover's row gets gone_ms once `from`'s process exits (a crash:
-  // `from_alive`) and, with a KV pool, kv_full_ms once `to` maps it.
-  // The old engine of a failover: its exit still to come (gone_ms then),
-  // already seen (gone_ms now), or none (a planned swap: no gone_ms).
-  enum class FromEngine { kExiting, kExited, kLivesOn };
-  void TrackFailover(std::optional<int64_t> id, const std::string& from, FromEngine old, const std::string& to,
-                     int64_t fault_ms);
+  // The hooks through which failover_ reaches the engines, the front, the
+  // ledger and the callers (promotion.cc).
+  Failover::Hooks FailoverHooks();
   // Sends reply once the ledger has handled everything queued up to seq.
   // With rows (or unrecorded) it also says whether those rows are on disk:
   // "recorded", and "ledger_error" when they are not.
@@ -421,26 +399,14 @@ class Supervisor::Impl {
   bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles
   bool swapping_ = false;   // a planned swap is moving roles: MaybePromote() waits
 
-  std::optional<PendingFailover> pending_;
-  // Ends a failover that no correct answer through the front proved within
-  // its budget after the swap (failover.cc, ArmProof), so that drills and
-  // rollouts are not refused for ever.
-  std::unique_ptr<Timer> proof_budget_;
+  // The failover in progress, its proof and its later times (failover.h).
+  Failover failover_;
   // The rolling upgrade (rollout.h): its state and steps; told of the
   // engines' moves as a subscriber of engine_events_.
   Rollout rollout_;
   uv_signal_t sighup_{};
   // The node's KV pool: who maps it.
   KvHandover kv_;
-  // The latest failover whose later times are still to be recorded: the
-  // failed engine's exit and the promoted engine's full KV.
-  struct FailoverTimes {
-    int64_t id = 0;
-    std::string from, to;
-    int64_t fault_ms = 0;
-    bool await_gone = false, await_kv = false;
-  };
-  std::optional<FailoverTimes> tail_;
   ProcessWatch* kv_fence_watch_ = nullptr;  // the exit of a pool owner that was not adopted
   bool ready_notified_ = false;
   // An engine passed a probe, or was adopted, since this supervisor started:
