@@ -51,6 +51,27 @@
 
 namespace wsup {
 
+// One roll in progress (Rollout's own state). At namespace scope, not
+// nested in Rollout: a nested class's member initializers are not usable
+// until the enclosing class is complete, so std::optional of it would not
+// be default-constructible inside Rollout for every compiler.
+struct RolloutRun {
+  RollState state = RollState::kIdle;
+  std::string new_slot, old_slot;
+  // The node's version as the roll began (the config's until it ends)
+  // and the one it rolls to.
+  EngineVersion from, to;
+  RolloutRecord rec;  // its ledger row, rewritten at each step
+  nlohmann::json steps = nlohmann::json::array();
+  std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup reload` callers
+  bool watch_elapsed = false;
+  int64_t step_since_ms = 0;
+  bool new_proven = false;       // the new version passed its probe on new_slot
+  bool back = false;             // being rolled back
+  std::string cause;             // why it is rolled back
+  bool swap_back_waits = false;  // the swap back waits for a failover in progress to end
+};
+
 class Rollout final : public EngineEvents {
  public:
   // What the roll needs to know of one engine slot.
@@ -141,22 +162,7 @@ class Rollout final : public EngineEvents {
   nlohmann::json StatusJson() const;
 
  private:
-  struct Roll {
-    RollState state = RollState::kIdle;
-    std::string new_slot, old_slot;
-    // The node's version as the roll began (the config's until it ends)
-    // and the one it rolls to.
-    EngineVersion from, to;
-    RolloutRecord rec;  // its ledger row, rewritten at each step
-    nlohmann::json steps = nlohmann::json::array();
-    std::vector<std::shared_ptr<JsonConn>> waiters;  // `wsup reload` callers
-    bool watch_elapsed = false;
-    int64_t step_since_ms = 0;
-    bool new_proven = false;       // the new version passed its probe on new_slot
-    bool back = false;             // being rolled back
-    std::string cause;             // why it is rolled back
-    bool swap_back_waits = false;  // the swap back waits for a failover in progress to end
-  };
+  using Roll = RolloutRun;
 
   // A roll entered by `first` (begin, or a restarted supervisor's resume).
   void BeginRoll(const std::string& new_slot, const std::string& old_slot, const EngineVersion& to, RollEvent first,
