@@ -178,7 +178,7 @@ std::optional<std::vector<int64_t>> StreamIds(const test::HttpResult& r) {
 }
 
 TEST_CASE("kv pool: no client and no other local user can set an engine's role or read its status - 12 streams of "
-          "300 tokens stay exact",
+          "120 tokens stay exact",
           "[drills][kv_pool][security]") {
   if (!test::HaveTestData("llama-tiny-f32")) {
     WARN("SKIP: testdata/llama-tiny-f32 is missing");
@@ -207,7 +207,7 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
   REQUIRE(engines[1] > 0);
 
   // The answers the streams must give: greedy, asked one at a time first.
-  constexpr int kStreams = 12, kTokens = 300;
+  constexpr int kStreams = 12, kTokens = 120;
   std::vector<std::string> prompts;
   std::vector<std::vector<int64_t>> expected;
   for (int i = 0; i < kStreams; ++i) {
