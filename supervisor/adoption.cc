@@ -69,7 +69,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
                      });
     // The pool's owner is known before any engine takes a role, so the
     // active one is never granted a pool another engine may still write.
-    if (PoolEnabled() && SlotByName(prev->kv_pool_owner)) kv_.AdoptHeld(prev->kv_pool_owner);
+    kv_.AdoptHeld(prev->kv_pool_owner);
     adopting_ = true;
     for (const auto& pe : prev->engines) {
       if (AdoptEngine(pe)) {
@@ -79,7 +79,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
       }
     }
     adopting_ = false;
-    if (PoolEnabled() && !kv_.owner().empty()) AdoptPoolOwner(*prev);
+    kv_.AdoptOwner(*prev);
     MaybePromote();
     ready_notified_ = Active() != nullptr;
     if (ready_notified_) notifier_.Ready("serving (re-adopted)");
@@ -92,34 +92,6 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
   if (holders_.AllReady()) StartEngines();
   SaveState();
   return Status::Ok();
-}
-
-void Supervisor::Impl::AdoptPoolOwner(const RuntimeState& prev) {
-  Slot* o = SlotByName(kv_.owner());
-  if (o->pid > 0) {
-    // Adopted: it keeps the pool if it is the active engine, and lets it go
-    // if it is the standby now.
-    spdlog::info("kv pool: engine {} held it before the supervisor restart", o->name);
-    if (o->state == SlotState::kStandby) PoolFire(*o, PoolEvent::kDrained, "the pool's owner is the standby");
-    return;
-  }
-  // Not adopted: the pool is free once that process is gone.
-  for (const auto& pe : prev.engines) {
-    if (pe.slot != o->name || !StillRuns(pe.proc)) continue;
-    spdlog::warn("kv pool: engine {} pid {} held it and was not adopted; the pool waits for its exit", o->name,
-                 pe.proc.pid);
-    auto w = launcher_.WatchExit(&loop_, pe.proc.pid, [this, o](const ExitInfo& info) {
-      if (kv_fence_watch_) kv_fence_watch_->Close();
-      kv_fence_watch_ = nullptr;
-      PoolFire(*o, PoolEvent::kGone, "the engine that held it before the restart " + info.Describe());
-    });
-    if (w.ok()) {
-      kv_fence_watch_ = *w;
-      return;
-    }
-    spdlog::error("kv pool: cannot watch pid {}: {}; taking it as gone", pe.proc.pid, w.error().message());
-  }
-  PoolFire(*o, PoolEvent::kGone, "the engine that held it before the restart is gone");
 }
 
 bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {

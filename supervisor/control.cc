@@ -50,7 +50,7 @@ json Supervisor::Impl::StatusJson() {
     // private) and memory; absent for an engine that does not say.
     if (s->kv.is_object()) {
       e["kv"] = s->kv;
-    } else if (PoolEnabled() && !s->kv_capable) {
+    } else if (kv_.Enabled() && !s->kv_capable) {
       e["kv"] = json{{"source", "private"}};
     }
     if (s->memory.is_object()) e["memory"] = s->memory;
@@ -59,7 +59,7 @@ json Supervisor::Impl::StatusJson() {
   }
   j["holders"] = holders_.StatusJson();
   j["front"] = front_.StatusJson();
-  if (PoolEnabled()) j["kv_pool"] = PoolStatusJson();
+  if (kv_.Enabled()) j["kv_pool"] = kv_.StatusJson();
   j["failover"] = failover_.StatusJson();
   j["rollout"] = rollout_.StatusJson();
   j["state_dir"] = cfg_.node.state_dir;

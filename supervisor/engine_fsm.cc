@@ -33,7 +33,7 @@ constexpr SlotTransition kTable[] = {
     {S::kStarting, E::kExited, S::kFailed, A::kScheduleRestart},
     {S::kStarting, E::kStop, S::kStopping, A::kTerminate},
     // It maps the node's KV pool, which no one gave it: another engine may
-    // write there too, so it is killed at once (supervisor/kv_pool.cc,
+    // write there too, so it is killed at once (supervisor/kv_pool_roles.cc,
     // CheckPoolTrespass). The same in every live state below.
     {S::kStarting, E::kKvTrespass, S::kFailed, A::kKillGroup},
 

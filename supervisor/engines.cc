@@ -140,38 +140,16 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     SetDegraded(s.failure_reason);
     return;
   }
-  s.pid = *pid;
+  auto start_time = launcher_.StartTime(*pid);
+  s.BeginProcess(*pid, start_time.ok() ? *start_time : 0, nonce, std::move(control_token), port, clock_.WallMs(),
+                 clock_.MonotonicMs());
   s.runs = VersionOf(*cfg);
   s.version_text = EngineVersionText(*cfg);
-  auto st = launcher_.StartTime(s.pid);
-  s.start_time = st.ok() ? *st : 0;
-  s.nonce = nonce;
-  s.control_token = std::move(control_token);
-  s.port = port;
-  s.spawned_ms = clock_.WallMs();
-  s.spawned_mono = clock_.MonotonicMs();
-  s.semantic_ready = false;
-  s.comm_warm = false;
-  s.last_status = json();
-  s.last_ok_mono = 0;
-  s.last_ok_wall = 0;
-  s.traffic_last_ms = 0;
-  s.cache_recorded = false;
-  s.cache_result.clear();
-  s.cache_reason.clear();
-  s.drill_kill = false;
-  s.adopted = false;
-  s.identity_logged = false;
-  s.status_logged = false;
-  s.kv = json();
-  s.memory = json();
-  s.resume = json();
-  s.kv_capable = true;
   // Recorded before anything else can happen: a supervisor that dies now
   // leaves a process its successor and `wsup stop` can find.
   SaveState();
   Slot* sp = &s;
-  CloseWatches(s);
+  s.CloseWatches();
   auto w = launcher_.WatchExit(&loop_, s.pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
   if (w.ok()) {
     s.watch = *w;
@@ -213,17 +191,6 @@ void Supervisor::Impl::SpawnEngine(Slot& s) {
     }
   }
   s.poll->Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
-}
-
-void Supervisor::Impl::CloseWatches(Slot& s) {
-  if (s.watch) s.watch->Close();
-  s.watch = nullptr;
-  if (s.lifeline) s.lifeline->Close();
-  s.lifeline = nullptr;
-  if (s.death) s.death->Close();
-  s.death = nullptr;
-  if (s.ready_line) s.ready_line->Close();
-  s.ready_line = nullptr;
 }
 
 bool Supervisor::Impl::CheckIdentity(Slot& s, const json* status) {
@@ -307,6 +274,50 @@ void Supervisor::Impl::PollStatus(Slot& s) {
     }
     s.poll->Start(kStatusPollMs, [this, sp] { PollStatus(*sp); });
   });
+}
+
+void Supervisor::Impl::RefreshStatus(Slot& s) {
+  if (!IsLive(s.state) || s.state == SlotState::kStarting || s.pid == 0) return;
+  http::ClientRequest req;
+  req.target = "/wsup/status";
+  req.timeout_ms = 1000;
+  if (!s.control_token.empty()) req.headers.push_back(http::ControlAuthHeader(s.control_token));
+  Slot* sp = &s;
+  const pid_t pid = s.pid;
+  const uint64_t seq = kv_.seq();
+  http_->Send(cfg_.engine.host, s.port, std::move(req), [this, sp, pid, seq](Result<http::HttpResponse> r) {
+    if (sp->pid != pid || !r.ok() || r->status != 200) return;
+    auto st = ParseJsonChecked(r->body, "engine " + sp->name + "'s /wsup/status", "it is not a wsup engine's status");
+    if (!st.ok() || !st->is_object()) return;
+    if (st->contains("nonce") && (*st)["nonce"] != sp->nonce) return;
+    if (st->contains("kv") && (*st)["kv"].is_object()) {
+      sp->kv = (*st)["kv"];
+      // The pool's judgement first: an engine fenced for what its KV says
+      // is gone, and the rest of what it said goes with it.
+      kv_.OnEngineKv(*sp, sp->kv, seq, "its /wsup/status");
+      if (sp->pid != pid || !IsLive(sp->state)) return;
+    }
+    sp->TakeServingStatus(*st, metrics_);
+  });
+}
+
+KvPoolRoles::Hooks Supervisor::Impl::KvPoolHooks() {
+  KvPoolRoles::Hooks h;
+  h.slot = [this](const std::string& name) { return SlotByName(name); };
+  h.fire = [this](Slot& s, SlotEvent e, const std::string& cause) { Fire(s, e, cause); };
+  h.send = [this](Slot& s, http::ClientRequest req, KvPoolRoles::Answer done) {
+    http_->Send(cfg_.engine.host, s.port, std::move(req), std::move(done));
+  };
+  h.refresh_status = [this](Slot& s) { RefreshStatus(s); };
+  h.record_fence = [this](Slot& s, const std::string& why) { RecordFence(s, why); };
+  h.kv_full = [this](const std::string& slot) { failover_.OnKvFull(slot); };
+  h.after = [this](int64_t ms, std::function<void()> work) { After(ms, std::move(work)); };
+  h.save_state = [this] { SaveState(); };
+  h.watch_exit = [this](pid_t pid, std::function<void(const ExitInfo&)> done) {
+    return launcher_.WatchExit(&loop_, pid, std::move(done));
+  };
+  h.still_runs = [this](const ProcessRef& p) { return StillRuns(p); };
+  return h;
 }
 
 void Supervisor::Impl::OnEngineStatus(Slot& s, const json& st, const EngineStatus& view) {
@@ -435,7 +446,7 @@ void Supervisor::Impl::SubscribeToEngines() {
   // The pool before the action: a slot that failed is fenced before its
   // standby is promoted by the action.
   engine_events_.Subscribe("kv pool", [this, slot](const EngineEvent& e) {
-    PoolOnSlotMoved(slot(e), e.row.from, e.row.to, e.cause);
+    kv_.OnSlotMoved(slot(e), e.row.from, e.row.to, e.cause);
   });
   // The table's own action (kill, terminate, failover, routes).
   engine_events_.Subscribe("action", [this, slot](const EngineEvent& e) { Apply(slot(e), e.row, e.cause); });
@@ -552,26 +563,14 @@ void Supervisor::Impl::OnEngineDying(Slot& s, pid_t pid, const std::string& how)
 }
 
 void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
-  CloseWatches(s);
-  s.semantic_ready = false;
-  s.comm_warm = false;
-  s.poll->Stop();
-  s.stop_timer->Stop();
-  s.status_timer->Stop();
-  if (s.monitor) s.monitor->Stop();
-  std::string why = "pid " + std::to_string(s.pid) + " " + info.Describe();
-  s.pid = 0;
-  s.kv = json();
-  s.memory = json();
-  s.resume = json();
+  const std::string why = "pid " + std::to_string(s.pid) + " " + info.Describe();
+  s.EndProcess();
   metrics_.engine_memory.erase(s.name);
-  // The slot's resume totals stay: counters (the next engine adds to them).
-  s.resume_seen.clear();
   failover_.OnEngineGone(s.name);
   Fire(s, SlotEvent::kExited, why);
   // Only the exit frees the pool of an engine that held it: none of its
   // work can still be running now (its lifeline's EOF came earlier).
-  if (PoolEnabled()) PoolFire(s, PoolEvent::kGone, why);
+  kv_.OnExit(s, why);
   // The row for an exit is failed/stopped; a failed slot is restarted with
   // the exit code in hand (a permanent-failure code is not retried).
   if (s.state == SlotState::kFailed) {
@@ -579,7 +578,7 @@ void Supervisor::Impl::OnEngineExit(Slot& s, const ExitInfo& info) {
     // one: the spawn would hold that request back.
     Slot* sp = &s;
     const int code = info.known && !info.signal ? info.exit_code : -1;
-    AfterGrant([this, sp, code] { ScheduleRestart(*sp, code); });
+    kv_.AfterGrant([this, sp, code] { ScheduleRestart(*sp, code); });
   }
   if (stopping_) MaybeFinishStop();
 }

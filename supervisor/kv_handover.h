@@ -27,7 +27,7 @@
 // longer the owner, say) and is logged by the caller.
 //
 // Pure: no processes, sockets or time; the supervisor carries the actions
-// out (supervisor/kv_pool.cc) and feeds their answers back. Loop thread
+// out (supervisor/kv_pool_roles.cc) and feeds their answers back. Loop thread
 // only.
 #pragma once
 

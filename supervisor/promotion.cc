@@ -68,10 +68,8 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   h.ledger_last_error = [this] { return ledger_last_error_; };
   h.counted = [this](const std::string& trigger) { metrics_.failovers[trigger]++; };
   h.kv_back = [this](double seconds) { metrics_.ObserveKvBack(seconds); };
-  h.pool_enabled = [this] { return PoolEnabled(); };
-  h.pool_held_by = [this](const std::string& name) {
-    return kv_.owner() == name && kv_.state() == PoolState::kHeld;
-  };
+  h.pool_enabled = [this] { return kv_.Enabled(); };
+  h.pool_held_by = [this](const std::string& name) { return kv_.HeldBy(name); };
   h.rearm = [this](const std::string& name, const std::string& trigger, int64_t fault_ms, std::optional<int64_t> id) {
     Slot* s = SlotByName(name);
     if (!s) return;

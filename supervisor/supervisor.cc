@@ -89,7 +89,8 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
       front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()),
       failover_(timers_, clock_, FailoverHooks()),
-      rollout_(timers_, clock_, cfg_, RolloutHooks()) {
+      rollout_(timers_, clock_, cfg_, RolloutHooks()),
+      kv_(cfg_, clock_, metrics_, KvPoolHooks()) {
   SubscribeToEngines();
 }
 
@@ -128,12 +129,11 @@ Supervisor::Impl::~Impl() {
   // contract) and release every handle owner while the loop can still run
   // their close callbacks.
   for (Slot* s : {&a_, &b_}) {
-    CloseWatches(*s);
+    s->CloseWatches();
     s->monitor.reset();
     s->status_timer->Stop();
   }
-  if (kv_fence_watch_) kv_fence_watch_->Close();
-  kv_fence_watch_ = nullptr;
+  kv_.Close();
   holders_.Detach();
   front_.Detach("supervisor exiting");
   if (control_) control_->Close();
@@ -360,8 +360,7 @@ void Supervisor::Impl::MaybeFinishStop() {
       s->monitor.reset();
       s->status_timer->Stop();
     }
-    if (kv_fence_watch_) kv_fence_watch_->Close();
-    kv_fence_watch_ = nullptr;
+    kv_.Close();
     holders_.ReleaseKept();  // the holders have stopped
     finished_ = true;
     uv_stop(&loop_);

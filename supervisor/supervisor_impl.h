@@ -20,8 +20,10 @@
 //                  hooks
 //   promotion.cc   promotion (the standby checked first), Failover's hooks,
 //                  the probe through the front, answers once rows are on disk
-//   kv_pool.cc     the node's KV pool: which engine maps it (kv_handover.h),
-//                  the role requests, what engines say of their KV and memory
+//   kv_pool_roles.cc  KvPoolRoles (kv_pool_roles.h), the KV pool's one
+//                  owner: which engine maps it (kv_handover.h), the role
+//                  requests, what engines say of their KV; it reaches the
+//                  engines through its hooks
 //   reload.cc      `wsup reload` and SIGHUP: the config read again, what can
 //                  change applied at once (reload_plan.h), a new engine
 //                  version handed to the rollout; Rollout's hooks
@@ -72,7 +74,8 @@
 #include "supervisor/failover.h"
 #include "supervisor/front_link.h"
 #include "supervisor/holder_set.h"
-#include "supervisor/kv_handover.h"
+#include "supervisor/engine_slot.h"
+#include "supervisor/kv_pool_roles.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout.h"
 #include "supervisor/launcher.h"
@@ -106,94 +109,8 @@ class Supervisor::Impl {
   std::string StatusText() { return StatusJson().dump(); }
 
  private:
-  // ---- an engine slot ("a" or "b")
-  struct Slot {
-    Slot(TimerSource& timers, std::string n, RestartPolicy policy)
-        : name(std::move(n)),
-          poll(timers.Make()),
-          stop_timer(timers.Make()),
-          restart_timer(timers.Make()),
-          status_timer(timers.Make()),
-          throttle(std::move(policy)) {}
-    std::string name;
-    SlotState state = SlotState::kIdle;
-
-    // Identity: the process started for this slot, known by its pid (and
-    // start time, against pid reuse), its per-start nonce, and the port it
-    // must be the one listening on.
-    pid_t pid = 0;
-    uint64_t start_time = 0;
-    std::string nonce;
-    // The secret of its control routes, fresh at every start (WSUP_CONTROL_TOKEN,
-    // http/control_auth.h); sent with every /wsup/status and /wsup/role
-    // request, never shown.
-    std::string control_token;
-    int port = 0;
-    bool adopted = false;
-    bool identity_logged = false;  // "port answered by someone else" said once per start
-    bool status_logged = false;    // "its /wsup/status cannot be read" said once per start
-
-    ProcessWatch* watch = nullptr;
-    HangupWatch* lifeline = nullptr;  // EOF: the process is being torn down
-    DeathWatch* death = nullptr;      // its death word was marked: it is exiting (first)
-    LineWatch* ready_line = nullptr;  // {ready_fd}: the engine says when it is up
-    int64_t spawned_ms = 0;           // wall
-    int64_t spawned_mono = 0;         // monotonic, for the start budget
-    std::unique_ptr<Timer> poll;           // status polling while starting
-    std::unique_ptr<Timer> stop_timer;     // SIGKILL after the stop budget
-    std::unique_ptr<Timer> restart_timer;  // backoff
-    std::unique_ptr<Timer> status_timer;   // its /wsup/status while it serves (KV, memory)
-
-    // What the probes and the engine say.
-    std::unique_ptr<HealthMonitor> monitor;
-    bool semantic_ready = false;
-    bool comm_warm = false;
-    nlohmann::json last_status;  // the engine's /wsup/status
-    std::string last_probe_reason;
-    // The slot's last probe answered, wrongly, with a well-formed
-    // completion (supervisor/expectation_check.h); none after any other
-    // outcome. Kept across a restart: the answer of the model, whichever
-    // process of the slot gave it.
-    std::optional<ProbeAnswer> wrong_answer;
-    int64_t last_probe_ms = 0;       // latency of the last probe
-    int64_t last_ok_mono = 0;        // when a probe last passed (0: never, this start)
-    int64_t last_ok_wall = 0;        // ... the same, wall time: where a probe trip's fault is put
-    int64_t traffic_last_ms = 0;     // the front's last byte from it (wall), from a `silent` report
-    // The node's KV pool: what the engine last said of its KV and memory,
-    // and whether it takes the pool at all (false once it answered that it
-    // keeps a private cache, or has no /wsup/role).
-    nlohmann::json kv;
-    nlohmann::json memory;
-    nlohmann::json resume;  // its /wsup/status "resume": streams resumed from a dead engine's KV
-    // Its process's resume counts as last added to the slot's totals
-    // (metrics_.engine_resume); zero for a new process.
-    std::map<std::string, uint64_t> resume_seen;
-    bool kv_capable = true;
-
-    // Recovery bookkeeping for the next time this slot becomes ready.
-    std::optional<int64_t> recovery_failover_id;
-    int64_t recovery_fault_ms = 0;
-    std::string recovery_cause;  // "" when this start is not a recovery
-    bool cache_recorded = false;
-    std::string cache_result;    // "hit" | "miss" | "off"
-    std::string cache_reason;
-
-    RestartThrottle throttle;
-    bool permanent_failure = false;
-    std::string failure_reason;
-
-    // Fault injected by a drill: the exit that follows is the drill's.
-    bool drill_kill = false;
-    int64_t drill_fault_ms = 0;
-
-    // A rollout's engine version for this slot's next starts (its command
-    // and env), instead of cfg_.engine's; none outside a rollout.
-    std::optional<EngineVersion> version;
-    // What its process (the last one started or adopted) was started with;
-    // none for an engine adopted from an older wsup's state.json.
-    std::optional<EngineVersion> runs;
-    std::string version_text;  // the same, as EngineVersionText shows it
-  };
+  // An engine slot ("a" or "b"), engine_slot.h.
+  using Slot = EngineSlot;
 
   Slot* SlotByName(const std::string& name);
   Slot* Other(Slot* s) { return s == &a_ ? &b_ : &a_; }
@@ -212,9 +129,6 @@ class Supervisor::Impl {
   Status AdoptOrStart(std::optional<RuntimeState> prev);
   void AdoptFront(const RuntimeState::Front& pf, int64_t epoch);
   bool AdoptEngine(const RuntimeState::Engine& pe);
-  // The KV pool's owner before the restart (kv_.AdoptHeld): kept, released
-  // (it is the standby now), or freed once its process is gone.
-  void AdoptPoolOwner(const RuntimeState& prev);
   void ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead);
   // The recorded process still runs as recorded (pid and start time), as
   // the launcher sees it.
@@ -238,7 +152,6 @@ class Supervisor::Impl {
   // engines.cc
   void StartEngines();
   void SpawnEngine(Slot& s);
-  void CloseWatches(Slot& s);
   void PollStatus(Slot& s);
   bool CheckIdentity(Slot& s, const nlohmann::json* status);
   void OnEngineStatus(Slot& s, const nlohmann::json& status, const EngineStatus& view);
@@ -276,39 +189,15 @@ class Supervisor::Impl {
   void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
                          int64_t since_mono, std::vector<uint64_t> rows = {}, std::string unrecorded = "");
 
-  // kv_pool.cc (see kv_handover.h)
-  bool PoolEnabled() const;
-  // The pool's events that follow from a move of the engine table.
-  void PoolOnSlotMoved(Slot& s, SlotState from, SlotState to, const std::string& cause);
-  KvHandover::Step PoolFire(Slot& s, PoolEvent event, const std::string& why);
-  void GrantPool(Slot& s);
-  // Work held back while a pool grant is on its way: the grant is what the
-  // node waits for after a crash (full KV), and a restart's spawn blocks
-  // the loop for a millisecond or more (posix_spawn waits for the exec).
-  // Run when the grant answers, or after kHoldForGrantMs at the latest.
-  void AfterGrant(std::function<void()> work);
-  void RunHeldForGrant();
-  bool grant_in_flight_ = false;
-  std::vector<std::function<void()>> held_for_grant_;
-  void ReleasePool(Slot& s);
-  // What an engine said of its KV (`kv` of its status or role answer), in
-  // an answer to a request sent when the pool's table was at `seq_at_send`:
-  // an engine that maps the pool though the table does not make it the
-  // owner is fenced at once (killed, recorded). An answer that crossed a
-  // move of the table is not judged: it may describe the engine before a
-  // release or a grant that the table has seen since.
-  void CheckPoolTrespass(Slot& s, const nlohmann::json& kv, uint64_t seq_at_send, const char* where);
-  // Moves of the pool's table so far (CheckPoolTrespass).
-  uint64_t pool_seq_ = 0;
+  // kv_pool_roles.cc: KvPoolRoles (kv_pool_roles.h), the KV pool's one
+  // owner; its hooks (engines.cc).
+  KvPoolRoles::Hooks KvPoolHooks();
   // The ledger's `fences` row of an engine killed for what it did, not for
   // how it failed (node_state.cc).
   void RecordFence(Slot& s, const std::string& why);
-  // POST /wsup/role; the answer's `kv` is kept in the slot before `done`.
-  void SendRole(Slot& s, const std::string& role, bool pool, int64_t timeout_ms,
-                std::function<void(Result<http::HttpResponse>)> done);
-  // GET /wsup/status of a serving engine: its kv and memory (gauges).
+  // GET /wsup/status of a serving engine (engines.cc): its kv (judged by
+  // kv_), resume counts, communicator and memory.
   void RefreshStatus(Slot& s);
-  nlohmann::json PoolStatusJson() const;
 
   // reload.cc (reload_plan.h; the roll itself: rollout.h)
   // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
@@ -405,9 +294,8 @@ class Supervisor::Impl {
   // engines' moves as a subscriber of engine_events_.
   Rollout rollout_;
   uv_signal_t sighup_{};
-  // The node's KV pool: who maps it.
-  KvHandover kv_;
-  ProcessWatch* kv_fence_watch_ = nullptr;  // the exit of a pool owner that was not adopted
+  // The node's KV pool: who maps it (kv_pool_roles.h).
+  KvPoolRoles kv_;
   bool ready_notified_ = false;
   // An engine passed a probe, or was adopted, since this supervisor started:
   // a wrong answer is then an engine's fault, never the config's.
