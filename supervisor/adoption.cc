@@ -18,12 +18,6 @@ namespace wsup {
 
 using nlohmann::json;
 
-bool Supervisor::Impl::StillRuns(const ProcessRef& p) {
-  if (p.pid <= 0 || !launcher_.Alive(p.pid)) return false;
-  auto st = launcher_.StartTime(p.pid);
-  return st.ok() && *st == p.start_time;
-}
-
 Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
   if (prev && !prev->dropped.empty()) {
     spdlog::warn("{}: dropped as malformed: {}; the engines it names are adopted without it",
@@ -31,7 +25,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
   }
   const bool engines_run =
       prev && std::any_of(prev->engines.begin(), prev->engines.end(),
-                          [this](const RuntimeState::Engine& e) { return StillRuns(e.proc); });
+                          [this](const RuntimeState::Engine& e) { return engines_.StillRuns(e.proc); });
   if (engines_run && prev->engine_version && !(*prev->engine_version == VersionOf(cfg_))) {
     // The engines go on with the version the node ran (a restart is not a
     // reload): a slot restarted now starts it too, never a third one, and
@@ -73,7 +67,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     adopting_ = true;
     for (const auto& pe : prev->engines) {
       if (AdoptEngine(pe)) {
-        ever_proven_ = true;  // it served before this start (expectation_check.h)
+        engines_.MarkProven();  // it served before this start (expectation_check.h)
       } else {
         dead.push_back(pe);
       }
@@ -81,7 +75,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     adopting_ = false;
     kv_.AdoptOwner(*prev);
     MaybePromote();
-    ready_notified_ = Active() != nullptr;
+    ready_notified_ = engines_.Active() != nullptr;
     if (ready_notified_) notifier_.Ready("serving (re-adopted)");
     ReconcileWithFront(*prev, dead);
     // A rollout the predecessor ran: ended, and the slots left on one
@@ -89,47 +83,20 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     // replaced starts with the version it was to run).
     if (prev->rollout) rollout_.Resume(*prev->rollout);
   }
-  if (holders_.AllReady()) StartEngines();
+  if (holders_.AllReady()) engines_.Start();
   SaveState();
   return Status::Ok();
 }
 
 bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
-  Slot* s = SlotByName(pe.slot);
-  if (!s || !StillRuns(pe.proc)) return false;
-  // The recorded process must still be the one listening on the recorded
-  // port; that needs no answer from it, so a busy engine is not mistaken
-  // for a dead one.
-  auto listens = launcher_.ListensOn(pe.proc.pid, pe.port);
-  bool proven_role = pe.role == "active" || pe.role == "standby" || pe.role == "draining";
-  if (!listens.ok() || !*listens || !proven_role) {
-    std::string why = !proven_role ? "it was " + pe.role + ", never proven"
-                                   : "it no longer listens on port " + std::to_string(pe.port);
-    spdlog::warn("engine {} pid {}: not adopted ({}); stopping it and starting a new one", pe.slot, pe.proc.pid, why);
-    Logged(launcher_.Signal(pe.proc.pid, SIGKILL), "killing an engine that is not adopted");
-    // Its slot starts afresh; it was never serving, so nothing is recorded.
-    return true;
-  }
-  s->pid = pe.proc.pid;
-  s->start_time = pe.proc.start_time;
-  s->port = pe.port;
-  s->nonce = pe.nonce;
-  s->control_token = pe.control_token;
-  s->spawned_ms = pe.started_ms;
-  s->cache_result = pe.cache_result;
-  s->cache_recorded = true;
-  s->adopted = true;
-  s->runs = pe.version;
-  s->version_text = pe.version ? VersionText(*pe.version) : "";
-  Slot* sp = s;
-  auto w = launcher_.WatchExit(&loop_, s->pid, [this, sp](const ExitInfo& info) { OnEngineExit(*sp, info); });
-  if (w.ok()) s->watch = *w;
-  Fire(*s, SlotEvent::kAdopt, "adopted after a supervisor restart (pid " + std::to_string(s->pid) + ")");
+  const EngineSet::Adoption a = engines_.Adopt(pe, pe.version ? VersionText(*pe.version) : "");
+  if (a != EngineSet::Adoption::kAdopted) return a == EngineSet::Adoption::kReplaced;
+  Slot* s = engines_.ByName(pe.slot);
   if (pe.role == "active") {
     // Not a promotion: the front already sends it the traffic. It keeps the
     // role however slowly it answers now; its probes judge it from here on.
     swapping_ = true;
-    Fire(*s, SlotEvent::kPromote, "was active before the supervisor restart");
+    engines_.Fire(*s, SlotEvent::kPromote, "was active before the supervisor restart");
     swapping_ = false;
     PushRoutes();
   }
@@ -144,17 +111,17 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::v
   // predecessor saved (the latest moment the engine was known to serve).
   std::vector<RuntimeState::Engine> lost;
   for (const auto& e : dead) {
-    if (SlotByName(e.slot) && (e.role == "active" || e.role == "standby" || e.role == "draining")) lost.push_back(e);
+    if (engines_.ByName(e.slot) && (e.role == "active" || e.role == "standby" || e.role == "draining")) lost.push_back(e);
   }
   if (lost.empty()) return;
   for (const auto& e : lost) {
-    Slot* s = SlotByName(e.slot);
+    Slot* s = engines_.ByName(e.slot);
     s->recovery_cause = "crash";
     s->recovery_fault_ms = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
   }
   auto record = [this, prev, lost](const FrontLog* front_log) {
     for (const auto& e : lost) {
-      Slot* s = SlotByName(e.slot);
+      Slot* s = engines_.ByName(e.slot);
       if (!s) continue;
       std::string addr = HostPortString(cfg_.engine.host, e.port);
       int64_t fault = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
@@ -184,10 +151,10 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::v
         continue;
       }
       std::string to = "none";
-      for (Slot* o : {&a_, &b_}) {
+      for (Slot* o : engines_.slots()) {
         if (o != s && !switched_to.empty() && HostPortString(cfg_.engine.host, o->port) == switched_to) to = o->name;
       }
-      if (to == "none" && Active() && Active() != s) to = Active()->name;
+      if (to == "none" && engines_.Active() && engines_.Active() != s) to = engines_.Active()->name;
       FailoverRecord rec;
       rec.trigger = FailoverTriggerName(FailoverTrigger::kCrash);
       rec.reason = "engine " + e.slot + " (pid " + std::to_string(e.proc.pid) +

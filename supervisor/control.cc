@@ -21,42 +21,9 @@ json Supervisor::Impl::StatusJson() {
   j["node"] = cfg_.node.name;
   j["state"] = NodeState();
   if (degraded_) j["degraded_reason"] = degraded_reason_;
-  Slot* act = Active();
+  Slot* act = engines_.Active();
   j["active"] = act ? json(act->name) : json(nullptr);
-  j["engines"] = json::array();
-  for (Slot* s : {&a_, &b_}) {
-    std::string role = s->state == SlotState::kActive    ? "active"
-                       : s->state == SlotState::kStandby ? "standby"
-                                                         : "none";
-    json e{{"slot", s->name},
-           {"role", role},
-           {"state", SlotStateName(s->state)},
-           {"pid", s->pid},
-           {"port", s->port},
-           {"semantic_ready", s->semantic_ready},
-           {"comm_warm", s->comm_warm},
-           {"cache", s->cache_result},
-           {"last_probe_ms", s->last_probe_ms},
-           {"last_probe_error", s->last_probe_reason},
-           {"restarts", s->throttle.total()},
-           {"adopted", s->adopted},
-           {"version", s->version_text}};
-    if (s->permanent_failure) e["failure"] = s->failure_reason;
-    // How its death would be seen first: the death word it armed (at the
-    // kill), else its lifeline (after the kernel's teardown), else only its
-    // exit (an adopted engine).
-    if (s->pid > 0) e["death_seen_by"] = s->death && s->death->armed() ? "death_word" : s->lifeline ? "lifeline" : "exit";
-    // What the engine last said of its KV (source pool, scratch or
-    // private) and memory; absent for an engine that does not say.
-    if (s->kv.is_object()) {
-      e["kv"] = s->kv;
-    } else if (kv_.Enabled() && !s->kv_capable) {
-      e["kv"] = json{{"source", "private"}};
-    }
-    if (s->memory.is_object()) e["memory"] = s->memory;
-    if (s->resume.is_object()) e["resume"] = s->resume;
-    j["engines"].push_back(e);
-  }
+  j["engines"] = engines_.StatusJson(kv_.Enabled());
   j["holders"] = holders_.StatusJson();
   j["front"] = front_.StatusJson();
   if (kv_.Enabled()) j["kv_pool"] = kv_.StatusJson();
@@ -122,7 +89,7 @@ std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
     return "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
            ", not proven ready; wait for `wsup status` to show it semantically ready";
   }
-  if (PromotionCheck check = CheckStandby(*stby); !check.unfit.empty()) {
+  if (PromotionCheck check = engines_.CheckStandby(*stby); !check.unfit.empty()) {
     return "the standby (" + stby->name + ") is not fit to take the traffic: " + check.unfit;
   } else if (!check.note.empty()) {
     // A planned swap moves traffic off a healthy active: only onto a
@@ -135,8 +102,8 @@ std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
 }
 
 void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
-  Slot* act = Active();
-  Slot* stby = act ? Other(act) : nullptr;
+  Slot* act = engines_.Active();
+  Slot* stby = act ? engines_.Other(act) : nullptr;
   std::string refuse = SwapRefusal(act, stby);
   if (refuse.empty() && rollout_.InProgress()) {
     refuse = "a rollout is in progress (step " + rollout_.StepName() +
@@ -163,10 +130,10 @@ bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why
   // becomes the standby. Both moves are rows of the engine table.
   int64_t fault = clock_.WallMs();
   swapping_ = true;
-  Fire(act, SlotEvent::kDemote, why);
-  std::string unfit;
-  bool promoted = Promote(stby, why, &unfit);
+  engines_.Fire(act, SlotEvent::kDemote, why);
   swapping_ = false;
+  std::string unfit;
+  const bool promoted = PromoteInSwap(stby, why, &unfit);
   PushRoutes();
   int64_t swapped = clock_.WallMs();
   // Its row, its proof and the answer to c: the failover's (failover.h).
@@ -184,7 +151,7 @@ void Supervisor::Impl::FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c
     // while the front was asked: the drain is over without its `drained`.
     if (op->state != SlotState::kDraining) return;
     if (inflight == 0 || clock_.MonotonicMs() - started_mono > kDrainBudgetMs) {
-      Fire(*op, SlotEvent::kDrained,
+      engines_.Fire(*op, SlotEvent::kDrained,
            inflight == 0 ? "no request in flight" : "drain budget of 30 s ran out with requests in flight");
       return;
     }

@@ -5,7 +5,7 @@
 // process (the resume totals, a wrong answer, the throttle) stays here.
 //
 // Its state moves only through the engine table (engine_fsm.h); the owners
-// that act on a slot (the engine lifecycle in engines.cc, the KV pool's
+// that act on a slot (EngineSet, engine_set.h; the KV pool's
 // roles in kv_pool_roles.h, failover and rollout through their hooks) take
 // it by reference and check `pid` against the one they acted on, since an
 // answer may come back after the process it was asked of has gone.

@@ -27,8 +27,8 @@ FrontLink::Hooks Supervisor::Impl::FrontHooks() {
 }
 
 FrontLink::Routes Supervisor::Impl::WantedRoutes() {
-  Slot* act = Active();
-  Slot* stby = Standby();
+  Slot* act = engines_.Active();
+  Slot* stby = engines_.Standby();
   return FrontLink::Routes{act ? HostPortString(cfg_.engine.host, act->port) : "",
                            stby ? HostPortString(cfg_.engine.host, stby->port) : ""};
 }
@@ -62,7 +62,7 @@ void Supervisor::Impl::OnFrontMessage(const FrontMessage& f) {
 
 void Supervisor::Impl::OnFrontSilent(const FrontMessage& m) {
   const std::string& backend = m.backend;
-  Slot* act = Active();
+  Slot* act = engines_.Active();
   const bool routed = act && !backend.empty() && backend == front_.routes().active;
   const int64_t last_byte = m.last_byte_ms;
   std::string report = "the front saw " + std::to_string(m.silent) + " of " + std::to_string(m.inflight) +
@@ -72,7 +72,7 @@ void Supervisor::Impl::OnFrontSilent(const FrontMessage& m) {
     auto r = launcher_.RunState(act->pid);
     if (r.ok()) run = *r;
   }
-  SilenceVerdict v = JudgeSilence(routed, Standby() != nullptr, routed ? act->pid : 0, run);
+  SilenceVerdict v = JudgeSilence(routed, engines_.Standby() != nullptr, routed ? act->pid : 0, run);
   if (routed && last_byte > 0) act->traffic_last_ms = last_byte;
   switch (v.step) {
     case SilenceStep::kIgnore:
@@ -114,7 +114,7 @@ void Supervisor::Impl::TripSilent(Slot& s, const std::string& why) {
   metrics_.front_silent["tripped"]++;
   spdlog::warn("engine {}: tripped: {}", s.name, why);
   s.semantic_ready = false;
-  Fire(s, SlotEvent::kProbeTrip, why);
+  engines_.Fire(s, SlotEvent::kProbeTrip, why);
 }
 
 }  // namespace wsup

@@ -8,8 +8,7 @@ namespace wsup {
 std::string Supervisor::Impl::NodeState() const {
   if (stopping_) return "stopping";
   if (degraded_) return "degraded";
-  bool active = a_.state == SlotState::kActive || b_.state == SlotState::kActive;
-  if (active) return "serving";
+  if (engines_.HasActive()) return "serving";
   // Served before and has no active engine now: degraded until one is proven.
   return ready_notified_ ? "degraded" : "starting";
 }
@@ -26,7 +25,7 @@ void Supervisor::Impl::SaveState() {
   // runtime_state.h), and a child must never run unrecorded, or a
   // supervisor that dies right after a spawn leaves a process that neither
   // its successor nor `wsup stop` can find.
-  if (stopping_ && a_.pid == 0 && b_.pid == 0 && !front_.has_process() && !holders_.AnyProcess()) {
+  if (stopping_ && !engines_.AnyProcess() && !front_.has_process() && !holders_.AnyProcess()) {
     return;  // MaybeFinishStop() removes the file
   }
   Status st = BuildState().Save(RuntimeState::PathIn(cfg_.node.runtime_dir));
@@ -43,7 +42,7 @@ RuntimeState Supervisor::Impl::BuildState() {
   st.kv_pool_owner = kv_.owner();
   st.front = front_.Record();
   st.holders = holders_.Records();
-  for (Slot* s : {&a_, &b_}) {
+  for (Slot* s : engines_.slots()) {
     if (s->pid <= 0) continue;
     std::string role = s->state == SlotState::kActive    ? "active"
                        : s->state == SlotState::kStandby ? "standby"
@@ -58,15 +57,16 @@ RuntimeState Supervisor::Impl::BuildState() {
 }
 
 void Supervisor::Impl::UpdateStatusLine() {
-  Slot* act = Active();
+  Slot* act = engines_.Active();
   std::string line = NodeState();
   line += act ? ": active " + act->name : ": no active engine";
-  for (Slot* s : {&a_, &b_}) line += ", " + s->name + " " + SlotStateName(s->state);
+  for (Slot* s : engines_.slots()) line += ", " + s->name + " " + SlotStateName(s->state);
   if (front_.crash_looping()) line += ", front crash-looping";
   if (degraded_) line += " (" + degraded_reason_ + ")";
   notifier_.Status(line);
-  metrics_.SetSlots(a_.name, SlotStateName(a_.state), a_.semantic_ready, b_.name, SlotStateName(b_.state),
-                    b_.semantic_ready);
+  const auto [a, b] = engines_.slots();
+  metrics_.SetSlots(a->name, SlotStateName(a->state), a->semantic_ready, b->name, SlotStateName(b->state),
+                    b->semantic_ready);
 }
 
 void Supervisor::Impl::LedgerResult(const Status& st, const char* what) {

@@ -1,7 +1,8 @@
-// Promotion: the standby checked and promoted (for a failover, a drill, or
-// the first start that needs an active engine), Failover's hooks
-// (failover.h), the probe through the front, and the answers to `wsup
-// failover` and `wsup reload` callers once their rows are on disk.
+// The node's side of the engines: the hooks of EngineSet (engine_set.h),
+// Failover (failover.h) and KvPoolRoles (kv_pool_roles.h), what follows a
+// slot's move (SubscribeToEngines), promotion when no engine is active,
+// the probe through the front, and the answers to `wsup failover` and
+// `wsup reload` callers once their rows are on disk.
 #include "common/log.h"
 #include "probes/probe.h"
 #include "supervisor/supervisor_impl.h"
@@ -11,52 +12,110 @@ namespace wsup {
 
 using nlohmann::json;
 
-PromotionCheck Supervisor::Impl::CheckStandby(Slot& s) {
-  // Cheap and local, so a crash's failover is not delayed
-  // (supervisor/promotion_check.h says what is checked and why).
-  char run = 0;
-  if (s.pid > 0) {
-    auto r = launcher_.RunState(s.pid);
-    if (r.ok()) run = *r;
-  }
-  int64_t age = s.last_ok_mono > 0 ? clock_.MonotonicMs() - s.last_ok_mono : -1;
-  int64_t limit = 2 * cfg_.probe.interval_ms + cfg_.probe.jitter_ms + cfg_.probe.timeout_ms;
-  return CheckPromotion(s.pid, run, age, limit);
+EngineSet::Hooks Supervisor::Impl::EngineHooks() {
+  EngineSet::Hooks h;
+  h.stopping = [this] { return stopping_; };
+  h.fatal = [this](const std::string& why, int exit_code) { BeginStop(why, exit_code); };
+  h.degraded = [this](const std::string& why) { SetDegraded(why); };
+  h.save_state = [this] { SaveState(); };
+  h.exited = [this] {
+    if (stopping_) MaybeFinishStop();
+  };
+  h.version_failed = [this](const std::string& slot, const std::string& why) { rollout_.OnSpawnFailed(slot, why); };
+  h.keep_layouts = [this] { holders_.KeepLayoutsEverywhere(); };
+  h.rollout_in_progress = [this] { return rollout_.InProgress(); };
+  h.record_cache = [this](const CacheEventRecord& rec) {
+    LedgerResult(ledger_->RecordCacheEvent(rec), "cache event");
+  };
+  h.record_probe = [this](const ProbeTransitionRecord& rec) {
+    LedgerResult(ledger_->RecordProbeTransition(rec), "probe transition");
+  };
+  h.record_recovery = [this](const RecoveryRecord& rec) { LedgerResult(ledger_->RecordRecovery(rec), "recovery"); };
+  h.kv_seq = [this] { return kv_.seq(); };
+  h.kv_said = [this](Slot& s, const json& kv, uint64_t seq, const char* where) { kv_.OnEngineKv(s, kv, seq, where); };
+  h.kv_exit = [this](Slot& s, const std::string& why) { kv_.OnExit(s, why); };
+  h.after_grant = [this](std::function<void()> work) { kv_.AfterGrant(std::move(work)); };
+  h.failed = [this](const std::string& slot, bool had_process, FailoverTrigger trigger, const std::string& cause,
+                    int64_t fault_ms, bool drill) {
+    failover_.OnFailed(slot, had_process, trigger, cause, fault_ms, drill);
+  };
+  h.gone = [this](const std::string& slot) { failover_.OnEngineGone(slot); };
+  h.cut = [this](const std::string& address, const std::string& why) { front_.CutEngine(address, why); };
+  // A swap in progress moves two slots; its caller pushes the routes once.
+  h.routes_changed = [this] {
+    if (!swapping_) PushRoutes();
+  };
+  return h;
 }
 
-bool Supervisor::Impl::Promote(Slot& s, const std::string& cause, std::string* unfit_out, std::string* note_out) {
-  PromotionCheck check = CheckStandby(s);
-  if (!check.unfit.empty()) {
-    if (unfit_out) *unfit_out = check.unfit;
-    Fire(s, SlotEvent::kUnfit, "not promoted: " + check.unfit);
-    return false;
-  }
-  if (!check.note.empty()) {
-    spdlog::warn("engine {}: {}", s.name, check.note);
-    if (note_out) *note_out = check.note;
-  }
-  Fire(s, SlotEvent::kPromote, check.note.empty() ? cause : cause + "; " + check.note);
-  return s.state == SlotState::kActive;
+void Supervisor::Impl::SubscribeToEngines() {
+  EngineEventList& events = engines_.events();
+  auto slot = [this](const EngineEvent& e) -> Slot& { return *engines_.ByName(e.slot); };
+  // Proven ready again: recorded now, before an action or a rollout step
+  // below moves the slot on (a rollout promotes its new engine inside the
+  // transition that proves it).
+  events.Subscribe("recovery row", [this, slot](const EngineEvent& e) { engines_.OnMoved(slot(e), e.row); });
+  // The pool before the action: a slot that failed is fenced before its
+  // standby is promoted by the action.
+  events.Subscribe("kv pool", [this, slot](const EngineEvent& e) {
+    kv_.OnSlotMoved(slot(e), e.row.from, e.row.to, e.cause);
+  });
+  // The table's own action (kill, terminate, failover, routes).
+  events.Subscribe("action", [this, slot](const EngineEvent& e) { engines_.Apply(slot(e), e.row, e.cause); });
+  events.Subscribe("rollout", &rollout_);
+  events.Subscribe("promotion", [this](const EngineEvent&) { MaybePromote(); });
+  // The routes before state.json and any ledger row that follows: the
+  // front is told first. A swap in progress moves two slots; its caller
+  // pushes the routes once.
+  events.Subscribe("front routes", [this](const EngineEvent&) {
+    if (!swapping_) PushRoutes();
+  });
+  events.Subscribe("state.json", [this](const EngineEvent&) { SaveState(); });
+  events.Subscribe("status line", [this](const EngineEvent&) { UpdateStatusLine(); });
+}
+
+KvPoolRoles::Hooks Supervisor::Impl::KvPoolHooks() {
+  KvPoolRoles::Hooks h;
+  h.slot = [this](const std::string& name) { return engines_.ByName(name); };
+  h.fire = [this](Slot& s, SlotEvent e, const std::string& cause) { engines_.Fire(s, e, cause); };
+  h.send = [this](Slot& s, http::ClientRequest req, KvPoolRoles::Answer done) {
+    http_->Send(cfg_.engine.host, s.port, std::move(req), std::move(done));
+  };
+  h.refresh_status = [this](Slot& s) { engines_.RefreshStatus(s); };
+  h.record_fence = [this](Slot& s, const std::string& why) { RecordFence(s, why); };
+  h.kv_full = [this](const std::string& slot) { failover_.OnKvFull(slot); };
+  h.after = [this](int64_t ms, std::function<void()> work) { After(ms, std::move(work)); };
+  h.save_state = [this] { SaveState(); };
+  h.watch_exit = [this](pid_t pid, std::function<void(const ExitInfo&)> done) {
+    return launcher_.WatchExit(&loop_, pid, std::move(done));
+  };
+  h.still_runs = [this](const ProcessRef& p) { return engines_.StillRuns(p); };
+  return h;
+}
+
+bool Supervisor::Impl::PromoteInSwap(Slot& s, const std::string& cause, std::string* unfit, std::string* note) {
+  swapping_ = true;
+  const bool promoted = engines_.Promote(s, cause, unfit, note);
+  swapping_ = false;
+  return promoted;
 }
 
 Failover::Hooks Supervisor::Impl::FailoverHooks() {
   Failover::Hooks h;
   h.state = [this](const std::string& name) -> std::optional<SlotState> {
-    if (Slot* s = SlotByName(name)) return s->state;
+    if (Slot* s = engines_.ByName(name)) return s->state;
     return std::nullopt;
   };
   h.other = [this](const std::string& name) -> std::string {
-    Slot* s = SlotByName(name);
-    return s ? Other(s)->name : "";
+    Slot* s = engines_.ByName(name);
+    return s ? engines_.Other(s)->name : "";
   };
   h.promote = [this](const std::string& name, const std::string& cause) {
     Failover::Promotion p;
-    Slot* s = SlotByName(name);
+    Slot* s = engines_.ByName(name);
     if (!s) return p;
     // MaybePromote() waits while the failover moves the roles.
-    swapping_ = true;
-    p.promoted = Promote(*s, cause, &p.unfit, &p.note);
-    swapping_ = false;
+    p.promoted = PromoteInSwap(*s, cause, &p.unfit, &p.note);
     return p;
   };
   h.push_routes = [this] { PushRoutes(); };
@@ -71,17 +130,17 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   h.pool_enabled = [this] { return kv_.Enabled(); };
   h.pool_held_by = [this](const std::string& name) { return kv_.HeldBy(name); };
   h.rearm = [this](const std::string& name, const std::string& trigger, int64_t fault_ms, std::optional<int64_t> id) {
-    Slot* s = SlotByName(name);
+    Slot* s = engines_.ByName(name);
     if (!s) return;
     s->recovery_cause = trigger;
     s->recovery_fault_ms = fault_ms;
     if (id) s->recovery_failover_id = *id;
     // A killed engine's exit event schedules the restart; one already
     // reaped is restarted now.
-    if (s->pid == 0) ScheduleRestart(*s, -1);
+    if (s->pid == 0) engines_.ScheduleRestart(*s, -1);
   };
   h.postpone_probe = [this](const std::string& name) {
-    if (Slot* s = SlotByName(name); s && s->monitor) s->monitor->Postpone(cfg_.probe.interval_ms);
+    if (Slot* s = engines_.ByName(name); s && s->monitor) s->monitor->Postpone(cfg_.probe.interval_ms);
   };
   h.probe = [this](std::function<void(bool, int64_t)> done) { ProbeThroughFront(std::move(done), 200); };
   h.send = [](const Failover::Waiters& waiters, const json& reply) {
@@ -174,15 +233,12 @@ void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done
 }
 
 void Supervisor::Impl::MaybePromote() {
-  if (stopping_ || adopting_ || swapping_ || Active()) return;
+  if (stopping_ || adopting_ || swapping_ || engines_.Active()) return;
   // Failovers and drills promote themselves; here: the first proven engine
   // at start, or the re-armed one after a failover that had no standby.
-  for (Slot* s : {&a_, &b_}) {
+  for (Slot* s : engines_.slots()) {
     if (s->state != SlotState::kStandby) continue;
-    swapping_ = true;
-    bool promoted = Promote(*s, "no active engine", nullptr);
-    swapping_ = false;
-    if (!promoted) continue;
+    if (!PromoteInSwap(*s, "no active engine", nullptr)) continue;
     PushRoutes();
     // A failover that had no engine to take over has one now.
     failover_.OnPromoted(s->name);

@@ -48,7 +48,7 @@ void Supervisor::Impl::Reload(const std::shared_ptr<JsonConn>& c, const std::str
   }
   // What the live slots run, not only what the running config says.
   std::vector<SlotVersion> running;
-  for (Slot* s : {&a_, &b_}) {
+  for (Slot* s : engines_.slots()) {
     if (s->pid > 0 && s->runs) running.push_back({s->name, *s->runs});
   }
   ReloadPlan plan = PlanReload(cfg_, *next, running);
@@ -78,8 +78,8 @@ void Supervisor::Impl::Reload(const std::shared_ptr<JsonConn>& c, const std::str
     reply({{"ok", true}, {"outcome", "unchanged"}, {"changes", changes}});
     return;
   }
-  Slot* act = Active();
-  Slot* stby = act ? Other(act) : nullptr;
+  Slot* act = engines_.Active();
+  Slot* stby = act ? engines_.Other(act) : nullptr;
   if (plan.roll()) {
     // All or nothing: a roll that cannot begin leaves every setting as it was.
     std::string refusal = !act                                   ? "no active engine serves"
@@ -124,19 +124,9 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
   cfg_.engine = engine;
   cfg_.where = next.where;
   if (!std::getenv("WSUP_LOG_LEVEL")) spdlog::set_level(spdlog::level::from_str(cfg_.supervisor.log_level));
-  for (Slot* s : {&a_, &b_}) s->throttle.set_policy(EngineRestartPolicy(cfg_));
+  engines_.Reconfigured(probe_changed);
   holders_.SetRestartPolicy(HolderRestartPolicy(cfg_));
   front_.SetRestartPolicy(FrontRestartPolicy(cfg_));
-  if (probe_changed) {
-    // Probes of the new shape from now on; a monitor starts over, the
-    // engine's role does not change.
-    for (Slot* s : {&a_, &b_}) {
-      if (s->monitor && IsLive(s->state) && s->state != SlotState::kStarting) {
-        s->monitor->Stop();
-        StartProbing(*s);
-      }
-    }
-  }
   front_.PushLimits();
   for (const auto& ch : plan.changes) {
     if (ch.effect == ReloadEffect::kAtOnce) spdlog::info("reload: {} = {} (was {}), at once", ch.key, ch.after, ch.before);
@@ -146,28 +136,28 @@ void Supervisor::Impl::ApplyAtOnce(const Config& next, const ReloadPlan& plan) {
 Rollout::Hooks Supervisor::Impl::RolloutHooks() {
   Rollout::Hooks h;
   h.slot = [this](const std::string& name) -> std::optional<Rollout::SlotView> {
-    Slot* s = SlotByName(name);
+    Slot* s = engines_.ByName(name);
     if (!s) return std::nullopt;
     return Rollout::SlotView{s->state, s->pid > 0, s->restart_timer->active(), s->runs};
   };
   h.set_version = [this](const std::string& name, const std::optional<EngineVersion>& v) {
-    if (Slot* s = SlotByName(name)) s->version = v;
+    if (Slot* s = engines_.ByName(name)) s->version = v;
   };
   h.spawn = [this](const std::string& name, const std::string& cause) {
-    if (Slot* s = SlotByName(name)) RollSpawn(*s, cause);
+    if (Slot* s = engines_.ByName(name)) RollSpawn(*s, cause);
   };
   h.stop = [this](const std::string& name, const std::string& why) {
-    if (Slot* s = SlotByName(name)) Fire(*s, SlotEvent::kStop, why);
+    if (Slot* s = engines_.ByName(name)) engines_.Fire(*s, SlotEvent::kStop, why);
   };
   h.restart = [this](const std::string& name) {
-    if (Slot* s = SlotByName(name)) ScheduleRestart(*s, -1);
+    if (Slot* s = engines_.ByName(name)) engines_.ScheduleRestart(*s, -1);
   };
   h.swap_refusal = [this](const std::string& from, const std::string& to) {
-    return SwapRefusal(SlotByName(from), SlotByName(to));
+    return SwapRefusal(engines_.ByName(from), engines_.ByName(to));
   };
   h.swap = [this](const std::string& from, const std::string& to, const std::string& why) {
-    Slot* f = SlotByName(from);
-    Slot* t = SlotByName(to);
+    Slot* f = engines_.ByName(from);
+    Slot* t = engines_.ByName(to);
     return f && t && PlannedSwap(*f, *t, why, nullptr);
   };
   h.failover_pending = [this] { return failover_.InProgress(); };
@@ -207,12 +197,12 @@ void Supervisor::Impl::RollSpawn(Slot& s, const std::string& cause) {
   s.recovery_failover_id.reset();
   // Off the exit's own handling (this may run inside it), and not before
   // the engines may start at all: a restarted supervisor waits for its
-  // holders, and StartEngines() starts an idle slot then.
+  // holders, and engines_.Start() starts an idle slot then.
   std::string name = s.name;
   After(0, [this, name] {
-    Slot* sp = SlotByName(name);
-    if (sp && !stopping_ && engines_started_ && (sp->state == SlotState::kStopped || sp->state == SlotState::kIdle)) {
-      SpawnEngine(*sp);
+    Slot* sp = engines_.ByName(name);
+    if (sp && !stopping_ && engines_.started() && (sp->state == SlotState::kStopped || sp->state == SlotState::kIdle)) {
+      engines_.Spawn(*sp);
     }
   });
 }

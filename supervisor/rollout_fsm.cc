@@ -66,7 +66,7 @@ constexpr RollTransition kTable[] = {
 
     // Rolling back: the old slot first. It runs the old version; a failure
     // of it is its restart policy's, one of the new slot is re-armed with
-    // the old version at once (engines.cc, ScheduleRestart).
+    // the old version at once (engine_set.cc, EngineSet::ScheduleRestart).
     {S::kRestoringOld, E::kOldProven, S::kSwappingBack, A::kSwapBack},
     {S::kRestoringOld, E::kOldFailed, S::kRestoringOld, A::kNone},
     {S::kRestoringOld, E::kNewFailed, S::kRestoringOld, A::kNone},

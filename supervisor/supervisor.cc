@@ -35,18 +35,6 @@ std::string HostPortString(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-RestartPolicy EngineRestartPolicy(const Config& cfg) {
-  RestartPolicy p;
-  p.backoff_ms = cfg.supervisor.restart_backoff_ms;
-  p.backoff_max_ms = cfg.supervisor.restart_backoff_max_ms;
-  p.max_restarts = cfg.supervisor.max_restarts;
-  p.window_ms = cfg.supervisor.restart_window_ms;
-  p.give_up = true;
-  // An engine's "do not restart me" (any engine command may use it).
-  p.permanent_exit_codes = {kExitConfig};
-  return p;
-}
-
 RestartPolicy HolderRestartPolicy(const Config& cfg) {
   RestartPolicy p = EngineRestartPolicy(cfg);
   // The holder refuses a checkpoint it cannot serve (3), bad flags (2) and
@@ -83,9 +71,9 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       loop_box_(this),
       timers_(opts_.timers ? *opts_.timers : own_timers_),
       launcher_(opts_.launcher ? *opts_.launcher : RealLauncher()),
+      http_(std::make_unique<http::HttpClient>(&loop_)),
       watchdog_(timers_.Make()),
-      a_(timers_, "a", EngineRestartPolicy(cfg_)),
-      b_(timers_, "b", EngineRestartPolicy(cfg_)),
+      engines_(&loop_, launcher_, timers_, clock_, cfg_, *http_, metrics_, EngineHooks()),
       holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
       front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()),
       failover_(timers_, clock_, FailoverHooks()),
@@ -99,7 +87,7 @@ HolderSet::Hooks Supervisor::Impl::HolderHooks() {
   h.stopping = [this] { return stopping_; };
   h.fatal = [this](const std::string& why, int exit_code) { BeginStop(why, exit_code); };
   h.save_state = [this] { SaveState(); };
-  h.all_ready = [this] { StartEngines(); };
+  h.all_ready = [this] { engines_.Start(); };
   h.restarted = [this](const HolderRestartRecord& rec) {
     LedgerResult(ledger_->RecordHolderRestart(rec), "holder restart");
     metrics_.holder_restarts++;
@@ -128,11 +116,7 @@ Supervisor::Impl::~Impl() {
   // Stop watching processes (they keep running: stop or crash, that is the
   // contract) and release every handle owner while the loop can still run
   // their close callbacks.
-  for (Slot* s : {&a_, &b_}) {
-    s->CloseWatches();
-    s->monitor.reset();
-    s->status_timer->Stop();
-  }
+  engines_.Close();
   kv_.Close();
   holders_.Detach();
   front_.Detach("supervisor exiting");
@@ -148,26 +132,6 @@ Supervisor::Impl::~Impl() {
   http_.reset();
   uv_run(&loop_, UV_RUN_NOWAIT);
   if (ledger_) ledger_->Close();
-}
-
-Supervisor::Impl::Slot* Supervisor::Impl::SlotByName(const std::string& name) {
-  if (name == "a") return &a_;
-  if (name == "b") return &b_;
-  return nullptr;
-}
-
-Supervisor::Impl::Slot* Supervisor::Impl::Active() {
-  if (a_.state == SlotState::kActive) return &a_;
-  if (b_.state == SlotState::kActive) return &b_;
-  return nullptr;
-}
-
-Supervisor::Impl::Slot* Supervisor::Impl::Standby() {
-  Slot* act = Active();
-  for (Slot* s : {&a_, &b_}) {
-    if (s != act && s->state == SlotState::kStandby) return s;
-  }
-  return nullptr;
 }
 
 Status Supervisor::Impl::PrepareDirs() {
@@ -244,7 +208,6 @@ Status Supervisor::Impl::Start() {
   auto ledger = Ledger::Open(Ledger::PathIn(cfg_.node.state_dir));
   if (!ledger.ok()) return ledger.error();
   ledger_ = std::move(*ledger);
-  http_ = std::make_unique<http::HttpClient>(&loop_);
 
   control_ = std::make_unique<JsonServer>(
       &loop_, cfg_.supervisor.control_socket,
@@ -325,9 +288,9 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
   spdlog::info("stopping: {}", why);
   notifier_.Stopping();
   rollout_.Abort("the node is stopping: " + why);
-  for (Slot* s : {&a_, &b_}) {
+  for (Slot* s : engines_.slots()) {
     s->restart_timer->Stop();
-    Fire(*s, SlotEvent::kStop, why);
+    engines_.Fire(*s, SlotEvent::kStop, why);
   }
   front_.Stop(why);
   holders_.Stop(why);
@@ -336,7 +299,7 @@ void Supervisor::Impl::BeginStop(const std::string& why, int exit_code) {
 
 void Supervisor::Impl::MaybeFinishStop() {
   if (!stopping_) return;
-  if (a_.pid > 0 || b_.pid > 0 || front_.has_process() || holders_.AnyProcess()) return;
+  if (engines_.AnyProcess() || front_.has_process() || holders_.AnyProcess()) return;
   // A clean stop leaves nothing to adopt.
   std::string state_path = RuntimeState::PathIn(cfg_.node.runtime_dir);
   if (::unlink(state_path.c_str()) != 0 && errno != ENOENT) {
@@ -356,10 +319,7 @@ void Supervisor::Impl::MaybeFinishStop() {
     front_.CloseLink("stopping");
     watchdog_->Stop();
     CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});
-    for (Slot* s : {&a_, &b_}) {
-      s->monitor.reset();
-      s->status_timer->Stop();
-    }
+    engines_.StopProbing();
     kv_.Close();
     holders_.ReleaseKept();  // the holders have stopped
     finished_ = true;

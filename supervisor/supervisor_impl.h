@@ -11,15 +11,19 @@
 //   holder_set.cc  HolderSet (holder_set.h), the weight holders' one owner:
 //                  spawn, readiness, keeper attach, kept layouts and KV
 //                  pool, restarts; the rest reaches them through its methods
-//   engines.cc     the engine slots: spawn, identity, status, probes, the
-//                  table's actions, restarts
+//   engine_set.cc, engine_start.cc  EngineSet (engine_set.h), the engine
+//                  slots' one owner: spawn, identity, status, probes, the
+//                  table's moves and actions, exits, restarts, promotion,
+//                  adoption; it reaches the rest through its hooks
 //   failover.cc    Failover (failover.h), the failovers' one owner: the
 //                  swap, its ledger row and later times, the proof by the
 //                  first correct answer through the front, its budget, the
 //                  `wsup failover` callers; it reaches the rest through its
 //                  hooks
-//   promotion.cc   promotion (the standby checked first), Failover's hooks,
-//                  the probe through the front, answers once rows are on disk
+//   promotion.cc   the hooks of EngineSet, Failover and KvPoolRoles, what
+//                  follows an engine's move (SubscribeToEngines), promotion
+//                  when no engine is active, the probe through the front,
+//                  answers once rows are on disk
 //   kv_pool_roles.cc  KvPoolRoles (kv_pool_roles.h), the KV pool's one
 //                  owner: which engine maps it (kv_handover.h), the role
 //                  requests, what engines say of their KV; it reaches the
@@ -35,11 +39,11 @@
 //   node_state.cc  state.json, the status line, ledger writes
 //
 // Every state change of an engine, a holder, the front or a rollout goes
-// through its table (engine_fsm.h, child_fsm.h, rollout_fsm.h): Fire()
-// (engines), and HolderSet's, FrontLink's and Rollout's own Fire(), look
-// the row up, log it with its cause, and carry out its action. An engine's
-// move is published once (engine_events.h) to the subscribers of
-// SubscribeToEngines() (engines.cc), the table's action and the Rollout
+// through its table (engine_fsm.h, child_fsm.h, rollout_fsm.h, kv_handover.h):
+// the Fire() of EngineSet, HolderSet, FrontLink, Rollout and KvPoolRoles
+// looks the row up, logs it with its cause, and carries out its action. An
+// engine's move is published once (engine_events.h) to the subscribers of
+// SubscribeToEngines() (promotion.cc), the table's action and the Rollout
 // among them, in the order their effects must happen.
 //
 // Threads: the loop thread only (HolderSet runs its keeper exchanges on
@@ -74,6 +78,7 @@
 #include "supervisor/failover.h"
 #include "supervisor/front_link.h"
 #include "supervisor/holder_set.h"
+#include "supervisor/engine_set.h"
 #include "supervisor/engine_slot.h"
 #include "supervisor/kv_pool_roles.h"
 #include "supervisor/reload_plan.h"
@@ -92,10 +97,6 @@
 
 namespace wsup {
 
-// Restart policies, one per kind of child, from the one [supervisor] section.
-// (The holders' is holder_set.h's, the front's front_link.h's.)
-RestartPolicy EngineRestartPolicy(const Config& cfg);
-
 class Supervisor::Impl {
  public:
   Impl(Config config, SupervisorOptions options);
@@ -112,11 +113,6 @@ class Supervisor::Impl {
   // An engine slot ("a" or "b"), engine_slot.h.
   using Slot = EngineSlot;
 
-  Slot* SlotByName(const std::string& name);
-  Slot* Other(Slot* s) { return s == &a_ ? &b_ : &a_; }
-  Slot* Active();
-  Slot* Standby();
-
   // supervisor.cc
   // CheckConfigPaths, as one InvalidArgument (exit 78).
   Status CheckPaths();
@@ -128,11 +124,10 @@ class Supervisor::Impl {
   // adoption.cc
   Status AdoptOrStart(std::optional<RuntimeState> prev);
   void AdoptFront(const RuntimeState::Front& pf, int64_t epoch);
+  // The engine recorded before the restart (engines_.Adopt); an adopted
+  // active engine keeps the traffic. False when its process is gone.
   bool AdoptEngine(const RuntimeState::Engine& pe);
   void ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead);
-  // The recorded process still runs as recorded (pid and start time), as
-  // the launcher sees it.
-  bool StillRuns(const ProcessRef& p);
 
   // front_events.cc (the front itself: front_link.h)
   // The hooks through which front_ tells and asks this node.
@@ -149,35 +144,16 @@ class Supervisor::Impl {
   // supervisor.cc: the hooks through which holders_ tells this node.
   HolderSet::Hooks HolderHooks();
 
-  // engines.cc
-  void StartEngines();
-  void SpawnEngine(Slot& s);
-  void PollStatus(Slot& s);
-  bool CheckIdentity(Slot& s, const nlohmann::json* status);
-  void OnEngineStatus(Slot& s, const nlohmann::json& status, const EngineStatus& view);
-  void RecordCache(Slot& s, const EngineStatus::Weights& weights);
-  void StartProbing(Slot& s);
-  // Stops the node (exit 78) when both engines' wrong answers show that the
-  // model does not produce the probe's expected answer (expectation_check.h).
-  void CheckExpectation(Slot& s);
-  // Moves the slot by its table and publishes the move (engine_events_).
-  void Fire(Slot& s, SlotEvent event, const std::string& cause);
+  // promotion.cc: the hooks through which engines_ tells and asks this
+  // node (EngineSet, engine_set.h).
+  EngineSet::Hooks EngineHooks();
   // Subscribes, once and in order, what follows a slot's move: its
   // recovery row, the KV pool, the table's action, the rollout, a
   // promotion, the front's routes, state.json and the status line.
   void SubscribeToEngines();
-  void Apply(Slot& s, const SlotTransition& t, const std::string& cause);
-  void OnEngineExit(Slot& s, const ExitInfo& info);
-  void OnEngineDying(Slot& s, pid_t pid, const std::string& how);
-  // The promotion check of supervisor/promotion_check.h on this slot.
-  PromotionCheck CheckStandby(Slot& s);
-  // Checks the slot first (CheckStandby); an unfit one is failed and
-  // replaced. *unfit gets why it was not promoted, *note the caveat of a
-  // promotion on an old probe answer.
-  bool Promote(Slot& s, const std::string& cause, std::string* unfit, std::string* note = nullptr);
-  void ScheduleRestart(Slot& s, int exit_code);
-  // The slot is proven ready again: its recovery row, dated now.
-  void RecordRecovery(Slot& s);
+  // Promotes a slot as part of a swap (MaybePromote waits meanwhile); the
+  // caller pushes the routes once.
+  bool PromoteInSwap(Slot& s, const std::string& cause, std::string* unfit, std::string* note = nullptr);
   void MaybePromote();
   void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
   // The hooks through which failover_ reaches the engines, the front, the
@@ -189,15 +165,12 @@ class Supervisor::Impl {
   void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
                          int64_t since_mono, std::vector<uint64_t> rows = {}, std::string unrecorded = "");
 
-  // kv_pool_roles.cc: KvPoolRoles (kv_pool_roles.h), the KV pool's one
-  // owner; its hooks (engines.cc).
+  // The hooks through which kv_ (KvPoolRoles, kv_pool_roles.h) reaches the
+  // engines and the node (promotion.cc).
   KvPoolRoles::Hooks KvPoolHooks();
   // The ledger's `fences` row of an engine killed for what it did, not for
   // how it failed (node_state.cc).
   void RecordFence(Slot& s, const std::string& why);
-  // GET /wsup/status of a serving engine (engines.cc): its kv (judged by
-  // kv_), resume counts, communicator and memory.
-  void RefreshStatus(Slot& s);
 
   // reload.cc (reload_plan.h; the roll itself: rollout.h)
   // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
@@ -278,28 +251,24 @@ class Supervisor::Impl {
   uv_signal_t sigterm_{}, sigint_{}, sigpipe_{};
   bool signals_started_ = false;
 
-  Slot a_, b_;
-  // Every move of a slot's table, published by Fire() to the subscribers
-  // of SubscribeToEngines().
-  EngineEventList engine_events_;
+  // The engine slots and their lives (engine_set.h); every move of a
+  // slot's table is published on engines_.events() to the subscribers of
+  // SubscribeToEngines().
+  EngineSet engines_;
   HolderSet holders_;
   FrontLink front_;
-  bool engines_started_ = false;
   bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles
   bool swapping_ = false;   // a planned swap is moving roles: MaybePromote() waits
 
   // The failover in progress, its proof and its later times (failover.h).
   Failover failover_;
   // The rolling upgrade (rollout.h): its state and steps; told of the
-  // engines' moves as a subscriber of engine_events_.
+  // engines' moves as a subscriber of engines_.events().
   Rollout rollout_;
   uv_signal_t sighup_{};
   // The node's KV pool: who maps it (kv_pool_roles.h).
   KvPoolRoles kv_;
   bool ready_notified_ = false;
-  // An engine passed a probe, or was adopted, since this supervisor started:
-  // a wrong answer is then an engine's fault, never the config's.
-  bool ever_proven_ = false;
   bool degraded_ = false;
   std::string degraded_reason_;
   bool stopping_ = false;
