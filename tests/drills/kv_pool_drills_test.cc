@@ -13,6 +13,7 @@
 // tests/supervisor_core/kv_pool_logic_test.cc.
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <signal.h>
 #include <unistd.h>
@@ -233,7 +234,13 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
   std::string targets;
   for (int p : engines) targets += " " + std::to_string(p);
   targets += " " + std::to_string(front);
-  const std::string stop_file = node.dir().Join("attack.stop");
+  // The attacker learns that the streams ended from a file in a folder of
+  // its own that it can read: the node's folder is private to this uid, so
+  // another uid would never see a stop file there and would run all its
+  // rounds.
+  test::TempDir signals;
+  REQUIRE(::chmod(signals.path().c_str(), 0755) == 0);
+  const std::string stop_file = signals.Join("attack.stop");
   const std::string script =
       "n=0; while [ ! -e " + stop_file + " ] && [ $n -lt 400 ]; do n=$((n+1)); for p in" + targets +
       "; do "
@@ -283,6 +290,9 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
     refused += code == "401" || code == "403" || code == "404";
   }
   CHECK(attempts >= 12);
+  // It stopped when the streams ended (it saw the stop file), not after
+  // its last round.
+  CHECK(attempts < 400 * 12);
   CHECK(refused == attempts);
   // And from this uid, without the token, the same.
   for (int p : engines) {
