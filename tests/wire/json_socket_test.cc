@@ -1,5 +1,6 @@
 // The one JSON socket (wire/json_socket.h) from outside: a JsonServer on a
-// loop thread, real Unix-socket clients on the test thread.
+// loop thread, real Unix-socket clients on the test thread, among them the
+// blocking ones: JsonCall and Channel's connect.
 #include "wire/json_socket.h"
 
 #include <sys/socket.h>
@@ -23,6 +24,7 @@
 #include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/json_frame.h"
+#include "wire/protocol.h"
 
 using nlohmann::json;
 using namespace std::chrono_literals;
@@ -359,6 +361,54 @@ TEST_CASE("json socket: a client that reads nothing is dropped at max_queued_byt
   auto m = ReadMessage(other.get(), od);
   REQUIRE(m);
   CHECK((*m)["echo"] == 9);
+}
+
+// A socket file that nobody accepts on (connect says ECONNREFUSED): what a
+// process leaves behind when it exits without removing its socket.
+void LeaveDeadSocket(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
+  REQUIRE(fd.valid());
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+}
+
+TEST_CASE("channel: connecting where nothing listens names the socket's peer, not the holder", "[wire]") {
+  test::TempDir dir;
+  // The supervisor's control socket, never made (ENOENT).
+  const std::string sup = dir.Join("wsup.sock");
+  auto none = Channel::Connect(sup, 2000, {"the supervisor", "start the node: wsup start CONFIG"});
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().code() == Code::kUnavailable);
+  CHECK_THAT(none.error().message(),
+             Catch::StartsWith(sup + ": the supervisor is not listening there (") &&
+                 Catch::EndsWith("); start the node: wsup start CONFIG, or check the path"));
+  CHECK_THAT(none.error().message(), !Catch::Contains("holder"));
+
+  // The front's control socket, left by a front that exited (ECONNREFUSED).
+  const std::string front = dir.Join("front.sock");
+  LeaveDeadSocket(front);
+  const SocketPeer front_peer{"the front", "the supervisor starts it: check the supervisor's log"};
+  auto dead = Channel::Connect(front, 2000, front_peer);
+  REQUIRE_FALSE(dead.ok());
+  CHECK(dead.error().code() == Code::kUnavailable);
+  CHECK_THAT(dead.error().message(),
+             Catch::StartsWith(front + ": the front is not listening there (") &&
+                 Catch::Contains("; the supervisor starts it: check the supervisor's log") &&
+                 !Catch::Contains("holder"));
+
+  auto unnamed = Channel::Connect("", 2000, front_peer);
+  REQUIRE_FALSE(unnamed.ok());
+  CHECK(unnamed.error().code() == Code::kInvalidArgument);
+  CHECK(unnamed.error().message() == "no socket path given for the front; pass the path it listens on");
+
+  // Told nothing, the peer is the holder, as for every holder client.
+  auto holder = Channel::Connect(sup, 2000);
+  REQUIRE_FALSE(holder.ok());
+  CHECK_THAT(holder.error().message(),
+             Catch::StartsWith(sup + ": the holder is not listening there (") &&
+                 Catch::EndsWith("); start wsup-holder with this --socket, or check the path"));
 }
 
 }  // namespace
