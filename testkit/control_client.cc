@@ -2,11 +2,8 @@
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 
 namespace wsup::test {
 
@@ -20,32 +17,15 @@ int MsLeft(Steady::time_point deadline) {
   return left < 0 ? 0 : static_cast<int>(left);
 }
 
-Result<UniqueFd> ConnectUnix(const std::string& path) {
-  sockaddr_un a{};
-  if (path.size() >= sizeof(a.sun_path)) {
-    return InvalidArgument(path + ": socket path too long (" + std::to_string(path.size()) + " bytes, at most " +
-                           std::to_string(sizeof(a.sun_path) - 1) + "); use a shorter directory");
-  }
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return IoError(std::string("socket: ") + std::strerror(errno));
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    return Unavailable(path + ": cannot connect: " + std::strerror(errno) + "; is the process running?");
-  }
-  return fd;
-}
+// The bound of a connect and of each send: the peer is a local process,
+// so this is only reached when it is hung.
+constexpr std::chrono::milliseconds kSendLimit = std::chrono::seconds(5);
 
-Status SendAll(int fd, std::string_view bytes, const std::string& path) {
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return IoError(path + ": send: " + std::strerror(errno));
-    off += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
+int LimitMs(std::chrono::milliseconds limit) { return static_cast<int>(limit.count()); }
+
+// Who answers on a control socket, for the errors: the client is not told
+// which of the two it is.
+SocketPeer ControlPeer() { return {"the supervisor or the front", "start it with this control socket"}; }
 
 bool IsEvent(const json& m) { return m.is_object() && m.value("type", "") == "event"; }
 
@@ -54,38 +34,38 @@ bool IsEvent(const json& m) { return m.is_object() && m.value("type", "") == "ev
 Status ControlClient::Connect(const std::string& path) {
   Close();
   path_ = path;
-  auto fd = ConnectUnix(path);
-  if (!fd.ok()) return fd.status();
-  fd_ = std::move(*fd);
+  auto ch = Channel::Connect(path, LimitMs(kSendLimit), ControlPeer());
+  if (!ch.ok()) return ch.error();
+  channel_ = std::move(*ch);
   return Status::Ok();
 }
 
 void ControlClient::Close() {
-  fd_.Reset();
+  channel_.Close();
   decoder_ = FrameDecoder();
   eof_ = false;
 }
 
 Status ControlClient::SendRaw(std::string_view bytes) {
-  if (!fd_.valid()) return Unavailable(path_ + ": not connected; call Connect() first");
-  return SendAll(fd_.get(), bytes, path_);
+  if (!connected()) return Unavailable(path_ + ": not connected; call Connect() first");
+  return channel_.SendBytes(std::string(bytes), LimitMs(kSendLimit));
 }
 
 Status ControlClient::Send(const json& msg) {
-  auto frame = EncodeFrame(msg);
-  if (!frame.ok()) return frame.status();
-  return SendRaw(*frame);
+  if (!connected()) return Unavailable(path_ + ": not connected; call Connect() first");
+  // Without fds or a binary part, the channel sends EncodeFrame(msg) as it is.
+  return channel_.Send(msg, {}, LimitMs(kSendLimit));
 }
 
 Status ControlClient::Fill(Steady::time_point deadline) {
   if (eof_) return IoError(path_ + ": the peer closed the connection");
   for (;;) {
-    pollfd p{fd_.get(), POLLIN, 0};
+    pollfd p{channel_.fd(), POLLIN, 0};
     int ready = ::poll(&p, 1, MsLeft(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready != 1) return Timeout(path_ + ": nothing arrived in time");
     char tmp[65536];
-    ssize_t n = ::recv(fd_.get(), tmp, sizeof(tmp), 0);
+    ssize_t n = ::recv(channel_.fd(), tmp, sizeof(tmp), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       eof_ = true;
@@ -96,7 +76,7 @@ Status ControlClient::Fill(Steady::time_point deadline) {
 }
 
 Result<json> ControlClient::Next(Steady::time_point deadline) {
-  if (!fd_.valid()) return Unavailable(path_ + ": not connected; call Connect() first");
+  if (!connected()) return Unavailable(path_ + ": not connected; call Connect() first");
   for (;;) {
     auto m = decoder_.Next();
     if (!m.ok()) return m.error();
@@ -116,7 +96,7 @@ Result<json> ControlClient::Reply(std::chrono::milliseconds limit) {
 }
 
 Result<json> ControlClient::Call(const json& msg, std::chrono::milliseconds limit) {
-  if (!fd_.valid()) {
+  if (!connected()) {
     if (path_.empty()) return Unavailable("a control client with no socket path; call Connect() first");
     if (Status s = Connect(path_); !s.ok()) return s.error();
   }
@@ -144,7 +124,7 @@ Result<json> ControlClient::WaitEvent(const std::string& kind, const std::string
 }
 
 bool ControlClient::WaitClosed(std::chrono::milliseconds limit) {
-  if (!fd_.valid()) return true;
+  if (!connected()) return true;
   auto deadline = Steady::now() + limit;
   while (!eof_) {
     Status s = Fill(deadline);
@@ -162,18 +142,18 @@ std::vector<json> ControlClient::TakeEvents() {
 
 Result<std::string> HaproxyCommand(const std::string& socket, const std::string& command,
                                    std::chrono::milliseconds limit) {
-  auto fd = ConnectUnix(socket);
-  if (!fd.ok()) return fd.error();
-  if (Status s = SendAll(fd->get(), command + "\n", socket); !s.ok()) return s.error();
+  auto ch = Channel::Connect(socket, LimitMs(limit), {"HAProxy", "start it with this stats socket"});
+  if (!ch.ok()) return ch.error();
+  if (Status s = ch->SendBytes(command + "\n", LimitMs(limit)); !s.ok()) return s.error();
   auto deadline = Steady::now() + limit;
   std::string out;
   for (;;) {
-    pollfd p{fd->get(), POLLIN, 0};
+    pollfd p{ch->fd(), POLLIN, 0};
     int ready = ::poll(&p, 1, MsLeft(deadline));
     if (ready < 0 && errno == EINTR) continue;
     if (ready != 1) return Timeout(socket + ": '" + command + "' got no complete answer in time");
     char tmp[65536];
-    ssize_t n = ::recv(fd->get(), tmp, sizeof(tmp), 0);
+    ssize_t n = ::recv(ch->fd(), tmp, sizeof(tmp), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return out;  // HAProxy closes after one command
     out.append(tmp, static_cast<size_t>(n));

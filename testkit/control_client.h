@@ -6,7 +6,15 @@
 // moment the peer closes. It speaks the frames of wire/json_frame.h (the one
 // codec), so a reply is decoded exactly as the product decodes it.
 //
-// Every wait is bounded. A failed send or read closes the connection; the
+// Connecting and sending are wire's Channel (wire/protocol.h), whose errors
+// name the socket and the peer. Reading is not: Channel's reader also takes
+// the holder protocol's fds and binary parts and stops at a refused frame,
+// while a test of a hostile peer reads on to the peer's close; so replies
+// go through a FrameDecoder of the default dialect, read from the
+// channel's fd here.
+//
+// Every wait is bounded: connecting and each send by 5 s, replies and
+// events by their limit. A failed send or read closes the connection; the
 // next Call() connects again to the same path.
 //
 // One thread at a time.
@@ -20,8 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "common/unique_fd.h"
 #include "wire/json_frame.h"
+#include "wire/protocol.h"
 
 namespace wsup::test {
 
@@ -33,7 +41,7 @@ class ControlClient {
 
   Status Connect(const std::string& path);
   void Close();
-  bool connected() const { return fd_.valid(); }
+  bool connected() const { return channel_.connected(); }
 
   Status SendRaw(std::string_view bytes);
   Status Send(const nlohmann::json& msg);
@@ -59,7 +67,7 @@ class ControlClient {
   // Reads what the socket has within the deadline into decoder_.
   Status Fill(std::chrono::steady_clock::time_point deadline);
 
-  UniqueFd fd_;
+  Channel channel_;
   std::string path_;
   FrameDecoder decoder_;
   bool eof_ = false;

@@ -86,6 +86,12 @@ Result<OutgoingFrame> OutgoingFrame::Make(json msg, std::vector<UniqueFd> fds, u
   return f;
 }
 
+OutgoingFrame OutgoingFrame::Bytes(std::string bytes) {
+  OutgoingFrame f;
+  f.bytes_ = std::move(bytes);
+  return f;
+}
+
 Result<bool> OutgoingFrame::SendSome(int sock) {
   while (!done()) {
     size_t fds_left = fds_.size() - fds_sent_;
@@ -122,7 +128,7 @@ Result<bool> OutgoingFrame::SendSome(int sock) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
-      return ErrnoError("sending a holder protocol message", errno);
+      return ErrnoError("sending a message", errno);
     }
     if (n == 0) return false;
     for (size_t i = 0; i < batch; ++i) fds_[fds_sent_ + i].Reset();
@@ -210,9 +216,9 @@ Result<std::optional<Frame>> FrameReader::Next() {
 
 size_t MaxSocketPathLength() { return sizeof(sockaddr_un::sun_path) - 1; }
 
-Result<Channel> Channel::Connect(const std::string& socket_path, int timeout_ms) {
+Result<Channel> Channel::Connect(const std::string& socket_path, int timeout_ms, SocketPeer peer) {
   if (socket_path.empty()) {
-    return InvalidArgument("no holder socket given; pass the holder's --socket path");
+    return InvalidArgument("no socket path given for " + peer.name + "; pass the path it listens on");
   }
   if (socket_path.size() > MaxSocketPathLength()) {
     return InvalidArgument(socket_path + ": socket path is " + std::to_string(socket_path.size()) +
@@ -236,33 +242,46 @@ Result<Channel> Channel::Connect(const std::string& socket_path, int timeout_ms)
   if (rc != 0) {
     int e = errno;
     if (e == ENOENT || e == ECONNREFUSED || e == ENOTDIR) {
-      return Unavailable(socket_path + ": no holder is listening there (" + std::strerror(e) +
-                         "); start wsup-holder with this --socket, or check the path");
+      return Unavailable(socket_path + ": " + peer.name + " is not listening there (" + std::strerror(e) +
+                         "); " + peer.start + ", or check the path");
     }
     if (e == EACCES || e == EPERM) {
-      return Refused(socket_path + ": permission denied; the holder socket is private to the user that "
-                     "runs the holder: connect as that user");
+      return Refused(socket_path + ": permission denied; the socket is private to the user that runs " +
+                     peer.name + ": connect as that user");
     }
     if (e == EAGAIN || e == EWOULDBLOCK || e == EINPROGRESS) {
-      return Timeout(socket_path + ": the holder did not accept the connection within " +
+      return Timeout(socket_path + ": " + peer.name + " did not accept the connection within " +
                      std::to_string(timeout_ms) + " ms; it is overloaded or hung: check its log");
     }
-    return ErrnoError(socket_path + ": cannot connect", e);
+    return ErrnoError(socket_path + ": cannot connect to " + peer.name, e);
   }
   Channel ch;
   ch.fd_ = std::move(fd);
   ch.path_ = socket_path;
+  ch.peer_ = std::move(peer.name);
   return ch;
 }
 
 Status Channel::Send(const json& msg, std::vector<UniqueFd> fds, int timeout_ms,
                      std::shared_ptr<const std::string> blob) {
   if (!fd_.valid()) return Internal(path_ + ": send on a closed channel");
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   WSUP_ASSIGN_OR_RETURN(auto frame, OutgoingFrame::Make(msg, std::move(fds), kMaxMessageBytes, std::move(blob)));
+  return SendFrame(std::move(frame), timeout_ms);
+}
+
+Status Channel::SendBytes(std::string bytes, int timeout_ms) {
+  if (!fd_.valid()) return Internal(path_ + ": send on a closed channel");
+  return SendFrame(OutgoingFrame::Bytes(std::move(bytes)), timeout_ms);
+}
+
+Status Channel::SendFrame(OutgoingFrame frame, int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
     auto sent = frame.SendSome(fd_.get());
-    if (!sent.ok()) return sent.error().With(path_);
+    if (!sent.ok()) {
+      return Error(sent.error().code(), path_ + ": cannot send to " + peer_ + " (" + sent.error().message() +
+                                            "); it may have exited or closed this connection: check its log");
+    }
     if (*sent) return Status::Ok();
     pollfd p{fd_.get(), POLLOUT, 0};
     int left = MsLeft(deadline);

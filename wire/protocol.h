@@ -123,6 +123,10 @@ class OutgoingFrame {
   static Result<OutgoingFrame> Make(nlohmann::json msg, std::vector<UniqueFd> fds,
                                     uint32_t max_bytes = kMaxMessageBytes,
                                     std::shared_ptr<const std::string> blob = nullptr);
+  // Bytes sent as they are, framed by the caller: a frame encoded
+  // elsewhere, a line of another protocol, or, in tests of hostile peers,
+  // bytes that are no frame at all.
+  static OutgoingFrame Bytes(std::string bytes);
 
   // Sends as much as the socket takes now: true when everything went,
   // false when the socket would block. The fds are closed here once sent.
@@ -164,21 +168,37 @@ class FrameReader {
   bool accept_fds_;
 };
 
+// Who listens on a socket, in the words of a channel's errors: its name
+// ("the holder", "the supervisor") and what gets it listening there ("start
+// wsup-holder with this --socket"), said when nothing does.
+struct SocketPeer {
+  std::string name;
+  std::string start;
+};
+inline SocketPeer HolderPeer() { return {"the holder", "start wsup-holder with this --socket"}; }
+
 // The client's side of a connection: blocking calls, each with a deadline.
 class Channel {
  public:
   Channel() = default;
-  // Connects to the holder's socket. Errors say whether nothing listens
-  // there (kUnavailable) or the socket is not ours to use (kRefused).
-  static Result<Channel> Connect(const std::string& socket_path, int timeout_ms);
+  // Connects to the socket that `peer` listens on: the holder's unless told
+  // (the supervisor's and the front's control sockets are reached so too).
+  // Errors name the path and the peer, and say whether nothing listens there
+  // (kUnavailable, with peer.start), the socket is not ours to use
+  // (kRefused) or the peer did not accept in time (kTimeout). The errors of
+  // Send() and Receive() name the same peer.
+  static Result<Channel> Connect(const std::string& socket_path, int timeout_ms,
+                                 SocketPeer peer = HolderPeer());
 
-  // Who answers on the socket, for the errors of Send() and Receive() ("the
-  // holder" unless told: JsonCall names the supervisor or the front).
+  // Renames who answers on the socket, for the errors from here on.
   void set_peer(std::string peer) { peer_ = std::move(peer); }
 
   // `blob`, when given, is the message's binary part (a commit's tensor table).
   Status Send(const nlohmann::json& msg, std::vector<UniqueFd> fds, int timeout_ms,
               std::shared_ptr<const std::string> blob = nullptr);
+  // Sends bytes as they are (OutgoingFrame::Bytes), within the same bound:
+  // for a peer of another line protocol, or a test of a hostile peer.
+  Status SendBytes(std::string bytes, int timeout_ms);
   Result<Frame> Receive(int timeout_ms);
   // Sends a request and waits for its reply. A holder that hung up before
   // taking the request (it turned the connection away) may have said why
@@ -191,6 +211,8 @@ class Channel {
   void Close() { fd_.Reset(); }
 
  private:
+  Status SendFrame(OutgoingFrame frame, int timeout_ms);
+
   UniqueFd fd_;
   std::string path_;
   std::string peer_ = "the holder";

@@ -537,7 +537,7 @@ TEST_CASE("wsup cache info and verify: JSON fields, and exit 1 when a resident t
   // No holder there: exit 2 with the socket named.
   auto none = test::Run({test::BinPath("wsup"), "cache", "info", "--socket", dir.Join("nothing.sock")});
   CHECK(none.exit_code == 2);
-  CHECK_THAT(none.output, Catch::Contains("nothing.sock") && Catch::Contains("no holder is listening"));
+  CHECK_THAT(none.output, Catch::Contains("nothing.sock") && Catch::Contains("the holder is not listening"));
   auto none_json = test::Run({test::BinPath("wsup"), "cache", "verify", "--socket", dir.Join("nothing.sock"),
                               "--model", path, "--json"});
   CHECK(none_json.exit_code == 2);

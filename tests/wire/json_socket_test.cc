@@ -1,5 +1,6 @@
 // The one JSON socket (wire/json_socket.h) from outside: a JsonServer on a
-// loop thread, real Unix-socket clients on the test thread.
+// loop thread, real Unix-socket clients on the test thread, among them the
+// blocking ones: JsonCall, Channel's connect and the tests' ControlClient.
 #include "wire/json_socket.h"
 
 #include <sys/socket.h>
@@ -20,9 +21,11 @@
 #include <optional>
 
 #include "common/unique_fd.h"
+#include "testkit/control_client.h"
 #include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/json_frame.h"
+#include "wire/protocol.h"
 
 using nlohmann::json;
 using namespace std::chrono_literals;
@@ -359,6 +362,121 @@ TEST_CASE("json socket: a client that reads nothing is dropped at max_queued_byt
   auto m = ReadMessage(other.get(), od);
   REQUIRE(m);
   CHECK((*m)["echo"] == 9);
+}
+
+// A socket file that nobody accepts on (connect says ECONNREFUSED): what a
+// process leaves behind when it exits without removing its socket.
+void LeaveDeadSocket(const std::string& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM, 0));
+  REQUIRE(fd.valid());
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  REQUIRE(::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+}
+
+TEST_CASE("channel: connecting where nothing listens names the socket's peer, not the holder", "[wire]") {
+  test::TempDir dir;
+  // The supervisor's control socket, never made (ENOENT).
+  const std::string sup = dir.Join("wsup.sock");
+  auto none = Channel::Connect(sup, 2000, {"the supervisor", "start the node: wsup start CONFIG"});
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().code() == Code::kUnavailable);
+  CHECK_THAT(none.error().message(),
+             Catch::StartsWith(sup + ": the supervisor is not listening there (") &&
+                 Catch::EndsWith("); start the node: wsup start CONFIG, or check the path"));
+  CHECK_THAT(none.error().message(), !Catch::Contains("holder"));
+
+  // The front's control socket, left by a front that exited (ECONNREFUSED).
+  const std::string front = dir.Join("front.sock");
+  LeaveDeadSocket(front);
+  const SocketPeer front_peer{"the front", "the supervisor starts it: check the supervisor's log"};
+  auto dead = Channel::Connect(front, 2000, front_peer);
+  REQUIRE_FALSE(dead.ok());
+  CHECK(dead.error().code() == Code::kUnavailable);
+  CHECK_THAT(dead.error().message(),
+             Catch::StartsWith(front + ": the front is not listening there (") &&
+                 Catch::Contains("; the supervisor starts it: check the supervisor's log") &&
+                 !Catch::Contains("holder"));
+
+  auto unnamed = Channel::Connect("", 2000, front_peer);
+  REQUIRE_FALSE(unnamed.ok());
+  CHECK(unnamed.error().code() == Code::kInvalidArgument);
+  CHECK(unnamed.error().message() == "no socket path given for the front; pass the path it listens on");
+
+  // Told nothing, the peer is the holder, as for every holder client.
+  auto holder = Channel::Connect(sup, 2000);
+  REQUIRE_FALSE(holder.ok());
+  CHECK_THAT(holder.error().message(),
+             Catch::StartsWith(sup + ": the holder is not listening there (") &&
+                 Catch::EndsWith("); start wsup-holder with this --socket, or check the path"));
+
+  // The tests' control client names both the socket and who should be there.
+  test::ControlClient ctl;
+  Status s = ctl.Connect(front);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == Code::kUnavailable);
+  CHECK_THAT(s.error().message(),
+             Catch::StartsWith(front + ": the supervisor or the front is not listening there (") &&
+                 !Catch::Contains("holder"));
+  CHECK_FALSE(ctl.connected());
+}
+
+TEST_CASE("control client: replies, events kept apart, raw bytes, the peer's close and a new connection",
+          "[wire]") {
+  test::TempDir dir;
+  std::string path = dir.Join("s.sock");
+  LoopThread lt;
+  auto s = std::make_unique<EchoServer>(lt, path, Answering());
+  REQUIRE(s->listened.ok());
+
+  test::ControlClient c;
+  REQUIRE(c.Connect(path));
+  auto r = c.Call(json{{"n", 7}});
+  REQUIRE(r.ok());
+  CHECK((*r)["echo"] == 7);
+  // Events before the reply are kept, not taken for it.
+  r = c.Call(json{{"type", "eventful"}, {"n", 8}});
+  REQUIRE(r.ok());
+  CHECK((*r)["echo"] == 8);
+  REQUIRE(c.events().size() == 2);
+  auto first_ok = c.WaitEvent("first_ok", "", "", 100ms);
+  REQUIRE(first_ok.ok());
+  CHECK((*first_ok)["kind"] == "first_ok");
+  CHECK(c.TakeEvents().size() == 2);
+  CHECK(c.events().empty());
+
+  // Raw bytes go as they are: a frame made by hand is answered like Send's.
+  std::string body = json{{"n", 9}}.dump();
+  REQUIRE(c.SendRaw(Le32(static_cast<uint32_t>(body.size())) + body));
+  r = c.Reply();
+  REQUIRE(r.ok());
+  CHECK((*r)["echo"] == 9);
+  // A hostile prefix: answered, then the connection is closed.
+  REQUIRE(c.SendRaw(Le32(1u << 30)));
+  r = c.Reply();
+  REQUIRE(r.ok());
+  CHECK((*r)["type"] == "error");
+  CHECK(c.WaitClosed());
+  // Nothing more comes, and the wait for it is bounded.
+  auto after = c.Reply(100ms);
+  REQUIRE_FALSE(after.ok());
+  CHECK_THAT(after.error().message(), Catch::Contains("the peer closed the connection"));
+  // A call on the closed connection fails and closes it; the next connects again.
+  CHECK_FALSE(c.Call(json{{"n", 10}}).ok());
+  r = c.Call(json{{"n", 11}});
+  REQUIRE(r.ok());
+  CHECK((*r)["echo"] == 11);
+
+  // The server goes away: its connections close and its file is removed.
+  s.reset();
+  CHECK(c.WaitClosed());
+  CHECK_FALSE(c.Call(json{{"n", 12}}).ok());  // on the closed connection
+  auto gone = c.Call(json{{"n", 13}});        // and then connecting again
+  REQUIRE_FALSE(gone.ok());
+  CHECK(gone.error().code() == Code::kUnavailable);
+  CHECK_THAT(gone.error().message(),
+             Catch::StartsWith(path + ": the supervisor or the front is not listening"));
 }
 
 }  // namespace
