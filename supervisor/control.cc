@@ -1,6 +1,6 @@
-// The supervisor's surfaces: the control socket the `wsup` CLI talks to
-// (status, failover drills, stop) and the admin HTTP listener (/metrics,
-// /status).
+// What the node's control surfaces (control_surface.h) do: `wsup status`,
+// the failover drills and planned swaps, and what `wsup stop` and
+// /metrics gather.
 
 #include "common/log.h"
 #include "supervisor/messages.h"
@@ -51,35 +51,29 @@ json Supervisor::Impl::StatusJson() {
   if (!ls.loss_file_error.empty()) lj["lost_file_error"] = ls.loss_file_error;
   if (ls.reopens > 0) lj["reopened"] = ls.reopened;
   j["ledger_writes"] = lj;
-  j["admin"] = HostPortString(cfg_.admin.listen.host, admin_ ? admin_->port() : 0);
+  j["admin"] = HostPortString(cfg_.admin.listen.host, surface_.admin_port());
   return j;
 }
 
-void Supervisor::Impl::OnControl(const std::shared_ptr<JsonConn>& c, const json& msg) {
-  // Every field is read by the parser, typed and checked: a request that
-  // is not one gets an error reply naming the field, and changes nothing.
-  auto req = ParseControlRequest(msg);
-  if (!req.ok()) {
-    spdlog::warn("control: refused a request from pid {}: {}", c->peer_pid(), req.error().message());
-    metrics_.bad_messages["control"]++;
-    c->Send(json{{"type", "error"}, {"message", req.error().message()}});
-    return;
-  }
-  switch (req->kind) {
-    case ControlRequest::Kind::kStatus:
-      c->Send(StatusJson());
-      break;
-    case ControlRequest::Kind::kFailover:
-      Drill(c, req->kill);
-      break;
-    case ControlRequest::Kind::kReload:
-      Reload(c, "wsup reload", req->set);
-      break;
-    case ControlRequest::Kind::kStop:
-      stop_waiters_.push_back(c);
-      BeginStop("wsup stop", 0);
-      break;
-  }
+ControlSurface::Hooks Supervisor::Impl::ControlHooks() {
+  ControlSurface::Hooks h;
+  h.status = [this] { return StatusJson(); };
+  h.drill = [this](const std::shared_ptr<JsonConn>& c, bool kill) { Drill(c, kill); };
+  h.reload = [this](const std::shared_ptr<JsonConn>& c, const std::vector<std::string>& sets) {
+    Reload(c, "wsup reload", sets);
+  };
+  h.stop = [this](const std::shared_ptr<JsonConn>& c) {
+    stop_waiters_.push_back(c);
+    BeginStop("wsup stop", 0);
+  };
+  h.metrics = [this] {
+    Ledger::Stats ls = ledger_->stats();
+    metrics_.ledger_write_errors = ls.failed + ls.dropped + ls.refused;
+    metrics_.ledger_lost_rows = static_cast<uint64_t>(ls.losses.rows);
+    front_.Report(metrics_);
+    return metrics_.Render();
+  };
+  return h;
 }
 
 std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
@@ -173,37 +167,6 @@ void Supervisor::Impl::FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c
     if (!n.ok()) spdlog::warn("front's status: {}; the drain of {} ends", n.error().message(), addr);
     decide(n.ok() ? *n : 0);
   });
-}
-
-void Supervisor::Impl::OnAdmin(const std::shared_ptr<http::ResponseWriter>& w) {
-  const auto& req = w->request();
-  // Read-only: what is not a read is refused, not answered as one.
-  if (req.method != "GET" && req.method != "HEAD") {
-    auto resp = http::HttpResponse::Json(
-        405, http::ErrorJson("method " + req.method.substr(0, 16) + " is not allowed; the admin listener is read-only: "
-                             "GET /metrics or /status",
-                             "method_not_allowed"));
-    resp.headers.push_back({"Allow", "GET, HEAD"});
-    w->Send(std::move(resp));
-    return;
-  }
-  if (req.path == "/metrics") {
-    Ledger::Stats ls = ledger_->stats();
-    metrics_.ledger_write_errors = ls.failed + ls.dropped + ls.refused;
-    metrics_.ledger_lost_rows = static_cast<uint64_t>(ls.losses.rows);
-    front_.Report(metrics_);
-    auto resp = http::HttpResponse::Text(200, metrics_.Render());
-    for (auto& h : resp.headers) {
-      if (http::HeaderNameEquals(h.name, "Content-Type")) h.value = "text/plain; version=0.0.4";
-    }
-    w->Send(std::move(resp));
-  } else if (req.path == "/status") {
-    // Strings an engine or a child wrote (a probe's reason, an exit) are
-    // not trusted to be UTF-8: replaced, never thrown on.
-    w->Send(http::HttpResponse::Json(200, StatusJson().dump(-1, ' ', false, json::error_handler_t::replace)));
-  } else {
-    w->Send(http::HttpResponse::Json(404, http::ErrorJson("no such path; try /metrics or /status", "not_found")));
-  }
 }
 
 }  // namespace wsup

@@ -72,6 +72,7 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       timers_(opts_.timers ? *opts_.timers : own_timers_),
       launcher_(opts_.launcher ? *opts_.launcher : RealLauncher()),
       http_(std::make_unique<http::HttpClient>(&loop_)),
+      surface_(&loop_, metrics_, ControlHooks()),
       watchdog_(timers_.Make()),
       engines_(&loop_, launcher_, timers_, clock_, cfg_, *http_, metrics_, EngineHooks()),
       holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
@@ -120,15 +121,13 @@ Supervisor::Impl::~Impl() {
   kv_.Close();
   holders_.Detach();
   front_.Detach("supervisor exiting");
-  if (control_) control_->Close();
-  if (admin_) admin_->Close();
+  surface_.Close();
   if (http_) http_->CancelAll();
   watchdog_->Stop();
   // Still open in a supervisor destroyed without a stop (a test that drives its loop).
   CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});
   uv_run(&loop_, UV_RUN_DEFAULT);
-  control_.reset();
-  admin_.reset();
+  surface_.Release();
   http_.reset();
   uv_run(&loop_, UV_RUN_NOWAIT);
   if (ledger_) ledger_->Close();
@@ -209,17 +208,8 @@ Status Supervisor::Impl::Start() {
   if (!ledger.ok()) return ledger.error();
   ledger_ = std::move(*ledger);
 
-  control_ = std::make_unique<JsonServer>(
-      &loop_, cfg_.supervisor.control_socket,
-      [this](const std::shared_ptr<JsonConn>& c, const json& m) { OnControl(c, m); });
-  WSUP_RETURN_IF_ERROR(control_->Listen());
-
-  http::ServerOptions ao;
-  ao.host = cfg_.admin.listen.host;
-  ao.port = cfg_.admin.listen.port;
-  admin_ = std::make_unique<http::HttpServer>(&loop_, ao,
-                                              [this](const std::shared_ptr<http::ResponseWriter>& w) { OnAdmin(w); });
-  Status as = admin_->Listen();
+  WSUP_RETURN_IF_ERROR(surface_.ListenControl(cfg_.supervisor.control_socket));
+  Status as = surface_.ListenAdmin(cfg_.admin.listen.host, cfg_.admin.listen.port);
   if (!as.ok()) return as.error().With("admin.listen " + cfg_.admin.listen.ToString());
 
   // Ports another process holds, before anything is started: a clash is a
@@ -247,7 +237,7 @@ Status Supervisor::Impl::Start() {
   if (wd > 0) watchdog_->Start(wd / 3, [this] { notifier_.Watchdog(); }, wd / 3);
 
   spdlog::info("wsup {}: state {}, runtime {}, control {}, admin {}", cfg_.node.name, cfg_.node.state_dir,
-               cfg_.node.runtime_dir, cfg_.supervisor.control_socket, admin_->port());
+               cfg_.node.runtime_dir, cfg_.supervisor.control_socket, surface_.admin_port());
   // From here on a failure stops what was started (BeginStop) instead of
   // returning: a failed start leaves nothing behind.
   Status st = AdoptOrStart(std::move(prev));
@@ -314,8 +304,7 @@ void Supervisor::Impl::MaybeFinishStop() {
   After(20, [this] {
     ledger_->Close();
     http_->CancelAll();
-    if (control_) control_->Close();
-    if (admin_) admin_->Close();
+    surface_.Close();
     front_.CloseLink("stopping");
     watchdog_->Stop();
     CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});

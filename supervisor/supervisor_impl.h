@@ -35,7 +35,11 @@
 //                  steps (rollout_fsm.h), budgets, ledger row and resume
 //                  after a supervisor restart; it reaches the engines only
 //                  through its hooks
-//   control.cc     the control socket (CLI), drills, /metrics and /status
+//   control_surface.cc  ControlSurface (control_surface.h): the control
+//                  socket (the CLI) and the admin listener, each request
+//                  read and checked before the node's hooks act on it
+//   control.cc     ControlSurface's hooks: status, drills and planned swaps,
+//                  what /metrics gathers
 //   node_state.cc  state.json, the status line, ledger writes
 //
 // Every state change of an engine, a holder, the front or a rollout goes
@@ -78,6 +82,7 @@
 #include "supervisor/failover.h"
 #include "supervisor/front_link.h"
 #include "supervisor/holder_set.h"
+#include "supervisor/control_surface.h"
 #include "supervisor/engine_set.h"
 #include "supervisor/engine_slot.h"
 #include "supervisor/kv_pool_roles.h"
@@ -185,8 +190,9 @@ class Supervisor::Impl {
   std::string VersionText(const EngineVersion& v) const;
   void ApplyAtOnce(const Config& next, const ReloadPlan& plan);
 
-  // control.cc
-  void OnControl(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
+  // control.cc: the hooks through which surface_ (ControlSurface,
+  // control_surface.h) reaches the node.
+  ControlSurface::Hooks ControlHooks();
   nlohmann::json StatusJson();
   void Drill(const std::shared_ptr<JsonConn>& c, bool kill);
   // Why the active engine's traffic cannot be moved to the standby now ("" if it can).
@@ -196,7 +202,6 @@ class Supervisor::Impl {
   // standby could not be promoted.
   bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, const std::shared_ptr<JsonConn>& c);
   void FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono);
-  void OnAdmin(const std::shared_ptr<http::ResponseWriter>& w);
 
   // node_state.cc
   void SaveState();
@@ -243,10 +248,10 @@ class Supervisor::Impl {
   // The probe a `silent` report asked for (at most one), and whom it probes.
   std::unique_ptr<Probe> silence_probe_;
   pid_t silence_pid_ = 0;
-  std::unique_ptr<JsonServer> control_;
-  std::unique_ptr<http::HttpServer> admin_;
   Notifier notifier_;
   Metrics metrics_;
+  // The control socket and the admin listener (control_surface.h).
+  ControlSurface surface_;
   std::unique_ptr<Timer> watchdog_;
   uv_signal_t sigterm_{}, sigint_{}, sigpipe_{};
   bool signals_started_ = false;

@@ -22,6 +22,7 @@
 
 #include "common/unique_fd.h"
 #include "testkit/control_client.h"
+#include "testkit/loop_thread.h"
 #include "testkit/test_util.h"
 #include "wire/json_call.h"
 #include "wire/json_frame.h"
@@ -33,49 +34,7 @@ using namespace std::chrono_literals;
 namespace wsup {
 namespace {
 
-// A libuv loop on its own thread; Do() runs a function there and waits.
-class LoopThread {
- public:
-  LoopThread() {
-    uv_loop_init(&loop_);
-    uv_async_init(&loop_, &async_, [](uv_async_t* a) { static_cast<LoopThread*>(a->data)->Drain(); });
-    async_.data = this;
-    thread_ = std::thread([this] { uv_run(&loop_, UV_RUN_DEFAULT); });
-  }
-  ~LoopThread() {
-    Do([this] { uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr); });
-    thread_.join();
-    uv_loop_close(&loop_);
-  }
-  uv_loop_t* loop() { return &loop_; }
-  void Do(std::function<void()> fn) {
-    std::promise<void> done;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      tasks_.push_back([&] {
-        fn();
-        done.set_value();
-      });
-    }
-    uv_async_send(&async_);
-    done.get_future().wait();
-  }
-
- private:
-  void Drain() {
-    std::deque<std::function<void()>> tasks;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      tasks.swap(tasks_);
-    }
-    for (auto& t : tasks) t();
-  }
-  uv_loop_t loop_;
-  uv_async_t async_;
-  std::mutex mu_;
-  std::deque<std::function<void()>> tasks_;
-  std::thread thread_;
-};
+using test::LoopThread;
 
 // A blocking client with a receive timeout, so no read can hang the test.
 UniqueFd Dial(const std::string& path) {
