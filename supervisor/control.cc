@@ -1,6 +1,5 @@
 // What the node's control surfaces (control_surface.h) do: `wsup status`,
-// the failover drills and planned swaps, and what `wsup stop` and
-// /metrics gather.
+// and what `wsup failover` (failover.h), `wsup stop` and /metrics reach.
 
 #include "common/log.h"
 #include "supervisor/messages.h"
@@ -9,11 +8,6 @@
 namespace wsup {
 
 using nlohmann::json;
-
-namespace {
-constexpr int64_t kDrainBudgetMs = 30'000;
-constexpr int64_t kDrainPollMs = 20;
-}  // namespace
 
 json Supervisor::Impl::StatusJson() {
   json j;
@@ -58,7 +52,7 @@ json Supervisor::Impl::StatusJson() {
 ControlSurface::Hooks Supervisor::Impl::ControlHooks() {
   ControlSurface::Hooks h;
   h.status = [this] { return StatusJson(); };
-  h.drill = [this](const std::shared_ptr<JsonConn>& c, bool kill) { Drill(c, kill); };
+  h.drill = [this](const std::shared_ptr<JsonConn>& c, bool kill) { failover_.Drill(c, kill); };
   h.reload = [this](const std::shared_ptr<JsonConn>& c, const std::vector<std::string>& sets) {
     Reload(c, "wsup reload", sets);
   };
@@ -74,99 +68,6 @@ ControlSurface::Hooks Supervisor::Impl::ControlHooks() {
     return metrics_.Render();
   };
   return h;
-}
-
-std::string Supervisor::Impl::SwapRefusal(Slot* act, Slot* stby) {
-  if (!act) return "no active engine to fail over from";
-  if (failover_.InProgress()) return failover_.Refusal();
-  if (stby->state != SlotState::kStandby) {
-    return "the standby (" + stby->name + ") is " + SlotStateName(stby->state) +
-           ", not proven ready; wait for `wsup status` to show it semantically ready";
-  }
-  if (PromotionCheck check = engines_.CheckStandby(*stby); !check.unfit.empty()) {
-    return "the standby (" + stby->name + ") is not fit to take the traffic: " + check.unfit;
-  } else if (!check.note.empty()) {
-    // A planned swap moves traffic off a healthy active: only onto a
-    // standby proven just now. (A crash promotes it anyway; see
-    // promotion_check.h.)
-    return "the standby (" + stby->name + ") is not proven recently: " + check.note.substr(0, check.note.find(" but")) +
-           "; try again once its next probe passes";
-  }
-  return "";
-}
-
-void Supervisor::Impl::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
-  Slot* act = engines_.Active();
-  Slot* stby = act ? engines_.Other(act) : nullptr;
-  std::string refuse = SwapRefusal(act, stby);
-  if (refuse.empty() && rollout_.InProgress()) {
-    refuse = "a rollout is in progress (step " + rollout_.StepName() +
-             "); drill once `wsup status` shows it ended";
-  }
-  if (!refuse.empty()) {
-    failover_.Refuse(c, refuse);
-    return;
-  }
-  if (kill) {
-    act->drill_kill = true;
-    act->drill_fault_ms = clock_.WallMs();
-    failover_.ExpectKill(act->name, act->drill_fault_ms, c);
-    // The exit drives the failover exactly as a real crash would.
-    Logged(launcher_.Signal(act->pid, SIGKILL), "drill: killing the active engine");
-    return;
-  }
-  PlannedSwap(*act, *stby, "planned drill", c);
-}
-
-bool Supervisor::Impl::PlannedSwap(Slot& act, Slot& stby, const std::string& why,
-                                   const std::shared_ptr<JsonConn>& c) {
-  // The standby takes new traffic at once; the old active drains, then
-  // becomes the standby. Both moves are rows of the engine table.
-  int64_t fault = clock_.WallMs();
-  swapping_ = true;
-  engines_.Fire(act, SlotEvent::kDemote, why);
-  swapping_ = false;
-  std::string unfit;
-  const bool promoted = PromoteInSwap(stby, why, &unfit);
-  PushRoutes();
-  int64_t swapped = clock_.WallMs();
-  // Its row, its proof and the answer to c: the failover's (failover.h).
-  failover_.OnSwapped(act.name, stby.name, promoted, why, unfit, fault, swapped, c);
-  FinishDrain(act, c, clock_.MonotonicMs());
-  return promoted;
-}
-
-void Supervisor::Impl::FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono) {
-  if (old.state != SlotState::kDraining) return;
-  Slot* op = &old;
-  std::string addr = HostPortString(cfg_.engine.host, old.port);
-  auto decide = [this, op, c, started_mono, addr](int64_t inflight) {
-    // Taken back as the active engine (the one that replaced it failed)
-    // while the front was asked: the drain is over without its `drained`.
-    if (op->state != SlotState::kDraining) return;
-    if (inflight == 0 || clock_.MonotonicMs() - started_mono > kDrainBudgetMs) {
-      engines_.Fire(*op, SlotEvent::kDrained,
-           inflight == 0 ? "no request in flight" : "drain budget of 30 s ran out with requests in flight");
-      return;
-    }
-    After(kDrainPollMs, [this, op, c, started_mono] { FinishDrain(*op, c, started_mono); });
-  };
-  if (!front_.linked()) {
-    decide(0);
-    return;
-  }
-  // Ask the front how many requests it still has on the old engine.
-  front_.AskStatus([decide, addr](const json* reply) {
-    // A reply that cannot be read counts as nothing in flight, as no reply
-    // does: the drain budget is not held up by it.
-    if (!reply) {
-      decide(0);
-      return;
-    }
-    auto n = FrontInflight(*reply, addr);
-    if (!n.ok()) spdlog::warn("front's status: {}; the drain of {} ends", n.error().message(), addr);
-    decide(n.ok() ? *n : 0);
-  });
 }
 
 }  // namespace wsup

@@ -273,4 +273,81 @@ json Failover::StatusJson() const {
   return fo;
 }
 
+std::string Failover::SwapRefusal(const std::string& from, const std::string& to) const {
+  if (from.empty()) return "no active engine to fail over from";
+  if (InProgress()) return Refusal();
+  const std::optional<SlotState> st = hooks_.state(to);
+  if (st != SlotState::kStandby) {
+    return "the standby (" + to + ") is " + (st ? SlotStateName(*st) : "no slot") +
+           ", not proven ready; wait for `wsup status` to show it semantically ready";
+  }
+  if (PromotionCheck check = hooks_.check(to); !check.unfit.empty()) {
+    return "the standby (" + to + ") is not fit to take the traffic: " + check.unfit;
+  } else if (!check.note.empty()) {
+    // A planned swap moves traffic off a healthy active: only onto a
+    // standby proven just now. (A crash promotes it anyway; see
+    // promotion_check.h.)
+    return "the standby (" + to + ") is not proven recently: " + check.note.substr(0, check.note.find(" but")) +
+           "; try again once its next probe passes";
+  }
+  return "";
+}
+
+void Failover::Drill(const std::shared_ptr<JsonConn>& c, bool kill) {
+  const std::string act = hooks_.active();
+  const std::string stby = act.empty() ? "" : hooks_.other(act);
+  std::string refuse = SwapRefusal(act, stby);
+  if (refuse.empty()) {
+    if (std::string step = hooks_.rollout_step(); !step.empty()) {
+      refuse = "a rollout is in progress (step " + step + "); drill once `wsup status` shows it ended";
+    }
+  }
+  if (!refuse.empty()) {
+    Refuse(c, refuse);
+    return;
+  }
+  if (kill) {
+    const int64_t fault = clock_.WallMs();
+    ExpectKill(act, fault, c);
+    // The exit drives the failover exactly as a real crash would.
+    hooks_.kill(act, fault);
+    return;
+  }
+  PlannedSwap(act, stby, "planned drill", c);
+}
+
+bool Failover::PlannedSwap(const std::string& from, const std::string& to, const std::string& why,
+                           const std::shared_ptr<JsonConn>& c) {
+  // The standby takes new traffic at once; the old active drains, then
+  // becomes the standby. Both moves are rows of the engine table; the
+  // front gets the routes once, after both.
+  const int64_t fault = clock_.WallMs();
+  hooks_.demote(from, why);
+  Promotion p = hooks_.promote(to, why);
+  hooks_.push_routes();
+  const int64_t swapped = clock_.WallMs();
+  // Its row, its proof and the answer to c.
+  OnSwapped(from, to, p.promoted, why, p.unfit, fault, swapped, c);
+  FinishDrain(from, clock_.MonotonicMs());
+  return p.promoted;
+}
+
+void Failover::FinishDrain(const std::string& old, int64_t started_mono) {
+  if (hooks_.state(old) != SlotState::kDraining) return;
+  hooks_.inflight(old, [this, old, started_mono](int64_t inflight) {
+    // Taken back as the active engine (the one that replaced it failed)
+    // while the front was asked: the drain is over without its `drained`.
+    if (hooks_.state(old) != SlotState::kDraining) return;
+    if (inflight == 0 || clock_.MonotonicMs() - started_mono > kDrainBudgetMs) {
+      hooks_.drained(old, inflight == 0 ? "no request in flight"
+                                        : "drain budget of " + std::to_string(kDrainBudgetMs / 1000) +
+                                              " s ran out with requests in flight");
+      return;
+    }
+    auto& poll = drain_polls_[old];
+    if (!poll) poll = timers_.Make();
+    poll->Start(kDrainPollMs, [this, old, started_mono] { FinishDrain(old, started_mono); });
+  });
+}
+
 }  // namespace wsup

@@ -5,8 +5,10 @@
 // one's full KV) are still to be written.
 //
 // A failover begins when the active slot fails (OnFailed: the standby, or
-// an engine still draining, is promoted), with a planned swap (OnSwapped)
-// or with a drill's kill (ExpectKill, before the exit drives OnFailed). It
+// an engine still draining, is promoted), with a planned swap (PlannedSwap:
+// `wsup failover` or a rollout's step; the old engine drains until the
+// front has nothing in flight on it) or with a drill's kill (Drill, before
+// the exit drives OnFailed). It
 // ends with the first correct answer through the front, from the front's
 // `first_ok` or from the probe it sends (OnFirstOk), or unproven once its
 // budget runs out: until then drills and rollouts are refused, and
@@ -21,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,6 +36,7 @@
 #include "common/timer.h"
 #include "state/records.h"
 #include "supervisor/engine_fsm.h"
+#include "supervisor/promotion_check.h"
 #include "wire/json_socket.h"
 
 namespace wsup {
@@ -92,7 +96,30 @@ class Failover {
     std::function<void()> status_line;
     // A failover ended, proven or not (a rollout step may wait for it).
     std::function<void()> ended;
+
+    // ---- planned swaps and drills
+    // The active slot ("" when none).
+    std::function<std::string()> active;
+    // The promotion check of promotion_check.h on the slot, now.
+    std::function<PromotionCheck(const std::string& slot)> check;
+    // The step of the rollout in progress ("" when none): drills wait.
+    std::function<std::string()> rollout_step;
+    // A drill: SIGKILL the slot's engine, its fault dated fault_ms; its exit
+    // drives the failover as a crash's would.
+    std::function<void(const std::string& slot, int64_t fault_ms)> kill;
+    // Moves the slot by the engine table: demote (no new traffic), and
+    // drained (it is the standby again).
+    std::function<void(const std::string& slot, const std::string& why)> demote;
+    std::function<void(const std::string& slot, const std::string& why)> drained;
+    // How many requests the front still has on the slot's engine; done(0)
+    // when the front cannot say (no front, an unreadable answer).
+    std::function<void(const std::string& slot, std::function<void(int64_t inflight)> done)> inflight;
   };
+
+  // How long a planned swap's old engine may drain, and how often the
+  // front is asked what it still has in flight there.
+  static constexpr int64_t kDrainBudgetMs = 30'000;
+  static constexpr int64_t kDrainPollMs = 20;
 
   // How long after the swap a failover may wait for its first correct
   // answer through the front. It normally comes in milliseconds; one that
@@ -110,13 +137,18 @@ class Failover {
   // failed slot is re-armed; a promoted engine's proof begins.
   void OnFailed(const std::string& from, bool from_alive, FailoverTrigger trigger, const std::string& reason,
                 int64_t fault_ms, bool drill);
-  // A planned swap moved the traffic from `from` (which lives on) to
-  // `standby`, or did not (not promoted: unfit says why); `why` is its
-  // cause ("planned drill", a rollout's). c (may be null) gets its answer.
-  void OnSwapped(const std::string& from, const std::string& standby, bool promoted, const std::string& why,
-                 const std::string& unfit, int64_t fault_ms, int64_t swapped_ms, const std::shared_ptr<JsonConn>& c);
-  // A drill kills `from` now: c is answered by the failover its exit drives.
-  void ExpectKill(const std::string& from, int64_t fault_ms, const std::shared_ptr<JsonConn>& c);
+  // Why the traffic of the active slot `from` cannot move to `to` now (""
+  // when it can): no active engine, a failover in progress, or a standby
+  // that is not proven ready and recently.
+  std::string SwapRefusal(const std::string& from, const std::string& to) const;
+  // `wsup failover`: a planned swap, or (kill) a kill drill. Refused, and c
+  // told why, while a swap cannot happen (SwapRefusal) or a rollout runs.
+  void Drill(const std::shared_ptr<JsonConn>& c, bool kill);
+  // A planned swap: `to` takes new traffic at once, `from` drains and
+  // becomes the standby; `why` is its cause ("planned drill", a rollout's).
+  // c (may be null) gets its answer. False when `to` was not promoted.
+  bool PlannedSwap(const std::string& from, const std::string& to, const std::string& why,
+                   const std::shared_ptr<JsonConn>& c);
   // With no active engine, `slot` was promoted: a failover that had no
   // engine to take over has one now, and its proof begins.
   void OnPromoted(const std::string& slot);
@@ -177,6 +209,15 @@ class Failover {
   void Complete(int64_t first_ok_ms);
   // Ends the pending failover unproven: logged, and its callers told.
   void Abandon(const std::string& why);
+  // A planned swap moved the traffic from `from` (which lives on) to
+  // `standby`, or did not (not promoted: unfit says why).
+  void OnSwapped(const std::string& from, const std::string& standby, bool promoted, const std::string& why,
+                 const std::string& unfit, int64_t fault_ms, int64_t swapped_ms, const std::shared_ptr<JsonConn>& c);
+  // A drill kills `from` now: c is answered by the failover its exit drives.
+  void ExpectKill(const std::string& from, int64_t fault_ms, const std::shared_ptr<JsonConn>& c);
+  // The planned swap's old engine: drained once the front has nothing in
+  // flight on it, or after kDrainBudgetMs.
+  void FinishDrain(const std::string& old, int64_t started_mono);
   void LedgerError(const Status& st, const char* what) {
     if (!st.ok() && hooks_.ledger_error) hooks_.ledger_error(st, what);
   }
@@ -187,6 +228,8 @@ class Failover {
   std::optional<Pending> pending_;
   std::unique_ptr<Timer> proof_budget_;
   std::optional<Times> tail_;
+  // The next question to the front about a draining engine, by slot.
+  std::map<std::string, std::unique_ptr<Timer>> drain_polls_;
 };
 
 }  // namespace wsup

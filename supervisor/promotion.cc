@@ -154,6 +154,49 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   };
   h.status_line = [this] { UpdateStatusLine(); };
   h.ended = [this] { rollout_.OnFailoverEnded(); };
+  h.active = [this] { return engines_.Active() ? engines_.Active()->name : std::string(); };
+  h.check = [this](const std::string& name) {
+    Slot* s = engines_.ByName(name);
+    return s ? engines_.CheckStandby(*s) : PromotionCheck{"no such engine slot", ""};
+  };
+  h.rollout_step = [this] { return rollout_.InProgress() ? rollout_.StepName() : std::string(); };
+  h.kill = [this](const std::string& name, int64_t fault_ms) {
+    Slot* s = engines_.ByName(name);
+    if (!s || s->pid <= 0) return;
+    s->drill_kill = true;
+    s->drill_fault_ms = fault_ms;
+    Logged(launcher_.Signal(s->pid, SIGKILL), "drill: killing the active engine");
+  };
+  // The front gets the routes once, after both moves of a swap.
+  h.demote = [this](const std::string& name, const std::string& why) {
+    if (Slot* s = engines_.ByName(name)) {
+      swapping_ = true;
+      engines_.Fire(*s, SlotEvent::kDemote, why);
+      swapping_ = false;
+    }
+  };
+  h.drained = [this](const std::string& name, const std::string& why) {
+    if (Slot* s = engines_.ByName(name)) engines_.Fire(*s, SlotEvent::kDrained, why);
+  };
+  h.inflight = [this](const std::string& name, std::function<void(int64_t)> done) {
+    Slot* s = engines_.ByName(name);
+    if (!s || !front_.linked()) {
+      done(0);
+      return;
+    }
+    // A reply that cannot be read counts as nothing in flight, as no reply
+    // does: the drain budget is not held up by it.
+    const std::string addr = HostPortString(cfg_.engine.host, s->port);
+    front_.AskStatus([done = std::move(done), addr](const json* reply) {
+      if (!reply) {
+        done(0);
+        return;
+      }
+      auto n = FrontInflight(*reply, addr);
+      if (!n.ok()) spdlog::warn("front's status: {}; the drain of {} ends", n.error().message(), addr);
+      done(n.ok() ? *n : 0);
+    });
+  };
   return h;
 }
 

@@ -153,12 +153,10 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
     if (Slot* s = engines_.ByName(name)) engines_.ScheduleRestart(*s, -1);
   };
   h.swap_refusal = [this](const std::string& from, const std::string& to) {
-    return SwapRefusal(engines_.ByName(from), engines_.ByName(to));
+    return failover_.SwapRefusal(from, to);
   };
   h.swap = [this](const std::string& from, const std::string& to, const std::string& why) {
-    Slot* f = engines_.ByName(from);
-    Slot* t = engines_.ByName(to);
-    return f && t && PlannedSwap(*f, *t, why, nullptr);
+    return engines_.ByName(from) && engines_.ByName(to) && failover_.PlannedSwap(from, to, why, nullptr);
   };
   h.failover_pending = [this] { return failover_.InProgress(); };
   h.stopping = [this] { return stopping_; };

@@ -16,7 +16,8 @@
 //                  table's moves and actions, exits, restarts, promotion,
 //                  adoption; it reaches the rest through its hooks
 //   failover.cc    Failover (failover.h), the failovers' one owner: the
-//                  swap, its ledger row and later times, the proof by the
+//                  swap (a crash's, a drill's, a planned one with its
+//                  drain), its ledger row and later times, the proof by the
 //                  first correct answer through the front, its budget, the
 //                  `wsup failover` callers; it reaches the rest through its
 //                  hooks
@@ -38,8 +39,7 @@
 //   control_surface.cc  ControlSurface (control_surface.h): the control
 //                  socket (the CLI) and the admin listener, each request
 //                  read and checked before the node's hooks act on it
-//   control.cc     ControlSurface's hooks: status, drills and planned swaps,
-//                  what /metrics gathers
+//   control.cc     ControlSurface's hooks: status, what /metrics gathers
 //   node_state.cc  state.json, the status line, ledger writes
 //
 // Every state change of an engine, a holder, the front or a rollout goes
@@ -194,14 +194,6 @@ class Supervisor::Impl {
   // control_surface.h) reaches the node.
   ControlSurface::Hooks ControlHooks();
   nlohmann::json StatusJson();
-  void Drill(const std::shared_ptr<JsonConn>& c, bool kill);
-  // Why the active engine's traffic cannot be moved to the standby now ("" if it can).
-  std::string SwapRefusal(Slot* act, Slot* stby);
-  // A planned swap: stby takes new traffic, act drains and becomes the
-  // standby; `c` (may be null) gets the failover's answer. False when the
-  // standby could not be promoted.
-  bool PlannedSwap(Slot& act, Slot& stby, const std::string& why, const std::shared_ptr<JsonConn>& c);
-  void FinishDrain(Slot& old, const std::shared_ptr<JsonConn>& c, int64_t started_mono);
 
   // node_state.cc
   void SaveState();

@@ -30,6 +30,12 @@ struct FailRig {
   std::map<std::string, SlotState> slots{{"a", SlotState::kActive}, {"b", SlotState::kStandby}};
   // Why the promotion check refuses the standby; "" lets it through.
   std::string unfit;
+  // What the check before a planned swap says of the standby (its unfit
+  // and note), and the rollout step in progress ("" when none).
+  PromotionCheck check;
+  std::string rollout_step;
+  // The front's answers about a draining engine, asked and unanswered.
+  std::vector<std::function<void(int64_t)>> inflight_asks;
   // What was done to the engines and the front, in order.
   std::vector<std::string> ops;
   // The fake ledger's failovers rows, by id.
@@ -131,6 +137,28 @@ struct FailRig {
     };
     h.status_line = [] {};
     h.ended = [this] { ++ended; };
+    h.active = [this] {
+      for (const auto& [name, st] : slots) {
+        if (st == SlotState::kActive) return name;
+      }
+      return std::string();
+    };
+    h.check = [this](const std::string&) { return check; };
+    h.rollout_step = [this] { return rollout_step; };
+    h.kill = [this](const std::string& s, int64_t fault_ms) {
+      ops.push_back("kill " + s + " at " + std::to_string(fault_ms));
+    };
+    h.demote = [this](const std::string& s, const std::string& why) {
+      ops.push_back("demote " + s + " (" + why + ")");
+      slots[s] = SlotState::kDraining;
+    };
+    h.drained = [this](const std::string& s, const std::string& why) {
+      ops.push_back("drained " + s + " (" + why + ")");
+      slots[s] = SlotState::kStandby;
+    };
+    h.inflight = [this](const std::string&, std::function<void(int64_t)> done) {
+      inflight_asks.push_back(std::move(done));
+    };
     return h;
   }
 };
@@ -201,7 +229,8 @@ TEST_CASE("failover: a swap not proven within its budget ends unproven and its c
   FailRig r;
   auto caller = r.Caller();
   const int64_t fault = r.clock.WallMs();
-  r.fo->ExpectKill("a", fault, caller);
+  r.fo->Drill(caller, true);
+  CHECK(r.ops.back() == "kill a at " + std::to_string(fault));
   r.fo->OnFailed("a", true, FailoverTrigger::kDrill, "exit signal 9", fault, true);
   REQUIRE(r.probes.size() == 1);
   r.probes[0](false, 0);  // the probe through the front gave up
@@ -224,8 +253,7 @@ TEST_CASE("failover: a swap not proven within its budget ends unproven and its c
 TEST_CASE("failover: a second failover asked for while one is pending is answered that one is in progress",
           "[failover]") {
   FailRig r;
-  const int64_t fault = r.clock.WallMs();
-  r.fo->OnSwapped("a", "b", true, "planned drill", "", fault, fault, r.Caller());
+  CHECK(r.fo->PlannedSwap("a", "b", "planned drill", r.Caller()));
   r.slots["a"] = SlotState::kStandby;
   r.clock.AdvanceMs(2'000);
   CHECK(r.fo->PendingText() ==
@@ -250,6 +278,110 @@ TEST_CASE("failover: a second failover asked for while one is pending is answere
   CHECK(r.answered[0]["rows"] == 2);
   CHECK(r.fo->PendingText().empty());
   CHECK(r.fo->StatusJson()["in_progress"] == false);
+}
+
+TEST_CASE("failover: a drill is refused, and its caller told why, with no active engine, a standby not fit or not "
+          "proven recently, a failover pending or a rollout running",
+          "[failover]") {
+  FailRig r;
+  REQUIRE_FALSE(r.fo->InProgress());
+  std::string expect;
+  SECTION("no active engine") {
+    r.slots["a"] = SlotState::kFailed;
+    expect = "no active engine to fail over from";
+  }
+  SECTION("the standby is starting") {
+    r.slots["b"] = SlotState::kStarting;
+    expect = "the standby (b) is starting, not proven ready";
+  }
+  SECTION("the standby is not fit") {
+    r.check.unfit = "its process is stopped (state T)";
+    expect = "the standby (b) is not fit to take the traffic: its process is stopped (state T)";
+  }
+  SECTION("the standby was not proven recently") {
+    r.check.note = "its last good probe answer is 9000 ms old but it is promoted anyway";
+    expect = "the standby (b) is not proven recently: its last good probe answer is 9000 ms old; try again";
+  }
+  SECTION("a rollout runs") {
+    r.rollout_step = "swap";
+    expect = "a rollout is in progress (step swap)";
+  }
+  SECTION("a failover is pending") {
+    r.fo->OnFailed("a", true, FailoverTrigger::kCrash, "exit 1", r.clock.WallMs(), false);
+    r.slots["a"] = SlotState::kStandby;
+    r.ops.clear();
+    expect = "a failover is in progress";
+  }
+  r.fo->Drill(r.Caller(), false);
+  r.fo->Drill(r.Caller(), true);
+  REQUIRE(r.sent.size() == 2);
+  for (const json& reply : r.sent) {
+    CHECK(reply["ok"] == false);
+    CHECK_THAT(reply["error"].get<std::string>(), Catch::Contains(expect));
+  }
+  // Nothing was moved, killed or routed.
+  CHECK(r.ops.empty());
+}
+
+TEST_CASE("failover: a planned swap moves both slots, pushes the routes once, and drains the old engine until the "
+          "front has nothing in flight on it or its budget runs out",
+          "[failover]") {
+  FailRig r;
+  CHECK(r.fo->PlannedSwap("a", "b", "rollout step", nullptr));
+  REQUIRE(r.ops.size() >= 3);
+  CHECK(r.ops[0] == "demote a (rollout step)");
+  CHECK(r.ops[1] == "promote b (rollout step)");
+  CHECK(r.ops[2] == "routes");
+  CHECK(std::count(r.ops.begin(), r.ops.end(), "routes") == 1);
+  CHECK(r.fo->InProgress());  // until its first correct answer
+  REQUIRE(r.inflight_asks.size() == 1);
+  SECTION("the front has requests there: asked again, drained once none is left") {
+    auto ask = std::move(r.inflight_asks[0]);
+    r.inflight_asks.clear();
+    ask(3);
+    CHECK(r.slots["a"] == SlotState::kDraining);
+    r.timers.Advance(Failover::kDrainPollMs);
+    REQUIRE(r.inflight_asks.size() == 1);
+    r.inflight_asks[0](0);
+    CHECK(r.slots["a"] == SlotState::kStandby);
+    CHECK(r.ops.back() == "drained a (no request in flight)");
+  }
+  SECTION("requests never end: the budget ends the drain") {
+    for (int i = 0; i < 100'000 && r.slots["a"] == SlotState::kDraining; ++i) {
+      REQUIRE(r.inflight_asks.size() == 1);
+      auto ask = std::move(r.inflight_asks[0]);
+      r.inflight_asks.clear();
+      ask(1);
+      if (r.slots["a"] != SlotState::kDraining) break;
+      r.timers.Advance(Failover::kDrainPollMs);
+    }
+    CHECK(r.slots["a"] == SlotState::kStandby);
+    CHECK(r.ops.back() == "drained a (drain budget of 30 s ran out with requests in flight)");
+    CHECK(r.clock.MonotonicMs() >= 1'000'000 + Failover::kDrainBudgetMs);
+  }
+  SECTION("taken back as the active engine while draining: no drained") {
+    r.slots["a"] = SlotState::kActive;
+    r.inflight_asks[0](0);
+    CHECK(r.ops.back() != "drained a (no request in flight)");
+    CHECK(r.slots["a"] == SlotState::kActive);
+  }
+}
+
+TEST_CASE("failover: a planned swap onto a standby found unfit at the promotion moves no traffic, and its row says why",
+          "[failover]") {
+  FailRig r;
+  r.unfit = "its process is gone";
+  auto caller = r.Caller();
+  CHECK_FALSE(r.fo->PlannedSwap("a", "b", "planned drill", caller));
+  CHECK(r.slots["b"] == SlotState::kFailed);
+  // Its row says so; no engine took the traffic, so there is nothing to
+  // prove yet (an engine promoted later is: OnPromoted).
+  REQUIRE(r.rows.size() == 1);
+  CHECK(r.rows.begin()->second.to_slot == "none");
+  CHECK_THAT(r.rows.begin()->second.reason, Catch::Contains("standby b not promoted: its process is gone"));
+  CHECK(r.probes.empty());
+  r.fo->OnPromoted("a");
+  CHECK(r.probes.size() == 1);
 }
 
 }  // namespace
