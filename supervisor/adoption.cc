@@ -169,7 +169,7 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::v
       rec.detected_ms = detected;
       rec.swapped_ms = swapped;
       rec.reconstructed = true;
-      auto id = LedgerResult(ledger_->RecordFailover(rec), "reconstructed failover");
+      auto id = ledger_.Check(ledger_.ledger().RecordFailover(rec), "reconstructed failover");
       metrics_.failovers[rec.trigger]++;
       metrics_.reconstructed_failovers++;
       if (id) s->recovery_failover_id = *id;

@@ -24,27 +24,8 @@ json Supervisor::Impl::StatusJson() {
   j["failover"] = failover_.StatusJson();
   j["rollout"] = rollout_.StatusJson();
   j["state_dir"] = cfg_.node.state_dir;
-  j["ledger"] = ledger_->path();
-  Ledger::Stats ls = ledger_->stats();
-  // write_errors: rows lost by this supervisor; lost_rows: by every run
-  // since the ledger was created (its side file, so a restart keeps them).
-  json lj{{"write_errors", ls.failed + ls.dropped + ls.refused},
-          {"committed", ls.committed},
-          {"waiting", ls.waiting},
-          {"retrying", ls.retrying},
-          {"lost_rows", ls.losses.rows}};
-  if (ls.losses.rows > 0) {
-    lj["lost_by_table"] = ls.losses.by_table;
-    lj["lost_first_ms"] = ls.losses.first_ms;
-    lj["lost_last_ms"] = ls.losses.last_ms;
-    lj["lost_last_error"] = ls.losses.last_error;
-  }
-  if (!ledger_last_error_.empty()) lj["last_error"] = ledger_last_error_;
-  if (!ls.last_error.empty()) lj["last_write_error"] = ls.last_error;
-  if (ls.retrying) lj["retry_error"] = ls.retry_error;
-  if (!ls.loss_file_error.empty()) lj["lost_file_error"] = ls.loss_file_error;
-  if (ls.reopens > 0) lj["reopened"] = ls.reopened;
-  j["ledger_writes"] = lj;
+  j["ledger"] = ledger_.ledger().path();
+  j["ledger_writes"] = ledger_.StatusJson();
   j["admin"] = HostPortString(cfg_.admin.listen.host, surface_.admin_port());
   return j;
 }
@@ -61,9 +42,7 @@ ControlSurface::Hooks Supervisor::Impl::ControlHooks() {
     BeginStop("wsup stop", 0);
   };
   h.metrics = [this] {
-    Ledger::Stats ls = ledger_->stats();
-    metrics_.ledger_write_errors = ls.failed + ls.dropped + ls.refused;
-    metrics_.ledger_lost_rows = static_cast<uint64_t>(ls.losses.rows);
+    ledger_.Report(metrics_);
     front_.Report(metrics_);
     return metrics_.Render();
   };

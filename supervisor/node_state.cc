@@ -69,12 +69,6 @@ void Supervisor::Impl::UpdateStatusLine() {
                     b->semantic_ready);
 }
 
-void Supervisor::Impl::LedgerResult(const Status& st, const char* what) {
-  if (st.ok()) return;
-  ledger_last_error_ = std::string(what) + ": " + st.error().message();
-  spdlog::error("ledger: {} was not recorded: {}", what, st.error().message());
-}
-
 void Supervisor::Impl::RecordFence(Slot& s, const std::string& why) {
   FenceRecord rec;
   rec.time_ms = clock_.WallMs();
@@ -84,7 +78,7 @@ void Supervisor::Impl::RecordFence(Slot& s, const std::string& why) {
   rec.kind = "kv_pool";
   rec.pool_owner = kv_.owner();
   rec.reason = why;
-  LedgerResult(ledger_->RecordFence(rec), "fence");
+  ledger_.Check(ledger_.ledger().RecordFence(rec), "fence");
 }
 
 void Supervisor::Impl::Logged(const Status& st, const char* what) {

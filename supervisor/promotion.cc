@@ -25,12 +25,12 @@ EngineSet::Hooks Supervisor::Impl::EngineHooks() {
   h.keep_layouts = [this] { holders_.KeepLayoutsEverywhere(); };
   h.rollout_in_progress = [this] { return rollout_.InProgress(); };
   h.record_cache = [this](const CacheEventRecord& rec) {
-    LedgerResult(ledger_->RecordCacheEvent(rec), "cache event");
+    ledger_.Check(ledger_.ledger().RecordCacheEvent(rec), "cache event");
   };
   h.record_probe = [this](const ProbeTransitionRecord& rec) {
-    LedgerResult(ledger_->RecordProbeTransition(rec), "probe transition");
+    ledger_.Check(ledger_.ledger().RecordProbeTransition(rec), "probe transition");
   };
-  h.record_recovery = [this](const RecoveryRecord& rec) { LedgerResult(ledger_->RecordRecovery(rec), "recovery"); };
+  h.record_recovery = [this](const RecoveryRecord& rec) { ledger_.Check(ledger_.ledger().RecordRecovery(rec), "recovery"); };
   h.kv_seq = [this] { return kv_.seq(); };
   h.kv_said = [this](Slot& s, const json& kv, uint64_t seq, const char* where) { kv_.OnEngineKv(s, kv, seq, where); };
   h.kv_exit = [this](Slot& s, const std::string& why) { kv_.OnExit(s, why); };
@@ -119,12 +119,12 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
     return p;
   };
   h.push_routes = [this] { PushRoutes(); };
-  h.record_row = [this](const FailoverRecord& rec, uint64_t* seq) { return ledger_->RecordFailover(rec, seq); };
-  h.set_gone = [this](int64_t id, int64_t ms) { return ledger_->SetFailoverGone(id, ms); };
-  h.set_kv_full = [this](int64_t id, int64_t ms) { return ledger_->SetFailoverKvFull(id, ms); };
-  h.set_first_ok = [this](int64_t id, int64_t ms, uint64_t* seq) { return ledger_->SetFailoverFirstOk(id, ms, seq); };
-  h.ledger_error = [this](const Status& st, const char* what) { LedgerResult(st, what); };
-  h.ledger_last_error = [this] { return ledger_last_error_; };
+  h.record_row = [this](const FailoverRecord& rec, uint64_t* seq) { return ledger_.ledger().RecordFailover(rec, seq); };
+  h.set_gone = [this](int64_t id, int64_t ms) { return ledger_.ledger().SetFailoverGone(id, ms); };
+  h.set_kv_full = [this](int64_t id, int64_t ms) { return ledger_.ledger().SetFailoverKvFull(id, ms); };
+  h.set_first_ok = [this](int64_t id, int64_t ms, uint64_t* seq) { return ledger_.ledger().SetFailoverFirstOk(id, ms, seq); };
+  h.ledger_error = [this](const Status& st, const char* what) { ledger_.Check(st, what); };
+  h.ledger_last_error = [this] { return ledger_.last_error(); };
   h.counted = [this](const std::string& trigger) { metrics_.failovers[trigger]++; };
   h.kv_back = [this](double seconds) { metrics_.ObserveKvBack(seconds); };
   h.pool_enabled = [this] { return kv_.Enabled(); };
@@ -149,8 +149,7 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
     }
   };
   h.answer = [this](Failover::Waiters waiters, json reply, std::vector<uint64_t> rows, std::string unrecorded) {
-    ReplyWhenRecorded(ledger_->QueuedSeq(), std::move(waiters), std::move(reply), clock_.MonotonicMs(),
-                      std::move(rows), std::move(unrecorded));
+    ledger_.ReplyWhenRecorded(std::move(waiters), std::move(reply), std::move(rows), std::move(unrecorded));
   };
   h.status_line = [this] { UpdateStatusLine(); };
   h.ended = [this] { rollout_.OnFailoverEnded(); };
@@ -198,46 +197,6 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
     });
   };
   return h;
-}
-
-void Supervisor::Impl::ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, json reply,
-                                         int64_t since_mono, std::vector<uint64_t> rows, std::string unrecorded) {
-  // As long as the ledger may take to write a row or give it up (its
-  // retries included), so that the answer is final.
-  const int64_t wait_ms = ledger_->MaxSettleMs();
-  const int64_t waited = clock_.MonotonicMs() - since_mono;
-  if (ledger_->HandledSeq() < seq && waited < wait_ms) {
-    After(waited < 200 ? 2 : 50, [this, seq, waiters = std::move(waiters), reply = std::move(reply), since_mono,
-                                  rows = std::move(rows), unrecorded = std::move(unrecorded)]() mutable {
-      ReplyWhenRecorded(seq, std::move(waiters), std::move(reply), since_mono, std::move(rows), std::move(unrecorded));
-    });
-    return;
-  }
-  const bool checked = !rows.empty() || !unrecorded.empty();
-  std::string lost = unrecorded;
-  for (uint64_t r : rows) {
-    if (!lost.empty()) break;
-    if (auto why = ledger_->LostRow(r)) lost = *why;
-  }
-  if (ledger_->HandledSeq() < seq) {
-    const std::string retrying = ledger_->stats().retry_error;
-    reply["warning"] = "the ledger has not committed this row within " + std::to_string(wait_ms / 1000) +
-                       " s; see the supervisor's log";
-    if (lost.empty()) {
-      lost = "not committed within " + std::to_string(wait_ms / 1000) + " s" +
-             (retrying.empty() ? std::string() : " (the ledger is still retrying: " + retrying + ")");
-    }
-  }
-  if (checked) {
-    reply["recorded"] = lost.empty();
-    if (!lost.empty()) {
-      reply["ledger_error"] = lost;
-      spdlog::error("the ledger did not record what `wsup failover` is told: {}", lost);
-    }
-  }
-  for (auto& c : waiters) {
-    if (c->alive()) c->Send(reply);
-  }
 }
 
 void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done, int attempts_left) {

@@ -69,7 +69,7 @@ void Supervisor::Impl::Reload(const std::shared_ptr<JsonConn>& c, const std::str
     rec.reason = all;
     rec.command_before = EngineVersionText(cfg_);
     rec.command_after = EngineVersionText(*next);
-    LedgerResult(ledger_->RecordRollout(rec), "rollout");
+    ledger_.Check(ledger_.ledger().RecordRollout(rec), "rollout");
     reply({{"ok", false}, {"outcome", "refused"}, {"error", all}, {"changes", changes}});
     return;
   }
@@ -164,11 +164,11 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
     cfg_.engine.command = v.command;
     cfg_.engine.env = v.env;
   };
-  h.record_row = [this](const RolloutRecord& rec) { return ledger_->RecordRollout(rec); };
-  h.update_row = [this](const RolloutRecord& rec) { return ledger_->UpdateRollout(rec); };
-  h.ledger_error = [this](const Status& st, const char* what) { LedgerResult(st, what); };
+  h.record_row = [this](const RolloutRecord& rec) { return ledger_.ledger().RecordRollout(rec); };
+  h.update_row = [this](const RolloutRecord& rec) { return ledger_.ledger().UpdateRollout(rec); };
+  h.ledger_error = [this](const Status& st, const char* what) { ledger_.Check(st, what); };
   h.answer = [this](std::vector<std::shared_ptr<JsonConn>> waiters, json reply) {
-    ReplyWhenRecorded(ledger_->QueuedSeq(), std::move(waiters), std::move(reply), clock_.MonotonicMs());
+    ledger_.ReplyWhenRecorded(std::move(waiters), std::move(reply));
   };
   h.counted = [this](const std::string& outcome) { metrics_.rollouts[outcome]++; };
   h.save_state = [this] { SaveState(); };

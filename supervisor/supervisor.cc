@@ -90,7 +90,7 @@ HolderSet::Hooks Supervisor::Impl::HolderHooks() {
   h.save_state = [this] { SaveState(); };
   h.all_ready = [this] { engines_.Start(); };
   h.restarted = [this](const HolderRestartRecord& rec) {
-    LedgerResult(ledger_->RecordHolderRestart(rec), "holder restart");
+    ledger_.Check(ledger_.ledger().RecordHolderRestart(rec), "holder restart");
     metrics_.holder_restarts++;
   };
   h.down = [this](const std::string& why) { SetDegraded(why); };
@@ -104,13 +104,7 @@ HolderSet::Hooks Supervisor::Impl::HolderHooks() {
 }
 
 void Supervisor::Impl::After(int64_t ms, std::function<void()> cb) {
-  oneshots_.push_back(timers_.Make());
-  auto it = std::prev(oneshots_.end());
-  (*it)->Start(ms, [this, it, cb = std::move(cb)] {
-    auto keep = cb;  // the lambda holding cb is freed with the timer below
-    oneshots_.erase(it);
-    keep();
-  });
+  later_.After(ms, std::move(cb));
 }
 
 Supervisor::Impl::~Impl() {
@@ -130,7 +124,7 @@ Supervisor::Impl::~Impl() {
   surface_.Release();
   http_.reset();
   uv_run(&loop_, UV_RUN_NOWAIT);
-  if (ledger_) ledger_->Close();
+  ledger_.Close();
 }
 
 Status Supervisor::Impl::PrepareDirs() {
@@ -204,9 +198,7 @@ Status Supervisor::Impl::Start() {
                    cfg_.node.name + "' from " + path + "; stop it with `wsup stop` first");
   }
 
-  auto ledger = Ledger::Open(Ledger::PathIn(cfg_.node.state_dir));
-  if (!ledger.ok()) return ledger.error();
-  ledger_ = std::move(*ledger);
+  WSUP_RETURN_IF_ERROR(ledger_.Open(cfg_.node.state_dir));
 
   WSUP_RETURN_IF_ERROR(surface_.ListenControl(cfg_.supervisor.control_socket));
   Status as = surface_.ListenAdmin(cfg_.admin.listen.host, cfg_.admin.listen.port);
@@ -302,7 +294,7 @@ void Supervisor::Impl::MaybeFinishStop() {
   stop_waiters_.clear();
   // Everything below closes handles; the loop ends when the last is closed.
   After(20, [this] {
-    ledger_->Close();
+    ledger_.Close();
     http_->CancelAll();
     surface_.Close();
     front_.CloseLink("stopping");

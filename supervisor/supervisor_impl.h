@@ -92,6 +92,7 @@
 #include "supervisor/loop_timer.h"
 #include "supervisor/messages.h"
 #include "supervisor/metrics.h"
+#include "supervisor/node_ledger.h"
 #include "supervisor/notify.h"
 #include "supervisor/process.h"
 #include "supervisor/promotion_check.h"
@@ -164,12 +165,6 @@ class Supervisor::Impl {
   // The hooks through which failover_ reaches the engines, the front, the
   // ledger and the callers (promotion.cc).
   Failover::Hooks FailoverHooks();
-  // Sends reply once the ledger has handled everything queued up to seq.
-  // With rows (or unrecorded) it also says whether those rows are on disk:
-  // "recorded", and "ledger_error" when they are not.
-  void ReplyWhenRecorded(uint64_t seq, std::vector<std::shared_ptr<JsonConn>> waiters, nlohmann::json reply,
-                         int64_t since_mono, std::vector<uint64_t> rows = {}, std::string unrecorded = "");
-
   // The hooks through which kv_ (KvPoolRoles, kv_pool_roles.h) reaches the
   // engines and the node (promotion.cc).
   KvPoolRoles::Hooks KvPoolHooks();
@@ -201,16 +196,6 @@ class Supervisor::Impl {
   void UpdateStatusLine();
   std::string NodeState() const;
   void SetDegraded(const std::string& why);
-  // A ledger write that failed: logged with its cause (the ledger counts
-  // it, for /metrics, `wsup status` and `wsup report`). The failover or
-  // restart it describes goes on.
-  void LedgerResult(const Status& st, const char* what);
-  template <typename T>
-  std::optional<T> LedgerResult(Result<T> r, const char* what) {
-    if (r.ok()) return std::move(*r);
-    LedgerResult(Status(r.error()), what);
-    return std::nullopt;
-  }
   // Runs cb once after ms on the timer source (real or a test's).
   void After(int64_t ms, std::function<void()> cb);
   // A best-effort action whose failure must be seen (a signal, an fd store).
@@ -233,9 +218,11 @@ class Supervisor::Impl {
   LoopTimerSource own_timers_{&loop_};
   TimerSource& timers_;    // opts_.timers, else own_timers_
   Launcher& launcher_;     // opts_.launcher, else RealLauncher()
-  // One-shot timers made by After(), each freed once it has fired.
-  std::list<std::unique_ptr<Timer>> oneshots_;
-  std::unique_ptr<Ledger> ledger_;
+  // What After() runs later.
+  OneShots later_{timers_};
+  // The ledger, its failed writes, and the callers waiting on its rows
+  // (node_ledger.h).
+  NodeLedger ledger_{timers_, clock_};
   std::unique_ptr<http::HttpClient> http_;
   // The probe a `silent` report asked for (at most one), and whom it probes.
   std::unique_ptr<Probe> silence_probe_;
@@ -272,10 +259,6 @@ class Supervisor::Impl {
   bool finished_ = false;  // every handle closed: the loop has nothing left
   int exit_code_ = 0;
   std::vector<std::shared_ptr<JsonConn>> stop_waiters_;
-
-  // The latest ledger row refused before it was queued, and why (the
-  // Ledger counts every lost row itself).
-  std::string ledger_last_error_;
 };
 
 }  // namespace wsup

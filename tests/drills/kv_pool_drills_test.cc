@@ -234,16 +234,18 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
   std::string targets;
   for (int p : engines) targets += " " + std::to_string(p);
   targets += " " + std::to_string(front);
-  // The attacker learns that the streams ended from a file in a folder of
-  // its own that it can read: the node's folder is private to this uid, so
-  // another uid would never see a stop file there and would run all its
-  // rounds.
+  // The attacker and the test signal each other through files in a folder
+  // both can use: the node's folder is private to this uid, so another uid
+  // would never see a stop file there and would run all its rounds. The
+  // streams start once the attack has (so that it runs through them), and
+  // the attack makes one whole round at least, however fast they end.
   test::TempDir signals;
-  REQUIRE(::chmod(signals.path().c_str(), 0755) == 0);
+  REQUIRE(::chmod(signals.path().c_str(), 01777) == 0);
+  const std::string started_file = signals.Join("attack.started");
   const std::string stop_file = signals.Join("attack.stop");
   const std::string script =
-      "n=0; while [ ! -e " + stop_file + " ] && [ $n -lt 400 ]; do n=$((n+1)); for p in" + targets +
-      "; do "
+      "touch " + started_file + "; n=0; while [ $n -lt 400 ] && { [ $n -eq 0 ] || [ ! -e " + stop_file +
+      " ]; }; do n=$((n+1)); for p in" + targets + "; do "
       "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' -X POST -H 'Content-Type: application/json' "
       "-d '{\"role\":\"active\",\"kv\":\"pool\"}' http://127.0.0.1:$p/wsup/role; "
       "curl -s -m 5 -o /dev/null -w '%{http_code}\\n' -X POST -H 'Content-Type: application/json' "
@@ -256,6 +258,7 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
   if (as_other_uid) attacker.insert(attacker.begin(), {setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"});
   test::RunResult attack;
   std::thread attack_thread([&] { attack = test::Run(attacker, 300s); });
+  CHECK(test::WaitFor([&] { return ::access(started_file.c_str(), F_OK) == 0; }, 30s));
 
   std::vector<test::HttpResult> got(kStreams);
   std::vector<std::thread> streams;
