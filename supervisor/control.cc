@@ -35,7 +35,7 @@ ControlSurface::Hooks Supervisor::Impl::ControlHooks() {
   h.status = [this] { return StatusJson(); };
   h.drill = [this](const std::shared_ptr<JsonConn>& c, bool kill) { failover_.Drill(c, kill); };
   h.reload = [this](const std::shared_ptr<JsonConn>& c, const std::vector<std::string>& sets) {
-    Reload(c, "wsup reload", sets);
+    reloader_.Reload(c, "wsup reload", sets);
   };
   h.stop = [this](const std::shared_ptr<JsonConn>& c) {
     stop_waiters_.push_back(c);

@@ -79,6 +79,7 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()),
       failover_(timers_, clock_, FailoverHooks()),
       rollout_(timers_, clock_, cfg_, RolloutHooks()),
+      reloader_(cfg_, clock_, ReloaderHooks()),
       kv_(cfg_, clock_, metrics_, KvPoolHooks()) {
   SubscribeToEngines();
 }
@@ -222,7 +223,7 @@ Status Supervisor::Impl::Start() {
   }, SIGINT);
   uv_signal_start(&sigpipe_, [](uv_signal_t*, int) {}, SIGPIPE);
   // systemd's reload (Type=notify-reload sends SIGHUP): as `wsup reload`.
-  uv_signal_start(&sighup_, [](uv_signal_t* h, int) { static_cast<Impl*>(h->data)->Reload(nullptr, "SIGHUP"); },
+  uv_signal_start(&sighup_, [](uv_signal_t* h, int) { static_cast<Impl*>(h->data)->reloader_.Reload(nullptr, "SIGHUP"); },
                   SIGHUP);
 
   int64_t wd = notifier_.WatchdogIntervalMs();

@@ -29,9 +29,11 @@
 //                  owner: which engine maps it (kv_handover.h), the role
 //                  requests, what engines say of their KV; it reaches the
 //                  engines through its hooks
-//   reload.cc      `wsup reload` and SIGHUP: the config read again, what can
-//                  change applied at once (reload_plan.h), a new engine
-//                  version handed to the rollout; Rollout's hooks
+//   reload.cc      Reloader (reload.h): `wsup reload` and SIGHUP, the
+//                  config read again, what can change applied at once
+//                  (reload_plan.h), a new engine version handed to the
+//                  rollout; it reaches the rest through its hooks
+//   node_hooks.cc  the hooks of Rollout and Reloader
 //   rollout.cc     Rollout (rollout.h), the rolling upgrade's one owner: its
 //                  steps (rollout_fsm.h), budgets, ledger row and resume
 //                  after a supervisor restart; it reaches the engines only
@@ -40,7 +42,9 @@
 //                  socket (the CLI) and the admin listener, each request
 //                  read and checked before the node's hooks act on it
 //   control.cc     ControlSurface's hooks: status, what /metrics gathers
-//   node_state.cc  state.json, the status line, ledger writes
+//   node_state.cc  state.json, the status line
+//   node_ledger.cc NodeLedger (node_ledger.h): the ledger's one owner, failed
+//                  writes kept for status, answers once rows are on disk
 //
 // Every state change of an engine, a holder, the front or a rollout goes
 // through its table (engine_fsm.h, child_fsm.h, rollout_fsm.h, kv_handover.h):
@@ -86,6 +90,7 @@
 #include "supervisor/engine_set.h"
 #include "supervisor/engine_slot.h"
 #include "supervisor/kv_pool_roles.h"
+#include "supervisor/reload.h"
 #include "supervisor/reload_plan.h"
 #include "supervisor/rollout.h"
 #include "supervisor/launcher.h"
@@ -172,18 +177,15 @@ class Supervisor::Impl {
   // how it failed (node_state.cc).
   void RecordFence(Slot& s, const std::string& why);
 
-  // reload.cc (reload_plan.h; the roll itself: rollout.h)
-  // `wsup reload` (c) or SIGHUP (null c): the config file read again, with
-  // `sets` (`wsup reload --set`) after the node's own overrides.
-  void Reload(const std::shared_ptr<JsonConn>& c, const std::string& why, const std::vector<std::string>& sets = {});
-  // The hooks through which rollout_ reaches the engines and the node.
+  // node_hooks.cc: the hooks through which rollout_ (rollout.h) and
+  // reloader_ (reload.h) reach the engines and the node.
   Rollout::Hooks RolloutHooks();
+  Reloader::Hooks ReloaderHooks();
   // Starts the slot (off the current call) with its version for the next
   // start, as a recovery of `cause`.
   void RollSpawn(Slot& s, const std::string& cause);
   // A version as EngineVersionText shows it.
   std::string VersionText(const EngineVersion& v) const;
-  void ApplyAtOnce(const Config& next, const ReloadPlan& plan);
 
   // control.cc: the hooks through which surface_ (ControlSurface,
   // control_surface.h) reaches the node.
@@ -250,6 +252,8 @@ class Supervisor::Impl {
   // engines' moves as a subscriber of engines_.events().
   Rollout rollout_;
   uv_signal_t sighup_{};
+  // `wsup reload` and SIGHUP (reload.h).
+  Reloader reloader_;
   // The node's KV pool: who maps it (kv_pool_roles.h).
   KvPoolRoles kv_;
   bool ready_notified_ = false;

@@ -113,7 +113,7 @@ TEST_CASE("node ledger: a ledger that has not handled the row within its settle 
   rig.ledger.Close();
 }
 
-TEST_CASE("node ledger: a row refused before it was queued is the answer's error; a plain answer names no rows",
+TEST_CASE("node ledger: a row refused before it was queued is the answer's error, a plain answer names no rows",
           "[supervisor][ledger]") {
   LedgerRig rig;
   rig.Wait({}, "failover: the ledger is closed");

@@ -1,0 +1,127 @@
+// The hooks through which the rollout (rollout.h) and the reloader
+// (reload.h) reach the engines, the failover, the ledger and systemd.
+#include "common/log.h"
+#include "supervisor/supervisor_impl.h"
+
+namespace wsup {
+
+using nlohmann::json;
+
+Reloader::Hooks Supervisor::Impl::ReloaderHooks() {
+  Reloader::Hooks h;
+  h.stopping = [this] { return stopping_; };
+  h.rollout_busy = [this]() -> std::string {
+    if (!rollout_.InProgress()) return "";
+    const int64_t secs = (clock_.WallMs() - rollout_.StartedMs()) / 1000;
+    return "a rollout is in progress (step " + rollout_.StepName() + ", started " + std::to_string(secs) + " s ago)";
+  };
+  h.failover_busy = [this] { return failover_.InProgress() ? failover_.PendingText() : std::string(); };
+  h.pair = [this] {
+    Reloader::Pair p;
+    if (Slot* act = engines_.Active()) {
+      Slot* stby = engines_.Other(act);
+      p.active = act->name;
+      p.standby = stby->name;
+      p.standby_state = stby->state;
+    }
+    return p;
+  };
+  h.running = [this] {
+    std::vector<SlotVersion> running;
+    for (Slot* s : engines_.slots()) {
+      if (s->pid > 0 && s->runs) running.push_back({s->name, *s->runs});
+    }
+    return running;
+  };
+  h.record_refused = [this](const RolloutRecord& rec) { ledger_.Check(ledger_.ledger().RecordRollout(rec), "rollout"); };
+  h.applied = [this](bool probe_changed) {
+    engines_.Reconfigured(probe_changed);
+    holders_.SetRestartPolicy(HolderRestartPolicy(cfg_));
+    front_.SetRestartPolicy(FrontRestartPolicy(cfg_));
+    front_.PushLimits();
+  };
+  h.roll = [this](const std::string& standby, const std::string& active, const EngineVersion& v,
+                  const std::string& why, const std::shared_ptr<JsonConn>& c) {
+    rollout_.Begin(standby, active, v, why, c);
+  };
+  h.reply = [](const std::shared_ptr<JsonConn>& c, const json& reply) {
+    if (c && c->alive()) c->Send(reply);
+  };
+  return h;
+}
+
+std::string Supervisor::Impl::VersionText(const EngineVersion& v) const { return EngineVersionText(WithVersion(cfg_, v)); }
+
+Rollout::Hooks Supervisor::Impl::RolloutHooks() {
+  Rollout::Hooks h;
+  h.slot = [this](const std::string& name) -> std::optional<Rollout::SlotView> {
+    Slot* s = engines_.ByName(name);
+    if (!s) return std::nullopt;
+    return Rollout::SlotView{s->state, s->pid > 0, s->restart_timer->active(), s->runs};
+  };
+  h.set_version = [this](const std::string& name, const std::optional<EngineVersion>& v) {
+    if (Slot* s = engines_.ByName(name)) s->version = v;
+  };
+  h.spawn = [this](const std::string& name, const std::string& cause) {
+    if (Slot* s = engines_.ByName(name)) RollSpawn(*s, cause);
+  };
+  h.stop = [this](const std::string& name, const std::string& why) {
+    if (Slot* s = engines_.ByName(name)) engines_.Fire(*s, SlotEvent::kStop, why);
+  };
+  h.restart = [this](const std::string& name) {
+    if (Slot* s = engines_.ByName(name)) engines_.ScheduleRestart(*s, -1);
+  };
+  h.swap_refusal = [this](const std::string& from, const std::string& to) {
+    return failover_.SwapRefusal(from, to);
+  };
+  h.swap = [this](const std::string& from, const std::string& to, const std::string& why) {
+    return engines_.ByName(from) && engines_.ByName(to) && failover_.PlannedSwap(from, to, why, nullptr);
+  };
+  h.failover_pending = [this] { return failover_.InProgress(); };
+  h.stopping = [this] { return stopping_; };
+  h.set_node_version = [this](const EngineVersion& v) {
+    cfg_.engine.command = v.command;
+    cfg_.engine.env = v.env;
+  };
+  h.record_row = [this](const RolloutRecord& rec) { return ledger_.ledger().RecordRollout(rec); };
+  h.update_row = [this](const RolloutRecord& rec) { return ledger_.ledger().UpdateRollout(rec); };
+  h.ledger_error = [this](const Status& st, const char* what) { ledger_.Check(st, what); };
+  h.answer = [this](std::vector<std::shared_ptr<JsonConn>> waiters, json reply) {
+    ledger_.ReplyWhenRecorded(std::move(waiters), std::move(reply));
+  };
+  h.counted = [this](const std::string& outcome) { metrics_.rollouts[outcome]++; };
+  h.save_state = [this] { SaveState(); };
+  h.status_line = [this] { UpdateStatusLine(); };
+  h.notify = [this](Rollout::Notice kind, const std::string& text) {
+    switch (kind) {
+      case Rollout::Notice::kReloading:
+        notifier_.Reloading(text);
+        break;
+      case Rollout::Notice::kStatus:
+        notifier_.Status(text);
+        break;
+      case Rollout::Notice::kReady:
+        notifier_.Ready(text);
+        break;
+    }
+  };
+  return h;
+}
+
+void Supervisor::Impl::RollSpawn(Slot& s, const std::string& cause) {
+  s.recovery_cause = cause;
+  s.recovery_fault_ms = clock_.WallMs();
+  s.recovery_failover_id.reset();
+  // Off the exit's own handling (this may run inside it), and not before
+  // the engines may start at all: a restarted supervisor waits for its
+  // holders, and engines_.Start() starts an idle slot then.
+  std::string name = s.name;
+  After(0, [this, name] {
+    Slot* sp = engines_.ByName(name);
+    if (sp && !stopping_ && engines_.started() && (sp->state == SlotState::kStopped || sp->state == SlotState::kIdle)) {
+      engines_.Spawn(*sp);
+    }
+  });
+}
+
+}  // namespace wsup
