@@ -104,28 +104,35 @@ TEST_CASE("Open reads the block FP8 quantization_config") {
 }
 
 TEST_CASE("ParseModelConfig reads both config layouts and applies defaults") {
-  SECTION("older layout: top-level rope_theta and torch_dtype; head_dim and kv heads defaulted") {
-    auto c = ParseModelConfig(R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "float16",
+  struct Layout {
+    const char* name;
+    const char* text;
+    const char* torch_dtype;
+    double rope_theta;
+    int64_t head_dim;
+    int64_t num_key_value_heads;
+    bool tie_word_embeddings;
+  } layouts[] = {
+      {"older layout: top-level rope_theta and torch_dtype; head_dim and kv heads defaulted",
+       R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "float16",
         "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
         "rope_theta": 500000.0, "tie_word_embeddings": true})",
-                              "c.json");
-    REQUIRE(c.ok());
-    CHECK(c->torch_dtype == "float16");
-    CHECK(c->rope_theta == Approx(500000.0));
-    CHECK(c->head_dim == 128);
-    CHECK(c->num_key_value_heads == 32);
-    CHECK(c->tie_word_embeddings);
-  }
-  SECTION("newer layout: rope_parameters and dtype") {
-    auto c = ParseModelConfig(R"({"dtype": "bfloat16", "vocab_size": 8, "hidden_size": 8,
+       "float16", 500000.0, 128, 32, true},
+      {"newer layout: rope_parameters and dtype",
+       R"({"dtype": "bfloat16", "vocab_size": 8, "hidden_size": 8,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
         "rope_parameters": {"rope_theta": 1234.5, "rope_type": "default"}})",
-                              "c.json");
+       "bfloat16", 1234.5, 16, 1, false},
+  };
+  for (const Layout& k : layouts) {
+    INFO(k.name);
+    auto c = ParseModelConfig(k.text, "c.json");
     REQUIRE(c.ok());
-    CHECK(c->torch_dtype == "bfloat16");
-    CHECK(c->rope_theta == Approx(1234.5));
-    CHECK(c->head_dim == 16);
-    CHECK(c->num_key_value_heads == 1);
+    CHECK(c->torch_dtype == k.torch_dtype);
+    CHECK(c->rope_theta == Approx(k.rope_theta));
+    CHECK(c->head_dim == k.head_dim);
+    CHECK(c->num_key_value_heads == k.num_key_value_heads);
+    CHECK(c->tie_word_embeddings == k.tie_word_embeddings);
   }
   SECTION("bad values are named with the key and the file") {
     struct Case {
@@ -229,6 +236,13 @@ struct Fixture {
     auto ck = Checkpoint::Open(dir);
     REQUIRE_FALSE(ck.ok());
     return ck.error();
+  }
+  // One file with a header written by hand over the tensors' bytes, which must not open.
+  Error HeaderFails(const std::string& header, const std::vector<TensorToWrite>& ts) {
+    SafetensorsWriteOptions o;
+    o.header_override = Pad(header);
+    Single(ts, o);
+    return OpenFails();
   }
 };
 
@@ -355,104 +369,69 @@ TEST_CASE("malformed checkpoints are refused with the file, the tensor and the f
     CHECK(Has(e.message(), model + ": the header length 104857601 is more than the 104857600 bytes"));
   }
   SECTION("header that is not JSON") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]})");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]})", {a});
     CHECK(Has(e.message(), model + ": the header is not valid JSON"));
     CHECK(Has(e.message(), "re-download it"));
   }
   SECTION("header JSON that is not an object") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad("[1, 2, 3]");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails("[1, 2, 3]", {a});
     CHECK(Has(e.message(), model + ": the header is [1,2,3], not a JSON object"));
   }
   SECTION("overlapping ranges") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-                                "layer.b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})");
-    f.Single({a, b}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                                "layer.b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", {a, b});
     CHECK(
         Has(e.message(), model + ": tensor 'layer.b' (bytes 8..24) overlaps tensor 'layer.a' (bytes 0..16)"));
   }
   SECTION("range past the end of the file") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [1000, 1016]}})");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [1000, 1016]}})", {a});
     CHECK(Has(e.message(), model + ": tensor 'layer.a': data ends at byte"));
     CHECK(Has(e.message(), "truncated: re-download it"));
   }
   SECTION("unknown dtype") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "Q4_K", "shape": [4], "data_offsets": [0, 16]}})");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "Q4_K", "shape": [4], "data_offsets": [0, 16]}})", {a});
     CHECK(Has(e.message(), model + ": tensor 'layer.a': unknown dtype 'Q4_K'"));
     CHECK(Has(e.message(), "F8_E4M3"));  // lists what is known
   }
   SECTION("shape x dtype size differs from the byte range") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}})");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [5], "data_offsets": [0, 16]}})", {a});
     CHECK(
         Has(e.message(),
             model + ": tensor 'layer.a': shape [5] of F32 needs 20 bytes but data_offsets [0, 16] hold 16"));
   }
   SECTION("absurd shape whose size overflows") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4294967296, 4294967296, 16],
-                                             "data_offsets": [0, 16]}})");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4294967296, 4294967296, 16],
+                                             "data_offsets": [0, 16]}})", {a});
     CHECK(Has(e.message(), model + ": tensor 'layer.a': shape"));
     CHECK(Has(e.message(), "more elements than"));
   }
   SECTION("shape whose bytes overflow only after the dtype size") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F64", "shape": [4611686018427387904],
-                                             "data_offsets": [0, 0]}})");
-    f.Single({a}, o);
-    CHECK(Has(f.OpenFails().message(), "more elements than"));
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F64", "shape": [4611686018427387904],
+                                             "data_offsets": [0, 0]}})", {a});
+    CHECK(Has(e.message(), "more elements than"));
   }
   SECTION("negative dimension") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})");
-    f.Single({a}, o);
-    Error e = f.OpenFails();
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [-4], "data_offsets": [0, 16]}})", {a});
     CHECK(Has(e.message(), model + ": tensor 'layer.a': dimension 0 is -4, negative"));
   }
   SECTION("fractional dimension and missing offsets") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4.5], "data_offsets": [0, 16]}})");
-    f.Single({a}, o);
-    CHECK(Has(f.OpenFails().message(), "dimension 0 is 4.5, not an integer"));
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4]}})");
-    f.Single({a}, o);
-    CHECK(Has(f.OpenFails().message(), "tensor 'layer.a': 'data_offsets' is missing"));
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4.5], "data_offsets": [0, 16]}})", {a});
+    CHECK(Has(e.message(), "dimension 0 is 4.5, not an integer"));
+    e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4]}})", {a});
+    CHECK(Has(e.message(), "tensor 'layer.a': 'data_offsets' is missing"));
   }
   SECTION("the same tensor twice in one header") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-                                "layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})");
-    f.Single({a, b}, o);
-    CHECK(Has(f.OpenFails().message(), model + ": tensor 'layer.a' appears twice in the header"));
+    Error e = f.HeaderFails(R"({"layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                                "layer.a": {"dtype": "F32", "shape": [4], "data_offsets": [16, 32]}})", {a, b});
+    CHECK(Has(e.message(), model + ": tensor 'layer.a' appears twice in the header"));
   }
   SECTION("deeply nested header JSON") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad("{\"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
-    f.Single({a}, o);
-    CHECK(Has(f.OpenFails().message(), model + ": the header is JSON nested deeper than the limit of 64 levels"));
+    Error e = f.HeaderFails("{\"x\": " + std::string(100000, '[') + std::string(100000, ']') + "}", {a});
+    CHECK(Has(e.message(), model + ": the header is JSON nested deeper than the limit of 64 levels"));
   }
   SECTION("metadata that is not an object of strings") {
-    SafetensorsWriteOptions o;
-    o.header_override = Pad(R"({"__metadata__": {"format": ["pt"]}})");
-    f.Single({}, o);
-    CHECK(Has(f.OpenFails().message(), model + R"(: __metadata__ is {"format":["pt"]}, not an object of strings)"));
+    Error e = f.HeaderFails(R"({"__metadata__": {"format": ["pt"]}})", {});
+    CHECK(Has(e.message(), model + R"(: __metadata__ is {"format":["pt"]}, not an object of strings)"));
   }
   SECTION("missing config.json") {
     f.Single({a});

@@ -21,18 +21,16 @@ const std::vector<std::string> kFields = {
     "backend",    "device_capability", "cuda_driver",  "cuda_runtime", "layout_version"};
 
 FingerprintInputs Inputs() {
-  FingerprintInputs in;
-  in.model_path = "/models/tiny";
-  in.revision = "r1";
-  in.shard = ShardSpec{2, 1};
-  in.pp_size = 1;
-  in.pp_rank = 0;
-  in.dp_size = 1;
-  in.backend = "cuda";
-  in.device_capability = "9.0";
-  in.cuda_driver = "13000";
-  in.cuda_runtime = "13000";
-  return in;
+  return {.model_path = "/models/tiny",
+          .revision = "r1",
+          .shard = ShardSpec{2, 1},
+          .pp_size = 1,
+          .pp_rank = 0,
+          .dp_size = 1,
+          .backend = "cuda",
+          .device_capability = "9.0",
+          .cuda_driver = "13000",
+          .cuda_runtime = "13000"};
 }
 
 TEST_CASE("a fingerprint has every field, in order, from the checkpoint and the inputs") {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,6 +55,13 @@ class DrillNode : public Node {
   }
 };
 
+// Whether testdata/ lacks the checkpoint `model`; if so the test says it is
+// skipped, and its caller returns.
+bool SkipWithout(const std::string& model);
+
+// The golden answers of the test checkpoint `model` (its golden.json).
+std::vector<GoldenCase> DrillGolden(const std::string& model);
+
 // Closed-loop clients on the node's front asking the golden prompts (each
 // request may take up to a minute: the engines share a small machine).
 test::LoadOptions DrillLoad(const DrillNode& node, int clients);
@@ -68,9 +77,28 @@ test::DrillPlan DrillPlanOf(int crash, int planned, int hang, int min_requests_b
 struct DrillOutcome {
   nlohmann::json analysis;
   std::string report;
+  Status ran;                       // what RunDrills returned (RunAndAnalyze)
+  std::vector<DrillRecord> drills;  // the drills it ran (RunAndAnalyze)
 };
 DrillOutcome AnalyzeDrills(const DrillNode& node, const Status& ran, const std::vector<DrillRecord>& drills,
                            const LoadGenerator& load);
+
+// Runs the plan's drills on the started load, stops the load and analyses
+// it (AnalyzeDrills).
+DrillOutcome RunAndAnalyze(const DrillNode& node, DrillTarget& target, LoadGenerator& load, const DrillPlan& plan);
+
+// What every drilled load must show: the plan ran, all `drills` of it,
+// nothing was lost (CheckNothingLost), and some requests were streams.
+void CheckDrilled(DrillOutcome& out, int drills);
+
+// The analysis of one kind of drill: `drills` of them, each of which saw its
+// swap and a correct answer sent after it.
+nlohmann::json& CheckKind(nlohmann::json& analysis, std::string_view kind, int drills);
+
+// Waits up to 30 s for the node's `wsup report --json` to show what `done`
+// looks for (the rows are written as the drills' events come back); the
+// last report read is left in `report`.
+bool WaitReport(const DrillNode& node, const std::function<bool(nlohmann::json&)>& done, nlohmann::json* report);
 
 // The analysis (test::Analyze) of a drilled load: no request failed, was
 // lost, duplicated or wrong, and every one was answered.

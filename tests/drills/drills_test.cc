@@ -32,12 +32,8 @@ using nlohmann::json;
 constexpr int kDrills = test::kSanitized ? 5 : 20;
 
 TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and duplicate nothing", "[drills]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
-  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
-  REQUIRE(golden.ok());
+  if (test::SkipWithout("llama-tiny-f32")) return;
+  const std::vector<test::GoldenCase> golden = test::DrillGolden("llama-tiny-f32");
 
   test::DrillNode node;
   node.Start();
@@ -45,29 +41,18 @@ TEST_CASE("drills: crash and planned failovers under 16 clients lose, fail and d
   REQUIRE(node.WaitServing());
 
   auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  test::LoadGenerator load(test::DrillLoad(node, 16), *golden);
+  test::LoadGenerator load(test::DrillLoad(node, 16), golden);
   test::DrillPlan plan = test::DrillPlanOf(kDrills, kDrills, 0, 16);
 
-  std::vector<test::DrillRecord> drills;
   load.Start();
-  Status ran = test::RunDrills(*target, load, plan, &drills);
-  load.Stop();
-  test::DrillOutcome out = test::AnalyzeDrills(node, ran, drills, load);
+  test::DrillOutcome out = test::RunAndAnalyze(node, *target, load, plan);
   INFO(out.report);
-  json a = out.analysis;
-  REQUIRE(ran.ok());
-  REQUIRE(drills.size() == static_cast<size_t>(2 * kDrills));
-
-  test::CheckNothingLost(a);
+  json& a = out.analysis;
+  test::CheckDrilled(out, 2 * kDrills);
   const json& total = a["total"];
-  CHECK(total["streams"].get<int64_t>() > 0);
   CHECK(total["streams"].get<int64_t>() < total["requests"].get<int64_t>());
   for (const char* kind : {"crash", "planned"}) {
-    const json& k = a["by_kind"][kind];
-    CHECK(k["drills"] == kDrills);
-    // Every drill saw its swap and a correct answer sent after it.
-    CHECK(k["swap_unseen"] == 0);
-    CHECK(k["no_first_ok"] == 0);
+    const json& k = test::CheckKind(a, kind, kDrills);
     CHECK(k["requests"].get<int64_t>() >= 16 * kDrills);
   }
   // The crashes caught requests in flight: some streams were resumed on the

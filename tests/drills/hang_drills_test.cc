@@ -36,12 +36,8 @@ constexpr int kHangs = 5;
 constexpr int kHedgeMs = 200;
 
 TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripped at once", "[drills][hedge]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
-  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
-  REQUIRE(golden.ok());
+  if (test::SkipWithout("llama-tiny-f32")) return;
+  const std::vector<test::GoldenCase> golden = test::DrillGolden("llama-tiny-f32");
 
   test::DrillNode node(std::vector<std::string>{"front.hedge_after_ms=" + std::to_string(kHedgeMs)});
   node.Start();
@@ -63,28 +59,17 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
   lo.probe_burst_ms = 0;
   // The probes ask the case with the shortest prompt: ten of them are in
   // the backlog a hang leaves, and longer prompts would add to its work.
-  lo.probe_case = test::ShortestPromptCase(*golden);
-  test::LoadGenerator load(lo, *golden);
+  lo.probe_case = test::ShortestPromptCase(golden);
+  test::LoadGenerator load(lo, golden);
   test::DrillPlan plan = test::DrillPlanOf(0, 0, kHangs, 16);
   plan.gap = test::kSanitized ? 1000ms : 500ms;
 
-  std::vector<test::DrillRecord> drills;
   load.Start();
-  Status ran = test::RunDrills(*target, load, plan, &drills);
-  load.Stop();
-  test::DrillOutcome out = test::AnalyzeDrills(node, ran, drills, load);
+  test::DrillOutcome out = test::RunAndAnalyze(node, *target, load, plan);
   INFO(out.report);
-  json a = out.analysis;
-  REQUIRE(ran.ok());
-  REQUIRE(drills.size() == static_cast<size_t>(kHangs));
-
-  test::CheckNothingLost(a);
-  const json& total = a["total"];
-  CHECK(total["streams"].get<int64_t>() > 0);
-  const json& k = a["by_kind"]["hang"];
-  CHECK(k["drills"] == kHangs);
-  CHECK(k["swap_unseen"] == 0);
-  CHECK(k["no_first_ok"] == 0);
+  json& a = out.analysis;
+  test::CheckDrilled(out, kHangs);
+  const json& k = test::CheckKind(a, "hang", kHangs);
   // How much longer than usual a client request took: its silence until the
   // hedge, then its answer from the engine that took over, which absorbs
   // every stuck request at once while the replacement standby starts on the

@@ -66,20 +66,16 @@ bool PoolRolesSettle(const test::DrillNode& node, int64_t scratch_mib, std::stri
   return ok;
 }
 
-TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill drills and a planned one under load",
-          "[drills][kv_pool]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
-  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
-  REQUIRE(golden.ok());
+// A drill node whose engines share the node's KV pool.
+test::DrillNodeSpec KvPoolSpec() {
   test::DrillNodeSpec spec;
   spec.kv_pool = true;
-  test::DrillNode node(spec);
-  node.Start();
-  INFO(node.Log());
-  REQUIRE(node.WaitServing());
+  return spec;
+}
+
+// A KV pool node's standby scratch (MiB), from its status, once the pool's
+// roles have settled.
+int64_t SettledScratchMib(const test::DrillNode& node) {
   auto st = node.Status();
   REQUIRE(st);
   const int64_t scratch_mib = (*st)["kv_pool"].value("scratch_mib", int64_t{0});
@@ -89,9 +85,22 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   const bool settled = PoolRolesSettle(node, scratch_mib, &why);
   INFO(why);
   REQUIRE(settled);
+  return scratch_mib;
+}
+
+TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill drills and a planned one under load",
+          "[drills][kv_pool]") {
+  if (test::SkipWithout("llama-tiny-f32")) return;
+  const std::vector<test::GoldenCase> golden = test::DrillGolden("llama-tiny-f32");
+  test::DrillNode node(KvPoolSpec());
+  node.Start();
+  INFO(node.Log());
+  REQUIRE(node.WaitServing());
+  const int64_t scratch_mib = SettledScratchMib(node);
+  std::string why;
 
   auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
-  test::LoadGenerator load(test::DrillLoad(node, 8), *golden);
+  test::LoadGenerator load(test::DrillLoad(node, 8), golden);
   std::vector<test::DrillRecord> drills;
   load.Start();
   for (int i = 0; i < kCrashDrills + 1; ++i) {
@@ -117,14 +126,8 @@ TEST_CASE("kv pool: the active maps it, the standby has a scratch - five kill dr
   // Every failover's promoted engine had its full KV back, and the report
   // says how fast (the rows are written as the grants come back).
   json rep;
-  CHECK(test::WaitFor(
-      [&] {
-        auto r = node.Cli({"report", "--json"});
-        if (r.exit_code != 0) return false;
-        rep = json::parse(r.output, nullptr, false);
-        return !rep.is_discarded() && rep["failovers"]["kv_back"].value("count", 0) >= kCrashDrills + 1;
-      },
-      30s));
+  CHECK(test::WaitReport(
+      node, [](json& r) { return r["failovers"]["kv_back"].value("count", 0) >= kCrashDrills + 1; }, &rep));
   INFO(rep.dump(1));
   CHECK(rep["failovers"]["count"].get<int64_t>() == kCrashDrills + 1);
   CHECK(rep["failovers"]["kv_back"]["count"].get<int64_t>() == kCrashDrills + 1);
@@ -181,23 +184,13 @@ std::optional<std::vector<int64_t>> StreamIds(const test::HttpResult& r) {
 TEST_CASE("kv pool: no client and no other local user can set an engine's role or read its status - 12 streams of "
           "120 tokens stay exact",
           "[drills][kv_pool][security]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
-  test::DrillNodeSpec spec;
-  spec.kv_pool = true;
-  test::DrillNode node(spec);
+  if (test::SkipWithout("llama-tiny-f32")) return;
+  test::DrillNode node(KvPoolSpec());
   node.Start();
   INFO(node.Log());
   REQUIRE(node.WaitServing());
+  SettledScratchMib(node);
   auto st = node.Status();
-  REQUIRE(st);
-  std::string why;
-  const bool settled = PoolRolesSettle(node, (*st)["kv_pool"].value("scratch_mib", int64_t{0}), &why);
-  INFO(why);
-  REQUIRE(settled);
-  st = node.Status();
   REQUIRE(st);
   const json pool_before = (*st)["kv_pool"];
   const json active = test::EngineOf(*st, "active"), standby = test::EngineOf(*st, "standby");
@@ -325,24 +318,17 @@ TEST_CASE("kv pool: no client and no other local user can set an engine's role o
 
 TEST_CASE("kv pool: an engine that maps the pool though it is the standby is fenced at once and recorded",
           "[drills][kv_pool][security]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
+  if (test::SkipWithout("llama-tiny-f32")) return;
   test::TempDir marks;
   const std::string go = marks.Join("go"), once = marks.Join("once");
-  test::DrillNodeSpec spec;
-  spec.kv_pool = true;
+  test::DrillNodeSpec spec = KvPoolSpec();
   spec.engine_prefix = {"python3", std::string(WSUP_SOURCE_DIR) + "/tests/drills/pool_trespasser.py", go, once};
   test::DrillNode node(spec);
   node.Start();
   INFO(node.Log());
   REQUIRE(node.WaitServing());
+  const int64_t scratch_mib = SettledScratchMib(node);
   auto st = node.Status();
-  REQUIRE(st);
-  std::string why;
-  REQUIRE(PoolRolesSettle(node, (*st)["kv_pool"].value("scratch_mib", int64_t{0}), &why));
-  st = node.Status();
   REQUIRE(st);
   const std::string owner = (*st)["kv_pool"].value("owner", "");
   const json active = test::EngineOf(*st, "active"), standby = test::EngineOf(*st, "standby");
@@ -373,7 +359,8 @@ TEST_CASE("kv pool: an engine that maps the pool though it is the standby is fen
   // The pool stayed the active engine's, and the node serves on, with a
   // new standby proven in the fenced one's place.
   REQUIRE(node.WaitServing());
-  REQUIRE(PoolRolesSettle(node, (*st)["kv_pool"].value("scratch_mib", int64_t{0}), &why));
+  std::string why;
+  REQUIRE(PoolRolesSettle(node, scratch_mib, &why));
   st = node.Status();
   REQUIRE(st);
   CHECK((*st)["kv_pool"].value("owner", "") == owner);

@@ -284,10 +284,7 @@ Cut RunCut(test::DrillNode& node, const std::vector<std::pair<std::string, std::
 
 TEST_CASE("kv journal drills: streams cut by a crash resume from the dead engine's KV pages, token for token",
           "[drills][kv_journal]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
+  if (test::SkipWithout("llama-tiny-f32")) return;
   test::DrillNodeSpec spec;
   spec.kv_pool = true;
   spec.engine_args = {"--min-step-ms", "20"};

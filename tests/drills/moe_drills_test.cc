@@ -51,13 +51,9 @@ TEST_CASE(
     "drills: the MoE demo node survives a holder SIGKILL and 5 kill drills under load - 0 failed, 0 wrong, "
     "the re-armed engines hit the cache",
     "[drills][moe]") {
-  if (!test::HaveTestData("qwen3moe-tiny-f32")) {
-    WARN("SKIP: testdata/qwen3moe-tiny-f32 is missing");
-    return;
-  }
-  auto golden = test::LoadGolden(test::TestData("qwen3moe-tiny-f32/golden.json"));
-  REQUIRE(golden.ok());
-  for (auto& g : *golden) {
+  if (test::SkipWithout("qwen3moe-tiny-f32")) return;
+  std::vector<test::GoldenCase> golden = test::DrillGolden("qwen3moe-tiny-f32");
+  for (auto& g : golden) {
     // The full golden text is the rendering of its ids; the prefix wanted
     // here is rendered from the ids alone.
     REQUIRE(g.text == TextOfIds(g.output_ids));
@@ -77,7 +73,7 @@ TEST_CASE(
   auto target = test::MakeWsupTarget({node.SupervisorSocket(), node.FrontSocket()});
   test::LoadOptions lo = test::DrillLoad(node, 4);
   lo.max_tokens = kMoeTokens;
-  test::LoadGenerator load(lo, *golden);
+  test::LoadGenerator load(lo, golden);
   load.Start();
 
   // The holder dies under load: the engines keep answering (checked with the
@@ -106,36 +102,17 @@ TEST_CASE(
   // Five kill drills; each re-armed engine attaches to the new holder.
   test::DrillPlan plan = test::DrillPlanOf(kMoeDrills, 0, 0, 4);
   plan.ready_limit = 60s;
-  std::vector<test::DrillRecord> drills;
-  Status ran = test::RunDrills(*target, load, plan, &drills);
-  load.Stop();
-  test::DrillOutcome out = test::AnalyzeDrills(node, ran, drills, load);
+  test::DrillOutcome out = test::RunAndAnalyze(node, *target, load, plan);
   INFO(out.report);
-  json a = out.analysis;
-  REQUIRE(ran.ok());
-  REQUIRE(drills.size() == static_cast<size_t>(kMoeDrills));
-
-  test::CheckNothingLost(a);
-  const json& total = a["total"];
-  CHECK(total["streams"].get<int64_t>() > 0);
-  const json& k = a["by_kind"]["crash"];
-  CHECK(k["drills"] == kMoeDrills);
-  CHECK(k["swap_unseen"] == 0);
-  CHECK(k["no_first_ok"] == 0);
+  test::CheckDrilled(out, kMoeDrills);
+  test::CheckKind(out.analysis, "crash", kMoeDrills);
 
   // The ledger, through `wsup report`: the two first engines and the five
   // re-armed ones attached (hits), nothing loaded from disk by an engine;
   // one holder restart, from the kept fds.
   REQUIRE(node.WaitServing());
   json rj;
-  REQUIRE(test::WaitFor(
-      [&] {
-        auto r = node.Cli({"report", "--json"});
-        if (r.exit_code != 0) return false;
-        rj = json::parse(r.output, nullptr, false);
-        return !rj.is_discarded() && rj["cache"].value("hits", 0) >= 2 + kMoeDrills;
-      },
-      30s));
+  REQUIRE(test::WaitReport(node, [](json& r) { return r["cache"].value("hits", 0) >= 2 + kMoeDrills; }, &rj));
   INFO(rj.dump(1));
   CHECK(rj["cache"]["hits"] == 2 + kMoeDrills);
   CHECK(rj["cache"]["misses"] == 0);

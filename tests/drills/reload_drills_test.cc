@@ -171,12 +171,8 @@ Totals Count(const std::vector<test::RequestRecord>& records) {
 
 TEST_CASE("reload: a new engine version rolls standby first under load, a wrong one rolls back, cold keys are refused",
           "[drills][reload]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
-  auto golden = test::LoadGolden(test::TestData("llama-tiny-f32/golden.json"));
-  REQUIRE(golden.ok());
+  if (test::SkipWithout("llama-tiny-f32")) return;
+  const std::vector<test::GoldenCase> golden = test::DrillGolden("llama-tiny-f32");
   test::TempDir files;
   const std::string cfg = files.Join("node.toml");
   const std::string model = test::TestData("llama-tiny-f32");
@@ -192,7 +188,7 @@ TEST_CASE("reload: a new engine version rolls standby first under load, a wrong 
   INFO(node.Log());
   REQUIRE(node.WaitServing());
 
-  test::LoadGenerator load(test::DrillLoad(node, 8), *golden);
+  test::LoadGenerator load(test::DrillLoad(node, 8), golden);
   load.Start();
   REQUIRE(test::WaitFor([&] { return load.completed() >= 16; }, 60s));
 
@@ -517,10 +513,7 @@ std::string CmdLine(int pid) {
 TEST_CASE("reload: the supervisor SIGKILLed during each step of a roll - every row ends, both slots run one version, "
           "the next reload does the right thing",
           "[drills][reload]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
+  if (test::SkipWithout("llama-tiny-f32")) return;
   test::TempDir files;
   const std::string cfg = files.Join("node.toml");
   const std::string model = test::TestData("llama-tiny-f32");

@@ -622,8 +622,8 @@ struct CutStream {
   std::vector<int32_t> delivered;  // what the client had when the engine died
 };
 
-// The streams' tokens on a private cache, uninterrupted.
-void Uninterrupted(std::vector<CutStream>* streams) {
+// The streams, each with its tokens from a private cache, uninterrupted.
+std::vector<CutStream> Uninterrupted(std::vector<CutStream> streams) {
   auto runner = TinyRunner();
   REQUIRE(runner->AllocateKv(4 << 20, 16).ok());
   Outcomes out;
@@ -631,18 +631,19 @@ void Uninterrupted(std::vector<CutStream>* streams) {
   so.max_batch = 8;
   Scheduler sched(runner.get(), so, out.Sink());
   sched.Start();
-  for (size_t i = 0; i < streams->size(); ++i) {
+  for (size_t i = 0; i < streams.size(); ++i) {
     GenRequest g;
     g.id = i + 1;
-    g.prompt = (*streams)[i].prompt;
+    g.prompt = streams[i].prompt;
     g.max_tokens = kCutTokens;
     REQUIRE(sched.Submit(g).ok());
   }
-  for (size_t i = 0; i < streams->size(); ++i) {
+  for (size_t i = 0; i < streams.size(); ++i) {
     REQUIRE(test::WaitFor([&] { return out.Done(i + 1); }, std::chrono::seconds(120)));
-    (*streams)[i].want = out.Tokens(i + 1);
-    REQUIRE((*streams)[i].want.size() == kCutTokens);
+    streams[i].want = out.Tokens(i + 1);
+    REQUIRE(streams[i].want.size() == kCutTokens);
   }
+  return streams;
 }
 
 // An active engine on the pool runs the streams (paced: 10 ms a step) and
@@ -735,11 +736,10 @@ TEST_CASE(
     "scheduler over a pool: streams cut by a crash adopt the dead engine's KV and go on token for token",
     "[kv_pool][kv_journal]") {
   REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  std::vector<CutStream> streams = {{"cut-long", LongPrompt(400, 1), {}, {}},
-                                    {"cut-behind", LongPrompt(150, 2), {}, {}},
-                                    {"cut-short", LongPrompt(20, 3), {}, {}},
-                                    {"nobody-resumes", LongPrompt(100, 4), {}, {}}};
-  Uninterrupted(&streams);
+  std::vector<CutStream> streams = Uninterrupted({{"cut-long", LongPrompt(400, 1)},
+                                                  {"cut-behind", LongPrompt(150, 2)},
+                                                  {"cut-short", LongPrompt(20, 3)},
+                                                  {"nobody-resumes", LongPrompt(100, 4)}});
   TestPool pool(kAdoptPool);
   // "cut-behind"'s client had 8 tokens when the engine had 20 or more.
   RunAndDie(pool, &streams, 20, {{1, 8}});
@@ -789,11 +789,10 @@ TEST_CASE(
 TEST_CASE("scheduler over a pool: a damaged journal is computed in full, identical, each for its reason",
           "[kv_pool][kv_journal]") {
   REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  std::vector<CutStream> streams = {{"wrong-hash", LongPrompt(120, 5), {}, {}},
-                                    {"page-out-of-range", LongPrompt(120, 6), {}, {}},
-                                    {"torn", LongPrompt(120, 7), {}, {}},
-                                    {"intact", LongPrompt(120, 8), {}, {}}};
-  Uninterrupted(&streams);
+  std::vector<CutStream> streams = Uninterrupted({{"wrong-hash", LongPrompt(120, 5)},
+                                                  {"page-out-of-range", LongPrompt(120, 6)},
+                                                  {"torn", LongPrompt(120, 7)},
+                                                  {"intact", LongPrompt(120, 8)}});
   TestPool pool(kAdoptPool);
   RunAndDie(pool, &streams, 8);
 
@@ -824,13 +823,8 @@ TEST_CASE("scheduler over a pool: a damaged journal is computed in full, identic
   b.Open(pool);
   for (uint64_t i = 0; i < streams.size(); ++i) REQUIRE(b.sched->Submit(Resumed(i + 1, streams[i])).ok());
   // And a resume the journal never heard of.
-  CutStream stranger{"stranger", LongPrompt(30, 9), {}, {}};
-  {
-    std::vector<CutStream> one = {stranger};
-    Uninterrupted(&one);
-    stranger.want = one[0].want;
-    stranger.delivered.assign(stranger.want.begin(), stranger.want.begin() + 5);
-  }
+  CutStream stranger = Uninterrupted({{"stranger", LongPrompt(30, 9)}})[0];
+  stranger.delivered.assign(stranger.want.begin(), stranger.want.begin() + 5);
   REQUIRE(b.sched->Submit(Resumed(10, stranger)).ok());
   for (uint64_t i = 0; i < streams.size(); ++i) {
     INFO("stream " << streams[i].id);
@@ -853,8 +847,7 @@ TEST_CASE("scheduler over a pool: a resume whose pool never comes runs from the 
           "[kv_pool][kv_journal]") {
   REQUIRE(test::HaveTestData("llama-tiny-f32"));
   // 12 + 48 positions: the scratch holds them.
-  std::vector<CutStream> streams = {{"no-pool", LongPrompt(12, 11), {}, {}}};
-  Uninterrupted(&streams);
+  std::vector<CutStream> streams = Uninterrupted({{"no-pool", LongPrompt(12, 11)}});
   streams[0].delivered.assign(streams[0].want.begin(), streams[0].want.begin() + 8);
   SchedulerOptions so;
   so.adopt_wait_ms = 200;

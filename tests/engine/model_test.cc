@@ -24,6 +24,29 @@ using test::Golden;
 using test::LoadGolden;
 using test::Top5;
 
+using WeightEdit = std::function<std::unique_ptr<engine::WeightSource>(std::unique_ptr<engine::WeightSource>)>;
+
+Checkpoint OpenTestCheckpoint(const std::string& model) {
+  REQUIRE(test::HaveTestData(model));
+  auto ckpt = Checkpoint::Open(test::TestData(model));
+  REQUIRE(ckpt.ok());
+  return std::move(*ckpt);
+}
+
+// Why rank 0 of `tp` is refused the checkpoint's whole (unsharded) weights,
+// as `edit` leaves them.
+std::string BindRefused(const Checkpoint& ckpt, int tp, const WeightEdit& edit = nullptr) {
+  auto w = LoadWeightsFromDisk(ckpt, ShardSpec{1, 0}, 1);
+  REQUIRE(w.ok());
+  std::unique_ptr<engine::WeightSource> weights = std::move(*w);
+  if (edit) weights = edit(std::move(weights));
+  auto d = ModelDims::From(ckpt.config(), tp, 0);
+  REQUIRE(d.ok());
+  auto m = RankModel::Bind(*d, *weights, 1);
+  REQUIRE_FALSE(m.ok());
+  return m.error().message();
+}
+
 std::unique_ptr<ModelRunner> MakeRunner(const std::string& model, int tp, int threads = 1) {
   auto ckpt = Checkpoint::Open(test::TestData(model));
   REQUIRE(ckpt.ok());
@@ -96,6 +119,16 @@ void CheckGolden(const std::string& model, int tp, float first8_tol, bool want_l
     for (size_t i = 0; i < g.first8.size(); ++i) CHECK(std::fabs(logits[i] - g.first8[i]) < first8_tol);
   }
   CHECK(compared > 0);
+}
+
+// A sharded checkpoint loads on one rank and decodes a few finite tokens.
+void CheckShardedDecodes(const std::string& model) {
+  REQUIRE(test::HaveTestData(model));
+  auto runner = MakeRunner(model, 1);
+  std::vector<float> logits;
+  auto out = Greedy(*runner, {119, 115, 117, 112}, 4, &logits);
+  CHECK(out.size() == 4);
+  CHECK(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
 }
 
 }  // namespace
@@ -186,44 +219,20 @@ TEST_CASE("model: tensor parallel over threads (tp 2 and 4) reproduces the f32 g
   CheckGolden("llama-tiny-f32", 4, 1e-3f, true);
 }
 
-TEST_CASE("model: the sharded bf16 checkpoint loads and decodes") {
-  REQUIRE(test::HaveTestData("llama-tiny-bf16-sharded"));
-  auto runner = MakeRunner("llama-tiny-bf16-sharded", 1);
-  std::vector<float> logits;
-  auto out = Greedy(*runner, {119, 115, 117, 112}, 4, &logits);
-  CHECK(out.size() == 4);
-  CHECK(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
-}
+TEST_CASE("model: the sharded bf16 checkpoint loads and decodes") { CheckShardedDecodes("llama-tiny-bf16-sharded"); }
 
 TEST_CASE("model: refusals name the problem") {
-  REQUIRE(test::HaveTestData("llama-tiny-f32"));
-  auto ckpt = Checkpoint::Open(test::TestData("llama-tiny-f32"));
-  REQUIRE(ckpt.ok());
+  const Checkpoint ckpt = OpenTestCheckpoint("llama-tiny-f32");
   SECTION("tp that does not divide the heads") {
-    auto d = ModelDims::From(ckpt->config(), 3, 0);
+    auto d = ModelDims::From(ckpt.config(), 3, 0);
     REQUIRE_FALSE(d.ok());
     CHECK(d.error().message().find("--tp 3") != std::string::npos);
   }
   SECTION("a rank given the wrong shard") {
-    auto w = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 1);
-    REQUIRE(w.ok());
-    auto d = ModelDims::From(ckpt->config(), 2, 0);
-    REQUIRE(d.ok());
-    auto m = RankModel::Bind(*d, **w, 1);
-    REQUIRE_FALSE(m.ok());
-    CHECK(m.error().message().find("has shape") != std::string::npos);
+    CHECK(BindRefused(ckpt, 2).find("has shape") != std::string::npos);
   }
   SECTION("per-tensor fp8 is refused") {
-    REQUIRE(test::HaveTestData("llama-tiny-fp8-pertensor"));
-    auto pt = Checkpoint::Open(test::TestData("llama-tiny-fp8-pertensor"));
-    REQUIRE(pt.ok());
-    auto w = LoadWeightsFromDisk(*pt, ShardSpec{1, 0}, 1);
-    REQUIRE(w.ok());
-    auto d = ModelDims::From(pt->config(), 1, 0);
-    REQUIRE(d.ok());
-    auto m = RankModel::Bind(*d, **w, 1);
-    REQUIRE_FALSE(m.ok());
-    CHECK(m.error().message().find("block scale") != std::string::npos);
+    CHECK(BindRefused(OpenTestCheckpoint("llama-tiny-fp8-pertensor"), 1).find("block scale") != std::string::npos);
   }
 }
 
@@ -238,12 +247,7 @@ TEST_CASE("model: deepseekv3-tiny reproduces the golden outputs and logits (f32,
 }
 
 TEST_CASE("model: the sharded bf16 qwen3moe checkpoint loads and decodes", "[moe]") {
-  REQUIRE(test::HaveTestData("qwen3moe-tiny-bf16-sharded"));
-  auto runner = MakeRunner("qwen3moe-tiny-bf16-sharded", 1);
-  std::vector<float> logits;
-  auto out = Greedy(*runner, {119, 115, 117, 112}, 4, &logits);
-  CHECK(out.size() == 4);
-  CHECK(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
+  CheckShardedDecodes("qwen3moe-tiny-bf16-sharded");
 }
 
 TEST_CASE("model: a batch of several sequences gives each its own MoE goldens", "[moe]") {
@@ -307,17 +311,9 @@ class EditedWeights : public engine::WeightSource {
 
 std::string BindError(const std::string& model, const std::string& drop, const std::string& reshape = "",
                       std::vector<int64_t> shape = {}) {
-  REQUIRE(test::HaveTestData(model));
-  auto ckpt = Checkpoint::Open(test::TestData(model));
-  REQUIRE(ckpt.ok());
-  auto w = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 1);
-  REQUIRE(w.ok());
-  EditedWeights edited(std::move(*w), drop, reshape, shape);
-  auto d = ModelDims::From(ckpt->config(), 1, 0);
-  REQUIRE(d.ok());
-  auto m = RankModel::Bind(*d, edited, 1);
-  REQUIRE_FALSE(m.ok());
-  return m.error().message();
+  return BindRefused(OpenTestCheckpoint(model), 1, [&](std::unique_ptr<engine::WeightSource> w) {
+    return std::make_unique<EditedWeights>(std::move(w), drop, reshape, shape);
+  });
 }
 
 bool Has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -325,65 +321,58 @@ bool Has(const std::string& s, const std::string& part) { return s.find(part) !=
 }  // namespace
 
 TEST_CASE("model: malformed MoE checkpoints are refused naming the tensor and the fix", "[moe]") {
-  SECTION("an expert missing") {
-    auto msg = BindError("qwen3moe-tiny-f32", "model.layers.1.mlp.experts.5.up_proj.weight");
+  struct Case {
+    const char* name;
+    const char* model;
+    const char* drop;     // a tensor taken out
+    const char* reshape;  // or one given `shape`
+    std::vector<int64_t> shape;
+    std::vector<std::string> says;
+  } cases[] = {
+      {"an expert missing", "qwen3moe-tiny-f32", "model.layers.1.mlp.experts.5.up_proj.weight", "", {},
+       {"'model.layers.1.mlp.experts.5.up_proj.weight' is missing", "re-download"}},
+      {"an expert of the wrong shape", "deepseekv3-tiny-f32", "", "model.layers.1.mlp.experts.3.down_proj.weight",
+       {256, 32},
+       {"'model.layers.1.mlp.experts.3.down_proj.weight' has shape [256, 32]", "[256, 64]",
+        "restore the matching files"}},
+      {"a router of the wrong width", "qwen3moe-tiny-f32", "", "model.layers.0.mlp.gate.weight", {6, 256},
+       {"router 'model.layers.0.mlp.gate.weight' has shape [6, 256]", "8 experts"}},
+      {"e_score_correction_bias missing", "deepseekv3-tiny-fp8-block",
+       "model.layers.1.mlp.gate.e_score_correction_bias", "", {},
+       {"'model.layers.1.mlp.gate.e_score_correction_bias' is missing", "re-download"}},
+      {"an expert's block scale missing", "qwen3moe-tiny-fp8-block",
+       "model.layers.0.mlp.experts.2.gate_proj.weight_scale_inv", "", {},
+       {"'model.layers.0.mlp.experts.2.gate_proj.weight_scale_inv'"}},
+      {"an MLA projection missing", "deepseekv3-tiny-f32", "model.layers.0.self_attn.kv_b_proj.weight", "", {},
+       {"'model.layers.0.self_attn.kv_b_proj.weight' is missing", "DeepSeek-V3"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    auto msg = BindError(c.model, c.drop, c.reshape, c.shape);
     INFO(msg);
-    CHECK(Has(msg, "'model.layers.1.mlp.experts.5.up_proj.weight' is missing"));
-    CHECK(Has(msg, "re-download"));
-  }
-  SECTION("an expert of the wrong shape") {
-    auto msg = BindError("deepseekv3-tiny-f32", "", "model.layers.1.mlp.experts.3.down_proj.weight", {256, 32});
-    INFO(msg);
-    CHECK(Has(msg, "'model.layers.1.mlp.experts.3.down_proj.weight' has shape [256, 32]"));
-    CHECK(Has(msg, "[256, 64]"));
-    CHECK(Has(msg, "restore the matching files"));
-  }
-  SECTION("a router of the wrong width") {
-    auto msg = BindError("qwen3moe-tiny-f32", "", "model.layers.0.mlp.gate.weight", {6, 256});
-    INFO(msg);
-    CHECK(Has(msg, "router 'model.layers.0.mlp.gate.weight' has shape [6, 256]"));
-    CHECK(Has(msg, "8 experts"));
-  }
-  SECTION("e_score_correction_bias missing") {
-    auto msg = BindError("deepseekv3-tiny-fp8-block", "model.layers.1.mlp.gate.e_score_correction_bias");
-    INFO(msg);
-    CHECK(Has(msg, "'model.layers.1.mlp.gate.e_score_correction_bias' is missing"));
-    CHECK(Has(msg, "re-download"));
-  }
-  SECTION("an expert's block scale missing") {
-    auto msg = BindError("qwen3moe-tiny-fp8-block", "model.layers.0.mlp.experts.2.gate_proj.weight_scale_inv");
-    INFO(msg);
-    CHECK(Has(msg, "'model.layers.0.mlp.experts.2.gate_proj.weight_scale_inv'"));
-  }
-  SECTION("an MLA projection missing") {
-    auto msg = BindError("deepseekv3-tiny-f32", "model.layers.0.self_attn.kv_b_proj.weight");
-    INFO(msg);
-    CHECK(Has(msg, "'model.layers.0.self_attn.kv_b_proj.weight' is missing"));
-    CHECK(Has(msg, "DeepSeek-V3"));
+    for (const std::string& part : c.says) CHECK(Has(msg, part));
   }
 }
 
 TEST_CASE("model: MoE configs the engine cannot compute are refused with the fix", "[moe]") {
-  REQUIRE(test::HaveTestData("qwen3moe-tiny-f32"));
-  auto ckpt = Checkpoint::Open(test::TestData("qwen3moe-tiny-f32"));
-  REQUIRE(ckpt.ok());
+  const Checkpoint ckpt = OpenTestCheckpoint("qwen3moe-tiny-f32");
   SECTION("tensor and expert parallel slices") {
-    auto d = ModelDims::From(ckpt->config(), 2, 1);
+    auto d = ModelDims::From(ckpt.config(), 2, 1);
     REQUIRE(d.ok());
     CHECK(d->local_moe_inter == 32);
     CHECK(d->local_experts == 8);
     CHECK(d->expert_start == 0);
-    auto e = ModelDims::From(ckpt->config(), 2, 1, 2);
+    auto e = ModelDims::From(ckpt.config(), 2, 1, 2);
     REQUIRE(e.ok());
     CHECK(e->local_moe_inter == 64);
     CHECK(e->local_experts == 4);
     CHECK(e->expert_start == 4);
   }
   SECTION("a tp that cuts the heads, and an ep that is not the tp") {
-    auto d = ModelDims::From(ckpt->config(), 3, 0);
+    auto d = ModelDims::From(ckpt.config(), 3, 0);
     REQUIRE_FALSE(d.ok());
     CHECK(Has(d.error().message(), "--tp 3 does not divide num_attention_heads 4"));
-    auto e = ModelDims::From(ckpt->config(), 4, 0, 2);
+    auto e = ModelDims::From(ckpt.config(), 4, 0, 2);
     REQUIRE_FALSE(e.ok());
     CHECK(Has(e.error().message(), "pass --ep-size 4"));
   }
@@ -398,32 +387,33 @@ TEST_CASE("model: MoE configs the engine cannot compute are refused with the fix
     REQUIRE(c.ok());
     return ModelDims::From(*c, tp, 0, ep);
   };
-  SECTION("experts that the ranks cannot share evenly") {
-    auto d = edit([](nlohmann::json& j) { j["num_local_experts"] = 6; }, 4, 4);
+  // Why the edited config is refused.
+  auto refused = [&](const std::function<void(nlohmann::json&)>& f, int tp = 1, int ep = 1) {
+    auto d = edit(f, tp, ep);
     REQUIRE_FALSE(d.ok());
-    CHECK(Has(d.error().message(), "num_experts 6 is not divisible by the expert-parallel size 4"));
-    CHECK(Has(d.error().message(), "(1, 2)"));
+    return d.error().message();
+  };
+  SECTION("experts that the ranks cannot share evenly") {
+    std::string msg = refused([](nlohmann::json& j) { j["num_local_experts"] = 6; }, 4, 4);
+    CHECK(Has(msg, "num_experts 6 is not divisible by the expert-parallel size 4"));
+    CHECK(Has(msg, "(1, 2)"));
   }
   SECTION("an expert width that tp does not divide") {
-    auto d = edit([](nlohmann::json& j) { j["moe_intermediate_size"] = 66; }, 4);
-    REQUIRE_FALSE(d.ok());
-    CHECK(Has(d.error().message(), "--tp 4 does not divide moe_intermediate_size 66"));
-    CHECK(Has(d.error().message(), "--expert-parallel"));
+    std::string msg = refused([](nlohmann::json& j) { j["moe_intermediate_size"] = 66; }, 4);
+    CHECK(Has(msg, "--tp 4 does not divide moe_intermediate_size 66"));
+    CHECK(Has(msg, "--expert-parallel"));
   }
   SECTION("top-k above the experts") {
-    auto d = edit([](nlohmann::json& j) { j["num_experts_per_tok"] = 9; });
-    REQUIRE_FALSE(d.ok());
-    CHECK(Has(d.error().message(), "num_experts_per_tok 9"));
+    std::string msg = refused([](nlohmann::json& j) { j["num_experts_per_tok"] = 9; });
+    CHECK(Has(msg, "num_experts_per_tok 9"));
   }
   SECTION("a missing key") {
-    auto d = edit([](nlohmann::json& j) { j.erase("moe_intermediate_size"); });
-    REQUIRE_FALSE(d.ok());
-    CHECK(Has(d.error().message(), "'moe_intermediate_size' is missing"));
+    std::string msg = refused([](nlohmann::json& j) { j.erase("moe_intermediate_size"); });
+    CHECK(Has(msg, "'moe_intermediate_size' is missing"));
   }
   SECTION("scaled rope") {
-    auto d = edit([](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "yarn"; });
-    REQUIRE_FALSE(d.ok());
-    CHECK(Has(d.error().message(), "default rope"));
+    std::string msg = refused([](nlohmann::json& j) { j["rope_parameters"]["rope_type"] = "yarn"; });
+    CHECK(Has(msg, "default rope"));
   }
   SECTION("dense layers by mlp_only_layers and decoder_sparse_step") {
     auto d = edit([](nlohmann::json& j) { j["mlp_only_layers"] = {0}; });

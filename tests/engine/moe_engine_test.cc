@@ -14,6 +14,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,14 @@ void CheckGoldens(int port, const std::string& model) {
   CHECK(compared > 0);
 }
 
+// The engine's weights came from its holders, asked in client mode.
+void CheckAttachedInClientMode(int port) {
+  json st = wsup::test::GetJson(port, "/wsup/status");
+  CHECK(st["weights"]["mode"] == "client");
+  CHECK(st["weights"]["source"] == "holder");
+  CHECK_FALSE(st["weights"].contains("miss_reason"));
+}
+
 }  // namespace
 
 TEST_CASE("moe engine: goldens over HTTP with weights from disk", "[moe]") {
@@ -79,10 +88,7 @@ TEST_CASE("moe engine: goldens over HTTP with weights from a holder in client mo
     Proc e = wsup::test::StartEngine(dir, model, {"--weight-cache", "client", "--socket", sock});
     INFO(e.Log());
     REQUIRE(e.ready);
-    json st = wsup::test::GetJson(e.port, "/wsup/status");
-    CHECK(st["weights"]["mode"] == "client");
-    CHECK(st["weights"]["source"] == "holder");
-    CHECK_FALSE(st["weights"].contains("miss_reason"));
+    CheckAttachedInClientMode(e.port);
     CheckGoldens(e.port, model);
     e.child.Kill(SIGTERM);
     CHECK(e.child.Wait(10s) == 0);
@@ -165,6 +171,22 @@ void CheckRanks(int port, const Group& g) {
   CHECK(st["comm"]["ranks"] == g.tp);
 }
 
+// One holder per rank, each started by `start` (its rank, socket in `dir`
+// and log name) and ready; the engine's --socket list.
+std::string StartRankHolders(const TempDir& dir, int ranks, std::vector<Proc>* procs,
+                             const std::function<Proc(int, const std::string&, const std::string&)>& start) {
+  std::string sockets;
+  // A check that fails early leaves the rest to Child's destructor (SIGKILL).
+  for (int r = 0; r < ranks; ++r) {
+    const std::string sock = dir.Join("h" + std::to_string(r) + ".sock");
+    procs->push_back(start(r, sock, "holder" + std::to_string(r) + ".log"));
+    INFO("holder " << r << "\n" << procs->back().Log());
+    REQUIRE(procs->back().ready);
+    sockets += (r ? "," : "") + sock;
+  }
+  return sockets;
+}
+
 }  // namespace
 
 TEST_CASE("moe engine: tensor and expert parallel over threads give the goldens with weights from disk", "[moe]") {
@@ -191,28 +213,20 @@ TEST_CASE("moe engine: tensor and expert parallel give the goldens from one hold
     for (const Group& g : kGroups) {
       TempDir dir;
       std::vector<Proc> holders;
-      std::string sockets;
-      // A check that fails early leaves the rest to Child's destructor (SIGKILL).
-      for (int r = 0; r < g.tp; ++r) {
-        const std::string sock = dir.Join("h" + std::to_string(r) + ".sock");
-        std::vector<std::string> extra = {"--tp-size", std::to_string(g.tp), "--tp-rank", std::to_string(r)};
-        if (g.ep) extra.insert(extra.end(), {"--ep-size", std::to_string(g.tp), "--ep-rank", std::to_string(r)});
-        holders.push_back(wsup::test::StartHolder(dir, wsup::test::TestData(model), sock, extra,
-                                                  "holder" + std::to_string(r) + ".log"));
-        INFO(model << " " << g.Name() << " holder " << r << "\n" << holders.back().Log());
-        REQUIRE(holders.back().ready);
-        sockets += (r ? "," : "") + sock;
-      }
+      INFO(model << " " << g.Name());
+      const std::string sockets =
+          StartRankHolders(dir, g.tp, &holders, [&](int r, const std::string& sock, const std::string& log) {
+            std::vector<std::string> extra = {"--tp-size", std::to_string(g.tp), "--tp-rank", std::to_string(r)};
+            if (g.ep) extra.insert(extra.end(), {"--ep-size", std::to_string(g.tp), "--ep-rank", std::to_string(r)});
+            return wsup::test::StartHolder(dir, wsup::test::TestData(model), sock, extra, log);
+          });
       std::vector<std::string> args = {"--weight-cache", "client", "--socket", sockets};
       for (const auto& a : g.EngineArgs()) args.push_back(a);
       holders.push_back(wsup::test::StartEngine(dir, model, args));
       Proc& e = holders.back();
       INFO(model << " " << g.Name() << "\n" << e.Log());
       REQUIRE(e.ready);
-      json st = wsup::test::GetJson(e.port, "/wsup/status");
-      CHECK(st["weights"]["mode"] == "client");
-      CHECK(st["weights"]["source"] == "holder");
-      CHECK_FALSE(st["weights"].contains("miss_reason"));
+      CheckAttachedInClientMode(e.port);
       CheckRanks(e.port, g);
       CheckGoldens(e.port, model);
       for (Proc& p : holders) p.child.Kill(SIGTERM);
@@ -227,17 +241,12 @@ TEST_CASE("moe engine: an engine without expert parallelism against holders with
   REQUIRE(wsup::test::HaveTestData(model));
   TempDir dir;
   std::vector<Proc> procs;
-  std::string sockets;
-  for (int r = 0; r < 2; ++r) {
-    const std::string sock = dir.Join("h" + std::to_string(r) + ".sock");
-    procs.push_back(wsup::test::StartHolder(
-        dir, wsup::test::TestData(model), sock,
-        {"--tp-size", "2", "--tp-rank", std::to_string(r), "--ep-size", "2", "--ep-rank", std::to_string(r)},
-        "holder" + std::to_string(r) + ".log"));
-    INFO(procs.back().Log());
-    REQUIRE(procs.back().ready);
-    sockets += (r ? "," : "") + sock;
-  }
+  const std::string sockets =
+      StartRankHolders(dir, 2, &procs, [&](int r, const std::string& sock, const std::string& log) {
+        return wsup::test::StartHolder(
+            dir, wsup::test::TestData(model), sock,
+            {"--tp-size", "2", "--tp-rank", std::to_string(r), "--ep-size", "2", "--ep-rank", std::to_string(r)}, log);
+      });
   SECTION("client mode falls back to disk, says why, and still gives the goldens") {
     procs.push_back(wsup::test::StartEngine(dir, model, {"--tp", "2", "--weight-cache", "client", "--socket", sockets}));
     Proc& e = procs.back();
@@ -332,16 +341,12 @@ TEST_CASE("moe engine: at tp 2 with expert parallelism the first engine publishe
   REQUIRE(wsup::test::HaveTestData(model));
   TempDir dir;
   std::vector<Proc> procs;
-  std::string sockets;
-  for (int r = 0; r < 2; ++r) {
-    const std::string sock = dir.Join("h" + std::to_string(r) + ".sock");
-    procs.push_back(wsup::test::StartWithReadyFd({wsup::test::BinPath("wsup-holder"), "--layout", "engine", "--socket",
-                                                  sock, "--backend", "host", "--ready-fd", "3", "--log-level", "warn"},
-                                                 dir.Join("holder" + std::to_string(r) + ".log")));
-    INFO(procs.back().Log());
-    REQUIRE(procs.back().ready);
-    sockets += (r ? "," : "") + sock;
-  }
+  const std::string sockets =
+      StartRankHolders(dir, 2, &procs, [&](int, const std::string& sock, const std::string& log) {
+        return wsup::test::StartWithReadyFd({wsup::test::BinPath("wsup-holder"), "--layout", "engine", "--socket",
+                                             sock, "--backend", "host", "--ready-fd", "3", "--log-level", "warn"},
+                                            dir.Join(log));
+      });
   for (const char* want : {"published", "holder"}) {
     Proc e = wsup::test::StartEngine(dir, model,
                                      {"--tp", "2", "--expert-parallel", "--weight-cache", "client", "--socket", sockets,

@@ -88,23 +88,17 @@ Routed Reference(const std::vector<float>& lg, const std::vector<float>& bias, c
 }
 
 DevRouting Softmax(int64_t experts, int64_t k, bool norm) {
-  DevRouting r;
-  r.experts = experts;
-  r.top_k = k;
-  r.norm_topk = norm;
-  return r;
+  return {.experts = experts, .top_k = k, .norm_topk = norm};
 }
 
 DevRouting Sigmoid(int64_t experts, int64_t k, int64_t groups, int64_t keep, float scale) {
-  DevRouting r;
-  r.experts = experts;
-  r.top_k = k;
-  r.sigmoid = true;
-  r.n_group = groups;
-  r.topk_group = keep;
-  r.norm_topk = true;
-  r.routed_scale = scale;
-  return r;
+  return {.experts = experts,
+          .top_k = k,
+          .sigmoid = true,
+          .n_group = groups,
+          .topk_group = keep,
+          .norm_topk = true,
+          .routed_scale = scale};
 }
 
 float Sig(float x) { return 1.0f / (1.0f + std::exp(-x)); }

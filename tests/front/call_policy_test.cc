@@ -16,12 +16,7 @@ using S = StreamState;
 namespace {
 
 FailureFacts Facts(Stage stage, bool delivered, S stream, bool budget_left) {
-  FailureFacts f;
-  f.stage = stage;
-  f.delivered = delivered;
-  f.stream = stream;
-  f.budget_left = budget_left;
-  return f;
+  return {.stage = stage, .delivered = delivered, .stream = stream, .budget_left = budget_left};
 }
 
 constexpr Stage kStages[] = {Stage::kConnect, Stage::kAwaitingResponse, Stage::kMidResponse};

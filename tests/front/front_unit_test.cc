@@ -277,36 +277,29 @@ TEST_CASE("CompletionStream drops a half event at a cut and splices the continua
 }
 
 TEST_CASE("CompletionStream notices streams it cannot resume", "[front][unit]") {
+  // Each section runs on a fresh stream.
+  CompletionStream s(false);
+  std::string out;
   SECTION("text without token ids") {
-    CompletionStream s(false);
-    std::string out;
     s.Feed("data: {\"choices\":[{\"index\":0,\"text\":\"x\",\"finish_reason\":null}]}\n\n", &out);
     CHECK_FALSE(s.trackable());
   }
   SECTION("not JSON") {
-    CompletionStream s(false);
-    std::string out;
     s.Feed("data: {broken\n\n", &out);
     CHECK_FALSE(s.trackable());
     CHECK(out == "data: {broken\n\n");
   }
   SECTION("an endless event is passed through") {
-    CompletionStream s(false);
-    std::string out;
     std::string big(CompletionStream::kMaxEventBytes + 10, 'x');
     s.Feed("data: " + big, &out);
     CHECK_FALSE(s.trackable());
     CHECK(out.size() == big.size() + 6);
   }
   SECTION("an error event") {
-    CompletionStream s(false);
-    std::string out;
     s.Feed("data: {\"error\":{\"message\":\"boom\"}}\n\n", &out);
     CHECK(s.error_seen());
   }
   SECTION("CRLF line ends") {
-    CompletionStream s(false);
-    std::string out;
     s.Feed("data: {\"choices\":[{\"index\":0,\"text\":\"A\",\"token_ids\":[65]}]}\r\n\r\n", &out);
     CHECK(s.delivered() == std::vector<int64_t>{65});
   }

@@ -67,12 +67,7 @@ struct Rig {
   }
   // A call on `b` that has been read from since `since_ms` (loop time).
   HedgeCandidate Call(const Backend* b, int64_t since_ms) const {
-    HedgeCandidate c;
-    c.backend = b;
-    c.reading = true;
-    c.last_byte_ms = since_ms;
-    c.can_hedge = true;
-    return c;
+    return {.backend = b, .reading = true, .last_byte_ms = since_ms, .can_hedge = true};
   }
 };
 

@@ -52,9 +52,7 @@ struct Rig {
 }  // namespace
 
 TEST_CASE("proxy on a fake clock: a request with no route waits the queue timeout, then 503", "[front][clock]") {
-  ProxyOptions o;
-  o.queue_timeout_ms = 5'000;
-  Rig rig(o);
+  Rig rig(ProxyOptions{.queue_timeout_ms = 5'000});
   rig.proxy->Handle(Request());
   CHECK(rig.proxy->call_count() == 1);
   CHECK(rig.proxy->StatusJson()["queued"] == 1);
@@ -68,9 +66,7 @@ TEST_CASE("proxy on a fake clock: a request with no route waits the queue timeou
 }
 
 TEST_CASE("proxy on a fake clock: each queued request keeps its own deadline", "[front][clock]") {
-  ProxyOptions o;
-  o.queue_timeout_ms = 1'000;
-  Rig rig(o);
+  Rig rig(ProxyOptions{.queue_timeout_ms = 1'000});
   rig.proxy->Handle(Request());
   rig.timers.Advance(600);
   rig.proxy->Handle(Request());
@@ -83,9 +79,7 @@ TEST_CASE("proxy on a fake clock: each queued request keeps its own deadline", "
 }
 
 TEST_CASE("proxy on a fake clock: a full queue refuses at once", "[front][clock]") {
-  ProxyOptions o;
-  o.max_queued = 1;
-  Rig rig(o);
+  Rig rig(ProxyOptions{.max_queued = 1});
   rig.proxy->Handle(Request());
   rig.proxy->Handle(Request());
   CHECK(rig.proxy->counters().rejected_503 == 1);
@@ -100,9 +94,7 @@ TEST_CASE("proxy on a fake clock: a body past the JSON limits is refused before 
 }
 
 TEST_CASE("proxy on a fake clock: the hedge scan sleeps on an idle proxy and wakes with a request", "[front][clock][hedge]") {
-  ProxyOptions o;
-  o.hedge_after_ms = 200;  // a scan every 5 ms
-  Rig rig(o);
+  Rig rig(ProxyOptions{.hedge_after_ms = 200});  // a scan every 5 ms
   CHECK(rig.timers.armed() == 1);  // armed at the start
   rig.timers.Advance(5);
   CHECK(rig.timers.armed() == 0);  // no request: it stops
@@ -115,9 +107,7 @@ TEST_CASE("proxy on a fake clock: the hedge scan sleeps on an idle proxy and wak
 }
 
 TEST_CASE("proxy on a fake clock: hedging turned off by a reload stops the scan", "[front][clock][hedge]") {
-  ProxyOptions o;
-  o.hedge_after_ms = 200;
-  Rig rig(o);
+  Rig rig(ProxyOptions{.hedge_after_ms = 200});
   rig.proxy->Handle(Request());
   HedgeLimits h;
   h.after_ms = 0;

@@ -128,14 +128,12 @@ TEST_CASE("PlanLayout keeps checkpoint order, aligns every tensor and packs allo
 TEST_CASE("PlanReads makes aligned chunks that cover every piece once") {
   std::vector<CopyPiece> pieces;
   auto add = [&](int file, uint64_t off, uint64_t row, uint64_t stride, uint64_t rows) {
-    CopyPiece p;
-    p.file = file;
-    p.src_offset = off;
-    p.row_bytes = row;
-    p.src_stride = stride;
-    p.rows = rows;
-    p.tensor = pieces.size();
-    pieces.push_back(p);
+    pieces.push_back({.file = file,
+                      .src_offset = off,
+                      .row_bytes = row,
+                      .src_stride = stride,
+                      .rows = rows,
+                      .tensor = pieces.size()});
   };
   add(1, 100, 50000, 50000, 1);
   add(0, 8, 1000, 1000, 1);

@@ -47,6 +47,12 @@ struct Fixture {
     REQUIRE(test::RunUntil(&loop, [&] { return out.has_value(); }));
     return std::move(*out);
   }
+  // Do() of a request that must fail.
+  Error Fails(ClientRequest req, int port = 0) {
+    auto r = Do(std::move(req), port);
+    REQUIRE_FALSE(r.ok());
+    return r.error();
+  }
 };
 
 ClientRequest Get(const std::string& target, int64_t timeout_ms = 5000) {
@@ -181,52 +187,46 @@ TEST_CASE("http client: failures have their kind and name the request", "[http][
   SECTION("timeout") {
     Fixture f([](const HttpRequest&) { return ScriptedReply{{}, 0, ScriptedReply::After::kKeepOpen, true}; });
     uint64_t start = uv_now(&f.loop);
-    auto r = f.Do(Get("/slow", 80));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kTimeout);
-    CHECK(r.error().message().find("/slow") != std::string::npos);
-    CHECK(r.error().message().find("within 80 ms") != std::string::npos);
+    Error e = f.Fails(Get("/slow", 80));
+    CHECK(e.code() == Code::kTimeout);
+    CHECK(e.message().find("/slow") != std::string::npos);
+    CHECK(e.message().find("within 80 ms") != std::string::npos);
     CHECK(uv_now(&f.loop) - start >= 80);
   }
   SECTION("connection refused") {
     Fixture f([](const HttpRequest&) { return ScriptedReply{}; });
     int port = test::UnusedPort();
-    auto r = f.Do(Get("/"), port);
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kUnavailable);
-    CHECK(r.error().message().find("connection refused") != std::string::npos);
-    CHECK(r.error().message().rfind("127.0.0.1:" + std::to_string(port) + ": GET /: ", 0) == 0);
+    Error e = f.Fails(Get("/"), port);
+    CHECK(e.code() == Code::kUnavailable);
+    CHECK(e.message().find("connection refused") != std::string::npos);
+    CHECK(e.message().rfind("127.0.0.1:" + std::to_string(port) + ": GET /: ", 0) == 0);
   }
   SECTION("not HTTP") {
     Fixture f([](const HttpRequest&) { return ScriptedReply{{"SSH-2.0-OpenSSH\r\n\r\n"}}; });
-    auto r = f.Do(Get("/"));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kCorrupt);
-    CHECK(r.error().message().find("malformed response") != std::string::npos);
+    Error e = f.Fails(Get("/"));
+    CHECK(e.code() == Code::kCorrupt);
+    CHECK(e.message().find("malformed response") != std::string::npos);
   }
   SECTION("truncated body") {
     Fixture f([](const HttpRequest&) {
       return ScriptedReply{{"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten.."}};
     });
-    auto r = f.Do(Get("/"));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kIo);
-    CHECK(r.error().message().find("before the response was complete") != std::string::npos);
+    Error e = f.Fails(Get("/"));
+    CHECK(e.code() == Code::kIo);
+    CHECK(e.message().find("before the response was complete") != std::string::npos);
   }
   SECTION("closed without an answer") {
     Fixture f([](const HttpRequest&) { return ScriptedReply{}; });
-    auto r = f.Do(Get("/"));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kIo);
-    CHECK(r.error().message().find("without answering") != std::string::npos);
+    Error e = f.Fails(Get("/"));
+    CHECK(e.code() == Code::kIo);
+    CHECK(e.message().find("without answering") != std::string::npos);
   }
   SECTION("reset mid-body") {
     Fixture f([](const HttpRequest&) {
       return ScriptedReply{{"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"}, 0, ScriptedReply::After::kReset};
     });
-    auto r = f.Do(Get("/"));
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kIo);
+    Error e = f.Fails(Get("/"));
+    CHECK(e.code() == Code::kIo);
   }
   SECTION("body over the limit") {
     Fixture f([](const HttpRequest& req) {
@@ -236,14 +236,12 @@ TEST_CASE("http client: failures have their kind and name the request", "[http][
     });
     ClientRequest req = Get("/length");
     req.max_body_bytes = 4096;
-    auto r = f.Do(req);
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kRefused);
-    CHECK(r.error().message().find("4096") != std::string::npos);
+    Error e = f.Fails(req);
+    CHECK(e.code() == Code::kRefused);
+    CHECK(e.message().find("4096") != std::string::npos);
     req.target = "/chunked";
-    r = f.Do(req);
-    REQUIRE_FALSE(r.ok());
-    CHECK(r.error().code() == Code::kRefused);
+    e = f.Fails(req);
+    CHECK(e.code() == Code::kRefused);
   }
   SECTION("a host name is refused, after Send returns") {
     Fixture f([](const HttpRequest&) { return ScriptedReply{}; });

@@ -287,25 +287,29 @@ TEST_CASE("server: a client that vanishes mid-stream is noticed - closing with o
   CHECK(b.WaitClosed(5s));
 }
 
+// A connection that sent `requests` and, once the first is in the handler,
+// shut its sending side (a plain EOF: nothing was read before it).
+HttpConn HalfClosedAfter(ServerFixture& f, const std::string& requests) {
+  HttpConn c;
+  REQUIRE(c.Connect(f.port()));
+  REQUIRE(c.Send(requests));
+  REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
+  REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+  return c;
+}
+
 TEST_CASE("server: a peer's EOF with a request in flight cancels it - serve_half_closed keeps answering") {
   SECTION("by default the client is gone: OnClose runs and the connection closes") {
     ServerFixture f;
-    HttpConn c;
-    REQUIRE(c.Connect(f.port()));
     // Nothing is read before the FIN, so the peer sends a plain EOF, not a reset.
-    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/hold", "")));
-    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
-    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpConn c = HalfClosedAfter(f, wsup::test::FormatRequest("GET", "/hold", ""));
     CHECK(wsup::test::WaitFor([&] { return f.closed_while_held.load() == 1; }, 5s));
     CHECK(c.WaitClosed(5s));
   }
   SECTION("by default, requests pipelined behind the one in flight are dropped unanswered") {
     ServerFixture f;
-    HttpConn c;
-    REQUIRE(c.Connect(f.port()));
-    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/hold", "") + wsup::test::FormatRequest("GET", "/echo", "")));
-    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
-    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpConn c = HalfClosedAfter(
+        f, wsup::test::FormatRequest("GET", "/hold", "") + wsup::test::FormatRequest("GET", "/echo", ""));
     CHECK(wsup::test::WaitFor([&] { return f.closed_while_held.load() == 1; }, 5s));
     HttpResult r = c.Read(5s);
     CHECK(r.status == 0);  // closed without an answer
@@ -313,11 +317,7 @@ TEST_CASE("server: a peer's EOF with a request in flight cancels it - serve_half
   }
   SECTION("by default, an answer that was still to come never comes") {
     ServerFixture f;
-    HttpConn c;
-    REQUIRE(c.Connect(f.port()));
-    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/slow", "")));
-    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
-    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpConn c = HalfClosedAfter(f, wsup::test::FormatRequest("GET", "/slow", ""));
     HttpResult r = c.Read(5s);
     CHECK(r.status == 0);
     CHECK_FALSE(r.error.empty());
@@ -326,11 +326,8 @@ TEST_CASE("server: a peer's EOF with a request in flight cancels it - serve_half
     ServerOptions o;
     o.serve_half_closed = true;
     ServerFixture f(o);
-    HttpConn c;
-    REQUIRE(c.Connect(f.port()));
-    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/slow", "") + wsup::test::FormatRequest("POST", "/echo", "x")));
-    REQUIRE(wsup::test::WaitFor([&] { return f.handled.load() == 1; }, 5s));
-    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpConn c = HalfClosedAfter(
+        f, wsup::test::FormatRequest("GET", "/slow", "") + wsup::test::FormatRequest("POST", "/echo", "x"));
     HttpResult a = c.Read(5s);
     CHECK(a.status == 200);
     CHECK(a.body == "slow");
@@ -344,11 +341,8 @@ TEST_CASE("server: a peer's EOF with a request in flight cancels it - serve_half
     ServerOptions o;
     o.serve_half_closed = true;
     auto f = std::make_unique<ServerFixture>(o);
-    HttpConn c;
-    REQUIRE(c.Connect(f->port()));
-    REQUIRE(c.Send(wsup::test::FormatRequest("GET", "/hold", "") + wsup::test::FormatRequest("GET", "/slow", "")));
-    REQUIRE(wsup::test::WaitFor([&] { return f->handled.load() == 1; }, 5s));
-    REQUIRE(::shutdown(c.fd(), SHUT_WR) == 0);
+    HttpConn c = HalfClosedAfter(
+        *f, wsup::test::FormatRequest("GET", "/hold", "") + wsup::test::FormatRequest("GET", "/slow", ""));
     // A second connection's answer comes after the EOF was read on the first
     // (one loop thread, events in order): the held one is still open.
     HttpResult r = wsup::test::HttpRequestOnce(f->port(), "GET", "/slow", "", 5s);

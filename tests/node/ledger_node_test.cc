@@ -144,11 +144,7 @@ TEST_CASE("node: an engine.env secret appears nowhere after a reload, a drill an
 TEST_CASE("node: a state_dir other users can read, owned by another user, is refused at start with exit 78 and "
           "the fix",
           "[node]") {
-  if (!Have()) return;
-  if (::geteuid() != 0) {
-    WARN("SKIP: needs root to give the state_dir to another uid");
-    return;
-  }
+  if (!Have() || SkipWithoutRoot("to give the state_dir to another uid")) return;
   Node n;
   const std::string state = n.dir().Join("state");
   REQUIRE(::mkdir(state.c_str(), 0755) == 0);
@@ -236,11 +232,7 @@ class Traffic {
 TEST_CASE("node: a full state disk - every drill says its rows were lost and exits 1, serving stays exact, and the "
           "report after a restart shows the loss",
           "[node]") {
-  if (!Have()) return;
-  if (::geteuid() != 0) {
-    WARN("SKIP: needs root to mount a small tmpfs as the state_dir");
-    return;
-  }
+  if (!Have() || SkipWithoutRoot("to mount a small tmpfs as the state_dir")) return;
   Node n;
   Tmpfs disk(n.dir().Join("state"), "24m");
   if (!disk.mounted()) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <map>
@@ -102,6 +103,13 @@ inline bool Have() {
     WARN("SKIP: testdata/llama-tiny-f32 is missing");
     return false;
   }
+  return true;
+}
+
+// Whether this test is skipped, saying so, for want of root (to do `what`).
+inline bool SkipWithoutRoot(const char* what) {
+  if (::geteuid() == 0) return false;
+  WARN("SKIP: needs root " << what);
   return true;
 }
 

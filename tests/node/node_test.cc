@@ -706,10 +706,7 @@ TEST_CASE("node: status, report and stop find the node through --config and --se
 
 TEST_CASE("node: the control socket refuses another uid", "[node]") {
   if (!Have()) return;
-  if (::geteuid() != 0) {
-    WARN("SKIP: needs root to act as another uid");
-    return;
-  }
+  if (SkipWithoutRoot("to act as another uid")) return;
   Node n;
   n.Start();
   REQUIRE(n.WaitServing());

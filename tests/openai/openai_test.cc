@@ -51,10 +51,7 @@ std::pair<int64_t, int64_t> Progress(const std::string& log) {
 
 TEST_CASE("openai: the official npm client streams through crash drills, every stream complete and golden",
           "[openai][drills]") {
-  if (!test::HaveTestData("llama-tiny-f32")) {
-    WARN("SKIP: testdata/llama-tiny-f32 is missing");
-    return;
-  }
+  if (test::SkipWithout("llama-tiny-f32")) return;
   std::string dir = std::string(WSUP_SOURCE_DIR) + "/tests/openai";
   std::string node = FindOnPath("node");
   INFO("node.js and the openai package come from scripts/setup.sh (apt nodejs npm; npm ci in tests/openai)");

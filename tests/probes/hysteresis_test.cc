@@ -20,6 +20,13 @@ HysteresisOptions Opts(int failures, int successes, Health initial = Health::kHe
   return o;
 }
 
+// A transition was reported, from `from` to `to`.
+void CheckMove(const std::optional<HealthTransition>& tr, Health from, Health to) {
+  REQUIRE(tr);
+  CHECK(tr->from == from);
+  CHECK(tr->to == to);
+}
+
 TEST_CASE("hysteresis: N consecutive failures trip, fewer never do", "[probes]") {
   FakeClock clock;
   HealthTracker t(Opts(3, 2), clock);
@@ -29,9 +36,7 @@ TEST_CASE("hysteresis: N consecutive failures trip, fewer never do", "[probes]")
   CHECK(t.consecutive_failures() == 2);
   clock.AdvanceMs(1234);
   auto tr = t.Record(Bad("timeout after 800 ms"));
-  REQUIRE(tr);
-  CHECK(tr->from == Health::kHealthy);
-  CHECK(tr->to == Health::kUnhealthy);
+  CheckMove(tr, Health::kHealthy, Health::kUnhealthy);
   CHECK(tr->cause == "3 consecutive probe failures; last: timeout after 800 ms");
   CHECK(tr->at_ms == clock.WallMs());
   CHECK(t.state() == Health::kUnhealthy);
@@ -71,9 +76,7 @@ TEST_CASE("hysteresis: M consecutive successes recover - a failure restarts the 
   CHECK_FALSE(t.Record(Ok()));
   CHECK(t.state() == Health::kUnhealthy);
   auto tr = t.Record(Ok());
-  REQUIRE(tr);
-  CHECK(tr->from == Health::kUnhealthy);
-  CHECK(tr->to == Health::kHealthy);
+  CheckMove(tr, Health::kUnhealthy, Health::kHealthy);
   CHECK(tr->cause == "3 consecutive probe successes");
 }
 
@@ -81,9 +84,7 @@ TEST_CASE("hysteresis: an unknown engine is proven by one pass or condemned by N
   FakeClock clock;
   HealthTracker a(Opts(3, 2, Health::kUnknown), clock);
   auto up = a.Record(Ok());
-  REQUIRE(up);
-  CHECK(up->from == Health::kUnknown);
-  CHECK(up->to == Health::kHealthy);
+  CheckMove(up, Health::kUnknown, Health::kHealthy);
   CHECK(up->cause == "first probe passed");
 
   HealthTracker b(Opts(3, 2, Health::kUnknown), clock);
@@ -91,9 +92,7 @@ TEST_CASE("hysteresis: an unknown engine is proven by one pass or condemned by N
   CHECK_FALSE(b.Record(Bad()));
   CHECK(b.state() == Health::kUnknown);
   auto down = b.Record(Bad());
-  REQUIRE(down);
-  CHECK(down->from == Health::kUnknown);
-  CHECK(down->to == Health::kUnhealthy);
+  CheckMove(down, Health::kUnknown, Health::kUnhealthy);
 }
 
 TEST_CASE("hysteresis: jittered delays are bounded and reproducible from the seed", "[probes]") {

@@ -38,6 +38,37 @@ FailoverRecord Failover(int64_t fault_ms, const std::string& trigger = "crash") 
   return f;
 }
 
+// A second connection to the ledger's file, holding `lock` (a BEGIN) until it commits, rolls back or is dropped.
+Db Connect(const std::string& path, const char* lock = nullptr) {
+  auto db = Db::Open(path, /*create=*/false);
+  REQUIRE(db.ok());
+  if (lock) REQUIRE(db->Exec(lock).ok());
+  return std::move(*db);
+}
+
+// A ledger file as an older wsup left it: migrated no further than `version`.
+Db AtVersion(const std::string& path, int version) {
+  auto db = Db::Open(path, /*create=*/true);
+  REQUIRE(db.ok());
+  REQUIRE(ConfigureConnection(*db, 1000).ok());
+  REQUIRE(Migrate(*db, version).ok());
+  return std::move(*db);
+}
+
+// What a read returned, which must be `n` rows.
+template <typename T>
+std::vector<T> Rows(Result<std::vector<T>> rows, size_t n) {
+  REQUIRE(rows.ok());
+  REQUIRE(rows->size() == n);
+  return std::move(*rows);
+}
+
+LedgerReader MustRead(const std::string& path) {
+  auto reader = LedgerReader::Open(path);
+  REQUIRE(reader.ok());
+  return std::move(*reader);
+}
+
 int Mode(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 0777) : -1;
@@ -49,9 +80,7 @@ int64_t NowMs() {
 }
 
 std::vector<int64_t> FaultTimes(const std::string& path) {
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
-  auto rows = reader->Failovers();
+  auto rows = MustRead(path).Failovers();
   REQUIRE(rows.ok());
   std::vector<int64_t> out;
   for (const auto& f : *rows) out.push_back(f.fault_ms);
@@ -76,26 +105,22 @@ TEST_CASE("ledger: a new ledger gets the latest schema in WAL mode", "[state]") 
   std::string path = Ledger::PathIn(dir.path());
   CHECK(path == dir.Join("wsup.db"));
   { auto l = MustOpen(path); }
-  auto db = Db::Open(path, false);
-  REQUIRE(db.ok());
-  CHECK(*SchemaVersion(*db) == kSchemaVersion);
-  CHECK(*db->QueryText("PRAGMA journal_mode") == "wal");
-  CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "fences", "holder_restarts",
+  Db db = Connect(path);
+  CHECK(*SchemaVersion(db) == kSchemaVersion);
+  CHECK(*db.QueryText("PRAGMA journal_mode") == "wal");
+  CHECK(Tables(db) == std::vector<std::string>{"cache_events", "failovers", "fences", "holder_restarts",
                                                 "probe_transitions", "recoveries", "rollouts"});
-  CHECK(*db->QueryText("PRAGMA integrity_check") == "ok");
+  CHECK(*db.QueryText("PRAGMA integrity_check") == "ok");
 }
 
 TEST_CASE("ledger: migrates a version 1 ledger forward and keeps its rows", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
   {
-    auto db = Db::Open(path, true);
-    REQUIRE(db.ok());
-    REQUIRE(ConfigureConnection(*db, 1000).ok());
-    REQUIRE(Migrate(*db, 1).ok());
-    CHECK(*SchemaVersion(*db) == 1);
-    CHECK(Tables(*db) == std::vector<std::string>{"cache_events", "failovers", "recoveries"});
-    REQUIRE(db->Exec("INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, "
+    Db db = AtVersion(path, 1);
+    CHECK(*SchemaVersion(db) == 1);
+    CHECK(Tables(db) == std::vector<std::string>{"cache_events", "failovers", "recoveries"});
+    REQUIRE(db.Exec("INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, "
                      "swapped_ms) VALUES (7, 'probe', 'old row', 0, 'a', 'b', 100, 130, 131)")
                 .ok());
   }
@@ -107,16 +132,13 @@ TEST_CASE("ledger: migrates a version 1 ledger forward and keeps its rows", "[st
     REQUIRE(l->RecordHolderRestart({0, 1000, 3, "exit code 1", true, 12}).ok());
     REQUIRE(l->Flush().ok());
   }
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
-  CHECK(*SchemaVersion(reader->db()) == kSchemaVersion);
-  auto rows = reader->Failovers();
-  REQUIRE(rows.ok());
-  REQUIRE(rows->size() == 2);
-  CHECK((*rows)[0].reason == "old row");
-  CHECK((*rows)[0].detect_ms == 30);
-  CHECK((*rows)[1].id == 8);
-  auto restarts = reader->HolderRestarts();
+  LedgerReader reader = MustRead(path);
+  CHECK(*SchemaVersion(reader.db()) == kSchemaVersion);
+  auto rows = Rows(reader.Failovers(), 2);
+  CHECK(rows[0].reason == "old row");
+  CHECK(rows[0].detect_ms == 30);
+  CHECK(rows[1].id == 8);
+  auto restarts = reader.HolderRestarts();
   REQUIRE(restarts.ok());
   CHECK(restarts->size() == 1);
 }
@@ -148,21 +170,18 @@ TEST_CASE("ledger: a fenced engine is a fences row, read back whole, a row witho
     CHECK(l->RecordFence(bad).status().code() == Code::kInvalidArgument);
     REQUIRE(l->Flush().ok());
   }
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
-  auto rows = reader->Fences();
-  REQUIRE(rows.ok());
-  REQUIRE(rows->size() == 2);
-  CHECK((*rows)[0].slot == "b");
-  CHECK((*rows)[0].pid == 4242);
-  CHECK((*rows)[0].slot_state == "standby");
-  CHECK((*rows)[0].pool_owner == "a");
-  CHECK((*rows)[1].pool_owner.empty());
-  CHECK((*rows)[0].reason.find("KV pool") != std::string::npos);
+  LedgerReader reader = MustRead(path);
+  auto rows = Rows(reader.Fences(), 2);
+  CHECK(rows[0].slot == "b");
+  CHECK(rows[0].pid == 4242);
+  CHECK(rows[0].slot_state == "standby");
+  CHECK(rows[0].pool_owner == "a");
+  CHECK(rows[1].pool_owner.empty());
+  CHECK(rows[0].reason.find("KV pool") != std::string::npos);
   // The report lists them.
   ReportOptions o;
   o.now_ms = 10'000;
-  auto rep = BuildReport(*reader, o);
+  auto rep = BuildReport(reader, o);
   REQUIRE(rep.ok());
   CHECK(rep->fences.size() == 2);
   CHECK(RenderReportText(*rep).find("engines fenced: 2") != std::string::npos);
@@ -173,16 +192,13 @@ TEST_CASE("ledger: migration 6 lets a rollout end interrupted, and keeps the row
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
   {
-    auto db = Db::Open(path, true);
-    REQUIRE(db.ok());
-    REQUIRE(ConfigureConnection(*db, 1000).ok());
-    REQUIRE(Migrate(*db, 5).ok());
-    REQUIRE(db->Exec("INSERT INTO rollouts (id, started_ms, ended_ms, outcome, reason, command_before, command_after, "
+    Db db = AtVersion(path, 5);
+    REQUIRE(db.Exec("INSERT INTO rollouts (id, started_ms, ended_ms, outcome, reason, command_before, command_after, "
                      "steps_json) VALUES (4, 100, 200, 'done', '', '[\"e\"]', '[\"e\",\"-x\"]', '[]'), "
                      "(5, 300, NULL, 'running', '', '[\"e\",\"-x\"]', '[\"e\"]', '[]')")
                 .ok());
     // Version 5 refuses the outcome.
-    CHECK_FALSE(db->Exec("UPDATE rollouts SET outcome = 'interrupted' WHERE id = 5").ok());
+    CHECK_FALSE(db.Exec("UPDATE rollouts SET outcome = 'interrupted' WHERE id = 5").ok());
   }
   {
     auto l = MustOpen(path);
@@ -202,20 +218,17 @@ TEST_CASE("ledger: migration 6 lets a rollout end interrupted, and keeps the row
     r.outcome = "lost";
     CHECK_FALSE(l->UpdateRollout(r).ok());
   }
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
-  CHECK(*SchemaVersion(reader->db()) == kSchemaVersion);
-  auto rows = reader->Rollouts();
-  REQUIRE(rows.ok());
-  REQUIRE(rows->size() == 3);
-  CHECK((*rows)[0].id == 4);
-  CHECK((*rows)[0].outcome == "done");
-  CHECK((*rows)[1].outcome == "interrupted");
-  CHECK((*rows)[1].ended_ms == 400);
-  CHECK((*rows)[2].id == 6);
-  CHECK(*reader->db().QueryText("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'rollouts'") ==
+  LedgerReader reader = MustRead(path);
+  CHECK(*SchemaVersion(reader.db()) == kSchemaVersion);
+  auto rows = Rows(reader.Rollouts(), 3);
+  CHECK(rows[0].id == 4);
+  CHECK(rows[0].outcome == "done");
+  CHECK(rows[1].outcome == "interrupted");
+  CHECK(rows[1].ended_ms == 400);
+  CHECK(rows[2].id == 6);
+  CHECK(*reader.db().QueryText("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'rollouts'") ==
         "rollouts_started_ms");
-  CHECK(*reader->db().QueryText("PRAGMA integrity_check") == "ok");
+  CHECK(*reader.db().QueryText("PRAGMA integrity_check") == "ok");
 }
 
 TEST_CASE("ledger: migrating twice is a no-op, a newer schema is refused", "[state]") {
@@ -224,9 +237,8 @@ TEST_CASE("ledger: migrating twice is a no-op, a newer schema is refused", "[sta
   { auto l = MustOpen(path); }
   { auto l = MustOpen(path); }
   {
-    auto db = Db::Open(path, false);
-    REQUIRE(db.ok());
-    REQUIRE(db->Exec("PRAGMA user_version = 99").ok());
+    Db db = Connect(path);
+    REQUIRE(db.Exec("PRAGMA user_version = 99").ok());
   }
   auto l = Ledger::Open(path);
   REQUIRE_FALSE(l.ok());
@@ -284,12 +296,9 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   CHECK(stats.failed == 0);
   CHECK(stats.waiting == 0);
 
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
-  auto fo = reader->Failovers();
-  REQUIRE(fo.ok());
-  REQUIRE(fo->size() == 1);
-  const auto& g = (*fo)[0];
+  LedgerReader reader = MustRead(path);
+  auto fo = Rows(reader.Failovers(), 1);
+  const auto& g = fo[0];
   CHECK(g.id == 1);
   CHECK(g.trigger == "probe");
   CHECK(g.reason == f.reason);
@@ -308,41 +317,33 @@ TEST_CASE("ledger: every kind of row round-trips", "[state]") {
   CHECK(g.kv_back_ms == 95);
   CHECK(g.gone_ms == f.fault_ms + 90);
 
-  auto ce = reader->CacheEvents();
-  REQUIRE(ce.ok());
-  REQUIRE(ce->size() == 2);
-  CHECK((*ce)[0].result == "hit");
-  CHECK((*ce)[0].rank == 0);
-  CHECK((*ce)[0].attach_ms == 3);
-  CHECK_FALSE((*ce)[0].load_ms.has_value());
-  CHECK((*ce)[0].miss_reason.empty());
-  CHECK((*ce)[1].miss_reason == "fingerprint");
-  CHECK((*ce)[1].diff_json == miss.diff_json);
-  CHECK((*ce)[1].mode == "client");
-  CHECK((*ce)[1].load_ms == 5400);
+  auto ce = Rows(reader.CacheEvents(), 2);
+  CHECK(ce[0].result == "hit");
+  CHECK(ce[0].rank == 0);
+  CHECK(ce[0].attach_ms == 3);
+  CHECK_FALSE(ce[0].load_ms.has_value());
+  CHECK(ce[0].miss_reason.empty());
+  CHECK(ce[1].miss_reason == "fingerprint");
+  CHECK(ce[1].diff_json == miss.diff_json);
+  CHECK(ce[1].mode == "client");
+  CHECK(ce[1].load_ms == 5400);
 
-  auto rc = reader->Recoveries();
-  REQUIRE(rc.ok());
-  REQUIRE(rc->size() == 2);
-  CHECK((*rc)[0].failover_id == 1);
-  CHECK((*rc)[0].recovery_ms == 5500);
-  CHECK((*rc)[0].cache_reason == "fingerprint");
-  CHECK((*rc)[0].phases_json == rec.phases_json);
-  CHECK_FALSE((*rc)[1].failover_id.has_value());
-  CHECK((*rc)[1].phases_json == "{}");
-  CHECK((*rc)[1].cache_result == "off");
+  auto rc = Rows(reader.Recoveries(), 2);
+  CHECK(rc[0].failover_id == 1);
+  CHECK(rc[0].recovery_ms == 5500);
+  CHECK(rc[0].cache_reason == "fingerprint");
+  CHECK(rc[0].phases_json == rec.phases_json);
+  CHECK_FALSE(rc[1].failover_id.has_value());
+  CHECK(rc[1].phases_json == "{}");
+  CHECK(rc[1].cache_result == "off");
 
-  auto hr = reader->HolderRestarts();
-  REQUIRE(hr.ok());
-  REQUIRE(hr->size() == 1);
-  CHECK((*hr)[0].rank == 2);
-  CHECK((*hr)[0].from_fds);
-  CHECK((*hr)[0].restart_ms == 7);
-  auto pt = reader->ProbeTransitions();
-  REQUIRE(pt.ok());
-  REQUIRE(pt->size() == 1);
-  CHECK((*pt)[0].to_state == "unhealthy");
-  CHECK((*pt)[0].cause == "3 failures");
+  auto hr = Rows(reader.HolderRestarts(), 1);
+  CHECK(hr[0].rank == 2);
+  CHECK(hr[0].from_fds);
+  CHECK(hr[0].restart_ms == 7);
+  auto pt = Rows(reader.ProbeTransitions(), 1);
+  CHECK(pt[0].to_state == "unhealthy");
+  CHECK(pt[0].cause == "3 failures");
 
   // Ids keep counting after a reopen.
   l->Close();
@@ -416,13 +417,9 @@ TEST_CASE("ledger: a bad path gives a clear error", "[state]") {
 TEST_CASE("ledger: writes wait out another connection's lock - a full queue drops and counts", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
-  LedgerOptions opts;
-  opts.max_queue = 2;
-  opts.busy_timeout_ms = 20'000;
+  const LedgerOptions opts{.max_queue = 2, .busy_timeout_ms = 20'000};
   auto l = MustOpen(path, opts);
-  auto other = Db::Open(path, false);
-  REQUIRE(other.ok());
-  REQUIRE(other->Exec("BEGIN IMMEDIATE").ok());  // the writer must wait
+  Db other = Connect(path, "BEGIN IMMEDIATE");  // the writer must wait
   int accepted = 0, refused = 0;
   for (int i = 0; i < 10; ++i) {
     auto id = l->RecordFailover(Failover(i));
@@ -440,7 +437,7 @@ TEST_CASE("ledger: writes wait out another connection's lock - a full queue drop
   CHECK(accepted + refused == 10);
   CHECK(accepted <= 2 * static_cast<int>(opts.max_queue));
   CHECK(refused >= 10 - 2 * static_cast<int>(opts.max_queue));
-  REQUIRE(other->Exec("COMMIT").ok());
+  REQUIRE(other.Exec("COMMIT").ok());
   REQUIRE(l->Flush().ok());
   auto s = l->stats();
   CHECK(s.committed == static_cast<uint64_t>(accepted));
@@ -450,19 +447,15 @@ TEST_CASE("ledger: writes wait out another connection's lock - a full queue drop
 TEST_CASE("ledger: a failover row that could not be written - its first_ok_ms names that cause", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
-  LedgerOptions opts;
-  opts.busy_timeout_ms = 50;
-  opts.retry_ms = 100;
+  const LedgerOptions opts{.busy_timeout_ms = 50, .retry_ms = 100};
   auto l = MustOpen(path, opts);
-  auto other = Db::Open(path, false);
-  REQUIRE(other.ok());
-  REQUIRE(other->Exec("BEGIN EXCLUSIVE").ok());
+  Db other = Connect(path, "BEGIN EXCLUSIVE");
   auto id = l->RecordFailover(Failover(1000));
   REQUIRE(id.ok());
   Status lost = l->Flush();
   REQUIRE_FALSE(lost.ok());
   CHECK(lost.error().message().find("locked") != std::string::npos);
-  REQUIRE(other->Exec("ROLLBACK").ok());
+  REQUIRE(other.Exec("ROLLBACK").ok());
   // The lock is gone, but the row it kept out is gone too: the follow-up
   // write fails and says why, instead of a bare "no failover with id".
   REQUIRE(l->SetFailoverFirstOk(*id, 1040).ok());
@@ -495,9 +488,8 @@ TEST_CASE("ledger: its files are private - made 0600, and a looser ledger is tig
   // A ledger left readable by everyone (an older wsup made it 0644), with
   // its -wal and -shm open in another connection.
   REQUIRE(::chmod(path.c_str(), 0644) == 0);
-  auto other = Db::Open(path, false);
-  REQUIRE(other.ok());
-  REQUIRE(other->QueryInt("SELECT COUNT(*) FROM failovers").ok());
+  Db other = Connect(path);
+  REQUIRE(other.QueryInt("SELECT COUNT(*) FROM failovers").ok());
   REQUIRE(Mode(path + "-wal") == 0644);
   {
     auto l = MustOpen(path);
@@ -512,13 +504,9 @@ TEST_CASE("ledger: its files are private - made 0600, and a looser ledger is tig
 TEST_CASE("ledger: a lock held past the busy timeout is waited out - the retries write the row", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
-  LedgerOptions opts;
-  opts.busy_timeout_ms = 50;
-  opts.retry_ms = 60'000;
+  const LedgerOptions opts{.busy_timeout_ms = 50, .retry_ms = 60'000};
   auto l = MustOpen(path, opts);
-  auto other = Db::Open(path, false);
-  REQUIRE(other.ok());
-  REQUIRE(other->Exec("BEGIN EXCLUSIVE").ok());
+  Db other = Connect(path, "BEGIN EXCLUSIVE");
   uint64_t seq = 0;
   REQUIRE(l->RecordFailover(Failover(1000), &seq).ok());
   // Held past several busy timeouts: the row is still waiting, not lost.
@@ -528,7 +516,7 @@ TEST_CASE("ledger: a lock held past the busy timeout is waited out - the retries
   CHECK(during.retry_error.find("locked") != std::string::npos);
   CHECK(during.failed == 0);
   CHECK(l->HandledSeq() < seq);
-  REQUIRE(other->Exec("ROLLBACK").ok());
+  REQUIRE(other.Exec("ROLLBACK").ok());
   REQUIRE(l->Flush().ok());
   CHECK_FALSE(l->LostRow(seq).has_value());
   auto after = l->stats();
@@ -542,17 +530,13 @@ TEST_CASE("ledger: a lock held past the busy timeout is waited out - the retries
 TEST_CASE("ledger: rows lost after the retries are counted by table, kept across a restart and reported", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
-  LedgerOptions opts;
-  opts.busy_timeout_ms = 20;
-  opts.retry_ms = 200;
+  const LedgerOptions opts{.busy_timeout_ms = 20, .retry_ms = 200};
   const int64_t before = NowMs();
   {
     auto l = MustOpen(path, opts);
     REQUIRE(l->RecordFailover(Failover(500)).ok());
     REQUIRE(l->Flush().ok());
-    auto other = Db::Open(path, false);
-    REQUIRE(other.ok());
-    REQUIRE(other->Exec("BEGIN EXCLUSIVE").ok());
+    Db other = Connect(path, "BEGIN EXCLUSIVE");
     uint64_t failover_seq = 0, first_ok_seq = 0;
     auto id = l->RecordFailover(Failover(1000), &failover_seq);
     REQUIRE(id.ok());
@@ -568,7 +552,7 @@ TEST_CASE("ledger: rows lost after the retries are counted by table, kept across
     CHECK(l->LostRow(first_ok_seq).has_value());
     // A row refused for its values is lost as well.
     CHECK_FALSE(l->RecordFailover(Failover(2000, "meteor")).ok());
-    REQUIRE(other->Exec("ROLLBACK").ok());
+    REQUIRE(other.Exec("ROLLBACK").ok());
     auto s = l->stats();
     CHECK(s.failed == 3);
     CHECK(s.refused == 1);
@@ -589,11 +573,10 @@ TEST_CASE("ledger: rows lost after the retries are counted by table, kept across
     CHECK(s.losses.rows == 4);
     CHECK(s.failed == 0);
   }
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
+  LedgerReader reader = MustRead(path);
   ReportOptions o;
   o.now_ms = NowMs();
-  auto rep = BuildReport(*reader, o);
+  auto rep = BuildReport(reader, o);
   REQUIRE(rep.ok());
   REQUIRE(rep->lost.has_value());
   std::string text = RenderReportText(*rep);
@@ -607,7 +590,7 @@ TEST_CASE("ledger: rows lost after the retries are counted by table, kept across
   // A window after the last loss does not show it.
   o.now_ms += 3'600'000;
   o.since_ms = 60'000;
-  auto later = BuildReport(*reader, o);
+  auto later = BuildReport(reader, o);
   REQUIRE(later.ok());
   CHECK_FALSE(later->lost.has_value());
   CHECK(nlohmann::json::parse(RenderReportJson(*later))["lost"].is_null());
@@ -705,13 +688,10 @@ TEST_CASE("ledger: kv_full_ms of a failover never recorded is refused - a failov
   auto fid = l->RecordFailover(Failover(1'700'000'000'000));
   REQUIRE(fid.ok());
   REQUIRE(l->Flush().ok());
-  auto reader = LedgerReader::Open(path);
-  REQUIRE(reader.ok());
-  auto fo = reader->Failovers();
-  REQUIRE(fo.ok());
-  REQUIRE(fo->size() == 1);
-  CHECK_FALSE((*fo)[0].kv_full_ms.has_value());
-  CHECK_FALSE((*fo)[0].kv_back_ms.has_value());
+  LedgerReader reader = MustRead(path);
+  auto fo = Rows(reader.Failovers(), 1);
+  CHECK_FALSE(fo[0].kv_full_ms.has_value());
+  CHECK_FALSE(fo[0].kv_back_ms.has_value());
 }
 
 }  // namespace

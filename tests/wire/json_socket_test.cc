@@ -140,26 +140,31 @@ JsonServerOptions Answering() {
   return o;
 }
 
-TEST_CASE("json socket: replies in order, socket mode 0600, the file removed on close", "[wire]") {
+// An echo server on a socket in a folder of its own, on its own loop thread.
+struct EchoRig {
+  explicit EchoRig(JsonServerOptions o = {}) : s(lt, path, std::move(o)) { REQUIRE(s.listened.ok()); }
   test::TempDir dir;
   std::string path = dir.Join("s.sock");
   LoopThread lt;
-  EchoServer s(lt, path, JsonServerOptions{});
-  REQUIRE(s.listened.ok());
+  EchoServer s;
+};
+
+TEST_CASE("json socket: replies in order, socket mode 0600, the file removed on close", "[wire]") {
+  EchoRig rig;
   struct stat st{};
-  REQUIRE(::stat(path.c_str(), &st) == 0);
+  REQUIRE(::stat(rig.path.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
 
-  auto r = JsonCall(path, json{{"n", 7}}, 5000);
+  auto r = JsonCall(rig.path, json{{"n", 7}}, 5000);
   REQUIRE(r.ok());
   CHECK((*r)["echo"] == 7);
   // Events that come before the reply are not the reply.
-  auto past_events = JsonCall(path, json{{"type", "eventful"}, {"n", 8}}, 5000);
+  auto past_events = JsonCall(rig.path, json{{"type", "eventful"}, {"n", 8}}, 5000);
   REQUIRE(past_events.ok());
   CHECK((*past_events)["echo"] == 8);
 
   // Three frames in one write, answered one by one and in order.
-  UniqueFd fd = Dial(path);
+  UniqueFd fd = Dial(rig.path);
   SendAll(fd.get(), EncodeFrame(json{{"n", 1}}).value() + EncodeFrame(json{{"n", 2}}).value() +
                         EncodeFrame(json{{"type", "close"}}).value());
   FrameDecoder d;
@@ -172,9 +177,9 @@ TEST_CASE("json socket: replies in order, socket mode 0600, the file removed on 
   REQUIRE(bye);
   CHECK((*bye)["bye"] == true);
   CHECK_FALSE(ReadMessage(fd.get(), d));  // closed after the last reply
-  CHECK(test::WaitFor([&] { return s.Clients() == 0; }, 10s));
-  s.Stop();
-  CHECK(::access(path.c_str(), F_OK) != 0);
+  CHECK(test::WaitFor([&] { return rig.s.Clients() == 0; }, 10s));
+  rig.s.Stop();
+  CHECK(::access(rig.path.c_str(), F_OK) != 0);
 }
 
 TEST_CASE("json socket: a stale socket file is replaced, a live one or a plain file refused", "[wire]") {
@@ -227,12 +232,8 @@ TEST_CASE("json socket: a stale socket file is replaced, a live one or a plain f
 }
 
 TEST_CASE("json socket: a bad body is answered and the client kept, a bad prefix answered, then dropped", "[wire]") {
-  test::TempDir dir;
-  std::string path = dir.Join("s.sock");
-  LoopThread lt;
-  EchoServer s(lt, path, Answering());
-  REQUIRE(s.listened.ok());
-  UniqueFd fd = Dial(path);
+  EchoRig rig(Answering());
+  UniqueFd fd = Dial(rig.path);
   FrameDecoder d;
   SendAll(fd.get(), Le32(8) + "not json");
   auto err = ReadMessage(fd.get(), d);
@@ -257,34 +258,26 @@ TEST_CASE("json socket: a bad body is answered and the client kept, a bad prefix
 }
 
 TEST_CASE("json socket: without answering, a bad message closes the connection at once", "[wire]") {
-  test::TempDir dir;
-  std::string path = dir.Join("s.sock");
-  LoopThread lt;
-  EchoServer s(lt, path, JsonServerOptions{});
-  REQUIRE(s.listened.ok());
-  UniqueFd fd = Dial(path);
+  EchoRig rig;
+  UniqueFd fd = Dial(rig.path);
   SendAll(fd.get(), Le32(5) + "[1,2]");
   FrameDecoder d;
   CHECK_FALSE(ReadMessage(fd.get(), d));
-  CHECK(test::WaitFor([&] { return s.Clients() == 0; }, 10s));
+  CHECK(test::WaitFor([&] { return rig.s.Clients() == 0; }, 10s));
 }
 
 TEST_CASE("json socket: past max_clients a client is told why and closed, the others stay", "[wire]") {
-  test::TempDir dir;
-  std::string path = dir.Join("s.sock");
-  LoopThread lt;
   JsonServerOptions o;
   o.max_clients = 2;
   o.words.too_many_clients = "too many on {path}";
-  EchoServer s(lt, path, o);
-  REQUIRE(s.listened.ok());
-  UniqueFd a = Dial(path), b = Dial(path);
-  REQUIRE(test::WaitFor([&] { return s.Clients() == 2; }, 10s));
-  UniqueFd c = Dial(path);
+  EchoRig rig(o);
+  UniqueFd a = Dial(rig.path), b = Dial(rig.path);
+  REQUIRE(test::WaitFor([&] { return rig.s.Clients() == 2; }, 10s));
+  UniqueFd c = Dial(rig.path);
   FrameDecoder dc;
   auto refusal = ReadMessage(c.get(), dc);
   REQUIRE(refusal);
-  CHECK((*refusal)["message"] == "too many on " + path);
+  CHECK((*refusal)["message"] == "too many on " + rig.path);
   CHECK_FALSE(ReadMessage(c.get(), dc));
   SendAll(a.get(), EncodeFrame(json{{"n", 1}}).value());
   FrameDecoder da;
@@ -293,23 +286,19 @@ TEST_CASE("json socket: past max_clients a client is told why and closed, the ot
   CHECK((*m)["echo"] == 1);
   // Room again once one leaves.
   b.Reset();
-  REQUIRE(test::WaitFor([&] { return s.Clients() == 1; }, 10s));
-  CHECK(JsonCall(path, json{{"n", 2}}, 5000).ok());
+  REQUIRE(test::WaitFor([&] { return rig.s.Clients() == 1; }, 10s));
+  CHECK(JsonCall(rig.path, json{{"n", 2}}, 5000).ok());
 }
 
 TEST_CASE("json socket: a client that reads nothing is dropped at max_queued_bytes, the others stay", "[wire]") {
-  test::TempDir dir;
-  std::string path = dir.Join("s.sock");
-  LoopThread lt;
   JsonServerOptions o;
   o.conn.max_queued_bytes = 256 * 1024;
-  EchoServer s(lt, path, o);
-  REQUIRE(s.listened.ok());
-  UniqueFd other = Dial(path);
-  UniqueFd deaf = Dial(path);
-  REQUIRE(test::WaitFor([&] { return s.Clients() == 2; }, 10s));
+  EchoRig rig(o);
+  UniqueFd other = Dial(rig.path);
+  UniqueFd deaf = Dial(rig.path);
+  REQUIRE(test::WaitFor([&] { return rig.s.Clients() == 2; }, 10s));
   SendAll(deaf.get(), EncodeFrame(json{{"type", "flood"}}).value());
-  CHECK(test::WaitFor([&] { return s.Clients() == 1; }, 10s));
+  CHECK(test::WaitFor([&] { return rig.s.Clients() == 1; }, 10s));
   // It gets what was written before the bound, then EOF, far short of 4096.
   FrameDecoder d(1u << 20);
   int got = 0;

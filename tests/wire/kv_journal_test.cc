@@ -22,14 +22,12 @@ namespace wsup {
 namespace {
 
 KvJournalGeometry Geo() {
-  KvJournalGeometry g;
-  g.block_bytes = 4096;
-  g.block_size = 16;
-  g.pool_blocks = 256;
-  g.entries = 8;
-  g.max_pages = 40;
-  g.kv_format = 0x5eed;
-  return g;
+  return {.block_bytes = 4096,
+          .block_size = 16,
+          .pool_blocks = 256,
+          .entries = 8,
+          .max_pages = 40,
+          .kv_format = 0x5eed};
 }
 
 std::vector<int32_t> Tokens(int n, int salt = 0) {

@@ -49,7 +49,7 @@ import time
 import weakref
 
 from . import _dlpack
-from ._attach import DTYPES, MODES, Attachment, _b, _s, engine_options, open_handle, request_options
+from ._attach import DTYPES, MODES, Attachment, _b, _contiguous, _s, engine_options, open_handle, request_options
 from ._errors import INVALID_ARGUMENT, NOT_FOUND, OK, UNAVAILABLE, WsupError
 from ._lib import load_library
 
@@ -83,14 +83,6 @@ _torch_lock = threading.Lock()
 
 def _align(n):
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-
-
-def _contiguous(shape):
-    out, step = [], 1
-    for d in reversed(shape):
-        out.append(step)
-        step *= max(int(d), 1)
-    return tuple(reversed(out))
 
 
 class _Reserve:
