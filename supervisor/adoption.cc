@@ -12,6 +12,7 @@
 
 #include "common/fs.h"
 #include "common/log.h"
+#include "supervisor/reconstruct.h"
 #include "supervisor/supervisor_impl.h"
 
 namespace wsup {
@@ -75,8 +76,7 @@ Status Supervisor::Impl::AdoptOrStart(std::optional<RuntimeState> prev) {
     adopting_ = false;
     kv_.AdoptOwner(*prev);
     MaybePromote();
-    ready_notified_ = engines_.Active() != nullptr;
-    if (ready_notified_) notifier_.Ready("serving (re-adopted)");
+    if (engines_.Active()) health_.Serving("serving (re-adopted)");
     ReconcileWithFront(*prev, dead);
     // A rollout the predecessor ran: ended, and the slots left on one
     // version (before the engines not adopted start: one that was being
@@ -106,9 +106,8 @@ bool Supervisor::Impl::AdoptEngine(const RuntimeState::Engine& pe) {
 
 void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::vector<RuntimeState::Engine>& dead) {
   // Engines that died while no supervisor ran. Their slots restart like any
-  // failed slot; what the ledger gets is dated from what is known: the
-  // front's own log of the switch it made, else the last state the
-  // predecessor saved (the latest moment the engine was known to serve).
+  // failed slot; what the ledger gets is dated from what is known, by the
+  // rules of reconstruct.h, once the front has answered with its log.
   std::vector<RuntimeState::Engine> lost;
   for (const auto& e : dead) {
     if (engines_.ByName(e.slot) && (e.role == "active" || e.role == "standby" || e.role == "draining")) lost.push_back(e);
@@ -119,61 +118,35 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::v
     s->recovery_cause = "crash";
     s->recovery_fault_ms = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
   }
-  auto record = [this, prev, lost](const FrontLog* front_log) {
+  auto record = [this, saved_ms = prev.saved_ms, lost](const FrontLog* front_log) {
+    std::vector<LostEngine> gone;
     for (const auto& e : lost) {
-      Slot* s = engines_.ByName(e.slot);
+      gone.push_back({e.slot, e.proc.pid, e.role, HostPortString(cfg_.engine.host, e.port)});
+    }
+    ReconstructFacts facts;
+    facts.saved_ms = saved_ms;
+    facts.now_ms = clock_.WallMs();
+    facts.front_log = front_log;
+    for (Slot* o : engines_.slots()) facts.slots.emplace_back(o->name, HostPortString(cfg_.engine.host, o->port));
+    if (Slot* act = engines_.Active()) facts.active = act->name;
+    const std::vector<Reconstructed> found = ReconstructFailovers(gone, facts);
+    for (size_t i = 0; i < found.size(); ++i) {
+      const Reconstructed& r = found[i];
+      Slot* s = engines_.ByName(r.slot);
       if (!s) continue;
-      std::string addr = HostPortString(cfg_.engine.host, e.port);
-      int64_t fault = prev.saved_ms > 0 ? prev.saved_ms : clock_.WallMs();
-      int64_t detected = clock_.WallMs();
-      int64_t swapped = detected;
-      std::string switched_to;
-      std::string front_reason;
-      if (front_log) {
-        // The front's own switch away from this engine, if it made one.
-        for (const auto& sw : front_log->switches) {
-          if (sw.from != addr || sw.at_ms < prev.saved_ms) continue;
-          fault = detected = swapped = sw.at_ms;
-          switched_to = sw.to;
-          front_reason = sw.reason;
-        }
-        // When it made none, its record of the engine's first failure.
-        if (switched_to.empty()) {
-          auto failed = front_log->failed_at_ms.find(addr);
-          if (failed != front_log->failed_at_ms.end() && failed->second >= prev.saved_ms) {
-            fault = detected = failed->second;
-          }
-        }
-      }
-      s->recovery_fault_ms = fault;
-      if (e.role != "active") {
-        spdlog::warn("engine {} (pid {}, {}) died while no supervisor ran; restarting it", e.slot, e.proc.pid, e.role);
+      s->recovery_fault_ms = r.fault_ms;
+      if (!r.failover) {
+        spdlog::warn("engine {} (pid {}, {}) died while no supervisor ran; restarting it", r.slot, gone[i].pid,
+                     gone[i].role);
         continue;
       }
-      std::string to = "none";
-      for (Slot* o : engines_.slots()) {
-        if (o != s && !switched_to.empty() && HostPortString(cfg_.engine.host, o->port) == switched_to) to = o->name;
-      }
-      if (to == "none" && engines_.Active() && engines_.Active() != s) to = engines_.Active()->name;
-      FailoverRecord rec;
-      rec.trigger = FailoverTriggerName(FailoverTrigger::kCrash);
-      rec.reason = "engine " + e.slot + " (pid " + std::to_string(e.proc.pid) +
-                   ") died while no supervisor ran" +
-                   (switched_to.empty() ? "; the front had not switched by itself"
-                                        : "; the front switched to " + switched_to + " by itself" +
-                                              (front_reason.empty() ? "" : ": " + front_reason)) +
-                   " (reconstructed at restart)";
-      rec.from_slot = e.slot;
-      rec.to_slot = to;
-      rec.fault_ms = fault;
-      rec.detected_ms = detected;
-      rec.swapped_ms = swapped;
-      rec.reconstructed = true;
+      const FailoverRecord& rec = *r.failover;
       auto id = ledger_.Check(ledger_.ledger().RecordFailover(rec), "reconstructed failover");
       metrics_.failovers[rec.trigger]++;
       metrics_.reconstructed_failovers++;
       if (id) s->recovery_failover_id = *id;
-      spdlog::warn("failover {} -> {} while no supervisor ran (reconstructed): {}", e.slot, to, rec.reason);
+      spdlog::warn("failover {} -> {} while no supervisor ran (reconstructed): {}", rec.from_slot, rec.to_slot,
+                   rec.reason);
     }
   };
   // Ask the front for its log; record without it if it does not answer.

@@ -13,8 +13,8 @@ json Supervisor::Impl::StatusJson() {
   json j;
   j["type"] = "status";
   j["node"] = cfg_.node.name;
-  j["state"] = NodeState();
-  if (degraded_) j["degraded_reason"] = degraded_reason_;
+  j["state"] = health_.State();
+  if (health_.degraded()) j["degraded_reason"] = health_.degraded_reason();
   Slot* act = engines_.Active();
   j["active"] = act ? json(act->name) : json(nullptr);
   j["engines"] = engines_.StatusJson(kv_.Enabled());

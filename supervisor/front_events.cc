@@ -5,7 +5,6 @@
 #include "common/log.h"
 #include "supervisor/messages.h"
 #include "supervisor/probe_config.h"
-#include "supervisor/silence_check.h"
 #include "supervisor/supervisor_impl.h"
 
 namespace wsup {
@@ -15,8 +14,8 @@ FrontLink::Hooks Supervisor::Impl::FrontHooks() {
   h.stopping = [this] { return stopping_; };
   h.fatal = [this](const std::string& why) { BeginStop(why, kExitConfig); };
   h.save_state = [this] { SaveState(); };
-  h.down = [this](const std::string& why) { SetDegraded(why); };
-  h.crash_looping = [this] { UpdateStatusLine(); };
+  h.down = [this](const std::string& why) { health_.SetDegraded(why); };
+  h.crash_looping = [this] { health_.Update(); };
   h.routes = [this] { return WantedRoutes(); };
   h.message = [this](const FrontMessage& m) { OnFrontMessage(m); };
   h.exited = [this] {
@@ -42,7 +41,7 @@ void Supervisor::Impl::OnFrontMessage(const FrontMessage& f) {
       metrics_.front_self_switches++;
       break;
     case FrontMessage::Kind::kSilent:
-      OnFrontSilent(f);
+      silence_.OnSilent(f);
       break;
     case FrontMessage::Kind::kFirstOk:
       // Only an answer of the engine the front routes to now proves the swap.
@@ -60,61 +59,33 @@ void Supervisor::Impl::OnFrontMessage(const FrontMessage& f) {
   }
 }
 
-void Supervisor::Impl::OnFrontSilent(const FrontMessage& m) {
-  const std::string& backend = m.backend;
-  Slot* act = engines_.Active();
-  const bool routed = act && !backend.empty() && backend == front_.routes().active;
-  const int64_t last_byte = m.last_byte_ms;
-  std::string report = "the front saw " + std::to_string(m.silent) + " of " + std::to_string(m.inflight) +
-                       " requests on " + backend + " get no byte for " + std::to_string(m.after_ms) + " ms";
-  char run = 0;
-  if (routed && act->pid > 0) {
-    auto r = launcher_.RunState(act->pid);
-    if (r.ok()) run = *r;
-  }
-  SilenceVerdict v = JudgeSilence(routed, engines_.Standby() != nullptr, routed ? act->pid : 0, run);
-  if (routed && last_byte > 0) act->traffic_last_ms = last_byte;
-  switch (v.step) {
-    case SilenceStep::kIgnore:
-      spdlog::info("{}; not acted on: {}", report, v.why);
-      metrics_.front_silent["ignored"]++;
-      return;
-    case SilenceStep::kTrip:
-      TripSilent(*act, report + "; " + v.why);
-      return;
-    case SilenceStep::kConfirm:
-      break;
-  }
-  if (silence_probe_ && silence_pid_ == act->pid) return;  // one check at a time
-  spdlog::warn("{}; {}", report, v.why);
-  silence_pid_ = act->pid;
-  silence_probe_ = MakeProbeFromConfig(cfg_, act->port, act->control_token, *http_, clock_);
-  Slot* sp = act;
-  const pid_t pid = act->pid;
-  silence_probe_->Run([this, sp, pid, report](ProbeOutcome o) {
-    // Freed after this callback returns, on the loop.
-    After(0, [this, pid] {
-      if (silence_pid_ == pid) {
-        silence_probe_.reset();
-        silence_pid_ = 0;
-      }
-    });
-    if (stopping_ || sp->pid != pid || sp->state != SlotState::kActive) return;
-    if (o.ok) {
-      spdlog::info("{}; the probe made at once passed ({} ms): not tripped, it is busy, not hung", report,
-                   o.latency_ms);
-      metrics_.front_silent["dismissed"]++;
-      return;
-    }
-    TripSilent(*sp, report + "; a probe made at once failed: " + o.reason);
-  });
-}
-
-void Supervisor::Impl::TripSilent(Slot& s, const std::string& why) {
-  metrics_.front_silent["tripped"]++;
-  spdlog::warn("engine {}: tripped: {}", s.name, why);
-  s.semantic_ready = false;
-  engines_.Fire(s, SlotEvent::kProbeTrip, why);
+SilenceWatch::Hooks Supervisor::Impl::SilenceHooks() {
+  SilenceWatch::Hooks h;
+  h.stopping = [this] { return stopping_; };
+  h.active = [this]() -> std::optional<SilenceWatch::Engine> {
+    Slot* act = engines_.Active();
+    if (!act) return std::nullopt;
+    return SilenceWatch::Engine{act->name, act->pid, HostPortString(cfg_.engine.host, act->port)};
+  };
+  h.routed = [this] { return front_.routes().active; };
+  h.standby_ready = [this] { return engines_.Standby() != nullptr; };
+  h.run_state = [this](pid_t pid) { return launcher_.RunState(pid); };
+  h.last_byte = [this](const std::string& slot, int64_t ms) {
+    if (Slot* s = engines_.ByName(slot)) s->traffic_last_ms = ms;
+  };
+  h.make_probe = [this](const SilenceWatch::Engine& e) -> std::unique_ptr<Probe> {
+    Slot* s = engines_.ByName(e.slot);
+    if (!s) return nullptr;
+    return MakeProbeFromConfig(cfg_, s->port, s->control_token, *http_, clock_);
+  };
+  h.trip = [this](const std::string& slot, const std::string& why) {
+    Slot* s = engines_.ByName(slot);
+    if (!s) return;
+    s->semantic_ready = false;
+    engines_.Fire(*s, SlotEvent::kProbeTrip, why);
+  };
+  h.counted = [this](const char* outcome) { metrics_.front_silent[outcome]++; };
+  return h;
 }
 
 }  // namespace wsup

@@ -91,7 +91,7 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
   };
   h.counted = [this](const std::string& outcome) { metrics_.rollouts[outcome]++; };
   h.save_state = [this] { SaveState(); };
-  h.status_line = [this] { UpdateStatusLine(); };
+  h.status_line = [this] { health_.Update(); };
   h.notify = [this](Rollout::Notice kind, const std::string& text) {
     switch (kind) {
       case Rollout::Notice::kReloading:

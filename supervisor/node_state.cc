@@ -1,23 +1,27 @@
-// state.json, the systemd status line, the node's overall state, and the
-// handling of ledger writes that fail.
+// state.json, the hooks of NodeHealth (node_health.h), the fences' rows.
 #include "common/log.h"
 #include "supervisor/supervisor_impl.h"
 
 namespace wsup {
 
-std::string Supervisor::Impl::NodeState() const {
-  if (stopping_) return "stopping";
-  if (degraded_) return "degraded";
-  if (engines_.HasActive()) return "serving";
-  // Served before and has no active engine now: degraded until one is proven.
-  return ready_notified_ ? "degraded" : "starting";
-}
-
-void Supervisor::Impl::SetDegraded(const std::string& why) {
-  degraded_ = true;
-  degraded_reason_ = why;
-  spdlog::error("{}", why);
-  UpdateStatusLine();
+NodeHealth::Hooks Supervisor::Impl::HealthHooks() {
+  NodeHealth::Hooks h;
+  h.facts = [this] {
+    NodeHealth::Facts f;
+    f.stopping = stopping_;
+    if (Slot* act = engines_.Active()) f.active = act->name;
+    for (Slot* s : engines_.slots()) f.slots.emplace_back(s->name, SlotStateName(s->state));
+    f.front_crash_looping = front_.crash_looping();
+    return f;
+  };
+  h.status = [this](const std::string& line) {
+    notifier_.Status(line);
+    const auto [a, b] = engines_.slots();
+    metrics_.SetSlots(a->name, SlotStateName(a->state), a->semantic_ready, b->name, SlotStateName(b->state),
+                      b->semantic_ready);
+  };
+  h.ready = [this](const std::string& line) { notifier_.Ready(line); };
+  return h;
 }
 
 void Supervisor::Impl::SaveState() {
@@ -54,19 +58,6 @@ RuntimeState Supervisor::Impl::BuildState() {
   st.engine_version = VersionOf(cfg_);
   st.rollout = rollout_.Record();
   return st;
-}
-
-void Supervisor::Impl::UpdateStatusLine() {
-  Slot* act = engines_.Active();
-  std::string line = NodeState();
-  line += act ? ": active " + act->name : ": no active engine";
-  for (Slot* s : engines_.slots()) line += ", " + s->name + " " + SlotStateName(s->state);
-  if (front_.crash_looping()) line += ", front crash-looping";
-  if (degraded_) line += " (" + degraded_reason_ + ")";
-  notifier_.Status(line);
-  const auto [a, b] = engines_.slots();
-  metrics_.SetSlots(a->name, SlotStateName(a->state), a->semantic_ready, b->name, SlotStateName(b->state),
-                    b->semantic_ready);
 }
 
 void Supervisor::Impl::RecordFence(Slot& s, const std::string& why) {

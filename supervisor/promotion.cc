@@ -16,7 +16,7 @@ EngineSet::Hooks Supervisor::Impl::EngineHooks() {
   EngineSet::Hooks h;
   h.stopping = [this] { return stopping_; };
   h.fatal = [this](const std::string& why, int exit_code) { BeginStop(why, exit_code); };
-  h.degraded = [this](const std::string& why) { SetDegraded(why); };
+  h.degraded = [this](const std::string& why) { health_.SetDegraded(why); };
   h.save_state = [this] { SaveState(); };
   h.exited = [this] {
     if (stopping_) MaybeFinishStop();
@@ -71,7 +71,7 @@ void Supervisor::Impl::SubscribeToEngines() {
     if (!swapping_) PushRoutes();
   });
   events.Subscribe("state.json", [this](const EngineEvent&) { SaveState(); });
-  events.Subscribe("status line", [this](const EngineEvent&) { UpdateStatusLine(); });
+  events.Subscribe("status line", [this](const EngineEvent&) { health_.Update(); });
 }
 
 KvPoolRoles::Hooks Supervisor::Impl::KvPoolHooks() {
@@ -142,7 +142,7 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   h.postpone_probe = [this](const std::string& name) {
     if (Slot* s = engines_.ByName(name); s && s->monitor) s->monitor->Postpone(cfg_.probe.interval_ms);
   };
-  h.probe = [this](std::function<void(bool, int64_t)> done) { ProbeThroughFront(std::move(done), 200); };
+  h.probe = [this](std::function<void(bool, int64_t)> done) { front_probe_.Run(std::move(done), 200); };
   h.send = [](const Failover::Waiters& waiters, const json& reply) {
     for (const auto& c : waiters) {
       if (c && c->alive()) c->Send(reply);
@@ -151,7 +151,7 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   h.answer = [this](Failover::Waiters waiters, json reply, std::vector<uint64_t> rows, std::string unrecorded) {
     ledger_.ReplyWhenRecorded(std::move(waiters), std::move(reply), std::move(rows), std::move(unrecorded));
   };
-  h.status_line = [this] { UpdateStatusLine(); };
+  h.status_line = [this] { health_.Update(); };
   h.ended = [this] { rollout_.OnFailoverEnded(); };
   h.active = [this] { return engines_.Active() ? engines_.Active()->name : std::string(); };
   h.check = [this](const std::string& name) {
@@ -199,39 +199,26 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   return h;
 }
 
-void Supervisor::Impl::ProbeThroughFront(std::function<void(bool, int64_t)> done, int attempts_left) {
-  SemanticProbeSpec spec;
-  spec.prompt = cfg_.probe.prompt;
-  spec.expect = cfg_.probe.expect;
-  spec.expect_token_ids = cfg_.probe.expect_token_ids;
-  spec.max_tokens = cfg_.probe.max_tokens;
-  spec.timeout_ms = std::max<int64_t>(cfg_.probe.timeout_ms, 1000);
-  http::ClientRequest req;
-  req.method = "POST";
-  req.target = "/v1/completions";
-  req.headers.push_back({"Content-Type", "application/json"});
-  req.body = SemanticRequestBody(spec);
-  req.timeout_ms = spec.timeout_ms + cfg_.front.queue_timeout_ms;
-  int64_t start = clock_.MonotonicMs();
-  std::string host = cfg_.front.listen.host == "0.0.0.0" ? "127.0.0.1"
-                     : cfg_.front.listen.host == "::"    ? "::1"
-                                                         : cfg_.front.listen.host;
-  http_->Send(host, front_.port(), std::move(req),
-              [this, spec, start, done = std::move(done), attempts_left](const Result<http::HttpResponse>& r) mutable {
-                int64_t lat = clock_.MonotonicMs() - start;
-                ProbeOutcome o = EvaluateCompletion(spec, r, lat);
-                if (o.ok) {
-                  done(true, clock_.WallMs());
-                  return;
-                }
-                if (attempts_left <= 1 || stopping_) {
-                  spdlog::warn("probe through the front failed: {}", o.reason);
-                  done(false, 0);
-                  return;
-                }
-                auto retry = std::make_shared<std::function<void(bool, int64_t)>>(std::move(done));
-                After(10, [this, retry, attempts_left] { ProbeThroughFront(*retry, attempts_left - 1); });
-              });
+FrontProbe::Hooks Supervisor::Impl::FrontProbeHooks() {
+  FrontProbe::Hooks h;
+  h.stopping = [this] { return stopping_; };
+  h.spec = [this] {
+    SemanticProbeSpec spec;
+    spec.prompt = cfg_.probe.prompt;
+    spec.expect = cfg_.probe.expect;
+    spec.expect_token_ids = cfg_.probe.expect_token_ids;
+    spec.max_tokens = cfg_.probe.max_tokens;
+    spec.timeout_ms = cfg_.probe.timeout_ms;
+    return spec;
+  };
+  h.queue_ms = [this] { return cfg_.front.queue_timeout_ms; };
+  h.send = [this](http::ClientRequest req, http::ResponseCallback done) {
+    // The front listens on every address: the probe goes to loopback.
+    const std::string& listen = cfg_.front.listen.host;
+    const std::string host = listen == "0.0.0.0" ? "127.0.0.1" : listen == "::" ? "::1" : listen;
+    http_->Send(host, front_.port(), std::move(req), std::move(done));
+  };
+  return h;
 }
 
 void Supervisor::Impl::MaybePromote() {
@@ -244,15 +231,11 @@ void Supervisor::Impl::MaybePromote() {
     PushRoutes();
     // A failover that had no engine to take over has one now.
     failover_.OnPromoted(s->name);
-    ProbeThroughFront(
-        [this](bool ok, int64_t at) {
+    front_probe_.Run(
+        [this](bool ok, int64_t) {
           if (!ok) return;
-          if (!ready_notified_) {
-            ready_notified_ = true;
-            notifier_.Ready("serving: active engine proven through the front");
-            spdlog::info("serving: the active engine answered the probe through the front");
-          }
-          UpdateStatusLine();
+          health_.Serving("serving: the active engine answered the probe through the front");
+          health_.Update();
         },
         200);
     return;

@@ -77,10 +77,13 @@ Supervisor::Impl::Impl(Config config, SupervisorOptions options)
       engines_(&loop_, launcher_, timers_, clock_, cfg_, *http_, metrics_, EngineHooks()),
       holders_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, HolderHooks()),
       front_(&loop_, launcher_, timers_, clock_, cfg_, opts_.bin_dir, FrontHooks()),
+      silence_(timers_, SilenceHooks()),
+      front_probe_(timers_, clock_, FrontProbeHooks()),
       failover_(timers_, clock_, FailoverHooks()),
       rollout_(timers_, clock_, cfg_, RolloutHooks()),
       reloader_(cfg_, clock_, ReloaderHooks()),
-      kv_(cfg_, clock_, metrics_, KvPoolHooks()) {
+      kv_(cfg_, clock_, metrics_, KvPoolHooks()),
+      health_(HealthHooks()) {
   SubscribeToEngines();
 }
 
@@ -94,7 +97,7 @@ HolderSet::Hooks Supervisor::Impl::HolderHooks() {
     ledger_.Check(ledger_.ledger().RecordHolderRestart(rec), "holder restart");
     metrics_.holder_restarts++;
   };
-  h.down = [this](const std::string& why) { SetDegraded(why); };
+  h.down = [this](const std::string& why) { health_.SetDegraded(why); };
   h.store_fds = [this](const std::string& name, const std::vector<int>& fds) {
     Logged(notifier_.StoreFds(name, fds), "storing the arena fds");
   };

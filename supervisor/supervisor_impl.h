@@ -3,11 +3,13 @@
 //
 //   supervisor.cc  start, preflight, stop, the loop's lifetime
 //   adoption.cc    a restarted supervisor: adopt what runs, reconstruct
-//                  what happened while none ran
+//                  what happened while none ran (the rules: reconstruct.h)
 //   front_link.cc  FrontLink (front_link.h), the front's one owner: spawn,
 //                  link, routes, restarts; nothing else touches the front
-//   front_events.cc  what the front says (its messages, a silent engine),
-//                  FrontLink's hooks, the routes it is given
+//   front_events.cc  what the front says (its messages), the hooks of
+//                  FrontLink and SilenceWatch, the routes it is given
+//   silence_watch.cc  SilenceWatch (silence_watch.h): the front's report of
+//                  an engine that sends nothing, judged and acted on
 //   holder_set.cc  HolderSet (holder_set.h), the weight holders' one owner:
 //                  spawn, readiness, keeper attach, kept layouts and KV
 //                  pool, restarts; the rest reaches them through its methods
@@ -23,8 +25,9 @@
 //                  hooks
 //   promotion.cc   the hooks of EngineSet, Failover and KvPoolRoles, what
 //                  follows an engine's move (SubscribeToEngines), promotion
-//                  when no engine is active, the probe through the front,
-//                  answers once rows are on disk
+//                  when no engine is active, answers once rows are on disk
+//   front_probe.cc FrontProbe (front_probe.h): the semantic probe through
+//                  the front, asked again until it passes
 //   kv_pool_roles.cc  KvPoolRoles (kv_pool_roles.h), the KV pool's one
 //                  owner: which engine maps it (kv_handover.h), the role
 //                  requests, what engines say of their KV; it reaches the
@@ -42,7 +45,8 @@
 //                  socket (the CLI) and the admin listener, each request
 //                  read and checked before the node's hooks act on it
 //   control.cc     ControlSurface's hooks: status, what /metrics gathers
-//   node_state.cc  state.json, the status line
+//   node_state.cc  state.json, and the hooks of NodeHealth (node_health.h):
+//                  the node's own state, the status line, READY=1
 //   node_ledger.cc NodeLedger (node_ledger.h): the ledger's one owner, failed
 //                  writes kept for status, answers once rows are on disk
 //
@@ -85,6 +89,7 @@
 #include "supervisor/engine_version.h"
 #include "supervisor/failover.h"
 #include "supervisor/front_link.h"
+#include "supervisor/front_probe.h"
 #include "supervisor/holder_set.h"
 #include "supervisor/control_surface.h"
 #include "supervisor/engine_set.h"
@@ -97,12 +102,14 @@
 #include "supervisor/loop_timer.h"
 #include "supervisor/messages.h"
 #include "supervisor/metrics.h"
+#include "supervisor/node_health.h"
 #include "supervisor/node_ledger.h"
 #include "supervisor/notify.h"
 #include "supervisor/process.h"
 #include "supervisor/promotion_check.h"
 #include "supervisor/restart_throttle.h"
 #include "supervisor/runtime_state.h"
+#include "supervisor/silence_watch.h"
 #include "supervisor/supervisor.h"
 #include "wire/json_socket.h"
 
@@ -148,9 +155,9 @@ class Supervisor::Impl {
   // Gives the front WantedRoutes() (a new epoch when they changed).
   void PushRoutes();
   void OnFrontMessage(const FrontMessage& m);
-  // The front's `silent` report (supervisor/silence_check.h says what is done).
-  void OnFrontSilent(const FrontMessage& m);
-  void TripSilent(Slot& s, const std::string& why);
+  // The hooks through which silence_ (SilenceWatch, silence_watch.h)
+  // reaches the engines and the front.
+  SilenceWatch::Hooks SilenceHooks();
 
   // supervisor.cc: the hooks through which holders_ tells this node.
   HolderSet::Hooks HolderHooks();
@@ -166,7 +173,8 @@ class Supervisor::Impl {
   // caller pushes the routes once.
   bool PromoteInSwap(Slot& s, const std::string& cause, std::string* unfit, std::string* note = nullptr);
   void MaybePromote();
-  void ProbeThroughFront(std::function<void(bool ok, int64_t at_ms)> done, int attempts_left);
+  // The hooks through which front_probe_ (front_probe.h) reaches the front.
+  FrontProbe::Hooks FrontProbeHooks();
   // The hooks through which failover_ reaches the engines, the front, the
   // ledger and the callers (promotion.cc).
   Failover::Hooks FailoverHooks();
@@ -195,9 +203,9 @@ class Supervisor::Impl {
   // node_state.cc
   void SaveState();
   RuntimeState BuildState();
-  void UpdateStatusLine();
-  std::string NodeState() const;
-  void SetDegraded(const std::string& why);
+  // The hooks through which health_ (node_health.h) reads the engines and
+  // the front and tells systemd.
+  NodeHealth::Hooks HealthHooks();
   // Runs cb once after ms on the timer source (real or a test's).
   void After(int64_t ms, std::function<void()> cb);
   // A best-effort action whose failure must be seen (a signal, an fd store).
@@ -226,9 +234,6 @@ class Supervisor::Impl {
   // (node_ledger.h).
   NodeLedger ledger_{timers_, clock_};
   std::unique_ptr<http::HttpClient> http_;
-  // The probe a `silent` report asked for (at most one), and whom it probes.
-  std::unique_ptr<Probe> silence_probe_;
-  pid_t silence_pid_ = 0;
   Notifier notifier_;
   Metrics metrics_;
   // The control socket and the admin listener (control_surface.h).
@@ -243,6 +248,10 @@ class Supervisor::Impl {
   EngineSet engines_;
   HolderSet holders_;
   FrontLink front_;
+  // The front's `silent` reports (silence_watch.h).
+  SilenceWatch silence_;
+  // The probe through the front (front_probe.h).
+  FrontProbe front_probe_;
   bool adopting_ = false;   // MaybePromote() waits while adopted engines take their roles
   bool swapping_ = false;   // a planned swap is moving roles: MaybePromote() waits
 
@@ -256,9 +265,8 @@ class Supervisor::Impl {
   Reloader reloader_;
   // The node's KV pool: who maps it (kv_pool_roles.h).
   KvPoolRoles kv_;
-  bool ready_notified_ = false;
-  bool degraded_ = false;
-  std::string degraded_reason_;
+  // The node's own state, and systemd's READY=1 (node_health.h).
+  NodeHealth health_;
   bool stopping_ = false;
   bool finished_ = false;  // every handle closed: the loop has nothing left
   int exit_code_ = 0;
