@@ -106,7 +106,7 @@ void Acceptor::OnPoll(uv_poll_t* p, int status, int) {
 }
 
 void Acceptor::OnReadable() {
-  for (int i = 0; i < kAcceptBatch && !closing_; ++i) {
+  for (int i = 0; i < kAcceptBatch && !close_.closing(); ++i) {
     int fd = ::accept4(fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
       ++accepted_;
@@ -130,24 +130,19 @@ void Acceptor::OnReadable() {
 }
 
 void Acceptor::Pause() {
-  if (closing_) return;
+  if (close_.closing()) return;
   uv_poll_stop(&poll_);
   uv_timer_start(
       &pause_,
       [](uv_timer_t* t) {
         auto* self = static_cast<Acceptor*>(t->data);
-        if (!self->closing_) uv_poll_start(&self->poll_, UV_READABLE, &Acceptor::OnPoll);
+        if (!self->close_.closing()) uv_poll_start(&self->poll_, UV_READABLE, &Acceptor::OnPoll);
       },
       kPauseMs, 0);
 }
 
 void Acceptor::Close(std::function<void()> done) {
-  if (done) done_ = std::move(done);
-  if (closing_) {
-    MaybeDone();
-    return;
-  }
-  closing_ = true;
+  if (!close_.Begin(std::move(done))) return;
   if (started_) {
     auto closed = [](uv_handle_t* h) {
       auto* self = static_cast<Acceptor*>(h->data);
@@ -155,7 +150,7 @@ void Acceptor::Close(std::function<void()> done) {
         // The poll handle is gone: the fd can be closed now, not before.
         ::close(self->fd_);
         self->fd_ = -1;
-        self->MaybeDone();
+        self->close_.Check();
       }
     };
     uv_close(reinterpret_cast<uv_handle_t*>(&poll_), closed);
@@ -164,14 +159,7 @@ void Acceptor::Close(std::function<void()> done) {
   }
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  MaybeDone();
-}
-
-void Acceptor::MaybeDone() {
-  if (open_handles_ != 0 || fd_ >= 0 || !done_) return;
-  auto done = std::move(done_);
-  done_ = nullptr;
-  done();
+  close_.Check();
 }
 
 }  // namespace wsup::front

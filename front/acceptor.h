@@ -20,6 +20,7 @@
 #include <functional>
 #include <string>
 
+#include "common/close_latch.h"
 #include "common/status.h"
 
 namespace wsup::front {
@@ -47,8 +48,6 @@ class Acceptor {
   static void OnPoll(uv_poll_t* p, int status, int events);
   void OnReadable();
   void Pause();
-  void MaybeDone();
-
   uv_loop_t* loop_;
   OnSocket on_socket_;
   int fd_ = -1;
@@ -57,10 +56,10 @@ class Acceptor {
   uv_timer_t pause_;
   bool started_ = false;
   int open_handles_ = 0;
-  bool closing_ = false;
   uint64_t accepted_ = 0;
   int64_t last_warning_ms_ = -1'000'000;
-  std::function<void()> done_;
+  // Done once both handles and the fd are closed.
+  CloseLatch close_{[this] { return open_handles_ == 0 && fd_ < 0; }};
 };
 
 }  // namespace wsup::front

@@ -75,7 +75,7 @@ int ResolveLoops(int loops) {
 }
 
 Status Front::Start() {
-  if (started_ || stopping_) return Internal("front: Start() called twice or after Stop()");
+  if (started_ || close_.closing()) return Internal("front: Start() called twice or after Stop()");
   started_ = true;
   // Routes first: a bad flag should fail before the socket is taken.
   if (!options_.active.empty()) {
@@ -159,7 +159,7 @@ Status Front::Start() {
 }
 
 void Front::OnSocket(int fd) {
-  if (workers_.empty() || stopping_) {
+  if (workers_.empty() || close_.closing()) {
     ::close(fd);
     return;
   }
@@ -443,15 +443,10 @@ void Front::Emit(nlohmann::json event) {
 }
 
 void Front::Stop(std::function<void()> done) {
-  if (done) done_ = std::move(done);
-  if (stopping_) {
-    MaybeDone();
-    return;
-  }
-  stopping_ = true;
+  if (!close_.Begin(std::move(done))) return;
   acceptor_.Close([this] {
     --open_parts_;
-    MaybeDone();
+    close_.Check();
   });
   if (workers_.empty()) {
     OnWorkerStopped();
@@ -474,19 +469,12 @@ void Front::OnWorkerStopped() {
   if (control_)
     control_->Close([this] {
       --open_parts_;
-      MaybeDone();
+      close_.Check();
     });
   mailbox_.Close([this] {
     --open_parts_;
-    MaybeDone();
+    close_.Check();
   });
-}
-
-void Front::MaybeDone() {
-  if (open_parts_ != 0 || !done_) return;
-  auto done = std::move(done_);
-  done_ = nullptr;
-  done();
 }
 
 // ---- the program ----

@@ -62,6 +62,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/close_latch.h"
 #include "common/status.h"
 #include "front/acceptor.h"
 #include "front/address.h"
@@ -131,7 +132,6 @@ class Front {
   void OnControlMessage(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
   void FlushReplies(const std::shared_ptr<JsonConn>& c);
   void OnWorkerStopped();
-  void MaybeDone();
 
   uv_loop_t* loop_;
   FrontOptions options_;
@@ -144,9 +144,9 @@ class Front {
   size_t stopped_workers_ = 0;
   int open_parts_ = 0;
   bool started_ = false;
-  bool stopping_ = false;
   std::string listen_address_;
-  std::function<void()> done_;
+  // Done once the acceptor, the control server and the mailbox are closed.
+  CloseLatch close_{[this] { return open_parts_ == 0; }};
 
   // The one view of the routes (the loops follow it).
   std::optional<HostPort> active_;

@@ -40,7 +40,7 @@ Proxy::Proxy(uv_loop_t* loop, ProxyOptions options, EventSink events, FrontShare
 }
 
 Proxy::~Proxy() {
-  if (!closing_ || !calls_.empty()) spdlog::error("front: proxy destroyed while open; call Close() first");
+  if (!close_.closing() || !calls_.empty()) spdlog::error("front: proxy destroyed while open; call Close() first");
 }
 
 void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
@@ -48,7 +48,7 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   if (options_.hedge_after_ms > 0) {
     shared_->EarnHedge(options_.hedge_percent, options_.hedge_burst);
   }
-  if (closing_) {
+  if (close_.closing()) {
     writer->Send(http::HttpResponse::Json(503, http::ErrorJson("the front is shutting down; retry", "unavailable")));
     return;
   }
@@ -100,7 +100,7 @@ void Proxy::Forget(ProxyCall* call) {
   Dequeue(call);
   calls_.erase(call);
   flow_paused_.erase(call);
-  MaybeDone();
+  close_.Check();
 }
 
 void Proxy::WakeQueue() {
@@ -116,7 +116,7 @@ void Proxy::WakeQueue() {
 }
 
 void Proxy::ArmQueueTimer() {
-  if (closing_) return;
+  if (close_.closing()) return;
   if (queue_.empty()) {
     queue_timer_->Stop();
     return;
@@ -297,7 +297,7 @@ void Proxy::Emit(const nlohmann::json& event) {
 
 void Proxy::WatchFlow(ProxyCall* call) {
   flow_paused_.insert(call);
-  if (!closing_ && !flow_timer_->active()) flow_timer_->Start(10, [this] { OnFlowTimer(); }, 10);
+  if (!close_.closing() && !flow_timer_->active()) flow_timer_->Start(10, [this] { OnFlowTimer(); }, 10);
 }
 
 void Proxy::OnFlowTimer() {
@@ -357,12 +357,7 @@ nlohmann::json Proxy::StatusJson() const {
 }
 
 void Proxy::Close(std::function<void()> done) {
-  if (done) done_ = std::move(done);
-  if (closing_) {
-    MaybeDone();
-    return;
-  }
-  closing_ = true;
+  if (!close_.Begin(std::move(done))) return;
   ShareSilence(nullptr, 0, 0);
   std::vector<ProxyCall*> all(calls_.begin(), calls_.end());
   for (ProxyCall* c : all) c->Cancel();
@@ -374,15 +369,8 @@ void Proxy::Close(std::function<void()> done) {
   hedger_->Close();
   pool_.Close([this] {
     pool_closed_ = true;
-    MaybeDone();
+    close_.Check();
   });
-}
-
-void Proxy::MaybeDone() {
-  if (!closing_ || !pool_closed_ || !calls_.empty() || !done_) return;
-  auto done = std::move(done_);
-  done_ = nullptr;
-  done();
 }
 
 }  // namespace wsup::front

@@ -75,6 +75,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/close_latch.h"
 #include "common/log_limit.h"
 #include "common/status.h"
 #include "common/timer.h"
@@ -185,7 +186,6 @@ class Proxy : private CallRouter, private EngineBook, private Hedger::Site {
   void ShareSilence(SharedBackend* b, int waiting, int silent);
   void SetRouted(Backend* b, bool routed);
   void Emit(const nlohmann::json& event);
-  void MaybeDone();
 
   uv_loop_t* loop_;
   ProxyOptions options_;
@@ -205,9 +205,9 @@ class Proxy : private CallRouter, private EngineBook, private Hedger::Site {
   FrontShared* shared_;
   SharedBackend* shared_for_ = nullptr;  // the record this loop's counts are in
   int shared_waiting_ = 0, shared_silent_ = 0;
-  bool closing_ = false;
   bool pool_closed_ = false;
-  std::function<void()> done_;
+  // Done once the pool is closed and every call has ended.
+  CloseLatch close_{[this] { return pool_closed_ && calls_.empty(); }};
 
   Backend* active_ = nullptr;
   Backend* standby_ = nullptr;

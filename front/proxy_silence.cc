@@ -36,7 +36,7 @@ void Proxy::SetHedging(const HedgeLimits& h) {
   if (!was_on && h.after_ms > 0) shared_->FillHedges(h.burst);
   shared_->CapHedges(h.burst);
   if (h.after_ms <= 0) ShareSilence(nullptr, 0, 0);
-  if (!closing_) hedger_->SetAfter(h.after_ms);
+  if (!close_.closing()) hedger_->SetAfter(h.after_ms);
 }
 
 bool Proxy::TakeToken() { return shared_->TakeHedge(); }

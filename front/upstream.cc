@@ -41,20 +41,6 @@ UpstreamConn::UpstreamConn(UpstreamPool* pool, Backend* backend) : pool_(pool), 
   parser_.data = this;
 }
 
-const http_parser_settings* UpstreamConn::ParserSettings() {
-  static const http_parser_settings settings = [] {
-    http_parser_settings s;
-    http_parser_settings_init(&s);
-    s.on_header_field = &UpstreamConn::OnHeaderField;
-    s.on_header_value = &UpstreamConn::OnHeaderValue;
-    s.on_headers_complete = &UpstreamConn::OnHeadersComplete;
-    s.on_body = &UpstreamConn::OnBody;
-    s.on_message_complete = &UpstreamConn::OnMessageComplete;
-    return s;
-  }();
-  return &settings;
-}
-
 void UpstreamConn::Connect() {
   uv_tcp_init(pool_->loop(), &tcp_);
   uv_timer_init(pool_->loop(), &timer_);
@@ -215,7 +201,7 @@ void UpstreamConn::OnData(const char* data, size_t len) {
     return;
   }
   response_started_ = true;
-  size_t parsed = http_parser_execute(&parser_, ParserSettings(), data, len);
+  size_t parsed = http_parser_execute(&parser_, http::ResponseSettings<UpstreamConn>(), data, len);
   if (state_ == State::kClosed) return;  // the listener aborted, or Fail() ran
   if (complete_) {
     if (parsed < len) keep_alive_ = false;  // trailing garbage: never reuse
@@ -234,7 +220,7 @@ void UpstreamConn::OnEof() {
     return;
   }
   // A body framed by the connection's end completes here.
-  http_parser_execute(&parser_, ParserSettings(), nullptr, 0);
+  http_parser_execute(&parser_, http::ResponseSettings<UpstreamConn>(), nullptr, 0);
   if (state_ == State::kClosed) return;
   if (complete_) {
     keep_alive_ = false;
@@ -448,7 +434,7 @@ UpstreamConn* UpstreamPool::Acquire(Backend* b, bool fresh) {
 
 void UpstreamPool::Release(UpstreamConn* c) {
   Backend* b = c->backend();
-  if (closing_ || b->idle.size() >= options_.max_idle_per_backend || !b->routed) {
+  if (close_.closing() || b->idle.size() >= options_.max_idle_per_backend || !b->routed) {
     c->Close();
     return;
   }
@@ -459,7 +445,7 @@ void UpstreamPool::Release(UpstreamConn* c) {
 void UpstreamPool::Forget(UpstreamConn* c) {
   all_.erase(c);
   --c->backend()->conns;
-  MaybeDone();
+  close_.Check();
 }
 
 void UpstreamPool::Collect() {
@@ -496,18 +482,10 @@ Backend* UpstreamPool::Find(const std::string& name) const {
 }
 
 void UpstreamPool::Close(std::function<void()> done) {
-  if (done) done_ = std::move(done);
-  closing_ = true;
+  if (!close_.Begin(std::move(done))) return;
   std::vector<UpstreamConn*> all(all_.begin(), all_.end());
   for (UpstreamConn* c : all) c->Abort();
-  MaybeDone();
-}
-
-void UpstreamPool::MaybeDone() {
-  if (!closing_ || !all_.empty() || !done_) return;
-  auto done = std::move(done_);
-  done_ = nullptr;
-  done();
+  close_.Check();
 }
 
 }  // namespace wsup::front

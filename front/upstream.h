@@ -30,7 +30,9 @@
 #include <unordered_set>
 #include <vector>
 
+#include "common/close_latch.h"
 #include "front/address.h"
+#include "http/parser_settings.h"
 #include "http/request.h"
 
 namespace wsup::front {
@@ -122,7 +124,8 @@ class UpstreamConn {
  private:
   enum class State { kConnecting, kIdle, kBusy, kClosed };
 
-  static const http_parser_settings* ParserSettings();
+  template <typename>
+  friend const http_parser_settings* http::ResponseSettings();
   static void OnConnect(uv_connect_t* req, int status);
   static void OnAlloc(uv_handle_t* h, size_t suggested, uv_buf_t* buf);
   static void OnRead(uv_stream_t* s, ssize_t nread, const uv_buf_t* buf);
@@ -203,14 +206,12 @@ class UpstreamPool {
   void Forget(UpstreamConn* c);
 
  private:
-  void MaybeDone();
-
   uv_loop_t* loop_;
   UpstreamOptions options_;
   std::map<std::string, std::unique_ptr<Backend>> backends_;
-  bool closing_ = false;
   std::unordered_set<UpstreamConn*> all_;  // every open connection, for Close()
-  std::function<void()> done_;
+  // Done once every connection is gone.
+  CloseLatch close_{[this] { return all_.empty(); }};
 };
 
 }  // namespace wsup::front

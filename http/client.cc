@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 
+#include "http/parser_settings.h"
+
 namespace wsup::http {
 
 // ---------------------------------------------------------------------------
@@ -56,6 +58,9 @@ void SseParser::Line(std::string_view line, const Sink& sink) {
 // One request: a connection, a timer, a parser.
 
 class HttpClient::Request {
+  template <typename>
+  friend const http_parser_settings* ResponseSettings();
+
  public:
   Request(HttpClient* client, RequestId id, std::string host, int port, ClientRequest req, ResponseCallback done)
       : client_(client),
@@ -70,12 +75,6 @@ class HttpClient::Request {
     write_req_.data = this;
     http_parser_init(&parser_, HTTP_RESPONSE);
     parser_.data = this;
-    http_parser_settings_init(&settings_);
-    settings_.on_header_field = &Request::OnHeaderField;
-    settings_.on_header_value = &Request::OnHeaderValue;
-    settings_.on_headers_complete = &Request::OnHeadersComplete;
-    settings_.on_body = &Request::OnBody;
-    settings_.on_message_complete = &Request::OnMessageComplete;
   }
 
   void Start() {
@@ -240,7 +239,7 @@ class HttpClient::Request {
     if (n == UV_EOF) {
       // Tells the parser the stream ended: completes an until-close body.
       // Any other state means the response was cut short (reported below).
-      http_parser_execute(&self->parser_, &self->settings_, nullptr, 0);
+      http_parser_execute(&self->parser_, ResponseSettings<Request>(), nullptr, 0);
       if (!self->finished_) {
         std::string why = self->got_bytes_ ? "the server closed the connection before the response was complete"
                                            : "the server closed the connection without answering";
@@ -254,7 +253,7 @@ class HttpClient::Request {
 
   void Parse(const char* data, size_t len) {
     got_bytes_ = got_bytes_ || len > 0;
-    size_t used = http_parser_execute(&parser_, &settings_, data, len);
+    size_t used = http_parser_execute(&parser_, ResponseSettings<Request>(), data, len);
     if (finished_) return;
     if (HTTP_PARSER_ERRNO(&parser_) != HPE_OK || (len > 0 && used != len && !parser_.upgrade)) {
       if (fail_) {
@@ -372,7 +371,6 @@ class HttpClient::Request {
   char read_buf_[64 * 1024];
 
   http_parser parser_{};
-  http_parser_settings settings_{};
   HttpResponse resp_;
   bool in_value_ = false;
   bool got_bytes_ = false;

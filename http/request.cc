@@ -26,21 +26,13 @@ const std::string* HttpRequest::FindHeader(std::string_view name) const {
 RequestParser::RequestParser(ParserLimits limits) : limits_(limits) {
   http_parser_init(&parser_, HTTP_REQUEST);
   parser_.data = this;
-  http_parser_settings_init(&settings_);
-  settings_.on_message_begin = &RequestParser::OnMessageBegin;
-  settings_.on_url = &RequestParser::OnUrl;
-  settings_.on_header_field = &RequestParser::OnHeaderField;
-  settings_.on_header_value = &RequestParser::OnHeaderValue;
-  settings_.on_headers_complete = &RequestParser::OnHeadersComplete;
-  settings_.on_body = &RequestParser::OnBody;
-  settings_.on_message_complete = &RequestParser::OnMessageComplete;
 }
 
 bool RequestParser::Feed(const char* data, size_t len, std::vector<HttpRequest>* out) {
   if (failed_) return false;
   if (len == 0) return true;
   out_ = out;
-  size_t parsed = http_parser_execute(&parser_, &settings_, data, len);
+  size_t parsed = http_parser_execute(&parser_, RequestSettings<RequestParser>(), data, len);
   out_ = nullptr;
   if (failed_) return false;
   auto err = static_cast<http_errno>(parser_.http_errno);

@@ -23,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "http/parser_settings.h"
+
 namespace wsup::http {
 
 struct Header {
@@ -85,6 +87,10 @@ class RequestParser {
   std::function<void(const HttpRequest&)> on_headers;
 
  private:
+  template <typename>
+  friend const http_parser_settings* ResponseSettings();
+  template <typename>
+  friend const http_parser_settings* RequestSettings();
   static int OnMessageBegin(http_parser* p);
   static int OnUrl(http_parser* p, const char* at, size_t len);
   static int OnHeaderField(http_parser* p, const char* at, size_t len);
@@ -98,7 +104,6 @@ class RequestParser {
 
   ParserLimits limits_;
   http_parser parser_;
-  http_parser_settings settings_;
   HttpRequest current_;
   std::vector<HttpRequest>* out_ = nullptr;
   size_t header_bytes_ = 0;

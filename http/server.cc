@@ -627,7 +627,7 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
   }
   auto* c = new Connection(self);
   self->connections_.insert(c);
-  if (!c->Accept(listener) || self->closing_ || self->connections_.size() > self->options_.max_connections) {
+  if (!c->Accept(listener) || self->close_.closing() || self->connections_.size() > self->options_.max_connections) {
     c->Close();
     return;
   }
@@ -637,7 +637,7 @@ void HttpServer::OnConnection(uv_stream_t* listener, int status) {
 void HttpServer::AdoptConnection(int fd) {
   auto* c = new Connection(this);
   connections_.insert(c);
-  if (!c->Open(fd) || closing_ || connections_.size() > options_.max_connections) {
+  if (!c->Open(fd) || close_.closing() || connections_.size() > options_.max_connections) {
     c->Close();
     return;
   }
@@ -645,8 +645,7 @@ void HttpServer::AdoptConnection(int fd) {
 }
 
 void HttpServer::Close(std::function<void()> done) {
-  if (done) done_ = std::move(done);
-  closing_ = true;
+  if (!close_.Begin(std::move(done))) return;
   if (listener_) {
     uv_tcp_t* l = listener_;
     listener_ = nullptr;
@@ -663,13 +662,6 @@ void HttpServer::Close(std::function<void()> done) {
 }
 
 void HttpServer::Forget(Connection* c) { connections_.erase(c); }
-
-void HttpServer::MaybeDone() {
-  if (!closing_ || !listener_closed_ || !connections_.empty() || !done_) return;
-  auto done = std::move(done_);
-  done_ = nullptr;
-  done();
-}
 
 std::string HttpServer::NextRequestId() {
   // 16 hex digits: the salt's low half, then the counter's (by hand: this

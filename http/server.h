@@ -38,6 +38,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "common/close_latch.h"
 #include "common/status.h"
 #include "http/request.h"
 #include "http/response.h"
@@ -150,7 +151,7 @@ class HttpServer {
   uv_loop_t* loop() const { return loop_; }
   void Dispatch(std::shared_ptr<ResponseWriter> writer) { handler_(std::move(writer)); }
   void Forget(Connection* c);
-  void MaybeDone();
+  void MaybeDone() { close_.Check(); }
   std::string NextRequestId();
 
  private:
@@ -162,10 +163,10 @@ class HttpServer {
   Handler handler_;
   uv_tcp_t* listener_ = nullptr;  // freed in its close callback
   int port_ = 0;
-  bool closing_ = false;
   bool listener_closed_ = true;
-  std::function<void()> done_;
   std::unordered_set<Connection*> connections_;
+  // Done once the listener and every connection are closed.
+  CloseLatch close_{[this] { return listener_closed_ && connections_.empty(); }};
   uint64_t request_counter_ = 0;
   uint64_t id_salt_ = 0;
 };
