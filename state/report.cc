@@ -6,6 +6,7 @@
 #include <ctime>
 #include <map>
 #include <sstream>
+#include <variant>
 
 #include <nlohmann/json.hpp>
 
@@ -50,9 +51,29 @@ Result<LedgerReader> LedgerReader::Open(const std::string& path) {
 
 namespace {
 
-// Runs a `... WHERE <time> >= ?1` query and turns each row into a T.
-template <typename T, typename Fill>
-Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill fill) {
+// One column of a ledger table and the record member it fills. A reader
+// names each column once, beside its member, so the SELECT list and the
+// reading of each row cannot drift apart.
+template <typename T>
+struct Column {
+  const char* name;
+  std::variant<int64_t T::*, std::optional<int64_t> T::*, std::string T::*, bool T::*, int T::*> member;
+};
+
+void Fill(const Stmt& st, int col, int64_t& v) { v = st.Int(col); }
+void Fill(const Stmt& st, int col, std::optional<int64_t>& v) { v = st.OptInt(col); }
+void Fill(const Stmt& st, int col, std::string& v) { v = st.Text(col); }
+void Fill(const Stmt& st, int col, bool& v) { v = st.Int(col) != 0; }
+void Fill(const Stmt& st, int col, int& v) { v = static_cast<int>(st.Int(col)); }
+
+// The rows of `table` whose `time` column is at least since_ms, oldest
+// first (ties by id), each column into its member.
+template <typename T, size_t N>
+Result<std::vector<T>> ReadTable(Db& db, const char* table, const char* time, const Column<T> (&columns)[N],
+                                 int64_t since_ms) {
+  std::string sql = "SELECT ";
+  for (size_t i = 0; i < N; ++i) sql += std::string(i ? ", " : "") + columns[i].name;
+  sql += std::string(" FROM ") + table + " WHERE " + time + " >= ?1 ORDER BY " + time + ", id";
   WSUP_ASSIGN_OR_RETURN(Stmt st, db.Prepare(sql));
   st.Bind(1, since_ms);
   std::vector<T> out;
@@ -60,7 +81,9 @@ Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill 
     WSUP_ASSIGN_OR_RETURN(bool row, st.Step());
     if (!row) break;
     T r;
-    fill(st, r);
+    for (size_t i = 0; i < N; ++i) {
+      std::visit([&](auto member) { Fill(st, static_cast<int>(i), r.*member); }, columns[i].member);
+    }
     out.push_back(std::move(r));
   }
   return out;
@@ -69,128 +92,116 @@ Result<std::vector<T>> ReadRows(Db& db, const char* sql, int64_t since_ms, Fill 
 }  // namespace
 
 Result<std::vector<FailoverRecord>> LedgerReader::Failovers(int64_t since_ms) {
-  return ReadRows<FailoverRecord>(db_,
-      "SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms, first_ok_ms, "
-      "detect_ms, swap_ms, failover_ms, outage_ms, reconstructed, kv_full_ms, kv_back_ms, gone_ms FROM failovers "
-      "WHERE fault_ms >= ?1 "
-      "ORDER BY fault_ms, id",
-      since_ms, [](Stmt& st, FailoverRecord& r) {
-      r.id = st.Int(0);
-      r.trigger = st.Text(1);
-      r.reason = st.Text(2);
-      r.drill = st.Int(3) != 0;
-      r.from_slot = st.Text(4);
-      r.to_slot = st.Text(5);
-      r.fault_ms = st.Int(6);
-      r.detected_ms = st.Int(7);
-      r.swapped_ms = st.Int(8);
-      r.first_ok_ms = st.OptInt(9);
-      r.detect_ms = st.Int(10);
-      r.swap_ms = st.Int(11);
-      r.failover_ms = st.Int(12);
-      r.outage_ms = st.OptInt(13);
-      r.reconstructed = st.Int(14) != 0;
-      r.kv_full_ms = st.OptInt(15);
-      r.kv_back_ms = st.OptInt(16);
-      r.gone_ms = st.OptInt(17);
-      });
+  using R = FailoverRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},
+      {"trigger", &R::trigger},
+      {"reason", &R::reason},
+      {"drill", &R::drill},
+      {"from_slot", &R::from_slot},
+      {"to_slot", &R::to_slot},
+      {"fault_ms", &R::fault_ms},
+      {"detected_ms", &R::detected_ms},
+      {"swapped_ms", &R::swapped_ms},
+      {"first_ok_ms", &R::first_ok_ms},
+      {"detect_ms", &R::detect_ms},
+      {"swap_ms", &R::swap_ms},
+      {"failover_ms", &R::failover_ms},
+      {"outage_ms", &R::outage_ms},
+      {"reconstructed", &R::reconstructed},
+      {"kv_full_ms", &R::kv_full_ms},
+      {"kv_back_ms", &R::kv_back_ms},
+      {"gone_ms", &R::gone_ms},
+  };
+  return ReadTable(db_, "failovers", "fault_ms", kColumns, since_ms);
 }
 
 Result<std::vector<CacheEventRecord>> LedgerReader::CacheEvents(int64_t since_ms) {
-  return ReadRows<CacheEventRecord>(db_,
-      "SELECT id, time_ms, slot, rank, result, mode, miss_reason, diff_json, attach_ms, load_ms FROM cache_events "
-      "WHERE time_ms >= ?1 ORDER BY time_ms, id",
-      since_ms, [](Stmt& st, CacheEventRecord& r) {
-      r.id = st.Int(0);
-      r.time_ms = st.Int(1);
-      r.slot = st.Text(2);
-      r.rank = st.OptInt(3);
-      r.result = st.Text(4);
-      r.mode = st.Text(5);
-      r.miss_reason = st.Text(6);
-      r.diff_json = st.Text(7);
-      r.attach_ms = st.OptInt(8);
-      r.load_ms = st.OptInt(9);
-      });
+  using R = CacheEventRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},
+      {"time_ms", &R::time_ms},
+      {"slot", &R::slot},
+      {"rank", &R::rank},
+      {"result", &R::result},
+      {"mode", &R::mode},
+      {"miss_reason", &R::miss_reason},
+      {"diff_json", &R::diff_json},
+      {"attach_ms", &R::attach_ms},
+      {"load_ms", &R::load_ms},
+  };
+  return ReadTable(db_, "cache_events", "time_ms", kColumns, since_ms);
 }
 
 Result<std::vector<RecoveryRecord>> LedgerReader::Recoveries(int64_t since_ms) {
-  return ReadRows<RecoveryRecord>(db_,
-      "SELECT id, failover_id, slot, cause, fault_ms, ready_ms, cache_result, cache_reason, phases_json, "
-      "recovery_ms FROM recoveries WHERE fault_ms >= ?1 ORDER BY fault_ms, id",
-      since_ms, [](Stmt& st, RecoveryRecord& r) {
-      r.id = st.Int(0);
-      r.failover_id = st.OptInt(1);
-      r.slot = st.Text(2);
-      r.cause = st.Text(3);
-      r.fault_ms = st.Int(4);
-      r.ready_ms = st.Int(5);
-      r.cache_result = st.Text(6);
-      r.cache_reason = st.Text(7);
-      r.phases_json = st.Text(8);
-      r.recovery_ms = st.Int(9);
-      });
+  using R = RecoveryRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},
+      {"failover_id", &R::failover_id},
+      {"slot", &R::slot},
+      {"cause", &R::cause},
+      {"fault_ms", &R::fault_ms},
+      {"ready_ms", &R::ready_ms},
+      {"cache_result", &R::cache_result},
+      {"cache_reason", &R::cache_reason},
+      {"phases_json", &R::phases_json},
+      {"recovery_ms", &R::recovery_ms},
+  };
+  return ReadTable(db_, "recoveries", "fault_ms", kColumns, since_ms);
 }
 
 Result<std::vector<HolderRestartRecord>> LedgerReader::HolderRestarts(int64_t since_ms) {
-  return ReadRows<HolderRestartRecord>(db_,
-      "SELECT id, time_ms, rank, reason, from_fds, restart_ms FROM holder_restarts WHERE time_ms >= ?1 "
-      "ORDER BY time_ms, id",
-      since_ms, [](Stmt& st, HolderRestartRecord& r) {
-      r.id = st.Int(0);
-      r.time_ms = st.Int(1);
-      r.rank = static_cast<int>(st.Int(2));
-      r.reason = st.Text(3);
-      r.from_fds = st.Int(4) != 0;
-      r.restart_ms = st.Int(5);
-      });
+  using R = HolderRestartRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},         {"time_ms", &R::time_ms},   {"rank", &R::rank},
+      {"reason", &R::reason}, {"from_fds", &R::from_fds}, {"restart_ms", &R::restart_ms},
+  };
+  return ReadTable(db_, "holder_restarts", "time_ms", kColumns, since_ms);
 }
 
 Result<std::vector<ProbeTransitionRecord>> LedgerReader::ProbeTransitions(int64_t since_ms) {
-  return ReadRows<ProbeTransitionRecord>(db_,
-      "SELECT id, time_ms, slot, from_state, to_state, cause FROM probe_transitions WHERE time_ms >= ?1 "
-      "ORDER BY time_ms, id",
-      since_ms, [](Stmt& st, ProbeTransitionRecord& r) {
-      r.id = st.Int(0);
-      r.time_ms = st.Int(1);
-      r.slot = st.Text(2);
-      r.from_state = st.Text(3);
-      r.to_state = st.Text(4);
-      r.cause = st.Text(5);
-      });
+  using R = ProbeTransitionRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},
+      {"time_ms", &R::time_ms},
+      {"slot", &R::slot},
+      {"from_state", &R::from_state},
+      {"to_state", &R::to_state},
+      {"cause", &R::cause},
+  };
+  return ReadTable(db_, "probe_transitions", "time_ms", kColumns, since_ms);
 }
 
 Result<std::vector<FenceRecord>> LedgerReader::Fences(int64_t since_ms) {
-  return ReadRows<FenceRecord>(db_,
-      "SELECT id, time_ms, slot, pid, slot_state, kind, pool_owner, reason FROM fences WHERE time_ms >= ?1 "
-      "ORDER BY time_ms, id",
-      since_ms, [](Stmt& st, FenceRecord& r) {
-      r.id = st.Int(0);
-      r.time_ms = st.Int(1);
-      r.slot = st.Text(2);
-      r.pid = st.Int(3);
-      r.slot_state = st.Text(4);
-      r.kind = st.Text(5);
-      r.pool_owner = st.Text(6);
-      r.reason = st.Text(7);
-      });
+  using R = FenceRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},
+      {"time_ms", &R::time_ms},
+      {"slot", &R::slot},
+      {"pid", &R::pid},
+      {"slot_state", &R::slot_state},
+      {"kind", &R::kind},
+      {"pool_owner", &R::pool_owner},
+      {"reason", &R::reason},
+  };
+  return ReadTable(db_, "fences", "time_ms", kColumns, since_ms);
 }
+
 Result<LedgerLosses> LedgerReader::Losses() { return ReadLosses(db_.path()); }
 
 Result<std::vector<RolloutRecord>> LedgerReader::Rollouts(int64_t since_ms) {
-  return ReadRows<RolloutRecord>(db_,
-      "SELECT id, started_ms, ended_ms, outcome, reason, command_before, command_after, steps_json FROM rollouts "
-      "WHERE started_ms >= ?1 ORDER BY started_ms, id",
-      since_ms, [](Stmt& st, RolloutRecord& r) {
-      r.id = st.Int(0);
-      r.started_ms = st.Int(1);
-      r.ended_ms = st.OptInt(2);
-      r.outcome = st.Text(3);
-      r.reason = st.Text(4);
-      r.command_before = st.Text(5);
-      r.command_after = st.Text(6);
-      r.steps_json = st.Text(7);
-      });
+  using R = RolloutRecord;
+  static const Column<R> kColumns[] = {
+      {"id", &R::id},
+      {"started_ms", &R::started_ms},
+      {"ended_ms", &R::ended_ms},
+      {"outcome", &R::outcome},
+      {"reason", &R::reason},
+      {"command_before", &R::command_before},
+      {"command_after", &R::command_after},
+      {"steps_json", &R::steps_json},
+  };
+  return ReadTable(db_, "rollouts", "started_ms", kColumns, since_ms);
 }
 
 Distribution Percentiles(std::vector<int64_t> values) {
