@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/signals.h"
 #include "common/status.h"
 #include "engine/api.h"
 #include "engine/engine_server.h"
@@ -126,7 +127,8 @@ class Engine {
   // Work for the loop from the startup and scheduler threads; closed at
   // shutdown, after which their posts are dropped.
   std::unique_ptr<http::Mailbox> mailbox_;
-  uv_signal_t sigterm_, sigint_;
+  // SIGTERM and SIGINT: a clean stop (made once the loop is).
+  std::unique_ptr<Signals> signals_;
   std::unique_ptr<http::HttpServer> http_;
   std::thread startup_thread_;
   int exit_code_ = kEngineExitOk;

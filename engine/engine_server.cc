@@ -65,16 +65,13 @@ int Engine::Run() {
   }
   uv_loop_init(&loop_);
   mailbox_ = std::make_unique<http::Mailbox>(&loop_);
-  sigterm_.data = this;
-  sigint_.data = this;
-  uv_signal_init(&loop_, &sigterm_);
-  uv_signal_init(&loop_, &sigint_);
-  auto on_signal = [](uv_signal_t* s, int signum) {
+  signals_ = std::make_unique<Signals>(&loop_);
+  auto on_signal = [this](int signum) {
     spdlog::info("signal {}: shutting down", signum);
-    static_cast<Engine*>(s->data)->Fire(EngineEvent::kStop, kEngineExitOk);
+    Fire(EngineEvent::kStop, kEngineExitOk);
   };
-  uv_signal_start(&sigterm_, on_signal, SIGTERM);
-  uv_signal_start(&sigint_, on_signal, SIGINT);
+  signals_->On(SIGTERM, on_signal);
+  signals_->On(SIGINT, on_signal);
 
   http::ServerOptions so;
   so.host = opts_.host;
@@ -211,8 +208,7 @@ void Engine::ShutDown(int code, const std::string& why) {
   pending_.clear();
   auto close_rest = [this] {
     mailbox_->Close();
-    uv_close(reinterpret_cast<uv_handle_t*>(&sigterm_), nullptr);
-    uv_close(reinterpret_cast<uv_handle_t*>(&sigint_), nullptr);
+    signals_->Close();
   };
   http_->Close(close_rest);
 }

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/cpus.h"
 #include "common/log.h"
+#include "common/signals.h"
 #include "front/control_socket.h"
 #include "front/status_merge.h"
 
@@ -574,34 +575,21 @@ int FrontMain(int argc, char** argv) {
   int exit_code = 0;
   {
     Front front(&loop, o);
-    // SIGTERM/SIGINT drain and stop; the handles close once the front has.
-    struct Signals {
-      Front* front;
-      uv_signal_t term;
-      uv_signal_t intr;
-      void StopFront() {
-        front->Stop([this] {
-          uv_close(reinterpret_cast<uv_handle_t*>(&term), nullptr);
-          uv_close(reinterpret_cast<uv_handle_t*>(&intr), nullptr);
-        });
-      }
-    } signals{&front, {}, {}};
-    uv_signal_init(&loop, &signals.term);
-    uv_signal_init(&loop, &signals.intr);
-    signals.term.data = &signals;
-    signals.intr.data = &signals;
-    auto on_signal = [](uv_signal_t* s, int signum) {
+    // SIGTERM/SIGINT drain and stop; the watchers close once the front has.
+    Signals signals(&loop);
+    auto stop_front = [&] { front.Stop([&] { signals.Close(); }); };
+    auto on_signal = [&](int signum) {
       spdlog::info("front: got signal {}; stopping", signum);
-      static_cast<Signals*>(s->data)->StopFront();
+      stop_front();
     };
-    uv_signal_start(&signals.term, on_signal, SIGTERM);
-    uv_signal_start(&signals.intr, on_signal, SIGINT);
+    signals.On(SIGTERM, on_signal);
+    signals.On(SIGINT, on_signal);
     Status st = front.Start();
     if (!st.ok()) {
       spdlog::error("front: {}", st.error().message());
       std::fprintf(stderr, "wsup-front: %s\n", st.error().message().c_str());
       exit_code = 1;
-      signals.StopFront();
+      stop_front();
     }
     uv_run(&loop, UV_RUN_DEFAULT);
   }

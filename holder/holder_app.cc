@@ -14,6 +14,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/quant.h"
 #include "checkpoint/sharding.h"
+#include "common/signals.h"
 #include "gpu/local_fingerprint.h"
 #include "holder/arena.h"
 #include "holder/kv_pool.h"
@@ -269,27 +270,6 @@ Result<std::optional<KvPool>> PreparePool(const HolderConfig& cfg, const std::st
   return std::optional<KvPool>(std::move(made).value());
 }
 
-// Signal watchers and the server's shutdown, on the loop thread.
-struct Shutdown {
-  HolderServer* server = nullptr;
-  uv_signal_t term{};
-  uv_signal_t intr{};
-  bool started = false;
-
-  static void OnSignal(uv_signal_t* h, int signum) {
-    auto* self = static_cast<Shutdown*>(h->data);
-    if (self->started) return;
-    self->started = true;
-    spdlog::info("received {}; closing the socket and every connection", signum == SIGTERM ? "SIGTERM" : "SIGINT");
-    uv_signal_stop(&self->term);
-    uv_signal_stop(&self->intr);
-    self->server->Close([self] {
-      uv_close(reinterpret_cast<uv_handle_t*>(&self->term), nullptr);
-      uv_close(reinterpret_cast<uv_handle_t*>(&self->intr), nullptr);
-    });
-  }
-};
-
 void AnnounceReady(int fd, const std::string& socket_path);
 
 ServerOptions ServerOptionsFor(const HolderConfig& cfg, bool adopted) {
@@ -313,14 +293,19 @@ int Serve(uv_loop_t* loop, HolderServer& server, const HolderConfig& cfg, const 
     uv_run(loop, UV_RUN_DEFAULT);
     return kHolderExitFailure;  // a busy socket or a fixed directory may do on the next try
   }
-  Shutdown shutdown;
-  shutdown.server = &server;
-  uv_signal_init(loop, &shutdown.term);
-  uv_signal_init(loop, &shutdown.intr);
-  shutdown.term.data = &shutdown;
-  shutdown.intr.data = &shutdown;
-  uv_signal_start(&shutdown.term, &Shutdown::OnSignal, SIGTERM);
-  uv_signal_start(&shutdown.intr, &Shutdown::OnSignal, SIGINT);
+  // The first SIGTERM or SIGINT closes the socket and every connection;
+  // the watchers stop at once, so a second signal ends the holder as it is.
+  Signals signals(loop);
+  bool stopping = false;
+  auto on_signal = [&](int signum) {
+    if (stopping) return;
+    stopping = true;
+    spdlog::info("received {}; closing the socket and every connection", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+    signals.Stop();
+    server.Close([&] { signals.Close(); });
+  };
+  signals.On(SIGTERM, on_signal);
+  signals.On(SIGINT, on_signal);
   if (cfg.ready_fd >= 0) AnnounceReady(cfg.ready_fd, cfg.socket_path);
   spdlog::info("ready on {}{}{}", cfg.socket_path, cfg.deployment.empty() ? "" : " (deployment " + cfg.deployment + ")",
                what);

@@ -20,17 +20,6 @@ namespace wsup {
 
 using nlohmann::json;
 
-namespace {
-
-// Closes the signal watchers once: a stop and the destructor both try.
-void CloseSignals(bool* started, std::initializer_list<uv_signal_t*> watchers) {
-  if (!*started) return;
-  for (uv_signal_t* w : watchers) uv_close(reinterpret_cast<uv_handle_t*>(w), nullptr);
-  *started = false;
-}
-
-}  // namespace
-
 std::string HostPortString(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
@@ -123,7 +112,7 @@ Supervisor::Impl::~Impl() {
   if (http_) http_->CancelAll();
   watchdog_->Stop();
   // Still open in a supervisor destroyed without a stop (a test that drives its loop).
-  CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});
+  signals_.Close();
   uv_run(&loop_, UV_RUN_DEFAULT);
   surface_.Release();
   http_.reset();
@@ -212,22 +201,12 @@ Status Supervisor::Impl::Start() {
   // configuration error (another node's engines, say), not a crash loop.
   WSUP_RETURN_IF_ERROR(Preflight(prev));
 
-  uv_signal_init(&loop_, &sigterm_);
-  uv_signal_init(&loop_, &sigint_);
-  uv_signal_init(&loop_, &sigpipe_);
-  uv_signal_init(&loop_, &sighup_);
-  signals_started_ = true;
-  sigterm_.data = sigint_.data = sighup_.data = this;
-  uv_signal_start(&sigterm_, [](uv_signal_t* h, int) {
-    static_cast<Impl*>(h->data)->BeginStop("SIGTERM", 0);
-  }, SIGTERM);
-  uv_signal_start(&sigint_, [](uv_signal_t* h, int) {
-    static_cast<Impl*>(h->data)->BeginStop("SIGINT", 0);
-  }, SIGINT);
-  uv_signal_start(&sigpipe_, [](uv_signal_t*, int) {}, SIGPIPE);
+  signals_.On(SIGTERM, [this](int) { BeginStop("SIGTERM", 0); });
+  signals_.On(SIGINT, [this](int) { BeginStop("SIGINT", 0); });
+  // A vanished peer is an error code on its socket, not a death.
+  signals_.On(SIGPIPE, [](int) {});
   // systemd's reload (Type=notify-reload sends SIGHUP): as `wsup reload`.
-  uv_signal_start(&sighup_, [](uv_signal_t* h, int) { static_cast<Impl*>(h->data)->reloader_.Reload(nullptr, "SIGHUP"); },
-                  SIGHUP);
+  signals_.On(SIGHUP, [this](int) { reloader_.Reload(nullptr, "SIGHUP"); });
 
   int64_t wd = notifier_.WatchdogIntervalMs();
   if (wd > 0) watchdog_->Start(wd / 3, [this] { notifier_.Watchdog(); }, wd / 3);
@@ -303,7 +282,7 @@ void Supervisor::Impl::MaybeFinishStop() {
     surface_.Close();
     front_.CloseLink("stopping");
     watchdog_->Stop();
-    CloseSignals(&signals_started_, {&sigterm_, &sigint_, &sigpipe_, &sighup_});
+    signals_.Close();
     engines_.StopProbing();
     kv_.Close();
     holders_.ReleaseKept();  // the holders have stopped

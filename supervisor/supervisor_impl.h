@@ -77,6 +77,7 @@
 
 #include "client/client.h"
 #include "client/kv_pool.h"
+#include "common/signals.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "http/client.h"
@@ -239,8 +240,9 @@ class Supervisor::Impl {
   // The control socket and the admin listener (control_surface.h).
   ControlSurface surface_;
   std::unique_ptr<Timer> watchdog_;
-  uv_signal_t sigterm_{}, sigint_{}, sigpipe_{};
-  bool signals_started_ = false;
+  // SIGTERM and SIGINT stop the node, SIGHUP reloads it, SIGPIPE is an
+  // error on its socket.
+  Signals signals_{&loop_};
 
   // The engine slots and their lives (engine_set.h); every move of a
   // slot's table is published on engines_.events() to the subscribers of
@@ -260,7 +262,6 @@ class Supervisor::Impl {
   // The rolling upgrade (rollout.h): its state and steps; told of the
   // engines' moves as a subscriber of engines_.events().
   Rollout rollout_;
-  uv_signal_t sighup_{};
   // `wsup reload` and SIGHUP (reload.h).
   Reloader reloader_;
   // The node's KV pool: who maps it (kv_pool_roles.h).
