@@ -169,7 +169,7 @@ void Front::OnSocket(int fd) {
   w.TakeConnection(fd);
 }
 
-void Front::AskWorkers(std::function<nlohmann::json(Worker&)> ask,
+void Front::AskWorkers(const std::function<nlohmann::json(Worker&)>& ask,
                        std::function<void(std::vector<nlohmann::json>)> done) {
   auto g = std::make_shared<Gather>();
   g->parts.resize(workers_.size());
@@ -211,7 +211,7 @@ void Front::FlushReplies(const std::shared_ptr<JsonConn>& c) {
   if (q.empty()) replies_.erase(it);
 }
 
-void Front::HandleControl(const nlohmann::json& msg, Reply reply) {
+void Front::HandleControl(const nlohmann::json& msg, const Reply& reply) {
   auto type = msg.find("type");
   if (type == msg.end() || !type->is_string()) {
     reply(
@@ -227,7 +227,7 @@ void Front::HandleControl(const nlohmann::json& msg, Reply reply) {
           j["connections"] = w.server().connection_count();
           return j;
         },
-        [this, reply](std::vector<nlohmann::json> parts) {
+        [this, reply](const std::vector<nlohmann::json>& parts) {
           nlohmann::json j = MergeLoopStatus(parts);
           // Per loop: the share each serves (an uneven split shows here).
           j["loop_load"] = nlohmann::json::array();
@@ -256,22 +256,22 @@ void Front::HandleControl(const nlohmann::json& msg, Reply reply) {
     return;
   }
   if (t == "set_routes") {
-    SetRoutes(msg, std::move(reply));
+    SetRoutes(msg, reply);
     return;
   }
   if (t == "set_limits") {
-    SetLimits(msg, std::move(reply));
+    SetLimits(msg, reply);
     return;
   }
   if (t == "engine_dead") {
-    EngineDead(msg, std::move(reply));
+    EngineDead(msg, reply);
     return;
   }
   reply(ErrorReply("control: unknown message type '" + t.substr(0, 64) +
                    "'; send one of: status, set_routes, set_limits, engine_dead"));
 }
 
-void Front::EngineDead(const nlohmann::json& msg, Reply reply) {
+void Front::EngineDead(const nlohmann::json& msg, const Reply& reply) {
   auto engine = RouteField(msg, "engine", /*required=*/true, "engine_dead");
   if (!engine.ok()) return reply(ErrorReply(engine.error().message()));
   if (!engine->has_value()) {
@@ -280,7 +280,7 @@ void Front::EngineDead(const nlohmann::json& msg, Reply reply) {
   std::string why = "died";
   if (auto w = msg.find("why"); w != msg.end() && w->is_string()) why = w->get<std::string>().substr(0, 512);
   AskWorkers([addr = **engine, why](Worker& w) -> nlohmann::json { return w.proxy().EngineDead(addr, why); },
-             [reply](std::vector<nlohmann::json> answers) {
+             [reply](const std::vector<nlohmann::json>& answers) {
                int64_t cut = 0;
                for (const auto& a : answers) {
                  if (a.is_number_integer()) cut += a.get<int64_t>();
@@ -289,7 +289,7 @@ void Front::EngineDead(const nlohmann::json& msg, Reply reply) {
              });
 }
 
-void Front::SetRoutes(const nlohmann::json& msg, Reply reply) {
+void Front::SetRoutes(const nlohmann::json& msg, const Reply& reply) {
   auto epoch_field = msg.find("epoch");
   if (epoch_field == msg.end() || !epoch_field->is_number_integer() || epoch_field->get<int64_t>() < 0) {
     reply(
@@ -333,7 +333,7 @@ void Front::SetRoutes(const nlohmann::json& msg, Reply reply) {
         Status st = w.proxy().SetRoutes(a, s, epoch);
         return st.ok() ? nlohmann::json(nullptr) : nlohmann::json(st.error().message());
       },
-      [reply, epoch](std::vector<nlohmann::json> answers) {
+      [reply, epoch](const std::vector<nlohmann::json>& answers) {
         for (const auto& a : answers) {
           if (a.is_string()) {
             spdlog::error("front: a loop refused set_routes the front took: {}", a.get<std::string>());
@@ -344,7 +344,7 @@ void Front::SetRoutes(const nlohmann::json& msg, Reply reply) {
       });
 }
 
-void Front::SetLimits(const nlohmann::json& msg, Reply reply) {
+void Front::SetLimits(const nlohmann::json& msg, const Reply& reply) {
   auto qt = msg.find("queue_timeout_ms");
   auto mq = msg.find("max_queued");
   if (qt == msg.end() || !qt->is_number_integer() || qt->get<int64_t>() < 0 || mq == msg.end() ||
@@ -391,12 +391,12 @@ void Front::SetLimits(const nlohmann::json& msg, Reply reply) {
         if (hedge) w.proxy().SetHedging(*hedge);
         return nullptr;
       },
-      [reply](std::vector<nlohmann::json>) {
+      [reply](const std::vector<nlohmann::json>&) {
         reply({{"ok", true}});
       });
 }
 
-void Front::OnWorkerEvent(int worker, nlohmann::json event) {
+void Front::OnWorkerEvent(int worker, const nlohmann::json& event) {
   const std::string kind = event.value("kind", "");
   const int64_t epoch = event.value("epoch", int64_t{-1});
   const std::string backend = event.value("backend", "");
@@ -418,7 +418,7 @@ void Front::OnWorkerEvent(int worker, nlohmann::json event) {
       if (w->index() == worker) continue;
       w->Post([from, why, epoch, at_ms](Worker& wk) { wk.proxy().PeerFailed(from, why, epoch, at_ms); });
     }
-    Emit(std::move(event));
+    Emit(event);
     return;
   }
   if (kind == "first_ok") {
@@ -430,14 +430,14 @@ void Front::OnWorkerEvent(int worker, nlohmann::json event) {
     if (first_ok_pending_.empty() || backend != first_ok_pending_) return;
     if (!event.value("hedged", false) && event.value("at_ms", int64_t{0}) < first_ok_since_ms_) return;
     first_ok_pending_.clear();
-    Emit(std::move(event));
+    Emit(event);
     return;
   }
   // silent: the loop that flipped the shared flag is the only one that says it.
-  Emit(std::move(event));
+  Emit(event);
 }
 
-void Front::Emit(nlohmann::json event) {
+void Front::Emit(const nlohmann::json& event) {
   if (event_log_.size() >= Proxy::kEventLogSize) event_log_.pop_front();
   event_log_.push_back(event);
   if (control_) control_->Broadcast(event);

@@ -112,7 +112,7 @@ class Front {
 
   // Answers one control message; `reply` runs on the main loop, at once or
   // once every loop has answered.
-  void HandleControl(const nlohmann::json& msg, Reply reply);
+  void HandleControl(const nlohmann::json& msg, const Reply& reply);
 
   int port() const { return acceptor_.port(); }
   const std::string& listen_address() const { return listen_address_; }
@@ -122,13 +122,13 @@ class Front {
   struct Gather;
   // Runs `ask` on every worker loop; `done` gets their answers (null for a
   // loop already gone) on the main loop.
-  void AskWorkers(std::function<nlohmann::json(Worker&)> ask, std::function<void(std::vector<nlohmann::json>)> done);
+  void AskWorkers(const std::function<nlohmann::json(Worker&)>& ask, std::function<void(std::vector<nlohmann::json>)> done);
   void OnSocket(int fd);
-  void OnWorkerEvent(int worker, nlohmann::json event);
-  void Emit(nlohmann::json event);
-  void SetRoutes(const nlohmann::json& msg, Reply reply);
-  void SetLimits(const nlohmann::json& msg, Reply reply);
-  void EngineDead(const nlohmann::json& msg, Reply reply);
+  void OnWorkerEvent(int worker, const nlohmann::json& event);
+  void Emit(const nlohmann::json& event);
+  void SetRoutes(const nlohmann::json& msg, const Reply& reply);
+  void SetLimits(const nlohmann::json& msg, const Reply& reply);
+  void EngineDead(const nlohmann::json& msg, const Reply& reply);
   void OnControlMessage(const std::shared_ptr<JsonConn>& c, const nlohmann::json& msg);
   void FlushReplies(const std::shared_ptr<JsonConn>& c);
   void OnWorkerStopped();

@@ -320,7 +320,7 @@ class HttpClient::Request {
     if (p->status_code >= 100 && p->status_code < 200) return 0;
     std::string_view data(at, len);
     if (self->req_.on_event && self->sse_) {
-      self->sse_parser_.Feed(data, [self](ServerSentEvent ev) {
+      self->sse_parser_.Feed(data, [self](const ServerSentEvent& ev) {
         if (!self->finished_ && self->req_.on_event) self->req_.on_event(ev);
       });
       return self->finished_ ? -1 : 0;

@@ -13,7 +13,7 @@ namespace wsup::http {
 
 namespace {
 
-constexpr size_t kReadBufferSize = 64 * 1024;
+constexpr size_t kReadBufferSize = size_t{64} * 1024;
 
 // X-Request-Id values are echoed into our own headers: only visible ASCII,
 // bounded, so a peer cannot inject header lines.

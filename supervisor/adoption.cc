@@ -120,6 +120,7 @@ void Supervisor::Impl::ReconcileWithFront(const RuntimeState& prev, const std::v
   }
   auto record = [this, saved_ms = prev.saved_ms, lost](const FrontLog* front_log) {
     std::vector<LostEngine> gone;
+    gone.reserve(lost.size());
     for (const auto& e : lost) {
       gone.push_back({e.slot, e.proc.pid, e.role, HostPortString(cfg_.engine.host, e.port)});
     }

@@ -11,7 +11,7 @@ void FrontProbe::Run(Done done, int attempts) {
   Attempt(std::make_shared<Done>(std::move(done)), std::max(attempts, 1));
 }
 
-void FrontProbe::Attempt(std::shared_ptr<Done> done, int attempts_left) {
+void FrontProbe::Attempt(const std::shared_ptr<Done>& done, int attempts_left) {
   SemanticProbeSpec spec = hooks_.spec();
   spec.timeout_ms = std::max(spec.timeout_ms, kMinTimeoutMs);
   http::ClientRequest req;
@@ -22,7 +22,7 @@ void FrontProbe::Attempt(std::shared_ptr<Done> done, int attempts_left) {
   req.timeout_ms = spec.timeout_ms + hooks_.queue_ms();
   const int64_t start = clock_.MonotonicMs();
   std::weak_ptr<int> alive = alive_;
-  hooks_.send(std::move(req), [this, alive, spec, start, done, attempts_left](Result<http::HttpResponse> r) {
+  hooks_.send(std::move(req), [this, alive, spec, start, done, attempts_left](const Result<http::HttpResponse>& r) {
     if (alive.expired()) return;
     const ProbeOutcome o = EvaluateCompletion(spec, r, clock_.MonotonicMs() - start);
     if (o.ok) {

@@ -58,7 +58,7 @@ class FrontProbe {
   void Run(Done done, int attempts);
 
  private:
-  void Attempt(std::shared_ptr<Done> done, int attempts_left);
+  void Attempt(const std::shared_ptr<Done>& done, int attempts_left);
 
   OneShots later_;
   const Clock& clock_;
