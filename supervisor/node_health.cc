@@ -5,8 +5,9 @@
 
 namespace wsup {
 
-std::string NodeHealth::State() const {
-  const Facts f = hooks_.facts();
+std::string NodeHealth::State() const { return StateOf(hooks_.facts()); }
+
+std::string NodeHealth::StateOf(const Facts& f) const {
   if (f.stopping) return "stopping";
   if (degraded_) return "degraded";
   if (!f.active.empty()) return "serving";
@@ -16,7 +17,7 @@ std::string NodeHealth::State() const {
 
 std::string NodeHealth::StatusLine() const {
   const Facts f = hooks_.facts();
-  std::string line = State();
+  std::string line = StateOf(f);
   line += f.active.empty() ? ": no active engine" : ": active " + f.active;
   for (const auto& [slot, state] : f.slots) line += ", " + slot + " " + state;
   if (f.front_crash_looping) line += ", front crash-looping";

@@ -58,6 +58,8 @@ class NodeHealth {
   bool served() const { return served_; }
 
  private:
+  std::string StateOf(const Facts& f) const;
+
   Hooks hooks_;
   bool served_ = false;
   bool degraded_ = false;

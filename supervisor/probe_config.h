@@ -20,6 +20,9 @@ namespace wsup {
 // (http/control_auth.h), for the comm probe's /wsup/status; "" for none.
 std::unique_ptr<Probe> MakeProbeFromConfig(const Config& config, int port, const std::string& control_token,
                                            http::HttpClient& client, const Clock& clock = RealClock());
+// The semantic probe's request and expected answer as [probe] gives them
+// (also what the node sends through the front, front_probe.h).
+SemanticProbeSpec SemanticSpecFromConfig(const Config& config);
 // The hysteresis [probe] asks for; `seed` varies the jitter per engine.
 HysteresisOptions HysteresisFromConfig(const Config& config, uint64_t seed);
 

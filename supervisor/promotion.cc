@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "probes/probe.h"
 #include "supervisor/supervisor_impl.h"
+#include "supervisor/probe_config.h"
 #include "supervisor/promotion_check.h"
 
 namespace wsup {
@@ -202,15 +203,7 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
 FrontProbe::Hooks Supervisor::Impl::FrontProbeHooks() {
   FrontProbe::Hooks h;
   h.stopping = [this] { return stopping_; };
-  h.spec = [this] {
-    SemanticProbeSpec spec;
-    spec.prompt = cfg_.probe.prompt;
-    spec.expect = cfg_.probe.expect;
-    spec.expect_token_ids = cfg_.probe.expect_token_ids;
-    spec.max_tokens = cfg_.probe.max_tokens;
-    spec.timeout_ms = cfg_.probe.timeout_ms;
-    return spec;
-  };
+  h.spec = [this] { return SemanticSpecFromConfig(cfg_); };
   h.queue_ms = [this] { return cfg_.front.queue_timeout_ms; };
   h.send = [this](http::ClientRequest req, http::ResponseCallback done) {
     // The front listens on every address: the probe goes to loopback.
