@@ -5,8 +5,8 @@
 // A publication is one EngineEvent: the slot, the row taken (from, event,
 // to, action) and its cause. Subscribers see it in the order they
 // subscribed, which is the order of their effects: the owner subscribes
-// them in that order once, at construction (Supervisor::Impl::
-// SubscribeToEngines lists the node's). A subscriber may move a slot
+// them in that order once, at construction (Node::
+// SubscribeToEngines, node_wiring.cc, lists the node's). A subscriber may move a slot
 // again while it is told of a move (a failover promotes the standby from
 // inside the failed slot's move); that move is published at once, to every
 // subscriber, before the first publication goes on to the next subscriber:

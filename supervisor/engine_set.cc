@@ -44,6 +44,7 @@ EngineSet::EngineSet(uv_loop_t* loop, Launcher& launcher, TimerSource& timers, c
       http_(http),
       metrics_(metrics),
       hooks_(std::move(hooks)),
+      later_(timers),
       a_(timers, "a", EngineRestartPolicy(cfg)),
       b_(timers, "b", EngineRestartPolicy(cfg)) {}
 

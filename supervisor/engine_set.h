@@ -40,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/one_shots.h"
 #include "common/timer.h"
 #include "http/client.h"
 #include "state/records.h"
@@ -125,6 +126,12 @@ class EngineSet {
   bool started() const { return started_; }
   // Starts a process in the slot, with its rollout version if it has one.
   void Spawn(EngineSlot& s);
+  // A start of the slot as a recovery of `cause` (a rollout's new version),
+  // dated now: run off the current call (which may be an exit's own
+  // handling), and only once engines may start at all (a restarted
+  // supervisor waits for its holders; Start() starts an idle slot then)
+  // and while the slot is stopped or idle.
+  void SpawnAsRecovery(EngineSlot& s, const std::string& cause);
   // Moves the slot by its table and publishes the move.
   void Fire(EngineSlot& s, SlotEvent event, const std::string& cause);
   // The table's action on the slot's process (a subscriber of events()).
@@ -199,6 +206,8 @@ class EngineSet {
   http::HttpClient& http_;
   Metrics& metrics_;
   Hooks hooks_;
+  // Work moved off the current call.
+  OneShots later_;
   EngineSlot a_, b_;
   EngineEventList events_;
   bool started_ = false;

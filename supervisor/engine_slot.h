@@ -119,6 +119,13 @@ struct EngineSlot {
   std::optional<int64_t> recovery_failover_id;
   int64_t recovery_fault_ms = 0;
   std::string recovery_cause;  // "" when this start is not a recovery
+  // The next ready is a recovery of `cause` from fault_ms, and belongs to
+  // failover `id` when one is given (else to the one it belonged to).
+  void NoteRecovery(const std::string& cause, int64_t fault_ms, std::optional<int64_t> id) {
+    recovery_cause = cause;
+    recovery_fault_ms = fault_ms;
+    if (id) recovery_failover_id = *id;
+  }
   bool cache_recorded = false;
   std::string cache_result;    // "hit" | "miss" | "off"
   std::string cache_reason;

@@ -37,6 +37,17 @@ constexpr int64_t kStatusRefreshMs = 1000;  // while it serves
 
 }  // namespace
 
+void EngineSet::SpawnAsRecovery(EngineSlot& s, const std::string& cause) {
+  s.recovery_cause = cause;
+  s.recovery_fault_ms = clock_.WallMs();
+  s.recovery_failover_id.reset();
+  later_.After(0, [this, slot = &s] {
+    if (!hooks_.stopping() && started_ && (slot->state == SlotState::kStopped || slot->state == SlotState::kIdle)) {
+      Spawn(*slot);
+    }
+  });
+}
+
 void EngineSet::Spawn(EngineSlot& s) {
   if (hooks_.stopping()) return;
   int port = &s == &a_ ? cfg_.engine.primary_port : cfg_.engine.standby_port;

@@ -239,7 +239,15 @@ void KvPoolRoles::OnEngineKv(EngineSlot& s, const json& kv, uint64_t seq_at_send
                           "); two writers of one pool serve wrong tokens, so it is fenced";
   spdlog::error("engine {} (pid {}, {}): {}", s.name, s.pid, SlotStateName(s.state), why);
   metrics_.kv_pool_events["trespass"]++;
-  hooks_.record_fence(s, why);
+  FenceRecord rec;
+  rec.time_ms = clock_.WallMs();
+  rec.slot = s.name;
+  rec.pid = s.pid;
+  rec.slot_state = SlotStateName(s.state);
+  rec.kind = "kv_pool";
+  rec.pool_owner = owner();
+  rec.reason = why;
+  hooks_.record_fence(rec);
   hooks_.fire(s, SlotEvent::kKvTrespass, why);
 }
 

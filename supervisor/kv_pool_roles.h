@@ -37,6 +37,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "http/client.h"
+#include "state/records.h"
 #include "supervisor/config.h"
 #include "supervisor/engine_slot.h"
 #include "supervisor/kv_handover.h"
@@ -72,7 +73,7 @@ class KvPoolRoles {
     // move of the table is not judged; a fresh one is).
     std::function<void(EngineSlot&)> refresh_status;
     // The ledger's `fences` row of an engine killed for what it did.
-    std::function<void(EngineSlot&, const std::string& why)> record_fence;
+    std::function<void(const FenceRecord&)> record_fence;
     // The engine of that slot maps the pool: its failover's KV is back.
     std::function<void(const std::string& slot)> kv_full;
     // Runs `work` once after `ms` on the loop.

@@ -1,15 +1,17 @@
-// The hooks through which the rollout (rollout.h) and the reloader
-// (reload.h) reach the engines, the failover, the ledger and systemd.
+// The node's wiring of its holders (holder_set.h), rollout (rollout.h),
+// reloader (reload.h), control surfaces (control_surface.h) and health
+// (node_health.h): the hooks through which they reach the engines, the
+// failover, the ledger and systemd.
 #include "common/log.h"
-#include "supervisor/supervisor_impl.h"
+#include "supervisor/node.h"
 
 namespace wsup {
 
 using nlohmann::json;
 
-Reloader::Hooks Supervisor::Impl::ReloaderHooks() {
+Reloader::Hooks Node::ReloaderHooks() {
   Reloader::Hooks h;
-  h.stopping = [this] { return stopping_; };
+  h.stopping = [this] { return stop_.stopping(); };
   h.rollout_busy = [this]() -> std::string {
     if (!rollout_.InProgress()) return "";
     const int64_t secs = (clock_.WallMs() - rollout_.StartedMs()) / 1000;
@@ -50,9 +52,7 @@ Reloader::Hooks Supervisor::Impl::ReloaderHooks() {
   return h;
 }
 
-std::string Supervisor::Impl::VersionText(const EngineVersion& v) const { return EngineVersionText(WithVersion(cfg_, v)); }
-
-Rollout::Hooks Supervisor::Impl::RolloutHooks() {
+Rollout::Hooks Node::RolloutHooks() {
   Rollout::Hooks h;
   h.slot = [this](const std::string& name) -> std::optional<Rollout::SlotView> {
     Slot* s = engines_.ByName(name);
@@ -63,7 +63,7 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
     if (Slot* s = engines_.ByName(name)) s->version = v;
   };
   h.spawn = [this](const std::string& name, const std::string& cause) {
-    if (Slot* s = engines_.ByName(name)) RollSpawn(*s, cause);
+    if (Slot* s = engines_.ByName(name)) engines_.SpawnAsRecovery(*s, cause);
   };
   h.stop = [this](const std::string& name, const std::string& why) {
     if (Slot* s = engines_.ByName(name)) engines_.Fire(*s, SlotEvent::kStop, why);
@@ -78,7 +78,7 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
     return engines_.ByName(from) && engines_.ByName(to) && failover_.PlannedSwap(from, to, why, nullptr);
   };
   h.failover_pending = [this] { return failover_.InProgress(); };
-  h.stopping = [this] { return stopping_; };
+  h.stopping = [this] { return stop_.stopping(); };
   h.set_node_version = [this](const EngineVersion& v) {
     cfg_.engine.command = v.command;
     cfg_.engine.env = v.env;
@@ -108,20 +108,63 @@ Rollout::Hooks Supervisor::Impl::RolloutHooks() {
   return h;
 }
 
-void Supervisor::Impl::RollSpawn(Slot& s, const std::string& cause) {
-  s.recovery_cause = cause;
-  s.recovery_fault_ms = clock_.WallMs();
-  s.recovery_failover_id.reset();
-  // Off the exit's own handling (this may run inside it), and not before
-  // the engines may start at all: a restarted supervisor waits for its
-  // holders, and engines_.Start() starts an idle slot then.
-  std::string name = s.name;
-  After(0, [this, name] {
-    Slot* sp = engines_.ByName(name);
-    if (sp && !stopping_ && engines_.started() && (sp->state == SlotState::kStopped || sp->state == SlotState::kIdle)) {
-      engines_.Spawn(*sp);
-    }
-  });
+HolderSet::Hooks Node::HolderHooks() {
+  HolderSet::Hooks h;
+  h.stopping = [this] { return stop_.stopping(); };
+  h.fatal = [this](const std::string& why, int exit_code) { stop_.Begin(why, exit_code); };
+  h.save_state = [this] { SaveState(); };
+  h.all_ready = [this] { engines_.Start(); };
+  h.restarted = [this](const HolderRestartRecord& rec) {
+    ledger_.Check(ledger_.ledger().RecordHolderRestart(rec), "holder restart");
+    metrics_.holder_restarts++;
+  };
+  h.down = [this](const std::string& why) { health_.SetDegraded(why); };
+  h.store_fds = [this](const std::string& name, const std::vector<int>& fds) {
+    LogFailure(notifier_.StoreFds(name, fds), "storing the arena fds");
+  };
+  h.exited = [this] { stop_.ChildExited(); };
+  return h;
+}
+
+ControlSurface::Hooks Node::ControlHooks() {
+  ControlSurface::Hooks h;
+  h.status = [this] { return StatusJson(); };
+  h.drill = [this](const std::shared_ptr<JsonConn>& c, bool kill) { failover_.Drill(c, kill); };
+  h.reload = [this](const std::shared_ptr<JsonConn>& c, const std::vector<std::string>& sets) {
+    reloader_.Reload(c, "wsup reload", sets);
+  };
+  h.stop = [this](const std::shared_ptr<JsonConn>& c) {
+    stop_.OnStopped([c] {
+      if (c->alive()) c->Send(json{{"type", "stop"}, {"ok", true}});
+    });
+    stop_.Begin("wsup stop", 0);
+  };
+  h.metrics = [this] {
+    ledger_.Report(metrics_);
+    front_.Report(metrics_);
+    return metrics_.Render();
+  };
+  return h;
+}
+
+NodeHealth::Hooks Node::HealthHooks() {
+  NodeHealth::Hooks h;
+  h.facts = [this] {
+    NodeHealth::Facts f;
+    f.stopping = stop_.stopping();
+    if (Slot* act = engines_.Active()) f.active = act->name;
+    for (Slot* s : engines_.slots()) f.slots.emplace_back(s->name, SlotStateName(s->state));
+    f.front_crash_looping = front_.crash_looping();
+    return f;
+  };
+  h.status = [this](const std::string& line) {
+    notifier_.Status(line);
+    const auto [a, b] = engines_.slots();
+    metrics_.SetSlots(a->name, SlotStateName(a->state), a->semantic_ready, b->name, SlotStateName(b->state),
+                      b->semantic_ready);
+  };
+  h.ready = [this](const std::string& line) { notifier_.Ready(line); };
+  return h;
 }
 
 }  // namespace wsup

@@ -1,42 +1,25 @@
-// state.json, the hooks of NodeHealth (node_health.h), the fences' rows.
+// What the node shows, assembled from its owners' parts: state.json (what
+// a restarted supervisor adopts) and `wsup status`.
+#include <unistd.h>
+
 #include "common/log.h"
-#include "supervisor/supervisor_impl.h"
+#include "supervisor/node.h"
 
 namespace wsup {
 
-NodeHealth::Hooks Supervisor::Impl::HealthHooks() {
-  NodeHealth::Hooks h;
-  h.facts = [this] {
-    NodeHealth::Facts f;
-    f.stopping = stopping_;
-    if (Slot* act = engines_.Active()) f.active = act->name;
-    for (Slot* s : engines_.slots()) f.slots.emplace_back(s->name, SlotStateName(s->state));
-    f.front_crash_looping = front_.crash_looping();
-    return f;
-  };
-  h.status = [this](const std::string& line) {
-    notifier_.Status(line);
-    const auto [a, b] = engines_.slots();
-    metrics_.SetSlots(a->name, SlotStateName(a->state), a->semantic_ready, b->name, SlotStateName(b->state),
-                      b->semantic_ready);
-  };
-  h.ready = [this](const std::string& line) { notifier_.Ready(line); };
-  return h;
-}
+using nlohmann::json;
 
-void Supervisor::Impl::SaveState() {
+void Node::SaveState() {
   // Written on the loop, at once: it is small and not fsynced (see
   // runtime_state.h), and a child must never run unrecorded, or a
   // supervisor that dies right after a spawn leaves a process that neither
   // its successor nor `wsup stop` can find.
-  if (stopping_ && !engines_.AnyProcess() && !front_.has_process() && !holders_.AnyProcess()) {
-    return;  // MaybeFinishStop() removes the file
-  }
+  if (stop_.finishing()) return;  // the stop removes the file
   Status st = BuildState().Save(RuntimeState::PathIn(cfg_.node.runtime_dir));
   if (!st.ok()) spdlog::error("{}", st.error().message());
 }
 
-RuntimeState Supervisor::Impl::BuildState() {
+RuntimeState Node::BuildState() {
   RuntimeState st;
   st.config_path = cfg_.path;
   st.node_name = cfg_.node.name;
@@ -60,20 +43,25 @@ RuntimeState Supervisor::Impl::BuildState() {
   return st;
 }
 
-void Supervisor::Impl::RecordFence(Slot& s, const std::string& why) {
-  FenceRecord rec;
-  rec.time_ms = clock_.WallMs();
-  rec.slot = s.name;
-  rec.pid = s.pid;
-  rec.slot_state = SlotStateName(s.state);
-  rec.kind = "kv_pool";
-  rec.pool_owner = kv_.owner();
-  rec.reason = why;
-  ledger_.Check(ledger_.ledger().RecordFence(rec), "fence");
-}
-
-void Supervisor::Impl::Logged(const Status& st, const char* what) {
-  if (!st.ok()) spdlog::warn("{}: {}", what, st.error().message());
+json Node::StatusJson() {
+  json j;
+  j["type"] = "status";
+  j["node"] = cfg_.node.name;
+  j["state"] = health_.State();
+  if (health_.degraded()) j["degraded_reason"] = health_.degraded_reason();
+  Slot* act = engines_.Active();
+  j["active"] = act ? json(act->name) : json(nullptr);
+  j["engines"] = engines_.StatusJson(kv_.Enabled());
+  j["holders"] = holders_.StatusJson();
+  j["front"] = front_.StatusJson();
+  if (kv_.Enabled()) j["kv_pool"] = kv_.StatusJson();
+  j["failover"] = failover_.StatusJson();
+  j["rollout"] = rollout_.StatusJson();
+  j["state_dir"] = cfg_.node.state_dir;
+  j["ledger"] = ledger_.ledger().path();
+  j["ledger_writes"] = ledger_.StatusJson();
+  j["admin"] = HostPortString(cfg_.admin.listen.host, surface_.admin_port());
+  return j;
 }
 
 }  // namespace wsup

@@ -2,12 +2,17 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
+#include "common/fs.h"
+#include "common/log.h"
 #include "supervisor/process.h"
 
 namespace wsup {
@@ -87,6 +92,66 @@ Result<int> PickFreePort(const std::string& host) {
   int port = 0;
   WSUP_ASSIGN_OR_RETURN(UniqueFd fd, BindListenSocket(ListenAddress{host, 0}, "engine.host", &port));
   return port;
+}
+
+Status CheckEnginePorts(const Config& cfg, const std::optional<RuntimeState>& prev) {
+  std::vector<int> ours;
+  if (prev) {
+    for (const auto& e : prev->engines) {
+      if (e.proc.StillRunning()) ours.push_back(e.port);
+    }
+  }
+  std::vector<PortClaim> claims;
+  if (cfg.engine.primary_port != 0) claims.push_back({"engine.primary_port", cfg.engine.host, cfg.engine.primary_port});
+  if (cfg.engine.standby_port != 0) claims.push_back({"engine.standby_port", cfg.engine.host, cfg.engine.standby_port});
+  return CheckPortsFree(claims, ours);
+}
+
+Status CheckNodePaths(const Config& cfg, const std::string& holder) {
+  // A missing model folder or engine program, a tp the model cannot be
+  // split by, an unusable state folder: said once, located, before
+  // anything is made or started.
+  auto problems = CheckConfigPaths(cfg, holder);
+  if (problems.empty()) return Status::Ok();
+  std::string all;
+  for (const auto& e : problems) all += (all.empty() ? "" : "\n") + e.message();
+  return InvalidArgument(all);
+}
+
+Status PrepareNodeDirs(const Config& cfg) {
+  // Checked before (CheckConfigPaths); a folder that still cannot be made
+  // (another process changed it meanwhile) is a configuration that cannot
+  // work all the same: exit 78, located at its key, never a restart loop.
+  auto located = [&cfg](const char* key, const Status& st) -> Status {
+    if (st.ok()) return st;
+    auto where = cfg.where.find(key);
+    return InvalidArgument((where == cfg.where.end() ? cfg.path + ":1:1" : where->second) + ": " + key + ": " +
+                           st.error().message() + "; choose a folder this user can write");
+  };
+  // The ledger and the logs hold what the node did (and engine.env's names):
+  // no other local user may read them.
+  const std::string logs = JoinPath(cfg.node.state_dir, "logs");
+  for (const auto& [dir, what] : {std::pair{cfg.node.state_dir, std::string("node.state_dir")},
+                                  std::pair{logs, std::string("node.state_dir (its logs folder)")}}) {
+    auto tightened = MakePrivateDir(dir, what);
+    if (!tightened.ok()) return located("node.state_dir", Status(tightened.error()));
+    if (*tightened) spdlog::warn("{} {}: other users could read it; made it private (mode 0700)", what, dir);
+  }
+  WSUP_RETURN_IF_ERROR(located("node.runtime_dir", MakeDirs(cfg.node.runtime_dir, 0700)));
+  if (::chmod(cfg.node.runtime_dir.c_str(), 0700) != 0) {
+    return located("node.runtime_dir", ErrnoError(cfg.node.runtime_dir + ": cannot make it private (chmod 0700)", errno));
+  }
+  return Status::Ok();
+}
+
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  lim.rlim_cur = lim.rlim_max;
+  if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    spdlog::warn("cannot raise the open-file limit ({}); fewer engine-made layouts can be kept across a holder crash",
+                 strerror(errno));
+  }
 }
 
 }  // namespace wsup

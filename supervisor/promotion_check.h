@@ -1,5 +1,5 @@
 // Whether a standby may take the traffic: the check every promotion makes
-// first (supervisor/promotion.cc). Pure, so its rules are tested directly.
+// first (EngineSet::Promote, engine_set.h). Pure, so its rules are tested directly.
 //
 // Only facts about the process make a standby unfit: it has none, it is
 // gone, stopped (SIGSTOP, a debugger) or exiting. Those are read from

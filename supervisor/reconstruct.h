@@ -1,8 +1,8 @@
 // ReconstructFailovers: what a restarted supervisor records for the engines
 // that died while no supervisor ran. Pure: the dating rules are tested on
-// their own (tests/supervisor_core/reconstruct_test.cc); adoption.cc feeds
-// them and carries out the result (the slots' recovery fields, the ledger's
-// rows, the counters).
+// their own (tests/supervisor_core/reconstruct_test.cc); Adopter
+// (adopter.h) feeds them and carries out the result (the slots' recovery
+// fields, the ledger's rows, the counters).
 //
 // Each lost engine is dated from the best evidence there is:
 //   1. the front's own switch away from it, if it made one after the

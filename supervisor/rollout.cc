@@ -17,7 +17,7 @@ namespace {
 // A step that takes longer than this (beyond the engine's own start budget)
 // ends the roll: rolled back before the swap, failed after it.
 constexpr int64_t kStepSlackMs = 60'000;
-// A planned swap's drain budget (control.cc), and how long a failover may
+// A planned swap's drain budget (a failover's, failover.h), and how long a failover may
 // wait for its proof through the front (failover.cc).
 constexpr int64_t kDrainMs = 30'000;
 constexpr int64_t kProofMs = 120'000;
@@ -269,7 +269,7 @@ void Rollout::Fire(RollEvent event, const std::string& why) {
     case RollAction::kSwap: {
       r.new_proven = true;
       Step(step, nw, why);
-      // The swap lasts until the old engine has drained (control.cc's budget).
+      // The swap lasts until the old engine has drained (failover.h's drain budget).
       arm_budget(kDrainMs + kStepSlackMs);
       const std::string refusal = hooks_.swap_refusal(old, nw);
       if (!refusal.empty()) {

@@ -23,7 +23,7 @@ constexpr EnumNames<A::kRestoreNew> kActionNames{"none",        "stop_standby", 
 // One row per transition; each (from, event) pair at most once (tested).
 constexpr RollTransition kTable[] = {
     {S::kIdle, E::kBegin, S::kStoppingStandby, A::kStopStandby},
-    // A restarted supervisor resumes what it adopted (adoption.cc).
+    // A restarted supervisor resumes what it adopted (adopter.h).
     {S::kIdle, E::kResumeWatch, S::kWatching, A::kStartWatch},
     {S::kIdle, E::kResumeOld, S::kStartingOld, A::kSpawnOld},
     {S::kIdle, E::kResumeBack, S::kRestoringOld, A::kRollBack},

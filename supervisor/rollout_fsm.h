@@ -34,7 +34,7 @@
 //   any step --abort--> interrupted [finish]                     the node is stopping
 //
 // A supervisor restarted during a roll closes its row as interrupted and
-// resumes from what it adopts (supervisor/adoption.cc), with a roll of its
+// resumes from what it adopts (supervisor/adopter.h), with a roll of its
 // own that starts from idle:
 //   idle --resume_watch--> watching [start_watch]    the new version serves, proven; old_slot adopted
 //   idle --resume_old--> starting_old [spawn_old]    the new version serves, proven; old_slot was being replaced

@@ -30,6 +30,7 @@
 namespace wsup {
 
 class Launcher;
+class Node;
 class TimerSource;
 
 struct SupervisorOptions {
@@ -40,7 +41,6 @@ struct SupervisorOptions {
   Launcher* launcher = nullptr;
   TimerSource* timers = nullptr;
 };
-
 
 class Supervisor {
  public:
@@ -59,11 +59,11 @@ class Supervisor {
   // What `wsup status --json` shows. Loop thread only.
   std::string StatusJson() const;
 
-  class Impl;
 
  private:
-  explicit Supervisor(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  // The node's owners and their wiring (supervisor/node.h).
+  explicit Supervisor(std::unique_ptr<Node> node);
+  std::unique_ptr<Node> node_;
 };
 
 }  // namespace wsup

@@ -227,6 +227,41 @@ TEST_CASE("engine set: a rollout's version that cannot be started fails that ver
   CHECK(b.throttle.total() == counted);
 }
 
+TEST_CASE("engine set: a rollout's start of a slot is dated now, runs off the call, and only once engines may start "
+          "and while the slot is stopped or idle",
+          "[supervisor][engines]") {
+  EngineRig rig;
+  EngineSlot& a = rig.a();
+  a.recovery_failover_id = 7;
+  rig.set->SpawnAsRecovery(a, "rollout");
+  CHECK(a.recovery_cause == "rollout");
+  CHECK(a.recovery_fault_ms == rig.clock.WallMs());
+  CHECK_FALSE(a.recovery_failover_id);
+  CHECK(rig.specs.empty());  // off the call
+  rig.Advance(0);
+  CHECK(rig.specs.empty());  // the set has not started: its Start() starts the idle slot
+  rig.set->Start();
+  REQUIRE(rig.specs.size() == 2);
+  rig.set->SpawnAsRecovery(a, "rollout");
+  rig.Advance(0);
+  CHECK(rig.specs.size() == 2);  // it runs already
+  rig.set->Fire(a, SlotEvent::kStop, "rollout: the old version stops");
+  rig.Exit(a, 0);
+  REQUIRE(a.state == SlotState::kStopped);
+  SECTION("stopped: started with its version") {
+    rig.set->SpawnAsRecovery(a, "rollout");
+    rig.Advance(0);
+    CHECK(rig.specs.size() == 3);
+    CHECK(a.state == SlotState::kStarting);
+  }
+  SECTION("the node stops meanwhile: nothing starts") {
+    rig.set->SpawnAsRecovery(a, "rollout");
+    rig.stopping = true;
+    rig.Advance(0);
+    CHECK(rig.specs.size() == 2);
+  }
+}
+
 TEST_CASE("engine set: the node's own command that cannot be expanded stops the node with 78", "[supervisor][engines]") {
   EngineRig rig;
   rig.cfg.engine.command = {rig.dir.Join("engine"), "{no_such_placeholder}"};

@@ -39,7 +39,7 @@ struct PoolRig {
   EngineSlot b{timers, "b", RestartPolicy{}};
   std::vector<Sent> sent;
   // What the pool did to the node, in order ("fire b kv_trespass",
-  // "fence b", "kv_full a", "refresh b", "save").
+  // "fence b of a", "kv_full a", "refresh b", "save").
   std::vector<std::string> ops;
   std::vector<std::unique_ptr<Timer>> later;
   std::unique_ptr<KvPoolRoles> pool;
@@ -71,7 +71,7 @@ struct PoolRig {
       sent.push_back({s.name, std::move(req), std::move(done)});
     };
     h.refresh_status = [this](EngineSlot& s) { ops.push_back("refresh " + s.name); };
-    h.record_fence = [this](EngineSlot& s, const std::string&) { ops.push_back("fence " + s.name); };
+    h.record_fence = [this](const FenceRecord& rec) { ops.push_back("fence " + rec.slot + " of " + rec.pool_owner); };
     h.kv_full = [this](const std::string& slot) { ops.push_back("kv_full " + slot); };
     h.after = [this](int64_t ms, std::function<void()> work) {
       later.push_back(timers.Make());
@@ -218,14 +218,14 @@ TEST_CASE("kv pool roles: an engine that says it maps the pool it does not own i
   rig.b.state = SlotState::kStandby;
   SECTION("a current answer") {
     rig.pool->OnEngineKv(rig.b, {{"source", "pool"}}, rig.pool->seq(), "its /wsup/status");
-    CHECK(rig.ops == std::vector<std::string>{"fence b", "fire b kv_trespass"});
+    CHECK(rig.ops == std::vector<std::string>{"fence b of a", "fire b kv_trespass"});
     CHECK(rig.b.state == SlotState::kFailed);
     CHECK(rig.metrics.kv_pool_events["trespass"] == 1);
     CHECK(rig.pool->HeldBy("a"));  // the owner keeps it
   }
   SECTION("pool_mapped says the same") {
     rig.pool->OnEngineKv(rig.b, {{"source", "scratch"}, {"pool_mapped", true}}, rig.pool->seq(), "its status");
-    CHECK(rig.Did("fence b"));
+    CHECK(rig.Did("fence b of a"));
   }
   SECTION("a stale answer") {
     rig.pool->OnEngineKv(rig.b, {{"source", "pool"}}, rig.pool->seq() - 1, "its /wsup/status");
@@ -245,7 +245,7 @@ TEST_CASE("kv pool roles: an engine that says it maps the pool it does not own i
     REQUIRE(rig.sent.size() == 1);
     CHECK(rig.sent[0].Body() == json{{"role", "active"}, {"kv", "scratch"}});
     rig.Answer(200, {{"kv", {{"source", "pool"}}}});
-    CHECK(rig.Did("fence b"));
+    CHECK(rig.Did("fence b of a"));
     CHECK(rig.Did("fire b kv_trespass"));
   }
 }

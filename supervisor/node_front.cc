@@ -1,40 +1,38 @@
-// What the front tells the node, and what the node gives it: the hooks of
-// FrontLink (front_link.h, the front's one owner), its messages (a switch
-// it made by itself, the first good answer after a swap, an engine that
-// sends nothing), and the routes it should have.
+// The node's wiring of its front: the hooks of FrontLink (front_link.h, the
+// front's one owner), SilenceWatch (silence_watch.h) and FrontProbe
+// (front_probe.h), each of the front's messages to the owner it concerns,
+// and the routes the front should have.
 #include "common/log.h"
 #include "supervisor/messages.h"
 #include "supervisor/probe_config.h"
-#include "supervisor/supervisor_impl.h"
+#include "supervisor/node.h"
 
 namespace wsup {
 
-FrontLink::Hooks Supervisor::Impl::FrontHooks() {
+FrontLink::Hooks Node::FrontHooks() {
   FrontLink::Hooks h;
-  h.stopping = [this] { return stopping_; };
-  h.fatal = [this](const std::string& why) { BeginStop(why, kExitConfig); };
+  h.stopping = [this] { return stop_.stopping(); };
+  h.fatal = [this](const std::string& why) { stop_.Begin(why, kExitConfig); };
   h.save_state = [this] { SaveState(); };
   h.down = [this](const std::string& why) { health_.SetDegraded(why); };
   h.crash_looping = [this] { health_.Update(); };
   h.routes = [this] { return WantedRoutes(); };
   h.message = [this](const FrontMessage& m) { OnFrontMessage(m); };
-  h.exited = [this] {
-    if (stopping_) MaybeFinishStop();
+  h.exited = [this] { stop_.ChildExited(); };
+  h.store_listen_fd = [this](int fd) {
+    LogFailure(notifier_.StoreFds("front-listen", {fd}), "storing the front's socket");
   };
-  h.store_listen_fd = [this](int fd) { Logged(notifier_.StoreFds("front-listen", {fd}), "storing the front's socket"); };
   return h;
 }
 
-FrontLink::Routes Supervisor::Impl::WantedRoutes() {
+FrontLink::Routes Node::WantedRoutes() {
   Slot* act = engines_.Active();
   Slot* stby = engines_.Standby();
   return FrontLink::Routes{act ? HostPortString(cfg_.engine.host, act->port) : "",
                            stby ? HostPortString(cfg_.engine.host, stby->port) : ""};
 }
 
-void Supervisor::Impl::PushRoutes() { front_.SetRoutes(WantedRoutes()); }
-
-void Supervisor::Impl::OnFrontMessage(const FrontMessage& f) {
+void Node::OnFrontMessage(const FrontMessage& f) {
   switch (f.kind) {
     case FrontMessage::Kind::kSwitched:
       spdlog::warn("front switched on its own from {} to {}: {}", f.from, f.to, f.reason);
@@ -59,9 +57,9 @@ void Supervisor::Impl::OnFrontMessage(const FrontMessage& f) {
   }
 }
 
-SilenceWatch::Hooks Supervisor::Impl::SilenceHooks() {
+SilenceWatch::Hooks Node::SilenceHooks() {
   SilenceWatch::Hooks h;
-  h.stopping = [this] { return stopping_; };
+  h.stopping = [this] { return stop_.stopping(); };
   h.active = [this]() -> std::optional<SilenceWatch::Engine> {
     Slot* act = engines_.Active();
     if (!act) return std::nullopt;
@@ -85,6 +83,20 @@ SilenceWatch::Hooks Supervisor::Impl::SilenceHooks() {
     engines_.Fire(*s, SlotEvent::kProbeTrip, why);
   };
   h.counted = [this](const char* outcome) { metrics_.front_silent[outcome]++; };
+  return h;
+}
+
+FrontProbe::Hooks Node::FrontProbeHooks() {
+  FrontProbe::Hooks h;
+  h.stopping = [this] { return stop_.stopping(); };
+  h.spec = [this] { return SemanticSpecFromConfig(cfg_); };
+  h.queue_ms = [this] { return cfg_.front.queue_timeout_ms; };
+  h.send = [this](http::ClientRequest req, http::ResponseCallback done) {
+    // The front listens on every address: the probe goes to loopback.
+    const std::string& listen = cfg_.front.listen.host;
+    const std::string host = listen == "0.0.0.0" ? "127.0.0.1" : listen == "::" ? "::1" : listen;
+    http_->Send(host, front_.port(), std::move(req), std::move(done));
+  };
   return h;
 }
 

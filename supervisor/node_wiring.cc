@@ -1,27 +1,29 @@
-// The node's side of the engines: the hooks of EngineSet (engine_set.h),
-// Failover (failover.h) and KvPoolRoles (kv_pool_roles.h), what follows a
-// slot's move (SubscribeToEngines), promotion when no engine is active,
-// the probe through the front, and the answers to `wsup failover` and
-// `wsup reload` callers once their rows are on disk.
+// The node's wiring of its engines: the hooks of EngineSet (engine_set.h),
+// Failover (failover.h), KvPoolRoles (kv_pool_roles.h), Promoter
+// (promoter.h), Adopter (adopter.h) and NodeStop (node_stop.h), and what
+// follows a slot's move (SubscribeToEngines).
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
 #include "common/log.h"
 #include "probes/probe.h"
-#include "supervisor/supervisor_impl.h"
-#include "supervisor/probe_config.h"
+#include "supervisor/node.h"
 #include "supervisor/promotion_check.h"
 
 namespace wsup {
 
 using nlohmann::json;
 
-EngineSet::Hooks Supervisor::Impl::EngineHooks() {
+EngineSet::Hooks Node::EngineHooks() {
   EngineSet::Hooks h;
-  h.stopping = [this] { return stopping_; };
-  h.fatal = [this](const std::string& why, int exit_code) { BeginStop(why, exit_code); };
+  h.stopping = [this] { return stop_.stopping(); };
+  h.fatal = [this](const std::string& why, int exit_code) { stop_.Begin(why, exit_code); };
   h.degraded = [this](const std::string& why) { health_.SetDegraded(why); };
   h.save_state = [this] { SaveState(); };
-  h.exited = [this] {
-    if (stopping_) MaybeFinishStop();
-  };
+  h.exited = [this] { stop_.ChildExited(); };
   h.version_failed = [this](const std::string& slot, const std::string& why) { rollout_.OnSpawnFailed(slot, why); };
   h.keep_layouts = [this] { holders_.KeepLayoutsEverywhere(); };
   h.rollout_in_progress = [this] { return rollout_.InProgress(); };
@@ -43,13 +45,11 @@ EngineSet::Hooks Supervisor::Impl::EngineHooks() {
   h.gone = [this](const std::string& slot) { failover_.OnEngineGone(slot); };
   h.cut = [this](const std::string& address, const std::string& why) { front_.CutEngine(address, why); };
   // A swap in progress moves two slots; its caller pushes the routes once.
-  h.routes_changed = [this] {
-    if (!swapping_) PushRoutes();
-  };
+  h.routes_changed = [this] { promoter_.RoutesChanged(); };
   return h;
 }
 
-void Supervisor::Impl::SubscribeToEngines() {
+void Node::SubscribeToEngines() {
   EngineEventList& events = engines_.events();
   auto slot = [this](const EngineEvent& e) -> Slot& { return *engines_.ByName(e.slot); };
   // Proven ready again: recorded now, before an action or a rollout step
@@ -64,18 +64,16 @@ void Supervisor::Impl::SubscribeToEngines() {
   // The table's own action (kill, terminate, failover, routes).
   events.Subscribe("action", [this, slot](const EngineEvent& e) { engines_.Apply(slot(e), e.row, e.cause); });
   events.Subscribe("rollout", &rollout_);
-  events.Subscribe("promotion", [this](const EngineEvent&) { MaybePromote(); });
+  events.Subscribe("promotion", [this](const EngineEvent&) { promoter_.MaybePromote(); });
   // The routes before state.json and any ledger row that follows: the
   // front is told first. A swap in progress moves two slots; its caller
   // pushes the routes once.
-  events.Subscribe("front routes", [this](const EngineEvent&) {
-    if (!swapping_) PushRoutes();
-  });
+  events.Subscribe("front routes", [this](const EngineEvent&) { promoter_.RoutesChanged(); });
   events.Subscribe("state.json", [this](const EngineEvent&) { SaveState(); });
   events.Subscribe("status line", [this](const EngineEvent&) { health_.Update(); });
 }
 
-KvPoolRoles::Hooks Supervisor::Impl::KvPoolHooks() {
+KvPoolRoles::Hooks Node::KvPoolHooks() {
   KvPoolRoles::Hooks h;
   h.slot = [this](const std::string& name) { return engines_.ByName(name); };
   h.fire = [this](Slot& s, SlotEvent e, const std::string& cause) { engines_.Fire(s, e, cause); };
@@ -83,9 +81,9 @@ KvPoolRoles::Hooks Supervisor::Impl::KvPoolHooks() {
     http_->Send(cfg_.engine.host, s.port, std::move(req), std::move(done));
   };
   h.refresh_status = [this](Slot& s) { engines_.RefreshStatus(s); };
-  h.record_fence = [this](Slot& s, const std::string& why) { RecordFence(s, why); };
+  h.record_fence = [this](const FenceRecord& rec) { ledger_.Check(ledger_.ledger().RecordFence(rec), "fence"); };
   h.kv_full = [this](const std::string& slot) { failover_.OnKvFull(slot); };
-  h.after = [this](int64_t ms, std::function<void()> work) { After(ms, std::move(work)); };
+  h.after = [this](int64_t ms, std::function<void()> work) { later_.After(ms, std::move(work)); };
   h.save_state = [this] { SaveState(); };
   h.watch_exit = [this](pid_t pid, std::function<void(const ExitInfo&)> done) {
     return launcher_.WatchExit(&loop_, pid, std::move(done));
@@ -94,14 +92,7 @@ KvPoolRoles::Hooks Supervisor::Impl::KvPoolHooks() {
   return h;
 }
 
-bool Supervisor::Impl::PromoteInSwap(Slot& s, const std::string& cause, std::string* unfit, std::string* note) {
-  swapping_ = true;
-  const bool promoted = engines_.Promote(s, cause, unfit, note);
-  swapping_ = false;
-  return promoted;
-}
-
-Failover::Hooks Supervisor::Impl::FailoverHooks() {
+Failover::Hooks Node::FailoverHooks() {
   Failover::Hooks h;
   h.state = [this](const std::string& name) -> std::optional<SlotState> {
     if (Slot* s = engines_.ByName(name)) return s->state;
@@ -115,11 +106,11 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
     Failover::Promotion p;
     Slot* s = engines_.ByName(name);
     if (!s) return p;
-    // MaybePromote() waits while the failover moves the roles.
-    p.promoted = PromoteInSwap(*s, cause, &p.unfit, &p.note);
+    // No other promotion while the failover moves the roles.
+    p.promoted = promoter_.Promote(name, cause, &p.unfit, &p.note);
     return p;
   };
-  h.push_routes = [this] { PushRoutes(); };
+  h.push_routes = [this] { promoter_.PushRoutes(); };
   h.record_row = [this](const FailoverRecord& rec, uint64_t* seq) { return ledger_.ledger().RecordFailover(rec, seq); };
   h.set_gone = [this](int64_t id, int64_t ms) { return ledger_.ledger().SetFailoverGone(id, ms); };
   h.set_kv_full = [this](int64_t id, int64_t ms) { return ledger_.ledger().SetFailoverKvFull(id, ms); };
@@ -133,9 +124,7 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   h.rearm = [this](const std::string& name, const std::string& trigger, int64_t fault_ms, std::optional<int64_t> id) {
     Slot* s = engines_.ByName(name);
     if (!s) return;
-    s->recovery_cause = trigger;
-    s->recovery_fault_ms = fault_ms;
-    if (id) s->recovery_failover_id = *id;
+    s->NoteRecovery(trigger, fault_ms, id);
     // A killed engine's exit event schedules the restart; one already
     // reaped is restarted now.
     if (s->pid == 0) engines_.ScheduleRestart(*s, -1);
@@ -165,15 +154,11 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
     if (!s || s->pid <= 0) return;
     s->drill_kill = true;
     s->drill_fault_ms = fault_ms;
-    Logged(launcher_.Signal(s->pid, SIGKILL), "drill: killing the active engine");
+    LogFailure(launcher_.Signal(s->pid, SIGKILL), "drill: killing the active engine");
   };
   // The front gets the routes once, after both moves of a swap.
   h.demote = [this](const std::string& name, const std::string& why) {
-    if (Slot* s = engines_.ByName(name)) {
-      swapping_ = true;
-      engines_.Fire(*s, SlotEvent::kDemote, why);
-      swapping_ = false;
-    }
+    if (Slot* s = engines_.ByName(name)) promoter_.Hold([&] { engines_.Fire(*s, SlotEvent::kDemote, why); });
   };
   h.drained = [this](const std::string& name, const std::string& why) {
     if (Slot* s = engines_.ByName(name)) engines_.Fire(*s, SlotEvent::kDrained, why);
@@ -200,30 +185,25 @@ Failover::Hooks Supervisor::Impl::FailoverHooks() {
   return h;
 }
 
-FrontProbe::Hooks Supervisor::Impl::FrontProbeHooks() {
-  FrontProbe::Hooks h;
-  h.stopping = [this] { return stopping_; };
-  h.spec = [this] { return SemanticSpecFromConfig(cfg_); };
-  h.queue_ms = [this] { return cfg_.front.queue_timeout_ms; };
-  h.send = [this](http::ClientRequest req, http::ResponseCallback done) {
-    // The front listens on every address: the probe goes to loopback.
-    const std::string& listen = cfg_.front.listen.host;
-    const std::string host = listen == "0.0.0.0" ? "127.0.0.1" : listen == "::" ? "::1" : listen;
-    http_->Send(host, front_.port(), std::move(req), std::move(done));
+Promoter::Hooks Node::PromoterHooks() {
+  Promoter::Hooks h;
+  h.stopping = [this] { return stop_.stopping(); };
+  h.has_active = [this] { return engines_.HasActive(); };
+  h.standbys = [this] {
+    std::vector<std::string> names;
+    for (Slot* s : engines_.slots()) {
+      if (s->state == SlotState::kStandby) names.push_back(s->name);
+    }
+    return names;
   };
-  return h;
-}
-
-void Supervisor::Impl::MaybePromote() {
-  if (stopping_ || adopting_ || swapping_ || engines_.Active()) return;
-  // Failovers and drills promote themselves; here: the first proven engine
-  // at start, or the re-armed one after a failover that had no standby.
-  for (Slot* s : engines_.slots()) {
-    if (s->state != SlotState::kStandby) continue;
-    if (!PromoteInSwap(*s, "no active engine", nullptr)) continue;
-    PushRoutes();
+  h.promote = [this](const std::string& name, const std::string& cause, std::string* unfit, std::string* note) {
+    Slot* s = engines_.ByName(name);
+    return s && engines_.Promote(*s, cause, unfit, note);
+  };
+  h.push_routes = [this] { front_.SetRoutes(WantedRoutes()); };
+  h.promoted = [this](const std::string& name) {
     // A failover that had no engine to take over has one now.
-    failover_.OnPromoted(s->name);
+    failover_.OnPromoted(name);
     front_probe_.Run(
         [this](bool ok, int64_t) {
           if (!ok) return;
@@ -231,8 +211,94 @@ void Supervisor::Impl::MaybePromote() {
           health_.Update();
         },
         200);
-    return;
-  }
+  };
+  return h;
+}
+
+Adopter::Hooks Node::AdopterHooks() {
+  Adopter::Hooks h;
+  h.kv_held = [this](const std::string& owner) { kv_.AdoptHeld(owner); };
+  h.adopt = [this](const RuntimeState::Engine& pe) {
+    const std::string version = pe.version ? EngineVersionText(WithVersion(cfg_, *pe.version)) : "";
+    switch (engines_.Adopt(pe, version)) {
+      case EngineSet::Adoption::kAdopted:
+        return Adopter::Fate::kAdopted;
+      case EngineSet::Adoption::kReplaced:
+        return Adopter::Fate::kReplaced;
+      case EngineSet::Adoption::kGone:
+        break;
+    }
+    return Adopter::Fate::kGone;
+  };
+  h.keep_active = [this](const std::string& name) {
+    Slot* s = engines_.ByName(name);
+    if (!s) return;
+    promoter_.Hold([&] { engines_.Fire(*s, SlotEvent::kPromote, "was active before the supervisor restart"); });
+    promoter_.PushRoutes();
+  };
+  h.proven = [this] { engines_.MarkProven(); };
+  h.adopting = [this](bool adopting) { promoter_.SetAdopting(adopting); };
+  h.kv_owner = [this](const RuntimeState& prev) { kv_.AdoptOwner(prev); };
+  h.settle = [this] {
+    promoter_.MaybePromote();
+    if (engines_.Active()) health_.Serving("serving (re-adopted)");
+  };
+  h.has_slot = [this](const std::string& name) { return engines_.ByName(name) != nullptr; };
+  h.date = [this](const std::string& name, const std::string& cause, int64_t fault_ms, std::optional<int64_t> id) {
+    if (Slot* s = engines_.ByName(name)) s->NoteRecovery(cause, fault_ms, id);
+  };
+  h.ask_front = [this](const std::function<void(const json*)>& done) { front_.AskStatus(done); };
+  h.slots = [this] {
+    std::vector<std::pair<std::string, std::string>> slots;
+    for (Slot* o : engines_.slots()) slots.emplace_back(o->name, HostPortString(cfg_.engine.host, o->port));
+    return slots;
+  };
+  h.active = [this] { return engines_.Active() ? engines_.Active()->name : std::string(); };
+  h.address = [this](int port) { return HostPortString(cfg_.engine.host, port); };
+  h.record = [this](const FailoverRecord& rec) {
+    auto id = ledger_.Check(ledger_.ledger().RecordFailover(rec), "reconstructed failover");
+    metrics_.failovers[rec.trigger]++;
+    metrics_.reconstructed_failovers++;
+    return id;
+  };
+  h.resume_rollout = [this](const RuntimeState::Rollout& r) { rollout_.Resume(r); };
+  return h;
+}
+
+NodeStop::Hooks Node::StopHooks() {
+  NodeStop::Hooks h;
+  h.stop_children = [this](const std::string& why) {
+    notifier_.Stopping();
+    rollout_.Abort("the node is stopping: " + why);
+    for (Slot* s : engines_.slots()) {
+      s->restart_timer->Stop();
+      engines_.Fire(*s, SlotEvent::kStop, why);
+    }
+    front_.Stop(why);
+    holders_.Stop(why);
+  };
+  h.any_process = [this] { return engines_.AnyProcess() || front_.has_process() || holders_.AnyProcess(); };
+  h.remove_state = [this] {
+    const std::string path = RuntimeState::PathIn(cfg_.node.runtime_dir);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      spdlog::warn("{}: cannot remove ({}); the next start finds nothing of it running and starts clean", path,
+                   strerror(errno));
+    }
+  };
+  // Every handle below is closed; the loop ends when the last one is.
+  h.close = [this] {
+    ledger_.Close();
+    http_->CancelAll();
+    surface_.Close();
+    front_.CloseLink("stopping");
+    watchdog_->Stop();
+    signals_.Close();
+    engines_.StopProbing();
+    kv_.Close();
+    holders_.ReleaseKept();  // the holders have stopped
+    uv_stop(&loop_);
+  };
+  return h;
 }
 
 }  // namespace wsup
