@@ -19,6 +19,8 @@ import sys
 # folder -> the folders it may include (besides itself), bottom first.
 LAYERS = {
     "common": [],
+    # A checkpoint's tokenizer: text in, ids out, and back.
+    "text": ["common"],
     "checkpoint": ["common"],
     "gpu": ["common", "checkpoint"],
     "wire": ["common", "checkpoint"],
@@ -27,7 +29,7 @@ LAYERS = {
     "probes": ["common", "http"],
     "holder": ["common", "checkpoint", "gpu", "wire"],
     "client": ["common", "checkpoint", "gpu", "wire"],
-    "engine": ["common", "checkpoint", "gpu", "wire", "client", "http"],
+    "engine": ["common", "text", "checkpoint", "gpu", "wire", "client", "http"],
     "front": ["common", "http", "wire"],
     "supervisor": ["common", "checkpoint", "gpu", "wire", "client", "http", "probes", "state"],
     # What tests and benchmarks share (control and HTTP clients, fd passing,

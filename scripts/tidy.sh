@@ -35,7 +35,7 @@ if [ ! -f "$build/compile_commands.json" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DWSUP_CUDA=OFF >/dev/null
 fi
 
-product='^(common|checkpoint|wire|http|state|probes|holder|client|engine|front|supervisor|gpu)/'
+product='^(common|text|checkpoint|wire|http|state|probes|holder|client|engine|front|supervisor|gpu)/'
 if [ "$base" = "all" ]; then
   changed=$(git ls-files '*.cc' '*.h')
 elif git rev-parse -q --verify "$base^{commit}" >/dev/null; then

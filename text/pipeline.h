@@ -1,0 +1,80 @@
+// The parts of a Tokenizer (tokenizer.h), as tokenizer_load.cc reads them
+// from tokenizer.json and tokenizer.cc runs them. Internal to text/.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "text/regex.h"
+#include "text/tokenizer.h"
+
+namespace wsup::text {
+
+struct Normalizer {
+  enum class Kind { kNfc, kNfd, kNfkc, kNfkd, kReplace, kPrepend };
+  Kind kind = Kind::kNfc;
+  std::string pattern;  // kReplace: the string replaced
+  std::string content;  // kReplace: what replaces it; kPrepend: what goes first
+};
+
+struct PreTokenizer {
+  enum class Kind { kSplit, kByteLevel };
+  enum class Behavior { kIsolated, kRemoved };
+  Kind kind = Kind::kSplit;
+  std::vector<Regex> regex;  // kSplit: one pattern (a vector: Regex has no default)
+  Behavior behavior = Behavior::kIsolated;
+  bool add_prefix_space = false;  // kByteLevel
+  bool use_regex = false;         // kByteLevel: GPT-2's split first
+};
+
+struct AddedToken {
+  int32_t id = 0;
+  std::string content;
+  bool lstrip = false, rstrip = false, normalized = false, special = false;
+};
+
+// The byte-level alphabet: each byte is a printable character (GPT-2's
+// bytes_to_unicode), so a vocabulary of strings covers every byte.
+struct ByteAlphabet {
+  std::string of_byte[256];  // the UTF-8 of the character for each byte
+  std::unordered_map<char32_t, uint8_t> byte_of;
+  ByteAlphabet();
+};
+
+struct Tokenizer::Pipeline {
+  std::string name;
+  // model: BPE
+  std::unordered_map<std::string, int32_t> vocab;
+  std::vector<std::string> id_to_token;  // "" for an id with no token
+  // (left id << 32 | right id) -> rank << 32 | merged id
+  std::unordered_map<uint64_t, uint64_t> merges;
+  bool ignore_merges = false;
+  bool byte_fallback = false;
+  int32_t unk_id = -1;
+  bool byte_level = false;  // a ByteLevel pre-tokenizer maps the text
+
+  std::vector<Normalizer> normalizers;
+  std::vector<PreTokenizer> pre_tokenizers;
+  // The post-processor's ids for one sequence: before and after it.
+  std::vector<int32_t> prefix_ids, suffix_ids;
+  bool decoder_byte_level = false;
+
+  std::vector<AddedToken> added;             // in the file's order
+  // Indexes into `added`, longest first, by the first byte of their text:
+  // most bytes of a text start no added token and cost one lookup.
+  struct AddedIndex {
+    std::vector<size_t> by_first[256];
+    bool empty = true;
+  };
+  AddedIndex raw_added, norm_added;
+  std::unordered_map<int32_t, size_t> added_by_id;
+  int32_t size = 0;  // the highest id plus one
+
+  ByteAlphabet bytes;
+  // The GPT-2 split, for a ByteLevel pre-tokenizer with use_regex.
+  std::vector<Regex> gpt2;
+};
+
+}  // namespace wsup::text

@@ -1,0 +1,352 @@
+// Encoding and decoding (tokenizer.h); the file is read in tokenizer_load.cc.
+#include "text/tokenizer.h"
+
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "text/pipeline.h"
+#include "text/utf8.h"
+
+namespace wsup::text {
+
+namespace {
+
+using Pipeline = Tokenizer::Pipeline;
+
+bool IsAscii(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; });
+}
+
+std::string UnicodeNormalize(std::string_view s, Normalizer::Kind kind) {
+  // ASCII is the same in every normal form.
+  if (IsAscii(s)) return std::string(s);
+  int options = UTF8PROC_STABLE;
+  switch (kind) {
+    case Normalizer::Kind::kNfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case Normalizer::Kind::kNfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case Normalizer::Kind::kNfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case Normalizer::Kind::kNfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
+    default:
+      return std::string(s);
+  }
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                          static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                          static_cast<utf8proc_option_t>(options));
+  // The text is valid UTF-8 here; a failure (out of memory) keeps it as it is.
+  if (n < 0 || !out) return std::string(s);
+  std::string r(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return r;
+}
+
+void ReplaceAll(std::string* s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t at = 0;
+  while (true) {
+    const size_t hit = s->find(from, at);
+    if (hit == std::string::npos) break;
+    out.append(*s, at, hit - at);
+    out += to;
+    at = hit + from.size();
+  }
+  if (at == 0) return;
+  out.append(*s, at, std::string::npos);
+  *s = std::move(out);
+}
+
+std::string Normalize(const Pipeline& p, std::string_view s) {
+  std::string t(s);
+  for (const Normalizer& n : p.normalizers) {
+    switch (n.kind) {
+      case Normalizer::Kind::kReplace:
+        ReplaceAll(&t, n.pattern, n.content);
+        break;
+      case Normalizer::Kind::kPrepend:
+        if (!t.empty()) t = n.content + t;
+        break;
+      default:
+        t = UnicodeNormalize(t, n.kind);
+        break;
+    }
+  }
+  return t;
+}
+
+// One run of text: either an added token's id, or text to encode.
+struct Segment {
+  std::string_view text;
+  int32_t added_id = -1;
+};
+
+bool IsSpaceByte(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// Splits `s` on the added tokens `which` (longest first), leftmost-longest,
+// as the reference's Aho-Corasick match does.
+void SplitOnAdded(const Pipeline& p, const Pipeline::AddedIndex& which, std::string_view s,
+                  std::vector<Segment>* out) {
+  if (which.empty) {
+    if (!s.empty()) out->push_back({s, -1});
+    return;
+  }
+  size_t start = 0;  // of the text not yet emitted
+  size_t i = 0;
+  while (i < s.size()) {
+    const AddedToken* hit = nullptr;
+    for (size_t k : which.by_first[static_cast<unsigned char>(s[i])]) {
+      const AddedToken& t = p.added[k];
+      if (t.content.size() <= s.size() - i && s.compare(i, t.content.size(), t.content) == 0) {
+        hit = &t;  // the longest, as `which` is longest first
+        break;
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    size_t begin = i;
+    size_t end = i + hit->content.size();
+    if (hit->lstrip) {
+      while (begin > start && IsSpaceByte(s[begin - 1])) --begin;
+    }
+    if (hit->rstrip) {
+      while (end < s.size() && IsSpaceByte(s[end])) ++end;
+    }
+    if (begin > start) out->push_back({s.substr(start, begin - start), -1});
+    out->push_back({s.substr(begin, end - begin), hit->id});
+    start = end;
+    i = end;
+  }
+  if (start < s.size()) out->push_back({s.substr(start), -1});
+}
+
+// The pre-tokenizers over one normalized run: the pieces the model encodes.
+std::vector<std::string> PreTokenize(const Pipeline& p, std::string text) {
+  std::vector<std::string> pieces;
+  pieces.push_back(std::move(text));
+  for (const PreTokenizer& pt : p.pre_tokenizers) {
+    std::vector<std::string> next;
+    next.reserve(pieces.size() * 2);
+    if (pt.kind == PreTokenizer::Kind::kSplit) {
+      for (const std::string& piece : pieces) {
+        size_t gap = 0;
+        pt.regex[0].FindAll(piece, [&](size_t b, size_t e) {
+          if (b > gap) next.push_back(piece.substr(gap, b - gap));
+          if (pt.behavior == PreTokenizer::Behavior::kIsolated) next.push_back(piece.substr(b, e - b));
+          gap = e;
+        });
+        if (gap < piece.size()) next.push_back(piece.substr(gap));
+      }
+    } else {  // kByteLevel
+      for (std::string& piece : pieces) {
+        if (pt.add_prefix_space && (piece.empty() || piece[0] != ' ')) piece.insert(piece.begin(), ' ');
+        auto map = [&](std::string_view part) {
+          std::string m;
+          m.reserve(part.size() * 2);
+          for (char c : part) m += p.bytes.of_byte[static_cast<unsigned char>(c)];
+          next.push_back(std::move(m));
+        };
+        if (pt.use_regex) {
+          size_t gap = 0;
+          p.gpt2[0].FindAll(piece, [&](size_t b, size_t e) {
+            if (b > gap) map(std::string_view(piece).substr(gap, b - gap));
+            map(std::string_view(piece).substr(b, e - b));
+            gap = e;
+          });
+          if (gap < piece.size()) map(std::string_view(piece).substr(gap));
+        } else {
+          map(piece);
+        }
+      }
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
+
+// BPE over one piece: its characters, merged pair by pair, the pair of
+// lowest rank first, the leftmost of equal ones.
+void Bpe(const Pipeline& p, const std::string& word, std::vector<int32_t>* out) {
+  if (word.empty()) return;
+  if (p.ignore_merges) {
+    auto it = p.vocab.find(word);
+    if (it != p.vocab.end()) {
+      out->push_back(it->second);
+      return;
+    }
+  }
+  std::vector<int32_t> syms;
+  syms.reserve(word.size());
+  size_t i = 0;
+  std::string ch;
+  while (i < word.size()) {
+    size_t n = WellFormedAt(word, i);
+    if (n == 0) n = 1;
+    ch.assign(word, i, n);
+    auto it = p.vocab.find(ch);
+    if (it != p.vocab.end()) {
+      syms.push_back(it->second);
+    } else if (p.byte_fallback) {
+      static constexpr char kHex[] = "0123456789ABCDEF";
+      for (size_t k = 0; k < n; ++k) {
+        const auto b = static_cast<unsigned char>(word[i + k]);
+        const std::string name = std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">";
+        auto bt = p.vocab.find(name);
+        if (bt != p.vocab.end()) {
+          syms.push_back(bt->second);
+        } else if (p.unk_id >= 0) {
+          syms.push_back(p.unk_id);
+        }
+      }
+    } else if (p.unk_id >= 0) {
+      syms.push_back(p.unk_id);
+    }
+    i += n;
+  }
+  while (syms.size() > 1) {
+    uint64_t best = UINT64_MAX;
+    size_t at = 0;
+    for (size_t k = 0; k + 1 < syms.size(); ++k) {
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(syms[k])) << 32) |
+                           static_cast<uint32_t>(syms[k + 1]);
+      auto it = p.merges.find(key);
+      if (it != p.merges.end() && it->second < best) {
+        best = it->second;
+        at = k;
+      }
+    }
+    if (best == UINT64_MAX) break;
+    syms[at] = static_cast<int32_t>(best & 0xFFFFFFFFu);
+    syms.erase(syms.begin() + static_cast<std::ptrdiff_t>(at) + 1);
+  }
+  out->insert(out->end(), syms.begin(), syms.end());
+}
+
+void EncodeNormalized(const Pipeline& p, std::string_view raw, std::vector<int32_t>* out) {
+  const std::string norm = Normalize(p, raw);
+  std::vector<Segment> segs;
+  SplitOnAdded(p, p.norm_added, norm, &segs);
+  for (const Segment& s : segs) {
+    if (s.added_id >= 0) {
+      out->push_back(s.added_id);
+      continue;
+    }
+    for (const std::string& piece : PreTokenize(p, std::string(s.text))) Bpe(p, piece, out);
+  }
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(std::unique_ptr<Pipeline> p) : p_(std::move(p)) {}
+Tokenizer::~Tokenizer() = default;
+
+std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  std::string valid;
+  if (!IsValidUtf8(text)) {
+    valid = ToValidUtf8(text);
+    text = valid;
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  if (add_special_tokens) ids.insert(ids.end(), p_->prefix_ids.begin(), p_->prefix_ids.end());
+  std::vector<Segment> segs;
+  SplitOnAdded(*p_, p_->raw_added, text, &segs);
+  for (const Segment& s : segs) {
+    if (s.added_id >= 0) {
+      ids.push_back(s.added_id);
+    } else {
+      EncodeNormalized(*p_, s.text, &ids);
+    }
+  }
+  if (add_special_tokens) ids.insert(ids.end(), p_->suffix_ids.begin(), p_->suffix_ids.end());
+  return ids;
+}
+
+std::string Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
+  std::optional<std::string> token = IdToToken(id);
+  if (!token) return "";
+  if (skip_special_tokens && IsSpecial(id)) return "";
+  if (!p_->decoder_byte_level) return *token;
+  // Each character back to its byte; a token with a character outside the
+  // alphabet (an added token such as DeepSeek's) is its own UTF-8.
+  std::string out;
+  out.reserve(token->size());
+  size_t i = 0;
+  while (i < token->size()) {
+    const size_t n = WellFormedAt(*token, i);
+    if (n == 0) return *token;
+    auto it = p_->bytes.byte_of.find(CodePointAt(*token, i, n));
+    if (it == p_->bytes.byte_of.end()) return *token;
+    out.push_back(static_cast<char>(it->second));
+    i += n;
+  }
+  return out;
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
+  std::string bytes;
+  for (int32_t id : ids) bytes += TokenBytes(id, skip_special_tokens);
+  return ToValidUtf8(bytes);
+}
+
+int32_t Tokenizer::vocab_size() const { return p_->size; }
+
+std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
+  for (const AddedToken& t : p_->added) {
+    if (t.content == token) return t.id;
+  }
+  auto it = p_->vocab.find(std::string(token));
+  if (it == p_->vocab.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
+  auto a = p_->added_by_id.find(id);
+  if (a != p_->added_by_id.end()) return p_->added[a->second].content;
+  if (id < 0 || static_cast<size_t>(id) >= p_->id_to_token.size() || p_->id_to_token[id].empty()) return std::nullopt;
+  return p_->id_to_token[id];
+}
+
+bool Tokenizer::IsSpecial(int32_t id) const {
+  auto a = p_->added_by_id.find(id);
+  return a != p_->added_by_id.end() && p_->added[a->second].special;
+}
+
+std::string Tokenizer::Describe() const {
+  size_t special = 0;
+  for (const AddedToken& t : p_->added) special += t.special ? 1 : 0;
+  return std::string("BPE") + (p_->byte_level ? " byte-level" : "") + ", " + std::to_string(p_->size) + " ids, " +
+         std::to_string(p_->added.size()) + " added (" + std::to_string(special) + " special)";
+}
+
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
+    : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
+
+std::string StreamDecoder::Add(int32_t id) {
+  pending_ += tokenizer_.TokenBytes(id, skip_special_);
+  const size_t hold = IncompleteTail(pending_);
+  std::string out = ToValidUtf8(std::string_view(pending_).substr(0, pending_.size() - hold));
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StreamDecoder::Finish() {
+  std::string out = ToValidUtf8(pending_);
+  pending_.clear();
+  return out;
+}
+
+}  // namespace wsup::text
