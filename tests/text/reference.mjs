@@ -13,12 +13,16 @@ const addSpecial = !flags.includes("--no-special");
 const skipSpecial = flags.includes("--skip-special");
 const tok = Tokenizer.fromFile(path);
 const utf8 = new TextDecoder("utf-8");
-const out = [];
+const texts = [];
 for await (const line of createInterface({ input: process.stdin })) {
-  if (!line) continue;
-  const text = utf8.decode(Buffer.from(JSON.parse(line).hex, "hex"));
-  const enc = await tok.encode(text, null, { addSpecialTokens: addSpecial });
-  const ids = Array.from(enc.getIds());
-  out.push(JSON.stringify({ ids, text: await tok.decode(ids, skipSpecial) }));
+  if (line) texts.push(utf8.decode(Buffer.from(JSON.parse(line).hex, "hex")));
+}
+// In batches: one call per string costs more in the bindings than the work.
+const out = [];
+for (let i = 0; i < texts.length; i += 1000) {
+  const encs = await tok.encodeBatch(texts.slice(i, i + 1000), { addSpecialTokens: addSpecial });
+  const ids = encs.map((e) => Array.from(e.getIds()));
+  const decoded = await tok.decodeBatch(ids, skipSpecial);
+  ids.forEach((v, k) => out.push(JSON.stringify({ ids: v, text: decoded[k] })));
 }
 process.stdout.write(out.join("\n") + "\n");
