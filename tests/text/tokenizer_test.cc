@@ -173,6 +173,18 @@ TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the 
     j["model"]["merges"].push_back("zz qq");
     CHECK(LoadError(j).find("model.merges[6]: names a token the vocabulary does not have") != std::string::npos);
   }
+  SECTION("a vocabulary entry that is not an id") {
+    j["model"]["vocab"]["zz"] = "7";
+    CHECK(LoadError(j).find("model.vocab[\"zz\"]: a string, not an id") != std::string::npos);
+  }
+  SECTION("a merge that is not a pair") {
+    j["model"]["merges"].push_back(json::array({"h"}));
+    CHECK(LoadError(j).find("model.merges[6]: not a pair of tokens") != std::string::npos);
+  }
+  SECTION("no vocabulary") {
+    j["model"].erase("vocab");
+    CHECK(LoadError(j).find("model.vocab: missing, or not an object") != std::string::npos);
+  }
   SECTION("an inverted split") {
     j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true;
     CHECK(LoadError(j).find("pre_tokenizer.pretokenizers[0].invert: true is not supported") != std::string::npos);
@@ -194,7 +206,7 @@ TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the 
   SECTION("not JSON") {
     auto t = Tokenizer::FromJson("{\"model\": ", "tok.json");
     REQUIRE_FALSE(t.ok());
-    CHECK(t.error().message() == "tok.json is not valid JSON; it should be a Hugging Face tokenizer.json");
+    CHECK(t.error().message() == "tok.json: not valid JSON at byte 11; it should be a Hugging Face tokenizer.json");
     const std::string deep(100, '[');
     auto nested = Tokenizer::FromJson(deep, "deep.json");
     REQUIRE_FALSE(nested.ok());
