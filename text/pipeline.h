@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+
+#include <absl/container/flat_hash_map.h>
 #include <vector>
 
 #include "text/regex.h"
@@ -46,10 +48,13 @@ struct ByteAlphabet {
 struct Tokenizer::Pipeline {
   std::string name;
   // model: BPE
-  std::unordered_map<std::string, int32_t> vocab;
-  std::vector<std::string> id_to_token;  // "" for an id with no token
+  // Each token's text once, as the file lists them (never resized after the
+  // load: the views below point into it).
+  std::vector<std::pair<std::string, int32_t>> tokens;
+  absl::flat_hash_map<absl::string_view, int32_t> vocab;
+  std::vector<absl::string_view> id_to_token;  // empty for an id with no token
   // (left id << 32 | right id) -> rank << 32 | merged id
-  std::unordered_map<uint64_t, uint64_t> merges;
+  absl::flat_hash_map<uint64_t, uint64_t> merges;
   bool ignore_merges = false;
   bool byte_fallback = false;
   int32_t unk_id = -1;

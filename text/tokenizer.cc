@@ -182,7 +182,7 @@ std::vector<std::string> PreTokenize(const Pipeline& p, std::string text) {
 void Bpe(const Pipeline& p, const std::string& word, std::vector<int32_t>* out) {
   if (word.empty()) return;
   if (p.ignore_merges) {
-    auto it = p.vocab.find(word);
+    auto it = p.vocab.find(absl::string_view(word));
     if (it != p.vocab.end()) {
       out->push_back(it->second);
       return;
@@ -191,12 +191,11 @@ void Bpe(const Pipeline& p, const std::string& word, std::vector<int32_t>* out) 
   std::vector<int32_t> syms;
   syms.reserve(word.size());
   size_t i = 0;
-  std::string ch;
   while (i < word.size()) {
     size_t n = WellFormedAt(word, i);
     if (n == 0) n = 1;
-    ch.assign(word, i, n);
-    auto it = p.vocab.find(ch);
+    // Debian's Abseil has its own string_view, not an alias of std's.
+    auto it = p.vocab.find(absl::string_view(word.data() + i, n));
     if (it != p.vocab.end()) {
       syms.push_back(it->second);
     } else if (p.byte_fallback) {
@@ -204,7 +203,7 @@ void Bpe(const Pipeline& p, const std::string& word, std::vector<int32_t>* out) 
       for (size_t k = 0; k < n; ++k) {
         const auto b = static_cast<unsigned char>(word[i + k]);
         const std::string name = std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">";
-        auto bt = p.vocab.find(name);
+        auto bt = p.vocab.find(absl::string_view(name));
         if (bt != p.vocab.end()) {
           syms.push_back(bt->second);
         } else if (p.unk_id >= 0) {
@@ -308,7 +307,7 @@ std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
   for (const AddedToken& t : p_->added) {
     if (t.content == token) return t.id;
   }
-  auto it = p_->vocab.find(std::string(token));
+  auto it = p_->vocab.find(absl::string_view(token.data(), token.size()));
   if (it == p_->vocab.end()) return std::nullopt;
   return it->second;
 }
@@ -317,7 +316,7 @@ std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
   auto a = p_->added_by_id.find(id);
   if (a != p_->added_by_id.end()) return p_->added[a->second].content;
   if (id < 0 || static_cast<size_t>(id) >= p_->id_to_token.size() || p_->id_to_token[id].empty()) return std::nullopt;
-  return p_->id_to_token[id];
+  return std::string(p_->id_to_token[id]);
 }
 
 bool Tokenizer::IsSpecial(int32_t id) const {

@@ -35,7 +35,8 @@ struct Collected {  // NOLINT(bugprone-exception-escape): see above
   json rest;
   bool has_vocab = false, has_merges = false;
   std::vector<std::pair<std::string, int32_t>> vocab;  // in the file's order
-  std::vector<std::pair<std::string, std::string>> merges;
+  // Each merge as its two tokens written together, and where the first ends.
+  std::vector<std::pair<std::string, size_t>> merges;
   std::string error;  // the first entry that is not one, with its path; or a syntax error
 };
 
@@ -60,7 +61,8 @@ class Collector final : public nlohmann::json_sax<json> {
       // "a b": the first space separates the pair.
       const size_t sp = v.find(' ');
       if (sp == std::string::npos) return Fail(MergePath() + ": not \"left right\"");
-      out_->merges.emplace_back(v.substr(0, sp), v.substr(sp + 1));
+      v.erase(sp, 1);
+      out_->merges.emplace_back(std::move(v), sp);
       return true;
     }
     if (mode_ == Mode::kPair) {
@@ -114,7 +116,8 @@ class Collector final : public nlohmann::json_sax<json> {
     --depth_;
     if (mode_ == Mode::kPair) {
       if (pair_.size() != 2) return Fail(MergePath() + ": not a pair of tokens");
-      out_->merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+      const size_t split = pair_[0].size();
+      out_->merges.emplace_back(pair_[0] + pair_[1], split);
       mode_ = Mode::kMerges;
       return true;
     }
@@ -340,7 +343,7 @@ class Reader {
     return Status::Ok();
   }
 
-  Status Model(const json& m, const Collected& c, const std::string& path, Pipeline* p) const {
+  Status Model(const json& m, Collected& c, const std::string& path, Pipeline* p) const {
     if (!m.is_object()) return Bad(path, "missing, or not an object");
     auto type = m.find("type");
     // Older files leave the type out of a BPE model.
@@ -357,21 +360,21 @@ class Reader {
     p->byte_fallback = Flag(m, "byte_fallback", false);
     if (!c.has_vocab) return Bad(path + ".vocab", "missing, or not an object");
     if (!c.has_merges) return Bad(path + ".merges", "missing, or not an array");
-    p->vocab.reserve(c.vocab.size());
+    p->tokens = std::move(c.vocab);
+    p->vocab.reserve(p->tokens.size());
     int32_t top = -1;
-    for (const auto& [token, id] : c.vocab) {
-      p->vocab.emplace(token, id);
+    for (const auto& [token, id] : p->tokens) {
+      p->vocab.emplace(absl::string_view(token), id);
       top = std::max(top, id);
     }
-    p->id_to_token.assign(static_cast<size_t>(top) + 1, "");
+    p->id_to_token.assign(static_cast<size_t>(top) + 1, absl::string_view());
     for (const auto& [token, id] : p->vocab) p->id_to_token[id] = token;
     p->merges.reserve(c.merges.size());
-    std::string joined;
     for (size_t r = 0; r < c.merges.size(); ++r) {
-      const auto& [left, right] = c.merges[r];
-      joined.assign(left).append(right);
-      auto l = p->vocab.find(left);
-      auto rt = p->vocab.find(right);
+      const absl::string_view joined(c.merges[r].first);
+      const size_t split = c.merges[r].second;
+      auto l = p->vocab.find(joined.substr(0, split));
+      auto rt = p->vocab.find(joined.substr(split));
       auto merged = p->vocab.find(joined);
       if (l == p->vocab.end() || rt == p->vocab.end() || merged == p->vocab.end()) {
         return Bad(path + ".merges[" + std::to_string(r) + "]", "names a token the vocabulary does not have");
@@ -383,7 +386,7 @@ class Reader {
     }
     auto unk = m.find("unk_token");
     if (unk != m.end() && unk->is_string()) {
-      auto it = p->vocab.find(unk->get<std::string>());
+      auto it = p->vocab.find(absl::string_view(unk->get_ref<const std::string&>()));
       if (it == p->vocab.end()) return Bad(path + ".unk_token", "not in the vocabulary");
       p->unk_id = it->second;
     }
