@@ -5,7 +5,8 @@ catch_discover_tests registers each TEST_CASE under its name, and CTest
 reads a ';' in a name as a list separator: the test then runs as two
 filters that match nothing and passes empty (the reserve test of the
 carver once did); a name that starts with '-' is read by the test
-binary as an option and runs nothing. This reads every TEST_CASE, TEST_CASE_METHOD and
+binary as an option and runs nothing; a backslash is read by Catch2 as an
+escape, so the name CTest passes back matches no test. This reads every TEST_CASE, TEST_CASE_METHOD and
 SCENARIO name under ROOT/tests (adjacent string literals joined, as the
 compiler joins them) and names each file, line and test that has one.
 
@@ -18,7 +19,9 @@ import sys
 # The macro, an optional fixture argument, then the name's literals.
 MACRO = re.compile(r'\b(TEST_CASE_METHOD|TEST_CASE|SCENARIO)\s*\(\s*(?:[A-Za-z_][\w:<>, ]*?,\s*)?((?:"(?:[^"\\]|\\.)*"\s*)+)')
 LITERAL = re.compile(r'"((?:[^"\\]|\\.)*)"')
-BAD = {";": "a ';' (CTest splits names there)"}
+BAD = {";": "a ';' (CTest splits names there)",
+       # An escaped backslash in the literal: the name has a backslash.
+       "\\\\": "a backslash (Catch2 reads it as an escape in the name CTest passes back, and matches nothing)"}
 # Catch2 reads a name that starts with '-' as an option of its own.
 LEADING = {"-": "a leading '-' (Catch2 takes it for a command-line option)"}
 

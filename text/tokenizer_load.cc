@@ -452,6 +452,11 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_tex
                            " MiB; it should be a Hugging Face tokenizer.json");
   }
   Collected c;
+  // Room for the entries the file's size suggests (a vocabulary entry and
+  // a merge take 30 to 60 bytes of text), so the lists are not regrown and
+  // copied a dozen times.
+  c.vocab.reserve(json_text.size() / 80);
+  c.merges.reserve(json_text.size() / 80);
   Collector collector(&c);
   const bool parsed = json::sax_parse(json_text.begin(), json_text.end(), &collector, json::input_format_t::json,
                                       /*strict=*/true);

@@ -90,7 +90,7 @@ TEST_CASE("utf8: each maximal ill-formed subpart becomes one U+FFFD, and an inco
   CHECK(IncompleteTail("\xC3\xA9") == 0);
 }
 
-TEST_CASE("regex: \\s is Oniguruma's (no U+180E), and a category has the characters newer Unicode put in it",
+TEST_CASE("regex: the whitespace class is Oniguruma's (no U+180E), and a category has the characters newer Unicode put in it",
           "[text][regex]") {
   auto space = Regex::Compile("\\s+", "test");
   REQUIRE(space.ok());
