@@ -43,12 +43,13 @@ bool FromHex(const std::string& hex, std::string* out) {
 int Run(int argc, char** argv) {
   CLI::App app{"wsup-tokenize: encode and decode text with a checkpoint's tokenizer.json"};
   std::string path;
-  bool no_special = false, skip_special = false, bench = false;
+  bool no_special = false, skip_special = false, bench = false, both = false;
   int repeat = 1;
   app.add_option("--tokenizer", path, "the tokenizer.json to read")->required();
   app.add_flag("--no-special", no_special, "encode without the post-processor's tokens (a BOS, say)");
   app.add_flag("--skip-special", skip_special, "decode without the special tokens");
   app.add_flag("--bench", bench, "print the encode throughput instead of the ids");
+  app.add_flag("--both", both, "answer with and without the special tokens on each line");
   app.add_option("--repeat", repeat, "with --bench: encode the input this many times")->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
@@ -84,13 +85,19 @@ int Run(int argc, char** argv) {
       inputs.push_back(std::move(text));
       continue;
     }
-    const std::vector<int32_t> ids = (*tok)->Encode(text, !no_special);
-    StreamDecoder stream(**tok, skip_special);
-    std::string streamed;
-    for (int32_t id : ids) streamed += stream.Add(id);
-    streamed += stream.Finish();
-    std::cout << json{{"ids", ids}, {"text", (*tok)->Decode(ids, skip_special)}, {"streamed", streamed}}.dump()
-              << "\n";
+    auto answer = [&](bool add_special, bool skip) {
+      const std::vector<int32_t> ids = (*tok)->Encode(text, add_special);
+      StreamDecoder stream(**tok, skip);
+      std::string streamed;
+      for (int32_t id : ids) streamed += stream.Add(id);
+      streamed += stream.Finish();
+      return json{{"ids", ids}, {"text", (*tok)->Decode(ids, skip)}, {"streamed", streamed}};
+    };
+    if (both) {
+      std::cout << json{{"special", answer(true, false)}, {"plain", answer(false, true)}}.dump() << "\n";
+    } else {
+      std::cout << answer(!no_special, skip_special).dump() << "\n";
+    }
   }
   if (bench) {
     size_t bytes = 0, tokens = 0;
