@@ -51,6 +51,7 @@ print("Encode with the special tokens over the exactness corpus (10,007 strings 
 print()
 print("| tokenizer.json | corpus | wsup encode | reference encode | wsup / reference | wsup load | reference load |")
 print("|---|---:|---:|---:|---:|---:|---:|")
+qwen_load = None
 for model in ["llama3", "qwen3", "deepseek_v3"]:
     ours = json.load(open(f"{out}/wsup_{model}.json"))
     ref = json.load(open(f"{out}/reference_{model}.json"))
@@ -58,6 +59,15 @@ for model in ["llama3", "qwen3", "deepseek_v3"]:
     mb = ours["bytes"] / int(rounds) / 1e6
     print(f"| {model} | {mb:.2f} MB | {ours['mb_per_s']:.2f} MB/s | {ref['mb_per_s']:.2f} MB/s | "
           f"{ours['mb_per_s'] / ref['mb_per_s']:.2f}x | {load:.0f} ms | {ref['load_ms']:.0f} ms |")
+    if model == "qwen3":
+        qwen_load = load
+print()
+print("Goals: encode at least as fast as the reference on one core; Qwen3's tokenizer.json (11 MB) loaded in at "
+      f"most 200 ms: {'met' if qwen_load <= 200 else 'NOT met'} ({qwen_load:.0f} ms).")
+print("Reading: the reference's figures include its Node bindings, called once per 1000 strings. wsup's load is "
+      "one SAX pass over the file (model.vocab and model.merges collected as they are read) and two hash maps "
+      "of about 150,000 entries each; the unicode tables that make PCRE2 split as Oniguruma does cost about "
+      "10 ms of it, once per process.")
 PY
 python3 "$here/doc_section.py" "$doc" \
   "## Tokenizers: encode throughput and load time beside Hugging Face tokenizers (\`bench/tokenize.sh\`)" \
