@@ -2,7 +2,8 @@
 # Builds the Release tree that scripts/test.sh tests (scripts/release_build.sh:
 # -O3, warnings as errors, Debian's GCC), with the cuda backend required, and
 # collects the programs, the test binaries and the shared libraries a GPU
-# node may lack (libuv, spdlog, toml++, http-parser) into one folder, so the
+# node may lack (libuv, spdlog, toml++, http-parser, and the tokenizer's
+# PCRE2, utf8proc and Abseil) into one folder, so the
 # tests and benchmarks can run on a GPU node that has the NVIDIA driver but
 # none of the -dev packages. After `scripts/test.sh` the tree is built
 # already and this only collects it.
@@ -39,7 +40,7 @@ cp tests/python/gpu_layout_check.py tests/python/gpu_torch_check.py tests/python
 strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/lib/libwsup_client.so 2>/dev/null || true
 for f in "$out"/bin/* "$out"/tests/*; do
   ldd "$f" 2>/dev/null | awk '/=> \//{print $3}'
-done | sort -u | grep -E 'libuv|libspdlog|libfmt|libtomlplusplus|libhttp_parser|libcrypto' | while read -r lib; do
+done | sort -u | grep -E 'libuv|libspdlog|libfmt|libtomlplusplus|libhttp_parser|libcrypto|libpcre2-8|libutf8proc|libabsl_' | while read -r lib; do
   cp -L "$lib" "$out/lib/"
 done
 cat > "$out/run.sh" <<'RUN'

@@ -2,6 +2,7 @@
 // from tokenizer.json and tokenizer.cc runs them. Internal to text/.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -41,12 +42,13 @@ struct AddedToken {
 // bytes_to_unicode), so a vocabulary of strings covers every byte.
 struct ByteAlphabet {
   std::string of_byte[256];  // the UTF-8 of the character for each byte
-  std::unordered_map<char32_t, uint8_t> byte_of;
+  // The byte of each character of the alphabet (all below U+0144), -1 for
+  // the others.
+  std::array<int16_t, 0x144> byte_of;
   ByteAlphabet();
 };
 
 struct Tokenizer::Pipeline {
-  std::string name;
   // model: BPE
   // Each token's text once, as the file lists them (never resized after the
   // load: the views below point into it).
@@ -58,13 +60,14 @@ struct Tokenizer::Pipeline {
   bool ignore_merges = false;
   bool byte_fallback = false;
   int32_t unk_id = -1;
-  bool byte_level = false;  // a ByteLevel pre-tokenizer maps the text
+  // A ByteLevel pre-tokenizer maps the text (and the ByteLevel decoder,
+  // which a load requires with it, maps it back).
+  bool byte_level = false;
 
   std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre_tokenizers;
   // The post-processor's ids for one sequence: before and after it.
   std::vector<int32_t> prefix_ids, suffix_ids;
-  bool decoder_byte_level = false;
 
   std::vector<AddedToken> added;             // in the file's order
   // Indexes into `added`, longest first, by the first byte of their text:

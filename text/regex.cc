@@ -91,13 +91,6 @@ std::string ExtraItems(const std::string& property) {
 
 }  // namespace
 
-std::string UnicodeAgreement() {
-  char pcre[64] = {0};
-  (void)pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, pcre);
-  return std::string(utf8proc_unicode_version()) + " (utf8proc) over " + pcre + " (PCRE2): " +
-         std::to_string(NewerAssignments().count) + " characters added";
-}
-
 Result<std::string> TranslateOnigPattern(const std::string& pattern) {
   std::string out;
   out.reserve(pattern.size() + 32);
@@ -177,8 +170,7 @@ struct Regex::Code {
   }
 };
 
-Regex::Regex(std::unique_ptr<Code> code, std::string translated)
-    : code_(std::move(code)), translated_(std::move(translated)) {}
+Regex::Regex(std::unique_ptr<Code> code) : code_(std::move(code)) {}
 Regex::Regex(Regex&&) noexcept = default;
 Regex& Regex::operator=(Regex&&) noexcept = default;
 Regex::~Regex() = default;
@@ -199,11 +191,24 @@ Result<Regex> Regex::Compile(const std::string& pattern, const std::string& wher
   }
   // JIT is an optimisation: a platform without it still matches, slower.
   (void)pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE);
-  return Regex(std::move(code), std::move(*translated));
+  return Regex(std::move(code));
 }
 
+namespace {
+
+// One match's data per thread, made once: FindAll runs for every piece of
+// every text, and the whole match is all it reads (a data of one pair holds
+// it for any pattern).
+struct ThreadMatchData {
+  pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
+  ~ThreadMatchData() { pcre2_match_data_free(md); }
+};
+
+}  // namespace
+
 void Regex::FindAll(std::string_view s, const std::function<void(size_t, size_t)>& found) const {
-  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_->code, nullptr);
+  thread_local ThreadMatchData data;
+  pcre2_match_data* md = data.md;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t at = 0;
   while (at <= s.size()) {
@@ -222,7 +227,6 @@ void Regex::FindAll(std::string_view s, const std::function<void(size_t, size_t)
       at = begin + (n == 0 ? 1 : n);
     }
   }
-  pcre2_match_data_free(md);
 }
 
 }  // namespace wsup::text

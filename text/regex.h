@@ -37,23 +37,15 @@ class Regex {
   // `s`. An empty match moves the search on by one character.
   void FindAll(std::string_view s, const std::function<void(size_t begin, size_t end)>& found) const;
 
-  // The pattern as PCRE2 compiled it (`\s` written out).
-  const std::string& translated() const { return translated_; }
-
  private:
   struct Code;
-  Regex(std::unique_ptr<Code> code, std::string translated);
+  explicit Regex(std::unique_ptr<Code> code);
   std::unique_ptr<Code> code_;
-  std::string translated_;
 };
 
 // An Oniguruma pattern as PCRE2 should compile it (see above); an error for
 // a construct the translation cannot carry (`\S` or `\P{..}` inside a
 // class when they would need more characters).
 Result<std::string> TranslateOnigPattern(const std::string& pattern);
-
-// "15.0.0 (utf8proc) over 14.0.0 (PCRE2): 4489 characters added": what the
-// translation adds, for the tokenizer's description and for tests.
-std::string UnicodeAgreement();
 
 }  // namespace wsup::text

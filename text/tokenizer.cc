@@ -278,7 +278,7 @@ std::string Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
   std::optional<std::string> token = IdToToken(id);
   if (!token) return "";
   if (skip_special_tokens && IsSpecial(id)) return "";
-  if (!p_->decoder_byte_level) return *token;
+  if (!p_->byte_level) return *token;
   // Each character back to its byte; a token with a character outside the
   // alphabet (an added token such as DeepSeek's) is its own UTF-8.
   std::string out;
@@ -287,9 +287,10 @@ std::string Tokenizer::TokenBytes(int32_t id, bool skip_special_tokens) const {
   while (i < token->size()) {
     const size_t n = WellFormedAt(*token, i);
     if (n == 0) return *token;
-    auto it = p_->bytes.byte_of.find(CodePointAt(*token, i, n));
-    if (it == p_->bytes.byte_of.end()) return *token;
-    out.push_back(static_cast<char>(it->second));
+    const char32_t cp = CodePointAt(*token, i, n);
+    const int b = cp < p_->bytes.byte_of.size() ? p_->bytes.byte_of[cp] : -1;
+    if (b < 0) return *token;
+    out.push_back(static_cast<char>(b));
     i += n;
   }
   return out;

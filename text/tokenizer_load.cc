@@ -201,18 +201,24 @@ class Reader {
     }
     return Status::Ok();
   }
+  // A part that may be null (absent), a Sequence of parts under seq_key, or
+  // one part: each leaf goes to leaf(part, its type, its path).
+  template <typename Fn>
+  Status Part(const json& n, const std::string& path, const char* seq_key, const Fn& leaf) const {
+    if (n.is_null()) return Status::Ok();
+    if (!n.is_object()) return Bad(path, "not an object");
+    WSUP_ASSIGN_OR_RETURN(std::string type, Str(n, "type", path));
+    if (type == "Sequence") {
+      return Each(n, seq_key, path, [&](const json& e, const std::string& at) { return Part(e, at, seq_key, leaf); });
+    }
+    return leaf(n, type, path);
+  }
   bool Flag(const json& j, const char* key, bool fallback) const {
     auto it = j.find(key);
     return it != j.end() && it->is_boolean() ? it->get<bool>() : fallback;
   }
 
-  Status Normalizers(const json& n, const std::string& path, Pipeline* p) const {
-    if (n.is_null()) return Status::Ok();
-    if (!n.is_object()) return Bad(path, "not an object");
-    WSUP_ASSIGN_OR_RETURN(std::string type, Str(n, "type", path));
-    if (type == "Sequence") {
-      return Each(n, "normalizers", path, [&](const json& e, const std::string& at) { return Normalizers(e, at, p); });
-    }
+  Status NormalizerPart(const json& n, const std::string& type, const std::string& path, Pipeline* p) const {
     Normalizer out;
     if (type == "NFC") {
       out.kind = Normalizer::Kind::kNfc;
@@ -240,14 +246,7 @@ class Reader {
     return Status::Ok();
   }
 
-  Status PreTokenizers(const json& n, const std::string& path, Pipeline* p) const {
-    if (n.is_null()) return Status::Ok();
-    if (!n.is_object()) return Bad(path, "not an object");
-    WSUP_ASSIGN_OR_RETURN(std::string type, Str(n, "type", path));
-    if (type == "Sequence") {
-      return Each(n, "pretokenizers", path,
-                  [&](const json& e, const std::string& at) { return PreTokenizers(e, at, p); });
-    }
+  Status PreTokenizerPart(const json& n, const std::string& type, const std::string& path, Pipeline* p) const {
     PreTokenizer out;
     if (type == "Split") {
       out.kind = PreTokenizer::Kind::kSplit;
@@ -294,14 +293,8 @@ class Reader {
     return Status::Ok();
   }
 
-  Status PostProcessor(const json& n, const std::string& path, Pipeline* p) const {
-    if (n.is_null()) return Status::Ok();
-    if (!n.is_object()) return Bad(path, "not an object");
-    WSUP_ASSIGN_OR_RETURN(std::string type, Str(n, "type", path));
+  Status PostProcessorPart(const json& n, const std::string& type, const std::string& path, Pipeline* p) const {
     if (type == "ByteLevel") return Status::Ok();  // offsets only: the ids are the same
-    if (type == "Sequence") {
-      return Each(n, "processors", path, [&](const json& e, const std::string& at) { return PostProcessor(e, at, p); });
-    }
     if (type != "TemplateProcessing") {
       return Unsupported(path + ".type", type, "ByteLevel, TemplateProcessing, Sequence");
     }
@@ -339,7 +332,6 @@ class Reader {
     if (!n.is_object()) return Bad(path, "missing: a ByteLevel decoder is needed");
     WSUP_ASSIGN_OR_RETURN(std::string type, Str(n, "type", path));
     if (type != "ByteLevel") return Unsupported(path + ".type", type, "ByteLevel");
-    p->decoder_byte_level = true;
     return Status::Ok();
   }
 
@@ -433,6 +425,7 @@ class Reader {
 }  // namespace
 
 ByteAlphabet::ByteAlphabet() {
+  byte_of.fill(-1);
   // GPT-2's bytes_to_unicode: the printable bytes stand for themselves, the
   // rest for the code points from U+0100 on, in byte order.
   int next = 0;
@@ -440,7 +433,7 @@ ByteAlphabet::ByteAlphabet() {
     const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + next++);
     AppendUtf8(cp, &of_byte[b]);
-    byte_of[cp] = static_cast<uint8_t>(b);
+    byte_of[cp] = static_cast<int16_t>(b);
   }
 }
 
@@ -468,19 +461,28 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_tex
   if (!j.is_object()) return InvalidArgument(name + ": not a JSON object; it should be a Hugging Face tokenizer.json");
   Reader r(name);
   auto p = std::make_unique<Pipeline>();
-  p->name = name;
   for (const char* key : {"truncation", "padding"}) {
     if (j.contains(key) && !j[key].is_null()) {
       return r.Bad(key, "must be null: the engine decides lengths itself; remove it from the file");
     }
   }
   WSUP_RETURN_IF_ERROR(r.Model(j.contains("model") ? j["model"] : json(), c, "model", p.get()));
-  WSUP_RETURN_IF_ERROR(r.Normalizers(j.value("normalizer", json()), "normalizer", p.get()));
-  WSUP_RETURN_IF_ERROR(r.PreTokenizers(j.value("pre_tokenizer", json()), "pre_tokenizer", p.get()));
-  WSUP_RETURN_IF_ERROR(r.PostProcessor(j.value("post_processor", json()), "post_processor", p.get()));
+  Pipeline* pp = p.get();
+  WSUP_RETURN_IF_ERROR(r.Part(j.value("normalizer", json()), "normalizer", "normalizers",
+                              [&](const json& n, const std::string& type, const std::string& at) {
+                                return r.NormalizerPart(n, type, at, pp);
+                              }));
+  WSUP_RETURN_IF_ERROR(r.Part(j.value("pre_tokenizer", json()), "pre_tokenizer", "pretokenizers",
+                              [&](const json& n, const std::string& type, const std::string& at) {
+                                return r.PreTokenizerPart(n, type, at, pp);
+                              }));
+  WSUP_RETURN_IF_ERROR(r.Part(j.value("post_processor", json()), "post_processor", "processors",
+                              [&](const json& n, const std::string& type, const std::string& at) {
+                                return r.PostProcessorPart(n, type, at, pp);
+                              }));
   WSUP_RETURN_IF_ERROR(r.Decoder(j.value("decoder", json()), "decoder", p.get()));
   WSUP_RETURN_IF_ERROR(r.Added(j.value("added_tokens", json()), p.get()));
-  if (p->byte_level != p->decoder_byte_level) {
+  if (!p->byte_level) {
     return r.Bad("decoder", "a ByteLevel decoder needs a ByteLevel pre-tokenizer, and the other way round");
   }
   p->size = static_cast<int32_t>(p->id_to_token.size());
