@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_limits.h"
-#include "engine/tokenizer.h"
 
 namespace wsup::engine {
 
@@ -87,17 +86,24 @@ Status CheckNeutral(const json& j) {
 
 std::string DumpSafe(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
+// The body as a JSON object, bounded before it is parsed; `example` is
+// what to send instead.
+Result<json> ParseBody(std::string_view body, const std::string& example) {
+  Status bounded = CheckJsonLimits(body, "the request body", example, SIZE_MAX);
+  if (!bounded.ok()) return bounded.error();
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad("the request body is not valid JSON; " + example);
+  if (!j.is_object()) return Bad(std::string("the request body is ") + TypeName(j) + ", not a JSON object; " + example);
+  return j;
+}
+
 }  // namespace
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits) {
   const std::string example = R"(; send a JSON object such as {"prompt": "Hello", "max_tokens": 16})";
   // Deep input is refused before the parser (and every walk over what it
   // builds) recurses into it. The HTTP server already bounds the size.
-  Status bounded = CheckJsonLimits(body, "the request body", example.substr(2), SIZE_MAX);
-  if (!bounded.ok()) return bounded.error();
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Bad("the request body is not valid JSON" + example);
-  if (!j.is_object()) return Bad(std::string("the request body is ") + TypeName(j) + ", not a JSON object" + example);
+  WSUP_ASSIGN_OR_RETURN(json j, ParseBody(body, example.substr(2)));
 
   CompletionRequest r;
   auto p = j.find("prompt");
@@ -105,7 +111,8 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
     return Bad("'prompt' is required: a string, or a list of token ids" + example);
   }
   if (p->is_string()) {
-    r.prompt = EncodeBytes(p->get_ref<const std::string&>());
+    const auto& text = p->get_ref<const std::string&>();
+    r.prompt = limits.text ? limits.text->Encode(text, /*add_special_tokens=*/true) : EncodeBytes(text);
   } else if (p->is_array()) {
     for (const auto& v : *p) {
       if (v.is_string() || v.is_array()) {
@@ -171,10 +178,14 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
   return r;
 }
 
-std::string CompletionJson(const CompletionText& c, const std::vector<int32_t>& tokens, const std::string& finish_reason,
-                           bool token_ids, int64_t prompt_tokens) {
-  json choice = {{"text", DecodeTokens(tokens)}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
-  if (token_ids) choice["token_ids"] = tokens;
+std::string CompletionJson(const CompletionText& c, const std::string& text, const std::vector<int32_t>& tokens,
+                           const std::string& finish_reason, const std::vector<int32_t>* prompt_ids,
+                           int64_t prompt_tokens) {
+  json choice = {{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason}};
+  if (prompt_ids) {
+    choice["prompt_token_ids"] = *prompt_ids;
+    choice["token_ids"] = tokens;
+  }
   const int64_t n = static_cast<int64_t>(tokens.size());
   json j = {{"id", c.id},
             {"object", "text_completion"},
@@ -185,10 +196,11 @@ std::string CompletionJson(const CompletionText& c, const std::vector<int32_t>& 
   return DumpSafe(j);
 }
 
-std::string StreamChunkJson(const CompletionText& c, const std::vector<int32_t>& tokens,
-                            const std::string& finish_reason, bool token_ids) {
-  json choice = {{"text", DecodeTokens(tokens)}, {"index", 0}, {"logprobs", nullptr}};
+std::string StreamChunkJson(const CompletionText& c, const std::string& text, const std::vector<int32_t>& tokens,
+                            const std::string& finish_reason, bool token_ids, const std::vector<int32_t>* prompt_ids) {
+  json choice = {{"text", text}, {"index", 0}, {"logprobs", nullptr}};
   choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
+  if (prompt_ids) choice["prompt_token_ids"] = *prompt_ids;
   if (token_ids) choice["token_ids"] = tokens;
   json j = {{"id", c.id},
             {"object", "text_completion"},
@@ -210,5 +222,52 @@ std::string UsageChunkJson(const CompletionText& c, int64_t prompt_tokens, int64
               {"total_tokens", prompt_tokens + completion_tokens}}}};
   return DumpSafe(j);
 }
+
+Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
+  const std::string example = R"(send a JSON object such as {"prompt": "Hello", "add_special_tokens": true})";
+  WSUP_ASSIGN_OR_RETURN(json j, ParseBody(body, example));
+  TokenizeRequest r;
+  auto p = j.find("prompt");
+  if (p == j.end() || p->is_null()) {
+    if (j.contains("messages")) {
+      return Bad("'messages' (a chat) needs the model's chat template, which this engine does not render yet; "
+                 "send 'prompt' with the text to tokenize");
+    }
+    return Bad("'prompt' is required; " + example);
+  }
+  if (!p->is_string()) return Bad(std::string("'prompt' must be a string, got ") + TypeName(*p) + "; " + example);
+  r.prompt = p->get<std::string>();
+  WSUP_RETURN_IF_ERROR(GetBool(j, "add_special_tokens", &r.add_special_tokens));
+  return r;
+}
+
+std::string TokenizeJson(const std::vector<int32_t>& ids, int64_t max_model_len) {
+  json j = {{"tokens", ids}, {"count", ids.size()}, {"max_model_len", max_model_len}};
+  return DumpSafe(j);
+}
+
+Result<std::vector<int32_t>> ParseDetokenizeRequest(std::string_view body, int64_t vocab) {
+  const std::string example = R"(send a JSON object such as {"tokens": [9906, 11]})";
+  WSUP_ASSIGN_OR_RETURN(json j, ParseBody(body, example));
+  auto t = j.find("tokens");
+  if (t == j.end() || !t->is_array()) {
+    return Bad("'tokens' is required: a list of token ids; " + example);
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(t->size());
+  for (const auto& v : *t) {
+    if (!v.is_number_integer()) return Bad(std::string("'tokens' must hold token ids (integers), found ") + TypeName(v));
+    const bool out = v.is_number_unsigned() ? v.get<uint64_t>() >= static_cast<uint64_t>(vocab)
+                                            : (v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab);
+    if (out) {
+      return Bad("'tokens' holds token id " + DumpSafe(v) + ", outside the vocabulary [0, " + std::to_string(vocab) +
+                 ")");
+    }
+    ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return ids;
+}
+
+std::string DetokenizeJson(const std::string& text) { return DumpSafe(json{{"prompt", text}}); }
 
 }  // namespace wsup::engine

@@ -4,6 +4,7 @@
 //   engine_server.cc   the loop: Run(), the lifecycle (engine_state.h), shutdown
 //   engine_startup.cc  the startup thread's timed phases (context, weights, ...)
 //   engine_routes.cc   the HTTP routes and the completions in flight
+//   engine_text.cc     POST /tokenize and /detokenize
 //   engine_kv_role.cc  POST /wsup/role: the role and the node's KV pool
 //   engine_status.cc   GET /wsup/status's JSON
 //   engine_options.cc  the options' checks
@@ -75,7 +76,10 @@ struct Pending {
   bool token_ids = false;
   bool include_usage = false;
   int64_t prompt_tokens = 0;
+  std::vector<int32_t> prompt;  // kept for prompt_token_ids (return_token_ids)
   std::vector<int32_t> tokens;
+  std::unique_ptr<TokenText> stream_text;  // the stream's deltas
+  bool sent_first = false;                 // a stream's first chunk is out
 };
 
 class Engine {
@@ -106,6 +110,10 @@ class Engine {
   void HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleHealth(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleModels(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleDetokenize(const std::shared_ptr<http::ResponseWriter>& w);
+  // The chunk of a stream's new ids (their text from p's decoder).
+  std::string StreamChunk(Pending& p, const std::vector<int32_t>& ids, const std::string& finish_reason);
   void OnEvents();
   void FinishPending(uint64_t id, Pending& p, const GenEvent& ev);
   void SendError(const std::shared_ptr<http::ResponseWriter>& w, int status, const std::string& message,
@@ -146,6 +154,7 @@ class Engine {
 
   // Set by the startup thread before it finishes; read by the loop after.
   std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<TextCodec> text_;  // the checkpoint's tokenizer, or the byte one
   std::vector<int32_t> eos_;
   uint64_t kv_format_ = 0;  // KvFormat(): the KV journal's kv_format
   std::string comm_kind_;

@@ -28,12 +28,21 @@ void Engine::OnEvents() {
     Pending& p = it->second;
     if (!ev.done) {
       p.tokens.insert(p.tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      if (p.stream) p.writer->Write(http::SseEvent(StreamChunkJson(p.text, ev.tokens, "", p.token_ids)));
+      if (p.stream) p.writer->Write(http::SseEvent(StreamChunk(p, ev.tokens, "")));
       continue;
     }
     FinishPending(ev.id, p, ev);
     pending_.erase(ev.id);
   }
+}
+
+std::string Engine::StreamChunk(Pending& p, const std::vector<int32_t>& ids, const std::string& finish_reason) {
+  std::string delta;
+  for (int32_t t : ids) delta += p.stream_text->Add(t);
+  if (!finish_reason.empty()) delta += p.stream_text->Finish();
+  const std::vector<int32_t>* prompt = p.token_ids && !p.sent_first ? &p.prompt : nullptr;
+  p.sent_first = true;
+  return StreamChunkJson(p.text, delta, ids, finish_reason, p.token_ids, prompt);
 }
 
 void Engine::FinishPending(uint64_t id, Pending& p, const GenEvent& ev) {
@@ -53,12 +62,14 @@ void Engine::FinishPending(uint64_t id, Pending& p, const GenEvent& ev) {
   }
   const int64_t n = static_cast<int64_t>(p.tokens.size());
   if (p.stream) {
-    w->Write(http::SseEvent(StreamChunkJson(p.text, ev.tokens, ev.finish_reason, p.token_ids)));
+    w->Write(http::SseEvent(StreamChunk(p, ev.tokens, ev.finish_reason)));
     if (p.include_usage) w->Write(http::SseEvent(UsageChunkJson(p.text, p.prompt_tokens, n)));
     w->Write(http::SseEvent("[DONE]"));
     w->End();
   } else {
-    w->Send(http::HttpResponse::Json(200, CompletionJson(p.text, p.tokens, ev.finish_reason, p.token_ids, p.prompt_tokens)));
+    const std::string text = text_->Decode(p.tokens, /*skip_special_tokens=*/true);
+    w->Send(http::HttpResponse::Json(
+        200, CompletionJson(p.text, text, p.tokens, ev.finish_reason, p.token_ids ? &p.prompt : nullptr, p.prompt_tokens)));
   }
 }
 
@@ -92,14 +103,18 @@ void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
     if (only("GET")) HandleHealth(w);
   } else if (r.path == "/wsup/status") {
     if (only("GET")) HandleStatus(w);
+  } else if (r.path == "/tokenize") {
+    if (only("POST")) HandleTokenize(w);
+  } else if (r.path == "/detokenize") {
+    if (only("POST")) HandleDetokenize(w);
   } else if (r.path == "/v1/models") {
     if (only("GET")) HandleModels(w);
   } else if (r.path == "/wsup/role") {
     if (only("POST")) HandleRole(w);
   } else {
     SendError(w, 404, "no route " + r.path.substr(0, 200) +
-                          "; the engine serves POST /v1/completions, GET /v1/models, /health, /wsup/status and "
-                          "POST /wsup/role",
+                          "; the engine serves POST /v1/completions, /tokenize and /detokenize, GET /v1/models, /health, "
+                          "/wsup/status and POST /wsup/role",
               "not_found_error");
   }
 }
@@ -113,6 +128,7 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
   ApiLimits limits;
   limits.vocab = runner_->dims().vocab;
   limits.context = runner_->dims().max_pos;
+  limits.text = text_.get();
   auto req = ParseCompletionRequest(w->request().body, limits);
   if (!req.ok()) {
     SendError(w, 400, req.error().message(), "invalid_request_error");
@@ -148,6 +164,8 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
   p.token_ids = req->return_token_ids;
   p.include_usage = req->include_usage;
   p.prompt_tokens = static_cast<int64_t>(req->prompt.size());
+  if (p.token_ids) p.prompt = req->prompt;
+  p.stream_text = text_->Stream(/*skip_special_tokens=*/true);
   if (p.stream) {
     w->StartStream(200, {{"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}});
   }

