@@ -10,7 +10,7 @@ pkgs=(
   libuv1-dev libsqlite3-dev sqlite3 libspdlog-dev libfmt-dev libtomlplusplus-dev
   catch2 nlohmann-json3-dev libcli11-dev libsystemd-dev libhttp-parser-dev
   libssl-dev libclang-rt-14-dev lld clang-tidy libpcre2-dev libutf8proc-dev libabsl-dev
-  python3 python3-numpy python3-pytest libdlpack-dev
+  python3 python3-numpy python3-pytest python3-jinja2 libdlpack-dev
   curl haproxy wrk systemd
 )
 

@@ -4,6 +4,10 @@
 //   {"ids": [...], "text": decode(ids), "streamed": the streamed decode}
 // With --bench it writes nothing per line: it encodes every line --repeat
 // times on one core and prints the throughput.
+// With --chat-template FILE (a tokenizer_config.json, or a template's own
+// text) it renders the chat template instead: each line is the template's
+// variables ({"messages": [...], "add_generation_prompt": true, ...}) and
+// each answer {"text": "..."} or {"error": "..."}.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -14,6 +18,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/exit_codes.h"
+#include "common/fs.h"
+#include "text/jinja.h"
 #include "text/tokenizer.h"
 
 namespace {
@@ -40,12 +46,52 @@ bool FromHex(const std::string& hex, std::string* out) {
   return true;
 }
 
+int RenderLines(const std::string& file) {
+  auto src = wsup::ReadFile(file);
+  if (!src.ok()) {
+    std::cerr << "wsup-tokenize: " << src.error().message() << "\n";
+    return wsup::kExitConfig;
+  }
+  std::string text = *src;
+  json cfg = json::parse(text, nullptr, false);
+  if (cfg.is_object()) {
+    auto t = cfg.find("chat_template");
+    if (t == cfg.end() || !t->is_string()) {
+      std::cerr << "wsup-tokenize: " << file << " has no 'chat_template' string\n";
+      return wsup::kExitConfig;
+    }
+    text = t->get<std::string>();
+  }
+  auto tmpl = wsup::text::jinja::Template::Parse(text, file);
+  if (!tmpl.ok()) {
+    std::cerr << "wsup-tokenize: " << tmpl.error().message() << "\n";
+    return wsup::kExitConfig;
+  }
+  std::string line;
+  size_t n = 0;
+  while (std::getline(std::cin, line)) {
+    ++n;
+    if (line.empty()) continue;
+    auto vars = nlohmann::ordered_json::parse(line, nullptr, false);
+    if (!vars.is_object()) {
+      std::cerr << "wsup-tokenize: stdin line " << n << ": expected a JSON object of the template's variables\n";
+      return wsup::kExitUsage;
+    }
+    auto out = tmpl->Render(vars);
+    std::cout << (out.ok() ? json{{"text", *out}} : json{{"error", out.error().message()}}).dump() << "\n";
+  }
+  return 0;
+}
+
 int Run(int argc, char** argv) {
   CLI::App app{"wsup-tokenize: encode and decode text with a checkpoint's tokenizer.json"};
   std::string path;
   bool no_special = false, skip_special = false, bench = false, both = false;
   int repeat = 1;
-  app.add_option("--tokenizer", path, "the tokenizer.json to read")->required();
+  std::string chat_template;
+  app.add_option("--tokenizer", path, "the tokenizer.json to read");
+  app.add_option("--chat-template", chat_template,
+                 "render this chat template (a tokenizer_config.json, or the template's text) instead");
   app.add_flag("--no-special", no_special, "encode without the post-processor's tokens (a BOS, say)");
   app.add_flag("--skip-special", skip_special, "decode without the special tokens");
   app.add_flag("--bench", bench, "print the encode throughput instead of the ids");
@@ -56,6 +102,11 @@ int Run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : wsup::kExitUsage;
+  }
+  if (!chat_template.empty()) return RenderLines(chat_template);
+  if (path.empty()) {
+    std::cerr << "wsup-tokenize: --tokenizer is required (or --chat-template)\n";
+    return wsup::kExitUsage;
   }
 
   const auto t0 = std::chrono::steady_clock::now();
