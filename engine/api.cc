@@ -12,6 +12,7 @@ namespace wsup::engine {
 namespace {
 
 using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 const char* TypeName(const json& v) {
   switch (v.type()) {
@@ -97,6 +98,59 @@ Result<json> ParseBody(std::string_view body, const std::string& example) {
   return j;
 }
 
+// The prompt's length against the context, and the request's `key`
+// (max_tokens) against the room left: r->max_tokens.
+Status FitLength(const json& j, const char* key, const ApiLimits& limits, CompletionRequest* r) {
+  const std::string k = key;
+  if (r->prompt.empty()) return Bad("'prompt' is empty; send at least one character or token id");
+  const int64_t plen = static_cast<int64_t>(r->prompt.size());
+  if (plen >= limits.context) {
+    return Bad("the prompt has " + std::to_string(plen) + " tokens; the model's context is " +
+               std::to_string(limits.context) + " tokens, leaving no room to generate: shorten the prompt");
+  }
+
+  const int64_t room = limits.context - plen;
+  int64_t max_tokens = 16;
+  WSUP_RETURN_IF_ERROR(GetInt(j, key, 1, room, &max_tokens,
+                              "with a prompt of " + std::to_string(plen) + " tokens and a context of " +
+                                  std::to_string(limits.context) + ", send 1 to " + std::to_string(room)));
+  if (max_tokens > room) {
+    // The default (16) alone may not fit a long prompt.
+    return Bad("the prompt has " + std::to_string(plen) + " tokens and the default " + k + " 16 would exceed the "
+               "context of " + std::to_string(limits.context) + "; send " + k + " of at most " + std::to_string(room));
+  }
+  r->max_tokens = static_cast<int>(max_tokens);
+  return Status::Ok();
+}
+
+
+// What generation takes besides the prompt and its length.
+Status ParseOptions(const json& j, CompletionRequest* r) {
+  if (auto t = j.find("temperature"); t != j.end() && !t->is_null()) {
+    if (!t->is_number()) return Bad(std::string("'temperature' must be a number, got ") + TypeName(*t) + "; send 0 to 2");
+    const double v = t->get<double>();
+    if (!(std::isfinite(v) && v >= 0 && v <= 2)) {
+      return Bad("'temperature' is " + DumpSafe(*t) + "; send 0 (greedy) to 2");
+    }
+    r->temperature = v;
+  }
+  if (auto s = j.find("seed"); s != j.end() && !s->is_null()) {
+    if (!s->is_number_integer()) return Bad(std::string("'seed' must be an integer, got ") + TypeName(*s));
+    r->seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
+  }
+  WSUP_RETURN_IF_ERROR(GetBool(j, "stream", &r->stream));
+  WSUP_RETURN_IF_ERROR(GetBool(j, "return_token_ids", &r->return_token_ids));
+  if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
+    if (!so->is_object()) return Bad(std::string("'stream_options' must be an object, got ") + TypeName(*so));
+    WSUP_RETURN_IF_ERROR(GetBool(*so, "include_usage", &r->include_usage));
+  }
+  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
+    if (!m->is_string()) return Bad(std::string("'model' must be a string, got ") + TypeName(*m));
+    r->model = m->get<std::string>();
+  }
+  return CheckNeutral(j);
+}
+
 }  // namespace
 
 Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const ApiLimits& limits) {
@@ -133,48 +187,8 @@ Result<CompletionRequest> ParseCompletionRequest(std::string_view body, const Ap
   } else {
     return Bad(std::string("'prompt' must be a string or a list of token ids, got ") + TypeName(*p));
   }
-  if (r.prompt.empty()) return Bad("'prompt' is empty; send at least one character or token id");
-  const int64_t plen = static_cast<int64_t>(r.prompt.size());
-  if (plen >= limits.context) {
-    return Bad("the prompt has " + std::to_string(plen) + " tokens; the model's context is " +
-               std::to_string(limits.context) + " tokens, leaving no room to generate: shorten the prompt");
-  }
-
-  const int64_t room = limits.context - plen;
-  int64_t max_tokens = 16;
-  WSUP_RETURN_IF_ERROR(GetInt(j, "max_tokens", 1, room, &max_tokens,
-                              "with a prompt of " + std::to_string(plen) + " tokens and a context of " +
-                                  std::to_string(limits.context) + ", send 1 to " + std::to_string(room)));
-  if (max_tokens > room) {
-    // The default (16) alone may not fit a long prompt.
-    return Bad("the prompt has " + std::to_string(plen) + " tokens and the default max_tokens 16 would exceed the "
-               "context of " + std::to_string(limits.context) + "; send max_tokens of at most " + std::to_string(room));
-  }
-  r.max_tokens = static_cast<int>(max_tokens);
-
-  if (auto t = j.find("temperature"); t != j.end() && !t->is_null()) {
-    if (!t->is_number()) return Bad(std::string("'temperature' must be a number, got ") + TypeName(*t) + "; send 0 to 2");
-    const double v = t->get<double>();
-    if (!(std::isfinite(v) && v >= 0 && v <= 2)) {
-      return Bad("'temperature' is " + DumpSafe(*t) + "; send 0 (greedy) to 2");
-    }
-    r.temperature = v;
-  }
-  if (auto s = j.find("seed"); s != j.end() && !s->is_null()) {
-    if (!s->is_number_integer()) return Bad(std::string("'seed' must be an integer, got ") + TypeName(*s));
-    r.seed = s->is_number_unsigned() ? s->get<uint64_t>() : static_cast<uint64_t>(s->get<int64_t>());
-  }
-  WSUP_RETURN_IF_ERROR(GetBool(j, "stream", &r.stream));
-  WSUP_RETURN_IF_ERROR(GetBool(j, "return_token_ids", &r.return_token_ids));
-  if (auto so = j.find("stream_options"); so != j.end() && !so->is_null()) {
-    if (!so->is_object()) return Bad(std::string("'stream_options' must be an object, got ") + TypeName(*so));
-    WSUP_RETURN_IF_ERROR(GetBool(*so, "include_usage", &r.include_usage));
-  }
-  if (auto m = j.find("model"); m != j.end() && !m->is_null()) {
-    if (!m->is_string()) return Bad(std::string("'model' must be a string, got ") + TypeName(*m));
-    r.model = m->get<std::string>();
-  }
-  WSUP_RETURN_IF_ERROR(CheckNeutral(j));
+  WSUP_RETURN_IF_ERROR(FitLength(j, "max_tokens", limits, &r));
+  WSUP_RETURN_IF_ERROR(ParseOptions(j, &r));
   return r;
 }
 
@@ -223,6 +237,149 @@ std::string UsageChunkJson(const CompletionText& c, int64_t prompt_tokens, int64
   return DumpSafe(j);
 }
 
+namespace {
+
+// A message's content as the template sees it: a string (a list of text
+// parts joined by newlines, as vLLM's "string" content format does).
+Status NormalizeContent(ojson* m, size_t i) {
+  auto c = m->find("content");
+  if (c == m->end() || c->is_null() || c->is_string()) return Status::Ok();
+  const std::string where = "'messages[" + std::to_string(i) + "].content'";
+  if (!c->is_array()) return Bad(where + " must be a string, null or a list of text parts");
+  std::string joined;
+  for (size_t k = 0; k < c->size(); ++k) {
+    const ojson& part = (*c)[k];
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string()) {
+      return Bad(where + "[" + std::to_string(k) +
+                 "] is not a text part ({\"type\": \"text\", \"text\": \"...\"}); this engine reads text only");
+    }
+    joined += (k ? "\n" : "") + part["text"].get<std::string>();
+  }
+  *c = joined;
+  return Status::Ok();
+}
+
+// The chat's fields, shared by /v1/chat/completions and /tokenize.
+Result<ChatRequest> ParseChatFields(const json& j) {
+  const std::string example =
+      R"(send {"messages": [{"role": "user", "content": "Hello"}]})";
+  ChatRequest r;
+  auto m = j.find("messages");
+  if (m == j.end() || !m->is_array() || m->empty()) {
+    return Bad("'messages' is required: a non-empty list of {\"role\", \"content\"} objects; " + example);
+  }
+  // Kept in order: the template sees each message's keys as the client sent them.
+  r.messages = ojson::parse(m->dump(-1, ' ', false, json::error_handler_t::replace));
+  for (size_t i = 0; i < r.messages.size(); ++i) {
+    ojson& msg = r.messages[i];
+    const std::string where = "'messages[" + std::to_string(i) + "]'";
+    if (!msg.is_object()) return Bad(where + " must be an object with 'role' and 'content'; " + example);
+    if (!msg.contains("role") || !msg["role"].is_string()) return Bad(where + " needs a 'role' string; " + example);
+    WSUP_RETURN_IF_ERROR(NormalizeContent(&msg, i));
+  }
+  WSUP_RETURN_IF_ERROR(GetBool(j, "add_generation_prompt", &r.add_generation_prompt));
+  WSUP_RETURN_IF_ERROR(GetBool(j, "add_special_tokens", &r.add_special_tokens));
+  bool cont = false;
+  WSUP_RETURN_IF_ERROR(GetBool(j, "continue_final_message", &cont));
+  if (cont) return Bad("'continue_final_message' is not supported by this engine; omit it or send false");
+  if (auto t = j.find("tools"); t != j.end() && !t->is_null()) {
+    if (!t->is_array()) return Bad("'tools' must be a list of tool definitions");
+    r.extra["tools"] = ojson::parse(t->dump(-1, ' ', false, json::error_handler_t::replace));
+  }
+  if (auto k = j.find("chat_template_kwargs"); k != j.end() && !k->is_null()) {
+    if (!k->is_object()) return Bad("'chat_template_kwargs' must be an object of the template's variables");
+    for (const auto& [key, v] : k->items()) {
+      if (key == "messages" || key == "add_generation_prompt") {
+        return Bad("'chat_template_kwargs' may not set '" + key + "': send it as the request's own field");
+      }
+      r.extra[key] = ojson::parse(v.dump(-1, ' ', false, json::error_handler_t::replace));
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<ChatRequest> ParseChatRequest(std::string_view body) {
+  const std::string example = R"(send a JSON object such as {"messages": [{"role": "user", "content": "Hello"}]})";
+  WSUP_ASSIGN_OR_RETURN(json j, ParseBody(body, example));
+  WSUP_ASSIGN_OR_RETURN(ChatRequest r, ParseChatFields(j));
+  if (auto tc = j.find("tool_choice"); tc != j.end() && !tc->is_null()) {
+    if (!(tc->is_string() && (*tc == "none" || *tc == "auto"))) {
+      return Bad("'tool_choice' " + DumpSafe(*tc) + " is not supported by this engine; omit it or send \"none\" or "
+                 "\"auto\"");
+    }
+  }
+  if (auto rf = j.find("response_format"); rf != j.end() && !rf->is_null()) {
+    if (!(rf->is_object() && rf->value("type", "") == "text")) {
+      return Bad("'response_format' other than {\"type\": \"text\"} is not supported by this engine; omit it");
+    }
+  }
+  if (auto tl = j.find("top_logprobs"); tl != j.end() && !tl->is_null() && !(tl->is_number_integer() && *tl == 0)) {
+    return Bad("'top_logprobs' is not supported by this engine; omit it");
+  }
+  WSUP_RETURN_IF_ERROR(ParseOptions(j, &r.gen));
+  r.body = std::move(j);
+  return r;
+}
+
+Status FitChatPrompt(std::vector<int32_t> prompt, const ApiLimits& limits, ChatRequest* r) {
+  r->gen.prompt = std::move(prompt);
+  const bool newer = r->body.contains("max_completion_tokens") && !r->body["max_completion_tokens"].is_null();
+  return FitLength(r->body, newer ? "max_completion_tokens" : "max_tokens", limits, &r->gen);
+}
+
+namespace {
+
+json ChatEnvelope(const CompletionText& c, const char* object) {
+  return {{"id", c.id}, {"object", object}, {"created", c.created}, {"model", c.model}};
+}
+
+}  // namespace
+
+std::string ChatCompletionJson(const CompletionText& c, const std::string& text, const std::vector<int32_t>& tokens,
+                               const std::string& finish_reason, const std::vector<int32_t>* prompt_ids,
+                               int64_t prompt_tokens) {
+  json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", text}}},
+                 {"logprobs", nullptr},
+                 {"finish_reason", finish_reason}};
+  if (prompt_ids) choice["token_ids"] = tokens;
+  json j = ChatEnvelope(c, "chat.completion");
+  j["choices"] = json::array({choice});
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  j["usage"] = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", n}, {"total_tokens", prompt_tokens + n}};
+  if (prompt_ids) j["prompt_token_ids"] = *prompt_ids;
+  return DumpSafe(j);
+}
+
+std::string ChatRoleChunkJson(const CompletionText& c, const std::vector<int32_t>* prompt_ids) {
+  json j = ChatEnvelope(c, "chat.completion.chunk");
+  j["choices"] = json::array(
+      {{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr}, {"finish_reason", nullptr}}});
+  if (prompt_ids) j["prompt_token_ids"] = *prompt_ids;
+  return DumpSafe(j);
+}
+
+std::string ChatChunkJson(const CompletionText& c, const std::string& text, const std::vector<int32_t>& tokens,
+                          const std::string& finish_reason, bool token_ids) {
+  json choice = {{"index", 0}, {"delta", {{"content", text}}}, {"logprobs", nullptr}};
+  choice["finish_reason"] = finish_reason.empty() ? json(nullptr) : json(finish_reason);
+  if (token_ids) choice["token_ids"] = tokens;
+  json j = ChatEnvelope(c, "chat.completion.chunk");
+  j["choices"] = json::array({choice});
+  return DumpSafe(j);
+}
+
+std::string ChatUsageChunkJson(const CompletionText& c, int64_t prompt_tokens, int64_t completion_tokens) {
+  json j = ChatEnvelope(c, "chat.completion.chunk");
+  j["choices"] = json::array();
+  j["usage"] = {{"prompt_tokens", prompt_tokens},
+                {"completion_tokens", completion_tokens},
+                {"total_tokens", prompt_tokens + completion_tokens}};
+  return DumpSafe(j);
+}
+
 Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
   const std::string example = R"(send a JSON object such as {"prompt": "Hello", "add_special_tokens": true})";
   WSUP_ASSIGN_OR_RETURN(json j, ParseBody(body, example));
@@ -230,10 +387,12 @@ Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body) {
   auto p = j.find("prompt");
   if (p == j.end() || p->is_null()) {
     if (j.contains("messages")) {
-      return Bad("'messages' (a chat) needs the model's chat template, which this engine does not render yet; "
-                 "send 'prompt' with the text to tokenize");
+      WSUP_ASSIGN_OR_RETURN(ChatRequest chat, ParseChatFields(j));
+      r.add_special_tokens = chat.add_special_tokens;
+      r.chat = std::move(chat);
+      return r;
     }
-    return Bad("'prompt' is required; " + example);
+    return Bad("'prompt' is required (or 'messages'); " + example);
   }
   if (!p->is_string()) return Bad(std::string("'prompt' must be a string, got ") + TypeName(*p) + "; " + example);
   r.prompt = p->get<std::string>();

@@ -21,6 +21,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "engine/tokenizer.h"
 
@@ -67,12 +69,44 @@ std::string StreamChunkJson(const CompletionText& c, const std::string& text, co
 // The usage chunk sent before [DONE] when stream_options.include_usage.
 std::string UsageChunkJson(const CompletionText& c, int64_t prompt_tokens, int64_t completion_tokens);
 
+// POST /v1/chat/completions. The messages are kept as JSON for the
+// chat template (each content a string: a list of text parts is joined
+// with newlines, as vLLM does); `extra` holds the template's further
+// variables (tools, and chat_template_kwargs' members). Generation takes
+// `gen`; its prompt and max_tokens are set by FitChatPrompt() once the
+// template has rendered and the text is encoded (without special tokens
+// unless add_special_tokens: the template writes them).
+struct ChatRequest {
+  nlohmann::ordered_json messages;
+  nlohmann::ordered_json extra = nlohmann::ordered_json::object();
+  bool add_generation_prompt = true;
+  bool add_special_tokens = false;
+  CompletionRequest gen;
+  nlohmann::json body;  // for FitChatPrompt: max_completion_tokens or max_tokens
+};
+Result<ChatRequest> ParseChatRequest(std::string_view body);
+Status FitChatPrompt(std::vector<int32_t> prompt, const ApiLimits& limits, ChatRequest* r);
+
+// The chat responses, as OpenAI's and vLLM's: the whole one, and the
+// stream's chunks. The first chunk gives the role (and, with
+// return_token_ids, prompt_token_ids, at the top level as vLLM puts them).
+std::string ChatCompletionJson(const CompletionText& c, const std::string& text, const std::vector<int32_t>& tokens,
+                               const std::string& finish_reason, const std::vector<int32_t>* prompt_ids,
+                               int64_t prompt_tokens);
+std::string ChatRoleChunkJson(const CompletionText& c, const std::vector<int32_t>* prompt_ids);
+std::string ChatChunkJson(const CompletionText& c, const std::string& text, const std::vector<int32_t>& tokens,
+                          const std::string& finish_reason, bool token_ids);
+std::string ChatUsageChunkJson(const CompletionText& c, int64_t prompt_tokens, int64_t completion_tokens);
+
 // POST /tokenize, shaped as vLLM's servers shape it:
 //   {"prompt": "...", "add_special_tokens": true}
 //     -> {"tokens": [...], "count": N, "max_model_len": L}
+//   {"messages": [...], "add_generation_prompt": true} (a chat, rendered by
+//     the chat template; add_special_tokens defaults to false)
 struct TokenizeRequest {
   std::string prompt;
   bool add_special_tokens = true;
+  std::optional<ChatRequest> chat;  // the messages form
 };
 Result<TokenizeRequest> ParseTokenizeRequest(std::string_view body);
 std::string TokenizeJson(const std::vector<int32_t>& ids, int64_t max_model_len);

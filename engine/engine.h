@@ -4,7 +4,7 @@
 //   engine_server.cc   the loop: Run(), the lifecycle (engine_state.h), shutdown
 //   engine_startup.cc  the startup thread's timed phases (context, weights, ...)
 //   engine_routes.cc   the HTTP routes and the completions in flight
-//   engine_text.cc     POST /tokenize and /detokenize
+//   engine_text.cc     POST /v1/chat/completions, /tokenize and /detokenize
 //   engine_kv_role.cc  POST /wsup/role: the role and the node's KV pool
 //   engine_status.cc   GET /wsup/status's JSON
 //   engine_options.cc  the options' checks
@@ -80,6 +80,7 @@ struct Pending {
   std::vector<int32_t> tokens;
   std::unique_ptr<TokenText> stream_text;  // the stream's deltas
   bool sent_first = false;                 // a stream's first chunk is out
+  bool chat = false;                       // a chat completion (its own shapes)
 };
 
 class Engine {
@@ -110,6 +111,9 @@ class Engine {
   void HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleHealth(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleModels(const std::shared_ptr<http::ResponseWriter>& w);
+  void HandleChat(const std::shared_ptr<http::ResponseWriter>& w);
+  // Submits a parsed completion or chat and keeps it in flight.
+  void StartGeneration(const std::shared_ptr<http::ResponseWriter>& w, const CompletionRequest& r, bool chat);
   void HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleDetokenize(const std::shared_ptr<http::ResponseWriter>& w);
   // The chunk of a stream's new ids (their text from p's decoder).

@@ -40,6 +40,7 @@ std::string Engine::StreamChunk(Pending& p, const std::vector<int32_t>& ids, con
   std::string delta;
   for (int32_t t : ids) delta += p.stream_text->Add(t);
   if (!finish_reason.empty()) delta += p.stream_text->Finish();
+  if (p.chat) return ChatChunkJson(p.text, delta, ids, finish_reason, p.token_ids);
   const std::vector<int32_t>* prompt = p.token_ids && !p.sent_first ? &p.prompt : nullptr;
   p.sent_first = true;
   return StreamChunkJson(p.text, delta, ids, finish_reason, p.token_ids, prompt);
@@ -63,13 +64,18 @@ void Engine::FinishPending(uint64_t id, Pending& p, const GenEvent& ev) {
   const int64_t n = static_cast<int64_t>(p.tokens.size());
   if (p.stream) {
     w->Write(http::SseEvent(StreamChunk(p, ev.tokens, ev.finish_reason)));
-    if (p.include_usage) w->Write(http::SseEvent(UsageChunkJson(p.text, p.prompt_tokens, n)));
+    if (p.include_usage) {
+      w->Write(http::SseEvent(p.chat ? ChatUsageChunkJson(p.text, p.prompt_tokens, n)
+                                     : UsageChunkJson(p.text, p.prompt_tokens, n)));
+    }
     w->Write(http::SseEvent("[DONE]"));
     w->End();
   } else {
     const std::string text = text_->Decode(p.tokens, /*skip_special_tokens=*/true);
+    const std::vector<int32_t>* prompt = p.token_ids ? &p.prompt : nullptr;
     w->Send(http::HttpResponse::Json(
-        200, CompletionJson(p.text, text, p.tokens, ev.finish_reason, p.token_ids ? &p.prompt : nullptr, p.prompt_tokens)));
+        200, p.chat ? ChatCompletionJson(p.text, text, p.tokens, ev.finish_reason, prompt, p.prompt_tokens)
+                    : CompletionJson(p.text, text, p.tokens, ev.finish_reason, prompt, p.prompt_tokens)));
   }
 }
 
@@ -99,6 +105,8 @@ void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
   }
   if (r.path == "/v1/completions") {
     if (only("POST")) HandleCompletion(w);
+  } else if (r.path == "/v1/chat/completions") {
+    if (only("POST")) HandleChat(w);
   } else if (r.path == "/health") {
     if (only("GET")) HandleHealth(w);
   } else if (r.path == "/wsup/status") {
@@ -113,7 +121,8 @@ void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
     if (only("POST")) HandleRole(w);
   } else {
     SendError(w, 404, "no route " + r.path.substr(0, 200) +
-                          "; the engine serves POST /v1/completions, /tokenize and /detokenize, GET /v1/models, /health, "
+                          "; the engine serves POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, GET "
+                          "/v1/models, /health, "
                           "/wsup/status and POST /wsup/role",
               "not_found_error");
   }
@@ -134,6 +143,11 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
     SendError(w, 400, req.error().message(), "invalid_request_error");
     return;
   }
+  StartGeneration(w, *req, /*chat=*/false);
+}
+
+void Engine::StartGeneration(const std::shared_ptr<http::ResponseWriter>& w, const CompletionRequest& r, bool chat) {
+  const CompletionRequest* req = &r;
   GenRequest g;
   g.id = ++next_id_;
   g.prompt = req->prompt;
@@ -157,7 +171,8 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
   }
   Pending p;
   p.writer = w;
-  p.text.id = "cmpl-" + w->request().request_id;
+  p.text.id = (chat ? "chatcmpl-" : "cmpl-") + w->request().request_id;
+  p.chat = chat;
   p.text.created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   p.text.model = opts_.model_name;
   p.stream = req->stream;
@@ -168,6 +183,11 @@ void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
   p.stream_text = text_->Stream(/*skip_special_tokens=*/true);
   if (p.stream) {
     w->StartStream(200, {{"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}});
+    if (chat) {
+      // A chat stream opens with the role (and the prompt's ids).
+      w->Write(http::SseEvent(ChatRoleChunkJson(p.text, p.token_ids ? &p.prompt : nullptr)));
+      p.sent_first = true;
+    }
   }
   // A client that goes away stops its generation and frees its KV blocks.
   w->OnClose([this, id] {

@@ -125,7 +125,8 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
     if (!s.comm_ok) comm["error"] = s.comm_error;
     j["role"] = role_;
     // The tokenizer in use (set by the startup thread, read once ready).
-    j["tokenizer"] = {{"kind", text_->kind()}, {"describe", text_->Describe()}, {"size", text_->size()}};
+    j["tokenizer"] = {{"kind", text_->kind()}, {"describe", text_->Describe()}, {"size", text_->size()},
+                      {"chat_template", text_->chat_template()}};
     j["kv"] = KvJson();
     j["memory"] = MemoryJson(j["kv"]);
     j["kv_cache"] = {{"mib_per_rank", opts_.kv_pool ? opts_.kv_scratch_mib : opts_.kv_cache_mib},

@@ -1,13 +1,50 @@
-// POST /tokenize and POST /detokenize (engine/engine.h): the checkpoint's
-// tokenizer as completions use it, shaped as vLLM's servers shape these
-// routes (engine/api.h). They answer once the model is loaded: the
-// tokenizer is part of the load.
+// POST /v1/chat/completions, /tokenize and /detokenize (engine/engine.h):
+// the checkpoint's chat template and tokenizer, as completions use them,
+// shaped as vLLM's servers shape these routes (engine/api.h). They answer
+// once the model is loaded: the tokenizer is part of the load.
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 
 namespace wsup::engine {
+
+namespace {
+
+// A chat's prompt ids: rendered by the template, encoded. The template's
+// refusals (no template, raise_exception, a value it cannot use) are the
+// client's to fix: their message is the answer.
+Result<std::vector<int32_t>> ChatIds(const TextCodec& text, const ChatRequest& chat) {
+  auto rendered = text.RenderChat(chat.messages, chat.add_generation_prompt, chat.extra);
+  if (!rendered.ok()) return InvalidArgument("the chat template: " + rendered.error().message());
+  return text.Encode(*rendered, chat.add_special_tokens);
+}
+
+}  // namespace
+
+void Engine::HandleChat(const std::shared_ptr<http::ResponseWriter>& w) {
+  if (!ready()) {
+    SendError(w, 503, std::string("the engine is ") + state_name() + " (loading the model); retry when GET /wsup/status says ready",
+              "unavailable_error", {{"Retry-After", "1"}});
+    return;
+  }
+  auto req = ParseChatRequest(w->request().body);
+  if (!req.ok()) {
+    SendError(w, 400, req.error().message(), "invalid_request_error");
+    return;
+  }
+  auto ids = ChatIds(*text_, *req);
+  ApiLimits limits;
+  limits.vocab = runner_->dims().vocab;
+  limits.context = runner_->dims().max_pos;
+  limits.text = text_.get();
+  Status fit = ids.ok() ? FitChatPrompt(std::move(ids).value(), limits, &*req) : Status(ids.error());
+  if (!fit.ok()) {
+    SendError(w, 400, fit.error().message(), "invalid_request_error");
+    return;
+  }
+  StartGeneration(w, req->gen, /*chat=*/true);
+}
 
 void Engine::HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w) {
   if (!ready()) {
@@ -20,7 +57,17 @@ void Engine::HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w) {
     SendError(w, 400, req.error().message(), "invalid_request_error");
     return;
   }
-  const std::vector<int32_t> ids = text_->Encode(req->prompt, req->add_special_tokens);
+  std::vector<int32_t> ids;
+  if (req->chat) {
+    auto chat_ids = ChatIds(*text_, *req->chat);
+    if (!chat_ids.ok()) {
+      SendError(w, 400, chat_ids.error().message(), "invalid_request_error");
+      return;
+    }
+    ids = std::move(chat_ids).value();
+  } else {
+    ids = text_->Encode(req->prompt, req->add_special_tokens);
+  }
   w->Send(http::HttpResponse::Json(200, TokenizeJson(ids, runner_->dims().max_pos)));
 }
 

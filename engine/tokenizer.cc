@@ -45,6 +45,10 @@ class ByteCodec final : public TextCodec {
   const char* kind() const override { return "bytes"; }
   std::string Describe() const override { return "bytes: one token per UTF-8 byte (the checkpoint has no tokenizer.json)"; }
   int64_t size() const override { return 256; }
+  Result<std::string> RenderChat(const nlohmann::ordered_json&, bool, const nlohmann::ordered_json&) const override {
+    return Error(Code::kRefused, "the model has no tokenizer of its own (no tokenizer.json) and so no chat template; "
+                                 "send a completion with a prompt instead");
+  }
 };
 
 class FileText final : public TokenText {
@@ -73,6 +77,11 @@ class FileCodec final : public TextCodec {
   std::string Describe() const override { return t_->Describe(); }
   int64_t size() const override { return t_->tokenizer().vocab_size(); }
   std::optional<int32_t> eos_id() const override { return t_->eos_id(); }
+  Result<std::string> RenderChat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& extra) const override {
+    return t_->RenderChat(messages, add_generation_prompt, extra);
+  }
+  std::string chat_template() const override { return t_->chat_template_source(); }
 
  private:
   std::unique_ptr<text::CheckpointText> t_;

@@ -17,6 +17,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 
 namespace wsup::engine {
@@ -52,6 +54,12 @@ class TextCodec {
   virtual int64_t size() const = 0;
   // tokenizer_config.json's eos_token: generation stops there too.
   virtual std::optional<int32_t> eos_id() const { return std::nullopt; }
+  // The chat rendered by the checkpoint's chat template
+  // (text/checkpoint_text.h RenderChat); a Refused error without one.
+  virtual Result<std::string> RenderChat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                         const nlohmann::ordered_json& extra) const = 0;
+  // Where the chat template came from; "" without one.
+  virtual std::string chat_template() const { return {}; }
 };
 
 std::unique_ptr<TextCodec> MakeByteCodec();

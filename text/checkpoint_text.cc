@@ -13,6 +13,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr size_t kMaxTemplateBytes = size_t{1} << 20;
+
 bool Exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
@@ -68,6 +70,12 @@ Result<std::unique_ptr<CheckpointText>> CheckpointText::Load(const std::string& 
   t->tokenizer_ = std::move(tok).value();
 
   const std::string cfg_path = JoinPath(dir, "tokenizer_config.json");
+  const std::string jinja_path = JoinPath(dir, "chat_template.jinja");
+  if (Exists(jinja_path)) {
+    auto src = ReadFile(jinja_path, kMaxTemplateBytes);
+    if (!src.ok()) return src.error();
+    WSUP_RETURN_IF_ERROR(t->SetChatTemplate(*src, jinja_path));
+  }
   if (!Exists(cfg_path)) return t;
   auto text = ReadFile(cfg_path);
   if (!text.ok()) return text.error();
@@ -82,6 +90,34 @@ Result<std::unique_ptr<CheckpointText>> CheckpointText::Load(const std::string& 
   WSUP_ASSIGN_OR_RETURN(eos, TokenField(cfg, "eos_token", cfg_path));
   if (bos) t->bos_id_ = t->tokenizer_->TokenToId(*bos);
   if (eos) t->eos_id_ = t->tokenizer_->TokenToId(*eos);
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
+    std::optional<std::string> v;
+    WSUP_ASSIGN_OR_RETURN(v, TokenField(cfg, key, cfg_path));
+    if (v) t->special_vars_[key] = *v;
+  }
+  if (!t->chat_) {
+    auto ct = cfg.find("chat_template");
+    if (ct != cfg.end() && ct->is_string()) {
+      WSUP_RETURN_IF_ERROR(t->SetChatTemplate(ct->get<std::string>(), cfg_path + " chat_template"));
+    } else if (ct != cfg.end() && ct->is_array()) {
+      // Named templates: the default one serves chats.
+      bool found = false;
+      for (const auto& named : *ct) {
+        if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+            named["template"].is_string()) {
+          WSUP_RETURN_IF_ERROR(t->SetChatTemplate(named["template"].get<std::string>(),
+                                                  cfg_path + " chat_template 'default'"));
+          found = true;
+        }
+      }
+      if (!found) {
+        return InvalidArgument(cfg_path + ": 'chat_template' is a list with no template named \"default\"; name "
+                               "the chat template \"default\"");
+      }
+    } else if (ct != cfg.end() && !ct->is_null()) {
+      return InvalidArgument(cfg_path + ": 'chat_template' must be a string or a list of {name, template}; fix the file");
+    }
+  }
 
   if (RebuildsPostProcessor(t->class_)) {
     std::optional<bool> add_bos, add_eos;
@@ -105,6 +141,28 @@ Result<std::unique_ptr<CheckpointText>> CheckpointText::Load(const std::string& 
     t->own_specials_ = true;
   }
   return t;
+}
+
+Status CheckpointText::SetChatTemplate(const std::string& source, const std::string& name) {
+  auto parsed = jinja::Template::Parse(source, name);
+  if (!parsed.ok()) return parsed.error();
+  chat_ = std::make_unique<jinja::Template>(std::move(parsed).value());
+  chat_source_ = name;
+  return Status::Ok();
+}
+
+Result<std::string> CheckpointText::RenderChat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                               const nlohmann::ordered_json& extra) const {
+  if (!chat_) {
+    return Error(Code::kRefused, "the model has no chat template (no chat_template.jinja, and no chat_template in "
+                                 "tokenizer_config.json); send a completion with a prompt instead");
+  }
+  nlohmann::ordered_json vars = {{"messages", messages}, {"tools", nullptr}, {"add_generation_prompt", add_generation_prompt}};
+  for (const auto& [k, v] : special_vars_.items()) vars[k] = v;
+  if (extra.is_object()) {
+    for (const auto& [k, v] : extra.items()) vars[k] = v;
+  }
+  return chat_->Render(vars);
 }
 
 std::vector<int32_t> CheckpointText::Encode(std::string_view text, bool add_special_tokens) const {

@@ -12,6 +12,12 @@
 // tokenizer.json's post-processor. For other classes the file's own
 // post-processor decides, as it does in transformers.
 //
+// The chat template: chat_template.jinja beside the files (transformers
+// writes it there since 4.43), else tokenizer_config.json's chat_template
+// (a string, or a list of named templates: the one named "default"). It is
+// parsed at the load, so a construct outside the subset (text/jinja.h)
+// refuses the load with its line, never a request.
+//
 // Immutable after the load; any thread.
 #pragma once
 
@@ -22,7 +28,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
+#include "text/jinja.h"
 #include "text/tokenizer.h"
 
 namespace wsup::text {
@@ -50,13 +59,30 @@ class CheckpointText {
   // "tokenizer.json (BPE byte-level, 151669 ids, ...), Qwen2Tokenizer".
   std::string Describe() const;
 
+  bool has_chat_template() const { return chat_ != nullptr; }
+  // Where the chat template came from ("" without one).
+  const std::string& chat_template_source() const { return chat_source_; }
+  // The chat rendered as transformers' apply_chat_template(messages,
+  // add_generation_prompt=..., tokenize=False, **extra) renders it: the
+  // variables are messages, add_generation_prompt, tools (null), the
+  // special tokens of tokenizer_config.json (bos_token, eos_token, ...),
+  // then `extra`'s members. Without a template: a Refused error.
+  Result<std::string> RenderChat(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                 const nlohmann::ordered_json& extra) const;
+
  private:
+  Status SetChatTemplate(const std::string& source, const std::string& name);
+
   std::unique_ptr<Tokenizer> tokenizer_;
   std::string class_;
   std::optional<int32_t> bos_id_, eos_id_;
   // Set when tokenizer_config.json rebuilds the post-processor.
   bool own_specials_ = false;
   std::vector<int32_t> prefix_, suffix_;
+  std::unique_ptr<jinja::Template> chat_;
+  std::string chat_source_;
+  // The special tokens' text by name (bos_token, ...), as templates see them.
+  nlohmann::ordered_json special_vars_ = nlohmann::ordered_json::object();
 };
 
 }  // namespace wsup::text
