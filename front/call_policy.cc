@@ -26,6 +26,8 @@ constexpr FailureRow kRows[] = {
     {false, false, true, any, S::kAllTokensOut, any, A::kEndStream},
     {false, false, true, Stage::kConnect, S::kResumable, any, A::kResumeFree},
     {false, false, true, any, S::kResumable, true, A::kResume},
+    // Resumable but for the prompt's ids: never continued from a guess.
+    {false, false, true, any, S::kNoPromptIds, any, A::kEndNoResume},
     // The rest of the answer cannot be had: never presented as complete.
     {any, any, any, any, any, any, A::kAbortClient},
 };
@@ -37,10 +39,11 @@ bool Matches(const std::optional<T>& want, const T& have) {
 
 }  // namespace
 
-StreamState StreamStateOf(bool done, bool finished, bool trackable, bool error_seen, int64_t remaining) {
+StreamState StreamStateOf(bool done, bool finished, bool trackable, bool error_seen, int64_t remaining,
+                          bool prompt_known) {
   if (done) return S::kDoneSent;
   if (finished || (remaining <= 0 && trackable)) return S::kAllTokensOut;
-  if (trackable && !error_seen) return S::kResumable;
+  if (trackable && !error_seen) return prompt_known ? S::kResumable : S::kNoPromptIds;
   return S::kUntracked;
 }
 
@@ -63,7 +66,7 @@ FailureAction DecideFailure(const FailureFacts& f) { return kRows[FailureRowFor(
 const char* FailureActionName(FailureAction a) {
   static constexpr EnumNames<A::kAbortClient> kNames{
       "adopt_hedge", "retry_fresh", "redispatch", "retry",        "fail_502",
-      "resume_free", "resume",      "end_stream", "close_stream", "abort_client"};
+      "resume_free", "resume",      "end_stream", "close_stream", "end_no_resume", "abort_client"};
   return kNames(a);
 }
 

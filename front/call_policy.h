@@ -25,13 +25,17 @@ enum class StreamState {
   kNotStream,     // a plain answer (relayed whole or as it came)
   kResumable,     // an event stream whose tokens are tracked: another engine can go on after them
   kUntracked,     // an event stream the front cannot continue (untracked tokens, or an error event seen)
+  kNoPromptIds,   // tokens tracked, but the prompt's ids unknown: the engine reported no prompt_token_ids
   kAllTokensOut,  // every token reached the client; only the end of the stream was lost
   kDoneSent,      // [DONE] reached the client; only the final chunk was lost
 };
 
 // The state of a stream relay (front/sse_relay.h) reduced to the above.
-// `remaining`: tokens still owed (max_tokens - delivered).
-StreamState StreamStateOf(bool done, bool finished, bool trackable, bool error_seen, int64_t remaining);
+// `remaining`: tokens still owed (max_tokens - delivered); prompt_known:
+// the prompt's token ids are known (given as ids, or reported by the
+// engine), without which a continuation would be a guess.
+StreamState StreamStateOf(bool done, bool finished, bool trackable, bool error_seen, int64_t remaining,
+                          bool prompt_known);
 
 struct FailureFacts {
   UpstreamError::Stage stage = UpstreamError::Stage::kConnect;
@@ -52,6 +56,7 @@ enum class FailureAction {
   kResume,       // the stream goes on elsewhere after the delivered tokens, counted, marked cut
   kEndStream,    // every token is out: the front writes the stream's end itself
   kCloseStream,  // [DONE] is out: the chunked answer is ended
+  kEndNoResume,  // the rest could be had only from the prompt's ids, which the engine never reported: an error event ends the stream
   kAbortClient,  // part of the answer is out and the rest cannot be had: the client's connection is closed
 };
 

@@ -50,10 +50,9 @@ bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPl
   if (prompt == j.end()) {
     fail("no prompt");
   } else if (prompt->is_string()) {
-    const std::string& s = prompt->get_ref<const std::string&>();
-    plan->prompt_ids.reserve(s.size());
-    for (unsigned char c : s) plan->prompt_ids.push_back(c);
+    // The engine reports its ids (prompt_token_ids): never guessed here.
   } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number_integer()) {
+    plan->prompt_ids_given = true;
     for (const auto& t : *prompt) {
       if (!t.is_number_integer()) {
         fail("prompt mixes token ids and other values");
@@ -107,12 +106,17 @@ Status ReadCompletion(std::string_view body, int64_t default_max_tokens, Complet
   return Status::Ok();
 }
 
-std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& delivered, int64_t remaining) {
+std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& prompt_ids,
+                       const std::vector<int64_t>& delivered, int64_t remaining) {
   ordered_json j = plan.request;
-  ordered_json ids = ordered_json::array();
-  for (int64_t t : plan.prompt_ids) ids.push_back(t);
-  for (int64_t t : delivered) ids.push_back(t);
-  j["prompt"] = std::move(ids);
+  // Nothing delivered and the prompt's ids not known: the prompt as the
+  // client sent it is the exact continuation (the engine tokenizes it).
+  if (!prompt_ids.empty() || !delivered.empty()) {
+    ordered_json ids = ordered_json::array();
+    for (int64_t t : prompt_ids) ids.push_back(t);
+    for (int64_t t : delivered) ids.push_back(t);
+    j["prompt"] = std::move(ids);
+  }
   j["max_tokens"] = remaining;
   j["return_token_ids"] = true;
   j["stream"] = true;

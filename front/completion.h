@@ -10,12 +10,16 @@
 // it rewrites the body the engine receives: `return_token_ids: true` (so the
 // front learns which tokens it has delivered) and an explicit `max_tokens`
 // (so "how many remain" is exact even when the client relied on a default).
-// It also records the prompt as token ids: a token id list as given, or a
-// string prompt as its UTF-8 bytes (the engines' tokenizer is one token per
-// byte), which is what a resumed request needs.
+// A prompt given as token ids is recorded as it is. A text prompt is never
+// tokenized here: only the engine knows its tokenizer, and it reports the
+// prompt's ids in the stream's first chunk (prompt_token_ids, answering
+// return_token_ids as vLLM's servers do; front/sse_relay.h keeps them).
+// A stream whose prompt ids are known neither way is not continued after a
+// cut (docs/front.md, "What an engine must do to have its streams resumed").
 //
 // ResumeBody builds the request that continues a stream cut after some
-// tokens: prompt = prompt ids + delivered ids, max_tokens = what remains.
+// tokens: prompt = the prompt's ids + delivered ids, max_tokens = what
+// remains.
 // With temperature > 0 and a client-given seed, the seed is derived from the
 // number of delivered tokens so the continuation is not a replay of the
 // sampling sequence; sampled output is then not bit-identical to an
@@ -43,7 +47,8 @@ struct CompletionPlan {  // NOLINT(bugprone-exception-escape): see above
   bool resumable = false;        // a cut stream can be continued elsewhere
   std::string not_resumable;     // why not, for logs (empty when resumable)
   bool client_wants_token_ids = false;
-  std::vector<int64_t> prompt_ids;
+  bool prompt_ids_given = false;  // the client sent the prompt as token ids
+  std::vector<int64_t> prompt_ids;  // ... these
   int64_t max_tokens = 0;        // as sent to the engine
   std::string upstream_body;     // the body the engine receives (rewritten for streams)
   nlohmann::ordered_json request;  // the rewritten request (streams only)
@@ -70,9 +75,12 @@ Status ReadCompletion(std::string_view body, int64_t default_max_tokens, Complet
 // explicit in streamed requests.
 bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan);
 
-// The body that continues a stream after `delivered` tokens; `remaining`
-// (> 0) new tokens are asked for.
-std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& delivered, int64_t remaining);
+// The body that continues a stream of the prompt `prompt_ids` after
+// `delivered` tokens; `remaining` (> 0) new tokens are asked for. With
+// neither (a stream cut before its first token, whose engine had not yet
+// reported the prompt's ids), the client's prompt is sent again as it was.
+std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& prompt_ids,
+                       const std::vector<int64_t>& delivered, int64_t remaining);
 
 // Cheap test used before any JSON parsing: false means the body cannot ask
 // for streaming, so a non-streamed completion costs no parse at all.

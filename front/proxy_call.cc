@@ -8,6 +8,7 @@
 
 #include "front/call_policy.h"
 #include "front/request_head.h"
+#include "http/response.h"
 
 namespace wsup::front {
 
@@ -80,7 +81,9 @@ void ProxyCall::ResetAttempt() {
 
 StreamState ProxyCall::Stream() const {
   if (mode_ != Mode::kSse || !sse_) return StreamState::kNotStream;
-  return StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(), TokensOwed());
+  return StreamStateOf(sse_->done(), sse_->finished(), sse_->trackable(), sse_->error_seen(), TokensOwed(),
+                       // Before the first token, the client's own prompt is an exact continuation.
+                       plan_.prompt_ids_given || sse_->prompt_reported() || sse_->delivered().empty());
 }
 
 int64_t ProxyCall::TokensOwed() const {
@@ -143,6 +146,21 @@ void ProxyCall::OnUpstreamError(const UpstreamError& e) {
       ++counters().ok;
       Finish();
       return;
+    case FailureAction::kEndNoResume: {
+      // The engine never said which tokens the prompt was: a continuation
+      // would be a guess, and could give the client a wrong answer.
+      const std::string msg = "the engine " + b->name + " failed mid-stream (" + e.Describe() +
+                              ") and never reported the prompt's token ids (prompt_token_ids), so the stream cannot "
+                              "be resumed; retry the request, or serve it with an engine that answers "
+                              "return_token_ids (docs/front.md)";
+      spdlog::warn("front: request {}: {}", id(), msg);
+      ++counters().failed;
+      ++counters().resume_refused;
+      writer_->Write("data: " + http::ErrorJson(msg, "upstream_error") + "\n\ndata: [DONE]\n\n");
+      writer_->End();
+      Finish();
+      return;
+    }
     case FailureAction::kCloseStream:
       writer_->End();  // [DONE] went through; only the final chunk was lost
       ++counters().ok;
@@ -174,7 +192,7 @@ void ProxyCall::ResumeStream(bool counted, int64_t remaining, const std::string&
     ++counters().resumed;
   }
   sse_->BeginContinuation();
-  resume_body_ = ResumeBody(plan_, sse_->delivered(), remaining);
+  resume_body_ = ResumeBody(plan_, PromptIds(), sse_->delivered(), remaining);
   body_ = resume_body_;
   cut_ = counted;
   if (counted) deadline_ms_ = now_ms() + options().queue_timeout_ms;

@@ -125,6 +125,11 @@ class ProxyCall final : private UpstreamListener, private HedgeLeg::Owner {
   void CheckFlow();
   // The stream's state for the policy tables (kNotStream unless relaying events).
   StreamState Stream() const;
+  // The prompt's ids for a continuation: as the client sent them, or as
+  // the engine reported them.
+  const std::vector<int64_t>& PromptIds() const {
+    return plan_.prompt_ids_given ? plan_.prompt_ids : sse_->prompt_ids();
+  }
   int64_t TokensOwed() const;
 
   bool HedgePending() const { return hedge_ && hedge_->pending(); }

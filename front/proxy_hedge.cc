@@ -32,7 +32,7 @@ void ProxyCall::Hedge(Backend* b) {
   hedge_ = hedges_.back().get();
   HedgeLeg& h = *hedge_;
   if (h.resume) {
-    h.resume_body = ResumeBody(plan_, sse_->delivered(), TokensOwed());
+    h.resume_body = ResumeBody(plan_, PromptIds(), sse_->delivered(), TokensOwed());
     h.body = h.resume_body;
   } else {
     h.body = body_;

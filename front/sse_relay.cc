@@ -94,10 +94,35 @@ void CompletionStream::OnEvent(std::string_view raw, std::string* out) {
       changed = true;
     }
   }
+  // The prompt's ids: a chat chunk carries them at the top, a completion
+  // chunk in its choice. Only the first stream's count; a continuation's
+  // are that prompt plus the tokens already delivered.
+  auto take_prompt = [&](ordered_json& holder) {
+    auto p = holder.find("prompt_token_ids");
+    if (p == holder.end()) return;
+    if (!continuation_ && !prompt_reported_ && p->is_array()) {
+      std::vector<int64_t> ids;
+      bool ok = true;
+      for (const auto& t : *p) {
+        ok = ok && t.is_number_integer();
+        if (ok) ids.push_back(t.get<int64_t>());
+      }
+      if (ok && !ids.empty()) {
+        prompt_ids_ = std::move(ids);
+        prompt_reported_ = true;
+      }
+    }
+    if (strip_ || continuation_) {
+      holder.erase(p);
+      changed = true;
+    }
+  };
+  take_prompt(j);
   auto choices = j.find("choices");
   if (choices != j.end() && choices->is_array()) {
     for (auto& c : *choices) {
       if (!c.is_object()) continue;
+      take_prompt(c);
       auto ids = c.find("token_ids");
       bool have_ids = false;
       if (ids != c.end() && ids->is_array()) {

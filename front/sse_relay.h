@@ -6,11 +6,14 @@
 // client half of it, and the tokens of that half-event count as not
 // delivered. From each event it records the token ids delivered (the front
 // asked the engine for `return_token_ids`), whether a finish_reason was
-// seen, and whether `data: [DONE]` went through.
+// seen, and whether `data: [DONE]` went through; from the first event that
+// has them, the prompt's token ids (`prompt_token_ids`: in the choice of a
+// completion chunk, at the top of a chat chunk, as vLLM's servers put them).
 //
 // Rewrites, only where needed (events are otherwise forwarded byte for
-// byte): `token_ids` is removed from each choice when the client did not ask
-// for it; after a resume the continuation's events carry the first stream's
+// byte): `token_ids` and `prompt_token_ids` are removed when the client did
+// not ask for them (and a continuation's prompt ids always: they are the
+// first prompt's plus what was delivered); after a resume the continuation's events carry the first stream's
 // `id`, and its `usage` is shifted so that the tokens delivered before the
 // cut count as completion tokens, not prompt tokens, exactly as in an
 // uninterrupted stream.
@@ -49,6 +52,9 @@ class CompletionStream {
   bool trackable() const { return trackable_; }
   bool error_seen() const { return error_seen_; }  // the engine sent an error event
   const std::vector<int64_t>& delivered() const { return delivered_; }
+  // The prompt's ids as the engine reported them (empty until then).
+  bool prompt_reported() const { return prompt_reported_; }
+  const std::vector<int64_t>& prompt_ids() const { return prompt_ids_; }
   size_t events() const { return events_; }
 
   // Largest event accepted; a bigger one makes the stream untrackable and is
@@ -70,6 +76,8 @@ class CompletionStream {
   size_t events_ = 0;
   std::string first_id_;
   std::vector<int64_t> delivered_;
+  bool prompt_reported_ = false;
+  std::vector<int64_t> prompt_ids_;
 };
 
 }  // namespace wsup::front

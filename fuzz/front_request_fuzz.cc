@@ -38,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Planned means within the shared JSON limit (common/json_limits.h):
     // nothing deeper may reach the parser or the walks over what it builds.
     if (wsup::JsonNestingDepth(in) > wsup::kMaxJsonDepth) __builtin_trap();
-    if (plan.resumable) (void)wsup::front::ResumeBody(plan, {1, 2, 3}, 5);
+    if (plan.resumable) (void)wsup::front::ResumeBody(plan, plan.prompt_ids, {1, 2, 3}, 5);
   }
 
   for (bool strip : {false, true}) {

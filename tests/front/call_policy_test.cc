@@ -20,7 +20,7 @@ FailureFacts Facts(Stage stage, bool delivered, S stream, bool budget_left) {
 }
 
 constexpr Stage kStages[] = {Stage::kConnect, Stage::kAwaitingResponse, Stage::kMidResponse};
-constexpr S kStreams[] = {S::kNotStream, S::kResumable, S::kUntracked, S::kAllTokensOut, S::kDoneSent};
+constexpr S kStreams[] = {S::kNotStream, S::kResumable, S::kUntracked, S::kNoPromptIds, S::kAllTokensOut, S::kDoneSent};
 
 // Every combination of the facts.
 template <typename F>
@@ -89,6 +89,9 @@ TEST_CASE("call policy: a stream cut after tokens reached the client", "[front][
   // A stream the front cannot continue is cut.
   CHECK(DecideFailure(Facts(Stage::kMidResponse, true, S::kUntracked, true)) == A::kAbortClient);
   CHECK(DecideFailure(Facts(Stage::kConnect, true, S::kUntracked, true)) == A::kAbortClient);
+  // The prompt's ids were never reported: an error event ends it, budget or not.
+  CHECK(DecideFailure(Facts(Stage::kMidResponse, true, S::kNoPromptIds, true)) == A::kEndNoResume);
+  CHECK(DecideFailure(Facts(Stage::kConnect, true, S::kNoPromptIds, false)) == A::kEndNoResume);
 }
 
 TEST_CASE("call policy: a plain answer cut after bytes reached the client closes the client's connection", "[front][policy]") {
@@ -120,6 +123,8 @@ TEST_CASE("call policy: rules every answer keeps", "[front][policy]") {
     if (a == A::kRetry || a == A::kResume) CHECK(f.budget_left);
     // Only a resumable stream goes on elsewhere.
     if (a == A::kResume || a == A::kResumeFree) CHECK((f.delivered && f.stream == S::kResumable));
+    // A stream whose prompt ids are unknown is never continued.
+    if (f.stream == S::kNoPromptIds && f.delivered && !f.stale) CHECK(a == A::kEndNoResume);
     // The client's connection is cut only when bytes are out and nothing else can be done.
     if (a == A::kAbortClient) {
       CHECK(f.delivered);
@@ -130,13 +135,16 @@ TEST_CASE("call policy: rules every answer keeps", "[front][policy]") {
 }
 
 TEST_CASE("call policy: the stream relay's state reduces to what a cut allows", "[front][policy]") {
-  // done, finished, trackable, error_seen, remaining
-  CHECK(StreamStateOf(true, true, true, false, 5) == S::kDoneSent);
-  CHECK(StreamStateOf(false, true, false, false, 5) == S::kAllTokensOut);
-  CHECK(StreamStateOf(false, false, true, false, 0) == S::kAllTokensOut);
-  CHECK(StreamStateOf(false, false, false, false, 0) == S::kUntracked);  // untracked: the count proves nothing
-  CHECK(StreamStateOf(false, false, true, false, 3) == S::kResumable);
-  CHECK(StreamStateOf(false, false, true, true, 3) == S::kUntracked);
+  // done, finished, trackable, error_seen, remaining, prompt_known
+  CHECK(StreamStateOf(true, true, true, false, 5, true) == S::kDoneSent);
+  CHECK(StreamStateOf(false, true, false, false, 5, true) == S::kAllTokensOut);
+  CHECK(StreamStateOf(false, false, true, false, 0, true) == S::kAllTokensOut);
+  CHECK(StreamStateOf(false, false, true, false, 0, false) == S::kAllTokensOut);  // nothing left to resume
+  CHECK(StreamStateOf(false, false, false, false, 0, true) == S::kUntracked);  // untracked: the count proves nothing
+  CHECK(StreamStateOf(false, false, true, false, 3, true) == S::kResumable);
+  CHECK(StreamStateOf(false, false, true, false, 3, false) == S::kNoPromptIds);
+  CHECK(StreamStateOf(false, false, true, true, 3, true) == S::kUntracked);
+  CHECK(StreamStateOf(false, false, true, true, 3, false) == S::kUntracked);
 }
 
 TEST_CASE("hedge verdict: each row", "[front][policy][hedge]") {
@@ -176,5 +184,7 @@ TEST_CASE("hedge policy: which calls may be hedged", "[front][policy][hedge]") {
   CHECK_FALSE(CanHedge(true, 0, 1, false, S::kNotStream));  // one at a time
   CHECK_FALSE(CanHedge(false, 1, 1, false, S::kNotStream));  // one in the call's life
   CHECK(CanHedge(false, 0, 1, true, S::kResumable));     // a stream, after its tokens
-  for (S s : {S::kNotStream, S::kUntracked, S::kAllTokensOut, S::kDoneSent}) CHECK_FALSE(CanHedge(false, 0, 1, true, s));
+  for (S s : {S::kNotStream, S::kUntracked, S::kNoPromptIds, S::kAllTokensOut, S::kDoneSent}) {
+    CHECK_FALSE(CanHedge(false, 0, 1, true, s));
+  }
 }

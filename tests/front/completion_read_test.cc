@@ -48,8 +48,8 @@ TEST_CASE("front completion read: a stream is planned once and its resumes are m
   CHECK(p.max_tokens == 16);
   CHECK(p.request["return_token_ids"] == true);
   CHECK(json::parse(p.upstream_body)["max_tokens"] == 16);
-  json resume = json::parse(ResumeBody(p, {7}, 15));
-  CHECK(resume["prompt"] == json::array({'a', 'b', 7}));
+  json resume = json::parse(ResumeBody(p, {64, 65}, {7}, 15));
+  CHECK(resume["prompt"] == json::array({64, 65, 7}));
   CHECK(resume["max_tokens"] == 15);
   // A non-streamed request mentioning "stream" is parsed but not rewritten.
   REQUIRE(ReadCompletion(R"({"prompt":"a","stream":false})", 16, &p).ok());

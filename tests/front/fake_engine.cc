@@ -39,9 +39,9 @@ std::string FakeText(const std::vector<int64_t>& ids) {
   return s;
 }
 
-std::vector<int64_t> BytesToIds(const std::string& s) {
-  std::vector<int64_t> ids;
-  for (unsigned char c : s) ids.push_back(c);
+std::vector<int64_t> FakeTokenize(const std::string& s) {
+  std::vector<int64_t> ids = {999};
+  for (unsigned char c : s) ids.push_back(1000 + c);
   return ids;
 }
 
@@ -54,6 +54,7 @@ struct FakeEngine::Stream {
   int max_tokens = 0;
   int sent = 0;
   bool ids = false;
+  bool report_prompt = false;  // the first chunk carries prompt_token_ids
   bool die = false;
   bool ended = false;
   std::string id;
@@ -167,7 +168,7 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
   }
   std::vector<int64_t> prompt;
   if (j.contains("prompt") && j["prompt"].is_string()) {
-    prompt = BytesToIds(j["prompt"].get<std::string>());
+    prompt = FakeTokenize(j["prompt"].get<std::string>());
   } else if (j.contains("prompt") && j["prompt"].is_array()) {
     for (const auto& t : j["prompt"]) prompt.push_back(t.get<int64_t>());
   } else {
@@ -192,6 +193,7 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
   std::vector<int64_t> out = FakeGenerate(prompt, max_tokens);
   json choice = {{"index", 0}, {"text", FakeText(out)}, {"finish_reason", "length"}};
   if (ids) choice["token_ids"] = out;
+  if (ids && report_prompt_ids) choice["prompt_token_ids"] = prompt;
   json resp = {{"id", "cmpl-" + name_ + "-" + std::to_string(++next_id_)},
                {"object", "text_completion"},
                {"model", "fake"},
@@ -218,6 +220,7 @@ void FakeEngine::StartStream(std::shared_ptr<http::ResponseWriter> w, std::vecto
   s->engine = this;
   s->w = w;
   s->prompt_len = prompt.size();
+  s->report_prompt = ids && report_prompt_ids;
   s->context = std::move(prompt);
   s->max_tokens = max_tokens;
   s->ids = ids;
@@ -257,6 +260,9 @@ void FakeEngine::StepStream(Stream* s) {
   bool last = s->sent == s->max_tokens;
   json choice = {{"index", 0}, {"text", FakeText(t)}, {"finish_reason", last ? json("length") : json(nullptr)}};
   if (s->ids) choice["token_ids"] = t;
+  if (s->report_prompt && s->sent == 1) {
+    choice["prompt_token_ids"] = std::vector<int64_t>(s->context.begin(), s->context.begin() + static_cast<std::ptrdiff_t>(s->prompt_len));
+  }
   json ev = {{"id", s->id}, {"object", "text_completion"}, {"model", "fake"}, {"choices", json::array({choice})}};
   if (last) {
     ev["usage"] = {{"prompt_tokens", s->prompt_len},

@@ -31,8 +31,11 @@ namespace wsup::test {
 std::vector<int64_t> FakeGenerate(std::vector<int64_t> context, int n);
 // Token t as the character U+00tt, UTF-8 encoded (the engines' rendering).
 std::string FakeText(const std::vector<int64_t>& ids);
-// A string prompt as token ids (one per UTF-8 byte).
-std::vector<int64_t> BytesToIds(const std::string& s);
+// The fake engine's tokenizer: a string prompt as a BOS (999), then 1000 +
+// each UTF-8 byte. Not one token per byte, on purpose: a front that
+// guessed a prompt's ids from its text would resume wrongly, and the tests
+// would see it.
+std::vector<int64_t> FakeTokenize(const std::string& s);
 
 class FakeEngine {
  public:
@@ -59,6 +62,10 @@ class FakeEngine {
   std::atomic<int> misbehave_times{1 << 30};  // how many requests the mode applies to; then normal
   std::atomic<int> die_after{3};
   std::atomic<int> token_delay_ms{0};
+  // With return_token_ids: the prompt's ids in the first chunk (as
+  // wsup-engine and vLLM's servers report them). Off: an engine that never
+  // says, whose cut streams the front must not resume.
+  std::atomic<bool> report_prompt_ids{true};
   std::atomic<int> requests{0};
   std::atomic<int> completions{0};
   std::atomic<int> streams_active{0};

@@ -126,7 +126,7 @@ TEST_CASE("hostile clients all at once never stall a stream in flight or new req
   CHECK(p1.status == 200);
   CHECK(p1.body == "A");
   CHECK(p2.status == 200);
-  CHECK(json::parse(p2.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("p"), 3)));
+  CHECK(json::parse(p2.body)["choices"][0]["text"] == FakeText(FakeGenerate(FakeTokenize("p"), 3)));
   CHECK(p3.status == 400);
   CHECK(pipelined->WaitClosed(5s));
   // The slow ones are cut off by their timeouts (header, body, write).
@@ -146,7 +146,7 @@ TEST_CASE("hostile clients all at once never stall a stream in flight or new req
   streamer.join();
   REQUIRE(good.status == 200);
   bool done = false;
-  CHECK(StreamText(good.body, &done) == FakeText(FakeGenerate(BytesToIds("keep"), 60)));
+  CHECK(StreamText(good.body, &done) == FakeText(FakeGenerate(FakeTokenize("keep"), 60)));
   CHECK(done);
   CHECK(Served(port));
   CHECK(front->child().running());
@@ -165,6 +165,6 @@ TEST_CASE("a request line or header section split into single bytes is still ser
   for (char ch : req) REQUIRE(c.Send(std::string(1, ch)));
   HttpResult r = c.Read(10s);
   CHECK(r.status == 200);
-  CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("drip"), 4)));
+  CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(FakeTokenize("drip"), 4)));
   CHECK(HttpRequestOnce(front->port(), "GET", "/v1/whoami").body == "A");
 }

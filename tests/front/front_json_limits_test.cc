@@ -91,7 +91,7 @@ TEST_CASE("deeply nested completion bodies get a 400 from the front, which keeps
     REQUIRE(r.status == 200);
     r = Post(front->port(), "{\"prompt\":\"hi\",\"max_tokens\":3,\"x\":" + Objects(63) + "}");
     REQUIRE(r.status == 200);
-    CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("hi"), 3)));
+    CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(FakeTokenize("hi"), 3)));
     CHECK(a.completions.load() == 3);
   }
   SECTION("other routes are forwarded byte for byte, unparsed") {
@@ -106,7 +106,7 @@ TEST_CASE("deeply nested completion bodies get a 400 from the front, which keeps
   CHECK(st["counters"]["rejected_400"] == refused.size());
   HttpResult ok = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
   REQUIRE(ok.status == 200);
-  CHECK(json::parse(ok.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("abc"), 4)));
+  CHECK(json::parse(ok.body)["choices"][0]["text"] == FakeText(FakeGenerate(FakeTokenize("abc"), 4)));
   CHECK(front->child().running());
 }
 

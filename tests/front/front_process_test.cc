@@ -158,7 +158,7 @@ TEST_CASE("set_routes takes effect for the next request while in-flight ones fin
   auto events = Events(streamed.body, &done);
   CHECK(done);
   CHECK(events.size() == 10);
-  CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("hi"), 10)));
+  CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("hi"), 10)));
 
   auto first_ok = ctl.WaitEvent("first_ok", "backend", b.addr());
   REQUIRE(first_ok.ok());
@@ -233,7 +233,7 @@ TEST_CASE("an active engine that refuses connections is replaced by the standby"
   HttpResult r = Post(front->port(), R"({"prompt":"abc","max_tokens":4})");
   REQUIRE(r.status == 200);
   CHECK(r.Header("X-Engine") == "B");
-  CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("abc"), 4)));
+  CHECK(json::parse(r.body)["choices"][0]["text"] == FakeText(FakeGenerate(FakeTokenize("abc"), 4)));
   CHECK(watcher.WaitEvent("switched").ok());
 
   auto ev = ctl.WaitEvent("switched");
@@ -326,17 +326,18 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
     auto events = Events(r.body, &done);
     CHECK(done);
     REQUIRE(events.size() == 12);
-    CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("Hello"), 12)));
+    CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("Hello"), 12)));
     for (const auto& e : events) {
       CHECK_FALSE(e["choices"][0].contains("token_ids"));
+      CHECK_FALSE(e["choices"][0].contains("prompt_token_ids"));
       CHECK(e["id"] == events[0]["id"]);
     }
-    CHECK(events.back()["usage"]["prompt_tokens"] == 5);
+    CHECK(events.back()["usage"]["prompt_tokens"] == 6);  // the fake tokenizer's BOS and 5 bytes
     CHECK(events.back()["usage"]["completion_tokens"] == 12);
     // B continued from the prompt plus the 5 delivered tokens.
     json resumed = json::parse(b.last_body());
-    auto expect_prompt = BytesToIds("Hello");
-    auto first5 = FakeGenerate(BytesToIds("Hello"), 5);
+    auto expect_prompt = FakeTokenize("Hello");
+    auto first5 = FakeGenerate(FakeTokenize("Hello"), 5);
     expect_prompt.insert(expect_prompt.end(), first5.begin(), first5.end());
     CHECK(resumed["prompt"] == json(expect_prompt));
     CHECK(resumed["max_tokens"] == 7);
@@ -367,6 +368,45 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
     }
     CHECK(ids == FakeGenerate({1, 2, 3}, 9));
   }
+  SECTION("text prompt, the client asked for token ids: the prompt's ids come once, as the engine reported them") {
+    HttpResult r = Post(front->port(), R"({"prompt":"Hey","stream":true,"max_tokens":9,"return_token_ids":true})");
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    int with_prompt = 0;
+    for (const auto& e : events) {
+      if (e["choices"][0].contains("prompt_token_ids")) {
+        ++with_prompt;
+        CHECK(e["choices"][0]["prompt_token_ids"] == json(FakeTokenize("Hey")));
+      }
+    }
+    CHECK(with_prompt == 1);
+    CHECK(events[0]["choices"][0].contains("prompt_token_ids"));
+    CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("Hey"), 9)));
+  }
+  SECTION("an engine that never reports the prompt's ids: the cut stream ends with an error, never a guess") {
+    a.report_prompt_ids = false;
+    HttpResult r = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})");
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto data = wsup::test::SseData(r.body);
+    REQUIRE(data.size() >= 2);
+    CHECK(data.back() == "[DONE]");
+    json err = json::parse(data[data.size() - 2]);
+    REQUIRE(err.contains("error"));
+    CHECK(err["error"]["message"].get<std::string>().find("prompt_token_ids") != std::string::npos);
+    // Five tokens came from A, then the error: nothing from a guess.
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    REQUIRE(!events.empty());
+    events.pop_back();  // the error
+    CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("Hello"), 5)));
+    CHECK(b.completions.load() == 0);
+    json st = FrontStatus(ctl);
+    CHECK(st["counters"]["resume_refused"] == 1);
+    CHECK(st["counters"]["resumed"] == 0);
+  }
   SECTION("the stream dies after its last token") {
     a.die_after = 6;
     HttpResult r = Post(front->port(), R"({"prompt":"Hi","stream":true,"max_tokens":6})");
@@ -374,7 +414,7 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
     bool done = false;
     auto events = Events(r.body, &done);
     CHECK(done);
-    CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("Hi"), 6)));
+    CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("Hi"), 6)));
     CHECK(b.completions.load() == 0);  // nothing left to ask for
   }
 }
@@ -415,7 +455,7 @@ TEST_CASE("engine_dead: what is in flight on a dead engine is sent on at once, n
   auto events = Events(streamed.body, &done);
   CHECK(done);
   CHECK(events.size() == 40);
-  CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("Hello"), 40)));
+  CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("Hello"), 40)));
   CHECK(b.last_resume_mark() == "cut");
   // The front closed its connections to A (A sees them go; it is alive here).
   CHECK(WaitFor([&] { return a.held_closed.load() == 1 && a.client_closed.load() == 1; }, 10s));
@@ -544,7 +584,7 @@ TEST_CASE("hostile clients never stop the front from serving others", "[front][p
     CHECK(r1.status == 200);
     CHECK(r1.body == "A");
     CHECK(r2.status == 200);
-    CHECK(json::parse(r2.body)["choices"][0]["text"] == FakeText(FakeGenerate(BytesToIds("p"), 3)));
+    CHECK(json::parse(r2.body)["choices"][0]["text"] == FakeText(FakeGenerate(FakeTokenize("p"), 3)));
     CHECK(r3.status == 200);
     CHECK(r3.body == "{\"ok\":true}");
   }
@@ -658,7 +698,7 @@ TEST_CASE("SIGTERM lets streams in flight finish, then stops cleanly", "[front][
   bool done = false;
   auto events = Events(streamed.body, &done);
   CHECK(done);
-  CHECK(StreamText(events) == FakeText(FakeGenerate(BytesToIds("bye"), 20)));
+  CHECK(StreamText(events) == FakeText(FakeGenerate(FakeTokenize("bye"), 20)));
   REQUIRE(front->child().Wait(10s) == 0);
   CHECK_FALSE(std::filesystem::exists(front->control_path()));
 }

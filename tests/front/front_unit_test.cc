@@ -137,13 +137,18 @@ TEST_CASE("PlanCompletion rewrites streamed requests for resuming", "[front][uni
     CHECK(p.stream);
     CHECK(p.resumable);
     CHECK_FALSE(p.client_wants_token_ids);
-    CHECK(p.prompt_ids == std::vector<int64_t>{'h', 0xc3, 0xa9});
+    // A text prompt is never tokenized by the front: its ids come from the engine.
+    CHECK_FALSE(p.prompt_ids_given);
+    CHECK(p.prompt_ids.empty());
     CHECK(p.max_tokens == 16);
     json up = json::parse(p.upstream_body);
     CHECK(up["return_token_ids"] == true);
     CHECK(up["max_tokens"] == 16);
-    json resume = json::parse(ResumeBody(p, {7, 8}, 14));
-    CHECK(resume["prompt"] == json::array({'h', 0xc3, 0xa9, 7, 8}));
+    json resume = json::parse(ResumeBody(p, {128000, 71}, {7, 8}, 14));
+    CHECK(resume["prompt"] == json::array({128000, 71, 7, 8}));
+    // Cut before the first token, the prompt's ids not yet reported: the
+    // client's text again.
+    CHECK(json::parse(ResumeBody(p, {}, {}, 16))["prompt"] == "h\u00e9");
     CHECK(resume["max_tokens"] == 14);
     CHECK(resume["stream"] == true);
   }
@@ -153,11 +158,12 @@ TEST_CASE("PlanCompletion rewrites streamed requests for resuming", "[front][uni
                            16, &p));
     CHECK(p.resumable);
     CHECK(p.client_wants_token_ids);
+    CHECK(p.prompt_ids_given);
     CHECK(p.prompt_ids == std::vector<int64_t>{1, 2, 3});
-    json resume = json::parse(ResumeBody(p, {9}, 4));
+    json resume = json::parse(ResumeBody(p, p.prompt_ids, {9}, 4));
     CHECK(resume["prompt"] == json::array({1, 2, 3, 9}));
     CHECK(resume["seed"] != 42);
-    CHECK(json::parse(ResumeBody(p, {9}, 4))["seed"] == resume["seed"]);  // derived, reproducible
+    CHECK(json::parse(ResumeBody(p, p.prompt_ids, {9}, 4))["seed"] == resume["seed"]);  // derived, reproducible
   }
   SECTION("a return_token_ids the engine refuses reaches it as sent, on a stream as on a plain request") {
     for (const char* v : {R"("no")", "1", "[]", "{}"}) {
@@ -171,7 +177,7 @@ TEST_CASE("PlanCompletion rewrites streamed requests for resuming", "[front][uni
   }
   SECTION("greedy keeps its seed") {
     REQUIRE(PlanCompletion(R"({"prompt":"a","stream":true,"seed":42,"temperature":0})", 16, &p));
-    CHECK(json::parse(ResumeBody(p, {9}, 4))["seed"] == 42);
+    CHECK(json::parse(ResumeBody(p, {5}, {9}, 4))["seed"] == 42);
   }
   SECTION("not resumable: batches, several choices, echo") {
     for (const char* body : {R"({"prompt":["a","b"],"stream":true})", R"({"prompt":"a","stream":true,"n":2})",
@@ -211,7 +217,7 @@ TEST_CASE("completion bodies past the shared JSON limit are refused before any p
   CHECK(CheckCompletionBody(at_limit).ok());
   REQUIRE(PlanCompletion(at_limit, 16, &p));
   CHECK(p.stream);
-  CHECK_FALSE(ResumeBody(p, {1}, 3).empty());
+  CHECK_FALSE(ResumeBody(p, {5}, {1}, 3).empty());
   CHECK(CheckCompletionBody("{\"prompt\":\"" + std::string(70000, '[') + "\"}").ok());  // in a string
 }
 
@@ -319,7 +325,7 @@ TEST_CASE("CompletionStream ends a stream whose last token was delivered", "[fro
 }
 
 TEST_CASE("FakeGenerate continues like greedy decoding", "[front][unit]") {
-  std::vector<int64_t> prompt = wsup::test::BytesToIds("Hello");
+  std::vector<int64_t> prompt = wsup::test::FakeTokenize("Hello");
   auto full = wsup::test::FakeGenerate(prompt, 10);
   auto ctx = prompt;
   ctx.insert(ctx.end(), full.begin(), full.begin() + 4);
