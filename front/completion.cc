@@ -25,7 +25,14 @@ namespace {
 
 // The plan from a body within the JSON limits (checked by the caller: never
 // parse past them, as copying or dumping a deep tree recurses once per level).
-bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
+// A chat's fields that a token-id completion does not take (its
+// continuation is one): what they asked for is in the prompt's ids.
+constexpr const char* kChatOnly[] = {"messages", "tools", "tool_choice", "chat_template_kwargs",
+                                     "add_generation_prompt", "continue_final_message", "response_format",
+                                     "parallel_tool_calls", "max_completion_tokens", "chat_template",
+                                     "documents", "top_logprobs", "add_special_tokens"};
+
+bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan, bool chat) {
   ordered_json j = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return false;
   auto stream = j.find("stream");
@@ -34,6 +41,7 @@ bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPl
     plan->upstream_body = std::string(body);
     return true;
   }
+  plan->chat = chat;
   auto wants = j.find("return_token_ids");
   plan->client_wants_token_ids = wants != j.end() && wants->is_boolean() && wants->get<bool>();
 
@@ -47,7 +55,13 @@ bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPl
   // request is refused for.
   if (wants != j.end() && !wants->is_boolean() && !wants->is_null()) fail("return_token_ids is not a boolean");
   auto prompt = j.find("prompt");
-  if (prompt == j.end()) {
+  if (chat) {
+    auto m = j.find("messages");
+    if (m == j.end() || !m->is_array() || m->empty()) fail("no messages");
+    // A logprobs answer cannot be continued as a completion's.
+    auto lp = j.find("logprobs");
+    if (lp != j.end() && !(lp->is_boolean() && !lp->get<bool>()) && !lp->is_null()) fail("'logprobs' is asked for");
+  } else if (prompt == j.end()) {
     fail("no prompt");
   } else if (prompt->is_string()) {
     // The engine reports its ids (prompt_token_ids): never guessed here.
@@ -73,6 +87,9 @@ bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPl
   if (echo != j.end() && echo->is_boolean() && echo->get<bool>()) fail("'echo' would repeat the prompt");
 
   auto max_tokens = j.find("max_tokens");
+  if (auto newer = j.find("max_completion_tokens"); chat && newer != j.end() && !newer->is_null()) {
+    max_tokens = newer;  // a chat's newer name wins, as in the engines
+  }
   if (max_tokens == j.end() || max_tokens->is_null()) {
     plan->max_tokens = default_max_tokens;
     j["max_tokens"] = default_max_tokens;
@@ -91,24 +108,30 @@ bool PlanChecked(std::string_view body, int64_t default_max_tokens, CompletionPl
 
 }  // namespace
 
-bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
+bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan, bool chat) {
   *plan = CompletionPlan();
   if (!CheckCompletionBody(body).ok()) return false;
-  return PlanChecked(body, default_max_tokens, plan);
+  return PlanChecked(body, default_max_tokens, plan, chat);
 }
 
-Status ReadCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan) {
+Status ReadCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan, bool chat) {
   *plan = CompletionPlan();
   WSUP_RETURN_IF_ERROR(CheckCompletionBody(body));
   // A completion that cannot ask for a stream costs no parse at all.
   if (!MayRequestStream(body)) return Status::Ok();
-  if (!PlanChecked(body, default_max_tokens, plan)) *plan = CompletionPlan();
+  if (!PlanChecked(body, default_max_tokens, plan, chat)) *plan = CompletionPlan();
   return Status::Ok();
 }
 
 std::string ResumeBody(const CompletionPlan& plan, const std::vector<int64_t>& prompt_ids,
                        const std::vector<int64_t>& delivered, int64_t remaining) {
   ordered_json j = plan.request;
+  if (plan.chat) {
+    // A token-id completion (kResumeTarget) of the chat's prompt ids.
+    for (const char* key : kChatOnly) j.erase(key);
+    auto lp = j.find("logprobs");
+    if (lp != j.end()) j.erase(lp);
+  }
   // Nothing delivered and the prompt's ids not known: the prompt as the
   // client sent it is the exact continuation (the engine tokenizes it).
   if (!prompt_ids.empty() || !delivered.empty()) {

@@ -25,6 +25,14 @@
 // sampling sequence; sampled output is then not bit-identical to an
 // uninterrupted run (greedy output is).
 //
+// A streamed chat (`POST /v1/chat/completions`) is planned the same way:
+// `return_token_ids` and an explicit `max_tokens` (or the client's
+// `max_completion_tokens`) are added, and the prompt's ids come from the
+// engine (a chat chunk carries them at the top, as vLLM's servers put
+// them). Its continuation is a token-id completion sent to
+// `/v1/completions` (kResumeTarget), whose events the stream relay turns
+// back into chat chunks, so the client sees one unbroken chat stream.
+//
 // Non-streamed completions are not rewritten: a cut-off one is retried as
 // sent. Plain values; any thread.
 #pragma once
@@ -44,6 +52,7 @@ namespace wsup::front {
 // allocates nothing and throws nothing.
 struct CompletionPlan {  // NOLINT(bugprone-exception-escape): see above
   bool stream = false;           // the client asked for server-sent events
+  bool chat = false;             // a chat completion (continued as a token-id completion)
   bool resumable = false;        // a cut stream can be continued elsewhere
   std::string not_resumable;     // why not, for logs (empty when resumable)
   bool client_wants_token_ids = false;
@@ -67,13 +76,18 @@ Status CheckCompletionBody(std::string_view body);
 // with `plan` planned when the body asks for a stream (plan->stream), and
 // left as not a stream when it cannot (MayRequestStream: no parse) or is not
 // a JSON object (forwarded unchanged: the engine answers it).
-Status ReadCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan);
+// chat: the body is a `POST /v1/chat/completions`.
+Status ReadCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan, bool chat = false);
+
+// Where a continuation goes: a completion's to its own route, a chat's as a
+// token-id completion.
+inline constexpr const char* kResumeTarget = "/v1/completions";
 
 // Returns false when the body is not a JSON object, or fails
 // CheckCompletionBody (the front then forwards it unchanged and lets the
 // engine answer 400). `default_max_tokens` is the engines' default, made
 // explicit in streamed requests.
-bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan);
+bool PlanCompletion(std::string_view body, int64_t default_max_tokens, CompletionPlan* plan, bool chat = false);
 
 // The body that continues a stream of the prompt `prompt_ids` after
 // `delivered` tokens; `remaining` (> 0) new tokens are asked for. With

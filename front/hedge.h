@@ -65,7 +65,8 @@ class HedgeLeg final : public UpstreamListener {
   const bool resume;
   bool stale_retry_used = false;
   std::string head;         // what it sends: the request's head ...
-  std::string resume_body;  // ... and body (this one for a resume, else the call's)
+  std::string resume_body;
+  std::string target;  // the continuation's target when not the client's (a chat's)  // ... and body (this one for a resume, else the call's)
   std::string_view body;
   bool has_head = false;
   bool event_stream = false;

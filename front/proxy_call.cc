@@ -29,21 +29,22 @@ void ProxyCall::Start() {
   writer_->OnClose([this] { OnClientGone(); });
   const http::HttpRequest& r = writer_->request();
   body_ = r.body;
-  if (r.method == "POST" && r.path == "/v1/completions") {
+  const bool chat = r.path == "/v1/chat/completions";
+  if (r.method == "POST" && (r.path == "/v1/completions" || chat)) {
     // The one reading of the body (front/completion.h): past the shared
     // JSON limits it is refused here, before anything parses it and before
     // an engine spends a parse on it (the engine would refuse it with the
     // same words); a body that may ask for a stream is parsed once, into the
     // plan every resume and hedge body is made from. Everything else is
     // forwarded byte for byte.
-    if (Status read = ReadCompletion(r.body, options().default_max_tokens, &plan_); !read.ok()) {
+    if (Status read = ReadCompletion(r.body, options().default_max_tokens, &plan_, chat); !read.ok()) {
       Reject400(read.error().message());
       return;
     }
     if (plan_.stream) {
       body_ = plan_.upstream_body;
       if (plan_.resumable) {
-        sse_ = std::make_unique<CompletionStream>(!plan_.client_wants_token_ids);
+        sse_ = std::make_unique<CompletionStream>(!plan_.client_wants_token_ids, plan_.chat);
       } else {
         spdlog::debug("front: request {}: stream not resumable: {}", id(), plan_.not_resumable);
       }
@@ -58,7 +59,7 @@ void ProxyCall::Send(Backend* b) {
   Move(CallEvent::kSend);
   attempt_ = Attempt(b);
   ResetAttempt();
-  BuildRequestHead(writer_->request(), b->name, body_, cut_, &head_);
+  BuildRequestHead(writer_->request(), b->name, body_, cut_, &head_, target_);
   last_byte_ms_ = now_ms();
   attempt_.Lend(s_->pool->Acquire(b, force_fresh_));
   force_fresh_ = false;
@@ -192,7 +193,7 @@ void ProxyCall::ResumeStream(bool counted, int64_t remaining, const std::string&
     ++counters().resumed;
   }
   sse_->BeginContinuation();
-  resume_body_ = ResumeBody(plan_, PromptIds(), sse_->delivered(), remaining);
+  Continuation(remaining, &resume_body_, &target_);
   body_ = resume_body_;
   cut_ = counted;
   if (counted) deadline_ms_ = now_ms() + options().queue_timeout_ms;
@@ -200,6 +201,16 @@ void ProxyCall::ResumeStream(bool counted, int64_t remaining, const std::string&
                sse_->delivered().size(), remaining);
   Move(CallEvent::kResume);
   s_->router->Route(this);
+}
+
+void ProxyCall::Continuation(int64_t remaining, std::string* body, std::string* target) const {
+  if (PromptIds().empty() && sse_->delivered().empty()) {
+    *body = plan_.upstream_body;
+    target->clear();
+    return;
+  }
+  *body = ResumeBody(plan_, PromptIds(), sse_->delivered(), remaining);
+  *target = plan_.chat ? kResumeTarget : "";
 }
 
 void ProxyCall::Fail502(const UpstreamError& e, const std::string& backend) {

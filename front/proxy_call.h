@@ -130,6 +130,10 @@ class ProxyCall final : private UpstreamListener, private HedgeLeg::Owner {
   const std::vector<int64_t>& PromptIds() const {
     return plan_.prompt_ids_given ? plan_.prompt_ids : sse_->prompt_ids();
   }
+  // The request that continues the stream with `remaining` tokens: its
+  // body and target ("" for the client's). Before the first token, with
+  // the prompt's ids unknown, the client's own request is sent again.
+  void Continuation(int64_t remaining, std::string* body, std::string* target) const;
   int64_t TokensOwed() const;
 
   bool HedgePending() const { return hedge_ && hedge_->pending(); }
@@ -149,6 +153,7 @@ class ProxyCall final : private UpstreamListener, private HedgeLeg::Owner {
   CompletionPlan plan_;
   std::unique_ptr<CompletionStream> sse_;
   std::string resume_body_;
+  std::string target_;  // where the request goes, when not the client's target (a chat's continuation)
   // Sent again after the engine it ran on failed mid-request: marked
   // (X-Wsup-Resume: cut) so that the next engine may adopt its KV from
   // the dead engine's journal (docs/kv_journal.md).

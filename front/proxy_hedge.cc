@@ -32,13 +32,13 @@ void ProxyCall::Hedge(Backend* b) {
   hedge_ = hedges_.back().get();
   HedgeLeg& h = *hedge_;
   if (h.resume) {
-    h.resume_body = ResumeBody(plan_, PromptIds(), sse_->delivered(), TokensOwed());
+    Continuation(TokensOwed(), &h.resume_body, &h.target);
     h.body = h.resume_body;
   } else {
     h.body = body_;
   }
   // The engine it hedges is alive: nothing to adopt (no X-Wsup-Resume: cut).
-  BuildRequestHead(writer_->request(), b->name, h.body, false, &h.head);
+  BuildRequestHead(writer_->request(), b->name, h.body, false, &h.head, h.target);
   ++counters().hedged;
   spdlog::info("front: request {}: no byte from {} for {} ms; hedging on {}{}", id(), attempt_.backend()->name,
                now_ms() - last_byte_ms_, b->name,
@@ -104,6 +104,7 @@ void ProxyCall::AdoptHedge() {
   if (h.resume) {
     sse_->BeginContinuation();
     body_ = h.body;
+    target_ = h.target;
     Move(CallEvent::kAdoptResume);
   } else {
     Move(CallEvent::kAdopt);

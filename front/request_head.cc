@@ -52,14 +52,14 @@ bool IsEventStream(const std::vector<Header>& headers) {
 }
 
 void BuildRequestHead(const http::HttpRequest& r, std::string_view host, std::string_view body, bool cut,
-                      std::string* out) {
+                      std::string* out, std::string_view target) {
   std::string& head = *out;
   const std::string* connection = r.FindHeader("Connection");
   head.clear();
   head.reserve(128 + r.target.size() + r.headers.size() * 48);
   head += r.method;
   head += ' ';
-  head += r.target;
+  head += target.empty() ? std::string_view(r.target) : target;
   head += " HTTP/1.1\r\n";
   bool have_host = false;
   for (const auto& h : r.headers) {

@@ -26,9 +26,11 @@ bool IsEventStream(const std::vector<http::Header>& headers);
 
 // The engine's request head for `r` with `body` (its length is sent).
 // `host`: the Host header when the client sent none. `cut`: the request
-// was cut on an engine that failed (X-Wsup-Resume: cut).
+// was cut on an engine that failed (X-Wsup-Resume: cut). `target`: the
+// request target in place of the client's (a chat's continuation is a
+// completion); empty keeps the client's.
 void BuildRequestHead(const http::HttpRequest& r, std::string_view host, std::string_view body, bool cut,
-                      std::string* out);
+                      std::string* out, std::string_view target = {});
 
 // The engine's answer headers the client gets (moved out of `headers`),
 // and the Content-Length it announced (SIZE_MAX: none, or chunked).

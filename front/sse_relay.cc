@@ -85,6 +85,19 @@ void CompletionStream::OnEvent(std::string_view raw, std::string* out) {
   }
   bool changed = false;
   if (j.contains("error")) error_seen_ = true;
+  if (chat_ && continuation_) {
+    auto object = j.find("object");
+    if (object != j.end() && *object == "text_completion") {
+      ToChatChunk(&j);
+      changed = true;
+    } else if (auto ch = j.find("choices"); ch != j.end() && ch->is_array() && ch->size() == 1 &&
+                                            (*ch)[0].is_object() && (*ch)[0].contains("delta") &&
+                                            (*ch)[0]["delta"].is_object() && (*ch)[0]["delta"].contains("role") &&
+                                            !(*ch)[0].contains("token_ids") &&
+                                            (*ch)[0]["delta"].value("content", std::string()).empty()) {
+      return;  // the role again, from a chat sent again whole: the client has it
+    }
+  }
   auto id = j.find("id");
   if (id != j.end() && id->is_string()) {
     if (first_id_.empty()) {
@@ -136,8 +149,13 @@ void CompletionStream::OnEvent(std::string_view raw, std::string* out) {
         }
       }
       if (!have_ids) {
-        auto text = c.find("text");
-        if (text != c.end() && text->is_string() && !text->get_ref<const std::string&>().empty()) trackable_ = false;
+        // Text with no ids: what was delivered can no longer be told.
+        const ordered_json* text = nullptr;
+        if (auto t = c.find("text"); t != c.end()) text = &*t;
+        if (auto d = c.find("delta"); d != c.end() && d->is_object()) {
+          if (auto t = d->find("content"); t != d->end()) text = &*t;
+        }
+        if (text && text->is_string() && !text->get_ref<const std::string&>().empty()) trackable_ = false;
       }
       auto fr = c.find("finish_reason");
       if (fr != c.end() && !fr->is_null()) finished_ = true;
@@ -169,6 +187,22 @@ void CompletionStream::OnEvent(std::string_view raw, std::string* out) {
   out->append("\n\n");
 }
 
+void CompletionStream::ToChatChunk(ordered_json* j) {
+  (*j)["object"] = "chat.completion.chunk";
+  auto choices = j->find("choices");
+  if (choices == j->end() || !choices->is_array()) return;
+  for (auto& c : *choices) {
+    if (!c.is_object()) continue;
+    ordered_json chat = {{"index", c.value("index", 0)},
+                         {"delta", {{"content", c.value("text", std::string())}}},
+                         {"logprobs", nullptr},
+                         {"finish_reason", c.contains("finish_reason") ? c["finish_reason"] : ordered_json(nullptr)}};
+    if (c.contains("token_ids")) chat["token_ids"] = c["token_ids"];
+    if (c.contains("prompt_token_ids")) chat["prompt_token_ids"] = c["prompt_token_ids"];
+    c = std::move(chat);
+  }
+}
+
 void CompletionStream::BeginContinuation() {
   buf_.clear();
   continuation_ = true;
@@ -180,9 +214,15 @@ std::string CompletionStream::SynthesizeEnd(std::string_view finish_reason) {
   if (!finished_) {
     ordered_json ev;
     if (!first_id_.empty()) ev["id"] = first_id_;
-    ev["object"] = "text_completion";
-    ev["choices"] = ordered_json::array(
-        {ordered_json{{"index", 0}, {"text", ""}, {"finish_reason", std::string(finish_reason)}}});
+    if (chat_) {
+      ev["object"] = "chat.completion.chunk";
+      ev["choices"] = ordered_json::array({ordered_json{
+          {"index", 0}, {"delta", ordered_json::object()}, {"finish_reason", std::string(finish_reason)}}});
+    } else {
+      ev["object"] = "text_completion";
+      ev["choices"] = ordered_json::array(
+          {ordered_json{{"index", 0}, {"text", ""}, {"finish_reason", std::string(finish_reason)}}});
+    }
     out += "data: " + ev.dump(-1, ' ', false, ordered_json::error_handler_t::replace) + "\n\n";
     finished_ = true;
   }

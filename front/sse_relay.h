@@ -31,12 +31,16 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace wsup::front {
 
 class CompletionStream {
  public:
-  // strip_token_ids: the client did not ask for token ids.
-  explicit CompletionStream(bool strip_token_ids) : strip_(strip_token_ids) {}
+  // strip_token_ids: the client did not ask for token ids. chat: a chat
+  // stream (chat.completion.chunk events), whose continuation comes as a
+  // token-id completion's events and is turned back into chat chunks.
+  explicit CompletionStream(bool strip_token_ids, bool chat = false) : strip_(strip_token_ids), chat_(chat) {}
 
   // Feeds engine body bytes; appends what the client must see to *out.
   void Feed(std::string_view data, std::string* out);
@@ -64,7 +68,12 @@ class CompletionStream {
  private:
   void OnEvent(std::string_view raw, std::string* out);
 
+  // A continuation's text_completion event as the chat chunk the client's
+  // stream is made of.
+  static void ToChatChunk(nlohmann::ordered_json* j);
+
   bool strip_;
+  bool chat_;
   std::string buf_;
   bool done_ = false;
   bool finished_ = false;

@@ -55,6 +55,7 @@ struct FakeEngine::Stream {
   int sent = 0;
   bool ids = false;
   bool report_prompt = false;  // the first chunk carries prompt_token_ids
+  bool chat = false;           // chat.completion.chunk events
   bool die = false;
   bool ended = false;
   std::string id;
@@ -106,6 +107,17 @@ std::string FakeEngine::last_body() {
   return last_body_;
 }
 
+std::string FakeEngine::last_path() {
+  std::lock_guard<std::mutex> l(mu_);
+  return last_path_;
+}
+
+std::string FakeRender(const json& messages) {
+  std::string out;
+  for (const auto& m : messages) out += m.value("role", "") + ":" + m.value("content", "") + "\n";
+  return out;
+}
+
 std::string FakeEngine::last_request_id() {
   std::lock_guard<std::mutex> l(mu_);
   return last_request_id_;
@@ -127,6 +139,7 @@ void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
   {
     std::lock_guard<std::mutex> l(mu_);
     last_body_ = r.body;
+    last_path_ = r.path;
     const std::string* id = r.FindHeader("X-Request-Id");
     last_request_id_ = id ? *id : "";
     const std::string* mark = r.FindHeader("X-Wsup-Resume");
@@ -152,7 +165,7 @@ void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
     w->Send(std::move(resp));
     return;
   }
-  if (r.method == "POST" && r.path == "/v1/completions") {
+  if (r.method == "POST" && (r.path == "/v1/completions" || r.path == "/v1/chat/completions")) {
     Complete(std::move(w));
     return;
   }
@@ -166,8 +179,15 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
     w->Send(http::HttpResponse::Json(400, http::ErrorJson("body is not JSON", "invalid_request_error")));
     return;
   }
+  const bool chat = w->request().path == "/v1/chat/completions";
   std::vector<int64_t> prompt;
-  if (j.contains("prompt") && j["prompt"].is_string()) {
+  if (chat) {
+    if (!j.contains("messages") || !j["messages"].is_array()) {
+      w->Send(http::HttpResponse::Json(400, http::ErrorJson("messages missing", "invalid_request_error")));
+      return;
+    }
+    prompt = FakeTokenize(FakeRender(j["messages"]));
+  } else if (j.contains("prompt") && j["prompt"].is_string()) {
     prompt = FakeTokenize(j["prompt"].get<std::string>());
   } else if (j.contains("prompt") && j["prompt"].is_array()) {
     for (const auto& t : j["prompt"]) prompt.push_back(t.get<int64_t>());
@@ -175,11 +195,11 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
     w->Send(http::HttpResponse::Json(400, http::ErrorJson("prompt missing", "invalid_request_error")));
     return;
   }
-  int max_tokens = j.value("max_tokens", 16);
+  int max_tokens = j.value("max_completion_tokens", j.value("max_tokens", 16));
   bool stream = j.value("stream", false);
   bool ids = j.value("return_token_ids", false);
   if (stream) {
-    StartStream(std::move(w), std::move(prompt), max_tokens, ids, Misbehave(kDieAfterTokens));
+    StartStream(std::move(w), std::move(prompt), max_tokens, ids, Misbehave(kDieAfterTokens), chat);
     return;
   }
   if (Misbehave(kHold)) {
@@ -192,10 +212,11 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
   }
   std::vector<int64_t> out = FakeGenerate(prompt, max_tokens);
   json choice = {{"index", 0}, {"text", FakeText(out)}, {"finish_reason", "length"}};
+  if (chat) choice = {{"index", 0}, {"message", {{"role", "assistant"}, {"content", FakeText(out)}}}, {"finish_reason", "length"}};
   if (ids) choice["token_ids"] = out;
   if (ids && report_prompt_ids) choice["prompt_token_ids"] = prompt;
   json resp = {{"id", "cmpl-" + name_ + "-" + std::to_string(++next_id_)},
-               {"object", "text_completion"},
+               {"object", chat ? "chat.completion" : "text_completion"},
                {"model", "fake"},
                {"choices", json::array({choice})},
                {"usage",
@@ -215,12 +236,13 @@ void FakeEngine::Complete(std::shared_ptr<http::ResponseWriter> w) {
 }
 
 void FakeEngine::StartStream(std::shared_ptr<http::ResponseWriter> w, std::vector<int64_t> prompt, int max_tokens,
-                             bool ids, bool misbehave) {
+                             bool ids, bool misbehave, bool chat) {
   auto* s = new Stream;
   s->engine = this;
   s->w = w;
   s->prompt_len = prompt.size();
   s->report_prompt = ids && report_prompt_ids;
+  s->chat = chat;
   s->context = std::move(prompt);
   s->max_tokens = max_tokens;
   s->ids = ids;
@@ -236,6 +258,15 @@ void FakeEngine::StartStream(std::shared_ptr<http::ResponseWriter> w, std::vecto
     EndStream(s);
   });
   w->StartStream(200, {{"Content-Type", "text/event-stream"}, {"X-Engine", name_}});
+  if (chat) {
+    // A chat stream opens with the role, and the prompt's ids at the top.
+    json ev = {{"id", s->id}, {"object", "chat.completion.chunk"}, {"model", "fake"},
+               {"choices", json::array({{{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                         {"finish_reason", nullptr}}})}};
+    if (s->report_prompt) ev["prompt_token_ids"] = s->context;
+    s->report_prompt = false;
+    w->Write("data: " + ev.dump() + "\n\n");
+  }
   int delay = token_delay_ms.load();
   if (delay <= 0) {
     while (!s->ended) StepStream(s);
@@ -259,11 +290,17 @@ void FakeEngine::StepStream(Stream* s) {
   ++s->sent;
   bool last = s->sent == s->max_tokens;
   json choice = {{"index", 0}, {"text", FakeText(t)}, {"finish_reason", last ? json("length") : json(nullptr)}};
+  if (s->chat) {
+    choice = {{"index", 0}, {"delta", {{"content", FakeText(t)}}}, {"finish_reason", last ? json("length") : json(nullptr)}};
+  }
   if (s->ids) choice["token_ids"] = t;
   if (s->report_prompt && s->sent == 1) {
     choice["prompt_token_ids"] = std::vector<int64_t>(s->context.begin(), s->context.begin() + static_cast<std::ptrdiff_t>(s->prompt_len));
   }
-  json ev = {{"id", s->id}, {"object", "text_completion"}, {"model", "fake"}, {"choices", json::array({choice})}};
+  json ev = {{"id", s->id},
+             {"object", s->chat ? "chat.completion.chunk" : "text_completion"},
+             {"model", "fake"},
+             {"choices", json::array({choice})}};
   if (last) {
     ev["usage"] = {{"prompt_tokens", s->prompt_len},
                    {"completion_tokens", s->sent},

@@ -23,6 +23,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "http/server.h"
 
 namespace wsup::test {
@@ -36,6 +38,8 @@ std::string FakeText(const std::vector<int64_t>& ids);
 // guessed a prompt's ids from its text would resume wrongly, and the tests
 // would see it.
 std::vector<int64_t> FakeTokenize(const std::string& s);
+// The fake engine's chat template: "role:content\n" for each message.
+std::string FakeRender(const nlohmann::json& messages);
 
 class FakeEngine {
  public:
@@ -75,6 +79,7 @@ class FakeEngine {
   std::atomic<int> held_closed{0};    // ... whose connection then closed (the front gave up on them)
 
   std::string last_body();
+  std::string last_path();
   std::string last_request_id();
   std::string last_resume_mark();  // the last request's X-Wsup-Resume ("" without one)
 
@@ -83,7 +88,7 @@ class FakeEngine {
   void Handle(std::shared_ptr<http::ResponseWriter> w);
   void Complete(std::shared_ptr<http::ResponseWriter> w);
   void StartStream(std::shared_ptr<http::ResponseWriter> w, std::vector<int64_t> prompt, int max_tokens, bool ids,
-                   bool misbehave);
+                   bool misbehave, bool chat = false);
   void StepStream(Stream* s);
   void EndStream(Stream* s);
   bool Misbehave(int m);
@@ -100,6 +105,7 @@ class FakeEngine {
   std::vector<std::shared_ptr<http::ResponseWriter>> held_;
   std::mutex mu_;
   std::string last_body_;
+  std::string last_path_;
   std::string last_request_id_;
   std::string last_resume_mark_;
 };

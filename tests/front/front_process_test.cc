@@ -419,6 +419,82 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
   }
 }
 
+TEST_CASE("a chat stream cut mid-way is resumed as a token-id completion and reaches the client as one chat stream",
+          "[front][process]") {
+  FakeEngine a("A"), b("B");
+  a.mode = FakeEngine::kDieAfterTokens;
+  a.die_after = 5;
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  ControlClient ctl;
+  REQUIRE(ctl.Connect(front->control_path()));
+  const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}});
+  const std::vector<int64_t> prompt = FakeTokenize(FakeRender(messages));
+  const std::vector<int64_t> golden = FakeGenerate(prompt, 12);
+
+  SECTION("the client did not ask for token ids") {
+    HttpResult r = HttpRequestOnce(front->port(), "POST", "/v1/chat/completions",
+                                   json{{"messages", messages}, {"stream", true}, {"max_completion_tokens", 12},
+                                        {"stream_options", {{"include_usage", true}}}}
+                                       .dump(),
+                                   30s);
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    // The role and 12 deltas (the fake engine puts the usage in the last):
+    // one chat stream with one id.
+    REQUIRE(events.size() == 13);
+    CHECK(events[0]["choices"][0]["delta"]["role"] == "assistant");
+    std::string content;
+    for (size_t i = 0; i < events.size(); ++i) {
+      INFO(events[i].dump());
+      CHECK(events[i]["object"] == "chat.completion.chunk");
+      CHECK(events[i]["id"] == events[0]["id"]);
+      CHECK_FALSE(events[i].contains("prompt_token_ids"));
+      if (i == 0 || events[i]["choices"].empty()) continue;
+      CHECK_FALSE(events[i]["choices"][0].contains("token_ids"));
+      CHECK_FALSE(events[i]["choices"][0]["delta"].contains("role"));
+      content += events[i]["choices"][0]["delta"]["content"].get<std::string>();
+    }
+    CHECK(content == FakeText(golden));
+    CHECK(events[12]["choices"][0]["finish_reason"] == "length");
+    // The delivered tokens count as completion tokens, not the continuation's prompt.
+    CHECK(events[12]["usage"]["completion_tokens"] == 12);
+    CHECK(events[12]["usage"]["prompt_tokens"] == prompt.size());
+    // B continued a token-id completion of the chat's ids and the 5 delivered.
+    CHECK(b.last_path() == "/v1/completions");
+    json resumed = json::parse(b.last_body());
+    std::vector<int64_t> want = prompt;
+    want.insert(want.end(), golden.begin(), golden.begin() + 5);
+    CHECK(resumed["prompt"] == json(want));
+    CHECK(resumed["max_tokens"] == 7);
+    CHECK_FALSE(resumed.contains("messages"));
+    CHECK_FALSE(resumed.contains("max_completion_tokens"));
+    CHECK(b.last_resume_mark() == "cut");
+    CHECK(FrontStatus(ctl)["counters"]["resumed"] == 1);
+  }
+  SECTION("the client asked for token ids: the prompt's ids once, at the top of the first chunk") {
+    HttpResult r = HttpRequestOnce(front->port(), "POST", "/v1/chat/completions",
+                                   json{{"messages", messages}, {"stream", true}, {"max_tokens", 12},
+                                        {"return_token_ids", true}}
+                                       .dump(),
+                                   30s);
+    REQUIRE(r.status == 200);
+    bool done = false;
+    auto events = Events(r.body, &done);
+    CHECK(done);
+    REQUIRE(events.size() == 13);
+    CHECK(events[0]["prompt_token_ids"] == json(prompt));
+    std::vector<int64_t> ids;
+    for (size_t i = 1; i < events.size(); ++i) {
+      CHECK_FALSE(events[i].contains("prompt_token_ids"));
+      CHECK_FALSE(events[i]["choices"][0].contains("prompt_token_ids"));
+      for (const auto& t : events[i]["choices"][0]["token_ids"]) ids.push_back(t.get<int64_t>());
+    }
+    CHECK(ids == golden);
+  }
+}
+
 TEST_CASE("engine_dead: what is in flight on a dead engine is sent on at once, not when its sockets close",
           "[front][process]") {
   // A's sockets stay open (a SIGKILLed engine's do until the kernel has torn
