@@ -248,28 +248,33 @@ def error_json(message, kind):
     return dumps({"error": {"message": message, "type": kind}})
 
 
-def _choice(text, tokens, finish_reason, token_ids):
+def _choice(text, tokens, finish_reason, token_ids, prompt_ids=None):
     c = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+    if prompt_ids is not None:
+        c["prompt_token_ids"] = list(prompt_ids)
     if token_ids:
         c["token_ids"] = list(tokens)
     return c
 
 
-def completion_json(cid, created, model, text, tokens, finish_reason, token_ids, prompt_tokens):
-    """The whole (non-streamed) answer."""
+def completion_json(cid, created, model, text, tokens, finish_reason, token_ids, prompt):
+    """The whole (non-streamed) answer; with token_ids (return_token_ids)
+    the choice carries the prompt's ids too, as vLLM's servers answer it."""
     n = len(tokens)
     return dumps({
         "id": cid, "object": "text_completion", "created": created, "model": model,
-        "choices": [_choice(text, tokens, finish_reason, token_ids)],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": prompt_tokens + n},
+        "choices": [_choice(text, tokens, finish_reason, token_ids, prompt if token_ids else None)],
+        "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n},
     })
 
 
-def stream_chunk_json(cid, created, model, text, tokens, finish_reason, token_ids):
-    """One stream chunk; finish_reason None until the last."""
+def stream_chunk_json(cid, created, model, text, tokens, finish_reason, token_ids, prompt_ids=None):
+    """One stream chunk; finish_reason None until the last. prompt_ids: the
+    prompt's ids, in the first chunk of a stream with return_token_ids (the
+    front resumes a cut stream from them: docs/front.md)."""
     return dumps({
         "id": cid, "object": "text_completion", "created": created, "model": model,
-        "choices": [_choice(text, tokens, finish_reason, token_ids)],
+        "choices": [_choice(text, tokens, finish_reason, token_ids, prompt_ids)],
     })
 
 

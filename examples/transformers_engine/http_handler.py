@@ -352,8 +352,9 @@ class Handler(BaseHTTPRequestHandler):
                     finish = "length"
                 if stream is not None:
                     text = decoder.push([tok]) + (decoder.flush() if finish else "")
+                    first = req.return_token_ids and len(tokens) == 1
                     stream.event(api.stream_chunk_json(cid, created, model.name, text, [tok], finish,
-                                                       req.return_token_ids))
+                                                       req.return_token_ids, req.prompt if first else None))
                 if finish:
                     break
                 if self._peer_gone():
@@ -402,7 +403,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         text = model.tokenizer.decode(tokens)
         self._send_json(200, api.completion_json(cid, created, model.name, text, tokens, finish,
-                                                 req.return_token_ids, len(req.prompt)))
+                                                 req.return_token_ids, req.prompt))
 
 
 class _Stream:

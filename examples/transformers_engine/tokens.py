@@ -7,9 +7,10 @@ decode(ids) -> text):
   token id t renders as the character U+00tt (ids past U+10FFFF or in the
   surrogate range as U+FFFD). It is the reference engine's tokenizer
   (engine/tokenizer.h), the one the test checkpoints' golden outputs were
-  made with, and the one the front assumes when it resumes a stream whose
-  prompt was a string. The engine uses it when the model folder has no
-  tokenizer.
+  made with. The engine uses it when the model folder has no tokenizer.
+  Either way the engine reports a prompt's ids (prompt_token_ids) when asked
+  for token ids: the front resumes a cut stream from them, never from a
+  guess.
 - HFTokenizer (model.py): a Hugging Face tokenizer from the model folder.
 
 IncrementalDecoder turns a growing list of ids into text pieces for stream

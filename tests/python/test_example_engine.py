@@ -139,14 +139,17 @@ def test_api_nesting_scan_matches_the_shared_limit():
 
 
 def test_api_renders_the_reference_engines_shapes():
-    j = json.loads(api.completion_json("cmpl-1", 7, "m", "ab", [97, 98], "length", True, 3))
+    j = json.loads(api.completion_json("cmpl-1", 7, "m", "ab", [97, 98], "length", True, [5, 6, 7]))
     assert j["object"] == "text_completion" and j["id"] == "cmpl-1" and j["created"] == 7 and j["model"] == "m"
     assert j["choices"] == [{"text": "ab", "index": 0, "logprobs": None, "finish_reason": "length",
-                             "token_ids": [97, 98]}]
+                             "prompt_token_ids": [5, 6, 7], "token_ids": [97, 98]}]
     assert j["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
-    assert "token_ids" not in json.loads(api.completion_json("c", 1, "m", "", [], "stop", False, 1))["choices"][0]
-    c = json.loads(api.stream_chunk_json("c", 1, "m", "a", [97], None, True))
+    plain = json.loads(api.completion_json("c", 1, "m", "", [], "stop", False, [1]))["choices"][0]
+    assert "token_ids" not in plain and "prompt_token_ids" not in plain
+    c = json.loads(api.stream_chunk_json("c", 1, "m", "a", [97], None, True, [5, 6]))
     assert c["choices"][0]["finish_reason"] is None and c["choices"][0]["token_ids"] == [97] and "usage" not in c
+    assert c["choices"][0]["prompt_token_ids"] == [5, 6]
+    assert "prompt_token_ids" not in json.loads(api.stream_chunk_json("c", 1, "m", "a", [97], None, True))["choices"][0]
     u = json.loads(api.usage_chunk_json("c", 1, "m", 4, 2))
     assert u["choices"] == [] and u["usage"]["total_tokens"] == 6
     assert api.sse("[DONE]") == b"data: [DONE]\n\n"
