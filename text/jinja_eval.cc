@@ -23,8 +23,12 @@ namespace {
 using T = Value::T;
 using json = nlohmann::ordered_json;
 
+// Bounds on one render: a template is a file from the checkpoint, and a
+// bad one must end with an error, not hold a request's thread or its memory.
 constexpr size_t kMaxOutput = size_t{64} << 20;
+constexpr size_t kMaxString = size_t{16} << 20;  // any one value
 constexpr int64_t kMaxRange = 1 << 20;
+constexpr int64_t kMaxSteps = 1 << 22;  // statements run and loop turns
 
 Value FromJson(const json& j) {
   switch (j.type()) {
@@ -220,18 +224,23 @@ std::string StrRepr(const std::string& s) {
   return out;
 }
 
+// A list or dict's repr stops growing past kMaxString (a list may hold
+// the same long string a million times); the callers refuse a value that
+// long, so a cut one is never used.
 std::string Repr(const Value& v) {
   switch (v.t) {
     case T::kStr: return StrRepr(v.s);
     case T::kList: {
       std::string out = "[";
-      for (size_t i = 0; i < v.list->size(); ++i) out += (i ? ", " : "") + Repr((*v.list)[i]);
+      for (size_t i = 0; i < v.list->size() && out.size() <= kMaxString; ++i) {
+        out += (i ? ", " : "") + Repr((*v.list)[i]);
+      }
       return out + "]";
     }
     case T::kDict:
     case T::kNs: {
       std::string out = v.t == T::kNs ? "<Namespace {" : "{";
-      for (size_t i = 0; i < v.dict->size(); ++i) {
+      for (size_t i = 0; i < v.dict->size() && out.size() <= kMaxString; ++i) {
         out += (i ? ", " : "") + StrRepr((*v.dict)[i].first) + ": " + Repr((*v.dict)[i].second);
       }
       return out + (v.t == T::kNs ? "}>" : "}");
@@ -285,6 +294,7 @@ Status Json(const Value& v, int indent, int level, std::string* out) {
       }
       out->push_back('[');
       for (size_t i = 0; i < v.list->size(); ++i) {
+        if (out->size() > kMaxString) return InvalidArgument("tojson passes 16 MiB");
         if (i) *out += indent < 0 ? ", " : ",";
         newline(level + 1);
         WSUP_RETURN_IF_ERROR(Json((*v.list)[i], indent, level + 1, out));
@@ -301,6 +311,7 @@ Status Json(const Value& v, int indent, int level, std::string* out) {
       }
       out->push_back('{');
       for (size_t i = 0; i < v.dict->size(); ++i) {
+        if (out->size() > kMaxString) return InvalidArgument("tojson passes 16 MiB");
         if (i) *out += indent < 0 ? ", " : ",";
         newline(level + 1);
         WSUP_RETURN_IF_ERROR(Json(Value::Str((*v.dict)[i].first), indent, level + 1, out));
@@ -411,11 +422,14 @@ class Renderer {
   }
 
   Result<Flow> RunNode(const Node& n) {
+    if (++steps_ > kMaxSteps) return Fail(n.line, "the template runs more than " + std::to_string(kMaxSteps) + " steps");
     switch (n.k) {
       case Node::K::kText: return Emit(n.line, n.text);
       case Node::K::kOutput: {
         WSUP_ASSIGN_OR_RETURN(Value v, Eval(*n.expr));
-        return Emit(n.line, Str(v));
+        std::string s = Str(v);
+        if (s.size() > kMaxString) return Fail(n.line, "a value passes 16 MiB");
+        return Emit(n.line, s);
       }
       case Node::K::kIf:
         for (size_t i = 0; i < n.bodies.size(); ++i) {
@@ -479,6 +493,7 @@ class Renderer {
     WSUP_ASSIGN_OR_RETURN(std::vector<Value> items, Items(n.line, seq));
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < len; ++i) {
+      if (++steps_ > kMaxSteps) return Fail(n.line, "the template runs more than " + std::to_string(kMaxSteps) + " steps");
       scopes_.emplace_back();
       const Value& item = items[static_cast<size_t>(i)];
       if (n.targets.size() == 2) {
@@ -840,7 +855,11 @@ class Renderer {
       const bool use = v.t == T::kUndef || (boolean && Truthy(*boolean) && !Truthy(v));
       return use ? (d ? *d : Value::Str("")) : v;
     }
-    if (f == "string") return Value::Str(Str(v));
+    if (f == "string") {
+      std::string s = Str(v);
+      if (s.size() > kMaxString) return Fail(e.line, "a value passes 16 MiB");
+      return Value::Str(std::move(s));
+    }
     if (f == "tojson") {
       int indent = -1;
       if (const Value* in = a.Get(0, "indent"); in && in->t != T::kNone) {
@@ -887,7 +906,10 @@ class Renderer {
       if (f == "join") {
         const Value* sep = a.Get(0, "d");
         std::string out;
-        for (size_t i = 0; i < items.size(); ++i) out += (i && sep ? Str(*sep) : "") + Str(items[i]);
+        for (size_t i = 0; i < items.size(); ++i) {
+          out += (i && sep ? Str(*sep) : "") + Str(items[i]);
+          if (out.size() > kMaxString) return Fail(e.line, "a value passes 16 MiB");
+        }
         return Value::Str(std::move(out));
       }
       if (items.empty()) return Value::Undef("no " + f + " item of an empty sequence");
@@ -916,13 +938,22 @@ class Renderer {
     WSUP_ASSIGN_OR_RETURN(Value l, Eval(*e.args[0]));
     WSUP_ASSIGN_OR_RETURN(Value r, Eval(*e.args[1]));
     const std::string& op = e.name;
-    if (op == "~") return Value::Str(Str(l) + Str(r));
+    if (op == "~") {
+      std::string s = Str(l);
+      if (s.size() <= kMaxString) s += Str(r);
+      if (s.size() > kMaxString) return Fail(e.line, "a value passes 16 MiB");
+      return Value::Str(std::move(s));
+    }
     WSUP_RETURN_IF_ERROR(Defined(e.line, l));
     WSUP_RETURN_IF_ERROR(Defined(e.line, r));
     auto bad = [&]() {
       return Fail(e.line, "unsupported operand types for " + op + ": '" + TypeName(l) + "' and '" + TypeName(r) + "'");
     };
     if (op == "+") {
+      if ((l.t == T::kStr && r.t == T::kStr && l.s.size() + r.s.size() > kMaxString) ||
+          (l.t == T::kList && r.t == T::kList && l.list->size() + r.list->size() > static_cast<size_t>(kMaxRange))) {
+        return Fail(e.line, "a value passes 16 MiB, or a list a million items");
+      }
       if (l.t == T::kStr && r.t == T::kStr) return Value::Str(l.s + r.s);
       if (l.t == T::kList && r.t == T::kList) {
         Value out = Value::NewList();
@@ -934,7 +965,9 @@ class Renderer {
     if (op == "*" && ((l.t == T::kStr && IsIntLike(r)) || (IsIntLike(l) && r.t == T::kStr))) {
       const std::string& s = l.t == T::kStr ? l.s : r.s;
       const int64_t n = l.t == T::kStr ? IntOf(r) : IntOf(l);
-      if (n > 0 && s.size() * static_cast<size_t>(n) > kMaxOutput) return Fail(e.line, "a repeated string is too long");
+      if (n > 0 && (s.size() * static_cast<size_t>(n) > kMaxString || static_cast<size_t>(n) > kMaxString)) {
+        return Fail(e.line, "a value passes 16 MiB");
+      }
       std::string out;
       for (int64_t i = 0; i < n; ++i) out += s;
       return Value::Str(std::move(out));
@@ -1023,6 +1056,7 @@ class Renderer {
   Value globals_;
   std::vector<Scope> scopes_;
   std::string out_;
+  int64_t steps_ = 0;
 };
 
 }  // namespace
