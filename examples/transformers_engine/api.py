@@ -17,9 +17,13 @@ What the front and the probe rely on:
   stream so it can resume one that is cut);
 - stream chunks as server-sent events `data: {json}` with one choice each
   and `finish_reason` null until the last, then `data: [DONE]`;
-- a string prompt becomes token ids through the engine's tokenizer; with the
-  byte tokenizer that is its UTF-8 bytes, which is what the front sends as
-  the prompt of a resumed stream.
+- a string prompt becomes token ids through the engine's tokenizer (with
+  its special tokens, as vLLM encodes it), and with `return_token_ids` the
+  prompt's ids are reported (`prompt_token_ids`): the front resumes a cut
+  stream from them;
+- POST /v1/chat/completions renders the messages with the checkpoint's
+  chat template (transformers' apply_chat_template) and answers in
+  chat.completion shapes, the prompt's ids at the top.
 
 Pure functions; no torch; any thread.
 """
@@ -37,9 +41,10 @@ class ApiError(ValueError):
 
 class CompletionRequest:
     __slots__ = ("prompt", "max_tokens", "temperature", "seed", "stream", "return_token_ids", "include_usage",
-                 "model")
+                 "model", "chat")
 
     def __init__(self):
+        self.chat = False
         self.prompt = []
         self.max_tokens = 16
         self.temperature = 0.0
@@ -151,11 +156,8 @@ def _check_neutral(j):
         raise ApiError("'echo' is not supported by this engine; omit it or send false")
 
 
-def parse_completion(body, vocab, context, encode):
-    """A CompletionRequest from the body (bytes or str). vocab: token ids
-    must be below it; context: positions a sequence may use (prompt +
-    max_tokens); encode(text) -> ids for a string prompt. Raises ApiError."""
-    example = "; send a JSON object such as " + EXAMPLE
+def _load_body(body, example):
+    """The body (bytes or str) as a JSON object, bounded before it is parsed."""
     if isinstance(body, (bytes, bytearray)):
         try:
             text = bytes(body).decode("utf-8")
@@ -173,7 +175,16 @@ def parse_completion(body, vocab, context, encode):
         raise ApiError("the request body is not valid JSON" + example) from None
     if not isinstance(j, dict):
         raise ApiError("the request body is %s, not a JSON object%s" % (_type_name(j), example))
+    return j
 
+
+def parse_completion(body, vocab, context, encode):
+    """A CompletionRequest from the body (bytes or str). vocab: token ids
+    must be below it; context: positions a sequence may use (prompt +
+    max_tokens); encode(text) -> ids for a string prompt (with the
+    tokenizer's special tokens, as vLLM encodes it). Raises ApiError."""
+    example = "; send a JSON object such as " + EXAMPLE
+    j = _load_body(body, example)
     r = CompletionRequest()
     p = j.get("prompt")
     if p is None:
@@ -194,6 +205,13 @@ def parse_completion(body, vocab, context, encode):
         r.prompt = ids
     else:
         raise ApiError("'prompt' must be a string or a list of token ids, got " + _type_name(p))
+    _fit_length(j, r, context, "max_tokens")
+    _options(j, r)
+    return r
+
+
+def _fit_length(j, r, context, key):
+    """The prompt against the context, and j[key] against the room left."""
     if not r.prompt:
         raise ApiError("'prompt' is empty; send at least one character or token id")
     plen = len(r.prompt)
@@ -202,15 +220,18 @@ def parse_completion(body, vocab, context, encode):
                        "shorten the prompt" % (plen, context))
 
     room = context - plen
-    max_tokens = _get_int(j, "max_tokens", 1, room, None,
+    max_tokens = _get_int(j, key, 1, room, None,
                           "with a prompt of %d tokens and a context of %d, send 1 to %d" % (plen, context, room))
     if max_tokens is None:
         if 16 > room:  # the default alone may not fit a long prompt
-            raise ApiError("the prompt has %d tokens and the default max_tokens 16 would exceed the context of %d; "
-                           "send max_tokens of at most %d" % (plen, context, room))
+            raise ApiError("the prompt has %d tokens and the default %s 16 would exceed the context of %d; "
+                           "send %s of at most %d" % (plen, key, context, key, room))
         max_tokens = 16
     r.max_tokens = max_tokens
 
+
+def _options(j, r):
+    """What generation takes besides the prompt and its length."""
     t = j.get("temperature")
     if t is not None:
         if not _is_number(t):
@@ -236,6 +257,58 @@ def parse_completion(body, vocab, context, encode):
             raise ApiError("'model' must be a string, got " + _type_name(m))
         r.model = m
     _check_neutral(j)
+
+
+CHAT_EXAMPLE = '{"messages": [{"role": "user", "content": "Hello"}]}'
+
+
+def parse_chat(body, context, render):
+    """A CompletionRequest (chat=True) from a POST /v1/chat/completions body.
+    render(messages, add_generation_prompt, extra) -> the prompt's ids: the
+    chat template's text encoded without added special tokens; it raises
+    ApiError when the model has no template or the template refuses. A
+    content given as text parts is joined with newlines, as vLLM does."""
+    example = "; send a JSON object such as " + CHAT_EXAMPLE
+    j = _load_body(body, example)
+    msgs = j.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError("'messages' is required: a non-empty list of {\"role\", \"content\"} objects" + example)
+    norm = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError("'messages[%d]' needs a 'role' string%s" % (i, example))
+        m = dict(m)
+        c = m.get("content")
+        if isinstance(c, list):
+            texts = []
+            for k, part in enumerate(c):
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise ApiError("'messages[%d].content'[%d] is not a text part ({\"type\": \"text\", \"text\": "
+                                   "\"...\"}); this engine reads text only" % (i, k))
+                texts.append(part["text"])
+            m["content"] = "\n".join(texts)
+        elif c is not None and not isinstance(c, str):
+            raise ApiError("'messages[%d].content' must be a string, null or a list of text parts" % i)
+        norm.append(m)
+    add_generation_prompt = _get_bool(j, "add_generation_prompt", True)
+    extra = {}
+    if j.get("tools") is not None:
+        if not isinstance(j["tools"], list):
+            raise ApiError("'tools' must be a list of tool definitions")
+        extra["tools"] = j["tools"]
+    kw = j.get("chat_template_kwargs")
+    if kw is not None:
+        if not isinstance(kw, dict):
+            raise ApiError("'chat_template_kwargs' must be an object of the template's variables")
+        for k in ("messages", "add_generation_prompt"):
+            if k in kw:
+                raise ApiError("'chat_template_kwargs' may not set '%s': send it as the request's own field" % k)
+        extra.update(kw)
+    r = CompletionRequest()
+    r.chat = True
+    r.prompt = list(render(norm, add_generation_prompt, extra))
+    _fit_length(j, r, context, "max_completion_tokens" if j.get("max_completion_tokens") is not None else "max_tokens")
+    _options(j, r)
     return r
 
 
@@ -278,10 +351,43 @@ def stream_chunk_json(cid, created, model, text, tokens, finish_reason, token_id
     })
 
 
-def usage_chunk_json(cid, created, model, prompt_tokens, completion_tokens):
+def chat_completion_json(cid, created, model, text, tokens, finish_reason, token_ids, prompt):
+    """The whole chat answer; with token_ids, prompt_token_ids at the top
+    (where vLLM puts a chat's) and token_ids in the choice."""
+    n = len(tokens)
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+              "finish_reason": finish_reason}
+    j = {"id": cid, "object": "chat.completion", "created": created, "model": model, "choices": [choice],
+         "usage": {"prompt_tokens": len(prompt), "completion_tokens": n, "total_tokens": len(prompt) + n}}
+    if token_ids:
+        choice["token_ids"] = list(tokens)
+        j["prompt_token_ids"] = list(prompt)
+    return dumps(j)
+
+
+def chat_role_chunk_json(cid, created, model, prompt_ids=None):
+    """A chat stream's first chunk: the role (and the prompt's ids)."""
+    j = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None}]}
+    if prompt_ids is not None:
+        j["prompt_token_ids"] = list(prompt_ids)
+    return dumps(j)
+
+
+def chat_chunk_json(cid, created, model, text, tokens, finish_reason, token_ids):
+    choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish_reason}
+    if token_ids:
+        choice["token_ids"] = list(tokens)
+    return dumps({"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+                  "choices": [choice]})
+
+
+def usage_chunk_json(cid, created, model, prompt_tokens, completion_tokens, chat=False):
     """The chunk sent before [DONE] when stream_options.include_usage."""
     return dumps({
-        "id": cid, "object": "text_completion", "created": created, "model": model, "choices": [],
+        "id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+        "model": model, "choices": [],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     })

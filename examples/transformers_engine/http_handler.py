@@ -26,7 +26,8 @@ POLLRDHUP = getattr(select, "POLLRDHUP", 0x2000)
 log = logging.getLogger(ENGINE_NAME)
 
 
-ROUTES = {"/v1/completions": "POST", "/health": "GET", "/wsup/status": "GET", "/v1/models": "GET"}
+ROUTES = {"/v1/completions": "POST", "/v1/chat/completions": "POST", "/health": "GET", "/wsup/status": "GET",
+          "/v1/models": "GET"}
 
 
 class ClientGone(Exception):
@@ -233,8 +234,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         want = ROUTES.get(path)
         if want is None:
-            self._error(404, "no route %s; the engine serves POST /v1/completions, GET /v1/models, /health and "
-                             "/wsup/status" % path[:200], "not_found_error")
+            self._error(404, "no route %s; the engine serves POST /v1/completions and /v1/chat/completions, GET "
+                             "/v1/models, /health and /wsup/status" % path[:200], "not_found_error")
             return
         if method != want and not (want == "GET" and method == "HEAD"):
             self._error(405, "method %s is not allowed on %s; use %s" % (method, path, want),
@@ -250,7 +251,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             eng.enter_request()
             try:
-                self._completion(body)
+                self._completion(body, chat=path == "/v1/chat/completions")
             finally:
                 eng.leave_request()
 
@@ -278,7 +279,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ------------------------------------------------------------ completions
 
-    def _completion(self, body):
+    def _completion(self, body, chat=False):
         eng = self.server.engine
         model = eng.model
         if eng.stopping():
@@ -291,7 +292,10 @@ class Handler(BaseHTTPRequestHandler):
                         eng.state, "unavailable_error", headers=(("Retry-After", "1"),))
             return
         try:
-            req = api.parse_completion(body, model.vocab_size, model.context, model.tokenizer.encode)
+            if chat:
+                req = api.parse_chat(body, model.context, model.tokenizer.render_chat)
+            else:
+                req = api.parse_completion(body, model.vocab_size, model.context, model.tokenizer.encode)
         except api.ApiError as e:
             eng.count("bad_requests")
             self._error(400, str(e), "invalid_request_error")
@@ -320,15 +324,16 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             eng.admission.leave()
 
-    def _completion_id(self):
+    def _completion_id(self, chat=False):
+        prefix = "chatcmpl-" if chat else "cmpl-"
         rid = self.headers.get("X-Request-Id", "")
         if rid and len(rid) <= 128 and all(c.isalnum() or c in "-_.:" for c in rid):
-            return "cmpl-" + rid
-        return "cmpl-" + uuid.uuid4().hex
+            return prefix + rid
+        return prefix + uuid.uuid4().hex
 
     def _generate(self, model, req):
         eng = self.server.engine
-        cid = self._completion_id()
+        cid = self._completion_id(req.chat)
         created = int(time.time())
         seed = req.seed if req.seed is not None else int.from_bytes(os.urandom(8), "little")
         chunked = self.request_version != "HTTP/1.0"
@@ -340,6 +345,10 @@ class Handler(BaseHTTPRequestHandler):
             if not stream.start():
                 eng.count("cancelled")
                 return
+            if req.chat:
+                # A chat stream opens with the role (and the prompt's ids).
+                stream.event(api.chat_role_chunk_json(cid, created, model.name,
+                                                      req.prompt if req.return_token_ids else None))
         decoder = model.tokenizer.incremental() if req.stream else None
         gen = model.generate(req.prompt, req.max_tokens, req.temperature, seed)
         outcome = "finished"
@@ -352,9 +361,13 @@ class Handler(BaseHTTPRequestHandler):
                     finish = "length"
                 if stream is not None:
                     text = decoder.push([tok]) + (decoder.flush() if finish else "")
-                    first = req.return_token_ids and len(tokens) == 1
-                    stream.event(api.stream_chunk_json(cid, created, model.name, text, [tok], finish,
-                                                       req.return_token_ids, req.prompt if first else None))
+                    if req.chat:
+                        stream.event(api.chat_chunk_json(cid, created, model.name, text, [tok], finish,
+                                                         req.return_token_ids))
+                    else:
+                        first = req.return_token_ids and len(tokens) == 1
+                        stream.event(api.stream_chunk_json(cid, created, model.name, text, [tok], finish,
+                                                           req.return_token_ids, req.prompt if first else None))
                 if finish:
                     break
                 if self._peer_gone():
@@ -393,7 +406,8 @@ class Handler(BaseHTTPRequestHandler):
         if stream is not None:
             try:
                 if req.include_usage:
-                    stream.event(api.usage_chunk_json(cid, created, model.name, len(req.prompt), len(tokens)))
+                    stream.event(api.usage_chunk_json(cid, created, model.name, len(req.prompt), len(tokens),
+                                                      req.chat))
                 stream.event("[DONE]")
                 stream.end()
             except OSError:  # gone after its last token: nothing to cancel
@@ -402,8 +416,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
             return
         text = model.tokenizer.decode(tokens)
-        self._send_json(200, api.completion_json(cid, created, model.name, text, tokens, finish,
-                                                 req.return_token_ids, req.prompt))
+        answer = api.chat_completion_json if req.chat else api.completion_json
+        self._send_json(200, answer(cid, created, model.name, text, tokens, finish, req.return_token_ids, req.prompt))
 
 
 class _Stream:

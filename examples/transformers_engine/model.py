@@ -36,6 +36,7 @@ import os
 import threading
 import time
 
+import api
 from tokens import ByteTokenizer, IncrementalDecoder
 
 ENGINE_NAME = "wsup-transformers-example"
@@ -221,10 +222,23 @@ class HFTokenizer:
         self._tok = AutoTokenizer.from_pretrained(model_dir)
 
     def encode(self, text):
-        return list(self._tok.encode(text, add_special_tokens=False))
+        # A completion's text is encoded with the tokenizer's special tokens
+        # (a Llama-3 prompt starts with its BOS), as vLLM encodes it.
+        return list(self._tok.encode(text, add_special_tokens=True))
 
     def decode(self, ids):
-        return self._tok.decode(ids, skip_special_tokens=False)
+        # Output text without the special tokens, as vLLM's default; no
+        # clean-up of spaces, so that a stream's pieces add up to it.
+        return self._tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def render_chat(self, messages, add_generation_prompt, extra):
+        """The chat's ids: its template's text, encoded without added tokens."""
+        try:
+            text = self._tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                 tokenize=False, **extra)
+        except Exception as e:  # no template, or the template refused this chat
+            raise api.ApiError("the chat template: %s" % e) from None
+        return list(self._tok.encode(text, add_special_tokens=False))
 
     def incremental(self):
         return IncrementalDecoder(self.decode)

@@ -21,6 +21,8 @@ decodes to U+FFFD) until the next id completes it.
 Pure Python; no torch. Any thread (each request has its own decoder).
 """
 
+import api
+
 REPLACEMENT = "\ufffd"
 
 
@@ -43,6 +45,10 @@ class ByteTokenizer:
     def incremental(self):
         # Every id is a whole character: nothing is ever held back.
         return _ByteDecoder()
+
+    def render_chat(self, messages, add_generation_prompt, extra):
+        raise api.ApiError("the model has no tokenizer of its own and so no chat template; send a completion "
+                           "with a prompt instead")
 
 
 class _ByteDecoder:

@@ -138,6 +138,50 @@ def test_api_nesting_scan_matches_the_shared_limit():
     assert api.json_nesting_depth('"\\"[[["') == 0  # an escaped quote keeps the string open
 
 
+def test_api_parses_a_chat_and_renders_chat_shapes():
+    seen = {}
+
+    def render(messages, add_generation_prompt, extra):
+        seen.update(messages=messages, agp=add_generation_prompt, extra=extra)
+        return [7] * (len(messages) + 2)
+
+    body = json.dumps({"messages": [{"role": "system", "content": "s"},
+                                    {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                 {"type": "text", "text": "b"}]}],
+                       "max_completion_tokens": 5, "stream": True, "chat_template_kwargs": {"enable_thinking": False},
+                       "tools": [{"type": "function"}]})
+    r = api.parse_chat(body, 64, render)
+    assert r.chat and r.prompt == [7, 7, 7, 7] and r.max_tokens == 5 and r.stream
+    assert seen["messages"][1]["content"] == "a\nb" and seen["agp"] is True
+    assert seen["extra"] == {"enable_thinking": False, "tools": [{"type": "function"}]}
+    for bad, says in [({"messages": []}, "'messages' is required"),
+                      ({"messages": [{"content": "x"}]}, "needs a 'role'"),
+                      ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "not a text part"),
+                      ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 100}, "'max_tokens' is 100"),
+                      ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"messages": 1}},
+                       "may not set 'messages'")]:
+        try:
+            api.parse_chat(json.dumps(bad), 64, render)
+            assert False, bad
+        except api.ApiError as e:
+            assert says in str(e), (bad, str(e))
+    try:
+        api.parse_chat(json.dumps({"messages": [{"role": "user", "content": "x"}]}), 64,
+                       tokens.ByteTokenizer().render_chat)
+        assert False
+    except api.ApiError as e:
+        assert "no chat template" in str(e)
+    j = json.loads(api.chat_completion_json("chatcmpl-1", 7, "m", "ab", [97, 98], "length", True, [5, 6]))
+    assert j["object"] == "chat.completion" and j["prompt_token_ids"] == [5, 6]
+    assert j["choices"][0]["message"] == {"role": "assistant", "content": "ab"} and j["choices"][0]["token_ids"] == [97, 98]
+    first = json.loads(api.chat_role_chunk_json("c", 1, "m", [5]))
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""} and first["prompt_token_ids"] == [5]
+    c = json.loads(api.chat_chunk_json("c", 1, "m", "a", [97], None, False))
+    assert c["object"] == "chat.completion.chunk" and c["choices"][0]["delta"] == {"content": "a"}
+    assert "token_ids" not in c["choices"][0]
+    assert json.loads(api.usage_chunk_json("c", 1, "m", 4, 2, True))["object"] == "chat.completion.chunk"
+
+
 def test_api_renders_the_reference_engines_shapes():
     j = json.loads(api.completion_json("cmpl-1", 7, "m", "ab", [97, 98], "length", True, [5, 6, 7]))
     assert j["object"] == "text_completion" and j["id"] == "cmpl-1" and j["created"] == 7 and j["model"] == "m"
@@ -515,6 +559,10 @@ def test_bad_requests_get_clear_errors_and_the_engine_keeps_serving(engine):
         ("GET", "/v1/completions", None, 405, "method GET is not allowed on /v1/completions; use POST"),
         ("POST", "/wsup/status", b"", 405, "use GET"),
         ("GET", "/nope", None, 404, "no route /nope"),
+        # The test model has no tokenizer of its own, so no chat template.
+        ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}]}', 400,
+         "no chat template"),
+        ("POST", "/v1/chat/completions", b'{"messages": "hi"}', 400, "'messages' is required"),
     ]
     for method, path, body, want_status, words in cases:
         status, headers, data = request(e.port, method, path, body)
