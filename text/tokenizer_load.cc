@@ -2,7 +2,17 @@
 // the file names is either read exactly or refused with its JSON path and
 // what is supported: a tokenizer that encodes differently from the one the
 // model was trained with answers wrongly, and nothing would say so.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <functional>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -38,6 +48,9 @@ struct Collected {  // NOLINT(bugprone-exception-escape): see above
   // Each merge as its two tokens written together, and where the first ends.
   std::vector<std::pair<std::string, size_t>> merges;
   std::string error;  // the first entry that is not one, with its path; or a syntax error
+  // Called once model.vocab is read (the merges follow it in the files):
+  // the vocabulary's map is built beside the rest of the pass.
+  std::function<void()> vocab_done;
 };
 
 class Collector final : public nlohmann::json_sax<json> {
@@ -91,6 +104,7 @@ class Collector final : public nlohmann::json_sax<json> {
     --depth_;
     if (mode_ == Mode::kVocab) {
       mode_ = Mode::kDom;
+      if (out_->vocab_done) out_->vocab_done();
       return true;
     }
     stack_.pop_back();
@@ -352,15 +366,6 @@ class Reader {
     p->byte_fallback = Flag(m, "byte_fallback", false);
     if (!c.has_vocab) return Bad(path + ".vocab", "missing, or not an object");
     if (!c.has_merges) return Bad(path + ".merges", "missing, or not an array");
-    p->tokens = std::move(c.vocab);
-    p->vocab.reserve(p->tokens.size());
-    int32_t top = -1;
-    for (const auto& [token, id] : p->tokens) {
-      p->vocab.emplace(absl::string_view(token), id);
-      top = std::max(top, id);
-    }
-    p->id_to_token.assign(static_cast<size_t>(top) + 1, absl::string_view());
-    for (const auto& [token, id] : p->vocab) p->id_to_token[id] = token;
     p->merges.reserve(c.merges.size());
     for (size_t r = 0; r < c.merges.size(); ++r) {
       const absl::string_view joined(c.merges[r].first);
@@ -437,6 +442,62 @@ ByteAlphabet::ByteAlphabet() {
   }
 }
 
+namespace {
+
+// The vocabulary's map and the id-to-token table, from p->tokens.
+void BuildVocab(Pipeline* p) {
+  p->vocab.reserve(p->tokens.size());
+  int32_t top = -1;
+  for (const auto& [token, id] : p->tokens) {
+    p->vocab.emplace(absl::string_view(token), id);
+    top = std::max(top, id);
+  }
+  p->id_to_token.assign(static_cast<size_t>(top) + 1, absl::string_view());
+  for (const auto& [token, id] : p->vocab) p->id_to_token[id] = token;
+}
+
+// The file mapped, not copied: an 11 MB read costs a copy and the faults
+// of a fresh buffer, a third of a load.
+class MappedFile {
+ public:
+  ~MappedFile() {
+    if (data_) ::munmap(data_, size_);
+  }
+  Status Open(const std::string& path, size_t max_bytes) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return Error(errno == ENOENT ? Code::kNotFound : Code::kIo, path + ": " + std::strerror(errno));
+    }
+    struct stat st {};
+    Status s = Status::Ok();
+    if (::fstat(fd, &st) != 0) {
+      s = Error(Code::kIo, path + ": " + std::strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+      s = InvalidArgument(path + ": not a regular file; it should be a Hugging Face tokenizer.json");
+    } else if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+      s = InvalidArgument(path + ": larger than " + std::to_string(max_bytes >> 20) +
+                          " MiB; it should be a Hugging Face tokenizer.json");
+    } else if (st.st_size > 0) {
+      size_ = static_cast<size_t>(st.st_size);
+      void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+      if (m == MAP_FAILED) {
+        s = Error(Code::kIo, path + ": mmap: " + std::strerror(errno));
+      } else {
+        data_ = m;
+      }
+    }
+    ::close(fd);
+    return s;
+  }
+  std::string_view text() const { return data_ ? std::string_view(static_cast<const char*>(data_), size_) : ""; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
 Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_text, const std::string& name) {
   // A real tokenizer.json is up to tens of MB (Qwen3's is 11 MB) and nests
   // a few levels (the pass refuses more than kMaxJsonDepth).
@@ -450,9 +511,33 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_tex
   // copied a dozen times.
   c.vocab.reserve(json_text.size() / 80);
   c.merges.reserve(json_text.size() / 80);
+  auto p = std::make_unique<Pipeline>();
+  Pipeline* pp = p.get();
+  // The vocabulary's map is built on a thread of its own while the pass
+  // reads the merges; joined before anything reads it (and on every
+  // return).
+  std::thread vocab_thread;
+  struct Join {
+    std::thread& t;
+    ~Join() {
+      if (t.joinable()) t.join();
+    }
+  } join{vocab_thread};
+  bool vocab_built = false;
+  c.vocab_done = [&] {
+    if (vocab_built) return;
+    vocab_built = true;
+    pp->tokens = std::move(c.vocab);
+    try {
+      vocab_thread = std::thread([pp] { BuildVocab(pp); });
+    } catch (const std::system_error&) {
+      BuildVocab(pp);  // no thread to be had: on this one
+    }
+  };
   Collector collector(&c);
   const bool parsed = json::sax_parse(json_text.begin(), json_text.end(), &collector, json::input_format_t::json,
                                       /*strict=*/true);
+  if (vocab_thread.joinable()) vocab_thread.join();
   if (!parsed || !c.error.empty()) {
     return InvalidArgument(name + ": " + (c.error.empty() ? std::string("not valid JSON") : c.error) +
                            "; it should be a Hugging Face tokenizer.json");
@@ -460,14 +545,12 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_tex
   const json& j = c.rest;
   if (!j.is_object()) return InvalidArgument(name + ": not a JSON object; it should be a Hugging Face tokenizer.json");
   Reader r(name);
-  auto p = std::make_unique<Pipeline>();
   for (const char* key : {"truncation", "padding"}) {
     if (j.contains(key) && !j[key].is_null()) {
       return r.Bad(key, "must be null: the engine decides lengths itself; remove it from the file");
     }
   }
   WSUP_RETURN_IF_ERROR(r.Model(j.contains("model") ? j["model"] : json(), c, "model", p.get()));
-  Pipeline* pp = p.get();
   WSUP_RETURN_IF_ERROR(r.Part(j.value("normalizer", json()), "normalizer", "normalizers",
                               [&](const json& n, const std::string& type, const std::string& at) {
                                 return r.NormalizerPart(n, type, at, pp);
@@ -491,9 +574,9 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_tex
 }
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
-  auto text = ReadFile(path, kMaxTokenizerBytes);
-  if (!text.ok()) return text.error();
-  return FromJson(*text, path);
+  MappedFile file;
+  WSUP_RETURN_IF_ERROR(file.Open(path, kMaxTokenizerBytes));
+  return FromJson(file.text(), path);
 }
 
 }  // namespace wsup::text
