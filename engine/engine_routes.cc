@@ -71,7 +71,9 @@ void Engine::FinishPending(uint64_t id, Pending& p, const GenEvent& ev) {
     w->Write(http::SseEvent("[DONE]"));
     w->End();
   } else {
-    const std::string text = text_->Decode(p.tokens, /*skip_special_tokens=*/true);
+    std::string text;
+    for (int32_t t : p.tokens) text += p.stream_text->Add(t);
+    text += p.stream_text->Finish();
     const std::vector<int32_t>* prompt = p.token_ids ? &p.prompt : nullptr;
     w->Send(http::HttpResponse::Json(
         200, p.chat ? ChatCompletionJson(p.text, text, p.tokens, ev.finish_reason, prompt, p.prompt_tokens)
@@ -180,7 +182,11 @@ void Engine::StartGeneration(const std::shared_ptr<http::ResponseWriter>& w, con
   p.include_usage = req->include_usage;
   p.prompt_tokens = static_cast<int64_t>(req->prompt.size());
   if (p.token_ids) p.prompt = req->prompt;
+  // The output's text is a stream over the prompt and what follows: a
+  // continuation whose prompt ends inside a character (a resumed stream)
+  // reads as the uninterrupted stream would.
   p.stream_text = text_->Stream(/*skip_special_tokens=*/true);
+  p.stream_text->Prime(req->prompt);
   if (p.stream) {
     w->StartStream(200, {{"Content-Type", "text/event-stream"}, {"Cache-Control", "no-cache"}});
     if (chat) {

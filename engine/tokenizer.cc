@@ -35,6 +35,7 @@ class ByteText final : public TokenText {
     return s;
   }
   std::string Finish() override { return {}; }
+  void Prime(const std::vector<int32_t>&) override {}  // every id is a whole character
 };
 
 class ByteCodec final : public TextCodec {
@@ -56,6 +57,7 @@ class FileText final : public TokenText {
   FileText(const text::Tokenizer& t, bool skip) : d_(t, skip) {}
   std::string Add(int32_t id) override { return d_.Add(id); }
   std::string Finish() override { return d_.Finish(); }
+  void Prime(const std::vector<int32_t>& context) override { d_.Prime(context); }
 
  private:
   text::StreamDecoder d_;

@@ -37,6 +37,9 @@ class TokenText {
   virtual ~TokenText() = default;
   virtual std::string Add(int32_t id) = 0;
   virtual std::string Finish() = 0;
+  // The sequence goes on after `context` (text/tokenizer.h StreamDecoder::
+  // Prime): a continuation's first text completes what its prompt left.
+  virtual void Prime(const std::vector<int32_t>& context) = 0;
 };
 
 class TextCodec {

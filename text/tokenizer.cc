@@ -343,6 +343,16 @@ std::string StreamDecoder::Add(int32_t id) {
   return out;
 }
 
+void StreamDecoder::Prime(const std::vector<int32_t>& context) {
+  // A character is at most 4 bytes, and every token gives at least one
+  // byte unless it is skipped: the last 8 tokens hold its start.
+  std::string tail;
+  for (size_t i = context.size() > 8 ? context.size() - 8 : 0; i < context.size(); ++i) {
+    tail += tokenizer_.TokenBytes(context[i], skip_special_);
+  }
+  pending_ = tail.substr(tail.size() - IncompleteTail(tail));
+}
+
 std::string StreamDecoder::Finish() {
   std::string out = ToValidUtf8(pending_);
   pending_.clear();

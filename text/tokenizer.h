@@ -79,6 +79,12 @@ class StreamDecoder {
   std::string Add(int32_t id);
   // What is left at the end (an incomplete character, as U+FFFD).
   std::string Finish();
+  // The stream goes on after `context` (the tokens before the first Add:
+  // a prompt, or a resumed stream's prompt and delivered tokens). The bytes
+  // of its end that stop inside a character are held, so that the new ids
+  // complete or break that character as one stream over the whole sequence
+  // would: a stream cut and continued elsewhere reads the same.
+  void Prime(const std::vector<int32_t>& context);
 
  private:
   const Tokenizer& tokenizer_;

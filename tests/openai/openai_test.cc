@@ -1,5 +1,6 @@
 // The official `openai` npm client through the front while crash drills run
-// (acceptance 2 of the failover issue). A real node (tests/drills/drill_node.h)
+// (acceptance 2 of the failover issue), on the byte-tokenizer test model and
+// on a real-tokenizer one (chats and text completions). A real node (tests/drills/drill_node.h)
 // serves; tests/openai/stream_check.mjs streams greedy completions with the
 // openai package (installed by scripts/setup.sh with `npm ci`, client
 // retries off) from 8 concurrent loops and checks each against the golden
@@ -19,8 +20,9 @@
 #include <nlohmann/json.hpp>
 
 #include "testkit/failover_drill.h"
-#include "tests/drills/drill_node.h"
 #include "testkit/test_util.h"
+#include "testkit/tok_tiny.h"
+#include "tests/drills/drill_node.h"
 
 namespace wsup {
 namespace {
@@ -49,26 +51,23 @@ std::pair<int64_t, int64_t> Progress(const std::string& log) {
   return {ok, bad};
 }
 
-TEST_CASE("openai: the official npm client streams through crash drills, every stream complete and golden",
-          "[openai][drills]") {
-  if (test::SkipWithout("llama-tiny-f32")) return;
+// Runs stream_check.mjs (8 clients) on the node's front against `golden`,
+// SIGKILLs the active engine drill after drill (at least 3, until the front
+// has resumed a stream; at most 20), then stops the script: every answer
+// must have been complete and golden. Returns the script's summary.
+json DrillWithClients(test::DrillNode& n, const std::string& golden) {
   std::string dir = std::string(WSUP_SOURCE_DIR) + "/tests/openai";
   std::string node = FindOnPath("node");
   INFO("node.js and the openai package come from scripts/setup.sh (apt nodejs npm; npm ci in tests/openai)");
   REQUIRE(!node.empty());
   REQUIRE(std::filesystem::exists(dir + "/node_modules/openai/package.json"));
-
-  test::DrillNode n;
-  n.Start();
-  INFO(n.Log());
-  REQUIRE(n.WaitServing());
   int port = n.FrontPort();
   REQUIRE(port > 0);
 
   std::string log = n.dir().Join("stream_check.log");
   test::Child script = test::Child::Start({node, dir + "/stream_check.mjs", "--base-url",
-                                           "http://127.0.0.1:" + std::to_string(port) + "/v1", "--golden",
-                                           test::TestData("llama-tiny-f32/golden.json"), "--clients", "8"},
+                                           "http://127.0.0.1:" + std::to_string(port) + "/v1", "--golden", golden,
+                                           "--clients", "8"},
                                           log);
   auto progress = [&] { return Progress(test::ReadAll(log)); };
   INFO(test::ReadAll(log));
@@ -107,7 +106,41 @@ TEST_CASE("openai: the official npm client streams through crash drills, every s
   CHECK(summary["plain"].get<int64_t>() > 0);
   CHECK(script.exit_code() == 0);
   WARN(drills << " crash drills; the front resumed " << resumed << " streams and retried " << retried
-              << " requests; the client saw " << summary["ok"] << " correct completions");
+              << " requests; the client saw " << summary["ok"] << " correct answers");
+  return summary;
+}
+
+TEST_CASE("openai: the official npm client streams through crash drills, every stream complete and golden",
+          "[openai][drills]") {
+  if (test::SkipWithout("llama-tiny-f32")) return;
+  test::DrillNode n;
+  n.Start();
+  INFO(n.Log());
+  REQUIRE(n.WaitServing());
+  DrillWithClients(n, test::TestData("llama-tiny-f32/golden.json"));
+}
+
+TEST_CASE("openai: chats and text completions on a real tokenizer go through crash drills with transformers' text",
+          "[openai][drills]") {
+  // llama3-tok-tiny: Llama-3's tokenizer and chat template. The probe asks
+  // its golden's first prompt (a margin of 0.006: sure).
+  test::TempDir models;
+  auto model = test::TokTinyCheckpoint(models, "llama3");
+  INFO((model.ok() ? *model : model.error().message()));
+  REQUIRE(model.ok());
+  auto cases = test::TokTinyGoldens("llama3", /*chats=*/false);
+  REQUIRE(!cases.empty());
+  REQUIRE(cases[0].margin >= test::kExactMargin);
+  test::DrillNodeSpec spec;
+  spec.model = *model;
+  spec.sets = {"probe.prompt=" + json(cases[0].prompt).dump(),
+               "probe.expect_token_ids=" + json(cases[0].output_ids).dump()};
+  test::DrillNode n(spec);
+  n.Start();
+  INFO(n.Log());
+  REQUIRE(n.WaitServing());
+  json summary = DrillWithClients(n, *model + "/golden.json");
+  CHECK(summary["chats"].get<int64_t>() > 0);
 }
 
 }  // namespace

@@ -10,6 +10,12 @@
 // Prints "progress OK BAD" after each completion and, at the end,
 // "summary {json}"; exits 0 when every completion was correct, 1 otherwise.
 // Driven by tests/openai/openai_test.cc, which kills engines meanwhile.
+//
+// A golden file of a real-tokenizer checkpoint (testdata/*-tok-tiny: its
+// "completions" and "chats") makes the loops alternate text completions
+// and chats (chat.completions.create), each checked against the text
+// transformers decoded; only the cases whose greedy margin leaves no doubt
+// (at least 1e-3) are asked.
 import { readFileSync } from "node:fs";
 import OpenAI from "openai";
 
@@ -26,7 +32,17 @@ if (!baseURL || !goldenPath) {
   console.error("usage: node stream_check.mjs --base-url URL --golden golden.json [--clients N] [--model NAME]");
   process.exit(2);
 }
-const cases = JSON.parse(readFileSync(goldenPath, "utf8")).cases;
+const golden = JSON.parse(readFileSync(goldenPath, "utf8"));
+const sure = (c) => c.margin >= 1e-3;
+// One shape for both kinds of golden: prompt or messages, and the text.
+const cases = golden.cases
+  ? golden.cases.map((c) => ({ prompt: c.prompt, output_ids: c.output_ids, text: c.output_text_latin1 }))
+  : [
+      ...golden.completions.filter(sure).map((c) => ({ prompt: c.prompt, output_ids: c.output_ids, text: c.output_text })),
+      ...golden.chats.filter(sure).map((c) => ({ messages: c.messages, output_ids: c.output_ids, text: c.output_text })),
+    ];
+const counts_chat = { chats: 0 };
+const label = (c) => (c.messages ? `chat ending "${c.messages[c.messages.length - 1].content}"` : `"${c.prompt}"`);
 const client = new OpenAI({ baseURL, apiKey: "not-needed", maxRetries: 0, timeout: 60_000 });
 
 let stopping = false;
@@ -43,11 +59,12 @@ function record(ok, what) {
   console.log(`progress ${counts.ok} ${counts.bad}`);
 }
 
-// One streamed completion: complete and equal to the golden text.
+// One streamed completion or chat: complete and equal to the golden text.
 async function streamOnce(c) {
-  const stream = await client.completions.create({
-    model, prompt: c.prompt, max_tokens: c.output_ids.length, temperature: 0, stream: true,
-  });
+  const common = { model, max_tokens: c.output_ids.length, temperature: 0, stream: true };
+  const stream = c.messages
+    ? await client.chat.completions.create({ ...common, messages: c.messages })
+    : await client.completions.create({ ...common, prompt: c.prompt });
   let text = "";
   let finish = null;
   let afterFinish = 0;
@@ -55,24 +72,29 @@ async function streamOnce(c) {
     const choice = chunk.choices?.[0];
     if (!choice) continue;
     if (finish !== null) afterFinish++;
-    text += choice.text ?? "";
+    text += (c.messages ? choice.delta?.content : choice.text) ?? "";
     if (choice.finish_reason) finish = choice.finish_reason;
   }
   counts.streams++;
-  if (finish === null) return `stream of "${c.prompt}" ended without a finish_reason after ${text.length} characters`;
-  if (afterFinish > 0) return `stream of "${c.prompt}" went on after its finish_reason`;
-  if (text !== c.output_text_latin1) {
-    return `stream of "${c.prompt}" differs from the golden output: ${JSON.stringify(text)} vs ${JSON.stringify(c.output_text_latin1)}`;
+  if (c.messages) counts_chat.chats++;
+  if (finish === null) return `stream of ${label(c)} ended without a finish_reason after ${text.length} characters`;
+  if (afterFinish > 0) return `stream of ${label(c)} went on after its finish_reason`;
+  if (text !== c.text) {
+    return `stream of ${label(c)} differs from the golden output: ${JSON.stringify(text)} vs ${JSON.stringify(c.text)}`;
   }
   return null;
 }
 
-// One plain completion, the same check.
+// One plain completion or chat, the same check.
 async function plainOnce(c) {
-  const r = await client.completions.create({ model, prompt: c.prompt, max_tokens: c.output_ids.length, temperature: 0 });
+  const common = { model, max_tokens: c.output_ids.length, temperature: 0 };
+  const r = c.messages
+    ? await client.chat.completions.create({ ...common, messages: c.messages })
+    : await client.completions.create({ ...common, prompt: c.prompt });
   counts.plain++;
-  const text = r.choices?.[0]?.text;
-  if (text !== c.output_text_latin1) return `completion of "${c.prompt}" differs from the golden output: ${JSON.stringify(text)}`;
+  if (c.messages) counts_chat.chats++;
+  const text = c.messages ? r.choices?.[0]?.message?.content : r.choices?.[0]?.text;
+  if (text !== c.text) return `answer to ${label(c)} differs from the golden output: ${JSON.stringify(text)}`;
   return null;
 }
 
@@ -84,11 +106,11 @@ async function loop(id) {
       const why = plain ? await plainOnce(c) : await streamOnce(c);
       record(why === null, why);
     } catch (e) {
-      record(false, `${plain ? "completion" : "stream"} of "${c.prompt}" threw ${e?.constructor?.name}: ${e?.message}`);
+      record(false, `${plain ? "answer" : "stream"} of ${label(c)} threw ${e?.constructor?.name}: ${e?.message}`);
     }
   }
 }
 
 await Promise.all(Array.from({ length: clients }, (_, i) => loop(i)));
-console.log(`summary ${JSON.stringify({ ...counts, failures })}`);
+console.log(`summary ${JSON.stringify({ ...counts, ...counts_chat, failures })}`);
 process.exit(counts.bad === 0 && counts.ok > 0 ? 0 : 1);

@@ -150,6 +150,23 @@ TEST_CASE("tokenizer: text that is not UTF-8 is encoded as its replacement, and 
   CHECK(stream.Add(0xE2).empty());
   CHECK(stream.Finish() == std::string(kReplacement));
   CHECK(t->Decode({0xC3, 0xA9, 0xE2}, true) == "\xC3\xA9" + std::string(kReplacement));
+
+  // Continued after a context that stops inside a character (a stream cut
+  // after a token whose character was not complete): the first stream said
+  // nothing of it, and the continuation gives what one stream would.
+  StreamDecoder first(*t, true);
+  CHECK(first.Add('h') == "h");
+  CHECK(first.Add(0xC3).empty());
+  StreamDecoder rest(*t, true);
+  rest.Prime({'h', 0xC3});
+  CHECK(rest.Add(0xA9) == "\xC3\xA9");
+  StreamDecoder broken(*t, true);
+  broken.Prime({0x61, 0xE2, 0x82});
+  CHECK(broken.Add('x') == std::string(kReplacement) + "x");
+  CHECK(t->Decode({0x61, 0xE2, 0x82, 'x'}, true) == "a" + std::string(kReplacement) + "x");
+  StreamDecoder whole(*t, true);
+  whole.Prime({'a', 0xC3, 0xA9});  // a context that ends a character holds nothing
+  CHECK(whole.Add('b') == "b");
 }
 
 TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the JSON path and what is supported",
