@@ -51,11 +51,18 @@ std::pair<int64_t, int64_t> Progress(const std::string& log) {
   return {ok, bad};
 }
 
+struct ClientDrills {
+  int min_drills = 3;
+  bool hang = false;                  // SIGSTOP the active engine instead of SIGKILL
+  std::vector<std::string> script_args;  // more stream_check.mjs arguments
+};
+
 // Runs stream_check.mjs (8 clients) on the node's front against `golden`,
-// SIGKILLs the active engine drill after drill (at least 3, until the front
-// has resumed a stream; at most 20), then stops the script: every answer
-// must have been complete and golden. Returns the script's summary.
-json DrillWithClients(test::DrillNode& n, const std::string& golden) {
+// drills the active engine again and again (SIGKILL: at least min_drills,
+// until the front has resumed a stream, at most 20; SIGSTOP: min_drills),
+// then stops the script: every answer must have been complete and golden.
+// Returns the script's summary.
+json DrillWithClients(test::DrillNode& n, const std::string& golden, const ClientDrills& how = {}) {
   std::string dir = std::string(WSUP_SOURCE_DIR) + "/tests/openai";
   std::string node = FindOnPath("node");
   INFO("node.js and the openai package come from scripts/setup.sh (apt nodejs npm; npm ci in tests/openai)");
@@ -65,10 +72,11 @@ json DrillWithClients(test::DrillNode& n, const std::string& golden) {
   REQUIRE(port > 0);
 
   std::string log = n.dir().Join("stream_check.log");
-  test::Child script = test::Child::Start({node, dir + "/stream_check.mjs", "--base-url",
-                                           "http://127.0.0.1:" + std::to_string(port) + "/v1", "--golden", golden,
-                                           "--clients", "8"},
-                                          log);
+  std::vector<std::string> argv = {node,     dir + "/stream_check.mjs", "--base-url",
+                                   "http://127.0.0.1:" + std::to_string(port) + "/v1", "--golden", golden,
+                                   "--clients", "8"};
+  argv.insert(argv.end(), how.script_args.begin(), how.script_args.end());
+  test::Child script = test::Child::Start(argv, log);
   auto progress = [&] { return Progress(test::ReadAll(log)); };
   INFO(test::ReadAll(log));
   REQUIRE(test::WaitFor([&] { return progress().first >= 20 || !script.running(); }, 60s));
@@ -77,22 +85,22 @@ json DrillWithClients(test::DrillNode& n, const std::string& golden) {
   auto target = test::MakeWsupTarget({n.SupervisorSocket(), n.FrontSocket()});
   int drills = 0;
   int64_t resumed = 0, retried = 0;
-  while (drills < 20 && (drills < 3 || resumed == 0)) {
+  while (drills < 20 && (drills < how.min_drills || (resumed == 0 && !how.hang))) {
     Status ready = target->WaitReady(120s);
     REQUIRE(ready.ok());
     // Streams are in flight when the kill comes: the loops never pause.
     int64_t before = progress().first;
     REQUIRE(test::WaitFor([&] { return progress().first >= before + 8; }, 30s));
     test::DrillRecord d;
-    Status crashed = target->Crash(&d);
-    REQUIRE(crashed.ok());
+    Status drilled = how.hang ? target->Hang(&d) : target->Crash(&d);
+    REQUIRE(drilled.ok());
     ++drills;
     int64_t at_kill = progress().first;
     // The clients go on succeeding after the kill.
     REQUIRE(test::WaitFor([&] { return progress().first >= at_kill + 16; }, 60s));
     REQUIRE(target->Counters(&resumed, &retried).ok());
   }
-  CHECK(resumed > 0);
+  if (!how.hang) CHECK(resumed > 0);
 
   script.Kill(SIGTERM);
   REQUIRE(script.Wait(60s) >= 0);
@@ -105,8 +113,9 @@ json DrillWithClients(test::DrillNode& n, const std::string& golden) {
   CHECK(summary["streams"].get<int64_t>() > 0);
   CHECK(summary["plain"].get<int64_t>() > 0);
   CHECK(script.exit_code() == 0);
-  WARN(drills << " crash drills; the front resumed " << resumed << " streams and retried " << retried
-              << " requests; the client saw " << summary["ok"] << " correct answers");
+  WARN(drills << (how.hang ? " hang" : " crash") << " drills; the front resumed " << resumed
+              << " streams and retried " << retried << " requests; the client saw " << summary["ok"]
+              << " correct answers");
   return summary;
 }
 
@@ -120,26 +129,52 @@ TEST_CASE("openai: the official npm client streams through crash drills, every s
   DrillWithClients(n, test::TestData("llama-tiny-f32/golden.json"));
 }
 
-TEST_CASE("openai: chats and text completions on a real tokenizer go through crash drills with transformers' text",
-          "[openai][drills]") {
-  // llama3-tok-tiny: Llama-3's tokenizer and chat template. The probe asks
-  // its golden's first prompt (a margin of 0.006: sure).
-  test::TempDir models;
-  auto model = test::TokTinyCheckpoint(models, "llama3");
-  INFO((model.ok() ? *model : model.error().message()));
-  REQUIRE(model.ok());
+// A drill node on llama3-tok-tiny (Llama-3's tokenizer and chat template,
+// made runnable in `models`); its probe asks the golden's first prompt (a
+// margin of 0.006: sure).
+test::DrillNodeSpec TokTinySpec(const test::TempDir& models, std::string* model) {
+  auto made = test::TokTinyCheckpoint(models, "llama3");
+  INFO((made.ok() ? *made : made.error().message()));
+  REQUIRE(made.ok());
+  *model = *made;
   auto cases = test::TokTinyGoldens("llama3", /*chats=*/false);
   REQUIRE(!cases.empty());
   REQUIRE(cases[0].margin >= test::kExactMargin);
   test::DrillNodeSpec spec;
-  spec.model = *model;
+  spec.model = *made;
   spec.sets = {"probe.prompt=" + json(cases[0].prompt).dump(),
                "probe.expect_token_ids=" + json(cases[0].output_ids).dump()};
+  return spec;
+}
+
+TEST_CASE("openai: chats and text completions on a real tokenizer go through crash drills with transformers' text",
+          "[openai][drills]") {
+  test::TempDir models;
+  std::string model;
+  test::DrillNode n(TokTinySpec(models, &model));
+  n.Start();
+  INFO(n.Log());
+  REQUIRE(n.WaitServing());
+  ClientDrills how;
+  how.min_drills = 5;
+  json summary = DrillWithClients(n, model + "/golden.json", how);
+  CHECK(summary["chats"].get<int64_t>() > 0);
+}
+
+TEST_CASE("openai: chats and text completions on a real tokenizer go through SIGSTOP drills hidden by hedging",
+          "[openai][drills][hedge]") {
+  test::TempDir models;
+  std::string model;
+  test::DrillNodeSpec spec = TokTinySpec(models, &model);
+  spec.sets.push_back("front.hedge_after_ms=200");
   test::DrillNode n(spec);
   n.Start();
   INFO(n.Log());
   REQUIRE(n.WaitServing());
-  json summary = DrillWithClients(n, *model + "/golden.json");
+  ClientDrills how;
+  how.hang = true;
+  how.min_drills = 3;
+  json summary = DrillWithClients(n, model + "/golden.json", how);
   CHECK(summary["chats"].get<int64_t>() > 0);
 }
 

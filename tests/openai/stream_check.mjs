@@ -5,7 +5,7 @@
 // (maxRetries: 0), so any failure the front let through is seen here.
 //
 //   node stream_check.mjs --base-url http://127.0.0.1:PORT/v1 --golden golden.json
-//        [--clients 8] [--model NAME]
+//        [--clients 8] [--model NAME] [--only chats|completions]
 //
 // Prints "progress OK BAD" after each completion and, at the end,
 // "summary {json}"; exits 0 when every completion was correct, 1 otherwise.
@@ -35,12 +35,18 @@ if (!baseURL || !goldenPath) {
 const golden = JSON.parse(readFileSync(goldenPath, "utf8"));
 const sure = (c) => c.margin >= 1e-3;
 // One shape for both kinds of golden: prompt or messages, and the text.
-const cases = golden.cases
+const only = arg("only", "");  // "chats" or "completions": one kind of a real-tokenizer golden
+const allCases = golden.cases
   ? golden.cases.map((c) => ({ prompt: c.prompt, output_ids: c.output_ids, text: c.output_text_latin1 }))
   : [
       ...golden.completions.filter(sure).map((c) => ({ prompt: c.prompt, output_ids: c.output_ids, text: c.output_text })),
       ...golden.chats.filter(sure).map((c) => ({ messages: c.messages, output_ids: c.output_ids, text: c.output_text })),
     ];
+const cases = allCases.filter((c) => !only || (only === "chats") === Boolean(c.messages));
+if (cases.length === 0) {
+  console.error(`no cases of kind ${only} in ${goldenPath}`);
+  process.exit(2);
+}
 const counts_chat = { chats: 0 };
 const label = (c) => (c.messages ? `chat ending "${c.messages[c.messages.length - 1].content}"` : `"${c.prompt}"`);
 const client = new OpenAI({ baseURL, apiKey: "not-needed", maxRetries: 0, timeout: 60_000 });
