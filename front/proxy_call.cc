@@ -195,7 +195,10 @@ void ProxyCall::ResumeStream(bool counted, int64_t remaining, const std::string&
   sse_->BeginContinuation();
   Continuation(remaining, &resume_body_, &target_);
   body_ = resume_body_;
-  cut_ = counted;
+  // A continuation always follows a cut, also when an earlier try of it
+  // never connected (not counted): the engine it reaches may adopt the
+  // dead engine's KV only if it is told.
+  cut_ = true;
   if (counted) deadline_ms_ = now_ms() + options().queue_timeout_ms;
   spdlog::warn("front: request {}: {}; resuming the stream after {} tokens ({} to go)", id(), why,
                sse_->delivered().size(), remaining);

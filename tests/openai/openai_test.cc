@@ -15,11 +15,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "testkit/failover_drill.h"
+#include "testkit/http_client.h"
 #include "testkit/test_util.h"
 #include "testkit/tok_tiny.h"
 #include "tests/drills/drill_node.h"
@@ -55,6 +58,7 @@ struct ClientDrills {
   int min_drills = 3;
   bool hang = false;                  // SIGSTOP the active engine instead of SIGKILL
   std::vector<std::string> script_args;  // more stream_check.mjs arguments
+  std::function<void()> after_each;      // run after each drill, once the clients went on
 };
 
 // Runs stream_check.mjs (8 clients) on the node's front against `golden`,
@@ -99,6 +103,7 @@ json DrillWithClients(test::DrillNode& n, const std::string& golden, const Clien
     // The clients go on succeeding after the kill.
     REQUIRE(test::WaitFor([&] { return progress().first >= at_kill + 16; }, 60s));
     REQUIRE(target->Counters(&resumed, &retried).ok());
+    if (how.after_each) how.after_each();
   }
   if (!how.hang) CHECK(resumed > 0);
 
@@ -176,6 +181,45 @@ TEST_CASE("openai: chats and text completions on a real tokenizer go through SIG
   how.min_drills = 3;
   json summary = DrillWithClients(n, model + "/golden.json", how);
   CHECK(summary["chats"].get<int64_t>() > 0);
+}
+
+TEST_CASE("openai: chat streams cut on the KV pool resume from the dead engine's KV", "[openai][drills][kv_pool]") {
+  test::TempDir models;
+  std::string model;
+  test::DrillNodeSpec spec = TokTinySpec(models, &model);
+  spec.kv_pool = true;
+  test::DrillNode n(spec);
+  n.Start();
+  INFO(n.Log());
+  REQUIRE(n.WaitServing());
+  // Each engine process's adopted and recomputed sequences, from its own
+  // /wsup/status after every drill: a killed engine's counts go with it.
+  std::map<int64_t, std::pair<int64_t, int64_t>> by_pid;
+  ClientDrills how;
+  how.script_args = {"--only", "chats"};
+  how.after_each = [&] {
+    auto st = n.Status();
+    if (!st) return;
+    for (const auto& e : (*st)["engines"]) {
+      const int port = e.value("port", 0);
+      if (port <= 0) continue;
+      auto headers = n.ControlAuth(e.value("slot", ""));
+      test::HttpResult r = test::HttpRequestOnce(port, "GET", "/wsup/status", "", 10s, headers);
+      json es = json::parse(r.body, nullptr, false);
+      if (!es.is_object() || !es.contains("resume")) continue;
+      by_pid[e.value("pid", int64_t{0})] = {es["resume"].value("adopted_sequences", int64_t{0}),
+                                            es["resume"].value("recomputed_sequences", int64_t{0})};
+    }
+  };
+  json summary = DrillWithClients(n, model + "/golden.json", how);
+  CHECK(summary["chats"] == summary["ok"]);
+  int64_t adopted = 0, recomputed = 0;
+  for (const auto& [pid, counts] : by_pid) {
+    adopted += counts.first;
+    recomputed += counts.second;
+  }
+  WARN("resumed chat streams: " << adopted << " adopted the dead engine's KV, " << recomputed << " recomputed it");
+  CHECK(adopted > 0);
 }
 
 }  // namespace
