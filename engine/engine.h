@@ -112,6 +112,10 @@ class Engine {
   void HandleHealth(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleModels(const std::shared_ptr<http::ResponseWriter>& w);
   void HandleChat(const std::shared_ptr<http::ResponseWriter>& w);
+  // Ready to serve requests; otherwise answers 503 (retry once ready).
+  bool ServesNow(const std::shared_ptr<http::ResponseWriter>& w);
+  // What a request may ask of this model (once ready).
+  ApiLimits Limits() const;
   // Submits a parsed completion or chat and keeps it in flight.
   void StartGeneration(const std::shared_ptr<http::ResponseWriter>& w, const CompletionRequest& r, bool chat);
   void HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w);

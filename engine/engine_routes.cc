@@ -81,6 +81,21 @@ void Engine::FinishPending(uint64_t id, Pending& p, const GenEvent& ev) {
   }
 }
 
+bool Engine::ServesNow(const std::shared_ptr<http::ResponseWriter>& w) {
+  if (ready()) return true;
+  SendError(w, 503, std::string("the engine is ") + state_name() + " (loading the model); retry when GET /wsup/status says ready",
+            "unavailable_error", {{"Retry-After", "1"}});
+  return false;
+}
+
+ApiLimits Engine::Limits() const {
+  ApiLimits limits;
+  limits.vocab = runner_->dims().vocab;
+  limits.context = runner_->dims().max_pos;
+  limits.text = text_.get();
+  return limits;
+}
+
 void Engine::SendError(const std::shared_ptr<http::ResponseWriter>& w, int status, const std::string& message,
                        const std::string& type, std::vector<http::Header> extra) {
   http::HttpResponse r = http::HttpResponse::Json(status, http::ErrorJson(message, type));
@@ -105,42 +120,36 @@ void Engine::Route(std::shared_ptr<http::ResponseWriter> w) {
       return;
     }
   }
-  if (r.path == "/v1/completions") {
-    if (only("POST")) HandleCompletion(w);
-  } else if (r.path == "/v1/chat/completions") {
-    if (only("POST")) HandleChat(w);
-  } else if (r.path == "/health") {
-    if (only("GET")) HandleHealth(w);
-  } else if (r.path == "/wsup/status") {
-    if (only("GET")) HandleStatus(w);
-  } else if (r.path == "/tokenize") {
-    if (only("POST")) HandleTokenize(w);
-  } else if (r.path == "/detokenize") {
-    if (only("POST")) HandleDetokenize(w);
-  } else if (r.path == "/v1/models") {
-    if (only("GET")) HandleModels(w);
-  } else if (r.path == "/wsup/role") {
-    if (only("POST")) HandleRole(w);
-  } else {
-    SendError(w, 404, "no route " + r.path.substr(0, 200) +
-                          "; the engine serves POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, GET "
-                          "/v1/models, /health, "
-                          "/wsup/status and POST /wsup/role",
-              "not_found_error");
+  // Each route's path, method and handler.
+  struct RouteRow {
+    const char* path;
+    const char* method;
+    void (Engine::*handle)(const std::shared_ptr<http::ResponseWriter>&);
+  };
+  static constexpr RouteRow kRoutes[] = {
+      {"/v1/completions", "POST", &Engine::HandleCompletion},
+      {"/v1/chat/completions", "POST", &Engine::HandleChat},
+      {"/tokenize", "POST", &Engine::HandleTokenize},
+      {"/detokenize", "POST", &Engine::HandleDetokenize},
+      {"/v1/models", "GET", &Engine::HandleModels},
+      {"/health", "GET", &Engine::HandleHealth},
+      {"/wsup/status", "GET", &Engine::HandleStatus},
+      {"/wsup/role", "POST", &Engine::HandleRole},
+  };
+  for (const RouteRow& row : kRoutes) {
+    if (r.path != row.path) continue;
+    if (only(row.method)) (this->*row.handle)(w);
+    return;
   }
+  SendError(w, 404, "no route " + r.path.substr(0, 200) +
+                        "; the engine serves POST /v1/completions, /v1/chat/completions, /tokenize and /detokenize, GET "
+                        "/v1/models, /health, /wsup/status and POST /wsup/role",
+            "not_found_error");
 }
 
 void Engine::HandleCompletion(const std::shared_ptr<http::ResponseWriter>& w) {
-  if (!ready()) {
-    SendError(w, 503, std::string("the engine is ") + state_name() + " (loading the model); retry when GET /wsup/status says ready",
-              "unavailable_error", {{"Retry-After", "1"}});
-    return;
-  }
-  ApiLimits limits;
-  limits.vocab = runner_->dims().vocab;
-  limits.context = runner_->dims().max_pos;
-  limits.text = text_.get();
-  auto req = ParseCompletionRequest(w->request().body, limits);
+  if (!ServesNow(w)) return;
+  auto req = ParseCompletionRequest(w->request().body, Limits());
   if (!req.ok()) {
     SendError(w, 400, req.error().message(), "invalid_request_error");
     return;

@@ -23,22 +23,14 @@ Result<std::vector<int32_t>> ChatIds(const TextCodec& text, const ChatRequest& c
 }  // namespace
 
 void Engine::HandleChat(const std::shared_ptr<http::ResponseWriter>& w) {
-  if (!ready()) {
-    SendError(w, 503, std::string("the engine is ") + state_name() + " (loading the model); retry when GET /wsup/status says ready",
-              "unavailable_error", {{"Retry-After", "1"}});
-    return;
-  }
+  if (!ServesNow(w)) return;
   auto req = ParseChatRequest(w->request().body);
   if (!req.ok()) {
     SendError(w, 400, req.error().message(), "invalid_request_error");
     return;
   }
   auto ids = ChatIds(*text_, *req);
-  ApiLimits limits;
-  limits.vocab = runner_->dims().vocab;
-  limits.context = runner_->dims().max_pos;
-  limits.text = text_.get();
-  Status fit = ids.ok() ? FitChatPrompt(std::move(ids).value(), limits, &*req) : Status(ids.error());
+  Status fit = ids.ok() ? FitChatPrompt(std::move(ids).value(), Limits(), &*req) : Status(ids.error());
   if (!fit.ok()) {
     SendError(w, 400, fit.error().message(), "invalid_request_error");
     return;
@@ -47,11 +39,7 @@ void Engine::HandleChat(const std::shared_ptr<http::ResponseWriter>& w) {
 }
 
 void Engine::HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w) {
-  if (!ready()) {
-    SendError(w, 503, std::string("the engine is ") + state_name() + "; retry when GET /wsup/status says ready",
-              "unavailable_error", {{"Retry-After", "1"}});
-    return;
-  }
+  if (!ServesNow(w)) return;
   auto req = ParseTokenizeRequest(w->request().body);
   if (!req.ok()) {
     SendError(w, 400, req.error().message(), "invalid_request_error");
@@ -72,11 +60,7 @@ void Engine::HandleTokenize(const std::shared_ptr<http::ResponseWriter>& w) {
 }
 
 void Engine::HandleDetokenize(const std::shared_ptr<http::ResponseWriter>& w) {
-  if (!ready()) {
-    SendError(w, 503, std::string("the engine is ") + state_name() + "; retry when GET /wsup/status says ready",
-              "unavailable_error", {{"Retry-After", "1"}});
-    return;
-  }
+  if (!ServesNow(w)) return;
   auto ids = ParseDetokenizeRequest(w->request().body, runner_->dims().vocab);
   if (!ids.ok()) {
     SendError(w, 400, ids.error().message(), "invalid_request_error");

@@ -254,7 +254,7 @@ Status Json(const Value& v, int indent, int level, std::string* out) {
   auto newline = [&](int l) {
     if (indent < 0) return;
     out->push_back('\n');
-    out->append(static_cast<size_t>(indent * l), ' ');
+    out->append(static_cast<size_t>(indent) * static_cast<size_t>(l), ' ');
   };
   switch (v.t) {
     case T::kUndef: return InvalidArgument("tojson of an undefined value");
@@ -287,39 +287,30 @@ Status Json(const Value& v, int indent, int level, std::string* out) {
       }
       out->push_back('"');
       return Status::Ok();
-    case T::kList: {
-      if (v.list->empty()) {
-        *out += "[]";
-        return Status::Ok();
-      }
-      out->push_back('[');
-      for (size_t i = 0; i < v.list->size(); ++i) {
-        if (out->size() > kMaxString) return InvalidArgument("tojson passes 16 MiB");
-        if (i) *out += indent < 0 ? ", " : ",";
-        newline(level + 1);
-        WSUP_RETURN_IF_ERROR(Json((*v.list)[i], indent, level + 1, out));
-      }
-      newline(level);
-      out->push_back(']');
-      return Status::Ok();
-    }
+    case T::kList:
     case T::kDict:
     case T::kNs: {
-      if (v.dict->empty()) {
-        *out += "{}";
+      const bool list = v.t == T::kList;
+      const size_t n = list ? v.list->size() : v.dict->size();
+      if (n == 0) {
+        *out += list ? "[]" : "{}";
         return Status::Ok();
       }
-      out->push_back('{');
-      for (size_t i = 0; i < v.dict->size(); ++i) {
+      out->push_back(list ? '[' : '{');
+      for (size_t i = 0; i < n; ++i) {
         if (out->size() > kMaxString) return InvalidArgument("tojson passes 16 MiB");
         if (i) *out += indent < 0 ? ", " : ",";
         newline(level + 1);
+        if (list) {
+          WSUP_RETURN_IF_ERROR(Json((*v.list)[i], indent, level + 1, out));
+          continue;
+        }
         WSUP_RETURN_IF_ERROR(Json(Value::Str((*v.dict)[i].first), indent, level + 1, out));
         *out += ": ";
         WSUP_RETURN_IF_ERROR(Json((*v.dict)[i].second, indent, level + 1, out));
       }
       newline(level);
-      out->push_back('}');
+      out->push_back(list ? ']' : '}');
       return Status::Ok();
     }
   }

@@ -506,11 +506,8 @@ class Parser {
   P ParseExpr() {
     // Nesting is bounded: a template is a file from the checkpoint, and a
     // bad one must not overflow the stack.
-    if (++depth_ > kMaxDepth) return Fail(Peek().line, "expressions nest deeper than " + std::to_string(kMaxDepth) + " levels");
-    struct Leave {
-      int* d;
-      ~Leave() { --*d; }
-    } leave{&depth_};
+    Depth depth(this);
+    if (!depth.ok()) return Fail(Peek().line, "expressions nest deeper than " + std::to_string(kMaxDepth) + " levels");
     WSUP_ASSIGN_OR_RETURN(auto e, ParseOr());
     while (IsName("if")) {
       const int line = Next().line;
@@ -527,34 +524,23 @@ class Parser {
     }
     return e;
   }
-  P ParseOr() {
-    WSUP_ASSIGN_OR_RETURN(auto e, ParseAnd());
-    while (IsName("or")) {
-      auto n = Make(Expr::K::kOr, Next().line);
-      WSUP_ASSIGN_OR_RETURN(auto r, ParseAnd());
+  // `next (word next)*`, left to right, as `kind` nodes.
+  P Logical(Expr::K kind, const char* word, P (Parser::*next)()) {
+    WSUP_ASSIGN_OR_RETURN(auto e, (this->*next)());
+    while (IsName(word)) {
+      auto n = Make(kind, Next().line);
+      WSUP_ASSIGN_OR_RETURN(auto r, (this->*next)());
       n->args.push_back(std::move(e));
       n->args.push_back(std::move(r));
       e = std::move(n);
     }
     return e;
   }
-  P ParseAnd() {
-    WSUP_ASSIGN_OR_RETURN(auto e, ParseNot());
-    while (IsName("and")) {
-      auto n = Make(Expr::K::kAnd, Next().line);
-      WSUP_ASSIGN_OR_RETURN(auto r, ParseNot());
-      n->args.push_back(std::move(e));
-      n->args.push_back(std::move(r));
-      e = std::move(n);
-    }
-    return e;
-  }
+  P ParseOr() { return Logical(Expr::K::kOr, "or", &Parser::ParseAnd); }
+  P ParseAnd() { return Logical(Expr::K::kAnd, "and", &Parser::ParseNot); }
   P ParseNot() {
-    if (++depth_ > kMaxDepth) return Fail(Peek().line, "expressions nest deeper than " + std::to_string(kMaxDepth) + " levels");
-    struct Leave {
-      int* d;
-      ~Leave() { --*d; }
-    } leave{&depth_};
+    Depth depth(this);
+    if (!depth.ok()) return Fail(Peek().line, "expressions nest deeper than " + std::to_string(kMaxDepth) + " levels");
     if (IsName("not")) {
       auto n = Make(Expr::K::kNot, Next().line);
       WSUP_ASSIGN_OR_RETURN(auto x, ParseNot());
@@ -565,6 +551,7 @@ class Parser {
   }
   P ParseCompare() {
     WSUP_ASSIGN_OR_RETURN(auto e, ParseMath1());
+    const int line = e->line;
     std::unique_ptr<Expr> cmp;
     while (true) {
       std::string op;
@@ -583,7 +570,7 @@ class Parser {
         break;
       }
       if (!cmp) {
-        cmp = Make(Expr::K::kCompare, e->line);
+        cmp = Make(Expr::K::kCompare, line);
         cmp->args.push_back(std::move(e));
       }
       WSUP_ASSIGN_OR_RETURN(auto r, ParseMath1());
@@ -614,11 +601,8 @@ class Parser {
   P ParseMath2() { return Binary(&Parser::ParsePow, {"*", "/", "//", "%"}); }
   P ParsePow() { return Binary(&Parser::ParseUnary, {"**"}); }
   P ParseUnary() {
-    if (++depth_ > kMaxDepth) return Fail(Peek().line, "expressions nest deeper than " + std::to_string(kMaxDepth) + " levels");
-    struct Leave {
-      int* d;
-      ~Leave() { --*d; }
-    } leave{&depth_};
+    Depth depth(this);
+    if (!depth.ok()) return Fail(Peek().line, "expressions nest deeper than " + std::to_string(kMaxDepth) + " levels");
     if (IsOp("-") || IsOp("+")) {
       auto n = Make(IsOp("-") ? Expr::K::kNeg : Expr::K::kPos, Peek().line);
       Next();
@@ -810,6 +794,18 @@ class Parser {
   size_t at_ = 0;
   static constexpr int kMaxDepth = 100;
   int depth_ = 0;
+  // One level of nesting while it lives.
+  class Depth {
+   public:
+    explicit Depth(Parser* p) : p_(p) { ++p_->depth_; }
+    ~Depth() { --p_->depth_; }
+    Depth(const Depth&) = delete;
+    Depth& operator=(const Depth&) = delete;
+    bool ok() const { return p_->depth_ <= kMaxDepth; }
+
+   private:
+    Parser* p_;
+  };
 };
 
 }  // namespace

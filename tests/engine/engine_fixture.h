@@ -111,6 +111,15 @@ inline void CheckUsageError(const std::string& model_dir, const std::vector<std:
   CHECK(r.output.find(says) != std::string::npos);
 }
 
+// A POST with a JSON body that must be answered `want`; the answer's JSON.
+inline nlohmann::json PostJson(int port, const std::string& path, const nlohmann::json& body, int want = 200) {
+  HttpResult r = HttpRequestOnce(port, "POST", path, body.dump(), std::chrono::seconds(60));
+  INFO(path << " " << body.dump().substr(0, 300) << " -> " << r.status << " " << r.error << " "
+            << r.body.substr(0, 400));
+  REQUIRE(r.status == want);
+  return nlohmann::json::parse(r.body);
+}
+
 inline nlohmann::json GetJson(int port, const std::string& path) {
   HttpResult r = HttpRequestOnce(port, "GET", path);
   auto j = nlohmann::json::parse(r.body, nullptr, false);

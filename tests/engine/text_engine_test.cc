@@ -22,6 +22,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 using wsup::test::HttpRequestOnce;
 using wsup::test::HttpResult;
+using wsup::test::PostJson;
 using wsup::test::TempDir;
 
 namespace {
@@ -56,17 +57,25 @@ std::string MakeModel(const TempDir& dir, int64_t vocab, const std::string& name
   return out;
 }
 
+// wsup-engine on `model`, ready (the test stops here with its log if not).
 wsup::test::ReadyProcess Start(const TempDir& dir, const std::string& model) {
-  return wsup::test::StartWithReadyFd({wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0",
-                                       "--ready-fd", "3", "--log-level", "warn", "--kv-cache-mib", "4"},
-                                      dir.Join("engine.log"), 120s);
+  auto e = wsup::test::StartWithReadyFd({wsup::test::BinPath("wsup-engine"), "--model", model, "--port", "0",
+                                         "--ready-fd", "3", "--log-level", "warn", "--kv-cache-mib", "4"},
+                                        dir.Join("engine.log"), 120s);
+  INFO(e.Log());
+  REQUIRE(e.ready);
+  return e;
 }
 
-json Post(int port, const std::string& path, const json& body, int want = 200) {
-  HttpResult r = HttpRequestOnce(port, "POST", path, body.dump(), 60s);
-  INFO(path << " " << body.dump() << " -> " << r.status << " " << r.error << " " << r.body.substr(0, 400));
-  REQUIRE(r.status == want);
-  return json::parse(r.body);
+
+// A generated model with the published tokenizer `name`, served.
+struct Served {
+  std::string model;
+  wsup::test::ReadyProcess e;
+};
+Served Serve(const TempDir& dir, int64_t vocab, const std::string& name) {
+  std::string model = MakeModel(dir, vocab, name);
+  return Served{model, Start(dir, model)};
 }
 
 void StopClean(wsup::test::ReadyProcess& e) {
@@ -79,10 +88,8 @@ void StopClean(wsup::test::ReadyProcess& e) {
 
 TEST_CASE("engine text: Qwen3's own tokenizer encodes text prompts, decodes output, and streams deltas that add up") {
   TempDir dir;
-  const std::string model = MakeModel(dir, 151936, "qwen3");
-  auto e = Start(dir, model);
+  auto [model, e] = Serve(dir, 151936, "qwen3");
   INFO(e.Log());
-  REQUIRE(e.ready);
 
   json st = wsup::test::GetJson(e.port, "/wsup/status");
   CHECK(st["tokenizer"]["kind"] == "tokenizer.json");
@@ -92,23 +99,23 @@ TEST_CASE("engine text: Qwen3's own tokenizer encodes text prompts, decodes outp
 
   // /tokenize and /detokenize: the ids Qwen's tokenizer gives this text,
   // a special token written in the text, and a round trip of non-ASCII.
-  json t = Post(e.port, "/tokenize", {{"prompt", "Hello, world"}});
+  json t = PostJson(e.port, "/tokenize", {{"prompt", "Hello, world"}});
   CHECK(t["tokens"] == json::array({9707, 11, 1879}));
   CHECK(t["count"] == 3);
   CHECK(t["max_model_len"] == 256);
-  CHECK(Post(e.port, "/tokenize", {{"prompt", "<|im_start|>user"}})["tokens"][0] == 151644);
-  CHECK(Post(e.port, "/detokenize", {{"tokens", {9707, 11, 1879}}})["prompt"] == "Hello, world");
+  CHECK(PostJson(e.port, "/tokenize", {{"prompt", "<|im_start|>user"}})["tokens"][0] == 151644);
+  CHECK(PostJson(e.port, "/detokenize", {{"tokens", {9707, 11, 1879}}})["prompt"] == "Hello, world");
   const std::string mixed = "na\xc3\xafve \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e \xf0\x9f\x99\x82 x\xcc\x81";
-  json ids = Post(e.port, "/tokenize", {{"prompt", mixed}})["tokens"];
+  json ids = PostJson(e.port, "/tokenize", {{"prompt", mixed}})["tokens"];
   CHECK(ids.size() < mixed.size());  // not one token per byte
-  CHECK(Post(e.port, "/detokenize", {{"tokens", ids}})["prompt"] == mixed);
+  CHECK(PostJson(e.port, "/detokenize", {{"tokens", ids}})["prompt"] == mixed);
 
   // A completion of a text prompt: the prompt's ids are the tokenizer's,
   // and the text is the output ids decoded without special tokens.
   auto tok = wsup::text::CheckpointText::Load(model);
   REQUIRE(tok.ok());
   REQUIRE(*tok != nullptr);
-  json c = Post(e.port, "/v1/completions",
+  json c = PostJson(e.port, "/v1/completions",
                 {{"prompt", "Hello, world"}, {"max_tokens", 24}, {"temperature", 0}, {"return_token_ids", true}});
   const json& choice = c["choices"][0];
   CHECK(choice["prompt_token_ids"] == json::array({9707, 11, 1879}));
@@ -146,18 +153,18 @@ TEST_CASE("engine text: Qwen3's own tokenizer encodes text prompts, decodes outp
   CHECK(text == choice["text"].get<std::string>());
 
   // Without return_token_ids, no ids are sent.
-  json plain = Post(e.port, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
+  json plain = PostJson(e.port, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
   CHECK_FALSE(plain["choices"][0].contains("prompt_token_ids"));
   CHECK_FALSE(plain["choices"][0].contains("token_ids"));
 
   // Bad requests name the problem.
-  json bad = Post(e.port, "/detokenize", {{"tokens", {9707, 151936}}}, 400);
+  json bad = PostJson(e.port, "/detokenize", {{"tokens", {9707, 151936}}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("outside the vocabulary [0, 151936)") != std::string::npos);
-  bad = Post(e.port, "/tokenize", {{"messages", "hi"}}, 400);
+  bad = PostJson(e.port, "/tokenize", {{"messages", "hi"}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("'messages' is required") != std::string::npos);
-  bad = Post(e.port, "/tokenize", {{"messages", json::array({{{"content", "hi"}}})}}, 400);
+  bad = PostJson(e.port, "/tokenize", {{"messages", json::array({{{"content", "hi"}}})}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("'messages[0]' needs a 'role'") != std::string::npos);
-  bad = Post(e.port, "/tokenize", {{"prompt", 7}}, 400);
+  bad = PostJson(e.port, "/tokenize", {{"prompt", 7}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("'prompt' must be a string") != std::string::npos);
   CHECK(HttpRequestOnce(e.port, "GET", "/tokenize").status == 405);
   StopClean(e);
@@ -165,10 +172,8 @@ TEST_CASE("engine text: Qwen3's own tokenizer encodes text prompts, decodes outp
 
 TEST_CASE("engine text: a chat is rendered by Qwen3's chat template, encoded without added tokens, and answered as a chat") {
   TempDir dir;
-  const std::string model = MakeModel(dir, 151936, "qwen3");
-  auto e = Start(dir, model);
+  auto [model, e] = Serve(dir, 151936, "qwen3");
   INFO(e.Log());
-  REQUIRE(e.ready);
   auto tok = wsup::text::CheckpointText::Load(model);
   REQUIRE(tok.ok());
   REQUIRE(*tok != nullptr);
@@ -183,14 +188,14 @@ TEST_CASE("engine text: a chat is rendered by Qwen3's chat template, encoded wit
   const std::string rendered =
       "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello\nthere<|im_end|>\n<|im_start|>assistant\n";
   const std::vector<int32_t> want_prompt = (*tok)->Encode(rendered, /*add_special_tokens=*/false);
-  CHECK(Post(e.port, "/tokenize", {{"messages", messages}})["tokens"].get<std::vector<int32_t>>() == want_prompt);
+  CHECK(PostJson(e.port, "/tokenize", {{"messages", messages}})["tokens"].get<std::vector<int32_t>>() == want_prompt);
   // chat_template_kwargs reach the template (Qwen3's switch for thinking).
   const std::vector<int32_t> no_think =
       (*tok)->Encode(rendered + "<think>\n\n</think>\n\n", /*add_special_tokens=*/false);
-  CHECK(Post(e.port, "/tokenize", {{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", false}}}})["tokens"]
+  CHECK(PostJson(e.port, "/tokenize", {{"messages", messages}, {"chat_template_kwargs", {{"enable_thinking", false}}}})["tokens"]
             .get<std::vector<int32_t>>() == no_think);
 
-  json c = Post(e.port, "/v1/chat/completions",
+  json c = PostJson(e.port, "/v1/chat/completions",
                 {{"messages", messages}, {"max_tokens", 20}, {"temperature", 0}, {"return_token_ids", true}});
   CHECK(c["object"] == "chat.completion");
   CHECK(c["id"].get<std::string>().rfind("chatcmpl-", 0) == 0);
@@ -236,14 +241,14 @@ TEST_CASE("engine text: a chat is rendered by Qwen3's chat template, encoded wit
   CHECK(usage["usage"]["completion_tokens"] == out.size());
 
   // Bad chats name the problem.
-  json bad = Post(e.port, "/v1/chat/completions", {{"messages", json::array()}}, 400);
+  json bad = PostJson(e.port, "/v1/chat/completions", {{"messages", json::array()}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("'messages' is required") != std::string::npos);
-  bad = Post(e.port, "/v1/chat/completions",
+  bad = PostJson(e.port, "/v1/chat/completions",
              {{"messages", json::array({{{"role", "user"}, {"content", json::array({{{"type", "image_url"}}})}}})}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("not a text part") != std::string::npos);
-  bad = Post(e.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 100000}}, 400);
+  bad = PostJson(e.port, "/v1/chat/completions", {{"messages", messages}, {"max_tokens", 100000}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("'max_tokens' is 100000") != std::string::npos);
-  bad = Post(e.port, "/v1/chat/completions", {{"messages", messages}, {"tool_choice", "required"}}, 400);
+  bad = PostJson(e.port, "/v1/chat/completions", {{"messages", messages}, {"tool_choice", "required"}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("'tool_choice'") != std::string::npos);
   StopClean(e);
 
@@ -252,24 +257,22 @@ TEST_CASE("engine text: a chat is rendered by Qwen3's chat template, encoded wit
   auto b = wsup::test::StartEngine(bytes_dir, "llama-tiny-f32");
   INFO(b.Log());
   REQUIRE(b.ready);
-  bad = Post(b.port, "/v1/chat/completions", {{"messages", messages}}, 400);
+  bad = PostJson(b.port, "/v1/chat/completions", {{"messages", messages}}, 400);
   CHECK(bad["error"]["message"].get<std::string>().find("no chat template") != std::string::npos);
   StopClean(b);
 }
 
 TEST_CASE("engine text: DeepSeek-V3's tokenizer_config.json (LlamaTokenizerFast, add_bos_token) puts its BOS first") {
   TempDir dir;
-  const std::string model = MakeModel(dir, 129280, "deepseek_v3");
-  auto e = Start(dir, model);
+  auto [model, e] = Serve(dir, 129280, "deepseek_v3");
   INFO(e.Log());
-  REQUIRE(e.ready);
-  CHECK(Post(e.port, "/tokenize", {{"prompt", "Hello, world"}})["tokens"] == json::array({0, 19923, 14, 2058}));
-  CHECK(Post(e.port, "/tokenize", {{"prompt", "Hello, world"}, {"add_special_tokens", false}})["tokens"] ==
+  CHECK(PostJson(e.port, "/tokenize", {{"prompt", "Hello, world"}})["tokens"] == json::array({0, 19923, 14, 2058}));
+  CHECK(PostJson(e.port, "/tokenize", {{"prompt", "Hello, world"}, {"add_special_tokens", false}})["tokens"] ==
         json::array({19923, 14, 2058}));
-  json c = Post(e.port, "/v1/completions", {{"prompt", "Hello, world"}, {"max_tokens", 2}, {"return_token_ids", true}});
+  json c = PostJson(e.port, "/v1/completions", {{"prompt", "Hello, world"}, {"max_tokens", 2}, {"return_token_ids", true}});
   CHECK(c["choices"][0]["prompt_token_ids"] == json::array({0, 19923, 14, 2058}));
   // The BOS is special: /detokenize keeps it, a completion's text would not.
-  CHECK(Post(e.port, "/detokenize", {{"tokens", {0, 19923}}})["prompt"] ==
+  CHECK(PostJson(e.port, "/detokenize", {{"tokens", {0, 19923}}})["prompt"] ==
         "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>Hello");
   StopClean(e);
 }

@@ -15,20 +15,8 @@
 
 using nlohmann::json;
 using namespace std::chrono_literals;
-using wsup::test::HttpRequestOnce;
-using wsup::test::HttpResult;
 using wsup::test::TempDir;
 
-namespace {
-
-json PostOk(int port, const std::string& path, const json& body) {
-  HttpResult r = HttpRequestOnce(port, "POST", path, body.dump(), 60s);
-  INFO(path << " " << body.dump().substr(0, 300) << " -> " << r.status << " " << r.body.substr(0, 400));
-  REQUIRE(r.status == 200);
-  return json::parse(r.body);
-}
-
-}  // namespace
 
 TEST_CASE("engine text: the real-tokenizer checkpoints give transformers' prompt ids and, where sure, its output") {
   for (const char* name : {"llama3", "qwen3", "deepseekv3"}) {
@@ -48,8 +36,8 @@ TEST_CASE("engine text: the real-tokenizer checkpoints give transformers' prompt
           INFO((chat ? "chat " + c.rendered : "prompt " + c.prompt) << " (margin " << c.margin << ")");
           ++cases;
           // The prompt's ids: /tokenize, and what a completion reports.
-          json t = chat ? PostOk(e.port, "/tokenize", {{"messages", c.messages}})
-                        : PostOk(e.port, "/tokenize", {{"prompt", c.prompt}});
+          json t = chat ? wsup::test::PostJson(e.port, "/tokenize", {{"messages", c.messages}})
+                        : wsup::test::PostJson(e.port, "/tokenize", {{"prompt", c.prompt}});
           CHECK(t["tokens"].get<std::vector<int32_t>>() == c.prompt_ids);
           json body = {{"max_tokens", 16}, {"temperature", 0}, {"return_token_ids", true}};
           if (chat) {
@@ -57,7 +45,7 @@ TEST_CASE("engine text: the real-tokenizer checkpoints give transformers' prompt
           } else {
             body["prompt"] = c.prompt;
           }
-          json r = PostOk(e.port, chat ? "/v1/chat/completions" : "/v1/completions", body);
+          json r = wsup::test::PostJson(e.port, chat ? "/v1/chat/completions" : "/v1/completions", body);
           const json& choice = r["choices"][0];
           CHECK((chat ? r["prompt_token_ids"] : choice["prompt_token_ids"]).get<std::vector<int32_t>>() ==
                 c.prompt_ids);

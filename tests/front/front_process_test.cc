@@ -33,6 +33,14 @@ HttpResult Post(int port, const std::string& body, const std::vector<std::pair<s
   return HttpRequestOnce(port, "POST", "/v1/completions", body, 30s, headers);
 }
 
+// A front over fake engines `a` (active) and `b` (standby), its control
+// socket connected through *ctl.
+std::unique_ptr<FrontProcess> StartFront(FakeEngine& a, FakeEngine& b, ControlClient* ctl) {
+  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
+  REQUIRE(ctl->Connect(front->control_path()));
+  return front;
+}
+
 // The JSON events of an SSE body, without [DONE]; `done` says whether it came.
 std::vector<json> Events(const std::string& body, bool* done) {
   std::vector<json> out;
@@ -45,6 +53,16 @@ std::vector<json> Events(const std::string& body, bool* done) {
     out.push_back(json::parse(d));
   }
   return out;
+}
+
+// A streamed chat through the front: its events, [DONE] checked.
+std::vector<json> ChatStream(int port, const json& body) {
+  HttpResult r = HttpRequestOnce(port, "POST", "/v1/chat/completions", body.dump(), 30s);
+  REQUIRE(r.status == 200);
+  bool done = false;
+  auto events = Events(r.body, &done);
+  CHECK(done);
+  return events;
 }
 
 std::string StreamText(const std::vector<json>& events) {
@@ -80,9 +98,8 @@ bool ReadUntil(int fd, const std::string& needle, std::string* got, std::chrono:
 TEST_CASE("the front forwards the OpenAI routes and /health only - an engine's control routes get 404 at the front",
           "[front][process]") {
   FakeEngine a("A"), b("B");
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  auto front = StartFront(a, b, &ctl);
   const int before = a.requests.load() + b.requests.load();
   struct Try {
     std::string method, target, body;
@@ -118,9 +135,8 @@ TEST_CASE("the front forwards the OpenAI routes and /health only - an engine's c
 
 TEST_CASE("set_routes takes effect for the next request while in-flight ones finish", "[front][process]") {
   FakeEngine a("A"), b("B");
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  auto front = StartFront(a, b, &ctl);
 
   HttpResult r = HttpRequestOnce(front->port(), "GET", "/v1/whoami", "", 10s, {{"X-Request-Id", "trace-123"}});
   REQUIRE(r.status == 200);
@@ -308,9 +324,8 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
   FakeEngine a("A"), b("B");
   a.mode = FakeEngine::kDieAfterTokens;
   a.die_after = 5;
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  auto front = StartFront(a, b, &ctl);
 
   SECTION("string prompt, client did not ask for token ids") {
     HttpResult r = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})",
@@ -424,23 +439,15 @@ TEST_CASE("a chat stream cut mid-way is resumed as a token-id completion and rea
   FakeEngine a("A"), b("B");
   a.mode = FakeEngine::kDieAfterTokens;
   a.die_after = 5;
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  auto front = StartFront(a, b, &ctl);
   const json messages = json::array({{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}});
   const std::vector<int64_t> prompt = FakeTokenize(FakeRender(messages));
   const std::vector<int64_t> golden = FakeGenerate(prompt, 12);
 
   SECTION("the client did not ask for token ids") {
-    HttpResult r = HttpRequestOnce(front->port(), "POST", "/v1/chat/completions",
-                                   json{{"messages", messages}, {"stream", true}, {"max_completion_tokens", 12},
-                                        {"stream_options", {{"include_usage", true}}}}
-                                       .dump(),
-                                   30s);
-    REQUIRE(r.status == 200);
-    bool done = false;
-    auto events = Events(r.body, &done);
-    CHECK(done);
+    auto events = ChatStream(front->port(), {{"messages", messages}, {"stream", true}, {"max_completion_tokens", 12},
+                                             {"stream_options", {{"include_usage", true}}}});
     // The role and 12 deltas (the fake engine puts the usage in the last):
     // one chat stream with one id.
     REQUIRE(events.size() == 13);
@@ -474,15 +481,8 @@ TEST_CASE("a chat stream cut mid-way is resumed as a token-id completion and rea
     CHECK(FrontStatus(ctl)["counters"]["resumed"] == 1);
   }
   SECTION("the client asked for token ids: the prompt's ids once, at the top of the first chunk") {
-    HttpResult r = HttpRequestOnce(front->port(), "POST", "/v1/chat/completions",
-                                   json{{"messages", messages}, {"stream", true}, {"max_tokens", 12},
-                                        {"return_token_ids", true}}
-                                       .dump(),
-                                   30s);
-    REQUIRE(r.status == 200);
-    bool done = false;
-    auto events = Events(r.body, &done);
-    CHECK(done);
+    auto events = ChatStream(front->port(),
+                             {{"messages", messages}, {"stream", true}, {"max_tokens", 12}, {"return_token_ids", true}});
     REQUIRE(events.size() == 13);
     CHECK(events[0]["prompt_token_ids"] == json(prompt));
     std::vector<int64_t> ids;
@@ -500,9 +500,8 @@ TEST_CASE("engine_dead: what is in flight on a dead engine is sent on at once, n
   // A's sockets stay open (a SIGKILLed engine's do until the kernel has torn
   // it down): only the supervisor's word tells the front that it is dead.
   FakeEngine a("A"), b("B");
-  auto front = FrontProcess::Start({"--active", a.addr(), "--standby", b.addr()});
   ControlClient ctl;
-  REQUIRE(ctl.Connect(front->control_path()));
+  auto front = StartFront(a, b, &ctl);
 
   // A plain completion that A holds, and a stream A delivers slowly.
   a.mode = FakeEngine::kHold;

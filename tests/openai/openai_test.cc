@@ -178,7 +178,7 @@ TEST_CASE("openai: chats and text completions on a real tokenizer go through SIG
   REQUIRE(n.WaitServing());
   ClientDrills how;
   how.hang = true;
-  how.min_drills = 3;
+  how.min_drills = 5;
   json summary = DrillWithClients(n, model + "/golden.json", how);
   CHECK(summary["chats"].get<int64_t>() > 0);
 }
