@@ -341,7 +341,8 @@ nlohmann::json Proxy::StatusJson() const {
   for (const auto& e : event_log_) j["events"].push_back(e);
   j["counters"] = {{"requests", counters_.requests},         {"ok", counters_.ok},
                    {"failed", counters_.failed},             {"retried", counters_.retried},
-                   {"resumed", counters_.resumed},           {"resume_refused", counters_.resume_refused},
+                   {"resumed", counters_.resumed},           {"resumed_chat", counters_.resumed_chat},
+                   {"resume_refused", counters_.resume_refused},
                    {"switched_self", counters_.switched_self},
                    {"rejected_503", counters_.rejected_503}, {"client_closed", counters_.client_closed},
                    {"rejected_400", counters_.rejected_400}, {"hedged", counters_.hedged},

@@ -191,6 +191,7 @@ void ProxyCall::ResumeStream(bool counted, int64_t remaining, const std::string&
   if (counted) {
     ++resumes_;
     ++counters().resumed;
+    if (plan_.chat) ++counters().resumed_chat;
   }
   sse_->BeginContinuation();
   Continuation(remaining, &resume_body_, &target_);

@@ -41,6 +41,7 @@ struct ProxyCounters {
   uint64_t failed = 0;         // answered 502 by the front, or cut off after an engine failure
   uint64_t retried = 0;        // requests sent again after an engine failure
   uint64_t resumed = 0;        // streams continued on another attempt
+  uint64_t resumed_chat = 0;   // ... of them chat streams (the rest are text completions)
   uint64_t resume_refused = 0; // cut streams ended with an error: the engine never reported the prompt's ids
   uint64_t switched_self = 0;  // times the front made the standby active by itself
   uint64_t rejected_503 = 0;   // no engine within the queue timeout, or the queue was full

@@ -23,13 +23,19 @@ struct Normalizer {
 };
 
 struct PreTokenizer {
-  enum class Kind { kSplit, kByteLevel };
+  enum class Kind { kSplit, kByteLevel, kMetaspace };
   enum class Behavior { kIsolated, kRemoved };
+  // kMetaspace: where the replacement goes before a piece (kFirst: only the
+  // piece that starts the input).
+  enum class Prepend { kAlways, kFirst, kNever };
   Kind kind = Kind::kSplit;
   std::vector<Regex> regex;  // kSplit: one pattern (a vector: Regex has no default)
   Behavior behavior = Behavior::kIsolated;
   bool add_prefix_space = false;  // kByteLevel
   bool use_regex = false;         // kByteLevel: GPT-2's split first
+  std::string replacement;        // kMetaspace: what a space becomes ("▁")
+  Prepend prepend = Prepend::kAlways;
+  bool split = true;              // kMetaspace: each replacement starts a piece
 };
 
 struct AddedToken {
@@ -63,6 +69,18 @@ struct Tokenizer::Pipeline {
   // A ByteLevel pre-tokenizer maps the text (and the ByteLevel decoder,
   // which a load requires with it, maps it back).
   bool byte_level = false;
+  // fuse_unk: a run of characters the vocabulary lacks is one unk_id.
+  bool fuse_unk = false;
+
+  // The decoder of a tokenizer that is not byte-level (SentencePiece's
+  // kind: Llama-2, Mistral): each token's text with `decode_replace`
+  // applied in order; then, with ByteFallback, each run of "<0xXX>" tokens
+  // as its bytes (one U+FFFD per byte where the run is not UTF-8); the
+  // pieces joined (Fuse); then up to `strip_start` leading spaces of the
+  // whole text removed (Strip).
+  std::vector<std::pair<std::string, std::string>> decode_replace;
+  bool decode_byte_fallback = false;
+  int strip_start = 0;
 
   std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre_tokenizers;

@@ -5,11 +5,14 @@
 //
 // What it reads (anything else refuses the load, naming the JSON path and
 // what is supported; it never falls back silently):
-//   model            BPE (byte-level, or with byte_fallback), ignore_merges
+//   model            BPE (byte-level, or with byte_fallback: SentencePiece's
+//                    kind, Llama-2 and Mistral), ignore_merges, fuse_unk
 //   normalizer       null, NFC, NFD, NFKC, NFKD, Replace, Prepend, Sequence
-//   pre_tokenizer    Split (Isolated or Removed), ByteLevel, Sequence
+//   pre_tokenizer    null, Split (Isolated or Removed), ByteLevel,
+//                    Metaspace (prepend_scheme, split), Sequence
 //   post_processor   ByteLevel, TemplateProcessing (single), Sequence
-//   decoder          ByteLevel
+//   decoder          ByteLevel (with a ByteLevel pre-tokenizer); Metaspace;
+//                    or a Sequence of Replace, ByteFallback, Fuse and Strip
 //   added_tokens     matched leftmost-longest, before the normalizer for
 //                    the tokens marked `normalized: false`, after it for
 //                    the others; lstrip and rstrip
@@ -50,8 +53,10 @@ class Tokenizer {
   std::string Decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const;
 
   // The bytes token `id` contributes to a decode (empty for an id the
-  // tokenizer does not have, or a special one skipped). Decode() is these
-  // bytes, concatenated, made valid UTF-8.
+  // tokenizer does not have, or a special one skipped). For a byte-level
+  // tokenizer Decode() is these bytes, concatenated, made valid UTF-8; a
+  // SentencePiece one also strips the text's first space and decodes a run
+  // of byte tokens that is not UTF-8 as one U+FFFD per byte.
   std::string TokenBytes(int32_t id, bool skip_special_tokens) const;
 
   // The highest id plus one (the vocabulary and the added tokens).
@@ -66,6 +71,7 @@ class Tokenizer {
   struct Pipeline;
 
  private:
+  friend class StreamDecoder;
   explicit Tokenizer(std::unique_ptr<Pipeline> p);
   std::unique_ptr<Pipeline> p_;
 };
@@ -89,7 +95,10 @@ class StreamDecoder {
  private:
   const Tokenizer& tokenizer_;
   bool skip_special_;
+  // Byte-level: the bytes of an incomplete character. SentencePiece: a run
+  // of byte tokens not yet ended.
   std::string pending_;
+  int strip_left_ = 0;  // SentencePiece: spaces the Strip may still remove
 };
 
 }  // namespace wsup::text

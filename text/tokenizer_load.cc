@@ -260,6 +260,18 @@ class Reader {
     return Status::Ok();
   }
 
+  // prepend_scheme, or (older files) add_prefix_space.
+  Result<PreTokenizer::Prepend> MetaspacePrepend(const json& n, const std::string& path) const {
+    auto scheme = n.find("prepend_scheme");
+    if (scheme == n.end()) return Flag(n, "add_prefix_space", true) ? PreTokenizer::Prepend::kAlways
+                                                                     : PreTokenizer::Prepend::kNever;
+    const std::string s = scheme->is_string() ? scheme->get<std::string>() : "";
+    if (s == "always") return PreTokenizer::Prepend::kAlways;
+    if (s == "first") return PreTokenizer::Prepend::kFirst;
+    if (s == "never") return PreTokenizer::Prepend::kNever;
+    return Unsupported(path + ".prepend_scheme", scheme->dump(), "always, first, never");
+  }
+
   Status PreTokenizerPart(const json& n, const std::string& type, const std::string& path, Pipeline* p) const {
     PreTokenizer out;
     if (type == "Split") {
@@ -300,8 +312,14 @@ class Reader {
         if (!re.ok()) return re.error();
         p->gpt2.push_back(std::move(*re));
       }
+    } else if (type == "Metaspace") {
+      out.kind = PreTokenizer::Kind::kMetaspace;
+      WSUP_ASSIGN_OR_RETURN(out.prepend, MetaspacePrepend(n, path));
+      WSUP_ASSIGN_OR_RETURN(out.replacement, Str(n, "replacement", path));
+      if (out.replacement.empty()) return Bad(path + ".replacement", "empty");
+      out.split = Flag(n, "split", true);
     } else {
-      return Unsupported(path + ".type", type, "Split, ByteLevel, Sequence");
+      return Unsupported(path + ".type", type, "Split, ByteLevel, Metaspace, Sequence");
     }
     p->pre_tokenizers.push_back(std::move(out));
     return Status::Ok();
@@ -342,11 +360,66 @@ class Reader {
     return Status::Ok();
   }
 
-  Status Decoder(const json& n, const std::string& path, Pipeline* p) const {
-    if (!n.is_object()) return Bad(path, "missing: a ByteLevel decoder is needed");
+  // ByteLevel alone, or SentencePiece's chain: Replace..., ByteFallback,
+  // Fuse, Strip, in that order (each but Fuse optional; Strip of spaces at
+  // the start of the joined text only).
+  Status Decoder(const json& n, const std::string& path, Pipeline* p, bool* byte_level) const {
+    if (!n.is_object()) return Bad(path, "missing: a ByteLevel decoder or a SentencePiece one is needed");
     WSUP_ASSIGN_OR_RETURN(std::string type, Str(n, "type", path));
-    if (type != "ByteLevel") return Unsupported(path + ".type", type, "ByteLevel");
-    return Status::Ok();
+    if (type == "ByteLevel") {
+      *byte_level = true;
+      return Status::Ok();
+    }
+    *byte_level = false;
+    if (type == "Metaspace") {
+      // The replacement back to a space, and the first token's leading
+      // space removed unless nothing was prepended: the same as Replace,
+      // Fuse and Strip of one space (tokens are never empty).
+      WSUP_ASSIGN_OR_RETURN(std::string replacement, Str(n, "replacement", path));
+      if (replacement.empty()) return Bad(path + ".replacement", "empty");
+      WSUP_ASSIGN_OR_RETURN(PreTokenizer::Prepend prepend, MetaspacePrepend(n, path));
+      p->decode_replace.emplace_back(std::move(replacement), " ");
+      p->strip_start = prepend == PreTokenizer::Prepend::kNever ? 0 : 1;
+      return Status::Ok();
+    }
+    const char* kChain =
+        "ByteLevel; Metaspace; or a Sequence of Replace, ByteFallback, Fuse and Strip, in that order";
+    if (type != "Sequence") return Unsupported(path + ".type", type, kChain);
+    // Where each step may come: 0 Replace, 1 ByteFallback, 2 Fuse, 3 Strip.
+    int stage = 0;
+    bool fused = false;
+    return Each(n, "decoders", path, [&](const json& d, const std::string& at) -> Status {
+      if (!d.is_object()) return Bad(at, "not an object");
+      WSUP_ASSIGN_OR_RETURN(std::string t, Str(d, "type", at));
+      const int want = t == "Replace" ? 0 : t == "ByteFallback" ? 1 : t == "Fuse" ? 2 : t == "Strip" ? 3 : -1;
+      if (want < 0) return Unsupported(at + ".type", t, kChain);
+      if (want < stage || (want == stage && want != 0)) return Bad(at, t + " out of order (supported: " + kChain + ")");
+      stage = want;
+      if (t == "Replace") {
+        auto pat = d.find("pattern");
+        if (pat == d.end() || !pat->is_object() || !pat->contains("String") || !(*pat)["String"].is_string() ||
+            (*pat)["String"].get_ref<const std::string&>().empty()) {
+          return Bad(at + ".pattern", "only a non-empty {\"String\": ...} pattern is supported for Replace");
+        }
+        WSUP_ASSIGN_OR_RETURN(std::string content, Str(d, "content", at));
+        p->decode_replace.emplace_back((*pat)["String"].get<std::string>(), std::move(content));
+      } else if (t == "ByteFallback") {
+        p->decode_byte_fallback = true;
+      } else if (t == "Fuse") {
+        fused = true;
+      } else {
+        auto start = d.find("start");
+        auto stop = d.find("stop");
+        auto content = d.find("content");
+        if (content == d.end() || *content != " " || start == d.end() || !start->is_number_unsigned() ||
+            start->get<uint64_t>() > 8 || stop == d.end() || !stop->is_number_unsigned() || stop->get<uint64_t>() != 0) {
+          return Bad(at, "only a Strip of up to 8 spaces at the start (content \" \", stop 0) is supported");
+        }
+        if (!fused) return Bad(at, "a Strip before Fuse (of every token) is not supported");
+        p->strip_start = static_cast<int>(start->get<uint64_t>());
+      }
+      return Status::Ok();
+    });
   }
 
   Status Model(const json& m, Collected& c, const std::string& path, Pipeline* p) const {
@@ -364,6 +437,7 @@ class Reader {
     if (m.contains("dropout") && !m["dropout"].is_null()) return Bad(path + ".dropout", "dropout is not supported");
     p->ignore_merges = Flag(m, "ignore_merges", false);
     p->byte_fallback = Flag(m, "byte_fallback", false);
+    p->fuse_unk = Flag(m, "fuse_unk", false);
     if (!c.has_vocab) return Bad(path + ".vocab", "missing, or not an object");
     if (!c.has_merges) return Bad(path + ".merges", "missing, or not an array");
     p->merges.reserve(c.merges.size());
@@ -563,9 +637,10 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json_tex
                               [&](const json& n, const std::string& type, const std::string& at) {
                                 return r.PostProcessorPart(n, type, at, pp);
                               }));
-  WSUP_RETURN_IF_ERROR(r.Decoder(j.value("decoder", json()), "decoder", p.get()));
+  bool byte_level_decoder = false;
+  WSUP_RETURN_IF_ERROR(r.Decoder(j.value("decoder", json()), "decoder", p.get(), &byte_level_decoder));
   WSUP_RETURN_IF_ERROR(r.Added(j.value("added_tokens", json()), p.get()));
-  if (!p->byte_level) {
+  if (byte_level_decoder != p->byte_level) {
     return r.Bad("decoder", "a ByteLevel decoder needs a ByteLevel pre-tokenizer, and the other way round");
   }
   p->size = static_cast<int32_t>(p->id_to_token.size());

@@ -349,7 +349,10 @@ class Handler(BaseHTTPRequestHandler):
                 # A chat stream opens with the role (and the prompt's ids).
                 stream.event(api.chat_role_chunk_json(cid, created, model.name,
                                                       req.prompt if req.return_token_ids else None))
-        decoder = model.tokenizer.incremental() if req.stream else None
+        # One decoder primed with the prompt for a stream and for a whole
+        # answer: a prompt that ends inside a character (a continuation) is
+        # completed by the first new id in both.
+        decoder = model.tokenizer.incremental(req.prompt)
         gen = model.generate(req.prompt, req.max_tokens, req.temperature, seed)
         outcome = "finished"
         try:
@@ -415,7 +418,7 @@ class Handler(BaseHTTPRequestHandler):
             if not stream.ok:
                 self.close_connection = True
             return
-        text = model.tokenizer.decode(tokens)
+        text = decoder.push(tokens) + decoder.flush()
         answer = api.chat_completion_json if req.chat else api.completion_json
         self._send_json(200, answer(cid, created, model.name, text, tokens, finish, req.return_token_ids, req.prompt))
 

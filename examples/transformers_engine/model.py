@@ -240,8 +240,8 @@ class HFTokenizer:
             raise api.ApiError("the chat template: %s" % e) from None
         return list(self._tok.encode(text, add_special_tokens=False))
 
-    def incremental(self):
-        return IncrementalDecoder(self.decode)
+    def incremental(self, context=()):
+        return IncrementalDecoder(self.decode, context)
 
 
 class TorchOps:

@@ -14,9 +14,10 @@ decode(ids) -> text):
 - HFTokenizer (model.py): a Hugging Face tokenizer from the model folder.
 
 IncrementalDecoder turns a growing list of ids into text pieces for stream
-chunks: the text of all ids so far minus what was already sent, holding back
-a piece that ends inside a character (an incomplete multi-byte sequence
-decodes to U+FFFD) until the next id completes it.
+chunks and answers: the text of the prompt's last ids and all new ids, minus
+what was already sent, holding back the end of a piece that stops inside a
+character (an incomplete multi-byte sequence decodes to U+FFFD) until the
+next id completes it.
 
 Pure Python; no torch. Any thread (each request has its own decoder).
 """
@@ -42,8 +43,9 @@ class ByteTokenizer:
     def decode(self, ids):
         return "".join(token_text(t) for t in ids)
 
-    def incremental(self):
-        # Every id is a whole character: nothing is ever held back.
+    def incremental(self, context=()):
+        # Every id is a whole character: nothing is ever held back, and the
+        # prompt does not change the text of the next id.
         return _ByteDecoder()
 
     def render_chat(self, messages, add_generation_prompt, extra):
@@ -60,19 +62,27 @@ class _ByteDecoder:
 
 
 class IncrementalDecoder:
-    """For tokenizers whose tokens are not whole characters."""
+    """For tokenizers whose tokens are not whole characters.
 
-    def __init__(self, decode):
+    Primed with the last ids of the prompt, as vLLM's incremental
+    detokenizer is: a continuation's prompt may end inside a character (the
+    stream was cut between the tokens of one character), and the first new
+    id then completes it. Each piece is the text that is certain so far:
+    everything but a trailing run of U+FFFD, which may be the start of a
+    character the next id completes. The same rule holds back the same text
+    in an uninterrupted stream and in its continuation, so the two read
+    alike."""
+
+    CONTEXT = 5  # ids of the prompt decoded with the output: enough for any split character
+
+    def __init__(self, decode, context=()):
         self._decode = decode
-        self._ids = []
-        self._sent = ""
+        self._ids = list(context)[-self.CONTEXT:]
+        self._sent = _certain(decode(self._ids)) if self._ids else ""
 
     def push(self, ids):
         self._ids.extend(ids)
-        text = self._decode(self._ids)
-        if text.endswith(REPLACEMENT):
-            return ""  # a character split across tokens: wait for the rest
-        return self._take(text)
+        return self._take(_certain(self._decode(self._ids)))
 
     def flush(self):
         return self._take(self._decode(self._ids))
@@ -81,6 +91,12 @@ class IncrementalDecoder:
         # What was sent cannot be taken back: should the tokenizer render the
         # earlier text differently now (a clean-up rule), only the length
         # sent so far is skipped.
+        if len(text) <= len(self._sent):
+            return ""
         piece = text[len(self._sent):]
         self._sent = text
         return piece
+
+
+def _certain(text):
+    return text.rstrip(REPLACEMENT)

