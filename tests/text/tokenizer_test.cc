@@ -19,18 +19,23 @@ namespace {
 
 using nlohmann::json;
 
+// Each pair a merge, and its join a token of the vocabulary (ids from
+// `next` on).
+json Merges(const std::vector<std::pair<std::string, std::string>>& pairs, json* vocab, int next) {
+  json merges = json::array();
+  for (const auto& [l, r] : pairs) {
+    merges.push_back(l + " " + r);
+    (*vocab)[l + r] = next++;
+  }
+  return merges;
+}
+
 // A byte-level BPE: the 256 byte characters as ids 0..255, then merges.
 json TinyByteLevel() {
   ByteAlphabet alphabet;
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[alphabet.of_byte[b]] = b;
-  json merges = json::array();
-  int next = 256;
-  for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{
-           {"l", "l"}, {"h", "e"}, {"he", "ll"}, {"hell", "o"}, {"\xC4\xA0", "w"}, {"o", "r"}}) {
-    merges.push_back(l + " " + r);
-    vocab[l + r] = next++;
-  }
+  json merges = Merges({{"l", "l"}, {"h", "e"}, {"he", "ll"}, {"hell", "o"}, {"\xC4\xA0", "w"}, {"o", "r"}}, &vocab, 256);
   return json{
       {"version", "1.0"},
       {"truncation", nullptr},
@@ -184,12 +189,7 @@ json TinySentencePiece() {
   for (const std::string& c : {sp, std::string("a"), std::string("b"), std::string("h"), std::string("i")}) {
     vocab[c] = next++;
   }
-  json merges = json::array();
-  for (const auto& [l, r] : std::vector<std::pair<std::string, std::string>>{
-           {"a", "b"}, {"ab", "ab"}, {sp, "h"}, {sp + "h", "i"}}) {
-    merges.push_back(l + " " + r);
-    vocab[l + r] = next++;
-  }
+  json merges = Merges({{"a", "b"}, {"ab", "ab"}, {sp, "h"}, {sp + "h", "i"}}, &vocab, next);
   return json{
       {"version", "1.0"},
       {"truncation", nullptr},
