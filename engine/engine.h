@@ -60,6 +60,11 @@ Result<std::vector<int>> ParseDevice(const std::string& d);
 // Prompt tokens one step takes (longer prompts are split over steps); GPU
 // step buffers are sized for it.
 inline constexpr int kMaxStepTokens = 2048;
+// --max-step-ms by backend (engine/step_budget.h): a GPU step of 50 ms is
+// a few thousand prompt tokens of a large model; a CPU is slower at
+// everything, and its probes' timeouts are sized for that.
+inline constexpr int64_t kMaxStepMsCuda = 50;
+inline constexpr int64_t kMaxStepMsCpu = 100;
 
 // How the last mapping of the pool went, by part.
 struct PoolMapParts {
@@ -105,6 +110,11 @@ class Engine {
   void NotifyReady();
   const char* state_name() const { return EngineStateName(state_); }
   bool ready() const { return state_ == EngineState::kReady && scheduler_ != nullptr; }
+  // --max-step-ms, or the backend's default (once the startup has run).
+  int64_t MaxStepMs() const {
+    if (opts_.max_step_ms >= 0) return opts_.max_step_ms;
+    return gpu_devices_.empty() ? kMaxStepMsCpu : kMaxStepMsCuda;
+  }
 
   // ---- loop thread (engine_routes.cc) ----
   void Route(std::shared_ptr<http::ResponseWriter> w);

@@ -2,13 +2,17 @@
 // engine/engine_server.h.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "common/log.h"
 #include "engine/engine_server.h"
 #include "http/control_auth.h"
 
-int main(int argc, char** argv) {
+// A function-try-block: an exception that escapes the flags' setup or the
+// engine (a bug: errors are Status values) is printed, not a bare abort.
+int main(int argc, char** argv) try {
   wsup::engine::EngineOptions o;
   std::string log_level = "info";
   CLI::App app{"wsup-engine: serves a Llama-family, Qwen3-MoE or DeepSeek-V3 model over an OpenAI-compatible HTTP API"};
@@ -51,6 +55,9 @@ int main(int argc, char** argv) {
                  "here (default 10000)");
   app.add_option("--min-step-ms", o.min_step_ms,
                  "each step takes at least this long: paces generation for drills and demos (default 0: off)");
+  app.add_option("--max-step-ms", o.max_step_ms,
+                 "a step's prompt chunks are sized to end within this, so that long prompts never hold back other "
+                 "streams' tokens or the supervisor's probe (default: 50 on cuda, 100 on the CPU; 0: off)");
   app.add_option("--ready-fd", o.ready_fd, "fd that gets 'listening on HOST:PORT' once ready, then is closed");
   if (const char* n = std::getenv("WSUP_ENGINE_NONCE")) o.nonce = n;
   if (const char* t = std::getenv(wsup::http::kControlTokenEnv)) o.control_token = t;
@@ -70,4 +77,7 @@ int main(int argc, char** argv) {
   }
   wsup::InitLogging("wsup-engine", log_level);
   return wsup::engine::RunEngine(o);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "wsup-engine: unexpected exception: %s\n", e.what());
+  return wsup::engine::kEngineExitFailure;
 }

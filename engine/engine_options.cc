@@ -110,6 +110,10 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return InvalidArgument("--min-step-ms " + std::to_string(o.min_step_ms) +
                            " is out of range; pass 0 (off) to 10000");
   }
+  if (o.max_step_ms < -1 || o.max_step_ms > 60'000) {
+    return InvalidArgument("--max-step-ms " + std::to_string(o.max_step_ms) +
+                           " is out of range; pass 0 (off) to 60000, or leave it out for the backend's default");
+  }
   if (o.max_batch < 1) return InvalidArgument("--max-batch must be at least 1");
   if (o.threads < 0) return InvalidArgument("--threads must be 0 (automatic) or more");
   if (o.block_size < 1 || o.block_size > 1024) return InvalidArgument("--kv-block-size must be 1 to 1024");

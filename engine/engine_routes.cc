@@ -170,6 +170,13 @@ void Engine::StartGeneration(const std::shared_ptr<http::ResponseWriter>& w, con
   // The front's mark on a stream it resumes after the engine it ran on
   // failed (docs/kv_journal.md): its KV may be adopted from the journal.
   if (const std::string* resume = w->request().FindHeader("X-Wsup-Resume")) g.resumed = *resume == "cut";
+  // The supervisor's semantic probe goes first (engine/scheduler.h): only
+  // with the control token, so that no client can jump the queue (the front
+  // never forwards the header either). An engine started by hand, without
+  // a token, takes the header from anyone.
+  if (const std::string* probe = w->request().FindHeader("X-Wsup-Probe")) {
+    g.probe = *probe == "semantic" && http::CheckControlAuth(w->request(), opts_.control_token).ok();
+  }
   const uint64_t id = g.id;
   Status st = scheduler_->Submit(std::move(g));
   if (!st.ok()) {

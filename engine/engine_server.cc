@@ -152,6 +152,7 @@ void Engine::StartServing() {
   so.adopt_wait_ms = opts_.kv_adopt_wait_ms;
   so.adopt_keep_ms = opts_.kv_adopt_keep_ms;
   so.min_step_ms = opts_.min_step_ms;
+  so.max_step_ms = MaxStepMs();
   so.kv_format = kv_format_;
   scheduler_ = std::make_unique<Scheduler>(runner_.get(), so, [this](std::vector<GenEvent> events) {
     std::lock_guard<std::mutex> lk(mu_);

@@ -96,6 +96,9 @@ struct EngineOptions {
   int64_t kv_adopt_keep_ms = 10'000;
   // Each step takes at least this long (drills and demos; 0: off).
   int64_t min_step_ms = 0;
+  // A step's prefill is sized to end within this (engine/step_budget.h);
+  // -1: the backend's default (kMaxStepMsCuda, kMaxStepMsCpu); 0: off.
+  int64_t max_step_ms = -1;
   int ready_fd = -1;
   // This start's identity, echoed as "nonce" in GET /wsup/status so the
   // supervisor can tell its engine from anything else answering on the port.

@@ -140,17 +140,22 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
         {"recomputed_reasons", s.recomputed_reasons}, {"held", s.resume_held},
         {"held_total", s.resume_held_total},          {"held_max_ms", s.resume_held_max_ms},
         {"adoptable_blocks", s.adoptable_blocks},     {"released_blocks", s.released_blocks}};
-    j["requests"] = {{"active", s.active},
-                     {"waiting", s.waiting},
-                     {"steps", s.steps},
-                     {"generated_tokens", s.generated_tokens},
-                     {"finished", s.finished},
-                     {"cancelled", s.cancelled}};
+    j["requests"] = {{"active", s.active},     {"waiting", s.waiting},   {"steps", s.steps},
+                     {"probes", s.probes},     {"finished", s.finished}, {"cancelled", s.cancelled},
+                     {"generated_tokens", s.generated_tokens}};
     // Steps of rank 0 replayed from a CUDA graph and run eagerly (both 0 on the CPU).
     j["steps"] = {{"graph", runner_->graph_steps()},
                   {"eager", runner_->eager_steps()},
                   {"total", runner_->steps()},
                   {"forward_ms_total", runner_->step_ms_total()}};
+    // The step bound (engine/step_budget.h): prompt tokens the next step
+    // may take, the learnt cost of one, and the steps with prefill that
+    // went over the bound anyway.
+    j["step_bound"] = {{"max_step_ms", MaxStepMs()},
+                       {"prefill_budget_tokens", s.prefill_budget},
+                       {"prefill_us_per_token", s.prefill_us_per_token},
+                       {"over_bound", s.steps_over_bound},
+                       {"longest_prefill_step_ms", static_cast<double>(s.longest_prefill_step_us) / 1e3}};
   }
   j["comm"] = comm;
   w->Send(http::HttpResponse::Json(200, j.dump(-1, ' ', false, json::error_handler_t::replace)));

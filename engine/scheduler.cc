@@ -10,6 +10,7 @@ namespace wsup::engine {
 Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink, const EngineClock& clock)
     : runner_(runner), opts_(opts), sink_(std::move(sink)), clock_(clock),
       blocks_(runner->kv_layout()),
+      budget_(std::max(1, opts.max_step_tokens), std::max<int64_t>(0, opts.max_step_ms) * 1000),
       // The cache's layout is fixed before the scheduler exists: so is the journal's size.
       journal_(PoolJournalGeometry(runner->kv_layout(), runner->dims().max_pos, opts.max_batch, opts.kv_format),
                PoolBytes{[runner](uint64_t off, void* out, size_t n) { return runner->ReadKvPool(off, out, n); },
@@ -20,6 +21,7 @@ Scheduler::Scheduler(ModelRunner* runner, SchedulerOptions opts, Sink sink, cons
   opts_.keepalive_ms = std::max<int64_t>(1, opts_.keepalive_ms);
   stats_.total_blocks = runner_->kv_layout().scratch_blocks;
   stats_.free_blocks = stats_.total_blocks;
+  stats_.prefill_budget = budget_.PrefillTokens();
   // The runner's communicator was proven at startup.
   stats_.last_keepalive_mono_ms = clock_.NowMs();
   next_keepalive_ms_ = stats_.last_keepalive_mono_ms + opts_.keepalive_ms;
@@ -246,6 +248,11 @@ void Scheduler::Loop() {
           s.held_until_ms = now + opts_.adopt_wait_ms;
           ++held_total_;
           held_.push_back(std::move(s));
+        } else if (s.req.probe) {
+          ++stats_.probes;
+          // Behind the probes already waiting, ahead of everything else.
+          auto at = std::find_if(waiting_.begin(), waiting_.end(), [](const Seq& w) { return !w.req.probe; });
+          waiting_.insert(at, std::move(s));
         } else {
           waiting_.push_back(std::move(s));
         }
@@ -527,22 +534,41 @@ int32_t Scheduler::Sample(Seq& s, const float* logits) {
 void Scheduler::StepOnce() {
   StepBatch b;
   std::vector<size_t> row_seq;
-  int budget = opts_.max_step_tokens;
+  // The prefill budget (engine/step_budget.h): the probes' prompts first,
+  // then the others' in the order they were admitted. While a probe runs,
+  // the others get at most StepBudget::kMinChunk tokens a step: its
+  // answer takes max_tokens steps, and steps full of other prompts would
+  // make its latency measure their length, not the engine's health (a
+  // probe is short and comes every interval_ms, so the prompts lose little).
+  // Running streams' next tokens go in whatever the budget.
+  std::vector<size_t> chunk(active_.size(), 0);
+  int budget = budget_.PrefillTokens();
+  int prefill = 0;
+  const bool probing = std::any_of(active_.begin(), active_.end(), [](const Seq& s) { return s.req.probe; });
+  for (const bool probes : {true, false}) {
+    if (!probes && probing) budget = std::min(budget, StepBudget::kMinChunk);
+    for (size_t i = 0; i < active_.size() && budget > 0; ++i) {
+      const Seq& s = active_[i];
+      if (s.req.probe != probes || s.prefilled >= s.req.prompt.size()) continue;
+      chunk[i] = std::min(s.req.prompt.size() - s.prefilled, static_cast<size_t>(budget));
+      budget -= static_cast<int>(chunk[i]);
+      prefill += static_cast<int>(chunk[i]);
+    }
+  }
   for (size_t i = 0; i < active_.size(); ++i) {
     Seq& s = active_[i];
     b.block_tables.push_back(&s.blocks);
     const int32_t si = static_cast<int32_t>(i);
     const size_t plen = s.req.prompt.size();
     if (s.prefilled < plen) {
-      if (budget <= 0) continue;
-      const size_t k = std::min(plen - s.prefilled, static_cast<size_t>(budget));
+      const size_t k = chunk[i];
+      if (k == 0) continue;
       for (size_t j = 0; j < k; ++j) {
         b.tokens.push_back(s.req.prompt[s.prefilled + j]);
         b.positions.push_back(static_cast<int32_t>(s.prefilled + j));
         b.seq.push_back(si);
       }
       s.prefilled += k;
-      budget -= static_cast<int>(k);
       if (s.prefilled < plen) continue;  // the rest of the prompt next step
     } else {
       b.tokens.push_back(s.generated.back());
@@ -555,7 +581,9 @@ void Scheduler::StepOnce() {
   if (b.tokens.empty()) return;
 
   std::vector<GenEvent> events;
+  const int64_t step_start_us = clock_.NowUs();
   Status st = runner_->Step(b, &logits_);
+  budget_.Observe(prefill, clock_.NowUs() - step_start_us);
   if (!st.ok()) {
     spdlog::error("forward step failed: {}", st.ToString());
     {
@@ -609,6 +637,10 @@ void Scheduler::StepOnce() {
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.steps;
     stats_.generated_tokens += produced;
+    stats_.prefill_budget = budget_.PrefillTokens();
+    stats_.prefill_us_per_token = budget_.us_per_token();
+    stats_.steps_over_bound = budget_.over_bound();
+    stats_.longest_prefill_step_us = budget_.longest_prefill_step_us();
   }
   sink_(std::move(events));
 }

@@ -64,6 +64,7 @@
 #include "engine/clock.h"
 #include "engine/pool_journal.h"
 #include "engine/runner.h"
+#include "engine/step_budget.h"
 
 namespace wsup::engine {
 
@@ -81,6 +82,10 @@ struct SchedulerOptions {
   // A step takes at least this long (0: off). Paces generation for drills
   // and demos, which need a stream slow enough to cut in the middle.
   int64_t min_step_ms = 0;
+  // A step's prefill is sized to end within this (engine/step_budget.h;
+  // 0: max_step_tokens alone bounds it). Every running stream's next token
+  // goes in every step whatever the prompts waiting.
+  int64_t max_step_ms = 0;
 };
 
 struct GenRequest {
@@ -92,6 +97,11 @@ struct GenRequest {
   std::vector<int32_t> stop_tokens;  // end-of-sequence ids
   std::string request_id;            // the front's X-Request-Id: the KV journal's key (empty: not journaled)
   bool resumed = false;              // the front resumes a stream cut by a failure: adopt its KV if it can
+  // The supervisor's health probe: admitted ahead of the waiting requests,
+  // and its prompt first in the next step's prefill budget, so that its
+  // latency says whether the engine is healthy, not how long the other
+  // prompts are.
+  bool probe = false;
   int64_t submitted_us = 0;          // the scheduler's clock, set by Submit(): the request's timing in the debug log
 };
 
@@ -132,9 +142,17 @@ struct SchedulerStats {
   int adoptable_blocks = 0;        // the previous engine's pages still kept for a resume
   uint64_t released_blocks = 0;  // of those, freed unclaimed (after adopt_keep_ms, or for a waiting request)
   uint64_t steps = 0;
+  uint64_t probes = 0;  // requests admitted as the supervisor's probes (GenRequest::probe)
   uint64_t generated_tokens = 0;
   uint64_t finished = 0;   // requests that ran to their end (length, stop or error)
   uint64_t cancelled = 0;  // requests dropped by Cancel() while waiting or running (their client left)
+  // The step bound (engine/step_budget.h): the budget the next step gets,
+  // the learnt cost of a prompt token, the steps with prefill over the
+  // bound and the longest of them.
+  int prefill_budget = 0;
+  double prefill_us_per_token = 0;
+  uint64_t steps_over_bound = 0;
+  int64_t longest_prefill_step_us = 0;
   // Communicator keepalive.
   bool comm_ok = true;
   std::string comm_error;
@@ -260,6 +278,7 @@ class Scheduler {
   std::deque<Seq> waiting_;
   std::vector<Seq> active_;
   BlockAllocator blocks_;  // the pool's handed out while pool_ is open
+  StepBudget budget_;      // the scheduler thread's: how much prefill the next step takes
   PoolJournal journal_;    // this engine's journal, and the previous engine's pages
   enum class PoolState { kClosed, kOpen, kClosing };
   PoolState pool_ = PoolState::kClosed;

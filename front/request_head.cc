@@ -63,9 +63,11 @@ void BuildRequestHead(const http::HttpRequest& r, std::string_view host, std::st
   head += " HTTP/1.1\r\n";
   bool have_host = false;
   for (const auto& h : r.headers) {
-    // X-Request-Id and X-Wsup-Resume are the front's to set, never a client's.
+    // X-Request-Id and X-Wsup-Resume are the front's to set, never a
+    // client's; X-Wsup-Probe is the supervisor's (an engine admits a probe
+    // ahead of its queue).
     if (IsHopByHop(h.name) || HeaderNameEquals(h.name, "Expect") || HeaderNameEquals(h.name, "X-Request-Id") ||
-        HeaderNameEquals(h.name, "X-Wsup-Resume")) {
+        HeaderNameEquals(h.name, "X-Wsup-Resume") || HeaderNameEquals(h.name, "X-Wsup-Probe")) {
       continue;
     }
     if (connection && ListedIn(*connection, h.name)) continue;

@@ -139,6 +139,9 @@ class SemanticProbe : public HttpProbe {
     req.method = "POST";
     req.target = "/v1/completions";
     req.headers = {{"Content-Type", "application/json"}, {"X-Wsup-Probe", "semantic"}};
+    // With the engine's control token, a wsup engine admits the probe ahead
+    // of its queue: its latency then measures health, not load.
+    if (!target_.control_token.empty()) req.headers.push_back(http::ControlAuthHeader(target_.control_token));
     req.body = body_;
     req.timeout_ms = spec_.timeout_ms;
     req.max_body_bytes = 1 << 20;

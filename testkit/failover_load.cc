@@ -179,7 +179,7 @@ class LoadGenerator::Impl {
     }
     const auto& golden = owner_->golden_;
     int g = static_cast<int>((static_cast<size_t>(client) + seq_[static_cast<size_t>(client)]++) % golden.size());
-    Send(client, g, client % 2 == 0, owner_->options_.max_tokens, golden[static_cast<size_t>(g)].text);
+    Send(client, g, owner_->options_.all_stream || client % 2 == 0, owner_->options_.max_tokens, golden[static_cast<size_t>(g)].text);
   }
 
   // One request; `want` is the text a correct answer has.

@@ -6,7 +6,7 @@
 //
 // LoadGenerator: `clients` logical clients on one libuv loop in a thread of
 // its own (http/client.h, a new connection per request, as a simple client
-// does). Client i streams when i is even. Each sends a greedy completion of
+// does). Client i streams when i is even (every one with all_stream). Each sends a greedy completion of
 // one golden case, checks the answer when it is complete, records it and
 // sends the next, until Stop(); Stop() waits for the requests in flight to
 // finish (each is bounded by request_timeout_ms), so every request sent is
@@ -106,6 +106,8 @@ struct LoadOptions {
   // A client's pause between its answer and its next request (0: none, a
   // closed loop that keeps the engine saturated).
   int64_t think_ms = 0;
+  // Every client streams (not only the even ones).
+  bool all_stream = false;
 };
 
 class LoadGenerator {

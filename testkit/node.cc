@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "testkit/http_client.h"
 #include "wire/json_call.h"
 
 namespace wsup::test {
@@ -63,11 +64,13 @@ std::vector<std::string> Node::Argv(const std::string& cmd) const {
       "engine.standby_port=0",
       "front.listen=127.0.0.1:0",
       "admin.listen=127.0.0.1:0",
-      "probe.interval_ms=" + std::to_string(spec_.probe_ms),
-      "probe.timeout_ms=" + std::to_string(spec_.probe_ms),
-      "probe.jitter_ms=0",
       "front.hedge_after_ms=0",  // the demo hedges; a test that wants it says so
   };
+  if (spec_.probe_ms > 0) {
+    sets.push_back("probe.interval_ms=" + std::to_string(spec_.probe_ms));
+    sets.push_back("probe.timeout_ms=" + std::to_string(spec_.probe_ms));
+    sets.push_back("probe.jitter_ms=0");
+  }
   if (spec_.probe_failures > 0) sets.push_back("probe.failures=" + std::to_string(spec_.probe_failures));
   if (spec_.unlimited_restarts) {
     sets.push_back("supervisor.restart_backoff_ms=0");
@@ -188,6 +191,36 @@ std::vector<std::pair<std::string, std::string>> Node::ControlAuth(const std::st
   std::string token = ControlToken(slot);
   if (token.empty()) return {};
   return {{"Authorization", "Bearer " + token}};
+}
+
+std::string Node::Metrics() const {
+  auto s = Status();
+  if (!s) return "";
+  const std::string admin = s->value("admin", "");
+  const size_t colon = admin.rfind(':');
+  if (colon == std::string::npos) return "";
+  return HttpRequestOnce(std::atoi(admin.c_str() + colon + 1), "GET", "/metrics", "", std::chrono::seconds(5)).body;
+}
+
+std::optional<json> Node::EngineStatus(const std::string& role) const {
+  auto s = Status();
+  if (!s) return std::nullopt;
+  const json e = EngineOf(*s, role);
+  if (!e.is_object()) return std::nullopt;
+  auto r = HttpRequestOnce(e.value("port", 0), "GET", "/wsup/status", "", std::chrono::seconds(2),
+                           ControlAuth(e.value("slot", "")));
+  json j = json::parse(r.body, nullptr, false);
+  if (r.status != 200 || !j.is_object()) return std::nullopt;
+  return j;
+}
+
+double MetricValue(const std::string& text, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = text.find(name + " ", pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return std::atof(text.c_str() + pos + name.size() + 1);
+    pos += name.size();
+  }
+  return -1;
 }
 
 }  // namespace wsup::test

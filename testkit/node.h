@@ -59,7 +59,7 @@ struct NodeSpec {
   std::vector<std::string> engine_prefix;
   // Added to the supervisor's environment (NOTIFY_SOCKET, say).
   std::vector<std::pair<std::string, std::string>> env;
-  int probe_ms = kNodeProbeMs;  // the probe's interval and timeout
+  int probe_ms = kNodeProbeMs;  // the probe's interval and timeout; 0: the config's (and its jitter)
   int probe_failures = 3;       // 0: the config's
   // Restarts at once, with a budget no run of drills exhausts (every crash
   // drill is a restart).
@@ -74,6 +74,10 @@ std::string EngineCommandToml(bool kv_pool, const std::vector<std::string>& extr
 // The engine of a status (`wsup status --json`) with this role ("active",
 // "standby"), or null.
 nlohmann::json EngineOf(const nlohmann::json& status, const std::string& role);
+
+// The value of one unlabelled (or fully labelled) series in a /metrics
+// text, -1 if absent.
+double MetricValue(const std::string& text, const std::string& name);
 
 class Node {
  public:
@@ -122,6 +126,11 @@ class Node {
   std::vector<std::pair<std::string, std::string>> ControlAuth(const std::string& slot) const;
   // Runs `wsup ARGS... --socket <the supervisor's socket>`.
   RunResult Cli(std::vector<std::string> args) const;
+  // The supervisor's /metrics (its admin listener); "" when it does not answer.
+  std::string Metrics() const;
+  // The /wsup/status of the engine with this role, asked with its control
+  // token; nullopt when there is none or it does not answer.
+  std::optional<nlohmann::json> EngineStatus(const std::string& role) const;
 
  private:
   TempDir dir_;

@@ -78,24 +78,6 @@ int64_t WallMs() {
       .count();
 }
 
-std::string Metrics(const Node& n) {
-  auto s = n.Status();
-  if (!s) return "";
-  std::string admin = s->value("admin", "");
-  int port = std::atoi(admin.c_str() + admin.rfind(':') + 1);
-  return test::HttpRequestOnce(port, "GET", "/metrics", "", 5s).body;
-}
-
-// The value of one unlabelled (or fully labelled) metric line, -1 if absent.
-double Metric(const std::string& text, const std::string& name) {
-  size_t pos = 0;
-  while ((pos = text.find(name + " ", pos)) != std::string::npos) {
-    if (pos == 0 || text[pos - 1] == '\n') return std::atof(text.c_str() + pos + name.size() + 1);
-    pos += name.size();
-  }
-  return -1;
-}
-
 pid_t EnginePid(const Node& n, const std::string& role) {
   auto s = n.Status();
   return s ? static_cast<pid_t>(test::EngineOf(*s, role).value("pid", 0)) : 0;
@@ -168,26 +150,24 @@ TEST_CASE("chaos 2: 20 abandoned non-streamed requests cause no failover and no 
   REQUIRE(all_closed);
   // The engine drops the abandoned work.
   auto engine_idle = [&] {
-    auto s = n.Status();
-    if (!s) return false;
-    const json act = test::EngineOf(*s, "active");
-    // The engine's control routes answer the supervisor's token only.
-    auto r = test::HttpRequestOnce(act.value("port", 0), "GET", "/wsup/status", "", 2s,
-                                   n.ControlAuth(act.value("slot", "")));
-    if (r.status != 200) return false;
-    auto j = json::parse(r.body, nullptr, false);
-    return !j.is_discarded() && j["requests"].value("active", -1) == 0 && j["requests"].value("waiting", -1) == 0;
+    auto j = n.EngineStatus("active");
+    return j && (*j)["requests"].value("active", -1) == 0 && (*j)["requests"].value("waiting", -1) == 0;
   };
   REQUIRE(test::WaitFor(engine_idle, 10s));
   // Probes keep passing on the active: several more of them, and no trip.
   auto probes = [&] {
-    auto m = Metrics(n);
+    auto m = n.Metrics();
     auto s = n.Status();
     std::string slot = s ? test::EngineOf(*s, "active").value("slot", "a") : "a";
-    return Metric(m, "wsup_probe_latency_seconds_count{slot=\"" + slot + "\"}");
+    return test::MetricValue(m, "wsup_probe_latency_seconds_count{slot=\"" + slot + "\"}");
   };
   double before = probes();
   REQUIRE(test::WaitFor([&] { return probes() >= before + 5; }, 20s));
+  // The supervisor's probes reached the engine as probes (with its token),
+  // admitted ahead of its queue.
+  auto es = n.EngineStatus("active");
+  REQUIRE(es);
+  CHECK((*es)["requests"].value("probes", 0) >= 5);
   CHECK(Query(n.Db(), "select * from failovers").rows.empty());
   CHECK(EnginePid(n, "active") == active);
   auto f = FrontStatus(n);
@@ -435,8 +415,8 @@ TEST_CASE("chaos 7: a restarted supervisor adopts both engines even when their f
   REQUIRE(adopted);
   // ... and its first probes of them fail (the delay is real) ...
   REQUIRE(test::WaitFor([&] { return n.Log().find("probe") != std::string::npos &&
-                                     Metric(Metrics(n), "wsup_probe_failures_total{slot=\"a\"}") +
-                                             Metric(Metrics(n), "wsup_probe_failures_total{slot=\"b\"}") >= 1; },
+                                     test::MetricValue(n.Metrics(), "wsup_probe_failures_total{slot=\"a\"}") +
+                                             test::MetricValue(n.Metrics(), "wsup_probe_failures_total{slot=\"b\"}") >= 1; },
                         20s));
   for (int p : pids) ::kill(p, SIGCONT);
   // ... which the probes' own thresholds absorb: same engines, serving.
@@ -703,7 +683,7 @@ TEST_CASE("chaos: a crash-looping front is throttled and reported, and comes bac
   INFO(s.dump());
   CHECK(s["front"].value("crash_looping", false));
   CHECK(s["front"].value("restarts", 0) >= 5);
-  CHECK(Metric(Metrics(n), "wsup_front_crash_looping") == 1);
+  CHECK(test::MetricValue(n.Metrics(), "wsup_front_crash_looping") == 1);
   CHECK(n.Log().find("crash-looping") != std::string::npos);
   // Never left down: it serves again.
   REQUIRE(n.WaitStatus([](const json& st) { return st["front"].value("state", "") == "ready"; }, 20s));

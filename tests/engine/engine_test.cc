@@ -98,6 +98,13 @@ TEST_CASE("engine: f32 goldens over HTTP, response shape, status and clean exit"
   CHECK(st["comm"]["ranks"] == 1);
   CHECK(st["comm"]["warm"] == true);
   CHECK(st["comm"]["last_keepalive_ms"].is_number());
+  // The step bound: the CPU's default, and the cost of a prompt token
+  // learnt from the goldens' prompts.
+  CHECK(st["step_bound"]["max_step_ms"] == 100);
+  CHECK(st["step_bound"]["prefill_us_per_token"].get<double>() > 0);
+  const int budget = st["step_bound"]["prefill_budget_tokens"].get<int>();
+  CHECK(budget >= 16);
+  CHECK(budget <= 2048);
 
   // The caller's X-Request-Id is echoed and names the completion.
   r = wsup::test::HttpRequestOnce(e.port, "POST", "/v1/completions", json{{"prompt", "hi"}, {"max_tokens", 2}}.dump(),
@@ -182,6 +189,25 @@ TEST_CASE("engine: with a control token its /wsup routes answer only requests th
   // Never on its command line, where every user could read it.
   CHECK(wsup::test::ReadAll("/proc/" + std::to_string(e.child.pid()) + "/cmdline").find("0123456789abcdef") ==
         std::string::npos);
+
+  // A probe jumps the queue only with the token: a client's X-Wsup-Probe
+  // (or one with a wrong token) is a plain request.
+  auto probes = [&] {
+    HttpResult st = wsup::test::HttpRequestOnce(e.port, "GET", "/wsup/status", "", 10s, good);
+    return json::parse(st.body)["requests"].value("probes", -1);
+  };
+  const std::string body = json{{"prompt", "Hello"}, {"max_tokens", 1}}.dump();
+  const std::vector<std::pair<std::string, std::string>> probe_only = {{"X-Wsup-Probe", "semantic"}};
+  const std::vector<std::pair<std::string, std::string>> wrong = {
+      {"X-Wsup-Probe", "semantic"}, {"Authorization", "Bearer 0123456789abcdef0123456789abcdee"}};
+  std::vector<std::pair<std::string, std::string>> real = good;
+  real.emplace_back("X-Wsup-Probe", "semantic");
+  CHECK(probes() == 0);
+  CHECK(wsup::test::HttpRequestOnce(e.port, "POST", "/v1/completions", body, 30s, probe_only).status == 200);
+  CHECK(wsup::test::HttpRequestOnce(e.port, "POST", "/v1/completions", body, 30s, wrong).status == 200);
+  CHECK(probes() == 0);
+  CHECK(wsup::test::HttpRequestOnce(e.port, "POST", "/v1/completions", body, 30s, real).status == 200);
+  CHECK(probes() == 1);
   StopClean(e);
 }
 
@@ -454,6 +480,7 @@ TEST_CASE("engine: usage errors exit 2 naming the flag") {
       {{"--model", model, "--kv-cache-mib", "0"}, "--kv-cache-mib"},
       {{"--model", model, "--dequant-scratch-mib", "0"}, "--dequant-scratch-mib 0 is out of range"},
       {{"--model", model, "--nccl-max-ctas", "65"}, "--nccl-max-ctas 65 is out of range"},
+      {{"--model", model, "--max-step-ms", "-2"}, "--max-step-ms -2 is out of range; pass 0 (off) to 60000"},
       {{"--port", "0"}, "--model"},
   };
   for (const auto& c : cases) {

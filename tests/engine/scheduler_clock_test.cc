@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -179,4 +180,78 @@ TEST_CASE("scheduler clock: min_step_ms holds the next step until its clock has 
   REQUIRE(test::WaitFor([&] { return out.Tokens(2) >= 1; }, 30s));
   s.Stop();
   CHECK_FALSE(out.Done(2));
+}
+
+// A scheduler that makes one step each time the test says so: min_step_ms
+// is an hour, and only the fake clock ends a step's wait.
+struct SteppedScheduler {
+  explicit SteppedScheduler(int max_step_tokens) : runner(TinyRunner()) {
+    REQUIRE(runner->AllocateKv(1 << 20, 16).ok());
+    SchedulerOptions so;
+    so.max_step_tokens = max_step_tokens;
+    so.min_step_ms = kHour;
+    so.keepalive_ms = 10 * kHour;
+    s = std::make_unique<Scheduler>(runner.get(), so, out.Sink(), clock);
+    s->Start();
+  }
+  ~SteppedScheduler() { s->Stop(); }
+  // Lets step n run (the first runs as soon as there is work), and waits
+  // until it has.
+  void Step(uint64_t n) {
+    if (n > 1) clock.AdvanceMs(kHour);
+    REQUIRE(test::WaitFor([&] { return s->stats().steps == n; }, 30s));
+  }
+  static constexpr int64_t kHour = 3'600'000;
+  std::unique_ptr<ModelRunner> runner;
+  FakeEngineClock clock;
+  Outcomes out;
+  std::unique_ptr<Scheduler> s;
+};
+
+TEST_CASE("scheduler clock: a probe is admitted ahead of the queue and its prompt goes first in the next step") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  SteppedScheduler t(8);
+  // A prompt of 40 tokens: five steps of prefill at 8 a step.
+  GenRequest longer = Req(1, 1);
+  longer.prompt.assign(40, 104);
+  REQUIRE(t.s->Submit(longer).ok());
+  t.Step(1);
+  // A plain request, then a probe, come while it is prefilled.
+  REQUIRE(t.s->Submit(Req(2, 1)).ok());
+  GenRequest probe = Req(3, 1);
+  probe.probe = true;
+  REQUIRE(t.s->Submit(probe).ok());
+  t.Step(2);
+  // The probe's prompt went in that very step and it is answered; the
+  // plain request, come before it, still waits for the long prompt.
+  CHECK(t.out.Done(3));
+  CHECK(t.out.Finish(3) == "length");
+  CHECK(t.out.Tokens(2) == 0);
+  CHECK_FALSE(t.out.Done(1));
+  CHECK(t.s->stats().probes == 1);
+}
+
+TEST_CASE("scheduler clock: while a probe runs, other prompts get 16 tokens a step, running streams their tokens") {
+  REQUIRE(test::HaveTestData("llama-tiny-f32"));
+  SteppedScheduler t(64);
+  // A running stream, then a prompt of 400 tokens.
+  REQUIRE(t.s->Submit(Req(1, 20)).ok());
+  t.Step(1);
+  GenRequest longer = Req(2, 1);
+  longer.prompt.assign(400, 104);
+  REQUIRE(t.s->Submit(longer).ok());
+  t.Step(2);  // 64 of its tokens
+  // A probe of 4 tokens: its 4 steps (3 to 6) take 16 of the long prompt's
+  // tokens each; then 64 a step again: 400 = 64 + 4 x 16 + 4 x 64 + 16, its
+  // answer at step 11. Without the probe's share it would come at step 8.
+  GenRequest probe = Req(3, 4);
+  probe.probe = true;
+  REQUIRE(t.s->Submit(probe).ok());
+  for (uint64_t step = 3; step <= 11; ++step) {
+    INFO("step " << step);
+    t.Step(step);
+    CHECK(t.out.Tokens(1) == step);  // the stream's token in every step
+    CHECK(t.out.Done(3) == (step >= 6));
+    CHECK(t.out.Done(2) == (step == 11));
+  }
 }

@@ -128,6 +128,11 @@ std::string FakeEngine::last_resume_mark() {
   return last_resume_mark_;
 }
 
+std::string FakeEngine::last_probe_mark() {
+  std::lock_guard<std::mutex> l(mu_);
+  return last_probe_mark_;
+}
+
 bool FakeEngine::Misbehave(int m) {
   if (mode.load() != m) return false;
   return misbehave_times.fetch_sub(1) > 0;
@@ -144,6 +149,8 @@ void FakeEngine::Handle(std::shared_ptr<http::ResponseWriter> w) {
     last_request_id_ = id ? *id : "";
     const std::string* mark = r.FindHeader("X-Wsup-Resume");
     last_resume_mark_ = mark ? *mark : "";
+    const std::string* probe = r.FindHeader("X-Wsup-Probe");
+    last_probe_mark_ = probe ? *probe : "";
   }
   if (Misbehave(kCloseOnRequest)) {
     w->Abort();

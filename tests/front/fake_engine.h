@@ -82,6 +82,7 @@ class FakeEngine {
   std::string last_path();
   std::string last_request_id();
   std::string last_resume_mark();  // the last request's X-Wsup-Resume ("" without one)
+  std::string last_probe_mark();   // the last request's X-Wsup-Probe ("" without one)
 
  private:
   struct Stream;
@@ -108,6 +109,7 @@ class FakeEngine {
   std::string last_path_;
   std::string last_request_id_;
   std::string last_resume_mark_;
+  std::string last_probe_mark_;
 };
 
 }  // namespace wsup::test

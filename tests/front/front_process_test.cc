@@ -358,11 +358,13 @@ TEST_CASE("a stream cut mid-way is resumed on the new active without gap or repe
     CHECK(resumed["max_tokens"] == 7);
 
     // The same request uninterrupted (B only) gives the same stream; a
-    // client's own mark never reaches an engine.
+    // client's own marks (a resume, a probe that would jump the engine's
+    // queue) never reach an engine.
     HttpResult plain = Post(front->port(), R"({"prompt":"Hello","stream":true,"max_tokens":12})",
-                            {{"X-Wsup-Resume", "cut"}});
+                            {{"X-Wsup-Resume", "cut"}, {"X-Wsup-Probe", "semantic"}});
     REQUIRE(plain.status == 200);
     CHECK(b.last_resume_mark().empty());
+    CHECK(b.last_probe_mark().empty());
     auto plain_events = Events(plain.body, &done);
     CHECK(StreamText(plain_events) == StreamText(events));
 
