@@ -12,7 +12,9 @@ pkgs=(
   libssl-dev libclang-rt-14-dev lld clang-tidy libpcre2-dev libutf8proc-dev libabsl-dev
   python3 python3-numpy python3-pytest python3-jinja2 libdlpack-dev
   curl haproxy wrk systemd
+  prometheus
 )
+# prometheus: its promtool checks the supervisor's /metrics (tests/node).
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -115,6 +115,7 @@ void EngineSet::Fire(EngineSlot& s, SlotEvent event, const std::string& cause) {
   }
   spdlog::info("engine {}: {} {}", s.name, kSlotNames.Move(*t), cause);
   s.state = t->to;
+  metrics_.ObserveTransition(s.name, SlotStateName(t->from), SlotStateName(t->to));
   // Everything else that follows from the move, in the order the node
   // subscribed it (its SubscribeToEngines()).
   events_.Publish(EngineEvent{s.name, *t, cause});

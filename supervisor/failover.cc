@@ -16,6 +16,8 @@ std::optional<int64_t> Failover::RecordRow(const FailoverRecord& rec, uint64_t* 
   Result<int64_t> id = hooks_.record_row(rec, seq);
   // Counted whether or not the ledger took it: the failover happened.
   hooks_.counted(rec.trigger);
+  hooks_.phase("detect", static_cast<double>(rec.detected_ms - rec.fault_ms) / 1000.0);
+  hooks_.phase("swap", static_cast<double>(rec.swapped_ms - rec.detected_ms) / 1000.0);
   if (!id.ok()) {
     LedgerError(Status(id.error()), what);
     return std::nullopt;
@@ -149,7 +151,7 @@ void Failover::OnKvFull(const std::string& slot) {
   if (tail_ && tail_->await_kv && tail_->to == slot) {
     const int64_t now = clock_.WallMs();
     LedgerError(hooks_.set_kv_full(tail_->id, now), "failover full KV");
-    hooks_.kv_back(static_cast<double>(now - tail_->fault_ms) / 1000.0);
+    hooks_.phase("kv_full", static_cast<double>(now - tail_->fault_ms) / 1000.0);
     tail_->await_kv = false;
   }
 }
@@ -170,7 +172,7 @@ void Failover::Track(std::optional<int64_t> id, const std::string& from, FromEng
     // capacity never left.
     const int64_t now = clock_.WallMs();
     LedgerError(hooks_.set_kv_full(*id, now), "failover full KV");
-    hooks_.kv_back(static_cast<double>(now - fault_ms) / 1000.0);
+    hooks_.phase("kv_full", static_cast<double>(now - fault_ms) / 1000.0);
     tail_->await_kv = false;
   }
 }
@@ -217,6 +219,7 @@ void Failover::Complete(int64_t first_ok_ms) {
   Pending p = std::move(*pending_);
   pending_.reset();
   if (proof_budget_) proof_budget_->Stop();
+  hooks_.phase("first_answer", static_cast<double>(first_ok_ms - p.fault_ms) / 1000.0);
   if (p.id) {
     uint64_t seq = 0;
     Status st = hooks_.set_first_ok(p.id, first_ok_ms, &seq);

@@ -70,10 +70,14 @@ class Failover {
     std::function<void(const Status& st, const char* what)> ledger_error;
     // Why the latest row was refused before it was queued.
     std::function<std::string()> ledger_last_error;
-    // A failover of this trigger (the failovers metric), and the time from
-    // a fault to the full KV back (seconds).
+    // A failover of this trigger (the failovers metric), and each of its
+    // phases as it ends, in seconds from the one before (docs/metrics.md,
+    // wsup_failover_phase_seconds): "detect" (fault to detection), "swap"
+    // (detection to the front's new routes), "first_answer" (fault to the
+    // first correct answer through the front), "kv_full" (fault to the
+    // promoted engine's full KV).
     std::function<void(const std::string& trigger)> counted;
-    std::function<void(double seconds)> kv_back;
+    std::function<void(const char* phase, double seconds)> phase;
     // The node has a KV pool; the slot maps it now.
     std::function<bool()> pool_enabled;
     std::function<bool(const std::string& slot)> pool_held_by;

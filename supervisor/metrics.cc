@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "supervisor/engine_fsm.h"
+
 namespace wsup {
 namespace {
 
@@ -19,9 +21,21 @@ Metrics::Metrics() {
   recovery_.counts.assign(recovery_.bounds.size() + 1, 0);
   kv_back_.bounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
   kv_back_.counts.assign(kv_back_.bounds.size() + 1, 0);
+  // Every phase from the first scrape (a dashboard's query has data before
+  // the first failover); from a millisecond to recovery's scale.
+  for (const char* phase : {"detect", "swap", "first_answer", "kv_full"}) {
+    Histogram& h = phases_[phase];
+    h.bounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+    h.counts.assign(h.bounds.size() + 1, 0);
+  }
 }
 
-void Metrics::ObserveKvBack(double seconds) { kv_back_.Observe(seconds); }
+void Metrics::ObservePhase(const std::string& phase, double seconds) {
+  if (phase == "kv_full") kv_back_.Observe(seconds);
+  auto it = phases_.find(phase);
+  if (it == phases_.end()) return;  // not a phase the page lists
+  it->second.Observe(seconds);
+}
 
 void Metrics::Histogram::Observe(double v) {
   size_t i = 0;
@@ -47,6 +61,11 @@ void Metrics::SetSlots(const std::string& a, const std::string& a_state, bool a_
                        const std::string& b_state, bool b_ready) {
   slots_[a] = {a_state, a_ready};
   slots_[b] = {b_state, b_ready};
+}
+
+void Metrics::ObserveTransition(const std::string& slot, const std::string& from, const std::string& to) {
+  slots_[slot].state = to;
+  ++transitions_[{slot, from, to}];
 }
 
 std::string Metrics::Render() const {
@@ -88,6 +107,11 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_kv_full_seconds From a failover's fault to the promoted engine mapping the node's KV pool.\n"
        "# TYPE wsup_kv_full_seconds histogram\n";
   hist("wsup_kv_full_seconds", "", kv_back_);
+  o << "# HELP wsup_failover_phase_seconds Each failover's phases: detect (fault to detection), swap (detection to "
+       "the front's new routes), first_answer (fault to the first correct answer through the front), kv_full (fault "
+       "to the promoted engine's full KV).\n"
+       "# TYPE wsup_failover_phase_seconds histogram\n";
+  for (const auto& [phase, h] : phases_) hist("wsup_failover_phase_seconds", "phase=\"" + phase + "\"", h);
   o << "# HELP wsup_kv_pool_events_total The KV pool's handover events (supervisor/kv_handover.h), by event; trespass: an engine fenced for mapping the pool unasked.\n"
        "# TYPE wsup_kv_pool_events_total counter\n";
   for (const auto& [e, n] : kv_pool_events) o << "wsup_kv_pool_events_total{event=\"" << e << "\"} " << n << "\n";
@@ -138,11 +162,35 @@ std::string Metrics::Render() const {
   for (const auto& [slot, v] : slots_) {
     o << "wsup_engine_semantic_ready{slot=\"" << slot << "\"} " << (v.ready ? 1 : 0) << "\n";
   }
+  // One series per state whatever the slot's state, so that a state's
+  // series never vanishes and sum by (slot) is 1 at every scrape.
+  o << "# HELP wsup_engine_state 1 for the state each engine slot is in, 0 for the others (one-hot).\n"
+       "# TYPE wsup_engine_state gauge\n";
+  for (const auto& [slot, v] : slots_) {
+    for (int i = 0; i <= static_cast<int>(SlotState::kStopped); ++i) {
+      const std::string state = SlotStateName(static_cast<SlotState>(i));
+      o << "wsup_engine_state{slot=\"" << slot << "\",state=\"" << state << "\"} " << (v.state == state ? 1 : 0)
+        << "\n";
+    }
+  }
+  o << "# HELP wsup_engine_transitions_total Moves of each engine slot in its state table, by from and to state.\n"
+       "# TYPE wsup_engine_transitions_total counter\n";
+  for (const auto& [move, n] : transitions_) {
+    const auto& [slot, from, to] = move;
+    o << "wsup_engine_transitions_total{slot=\"" << slot << "\",from_state=\"" << from << "\",to_state=\"" << to
+      << "\"} " << n << "\n";
+  }
   o << "# HELP wsup_probe_latency_seconds Latency of semantic probes, by slot.\n"
        "# TYPE wsup_probe_latency_seconds histogram\n";
   for (const auto& [slot, h] : probe_latency_) hist("wsup_probe_latency_seconds", "slot=\"" + slot + "\"", h);
   o << "# HELP wsup_probe_failures_total Failed probes, by slot.\n# TYPE wsup_probe_failures_total counter\n";
-  for (const auto& [slot, n] : probe_failures_) o << "wsup_probe_failures_total{slot=\"" << slot << "\"} " << n << "\n";
+  // Every probed slot, failed or not: a counter that appears only at its
+  // first failure has no rate() before it.
+  for (const auto& [slot, h] : probe_latency_) {
+    auto it = probe_failures_.find(slot);
+    o << "wsup_probe_failures_total{slot=\"" << slot << "\"} " << (it == probe_failures_.end() ? 0 : it->second)
+      << "\n";
+  }
   o << "# HELP wsup_holder_restarts_total Holders restarted.\n# TYPE wsup_holder_restarts_total counter\n"
     << "wsup_holder_restarts_total " << holder_restarts << "\n";
   o << "# HELP wsup_front_restarts_total Fronts restarted.\n# TYPE wsup_front_restarts_total counter\n"

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace wsup {
@@ -41,12 +42,18 @@ class Metrics {
   // (supervisor/messages.h), by who sent them: control (a `wsup.sock`
   // client), front, engine.
   std::map<std::string, uint64_t> bad_messages;
-  void ObserveKvBack(double seconds);
+  // A failover's phase (Failover::Hooks::phase); "kv_full" also feeds
+  // wsup_kv_full_seconds.
+  void ObservePhase(const std::string& phase, double seconds);
 
   void ObserveRecovery(double seconds);
   void ObserveProbe(const std::string& slot, bool ok, int64_t latency_ms);
   void SetSlots(const std::string& a, const std::string& a_state, bool a_ready, const std::string& b,
                 const std::string& b_state, bool b_ready);
+  // A slot's move in its state table (EngineSet::Fire): the one-hot state
+  // (wsup_engine_state) follows it at once, and the move is counted by
+  // from/to (wsup_engine_transitions_total).
+  void ObserveTransition(const std::string& slot, const std::string& from, const std::string& to);
   std::string Render() const;
 
  private:
@@ -59,6 +66,7 @@ class Metrics {
   };
   Histogram recovery_;
   Histogram kv_back_;
+  std::map<std::string, Histogram> phases_;  // by phase, seconds
   std::map<std::string, Histogram> probe_latency_;  // by slot, seconds
   std::map<std::string, uint64_t> probe_failures_;  // by slot
   struct SlotView {
@@ -66,6 +74,8 @@ class Metrics {
     bool ready = false;
   };
   std::map<std::string, SlotView> slots_;
+  // (slot, from state, to state) -> moves.
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> transitions_;
 };
 
 }  // namespace wsup

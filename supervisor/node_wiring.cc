@@ -118,7 +118,7 @@ Failover::Hooks Node::FailoverHooks() {
   h.ledger_error = [this](const Status& st, const char* what) { ledger_.Check(st, what); };
   h.ledger_last_error = [this] { return ledger_.last_error(); };
   h.counted = [this](const std::string& trigger) { metrics_.failovers[trigger]++; };
-  h.kv_back = [this](double seconds) { metrics_.ObserveKvBack(seconds); };
+  h.phase = [this](const char* phase, double seconds) { metrics_.ObservePhase(phase, seconds); };
   h.pool_enabled = [this] { return kv_.Enabled(); };
   h.pool_held_by = [this](const std::string& name) { return kv_.HeldBy(name); };
   h.rearm = [this](const std::string& name, const std::string& trigger, int64_t fault_ms, std::optional<int64_t> id) {

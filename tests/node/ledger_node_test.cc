@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -344,6 +345,94 @@ TEST_CASE("node: the ledger deleted under a running supervisor - the next drill 
   INFO(rows.Dump());
   CHECK(rows.rows.size() == 2);
   CHECK(Mode(n.Db()) == 0600);
+}
+
+// The series names a /metrics text declares (its # TYPE lines).
+std::vector<std::string> MetricFamilies(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    out.push_back(line.substr(7, line.find(' ', 7) - 7));
+  }
+  return out;
+}
+
+TEST_CASE("node: /metrics after a failover, a rollout and a front restart passes promtool, and docs/metrics.md names "
+          "every series",
+          "[node]") {
+  if (!Have()) return;
+  auto promtool = test::Run({"/bin/sh", "-c", "command -v promtool"}, 10s);
+  if (promtool.exit_code != 0) {
+    WARN("skipped: promtool is not installed (scripts/setup.sh installs Debian's prometheus package)");
+    return;
+  }
+  Node n({"supervisor.rollout_watch_ms=500"});
+  const std::string config = n.dir().Join("node.toml");
+  WriteConfigWithToken(config, RandomToken());
+  n.UseConfig(config);
+  n.Start();
+  REQUIRE(n.WaitServing());
+  // A rollout, a failover and a front restart: every kind of series has
+  // rows.
+  WriteConfigWithToken(config, RandomToken());
+  auto reload = n.Cli({"reload", "--json"});
+  INFO(reload.output);
+  REQUIRE(reload.exit_code == 0);
+  REQUIRE(n.WaitServing());
+  auto drill = n.Cli({"failover", "--drill", "--kill", "--json"});
+  INFO(drill.output);
+  REQUIRE(drill.exit_code == 0);
+  REQUIRE(n.WaitServing());
+  const pid_t front = (*n.Status())["front"].value("pid", 0);
+  REQUIRE(front > 0);
+  REQUIRE(::kill(front, SIGKILL) == 0);
+  REQUIRE(n.WaitStatus([&](const json& s) { return s["front"].value("restarts", 0) >= 1; }, 30s));
+  REQUIRE(n.WaitServing());
+  REQUIRE(!Complete(n.FrontPort()).empty());
+
+  const std::string text = n.Metrics();
+  REQUIRE(!text.empty());
+  test::TempDir tmp;
+  const std::string file = tmp.Join("metrics.txt");
+  std::ofstream(file) << text;
+  auto check = test::Run({"/bin/sh", "-c", "promtool check metrics < '" + file + "'"}, 30s);
+  INFO(text);
+  INFO("promtool check metrics: " << check.output);
+  CHECK(check.exit_code == 0);
+  CHECK(check.output.empty());
+
+  // What happened is counted.
+  auto value = [&](const std::string& series) { return test::MetricValue(text, series); };
+  CHECK(value("wsup_rollouts_total{outcome=\"done\"}") == 1);
+  CHECK(value("wsup_failovers_total{trigger=\"drill\"}") >= 1);
+  CHECK(value("wsup_front_restarts_total") == 1);
+  for (const char* phase : {"detect", "swap", "first_answer"}) {
+    INFO(phase);
+    CHECK(value("wsup_failover_phase_seconds_count{phase=\"" + std::string(phase) + "\"}") >= 1);
+  }
+  for (const char* slot : {"a", "b"}) {
+    INFO(slot);
+    double states = 0;
+    for (const char* st : {"idle", "starting", "warming", "standby", "active", "draining", "failed", "stopping",
+                           "stopped"}) {
+      const double v = value("wsup_engine_state{slot=\"" + std::string(slot) + "\",state=\"" + st + "\"}");
+      CHECK((v == 0 || v == 1));
+      states += v;
+    }
+    CHECK(states == 1);
+    CHECK(value("wsup_engine_transitions_total{slot=\"" + std::string(slot) +
+                "\",from_state=\"starting\",to_state=\"warming\"}") >= 1);
+  }
+
+  // Every series is in docs/metrics.md, by name, in its tables.
+  const std::string doc = test::ReadAll(std::string(WSUP_SOURCE_DIR) + "/docs/metrics.md");
+  const std::vector<std::string> families = MetricFamilies(text);
+  CHECK(families.size() >= 20);
+  for (const auto& f : families) {
+    INFO(f);
+    CHECK(doc.find("| `" + f + "`") != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -163,6 +163,16 @@ TEST_CASE("engine set: a crashed engine is restarted after its backoff, a kill d
   rig.Advance(1);
   REQUIRE(rig.specs.size() == 4);
   CHECK(a.throttle.total() == 2);
+  // /metrics: each move counted by from and to, the state one-hot.
+  const std::string m = rig.metrics.Render();
+  auto has = [&](const std::string& line) { return m.find(line + "\n") != std::string::npos; };
+  const std::string slot = "slot=\"" + a.name + "\"";
+  CHECK(has("wsup_engine_transitions_total{" + slot + ",from_state=\"idle\",to_state=\"starting\"} 1"));
+  CHECK(has("wsup_engine_transitions_total{" + slot + ",from_state=\"starting\",to_state=\"failed\"} 2"));
+  CHECK(has("wsup_engine_transitions_total{" + slot + ",from_state=\"failed\",to_state=\"starting\"} 2"));
+  CHECK(has("wsup_engine_state{" + slot + ",state=\"starting\"} 1"));
+  CHECK(has("wsup_engine_state{" + slot + ",state=\"failed\"} 0"));
+  CHECK(has("wsup_engine_state{" + slot + ",state=\"stopped\"} 0"));
 
   SECTION("a kill drill's exit is restarted at once and not counted") {
     a.drill_kill = true;

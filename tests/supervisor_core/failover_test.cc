@@ -8,6 +8,7 @@
 
 #include <uv.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -117,7 +118,9 @@ struct FailRig {
     };
     h.ledger_last_error = [] { return std::string(); };
     h.counted = [this](const std::string& trigger) { ops.push_back("counted " + trigger); };
-    h.kv_back = [](double) {};
+    h.phase = [this](const char* phase, double seconds) {
+      ops.push_back(std::string("phase ") + phase + " " + std::to_string(std::lround(seconds * 1000)) + " ms");
+    };
     h.pool_enabled = [] { return false; };
     h.pool_held_by = [](const std::string&) { return false; };
     h.rearm = [this](const std::string& s, const std::string& trigger, int64_t, std::optional<int64_t>) {
@@ -180,8 +183,11 @@ TEST_CASE("failover: a crash swaps to the ready standby, and the first good answ
   CHECK(row.fault_ms == fault);
   CHECK(row.detected_ms == fault + 40);
   CHECK(row.swapped_ms == fault + 40);
-  CHECK(r.ops == std::vector<std::string>{"promote b (failover from a)", "routes", "counted crash", "rearm a (crash)",
-                                          "postpone b", "probe"});
+  // Counted, with its phases so far (detect: 40 ms; swap: none on the
+  // fake clock).
+  CHECK(r.ops == std::vector<std::string>{"promote b (failover from a)", "routes", "counted crash",
+                                          "phase detect 40 ms", "phase swap 0 ms", "rearm a (crash)", "postpone b",
+                                          "probe"});
   CHECK(r.fo->InProgress());
 
   // The old engine's exit dates the row's gone_ms.
@@ -195,6 +201,7 @@ TEST_CASE("failover: a crash swaps to the ready standby, and the first good answ
   r.probes[0](true, r.clock.WallMs());
   CHECK_FALSE(r.fo->InProgress());
   CHECK(r.rows[row.id].first_ok_ms == fault + 60);
+  CHECK(r.ops.back() == "phase first_answer 60 ms");
   CHECK(r.ended == 1);
   CHECK(r.fo->PendingText().empty());
   // No budget is left to run out.
