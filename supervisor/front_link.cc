@@ -37,7 +37,10 @@ FrontLink::FrontLink(uv_loop_t* loop, Launcher& launcher, TimerSource& timers, c
       hooks_(std::move(hooks)),
       retry_(timers.Make()),
       restart_timer_(timers.Make()),
-      throttle_(FrontRestartPolicy(cfg)) {}
+      throttle_(FrontRestartPolicy(cfg)),
+      poll_(timers.Make()) {
+  poll_->Start(kCountersPollMs, [this] { PollCounters(); }, kCountersPollMs);
+}
 
 FrontLink::~FrontLink() { Detach("supervisor exiting"); }
 
@@ -45,6 +48,7 @@ void FrontLink::Detach(const std::string& why) {
   detached_ = true;
   retry_->Stop();
   restart_timer_->Stop();
+  poll_->Stop();
   if (watch_) watch_->Close();
   watch_ = nullptr;
   CloseLink(why);
@@ -344,7 +348,41 @@ json FrontLink::StatusJson() const {
   return fj;
 }
 
+void FrontLink::PollCounters() {
+  if (pid_ <= 0 || !link_) return;
+  // One ask at a time; one unanswered for 10 polls (a stopped front holds
+  // its connections without a word) is given up, and its answer, if it
+  // ever comes, is still taken for the pid it names.
+  const int64_t now = clock_.MonotonicMs();
+  if (poll_since_ms_ != 0 && now - poll_since_ms_ < 10 * kCountersPollMs) return;
+  poll_since_ms_ = now;
+  std::weak_ptr<bool> alive = alive_;
+  AskStatus([this, alive, asked = now](const json* reply) {
+    if (alive.expired()) return;
+    if (poll_since_ms_ == asked) poll_since_ms_ = 0;
+    if (reply == nullptr || !reply->is_object()) return;
+    const json& counters = reply->contains("counters") ? (*reply)["counters"] : json();
+    const pid_t pid = reply->value("pid", 0);
+    if (pid > 0 && counters.is_object()) TakeCounters(pid, counters);
+  });
+}
+
+void FrontLink::TakeCounters(pid_t pid, const json& counters) {
+  if (pid != counters_pid_) {
+    // A new front: the last counts of the one before are its final ones.
+    for (const auto& [k, v] : counters_now_) counters_gone_[k] += v;
+    counters_now_.clear();
+    counters_pid_ = pid;
+  }
+  for (const auto& [k, v] : counters.items()) {
+    // A count a front reports lower than before (it cannot) is not taken.
+    if (v.is_number_unsigned() && v.get<uint64_t>() >= counters_now_[k]) counters_now_[k] = v.get<uint64_t>();
+  }
+}
+
 void FrontLink::Report(Metrics& m) const {
+  for (const auto& [k, v] : counters_gone_) m.front_counters[k] = v;
+  for (const auto& [k, v] : counters_now_) m.front_counters[k] = counters_gone_.count(k) ? counters_gone_.at(k) + v : v;
   m.front_restarts = throttle_.total();
   m.front_crash_looping = throttle_.crash_looping();
   if (bad_messages_ > 0) m.bad_messages["front"] = bad_messages_;

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,7 +127,12 @@ class FrontLink {
   // `front` of `wsup status`.
   nlohmann::json StatusJson() const;
   // Its counters and gauges into the node's metrics (before they render).
+  // The front's own counters (hedges, resumes, retries: its `status`) are
+  // asked every kCountersPollMs on a connection of their own, at most one
+  // ask in flight, and summed over every front process this supervisor has
+  // seen (a restarted front counts from 0 again; the sum never goes down).
   void Report(Metrics& m) const;
+  static constexpr int64_t kCountersPollMs = 1000;
 
  private:
   void Fire(ChildEvent event, const std::string& cause, int exit_code = -1);
@@ -135,6 +141,8 @@ class FrontLink {
   void OnExit(const ExitInfo& info);
   void ScheduleRestart(int exit_code, const std::string& how);
   void Send(const nlohmann::json& m);
+  void PollCounters();
+  void TakeCounters(pid_t pid, const nlohmann::json& counters);
   bool Stopping() const { return hooks_.stopping && hooks_.stopping(); }
   std::string LogPath() const;
 
@@ -162,6 +170,15 @@ class FrontLink {
   Routes routes_;
   uint64_t bad_messages_ = 0;
   bool detached_ = false;  // Detach(): the link's close is not a lost link
+  // The front's counters (PollCounters): the sums of the fronts that are
+  // gone, the latest of the one that runs (counters_pid_), and the ask in
+  // flight since poll_since_ms_ (0: none). alive_ tells an answer that
+  // comes after this owner is gone to drop itself.
+  std::unique_ptr<Timer> poll_;
+  int64_t poll_since_ms_ = 0;
+  pid_t counters_pid_ = 0;
+  std::map<std::string, uint64_t> counters_gone_, counters_now_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
 // The front's restart policy, from the one [supervisor] section.

@@ -1,7 +1,10 @@
 #include "supervisor/metrics.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <initializer_list>
 #include <sstream>
+#include <utility>
 
 #include "supervisor/engine_fsm.h"
 
@@ -205,6 +208,38 @@ std::string Metrics::Render() const {
     auto it = front_silent.find(outcome);
     o << "wsup_front_silent_reports_total{outcome=\"" << outcome << "\"} " << (it == front_silent.end() ? 0 : it->second)
       << "\n";
+  }
+  // The front's counters, by the names docs/front.md gives them.
+  auto front = [this](const char* k) {
+    auto it = front_counters.find(k);
+    return it == front_counters.end() ? uint64_t{0} : it->second;
+  };
+  o << "# HELP wsup_front_requests_total Requests the front handed to its proxy.\n"
+       "# TYPE wsup_front_requests_total counter\n"
+    << "wsup_front_requests_total " << front("requests") << "\n";
+  o << "# HELP wsup_front_retries_total Requests the front sent again after an engine failed them.\n"
+       "# TYPE wsup_front_retries_total counter\n"
+    << "wsup_front_retries_total " << front("retried") << "\n";
+  o << "# HELP wsup_front_resumed_streams_total Streams cut by an engine's failure and continued on the other "
+       "engine, by API.\n"
+       "# TYPE wsup_front_resumed_streams_total counter\n";
+  const uint64_t resumed = front("resumed"), resumed_chat = std::min(front("resumed_chat"), resumed);
+  o << "wsup_front_resumed_streams_total{api=\"completions\"} " << resumed - resumed_chat << "\n"
+    << "wsup_front_resumed_streams_total{api=\"chat\"} " << resumed_chat << "\n";
+  o << "# HELP wsup_front_cut_streams_total Cut streams the front ended with an error instead (their engine never "
+       "reported the prompt's token ids).\n"
+       "# TYPE wsup_front_cut_streams_total counter\n"
+    << "wsup_front_cut_streams_total " << front("resume_refused") << "\n";
+  o << "# HELP wsup_front_hedges_total Requests silent past front.hedge_after_ms, by what became of the hedge: "
+       "started, won (the standby answered first), lost, failed, refused (the budget was spent).\n"
+       "# TYPE wsup_front_hedges_total counter\n";
+  for (const auto& [outcome, key] : std::initializer_list<std::pair<const char*, const char*>>{
+           {"started", "hedged"},
+           {"won", "hedge_won"},
+           {"lost", "hedge_lost"},
+           {"failed", "hedge_failed"},
+           {"refused", "hedge_refused"}}) {
+    o << "wsup_front_hedges_total{outcome=\"" << outcome << "\"} " << front(key) << "\n";
   }
   o << "# HELP wsup_front_crash_looping 1 while the front restarts more than supervisor.max_restarts times in the "
        "window.\n# TYPE wsup_front_crash_looping gauge\n"

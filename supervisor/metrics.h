@@ -24,6 +24,9 @@ class Metrics {
   uint64_t front_self_switches = 0;
   std::map<std::string, uint64_t> front_silent;  // the front's `silent` reports: tripped, dismissed, ignored
   bool front_crash_looping = false;
+  // The front's own counters (its `status`, docs/front.md), summed over
+  // every front process this supervisor has seen (FrontLink::Report).
+  std::map<std::string, uint64_t> front_counters;
   uint64_t ledger_write_errors = 0;   // rows refused or not committed
   uint64_t ledger_lost_rows = 0;      // since the ledger was created, earlier runs included
   uint64_t reconstructed_failovers = 0;

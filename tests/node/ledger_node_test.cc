@@ -391,6 +391,9 @@ TEST_CASE("node: /metrics after a failover, a rollout and a front restart passes
   REQUIRE(n.WaitServing());
   REQUIRE(!Complete(n.FrontPort()).empty());
 
+  // The front's own counters reach /metrics within a poll or two.
+  REQUIRE(test::WaitFor(
+      [&] { return test::MetricValue(n.Metrics(), "wsup_front_requests_total") >= 1; }, 10s));
   const std::string text = n.Metrics();
   REQUIRE(!text.empty());
   test::TempDir tmp;

@@ -331,5 +331,49 @@ TEST_CASE("front link: a listening socket that cannot be bound stops the node th
   CHECK(other.specs.empty());
 }
 
+TEST_CASE("front link: the front's counters are asked every second and summed over its restarts, never going down",
+          "[front_link]") {
+  FrontRig r;
+  r.StartLinked();
+  const pid_t first = r.front->pid();
+  r.sock->status_reply = json{{"pid", first}, {"counters", {{"hedged", 3}, {"resumed", 5}, {"resumed_chat", 2}}}};
+  auto counters = [&] {
+    Metrics m;
+    r.front->Report(m);
+    return m.front_counters;
+  };
+  CHECK(counters().empty());  // nothing asked yet
+  r.Advance(FrontLink::kCountersPollMs);
+  REQUIRE(r.Until([&] { return counters()["hedged"] == 3; }));
+  CHECK(counters()["resumed"] == 5);
+  // The same front counts on; a lower count it cannot report is not taken.
+  r.sock->status_reply = json{{"pid", first}, {"counters", {{"hedged", 4}, {"resumed", 1}}}};
+  r.Advance(FrontLink::kCountersPollMs);
+  REQUIRE(r.Until([&] { return counters()["hedged"] == 4; }));
+  CHECK(counters()["resumed"] == 5);
+  // A new front process counts from 0: its counts add to the old one's.
+  r.sock->status_reply = json{{"pid", first + 1000}, {"counters", {{"hedged", 1}, {"resumed", 2}}}};
+  r.Advance(FrontLink::kCountersPollMs);
+  REQUIRE(r.Until([&] { return counters()["hedged"] == 5; }));
+  CHECK(counters()["resumed"] == 7);
+  CHECK(counters()["resumed_chat"] == 2);
+  Metrics m;
+  r.front->Report(m);
+  const std::string text = m.Render();
+  CHECK(text.find("wsup_front_hedges_total{outcome=\"started\"} 5\n") != std::string::npos);
+  CHECK(text.find("wsup_front_resumed_streams_total{api=\"chat\"} 2\n") != std::string::npos);
+  CHECK(text.find("wsup_front_resumed_streams_total{api=\"completions\"} 5\n") != std::string::npos);
+  // One ask at a time: a front that does not answer is asked again only
+  // after ten polls.
+  r.sock->status_reply.reset();
+  const size_t asked = r.sock->Of("status").size();
+  r.Advance(FrontLink::kCountersPollMs);
+  REQUIRE(r.Until([&] { return r.sock->Of("status").size() == asked + 1; }));
+  r.Advance(9 * FrontLink::kCountersPollMs);
+  CHECK(r.sock->Of("status").size() == asked + 1);
+  r.Advance(FrontLink::kCountersPollMs);
+  REQUIRE(r.Until([&] { return r.sock->Of("status").size() == asked + 2; }));
+}
+
 }  // namespace
 }  // namespace wsup
