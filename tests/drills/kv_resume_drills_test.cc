@@ -287,7 +287,11 @@ TEST_CASE("kv journal drills: streams cut by a crash resume from the dead engine
   if (test::SkipWithout("llama-tiny-f32")) return;
   test::DrillNodeSpec spec;
   spec.kv_pool = true;
-  spec.engine_args = {"--min-step-ms", "20"};
+  // The step bound off (--max-step-ms 0): twenty 400-token prompts are
+  // then prefilled in four steps and every stream is mid-way at the kill.
+  // Bounded, a slow build prefills them over many paced steps, and the
+  // first streams end before the last one has its first tokens.
+  spec.engine_args = {"--min-step-ms", "20", "--max-step-ms", "0"};
   // Twenty 400-token prompts share the engine's steps with the probes for
   // seconds on a busy 2-core machine: a probe may time out then, and three
   // in a row would trip the healthy active engine under the test's kill.
