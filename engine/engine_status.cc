@@ -142,7 +142,7 @@ void Engine::HandleStatus(const std::shared_ptr<http::ResponseWriter>& w) {
         {"adoptable_blocks", s.adoptable_blocks},     {"released_blocks", s.released_blocks}};
     j["requests"] = {{"active", s.active},     {"waiting", s.waiting},   {"steps", s.steps},
                      {"probes", s.probes},     {"finished", s.finished}, {"cancelled", s.cancelled},
-                     {"generated_tokens", s.generated_tokens}};
+                     {"generated_tokens", s.generated_tokens}, {"prompt_tokens", s.prompt_tokens}};
     // Steps of rank 0 replayed from a CUDA graph and run eagerly (both 0 on the CPU).
     j["steps"] = {{"graph", runner_->graph_steps()},
                   {"eager", runner_->eager_steps()},

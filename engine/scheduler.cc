@@ -122,6 +122,7 @@ Status Scheduler::Submit(GenRequest req) {
                        " requests waiting for KV cache; retry later");
   }
   req.submitted_us = clock_.NowUs();
+  stats_.prompt_tokens += req.prompt.size();
   incoming_.push_back(std::move(req));
   cv_.notify_all();
   return Status::Ok();

@@ -144,6 +144,7 @@ struct SchedulerStats {
   uint64_t steps = 0;
   uint64_t probes = 0;  // requests admitted as the supervisor's probes (GenRequest::probe)
   uint64_t generated_tokens = 0;
+  uint64_t prompt_tokens = 0;  // of the requests taken (Submit), resumed ones' whole prompts included
   uint64_t finished = 0;   // requests that ran to their end (length, stop or error)
   uint64_t cancelled = 0;  // requests dropped by Cancel() while waiting or running (their client left)
   // The step bound (engine/step_budget.h): the budget the next step gets,

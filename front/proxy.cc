@@ -50,6 +50,7 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   }
   if (close_.closing()) {
     writer->Send(http::HttpResponse::Json(503, http::ErrorJson("the front is shutting down; retry", "unavailable")));
+    counters_.serving.Answer(writer->request().path, 503);
     return;
   }
   // Only the OpenAI API and /health are an engine's to answer through the
@@ -57,6 +58,7 @@ void Proxy::Handle(std::shared_ptr<http::ResponseWriter> writer) {
   if (!IsForwardedPath(writer->request().path)) {
     ++counters_.not_forwarded;
     writer->Send(http::HttpResponse::Json(404, http::ErrorJson(kNotForwardedMessage, "not_found_error")));
+    counters_.serving.Answer(writer->request().path, 404);
     return;
   }
   auto* call = new ProxyCall(&services_, std::move(writer));
@@ -351,6 +353,7 @@ nlohmann::json Proxy::StatusJson() const {
                    {"silent_reports", counters_.silent_reports},
                    {"silent_to_standby", counters_.silent_to_standby},
                    {"not_forwarded", counters_.not_forwarded}};
+  counters_.serving.AppendTo(&j["counters"]);
   j["hedging"] = {{"after_ms", options_.hedge_after_ms},
                   {"percent", options_.hedge_percent},
                   {"burst", options_.hedge_burst},

@@ -25,6 +25,7 @@ void ProxyCall::Move(CallEvent e) {
 void ProxyCall::Start() {
   Guard g(this);
   start_ms_ = now_ms();
+  start_us_ = now_us();
   deadline_ms_ = start_ms_ + options().queue_timeout_ms;
   writer_->OnClose([this] { OnClientGone(); });
   const http::HttpRequest& r = writer_->request();
@@ -272,6 +273,11 @@ void ProxyCall::OnClientGone() {
 void ProxyCall::Finish() {
   if (done()) return;
   Move(CallEvent::kFinish);
+  // What the client saw: the answer's status (0: none was started) and,
+  // for the completion APIs, the whole request's time.
+  ServingStats& serving = counters().serving;
+  serving.Answer(writer_->request().path, writer_->status());
+  serving.Duration(writer_->request().path, now_us() - start_us_);
   if (HedgePending()) EndHedge(nullptr);
   attempt_.Cancel();
   writer_->OnClose(nullptr);

@@ -107,6 +107,7 @@ class ProxyCall final : private UpstreamListener, private HedgeLeg::Owner {
   bool done() const { return state_ == CallState::kDone; }
   bool resuming() const { return IsResuming(state_); }
   int64_t now_ms() const { return s_->clock->MonotonicMs(); }
+  int64_t now_us() const { return s_->clock->MonotonicUs(); }
   const ProxyOptions& options() const { return *s_->options; }
   ProxyCounters& counters() const { return *s_->counters; }
   const std::string& id() const { return writer_->request().request_id; }
@@ -123,6 +124,9 @@ class ProxyCall final : private UpstreamListener, private HedgeLeg::Owner {
   void ResetAttempt();
   void Heard();
   void CheckFlow();
+  // `tokens` more of the stream's tokens went to the client now (the
+  // serving histograms: time to first token, time per output token).
+  void CountTokens(size_t tokens);
   // The stream's state for the policy tables (kNotStream unless relaying events).
   StreamState Stream() const;
   // The prompt's ids for a continuation: as the client sent them, or as
@@ -172,6 +176,8 @@ class ProxyCall final : private UpstreamListener, private HedgeLeg::Owner {
   std::string resp_body_;
   std::string out_;
   int64_t start_ms_ = 0;
+  int64_t start_us_ = 0;       // the front's receipt of the request, for the serving histograms
+  int64_t last_token_us_ = 0;  // the stream's latest token reached the client (0: none yet)
   int64_t last_byte_ms_ = 0;  // loop time of the engine's latest byte, or of the attempt's start
   bool answer_pending_ = false;  // a 2xx head came; the answer counts as good at its first body byte
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/status.h"
+#include "front/serving_stats.h"
 #include "front/upstream.h"
 
 namespace wsup::front {
@@ -55,6 +56,9 @@ struct ProxyCounters {
   uint64_t hedge_refused = 0;  // silent requests not hedged because the hedge budget was spent
   uint64_t silent_reports = 0; // `silent` events: the active engine sent nothing while requests waited
   uint64_t silent_to_standby = 0;  // new requests sent to the standby while the active was silent
+  // What the clients saw: answers by route and status, latency histograms
+  // (front/serving_stats.h); in the status's counters beside the above.
+  ServingStats serving;
 };
 
 }  // namespace wsup::front

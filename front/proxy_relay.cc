@@ -72,15 +72,34 @@ void ProxyCall::OnUpstreamBody(std::string_view data) {
       writer_->Write(data);
       CheckFlow();
       break;
-    case Mode::kSse:
+    case Mode::kSse: {
       out_.clear();
+      const size_t before = sse_->delivered().size();
       sse_->Feed(data, &out_);
       if (!out_.empty()) writer_->Write(out_);
+      CountTokens(sse_->delivered().size() - before);
       CheckFlow();
       break;
+    }
     case Mode::kNone:
       break;
   }
+}
+
+void ProxyCall::CountTokens(size_t tokens) {
+  if (tokens == 0) return;
+  // Tokens reached the client with this write: the first of a stream is
+  // its time to first token, the rest share the gap since the tokens before.
+  const int64_t now = now_us();
+  const std::string& path = writer_->request().path;
+  ServingStats& serving = counters().serving;
+  if (last_token_us_ == 0) {
+    serving.FirstToken(path, now - start_us_);
+    if (tokens > 1) serving.Tokens(path, 0, tokens - 1);
+  } else {
+    serving.Tokens(path, now - last_token_us_, tokens);
+  }
+  last_token_us_ = now;
 }
 
 void ProxyCall::OnUpstreamDone() {

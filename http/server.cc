@@ -488,6 +488,7 @@ std::vector<Header> ResponseWriter::FramingHeaders(bool chunked, size_t content_
 }
 
 void ResponseWriter::Send(HttpResponse response) {
+  if (!started_ && status_ == 0) status_ = response.status;
   if (!conn_ || started_) return;
   started_ = true;
   finished_ = true;
@@ -502,6 +503,7 @@ void ResponseWriter::Send(HttpResponse response) {
 }
 
 void ResponseWriter::StartStream(int status, std::vector<Header> headers) {
+  if (!started_ && status_ == 0) status_ = status;
   if (!conn_ || started_) return;
   started_ = true;
   // HTTP/1.0 has no chunked framing: the body ends when the connection does.

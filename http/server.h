@@ -86,6 +86,9 @@ class ResponseWriter {
   bool alive() const { return conn_ != nullptr; }
   bool started() const { return started_; }
   bool finished() const { return finished_; }
+  // The status of the answer's head (Send or StartStream), 0 before one:
+  // set even when the connection is gone, as what the server chose to answer.
+  int status() const { return status_; }
 
   // A complete response (Content-Length framing).
   void Send(HttpResponse response);
@@ -117,6 +120,7 @@ class ResponseWriter {
   bool started_ = false;
   bool finished_ = false;
   bool chunked_ = false;
+  int status_ = 0;
   std::function<void()> on_close_;
 };
 

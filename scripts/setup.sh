@@ -12,9 +12,11 @@ pkgs=(
   libssl-dev libclang-rt-14-dev lld clang-tidy libpcre2-dev libutf8proc-dev libabsl-dev
   python3 python3-numpy python3-pytest python3-jinja2 libdlpack-dev
   curl haproxy wrk systemd
-  prometheus
+  prometheus chromium
 )
-# prometheus: its promtool checks the supervisor's /metrics (tests/node).
+# prometheus: its promtool checks the supervisor's /metrics (tests/node), and
+# its server scrapes a node through drills (tests/drills). chromium: headless,
+# it renders `wsup report --html` pages in tests.
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -38,8 +38,8 @@ Status CheckJson(const std::string& what, const std::string& text, bool object) 
 }
 
 Status Check(const FailoverRecord& r) {
-  if (!OneOf(r.trigger, {"crash", "probe", "drill"}))
-    return InvalidArgument("failover trigger \"" + r.trigger + "\" is not one of crash, probe, drill");
+  if (!OneOf(r.trigger, {"crash", "probe", "drill", "hang", "rollout"}))
+    return InvalidArgument("failover trigger \"" + r.trigger + "\" is not one of crash, probe, drill, hang, rollout");
   if (r.from_slot.empty() || r.to_slot.empty())
     return InvalidArgument("failover from_slot and to_slot must name the engine slots");
   return Status::Ok();

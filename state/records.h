@@ -18,7 +18,7 @@ namespace wsup {
 // One switch of traffic from one engine slot to another.
 struct FailoverRecord {
   int64_t id = 0;        // assigned by Ledger::RecordFailover
-  std::string trigger;   // "crash" | "probe" | "drill"
+  std::string trigger;   // "crash" | "probe" | "hang" | "drill" | "rollout" (supervisor/engine_fsm.h)
   std::string reason;    // e.g. "exit signal 9", "3 probe failures: timeout after 800 ms"
   bool drill = false;    // a deliberate fault (wsup drill), not a real one
   std::string from_slot;

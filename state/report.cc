@@ -236,6 +236,7 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     } else {
       ++rep.cache.misses;
       ++reasons[e.miss_reason.empty() ? "unknown" : e.miss_reason];
+      rep.cache_miss_rows.push_back(e);
     }
   }
   if (rep.cache.lookups) rep.cache.hit_rate = static_cast<double>(rep.cache.hits) / static_cast<double>(rep.cache.lookups);
@@ -250,6 +251,8 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     if (f.drill) ++rep.failovers.drills;
     if (f.trigger == "crash") ++rep.failovers.crash;
     if (f.trigger == "probe") ++rep.failovers.probe;
+    if (f.trigger == "hang") ++rep.failovers.hang;
+    if (f.trigger == "rollout") ++rep.failovers.rollout;
     detect.push_back(f.detect_ms);
     swap.push_back(f.swap_ms);
     failover.push_back(f.failover_ms);
@@ -257,6 +260,7 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
     if (f.kv_back_ms) kv_back.push_back(*f.kv_back_ms);
     if (f.kv_full_ms && f.gone_ms) kv_after_gone.push_back(*f.kv_full_ms - *f.gone_ms);
   }
+  rep.failover_rows = std::move(failovers);
   rep.failovers.detect = Percentiles(std::move(detect));
   rep.failovers.swap = Percentiles(std::move(swap));
   rep.failovers.failover = Percentiles(std::move(failover));
@@ -368,7 +372,8 @@ std::string RenderReportText(const Report& r) {
   os << "\n";
   for (const auto& [reason, n] : r.cache.miss_reasons) os << "  miss " << reason << ": " << n << "\n";
   os << "failovers: " << r.failovers.count << " (crash " << r.failovers.crash << ", probe " << r.failovers.probe
-     << ", drills " << r.failovers.drills << ")";
+     << ", hang " << r.failovers.hang << ", rollout " << r.failovers.rollout << ", drills " << r.failovers.drills
+     << ")";
   if (r.lost && r.lost->by_table.count("failovers"))
     os << ", and " << r.lost->by_table.at("failovers") << " more NOT recorded";
   os << "\n";
@@ -425,7 +430,8 @@ std::string RenderReportJson(const Report& r) {
                 {"hit_rate", r.cache.hit_rate ? nlohmann::json(*r.cache.hit_rate) : nlohmann::json(nullptr)},
                 {"miss_reasons", reasons}};
   j["failovers"] = {{"count", r.failovers.count},        {"crash", r.failovers.crash},
-                    {"probe", r.failovers.probe},        {"drills", r.failovers.drills},
+                    {"probe", r.failovers.probe},        {"hang", r.failovers.hang},
+                    {"rollout", r.failovers.rollout},    {"drills", r.failovers.drills},
                     {"detect", DistJson(r.failovers.detect)}, {"swap", DistJson(r.failovers.swap)},
                     {"failover", DistJson(r.failovers.failover)}, {"outage", DistJson(r.failovers.outage)},
                     {"kv_back", DistJson(r.failovers.kv_back)},

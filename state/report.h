@@ -80,7 +80,7 @@ struct Report {
   } cache;
 
   struct Failovers {
-    int64_t count = 0, drills = 0, crash = 0, probe = 0;
+    int64_t count = 0, drills = 0, crash = 0, probe = 0, hang = 0, rollout = 0;
     Distribution detect, swap, failover, outage;  // outage: only rows with first_ok_ms
     Distribution kv_back;  // fault -> the promoted engine's full KV (node KV pool); rows with kv_full_ms
     // The failed engine's exit -> the promoted engine's full KV: the
@@ -96,6 +96,10 @@ struct Report {
   int64_t holder_restarts = 0, holder_restarts_from_fds = 0;
   std::vector<RolloutRecord> rollouts;  // oldest first
   std::vector<FenceRecord> fences;      // oldest first
+  // The rows themselves, for a timeline (RenderReportHtml): every failover
+  // and every cache miss of the window, oldest first.
+  std::vector<FailoverRecord> failover_rows;
+  std::vector<CacheEventRecord> cache_miss_rows;
 
   // Rows the ledger could not write, when the latest loss falls in the
   // window: the counts above do not include them.

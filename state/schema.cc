@@ -130,6 +130,32 @@ CREATE TABLE fences (
 );
 CREATE INDEX fences_time_ms ON fences (time_ms);
 )sql"},
+    // Triggers 'hang' (an engine that stopped answering) and 'rollout' (a
+    // rolling upgrade's planned swap). The table is made again, as in
+    // version 6, its columns in their order, its rows copied with their ids.
+    {8, R"sql(
+CREATE TABLE failovers_v8 (
+  id INTEGER PRIMARY KEY,
+  trigger TEXT NOT NULL CHECK (trigger IN ('crash', 'probe', 'drill', 'hang', 'rollout')),
+  reason TEXT NOT NULL, drill INTEGER NOT NULL CHECK (drill IN (0, 1)),
+  from_slot TEXT NOT NULL, to_slot TEXT NOT NULL,
+  fault_ms INTEGER NOT NULL, detected_ms INTEGER NOT NULL, swapped_ms INTEGER NOT NULL, first_ok_ms INTEGER,
+  detect_ms INTEGER GENERATED ALWAYS AS (detected_ms - fault_ms) VIRTUAL,
+  swap_ms INTEGER GENERATED ALWAYS AS (swapped_ms - detected_ms) VIRTUAL,
+  failover_ms INTEGER GENERATED ALWAYS AS (swapped_ms - fault_ms) VIRTUAL,
+  outage_ms INTEGER GENERATED ALWAYS AS (first_ok_ms - fault_ms) VIRTUAL,
+  reconstructed INTEGER NOT NULL DEFAULT 0 CHECK (reconstructed IN (0, 1)),
+  gone_ms INTEGER, kv_full_ms INTEGER,
+  kv_back_ms INTEGER GENERATED ALWAYS AS (kv_full_ms - fault_ms) VIRTUAL
+);
+INSERT INTO failovers_v8 (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms,
+                          first_ok_ms, reconstructed, gone_ms, kv_full_ms)
+  SELECT id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, swapped_ms,
+         first_ok_ms, reconstructed, gone_ms, kv_full_ms FROM failovers;
+DROP TABLE failovers;
+ALTER TABLE failovers_v8 RENAME TO failovers;
+CREATE INDEX failovers_fault_ms ON failovers (fault_ms);
+)sql"},
 };
 
 static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion,

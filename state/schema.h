@@ -22,7 +22,7 @@ namespace wsup {
 // Version 5: rollouts.
 // Version 6: rollouts.outcome may be 'interrupted'.
 // Version 7: fences.
-inline constexpr int kSchemaVersion = 7;
+inline constexpr int kSchemaVersion = 8;
 
 // The database's user_version.
 Result<int> SchemaVersion(Db& db);

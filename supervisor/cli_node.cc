@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "state/ledger.h"
 #include "state/report.h"
+#include "state/report_html.h"
 #include "supervisor/cli.h"
 #include "supervisor/config.h"
 #include "supervisor/runtime_state.h"
@@ -387,13 +388,22 @@ void RegisterReport(CLI::App& app, CliContext& ctx) {
   auto as_json = std::make_shared<bool>(false);
   auto since = std::make_shared<std::string>();
   auto db = std::make_shared<std::string>();
+  auto html = std::make_shared<std::string>();
   t->AddFlags(c);
   c->add_flag("--miss-tail", *miss_tail, "list the slowest recoveries after a cache miss");
   c->add_option("--tail", *tail_n, "how many rows the miss tail lists (default 5)");
   c->add_flag("--json", *as_json, "print JSON");
   c->add_option("--since", *since, "only events in the last DURATION (90s, 10m, 2h, 7d)");
   c->add_option("--db", *db, "read this ledger file instead of asking the supervisor");
-  c->callback([&ctx, t, miss_tail, tail_n, as_json, since, db] {
+  c->add_option("--html", *html,
+                "write the report as one self-contained HTML page to FILE: a timeline of failovers, rollouts and "
+                "cache misses, each failover's phases as a bar, the percentiles");
+  c->callback([&ctx, t, miss_tail, tail_n, as_json, since, db, html] {
+    if (!html->empty() && *as_json) {
+      *ctx.err << "wsup report: --html and --json are two outputs; ask for one of them\n";
+      ctx.exit_code = kCliExitUsage;
+      return;
+    }
     std::string path = *db;
     if (path.empty()) {
       auto where = t->Resolve();
@@ -438,6 +448,19 @@ void RegisterReport(CLI::App& app, CliContext& ctx) {
     if (!rep.ok()) {
       *ctx.err << "wsup report: " << rep.error().message() << "\n";
       ctx.exit_code = 1;
+      return;
+    }
+    if (!html->empty()) {
+      // Written whole under a new name and renamed: a page being written is
+      // never seen half.
+      if (Status w = WriteFileAtomic(*html, RenderReportHtml(*rep)); !w.ok()) {
+        *ctx.err << "wsup report: --html " << *html << ": " << w.error().message()
+                 << "; name a file in a folder that exists and you can write\n";
+        ctx.exit_code = 1;
+        return;
+      }
+      *ctx.out << "wrote " << *html << ": " << rep->failover_rows.size() << " failovers, " << rep->rollouts.size()
+               << " rollouts, " << rep->cache_miss_rows.size() << " cache misses\n";
       return;
     }
     *ctx.out << (*as_json ? RenderReportJson(*rep) : RenderReportText(*rep));

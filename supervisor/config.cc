@@ -47,12 +47,24 @@ Status Loader::ApplyOverride(toml::table& root, int index, const std::string& te
   if (value.empty()) return fail(value_col, key, "has no value after '='; write --set " + key + "=VALUE");
 
   // The value as TOML ("5", "true", "[\"a\"]", "\"text\""), else as a string.
+  // A value that starts as TOML's strings, arrays and tables do and does not
+  // parse is refused: taken as a plain string it would keep its quotes and
+  // escapes, and mean something else than was meant (a JSON string's
+  // "\ud83d\ude42" is one such: TOML has no surrogate escapes).
   toml::table parsed;
   bool as_toml = false;
   try {
     parsed = toml::parse(std::string_view("v = " + value), std::string_view("--set"));
     as_toml = parsed.size() == 1 && parsed.contains("v");
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    if (value.front() == '"' || value.front() == '\'' || value.front() == '[' || value.front() == '{') {
+      // engine.env holds secrets: TOML's words may quote the value.
+      const bool secret = key.rfind("engine.env", 0) == 0;
+      return fail(value_col, key,
+                  "the value is not TOML" + (secret ? std::string() : " (" + std::string(e.description()) + ")") +
+                      "; write it as TOML (a \"string\" with the characters themselves or \\uXXXX escapes of "
+                      "non-surrogate code points, [arrays], {tables}), or without quotes for plain text");
+    }
     as_toml = false;
   }
 

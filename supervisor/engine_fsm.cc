@@ -17,7 +17,7 @@ constexpr EnumNames<E::kKvTrespass> kEventNames{"spawn",         "engine_ready",
 constexpr EnumNames<A::kFailover> kActionNames{
     "none",       "start_probing", "route_here",       "route_away",
     "kill_group", "terminate",     "schedule_restart", "failover"};
-constexpr EnumNames<FailoverTrigger::kDrill> kTriggerNames{"crash", "probe", "drill"};
+constexpr EnumNames<FailoverTrigger::kRollout> kTriggerNames{"crash", "probe", "drill", "hang", "rollout"};
 
 // The lifecycle, one row per transition. Order does not matter; each
 // (from, event) pair appears at most once (checked by a test).
@@ -116,8 +116,9 @@ const char* SlotEventName(SlotEvent e) { return kEventNames(e); }
 const char* SlotActionName(SlotAction a) { return kActionNames(a); }
 const char* FailoverTriggerName(FailoverTrigger t) { return kTriggerNames(t); }
 
-FailoverTrigger TriggerFor(SlotEvent event, bool drill) {
+FailoverTrigger TriggerFor(SlotEvent event, bool drill, bool hung) {
   if (drill) return FailoverTrigger::kDrill;
+  if (hung && event == E::kProbeTrip) return FailoverTrigger::kHang;
   // A trespass is the supervisor's verdict on a live engine, as a probe's is.
   return event == E::kProbeTrip || event == E::kUnfit || event == E::kKvTrespass ? FailoverTrigger::kProbe
                                                                                  : FailoverTrigger::kCrash;
@@ -133,5 +134,7 @@ bool IsLive(SlotState s) {
   return s == S::kStarting || s == S::kWarming || s == S::kStandby || s == S::kActive || s == S::kDraining ||
          s == S::kStopping;
 }
+
+bool IsHangCause(const std::string& cause) { return cause.find("timeout after") != std::string::npos; }
 
 }  // namespace wsup

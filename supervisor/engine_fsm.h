@@ -73,11 +73,20 @@ enum class SlotAction {
 };
 
 // Why an active slot failed over, from the event that failed it.
-enum class FailoverTrigger { kCrash, kProbe, kDrill };
-const char* FailoverTriggerName(FailoverTrigger t);  // "crash" | "probe" | "drill" (the ledger's values)
-// kExited and kDying are crashes, kProbeTrip a probe verdict; a drill is
-// known to the caller, not to the event.
-FailoverTrigger TriggerFor(SlotEvent event, bool drill);
+// Why traffic moved (the ledger's `trigger`, the failovers metric's label):
+// crash (the engine died), probe (it answered wrongly, or failed another
+// check while alive), hang (it stopped answering: the front saw it silent,
+// or its probes timed out), drill (a deliberate `wsup failover --drill`),
+// rollout (a rolling upgrade's planned swap).
+enum class FailoverTrigger { kCrash, kProbe, kDrill, kHang, kRollout };
+const char* FailoverTriggerName(FailoverTrigger t);  // "crash" | "probe" | "drill" | "hang" | "rollout"
+// kExited and kDying are crashes, kProbeTrip a probe verdict (a hang when
+// `hung`: what tripped it was silence, not a wrong answer); a drill is known
+// to the caller, not to the event.
+FailoverTrigger TriggerFor(SlotEvent event, bool drill, bool hung = false);
+// Whether a probe's trip cause is a timeout (the probe's "timeout after N
+// ms"): the engine hung rather than answered wrongly.
+bool IsHangCause(const std::string& cause);
 
 const char* SlotStateName(SlotState s);
 const char* SlotEventName(SlotEvent e);

@@ -186,7 +186,7 @@ void EngineSet::Apply(EngineSlot& s, const SlotTransition& t, const std::string&
         if (last_good > 0 && last_good < fault) fault = last_good;
       }
       if (s.pid > 0 && launcher_.Alive(s.pid)) Signal(s.pid, SIGKILL, "killing the failed engine");
-      hooks_.failed(s.name, s.pid != 0, TriggerFor(t.event, drill), cause, fault, drill);
+      hooks_.failed(s.name, s.pid != 0, TriggerFor(t.event, drill, s.tripped_hung), cause, fault, drill);
       break;
     }
   }
@@ -225,6 +225,7 @@ void EngineSet::OnExit(EngineSlot& s, const ExitInfo& info) {
   const std::string why = "pid " + std::to_string(s.pid) + " " + info.Describe();
   s.EndProcess();
   metrics_.engine_memory.erase(s.name);
+  metrics_.engine_load.erase(s.name);
   hooks_.gone(s.name);
   Fire(s, SlotEvent::kExited, why);
   // Only the exit frees the pool of an engine that held it: none of its

@@ -14,6 +14,7 @@ void EngineSlot::BeginProcess(pid_t new_pid, uint64_t new_start_time, std::strin
   spawned_ms = wall_ms;
   spawned_mono = mono_ms;
   semantic_ready = false;
+  tripped_hung = false;
   comm_warm = false;
   last_status = json();
   last_ok_mono = 0;
@@ -46,6 +47,7 @@ void EngineSlot::CloseWatches() {
 void EngineSlot::EndProcess() {
   CloseWatches();
   semantic_ready = false;
+  tripped_hung = false;
   comm_warm = false;
   poll->Stop();
   stop_timer->Stop();
@@ -70,6 +72,30 @@ void EngineSlot::TakeServingStatus(const json& st, Metrics& metrics) {
       const uint64_t now = r[k].get<uint64_t>();
       uint64_t& seen = resume_seen[k];
       m[k] += now >= seen ? now - seen : now;
+      seen = now;
+    }
+  }
+  // Its load (wsup-engine's "requests" and "kv_cache"), and its tokens,
+  // added to the slot's totals as they grow.
+  if (st.contains("requests") && st["requests"].is_object()) {
+    const json& r = st["requests"];
+    EngineLoad& load = metrics.engine_load[name];
+    auto count = [](const json& o, const char* k, uint64_t* into) {
+      if (o.contains(k) && o[k].is_number_unsigned()) *into = o[k].get<uint64_t>();
+    };
+    count(r, "active", &load.running);
+    count(r, "waiting", &load.waiting);
+    if (st.contains("kv_cache") && st["kv_cache"].is_object()) {
+      count(st["kv_cache"], "blocks", &load.kv_blocks);
+      count(st["kv_cache"], "free_blocks", &load.kv_free_blocks);
+    }
+    load.known = true;
+    auto& tokens = metrics.engine_tokens[name];
+    for (const char* k : {"prompt_tokens", "generated_tokens"}) {
+      if (!r.contains(k) || !r[k].is_number_unsigned()) continue;
+      const uint64_t now = r[k].get<uint64_t>();
+      uint64_t& seen = resume_seen[k];
+      tokens[k] += now >= seen ? now - seen : now;
       seen = now;
     }
   }

@@ -92,6 +92,9 @@ struct EngineSlot {
   // What the probes and the engine say.
   std::unique_ptr<HealthMonitor> monitor;
   bool semantic_ready = false;
+  // Its latest probe trip was silence (the front's report, or probes that
+  // timed out), not a wrong answer: a failover it causes is a "hang".
+  bool tripped_hung = false;
   bool comm_warm = false;
   nlohmann::json last_status;  // the engine's /wsup/status
   std::string last_probe_reason;
@@ -110,8 +113,9 @@ struct EngineSlot {
   nlohmann::json kv;
   nlohmann::json memory;
   nlohmann::json resume;  // its /wsup/status "resume": streams resumed from a dead engine's KV
-  // Its process's resume counts as last added to the slot's totals
-  // (metrics.engine_resume); zero for a new process.
+  // Its process's resume and token counts as last added to the slot's
+  // totals (metrics.engine_resume, metrics.engine_tokens); zero for a new
+  // process.
   std::map<std::string, uint64_t> resume_seen;
   bool kv_capable = true;
 

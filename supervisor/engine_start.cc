@@ -366,6 +366,7 @@ void EngineSet::StartProbing(EngineSlot& s) {
           Fire(s, SlotEvent::kProbePass, t.cause);
         } else if (t.to == Health::kUnhealthy) {
           s.semantic_ready = false;
+          s.tripped_hung = IsHangCause(t.cause);
           Fire(s, SlotEvent::kProbeTrip, t.cause);
         }
       },

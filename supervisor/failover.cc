@@ -91,10 +91,11 @@ void Failover::OnSwapped(const std::string& from, const std::string& standby, bo
                          const std::shared_ptr<JsonConn>& c) {
   const std::string to = promoted ? standby : "";
   FailoverRecord rec;
-  rec.trigger = FailoverTriggerName(FailoverTrigger::kDrill);
+  const bool drill_swap = why == "planned drill";
+  rec.trigger = FailoverTriggerName(drill_swap ? FailoverTrigger::kDrill : FailoverTrigger::kRollout);
   // "planned swap" for a drill (what the ledger has always said), with
   // the cause for anything else (a rollout).
-  const std::string kind = why == "planned drill" ? "planned swap" : "planned swap (" + why + ")";
+  const std::string kind = drill_swap ? "planned swap" : "planned swap (" + why + ")";
   rec.reason = promoted ? kind : kind + "; standby " + standby + " not promoted: " + unfit;
   rec.drill = true;
   rec.from_slot = from;

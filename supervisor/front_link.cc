@@ -364,6 +364,7 @@ void FrontLink::PollCounters() {
     const json& counters = reply->contains("counters") ? (*reply)["counters"] : json();
     const pid_t pid = reply->value("pid", 0);
     if (pid > 0 && counters.is_object()) TakeCounters(pid, counters);
+    TakeGauges(*reply);
   });
 }
 
@@ -380,7 +381,22 @@ void FrontLink::TakeCounters(pid_t pid, const json& counters) {
   }
 }
 
+void FrontLink::TakeGauges(const json& reply) {
+  // The queue and the requests in flight, as of this answer; a field that
+  // cannot be read leaves the last value.
+  if (reply.contains("queued") && reply["queued"].is_number_unsigned()) queued_ = reply["queued"].get<uint64_t>();
+  if (reply.contains("inflight") && reply["inflight"].is_object()) {
+    uint64_t n = 0;
+    for (const auto& [engine, v] : reply["inflight"].items()) {
+      if (v.is_number_unsigned()) n += v.get<uint64_t>();
+    }
+    inflight_ = n;
+  }
+}
+
 void FrontLink::Report(Metrics& m) const {
+  m.front_queued = queued_;
+  m.front_inflight = inflight_;
   for (const auto& [k, v] : counters_gone_) m.front_counters[k] = v;
   for (const auto& [k, v] : counters_now_) m.front_counters[k] = counters_gone_.count(k) ? counters_gone_.at(k) + v : v;
   m.front_restarts = throttle_.total();

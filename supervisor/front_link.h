@@ -143,6 +143,7 @@ class FrontLink {
   void Send(const nlohmann::json& m);
   void PollCounters();
   void TakeCounters(pid_t pid, const nlohmann::json& counters);
+  void TakeGauges(const nlohmann::json& reply);
   bool Stopping() const { return hooks_.stopping && hooks_.stopping(); }
   std::string LogPath() const;
 
@@ -178,6 +179,7 @@ class FrontLink {
   int64_t poll_since_ms_ = 0;
   pid_t counters_pid_ = 0;
   std::map<std::string, uint64_t> counters_gone_, counters_now_;
+  uint64_t queued_ = 0, inflight_ = 0;  // the front's queue and requests in flight, as last told
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -11,11 +11,7 @@
 namespace wsup {
 namespace {
 
-std::string Num(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6g", v);
-  return buf;
-}
+std::string Num(double v) { return MetricNumber(v); }
 
 }  // namespace
 
@@ -81,7 +77,7 @@ std::string Metrics::Render() const {
   }
   o << "# HELP wsup_failovers_total Traffic switches from one engine to another, by trigger.\n"
        "# TYPE wsup_failovers_total counter\n";
-  for (const char* t : {"crash", "probe", "drill"}) {
+  for (const char* t : {"crash", "probe", "hang", "drill", "rollout"}) {
     auto it = failovers.find(t);
     o << "wsup_failovers_total{trigger=\"" << t << "\"} " << (it == failovers.end() ? 0 : it->second) << "\n";
   }
@@ -244,6 +240,8 @@ std::string Metrics::Render() const {
   o << "# HELP wsup_front_crash_looping 1 while the front restarts more than supervisor.max_restarts times in the "
        "window.\n# TYPE wsup_front_crash_looping gauge\n"
     << "wsup_front_crash_looping " << (front_crash_looping ? 1 : 0) << "\n";
+  RenderFrontServing(o, front_counters, front_queued, front_inflight);
+  RenderEngineServing(o, engine_load, engine_tokens);
   o << "# HELP wsup_ledger_write_errors_total Ledger rows that were not recorded (refused or not committed).\n"
        "# TYPE wsup_ledger_write_errors_total counter\n"
     << "wsup_ledger_write_errors_total " << ledger_write_errors << "\n";

@@ -11,6 +11,8 @@
 #include <tuple>
 #include <vector>
 
+#include "supervisor/serving_metrics.h"
+
 namespace wsup {
 
 class Metrics {
@@ -27,6 +29,8 @@ class Metrics {
   // The front's own counters (its `status`, docs/front.md), summed over
   // every front process this supervisor has seen (FrontLink::Report).
   std::map<std::string, uint64_t> front_counters;
+  uint64_t front_queued = 0;    // requests waiting in the front for a route, as last told
+  uint64_t front_inflight = 0;  // requests the front has sent to an engine and not finished
   uint64_t ledger_write_errors = 0;   // rows refused or not committed
   uint64_t ledger_lost_rows = 0;      // since the ledger was created, earlier runs included
   uint64_t reconstructed_failovers = 0;
@@ -41,6 +45,11 @@ class Metrics {
   // under this supervisor (an engine's own counts die with it, and most
   // resumes happen on engines that are later killed by the next drill).
   std::map<std::string, std::map<std::string, uint64_t>> engine_resume;
+  // Each slot's engine's load as its latest /wsup/status told it (cleared
+  // when the engine goes), and its prompt and generated tokens, summed over
+  // the slot's engine processes as engine_resume is.
+  std::map<std::string, EngineLoad> engine_load;
+  std::map<std::string, std::map<std::string, uint64_t>> engine_tokens;
   // Messages refused or dropped because a field could not be read
   // (supervisor/messages.h), by who sent them: control (a `wsup.sock`
   // client), front, engine.

@@ -80,6 +80,7 @@ SilenceWatch::Hooks Node::SilenceHooks() {
     Slot* s = engines_.ByName(slot);
     if (!s) return;
     s->semantic_ready = false;
+    s->tripped_hung = true;  // the front saw it silent, and a probe found it so
     engines_.Fire(*s, SlotEvent::kProbeTrip, why);
   };
   h.counted = [this](const char* outcome) { metrics_.front_silent[outcome]++; };

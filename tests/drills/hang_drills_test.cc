@@ -106,7 +106,7 @@ TEST_CASE("drills: SIGSTOP hangs under 8 clients are hidden by hedging and tripp
     const FailoverRecord& f = rows[i];
     const json& d = a["drills"][i];
     INFO("failover " << f.id << " " << f.trigger << ": " << f.reason << "; drill " << d.dump());
-    CHECK(f.trigger == "probe");
+    CHECK(f.trigger == "hang");
     CHECK(f.reason.find("the front saw") != std::string::npos);
     CHECK(f.reason.find("is stopped") != std::string::npos);
     REQUIRE(f.first_ok_ms.has_value());

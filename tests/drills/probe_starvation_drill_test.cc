@@ -191,7 +191,7 @@ TEST_CASE("drills: prompts filling the context beside short streams trip no prob
   load.Stop();
   const FailoverRecord& f = rows.front();
   INFO("failover " << f.trigger << ": " << f.reason << ", from " << f.from_slot);
-  CHECK(f.trigger == "probe");
+  CHECK(f.trigger == "hang");
   CHECK(f.from_slot == active_slot);
   // The demo's bound: failures x (timeout + interval + jitter), 3 x (400 +
   // 500 + 50) ms; a second more for a loaded two-core machine.

@@ -200,6 +200,7 @@ TEST_CASE("scheduler: concurrent requests are batched - seeds reproduce samples"
   CHECK(st.steps <= 17);  // one prompt step and 15 decode steps, all sequences together
   CHECK(st.free_blocks == st.total_blocks);
   CHECK(st.generated_tokens == 8 * 16 + 3 * 12);
+  CHECK(st.prompt_tokens == 8 * greedy.prompt.size() + 3 * sampled.prompt.size());
 }
 
 TEST_CASE("scheduler: requests that can never fit are refused - cancelled ones free their blocks") {

@@ -958,3 +958,45 @@ TEST_CASE("several loops: connections dealt in turn, one switch and one first_ok
   CHECK(st["counters"]["requests"] == 24);
   CHECK(st["epoch"] == 1);
 }
+
+TEST_CASE("the front counts what its clients saw: answers by route and status, a stream's first token, each later "
+          "token and each request's whole time",
+          "[front][process]") {
+  FakeEngine a("A"), b("B");
+  ControlClient ctl;
+  auto front = StartFront(a, b, &ctl);
+  a.token_delay_ms = 20;
+  HttpResult streamed = Post(front->port(), R"({"prompt":"hi","stream":true,"max_tokens":6})");
+  REQUIRE(streamed.status == 200);
+  CHECK(Post(front->port(), R"({"prompt":"hi","max_tokens":2})").status == 200);
+  CHECK(HttpRequestOnce(front->port(), "GET", "/wsup/status").status == 404);
+  CHECK(HttpRequestOnce(front->port(), "GET", "/health").status == 200);
+  json c;
+  auto hist = [&](const std::string& h, const std::string& api) {
+    int64_t n = 0;
+    for (const auto& [k, v] : c.items()) {
+      if (k.rfind(h + "_bucket:" + api + ":", 0) == 0) n += v.get<int64_t>();
+    }
+    return n;
+  };
+  // Each request is counted as it ends, on its loop: asked until all four are in.
+  REQUIRE(WaitFor(
+      [&] {
+        c = FrontStatus(ctl)["counters"];
+        return c.value("answer:completions:200", 0) == 2 && c.value("answer:health:200", 0) == 1 &&
+               c.value("answer:other:404", 0) == 1;
+      },
+      10s));
+  INFO(c.dump());
+  CHECK(hist("ttft", "completions") == 1);
+  CHECK(hist("tpot", "completions") == 5);      // the stream's tokens after its first
+  CHECK(hist("duration", "completions") == 2);  // streamed or not
+  // The engine waits 20 ms before each token: the gaps after the first add
+  // up to at least five of those, and the first token to at least one.
+  CHECK(c.value("tpot_sum_us:completions", 0) >= 5 * 20'000);
+  CHECK(c.value("ttft_sum_us:completions", 0) >= 20'000);
+  CHECK(c.value("duration_sum_us:completions", 0) >= 6 * 20'000);
+  // Nothing for an API that was not asked, nor for routes without latency.
+  CHECK(hist("ttft", "chat") == 0);
+  CHECK(hist("duration", "health") == 0);
+}

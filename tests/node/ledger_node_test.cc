@@ -408,7 +408,15 @@ TEST_CASE("node: /metrics after a failover, a rollout and a front restart passes
   // What happened is counted.
   auto value = [&](const std::string& series) { return test::MetricValue(text, series); };
   CHECK(value("wsup_rollouts_total{outcome=\"done\"}") == 1);
-  CHECK(value("wsup_failovers_total{trigger=\"drill\"}") >= 1);
+  CHECK(value("wsup_failovers_total{trigger=\"drill\"}") == 1);
+  CHECK(value("wsup_failovers_total{trigger=\"rollout\"}") == 1);  // the reload's planned swap
+  CHECK(value("wsup_failovers_total{trigger=\"crash\"}") == 0);
+  // What the clients saw, through the front, and the engines' load.
+  CHECK(value("wsup_front_responses_total{route=\"completions\",code=\"200\"}") >= 1);
+  CHECK(value("wsup_front_request_duration_seconds_count{api=\"completions\"}") >= 1);
+  CHECK(value("wsup_engine_generation_tokens_total{slot=\"a\"}") +
+            value("wsup_engine_generation_tokens_total{slot=\"b\"}") >=
+        1);
   CHECK(value("wsup_front_restarts_total") == 1);
   for (const char* phase : {"detect", "swap", "first_answer"}) {
     INFO(phase);

@@ -125,11 +125,14 @@ def start_node(table, stage, args, model_dir, layout, probe, folder, env):
     bin_dir = os.path.dirname(os.path.abspath(args.wsup))
     engine = [args.python, SERVER, "--model", "{model}", "--port", "{port}", "--weight-cache", "{mode}",
               "--socket", "{socket}", "--layout", "{layout}", "--backend", "{backend}", "--device", "{devices}",
-              "--revision", "{revision}", "--ready-fd", "{ready_fd}", "--drain-timeout-ms", "5000"]
+              "--revision", "{revision}", "--ready-fd", "{ready_fd}", "--drain-timeout-ms", "5000",
+              # The goldens are transformers' in float32 (a tok-tiny checkpoint's
+              # weights are bf16, its greedy answers computed upcast).
+              "--dtype", "float32"]
     sets = ["model.path=" + model_dir, "parallel.devices=[%d]" % args.device,
             'weight_cache.layout="%s"' % layout, "engine.command=" + json.dumps(engine),
             "engine.primary_port=0", "engine.standby_port=0", "front.listen=127.0.0.1:0", "admin.listen=127.0.0.1:0",
-            "probe.prompt=" + json.dumps(probe["prompt"]), "probe.expect_token_ids=" + json.dumps(probe["output_ids"]),
+            "probe.prompt=" + json.dumps(probe["prompt"], ensure_ascii=False), "probe.expect_token_ids=" + json.dumps(probe["output_ids"]),
             "probe.max_tokens=%d" % len(probe["output_ids"])] + list(args.set)
     n = Node(bin_dir, CONFIG, sets, folder, env=env)
     os.makedirs(n.dir, exist_ok=True)
@@ -275,6 +278,43 @@ def read_stream(port, case, chat, kill=None, after=3):
     return "".join(text), ids, finish, done, s.ended_clean
 
 
+def device_goldens(model_dir, golden, device_index):
+    """The goldens' answers as transformers gives them on this GPU in float32:
+    the same greedy loop (KV cache, one token a step, stopping at an eos id)
+    as scripts/make_tok_tiny.py ran on the CPU. A tiny random checkpoint's
+    top two logits are often a hundredth apart, so a GPU's summation order
+    may pick the other one; the node is checked against transformers on the
+    device it runs on. Returns the goldens with those answers and how many
+    of them differ from the CPU's."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    dev = torch.device("cuda", device_index)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev).eval()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    eos = set(golden["eos_ids"])
+    out = copy.deepcopy(golden)
+    changed = 0
+    with torch.no_grad():
+        for c in out["completions"] + out["chats"]:
+            ids, past, step = [], None, torch.tensor([c["prompt_ids"]], dtype=torch.long, device=dev)
+            for _ in range(len(c["output_ids"])):
+                r = model(input_ids=step, past_key_values=past, use_cache=True)
+                past = r.past_key_values
+                t = int(torch.argmax(r.logits[0, -1].float()))
+                ids.append(t)
+                if t in eos:
+                    break
+                step = torch.tensor([[t]], dtype=torch.long, device=dev)
+            changed += ids != c["output_ids"]
+            c["output_ids"] = ids
+            c["output_text"] = tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    del model
+    torch.cuda.empty_cache()
+    return out, changed
+
+
 def text_node_run(table, args, served, golden, workdir, env):
     stage = "node, real tokenizer"
     # The probe: the text case greedy decoding is surest of (widest margin).
@@ -397,6 +437,10 @@ def main():
     try:
         if text:
             model_dir = text_model_dir(args, model_dir, golden, workdir)
+            golden, changed = device_goldens(model_dir, golden, args.device)
+            n_cases = len(golden["completions"]) + len(golden["chats"])
+            table.add("reference", "goldens from transformers on cuda:%d, float32" % args.device, True,
+                      "%d of %d differ from the CPU's (scripts/make_tok_tiny.py)" % (changed, n_cases))
         stages = [] if args.skip_alone else [args.device] + ([] if args.no_cpu else ["cpu"])
         for device in stages:
             try:

@@ -231,6 +231,54 @@ TEST_CASE("ledger: migration 6 lets a rollout end interrupted, and keeps the row
   CHECK(*reader.db().QueryText("PRAGMA integrity_check") == "ok");
 }
 
+TEST_CASE("ledger: migration 8 lets a failover's trigger be hang or rollout, and keeps the rows, ids, derived "
+          "columns and the index",
+          "[state]") {
+  test::TempDir dir;
+  std::string path = dir.Join("wsup.db");
+  {
+    Db db = AtVersion(path, 7);
+    REQUIRE(db.Exec("INSERT INTO failovers (id, trigger, reason, drill, from_slot, to_slot, fault_ms, detected_ms, "
+                    "swapped_ms, first_ok_ms, reconstructed, gone_ms, kv_full_ms) VALUES "
+                    "(7, 'probe', 'the front saw it silent', 0, 'a', 'b', 1000, 1200, 1201, 1250, 0, 1300, 1310), "
+                    "(8, 'drill', 'planned swap (rollout)', 1, 'b', 'a', 2000, 2000, 2003, NULL, 1, NULL, NULL)")
+                .ok());
+    // Version 7 refuses the new triggers.
+    CHECK_FALSE(db.Exec("UPDATE failovers SET trigger = 'hang' WHERE id = 7").ok());
+  }
+  {
+    auto l = MustOpen(path);
+    for (const char* trigger : {"hang", "rollout"}) {
+      FailoverRecord f = Failover(3000);
+      f.trigger = trigger;
+      REQUIRE(l->RecordFailover(f).ok());
+    }
+    REQUIRE(l->Flush().ok());
+    FailoverRecord bad = Failover(4000);
+    bad.trigger = "sneeze";
+    auto refused = l->RecordFailover(bad);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(refused.error().message().find("crash, probe, drill, hang, rollout") != std::string::npos);
+  }
+  LedgerReader reader = MustRead(path);
+  CHECK(*SchemaVersion(reader.db()) == kSchemaVersion);
+  auto rows = Rows(reader.Failovers(), 4);
+  CHECK(rows[0].id == 7);
+  CHECK(rows[0].detect_ms == 200);
+  CHECK(rows[0].outage_ms == 250);
+  CHECK(rows[0].kv_back_ms == 310);
+  CHECK(rows[0].gone_ms == 1300);
+  CHECK(rows[1].id == 8);
+  CHECK(rows[1].reconstructed);
+  CHECK_FALSE(rows[1].first_ok_ms.has_value());
+  CHECK(rows[2].trigger == "hang");
+  CHECK(rows[2].id == 9);  // continues after the copied rows
+  CHECK(rows[3].trigger == "rollout");
+  CHECK(*reader.db().QueryText("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'failovers'") ==
+        "failovers_fault_ms");
+  CHECK(*reader.db().QueryText("PRAGMA integrity_check") == "ok");
+}
+
 TEST_CASE("ledger: migrating twice is a no-op, a newer schema is refused", "[state]") {
   test::TempDir dir;
   std::string path = dir.Join("wsup.db");
@@ -583,7 +631,7 @@ TEST_CASE("ledger: rows lost after the retries are counted by table, kept across
   INFO(text);
   CHECK(text.find("ledger: 4 row(s) NOT recorded (1 failover_times, 2 failovers, 1 probe_transitions)") !=
         std::string::npos);
-  CHECK(text.find("failovers: 1 (crash 1, probe 0, drills 0), and 2 more NOT recorded") != std::string::npos);
+  CHECK(text.find("failovers: 1 (crash 1, probe 0, hang 0, rollout 0, drills 0), and 2 more NOT recorded") != std::string::npos);
   auto j = nlohmann::json::parse(RenderReportJson(*rep));
   CHECK(j["lost"]["rows"] == 4);
   CHECK(j["lost"]["by_table"]["failovers"] == 2);

@@ -227,6 +227,11 @@ std::vector<BadCase> BadCases() {
       {"set second bad", kBase, {"probe.failures=4", "front.listen=nowhere"}, "front.listen", 2, "no :PORT"},
       {"set into a value", kBase, {"probe.failures.x=1"}, "probe.failures.x", 1, "not a section"},
       {"set empty value", kBase, {"node.name="}, "node.name", 1, "no value"},
+      // A JSON string of an emoji: TOML has no surrogate escapes. Taken as
+      // text it would keep its quotes and backslashes.
+      {"set a JSON string with surrogate escapes", kBase, {"probe.prompt=\"\\ud83d\\ude42\""}, "probe.prompt", 1,
+       "the value is not TOML"},
+      {"set an unclosed array", kBase, {"engine.command=[\"a\""}, "engine.command", 1, "the value is not TOML"},
       {"set impossible value", kBase, {"probe.timeout_ms=5000"}, "probe.timeout_ms", 1, "never overlap"},
   };
 }

@@ -352,7 +352,10 @@ TEST_CASE("front link: the front's counters are asked every second and summed ov
   REQUIRE(r.Until([&] { return counters()["hedged"] == 4; }));
   CHECK(counters()["resumed"] == 5);
   // A new front process counts from 0: its counts add to the old one's.
-  r.sock->status_reply = json{{"pid", first + 1000}, {"counters", {{"hedged", 1}, {"resumed", 2}}}};
+  r.sock->status_reply = json{{"pid", first + 1000},
+                              {"counters", {{"hedged", 1}, {"resumed", 2}, {"answer:chat:200", 4}}},
+                              {"queued", 3},
+                              {"inflight", {{"127.0.0.1:1", 2}, {"127.0.0.1:2", 5}}}};
   r.Advance(FrontLink::kCountersPollMs);
   REQUIRE(r.Until([&] { return counters()["hedged"] == 5; }));
   CHECK(counters()["resumed"] == 7);
@@ -363,6 +366,11 @@ TEST_CASE("front link: the front's counters are asked every second and summed ov
   CHECK(text.find("wsup_front_hedges_total{outcome=\"started\"} 5\n") != std::string::npos);
   CHECK(text.find("wsup_front_resumed_streams_total{api=\"chat\"} 2\n") != std::string::npos);
   CHECK(text.find("wsup_front_resumed_streams_total{api=\"completions\"} 5\n") != std::string::npos);
+  // The serving counters travel as the others do; the queue and the
+  // requests in flight are the latest answer's.
+  CHECK(text.find("wsup_front_responses_total{route=\"chat\",code=\"200\"} 4\n") != std::string::npos);
+  CHECK(text.find("wsup_front_queued_requests 3\n") != std::string::npos);
+  CHECK(text.find("wsup_front_inflight_requests 7\n") != std::string::npos);
   // One ask at a time: a front that does not answer is asked again only
   // after ten polls.
   r.sock->status_reply.reset();
