@@ -1,5 +1,7 @@
 #include "common/serving_counters.h"
 
+#include <cmath>
+
 namespace wsup::serving {
 
 std::string_view RouteLabel(std::string_view path) {
@@ -14,7 +16,7 @@ size_t BucketIndex(int64_t us) {
   // Compared in microseconds, so that an observation exactly at a bound
   // falls in that bound's bucket whatever the rounding of the doubles.
   for (size_t i = 0; i < kBoundsSeconds.size(); ++i) {
-    if (us <= static_cast<int64_t>(kBoundsSeconds[i] * 1e6 + 0.5)) return i;
+    if (us <= std::llround(kBoundsSeconds[i] * 1e6)) return i;
   }
   return kBoundsSeconds.size();
 }

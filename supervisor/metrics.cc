@@ -13,6 +13,22 @@ namespace {
 
 std::string Num(double v) { return MetricNumber(v); }
 
+// A label value in the text format: backslash, double quote and newline escaped.
+std::string LabelValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Metrics::Metrics() {
@@ -69,6 +85,14 @@ void Metrics::ObserveTransition(const std::string& slot, const std::string& from
 
 std::string Metrics::Render() const {
   std::ostringstream o;
+  // What this node serves, as labels to join on (Prometheus's `_info`
+  // convention): the series below carry only `slot`, and a query that
+  // wants the node, model or revision takes them from here with
+  // `* on (instance) group_left(model) wsup_node_info`.
+  o << "# HELP wsup_node_info The node's name, the model it serves and its revision (model.revision); always 1.\n"
+       "# TYPE wsup_node_info gauge\n"
+    << "wsup_node_info{node=\"" << LabelValue(node_name) << "\",model=\"" << LabelValue(model) << "\",revision=\""
+    << LabelValue(revision) << "\"} 1\n";
   o << "# HELP wsup_rollouts_total Rolling upgrades of the engines (wsup reload), by outcome.\n"
        "# TYPE wsup_rollouts_total counter\n";
   for (const char* t : {"done", "rolled_back", "failed", "interrupted"}) {

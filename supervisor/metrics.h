@@ -29,6 +29,9 @@ class Metrics {
   // The front's own counters (its `status`, docs/front.md), summed over
   // every front process this supervisor has seen (FrontLink::Report).
   std::map<std::string, uint64_t> front_counters;
+  // The node's name, the model it serves (its folder's name) and
+  // model.revision: wsup_node_info's labels.
+  std::string node_name, model, revision;
   uint64_t front_queued = 0;    // requests waiting in the front for a route, as last told
   uint64_t front_inflight = 0;  // requests the front has sent to an engine and not finished
   uint64_t ledger_write_errors = 0;   // rows refused or not committed

@@ -2,6 +2,8 @@
 // reloader (reload.h), control surfaces (control_surface.h) and health
 // (node_health.h): the hooks through which they reach the engines, the
 // failover, the ledger and systemd.
+#include <filesystem>
+
 #include "common/log.h"
 #include "supervisor/node.h"
 
@@ -140,6 +142,10 @@ ControlSurface::Hooks Node::ControlHooks() {
     stop_.Begin("wsup stop", 0);
   };
   h.metrics = [this] {
+    // Read at each scrape: a reload may change the revision.
+    metrics_.node_name = cfg_.node.name;
+    metrics_.model = std::filesystem::path(cfg_.model.path).filename().string();
+    metrics_.revision = cfg_.model.revision;
     ledger_.Report(metrics_);
     front_.Report(metrics_);
     return metrics_.Render();

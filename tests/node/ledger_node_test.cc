@@ -410,6 +410,7 @@ TEST_CASE("node: /metrics after a failover, a rollout and a front restart passes
   CHECK(value("wsup_rollouts_total{outcome=\"done\"}") == 1);
   CHECK(value("wsup_failovers_total{trigger=\"drill\"}") == 1);
   CHECK(value("wsup_failovers_total{trigger=\"rollout\"}") == 1);  // the reload's planned swap
+  CHECK(value("wsup_node_info{node=\"demo\",model=\"llama-tiny-f32\",revision=\"llama-tiny-f32\"}") == 1);
   CHECK(value("wsup_failovers_total{trigger=\"crash\"}") == 0);
   // What the clients saw, through the front, and the engines' load.
   CHECK(value("wsup_front_responses_total{route=\"completions\",code=\"200\"}") >= 1);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/serving_counters.h"
+#include "supervisor/metrics.h"
 
 namespace wsup {
 namespace {
@@ -89,6 +90,16 @@ TEST_CASE("serving metrics: engine load by slot, only for engines that report it
     CHECK(Has(t, line));
   }
   CHECK(t.find("slot=\"b\"") == std::string::npos);
+}
+
+TEST_CASE("metrics: the node's info is one series whose label values are escaped as the text format wants",
+          "[serving_metrics]") {
+  Metrics m;
+  m.node_name = "edge \"1\"";
+  m.model = "a\\b";
+  m.revision = "r\n2";
+  const std::string t = m.Render();
+  CHECK(Has(t, R"(wsup_node_info{node="edge \"1\"",model="a\\b",revision="r\n2"} 1)"));
 }
 
 }  // namespace
