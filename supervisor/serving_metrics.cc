@@ -69,8 +69,8 @@ void RenderFrontServing(std::ostream& o, const std::map<std::string, uint64_t>& 
         const std::string le = i < serving::kBoundsSeconds.size() ? MetricNumber(serving::kBoundsSeconds[i]) : "+Inf";
         o << f.name << "_bucket{" << label << ",le=\"" << le << "\"} " << cumulative << "\n";
       }
-      o << f.name << "_sum{" << label << "} " << MetricNumber(static_cast<double>(Get(c, serving::SumKey(f.key, api))) / 1e6)
-        << "\n"
+      const double sum_s = static_cast<double>(Get(c, serving::SumKey(f.key, api))) / 1e6;
+      o << f.name << "_sum{" << label << "} " << MetricNumber(sum_s) << "\n"
         << f.name << "_count{" << label << "} " << cumulative << "\n";
     }
   }
@@ -95,7 +95,8 @@ void RenderEngineServing(std::ostream& o, const std::map<std::string, EngineLoad
       {"wsup_engine_num_requests_waiting", "Requests the engine has admitted but not yet scheduled "
        "(vllm:num_requests_waiting).",
        [](const EngineLoad& l) { return l.waiting; }},
-      {"wsup_engine_kv_cache_blocks", "The engine's KV cache blocks (its scratch or private cache).",
+      {"wsup_engine_kv_cache_blocks",
+       "The blocks the engine may hand out: its own cache, and the node's KV pool's while it maps it.",
        [](const EngineLoad& l) { return l.kv_blocks; }},
       {"wsup_engine_kv_cache_used_blocks", "KV cache blocks in use; over wsup_engine_kv_cache_blocks, "
        "vllm:kv_cache_usage_perc.",
