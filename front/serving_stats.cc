@@ -2,23 +2,20 @@
 
 #include <algorithm>
 
-#include "common/serving_counters.h"
-
 namespace wsup::front {
 
-void ServingStats::Answer(std::string_view path, int status) {
-  ++counts_[serving::AnswerKey(serving::RouteLabel(path), status)];
-}
+void ServingStats::Answer(std::string_view path, int status) { ++answers_[{serving::RouteLabel(path), status}]; }
 
-void ServingStats::Observe(std::string_view hist, std::string_view path, int64_t us, uint64_t times) {
-  const std::string_view api = serving::RouteLabel(path);
-  if (std::find(serving::kApis.begin(), serving::kApis.end(), api) == serving::kApis.end()) return;
+void ServingStats::Observe(Kind kind, std::string_view path, int64_t us, uint64_t times) {
+  const auto api = std::find(serving::kApis.begin(), serving::kApis.end(), serving::RouteLabel(path));
+  if (api == serving::kApis.end()) return;
   us = std::max<int64_t>(us, 0);
-  counts_[serving::BucketKey(hist, api, serving::BucketIndex(us))] += times;
-  counts_[serving::SumKey(hist, api)] += static_cast<uint64_t>(us) * times;
+  Histogram& h = hists_[kind][static_cast<size_t>(api - serving::kApis.begin())];
+  h.buckets[serving::BucketIndex(us)] += times;
+  h.sum_us += static_cast<uint64_t>(us) * times;
 }
 
-void ServingStats::FirstToken(std::string_view path, int64_t us) { Observe("ttft", path, us, 1); }
+void ServingStats::FirstToken(std::string_view path, int64_t us) { Observe(kTtft, path, us, 1); }
 
 void ServingStats::Tokens(std::string_view path, int64_t us, size_t tokens) {
   if (tokens == 0) return;
@@ -26,18 +23,31 @@ void ServingStats::Tokens(std::string_view path, int64_t us, size_t tokens) {
   // that the histogram's sum stays the stream's time (give or take the
   // rounding of the share).
   const auto n = static_cast<int64_t>(tokens);
-  Observe("tpot", path, std::max<int64_t>(us, 0) / n, tokens);
+  Observe(kTpot, path, std::max<int64_t>(us, 0) / n, tokens);
 }
 
-void ServingStats::Duration(std::string_view path, int64_t us) { Observe("duration", path, us, 1); }
+void ServingStats::Duration(std::string_view path, int64_t us) { Observe(kDuration, path, us, 1); }
 
 void ServingStats::AppendTo(nlohmann::json* counters) const {
-  for (const auto& [k, v] : counts_) (*counters)[k] = v;
+  for (const auto& [answer, n] : answers_) (*counters)[serving::AnswerKey(answer.first, answer.second)] = n;
+  // Only what was observed: an API with no request has no keys.
+  for (size_t k = 0; k < hists_.size(); ++k) {
+    for (size_t a = 0; a < serving::kApis.size(); ++a) {
+      const Histogram& h = hists_[k][a];
+      for (size_t i = 0; i < h.buckets.size(); ++i) {
+        if (h.buckets[i] == 0) continue;
+        (*counters)[serving::BucketKey(serving::kHistograms[k], serving::kApis[a], i)] = h.buckets[i];
+      }
+      if (h.sum_us > 0) (*counters)[serving::SumKey(serving::kHistograms[k], serving::kApis[a])] = h.sum_us;
+    }
+  }
 }
 
 uint64_t ServingStats::Get(const std::string& key) const {
-  auto it = counts_.find(key);
-  return it == counts_.end() ? 0 : it->second;
+  nlohmann::json all = nlohmann::json::object();
+  AppendTo(&all);
+  auto it = all.find(key);
+  return it == all.end() ? 0 : it->get<uint64_t>();
 }
 
 }  // namespace wsup::front

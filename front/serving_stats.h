@@ -8,16 +8,24 @@
 // waited in the queue through a failover, or a stream resumed on the other
 // engine, shows the wait in its latency.
 //
+// The histograms are fixed arrays, so that counting a stream's tokens on the
+// relay's path costs a few additions; the counters' keys are only written
+// when the status is asked for.
+//
 // Thread-safety: one loop's; not thread-safe.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "common/serving_counters.h"
 
 namespace wsup::front {
 
@@ -36,11 +44,20 @@ class ServingStats {
 
   // Adds the counters (the keys of common/serving_counters.h) into *counters.
   void AppendTo(nlohmann::json* counters) const;
+  // One counter by its key (0 when it was never counted).
   uint64_t Get(const std::string& key) const;
 
  private:
-  void Observe(std::string_view hist, std::string_view path, int64_t us, uint64_t times);
-  std::map<std::string, uint64_t> counts_;
+  struct Histogram {
+    std::array<uint64_t, serving::kBoundsSeconds.size() + 1> buckets{};  // the last is +Inf
+    uint64_t sum_us = 0;
+  };
+  enum Kind : size_t { kTtft, kTpot, kDuration };  // serving::kHistograms' order
+  void Observe(Kind kind, std::string_view path, int64_t us, uint64_t times);
+
+  std::array<std::array<Histogram, serving::kApis.size()>, serving::kHistograms.size()> hists_{};
+  // (route label, status): the labels are serving::RouteLabel's literals.
+  std::map<std::pair<std::string_view, int>, uint64_t> answers_;
 };
 
 }  // namespace wsup::front

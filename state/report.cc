@@ -305,6 +305,11 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options) {
   return rep;
 }
 
+nlohmann::json DistJson(const Distribution& d) {
+  if (d.count == 0) return {{"count", 0}};
+  return {{"count", d.count}, {"p50_ms", d.p50}, {"p95_ms", d.p95}, {"p99_ms", d.p99}, {"max_ms", d.max}};
+}
+
 namespace {
 
 std::string Dist(const Distribution& d) {
@@ -313,11 +318,6 @@ std::string Dist(const Distribution& d) {
   os << "p50 " << d.p50 << " ms, p95 " << d.p95 << " ms, p99 " << d.p99 << " ms, max " << d.max << " ms (n="
      << d.count << ")";
   return os.str();
-}
-
-nlohmann::json DistJson(const Distribution& d) {
-  if (d.count == 0) return {{"count", 0}};
-  return {{"count", d.count}, {"p50_ms", d.p50}, {"p95_ms", d.p95}, {"p99_ms", d.p99}, {"max_ms", d.max}};
 }
 
 std::string WindowText(const Report& r) {

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/status.h"
 #include "state/losses.h"
 #include "state/records.h"
@@ -111,5 +113,8 @@ Result<Report> BuildReport(LedgerReader& reader, const ReportOptions& options);
 
 std::string RenderReportText(const Report& report);
 std::string RenderReportJson(const Report& report);  // one JSON object, pretty-printed
+// A distribution as the JSON report writes it: count, p50_ms, p95_ms,
+// p99_ms, max_ms (count alone when it is 0).
+nlohmann::json DistJson(const Distribution& d);
 
 }  // namespace wsup

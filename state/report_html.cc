@@ -10,10 +10,6 @@ using nlohmann::json;
 
 json Opt(const std::optional<int64_t>& v) { return v ? json(*v) : json(nullptr); }
 
-json Dist(const Distribution& d) {
-  return {{"count", d.count}, {"p50", d.p50}, {"p95", d.p95}, {"p99", d.p99}, {"max", d.max}};
-}
-
 // The page around the data. Its script draws into the elements below from
 // the JSON in #wsup-report-data; nothing is fetched.
 constexpr std::string_view kHead = R"HTML(<!doctype html>
@@ -144,7 +140,9 @@ constexpr std::string_view kTail = R"HTML(</script>
   for (const [name, d] of data.percentiles) {
     const tr = el("tr");
     tr.appendChild(el("td", {}, name));
-    for (const k of ["count", "p50", "p95", "p99", "max"]) tr.appendChild(el("td", {}, d.count ? String(d[k]) : "-"));
+    for (const k of ["count", "p50_ms", "p95_ms", "p99_ms", "max_ms"]) {
+      tr.appendChild(el("td", {}, d.count ? String(d[k]) : "-"));
+    }
     tbody.appendChild(tr);
   }
   document.body.dataset.rendered = String(bars);
@@ -180,13 +178,13 @@ json ReportPageData(const Report& r) {
   for (const CacheEventRecord& m : r.cache_miss_rows) {
     misses.push_back({{"time_ms", m.time_ms}, {"slot", m.slot}, {"reason", m.miss_reason}});
   }
-  json percentiles = json::array({json::array({"failover: detect", Dist(r.failovers.detect)}),
-                                  json::array({"failover: detect and swap", Dist(r.failovers.failover)}),
-                                  json::array({"failover: to the first correct answer", Dist(r.failovers.outage)}),
-                                  json::array({"failover: to the KV pool back", Dist(r.failovers.kv_back)}),
-                                  json::array({"recovery: all", Dist(r.recovery)}),
-                                  json::array({"recovery: after a cache hit", Dist(r.recovery_hit)}),
-                                  json::array({"recovery: after a cache miss", Dist(r.recovery_miss)})});
+  json percentiles = json::array({json::array({"failover: detect", DistJson(r.failovers.detect)}),
+                                  json::array({"failover: detect and swap", DistJson(r.failovers.failover)}),
+                                  json::array({"failover: to the first correct answer", DistJson(r.failovers.outage)}),
+                                  json::array({"failover: to the KV pool back", DistJson(r.failovers.kv_back)}),
+                                  json::array({"recovery: all", DistJson(r.recovery)}),
+                                  json::array({"recovery: after a cache hit", DistJson(r.recovery_hit)}),
+                                  json::array({"recovery: after a cache miss", DistJson(r.recovery_miss)})});
   return {{"from_ms", r.from_ms},    {"now_ms", r.now_ms},          {"failovers", failovers},
           {"rollouts", rollouts},    {"cache_misses", misses},      {"percentiles", percentiles}};
 }

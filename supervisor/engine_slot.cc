@@ -60,20 +60,23 @@ void EngineSlot::EndProcess() {
   resume_seen.clear();
 }
 
+void EngineSlot::AddGrowth(const json& counts, std::initializer_list<const char*> keys,
+                           std::map<std::string, uint64_t>& totals) {
+  // Added to the slot's totals as they grow: a counter must not fall back
+  // to zero when the engine that counted dies.
+  for (const char* k : keys) {
+    if (!counts.contains(k) || !counts[k].is_number_unsigned()) continue;
+    const uint64_t now = counts[k].get<uint64_t>();
+    uint64_t& seen = resume_seen[k];
+    totals[k] += now >= seen ? now - seen : now;
+    seen = now;
+  }
+}
+
 void EngineSlot::TakeServingStatus(const json& st, Metrics& metrics) {
   if (st.contains("resume") && st["resume"].is_object()) {
-    const json& r = st["resume"];
-    resume = r;
-    // Added to the slot's totals as they grow: a counter must not fall
-    // back to zero when the engine that counted dies.
-    auto& m = metrics.engine_resume[name];
-    for (const char* k : {"adopted_sequences", "adopted_tokens", "recomputed_sequences"}) {
-      if (!r.contains(k) || !r[k].is_number_unsigned()) continue;
-      const uint64_t now = r[k].get<uint64_t>();
-      uint64_t& seen = resume_seen[k];
-      m[k] += now >= seen ? now - seen : now;
-      seen = now;
-    }
+    resume = st["resume"];
+    AddGrowth(resume, {"adopted_sequences", "adopted_tokens", "recomputed_sequences"}, metrics.engine_resume[name]);
   }
   // Its load (wsup-engine's "requests" and "kv_cache"), and its tokens,
   // added to the slot's totals as they grow.
@@ -90,14 +93,7 @@ void EngineSlot::TakeServingStatus(const json& st, Metrics& metrics) {
       count(st["kv_cache"], "free_blocks", &load.kv_free_blocks);
     }
     load.known = true;
-    auto& tokens = metrics.engine_tokens[name];
-    for (const char* k : {"prompt_tokens", "generated_tokens"}) {
-      if (!r.contains(k) || !r[k].is_number_unsigned()) continue;
-      const uint64_t now = r[k].get<uint64_t>();
-      uint64_t& seen = resume_seen[k];
-      tokens[k] += now >= seen ? now - seen : now;
-      seen = now;
-    }
+    AddGrowth(r, {"prompt_tokens", "generated_tokens"}, metrics.engine_tokens[name]);
   }
   // An adopted engine's communicator was never reported while it started.
   if (st.contains("comm") && st["comm"].is_object() && st["comm"].contains("warm") &&

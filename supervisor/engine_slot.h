@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -117,6 +118,10 @@ struct EngineSlot {
   // totals (metrics.engine_resume, metrics.engine_tokens); zero for a new
   // process.
   std::map<std::string, uint64_t> resume_seen;
+  // Adds what each of `keys` in `counts` (this process's counters) grew by
+  // since last seen to `totals`.
+  void AddGrowth(const nlohmann::json& counts, std::initializer_list<const char*> keys,
+                 std::map<std::string, uint64_t>& totals);
   bool kv_capable = true;
 
   // Recovery bookkeeping for the next time this slot becomes ready.

@@ -1,7 +1,6 @@
 #include "supervisor/metrics.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <initializer_list>
 #include <sstream>
 #include <utility>
@@ -10,8 +9,6 @@
 
 namespace wsup {
 namespace {
-
-std::string Num(double v) { return MetricNumber(v); }
 
 // A label value in the text format: backslash, double quote and newline escaped.
 std::string LabelValue(const std::string& v) {
@@ -117,12 +114,12 @@ std::string Metrics::Render() const {
     std::string sep = labels.empty() ? "" : ",";
     for (size_t i = 0; i < h.bounds.size(); ++i) {
       cum += h.counts[i];
-      o << name << "_bucket{" << labels << sep << "le=\"" << Num(h.bounds[i]) << "\"} " << cum << "\n";
+      o << name << "_bucket{" << labels << sep << "le=\"" << MetricNumber(h.bounds[i]) << "\"} " << cum << "\n";
     }
     cum += h.counts.back();
     o << name << "_bucket{" << labels << sep << "le=\"+Inf\"} " << cum << "\n";
     std::string l = labels.empty() ? "" : "{" + labels + "}";
-    o << name << "_sum" << l << " " << Num(h.sum) << "\n" << name << "_count" << l << " " << h.count << "\n";
+    o << name << "_sum" << l << " " << MetricNumber(h.sum) << "\n" << name << "_count" << l << " " << h.count << "\n";
   };
   o << "# HELP wsup_recovery_seconds From a fault to a semantically ready engine again.\n"
        "# TYPE wsup_recovery_seconds histogram\n";
