@@ -7,7 +7,10 @@
 //   3. decode throughput at each batch size B: B concurrent completions of
 //      max_tokens tokens each (no end-of-sequence token exists, so every
 //      one runs to the end), tokens/s over the wall time;
-//   4. the same engine start with --weight-cache off (the page cache is
+//   4. prefill at each --prefill length: one completion of that many
+//      token ids and max_tokens 1, best of two: its wall time is the time
+//      to first token, and length / time the prefill rate;
+//   5. the same engine start with --weight-cache off (the page cache is
 //      dropped first when the process may), for the disk column.
 // Prints a markdown table (also to --out/engine.md) and the raw JSON.
 //
@@ -159,6 +162,45 @@ Throughput Load(int port, int batch, int max_tokens) {
   return t;
 }
 
+struct Prefill {
+  int tokens = 0;
+  double ms = 0;  // best of two
+};
+
+// A prompt of n token ids (a fixed pseudo-random sequence below vocab),
+// max_tokens 1: the answer comes after the prompt's forward pass and one
+// sampled token.
+Prefill TimePrefill(int port, int n, int64_t vocab) {
+  json ids = json::array();
+  uint32_t x = 2463534242u;
+  for (int i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    ids.push_back(static_cast<int64_t>(x % static_cast<uint32_t>(vocab)));
+  }
+  const std::string body = json{{"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}}.dump();
+  Prefill p;
+  p.tokens = n;
+  for (int k = 0; k < 2; ++k) {
+    auto t0 = Clock::now();
+    Http(port, "POST", "/v1/completions", body);
+    const double ms = MsSince(t0);
+    p.ms = k == 0 ? ms : std::min(p.ms, ms);
+  }
+  return p;
+}
+
+std::vector<int> IntList(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream ss(s);
+  std::string b;
+  while (std::getline(ss, b, ',')) {
+    if (!b.empty()) v.push_back(std::stoi(b));
+  }
+  return v;
+}
+
 bool DropCaches() {
   ::sync();
   std::ofstream f("/proc/sys/vm/drop_caches");
@@ -171,7 +213,8 @@ bool DropCaches() {
 
 int main(int argc, char** argv) {
   CLI::App app{"wsup-bench-engine: startup phases (holder vs disk) and decode throughput of wsup-engine"};
-  std::string bin = "build/bin", model, device = "cuda:0", out = ".", batches_s = "1,32";
+  std::string bin = "build/bin", model, device = "cuda:0", out = ".", batches_s = "1,32", prefill_s;
+  std::vector<std::string> engine_args;
   int max_tokens = 128;
   int64_t kv_mib = 4096;
   app.add_option("--bin-dir", bin, "folder of wsup-holder and wsup-engine");
@@ -181,12 +224,17 @@ int main(int argc, char** argv) {
   app.add_option("--batches", batches_s, "batch sizes, comma-separated");
   app.add_option("--max-tokens", max_tokens, "tokens generated per request");
   app.add_option("--kv-cache-mib", kv_mib, "KV cache of the engine");
+  app.add_option("--prefill", prefill_s, "prompt lengths to time prefill at, comma-separated (none by default)");
+  app.add_option("--engine-arg", engine_args, "an argument for wsup-engine (repeat for more), e.g. --engine-arg=--matmul");
   CLI11_PARSE(app, argc, argv);
-  std::vector<int> batches;
+  const std::vector<int> batches = IntList(batches_s), prefills = IntList(prefill_s);
+  if (batches.empty()) Die("--batches: give at least one batch size");
+  int64_t vocab = 0;
   {
-    std::stringstream ss(batches_s);
-    std::string b;
-    while (std::getline(ss, b, ',')) batches.push_back(std::stoi(b));
+    std::ifstream cf(model + "/config.json");
+    json cfg = json::parse(cf, nullptr, false);
+    if (cfg.is_discarded() || !cfg.contains("vocab_size")) Die(model + "/config.json: no vocab_size");
+    vocab = cfg["vocab_size"].get<int64_t>();
   }
   const bool gpu = device != "cpu";
   // The holder wants its socket in a directory only this user can enter.
@@ -207,6 +255,7 @@ int main(int argc, char** argv) {
                                   "--weight-cache", mode, "--kv-cache-mib", std::to_string(kv_mib), "--max-batch",
                                   std::to_string(std::max(max_batch, 1)), "--ready-fd", "3"};
     if (mode != "off") a.insert(a.end(), {"--socket", sock});
+    a.insert(a.end(), engine_args.begin(), engine_args.end());
     return a;
   };
   Proc e = Start(engine_argv("daemon"), out + "/engine-daemon.log", std::chrono::seconds(600));
@@ -222,6 +271,11 @@ int main(int argc, char** argv) {
     const double steps = s1["steps"]["total"].get<double>() - s0["steps"]["total"].get<double>();
     fwd_ms.push_back(steps > 0 ? (s1["steps"]["forward_ms_total"].get<double>() - s0["steps"]["forward_ms_total"].get<double>()) / steps : 0);
     std::printf("batch %d: %.1f tokens/s (%.2f ms per step)\n", b, tp.back().tok_s, tp.back().ms_per_step);
+  }
+  std::vector<Prefill> pf;
+  for (int n : prefills) {
+    pf.push_back(TimePrefill(e.port, n, vocab));
+    std::printf("prefill %d tokens: %.1f ms (%.0f tokens/s)\n", n, pf.back().ms, n / (pf.back().ms / 1000.0));
   }
   json after = Status(e.port);
   Stop(e);
@@ -258,12 +312,24 @@ int main(int argc, char** argv) {
                   static_cast<unsigned long long>(t.tokens), t.wall_ms / 1000, t.tok_s, t.ms_per_step, fwd_ms[i]);
     md << row;
   }
+  if (!pf.empty()) {
+    md << "\n| prefill, prompt tokens | time to first token (ms, best of 2) | prefill tokens/s |\n|---:|---:|---:|\n";
+    for (const auto& p : pf) {
+      std::snprintf(row, sizeof row, "| %d | %.1f | %.0f |\n", p.tokens, p.ms, p.tokens / (p.ms / 1000.0));
+      md << row;
+    }
+  }
   if (after.contains("steps")) {
     md << "\nSteps while measuring: " << after["steps"]["graph"] << " replayed from CUDA graphs, "
        << after["steps"]["eager"] << " eager (prompts).\n";
   }
   std::ofstream(out + "/engine.md") << md.str();
-  json raw = {{"holder", st_holder}, {"disk", st_disk}, {"after_load", after}};
+  json prefill_json = json::array();
+  for (const auto& p : pf) prefill_json.push_back({{"tokens", p.tokens}, {"ms", p.ms}});
+  json decode_json = json::array();
+  for (const auto& t : tp) decode_json.push_back({{"batch", t.batch}, {"tokens_per_s", t.tok_s}, {"ms_per_step", t.ms_per_step}});
+  json raw = {{"holder", st_holder}, {"disk", st_disk}, {"after_load", after}, {"prefill", prefill_json},
+              {"decode", decode_json}};
   std::ofstream(out + "/engine.json") << raw.dump(2);
   std::printf("\n%s", md.str().c_str());
   return 0;

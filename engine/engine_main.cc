@@ -42,8 +42,12 @@ int main(int argc, char** argv) try {
   app.add_option("--kv-scratch-mib", o.kv_scratch_mib,
                  "with --kv-pool: this engine's own KV cache per rank, MiB (probes and the first requests)");
   app.add_option("--dequant-scratch-mib", o.dequant_scratch_mib,
-                 "cuda: the float32 scratch that wide products over bf16/f16/FP8 weights widen them into, MiB "
+                 "cuda: the float32 scratch that wide products over f16/FP8 weights widen them into, MiB "
                  "(wider matrices go in row slices)");
+  app.add_option("--matmul", o.matmul,
+                 "cuda: wide products (prompts, batches over 8) over bfloat16 weights run on tensor cores with the "
+                 "activations as two bfloat16 terms, close to float32 (split, the default), or as one (bf16: "
+                 "about twice as fast, bfloat16 arithmetic)");
   app.add_option("--nccl-max-ctas", o.nccl_max_ctas,
                  "cuda: channels per NCCL communicator (0: one for a single rank, NCCL's choice for more)");
   app.add_option("--comm-keepalive-ms", o.comm_keepalive_ms, "interval of the communicator keepalive");

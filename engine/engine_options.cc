@@ -94,6 +94,11 @@ Status ValidateEngineOptions(const EngineOptions& o) {
     return InvalidArgument("--dequant-scratch-mib " + std::to_string(o.dequant_scratch_mib) +
                            " is out of range; pass 1 to 65536");
   }
+  if (o.matmul != "split" && o.matmul != "bf16") {
+    return InvalidArgument("--matmul '" + o.matmul +
+                           "' is not a mode: pass split (activations as two bfloat16 terms on tensor cores, close to "
+                           "float32; the default) or bf16 (one term, about twice as fast)");
+  }
   if (o.nccl_max_ctas < 0 || o.nccl_max_ctas > 64) {
     return InvalidArgument("--nccl-max-ctas " + std::to_string(o.nccl_max_ctas) + " is out of range; pass 0 to 64");
   }

@@ -87,6 +87,9 @@ struct EngineOptions {
   bool kv_pool = false;
   int64_t kv_scratch_mib = 64;
   int64_t dequant_scratch_mib = 32;  // cuda: engine/cuda/cuda_engine.h MakeCudaRank
+  // cuda: wide products over bfloat16 weights: "split" (activations as two
+  // bfloat16 terms, close to float32) or "bf16" (one term, twice as fast).
+  std::string matmul = "split";
   int nccl_max_ctas = 0;             // cuda: RunnerOptions::nccl_max_ctas
   int64_t comm_keepalive_ms = 1000;
   // Adopting a crashed engine's KV (docs/kv_journal.md): how long a

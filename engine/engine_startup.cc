@@ -155,6 +155,7 @@ Status Engine::StartupPhases() {
   ro.max_batch = opts_.max_batch;
   ro.max_step_tokens = kMaxStepTokens;
   ro.dequant_scratch_bytes = static_cast<uint64_t>(opts_.dequant_scratch_mib) << 20;
+  ro.bf16_activations = opts_.matmul == "bf16";
   ro.nccl_max_ctas = opts_.nccl_max_ctas;
   WSUP_ASSIGN_OR_RETURN(auto runner, ModelRunner::Create(ckpt.config(), std::move(*weights), ro));
   {

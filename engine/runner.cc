@@ -59,8 +59,10 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
       WSUP_ASSIGN_OR_RETURN(auto model, RankModel::Bind(dims, w, threads));
       r->ranks_.push_back(std::make_unique<CpuRank>(std::move(model)));
     } else {
-      WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)],
-                                                                 opts.dequant_scratch_bytes));
+      CudaRankOptions co;
+      co.dequant_scratch_bytes = opts.dequant_scratch_bytes;
+      co.bf16_activations = opts.bf16_activations;
+      WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)], co));
       r->ranks_.push_back(std::move(rank_engine));
     }
   }
@@ -325,7 +327,8 @@ Status ModelRunner::Keepalive() {
   return OnAllRanks([&](int rank) -> Status {
     float v[2] = {static_cast<float>(rank + 1), 1.0f};
     WSUP_RETURN_IF_ERROR(ranks_[static_cast<size_t>(rank)]->AllReduceHost(v, 2));
-    const float want = static_cast<float>(n * (n + 1) / 2);
+    const int sum = n * (n + 1) / 2;  // 1 + 2 + ... + n, exact in float
+    const float want = static_cast<float>(sum);
     if (v[0] != want || v[1] != static_cast<float>(n)) {
       return Internal("communicator keepalive on rank " + std::to_string(rank) + ": the all-reduce gave " +
                       std::to_string(v[0]) + "/" + std::to_string(v[1]) + " instead of " + std::to_string(want) + "/" +

@@ -49,6 +49,9 @@ struct RunnerOptions {
   // GPU ranks: the float32 scratch for products over narrower weights
   // (engine/cuda/cuda_engine.h MakeCudaRank).
   uint64_t dequant_scratch_bytes = 32ull << 20;
+  // GPU ranks: wide products over bfloat16 weights take the activations
+  // in one bfloat16 term instead of two (CudaRankOptions).
+  bool bf16_activations = false;
   // GPU ranks: the channels each NCCL communicator sets up (each has its
   // buffers); 0: one for a single rank (it only carries the keepalive),
   // NCCL's choice otherwise.

@@ -30,14 +30,23 @@ bool CudaEngineBuilt();
 // phase) and describes them: "cuda:0 NVIDIA H200 (sm 9.0)".
 Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>& devices);
 
+struct CudaRankOptions {
+  // Bounds the float32 scratch that products over f16 and FP8 weights
+  // widen them into (wider matrices are multiplied in row slices): without
+  // a bound it is as large as the widest matrix, the lm_head, 250 MiB for
+  // a 32k x 2k one.
+  uint64_t dequant_scratch_bytes = kDefaultDequantScratchBytes;
+  // Wide products over bfloat16 weights (engine/cuda/kernels.h): false
+  // splits the float32 activations into two bfloat16 terms (two tensor-core
+  // products, close to float32: the goldens hold); true rounds them to one
+  // (half the work, bfloat16 arithmetic as transformers does it in bf16).
+  bool bf16_activations = false;
+};
+
 // Binds one rank to weights already on `device` (a cuda arena or
 // UploadWeights), naming any tensor that does not fit.
-// dequant_scratch_bytes bounds the float32 scratch that products over
-// bf16, f16 and FP8 weights widen them into (wider matrices are multiplied
-// in row slices): without a bound it is as large as the widest matrix,
-// the lm_head, 250 MiB for a 32k x 2k one.
 Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device,
-                                                 uint64_t dequant_scratch_bytes = kDefaultDequantScratchBytes);
+                                                 const CudaRankOptions& options = {});
 
 // Copies host weights (a disk load) into one device allocation.
 Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource> host, int device);

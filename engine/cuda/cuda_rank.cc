@@ -80,6 +80,7 @@ CudaRank::~CudaRank() {
   for (auto& [b, g] : graphs_) cudaGraphExecDestroy(g);
   if (comm_) ncclCommDestroy(comm_);
   if (blas_) cublasDestroy(blas_);
+  if (tc_blas_) cublasDestroy(tc_blas_);
   if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -115,6 +116,10 @@ Status CudaRank::Init(const WeightSource& w) {
   // empty.
   int64_t widest = 0, narrowest_slice = 0;
   auto note = [&](const DevMatrix& m) {
+    if (m.dtype == cuda::kDevBf16) {
+      split_cols_ = std::max(split_cols_, m.cols);
+      return;
+    }
     if (m.dtype == cuda::kDevF32) return;
     widest = std::max(widest, m.rows * m.cols);
     narrowest_slice = std::max(narrowest_slice, SliceRows(m, 1) * m.cols);
@@ -193,6 +198,14 @@ Status CudaRank::Init(const WeightSource& w) {
   // A fixed workspace, so products can be captured into graphs.
   WSUP_RETURN_IF_ERROR(blas_ws_.Alloc(32u << 20, "the cuBLAS workspace"));
   cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.n);
+  if (split_cols_ > 0) {
+    bs = cublasCreate(&tc_blas_);
+    if (bs != CUBLAS_STATUS_SUCCESS) return BlasFail(bs, "creating a handle on cuda:" + std::to_string(device_));
+    cublasSetStream(tc_blas_, stream_);
+    WSUP_RETURN_IF_ERROR(tc_ws_.Alloc(32u << 20, "the cuBLAS workspace"));
+    cublasSetWorkspace(tc_blas_, tc_ws_.p, tc_ws_.n);
+  }
+  tiled_ok_ = cuda::TiledAttentionFits(d.q_dim, d.v_dim);
 
   std::vector<float> inv = RopeInvFreq(dims_.head_dim, dims_.theta);
   WSUP_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size(), "rotary frequencies"));
@@ -222,9 +235,12 @@ Status CudaRank::AllocateKv(const KvLayout& layout, int max_tokens, int max_seqs
   WSUP_ASSIGN_OR_RETURN(kv_mem_, KvMemory::CreateCuda(layout, device_));
 
   // Step metadata: tokens, positions, seq, logit rows, then block tables
-  // (max_seqs rows and one padding row).
-  meta_ints_ = static_cast<size_t>(cap_) * 3 + static_cast<size_t>(max_seqs_) +
-               static_cast<size_t>(max_seqs_ + 1) * static_cast<size_t>(max_blocks_);
+  // (max_seqs rows and one padding row), then an eager step's attention
+  // plan: query tiles (pairs) and lone tokens.
+  tiles_at_ = static_cast<size_t>(cap_) * 3 + static_cast<size_t>(max_seqs_) +
+              static_cast<size_t>(max_seqs_ + 1) * static_cast<size_t>(max_blocks_);
+  singles_at_ = tiles_at_ + 2 * static_cast<size_t>(cap_);
+  meta_ints_ = singles_at_ + static_cast<size_t>(cap_);
   WSUP_RETURN_IF_ERROR(meta_dev_.Alloc(meta_ints_, "step metadata"));
   WSUP_RETURN_IF_ERROR(meta_host_.Alloc(meta_ints_, "step metadata"));
   meta_.tokens = meta_dev_.p;
@@ -271,6 +287,10 @@ Status CudaRank::AllocateKv(const KvLayout& layout, int max_tokens, int max_seqs
   if (d.tp > 1) WSUP_RETURN_IF_ERROR(gathered_.Alloc(R * lv * static_cast<size_t>(d.tp), "logits"));
   WSUP_RETURN_IF_ERROR(logits_host_.Alloc(R * lv * static_cast<size_t>(d.tp), "logits"));
   if (dequant_elems_ > 0) WSUP_RETURN_IF_ERROR(dequant_.Alloc(dequant_elems_, "the dequantization scratch"));
+  if (split_cols_ > 0) {
+    WSUP_RETURN_IF_ERROR(xsplit_.Alloc(static_cast<size_t>(split_terms_) * T * static_cast<size_t>(split_cols_),
+                                       "the bfloat16 activations of wide products"));
+  }
   WSUP_CUDA_TRY(cudaStreamSynchronize(stream_), "allocating the KV cache");
   return Status::Ok();
 }
@@ -333,11 +353,11 @@ Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>& devices
 }
 
 Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims& dims, const WeightSource& weights, int device,
-                                                 uint64_t dequant_scratch_bytes) {
+                                                 const CudaRankOptions& options) {
   if (weights.device() != device) {
     WSUP_RETURN_IF_ERROR(CheckWeightsDevice(weights, device));
   }
-  auto r = std::make_unique<CudaRank>(dims, device, dequant_scratch_bytes);
+  auto r = std::make_unique<CudaRank>(dims, device, options);
   WSUP_RETURN_IF_ERROR(r->Init(weights));
   return std::unique_ptr<RankEngine>(std::move(r));
 }

@@ -103,8 +103,11 @@ class CudaRank : public RankEngine {
     DevMatrix s_gate, s_up, s_down;  // DeepSeek-V3 shared experts
   };
 
-  CudaRank(const ModelDims& d, int device, uint64_t dequant_scratch_bytes)
-      : dims_(d), device_(device), dequant_cap_elems_(std::max<uint64_t>(dequant_scratch_bytes / sizeof(float), 1)) {}
+  CudaRank(const ModelDims& d, int device, const CudaRankOptions& o)
+      : dims_(d),
+        device_(device),
+        dequant_cap_elems_(std::max<uint64_t>(o.dequant_scratch_bytes / sizeof(float), 1)),
+        split_terms_(o.bf16_activations ? 1 : 2) {}
   ~CudaRank() override;
 
   Status Init(const WeightSource& w);
@@ -141,6 +144,20 @@ class CudaRank : public RankEngine {
   void FillMeta(const StepBatch& b, int rows);
 
   void MatMul(const DevMatrix& w, const float* x, int T, float* y);
+
+  // y = x . w^T for bfloat16 w on tensor cores: x split into split_terms_
+  // bfloat16 terms (kernels.h LaunchSplitBf16), one product each, summed
+  // in float32 by cuBLAS (beta 1).
+  void TensorCoreMatMul(const DevMatrix& w, const float* x, int T, float* y);
+
+  // An eager step's attention plan, in the pinned metadata: its prompt
+  // chunks as query tiles (LaunchTiledAttention), its lone tokens as a
+  // list for the per-token kernel. Leaves tiled_ false (every token per
+  // token) when nothing forms a tile or the kernel does not fit the heads.
+  void PlanAttention(const StepBatch& b);
+
+  // The step's attention for layer l into attn_.
+  void Attention(int T, const cuda::DevKvLayout& kv, int64_t l);
 
   // Row-major y (T x rows, row stride ldy) = x (T x cols) . a^T for a
   // row-major rows x cols; in cuBLAS's column-major terms: y^T (rows x T)
@@ -184,6 +201,9 @@ class CudaRank : public RankEngine {
   int device_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  // Default math (tensor cores) for the bfloat16 products; blas_ stays
+  // pedantic, so float32 products never take TF32.
+  cublasHandle_t tc_blas_ = nullptr;
   ncclComm_t comm_ = nullptr;
   cublasStatus_t last_blas_ = CUBLAS_STATUS_SUCCESS, blas_failed_ = CUBLAS_STATUS_SUCCESS;
 
@@ -191,6 +211,12 @@ class CudaRank : public RankEngine {
   std::vector<Layer> layers_;
   size_t dequant_elems_ = 0;
   uint64_t dequant_cap_elems_ = 0;
+  int split_terms_ = 2;
+  int64_t split_cols_ = 0;  // the widest bfloat16 matrix's columns: the split buffer's row
+  bool tiled_ok_ = false;   // LaunchTiledAttention takes this model's heads
+  bool tiled_ = false;      // this step's PlanAttention found tiles
+  int n_tiles_ = 0, n_singles_ = 0;
+  size_t tiles_at_ = 0, singles_at_ = 0;  // in the metadata, ints
 
   int spare_block_ = 0, block_size_ = 0, cap_ = 0, max_seqs_ = 0, max_blocks_ = 0;
   size_t meta_ints_ = 0;
@@ -203,7 +229,8 @@ class CudaRank : public RankEngine {
   DevBuf<int32_t> route_ids_;  // ids (T x top_k), offsets (experts + 1), order (T x top_k)
   DevBuf<DevMatrix> experts_dev_;
   DevBuf<float> inv_freq_, keep_dev_;
-  DevBuf<char> blas_ws_;
+  DevBuf<char> blas_ws_, tc_ws_;
+  DevBuf<uint16_t> xsplit_;  // split_terms_ x cap_ x split_cols_ bfloat16
   HostBuf<float> logits_host_, keep_host_;
   std::map<int, cudaGraphExec_t> graphs_;
   uint64_t graph_steps_ = 0, eager_steps_ = 0;

@@ -30,7 +30,10 @@ Status CudaRank::Forward(const StepBatch& b, std::vector<float>* logits) {
     WSUP_CUDA_TRY(cudaGraphLaunch(g->second, stream_), "replaying the decode graph");
     ++graph_steps_;
   } else {
-    WSUP_RETURN_IF_ERROR(EnqueueStep(T, R, true));
+    PlanAttention(b);
+    Status st = EnqueueStep(T, R, true);
+    tiled_ = false;  // a capture or replay never plans
+    WSUP_RETURN_IF_ERROR(st);
     ++eager_steps_;
   }
   WSUP_CUDA_TRY(cudaStreamSynchronize(stream_), "the forward step");
@@ -110,9 +113,70 @@ void CudaRank::FillMeta(const StepBatch& b, int rows) {
   fill(max_seqs_, nullptr);
 }
 
+void CudaRank::PlanAttention(const StepBatch& b) {
+  tiled_ = false;
+  n_tiles_ = n_singles_ = 0;
+  if (!tiled_ok_) return;
+  int32_t* tiles = meta_host_.p + tiles_at_;
+  int32_t* singles = meta_host_.p + singles_at_;
+  const int T = static_cast<int>(b.tokens.size());
+  for (int t = 0; t < T;) {
+    // A run of one sequence's consecutive positions (the scheduler puts a
+    // prompt chunk's tokens together), cut at a tile's size.
+    int n = 1;
+    while (t + n < T && n < cuda::kAttnTile && b.seq[static_cast<size_t>(t + n)] == b.seq[static_cast<size_t>(t)] &&
+           b.positions[static_cast<size_t>(t + n)] == b.positions[static_cast<size_t>(t)] + n) {
+      ++n;
+    }
+    if (n == 1) {
+      singles[n_singles_++] = t;
+    } else {
+      tiles[2 * n_tiles_] = t;
+      tiles[2 * n_tiles_ + 1] = n;
+      ++n_tiles_;
+    }
+    t += n;
+  }
+  tiled_ = n_tiles_ > 0;
+}
+
+void CudaRank::Attention(int T, const cuda::DevKvLayout& kv, int64_t l) {
+  const ModelDims& d = dims_;
+  const int64_t group = d.heads / d.kv_heads;
+  if (!tiled_) {
+    cuda::LaunchAttention(q_.p, T, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
+                          d.attn_scale, meta_, kv, l, attn_.p, stream_);
+    return;
+  }
+  cuda::LaunchTiledAttention(q_.p, meta_dev_.p + tiles_at_, n_tiles_, d.local_heads, d.head_start, group,
+                             d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, meta_, kv, l, attn_.p, stream_);
+  cuda::LaunchAttention(q_.p, n_singles_, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
+                        d.attn_scale, meta_, kv, l, attn_.p, stream_, meta_dev_.p + singles_at_);
+}
+
+void CudaRank::TensorCoreMatMul(const DevMatrix& w, const float* x, int T, float* y) {
+  const size_t n = static_cast<size_t>(T) * static_cast<size_t>(w.cols);
+  uint16_t* hi = xsplit_.p;
+  uint16_t* lo = split_terms_ > 1 ? xsplit_.p + n : nullptr;
+  cuda::LaunchSplitBf16(x, static_cast<int64_t>(n), hi, lo, stream_);
+  const float one = 1.0f, zero = 0.0f;
+  for (int term = 0; term < split_terms_; ++term) {
+    // As Sgemm: y^T (rows x T) = w (read as cols x rows, transposed) . x^T.
+    last_blas_ = cublasGemmEx(tc_blas_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), T,
+                              static_cast<int>(w.cols), &one, w.data, CUDA_R_16BF, static_cast<int>(w.cols),
+                              term == 0 ? hi : lo, CUDA_R_16BF, static_cast<int>(w.cols), term == 0 ? &zero : &one,
+                              y, CUDA_R_32F, static_cast<int>(w.rows), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (last_blas_ != CUBLAS_STATUS_SUCCESS) blas_failed_ = last_blas_;
+  }
+}
+
 void CudaRank::MatMul(const DevMatrix& w, const float* x, int T, float* y) {
   if (T <= cuda::kSmallBatch) {
     cuda::LaunchGemvSmall(w, x, T, y, stream_);
+    return;
+  }
+  if (w.dtype == cuda::kDevBf16 && tc_blas_) {
+    TensorCoreMatMul(w, x, T, y);
     return;
   }
   if (w.dtype == cuda::kDevF32) {
@@ -184,7 +248,6 @@ Status CudaRank::EnqueueStep(int T, int R, bool copy_meta) {
                              block_size_};
   cuda::LaunchEmbed(embed_, meta_, T, d.vocab_start, x_.p, stream_);
   WSUP_RETURN_IF_ERROR(AllReduce(x_.p, static_cast<size_t>(T) * H));
-  const int64_t group = d.heads / d.kv_heads;
   for (int64_t l = 0; l < d.layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     cuda::LaunchRmsNorm(x_.p, L.in_norm, nullptr, T, H, d.eps, h_.p, stream_);
@@ -202,8 +265,7 @@ Status CudaRank::EnqueueStep(int T, int R, bool copy_meta) {
       }
       cuda::LaunchRopeAndStore(q_.p, k_.p, v_.p, T, d.local_heads, inv_freq_.p, meta_, kv, l, stream_);
     }
-    cuda::LaunchAttention(q_.p, T, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
-                          d.attn_scale, meta_, kv, l, attn_.p, stream_);
+    Attention(T, kv, l);
     MatMul(L.o, attn_.p, T, proj_.p);
     WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, static_cast<size_t>(T) * H));
     cuda::LaunchAdd(x_.p, proj_.p, T * H, stream_);

@@ -14,7 +14,7 @@ Error NotBuilt() {
 
 bool CudaEngineBuilt() { return false; }
 Result<std::vector<std::string>> InitCudaDevices(const std::vector<int>&) { return NotBuilt(); }
-Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims&, const WeightSource&, int, uint64_t) {
+Result<std::unique_ptr<RankEngine>> MakeCudaRank(const ModelDims&, const WeightSource&, int, const CudaRankOptions&) {
   return NotBuilt();
 }
 Result<std::unique_ptr<WeightSource>> UploadWeights(std::unique_ptr<WeightSource>, int) { return NotBuilt(); }

@@ -1,4 +1,5 @@
 #include "engine/cuda/kernels.h"
+#include "engine/cuda/kv_access.cuh"
 #include "engine/cuda/routing.h"
 
 #include <cuda_bf16.h>
@@ -93,6 +94,19 @@ __global__ void AddKernel(float* x, const float* y, int64_t n) {
   }
 }
 
+// hi = x rounded to bfloat16; lo (when given) = the rest, rounded too:
+// hi + lo carries 16 of float32's 24 significand bits, and a bfloat16
+// weight times either is exact in float32.
+__global__ void SplitBf16Kernel(const float* x, int64_t n, __nv_bfloat16* hi, __nv_bfloat16* lo) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    hi[i] = h;
+    if (lo) lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+  }
+}
+
 __global__ void DequantKernel(DevMatrix w, float* out) {
   const int64_t total = w.rows * w.cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -174,6 +188,9 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp) GemvSmallKernel(DevMatrix w
   if constexpr (kVecPath) {
     constexpr int V = VecLoad<DT>::kVec;
     float wv[V];
+    // Unrolled so that several 16-byte loads of the row are in flight per
+    // lane: a decode step is bound by how many weight bytes are in flight.
+#pragma unroll 4
     for (int64_t c = static_cast<int64_t>(lane) * V; c < w.cols; c += kWarp * V) {
       VecLoad<DT>::Load(w, row, c, wv);
 #pragma unroll
@@ -223,14 +240,6 @@ void GemvSmallFor(const DevMatrix& w, const float* x, int T, float* y, cudaStrea
 
 // ---- rotary embedding and the KV cache ----
 
-__device__ __forceinline__ float* KvAt(const DevKvLayout& kv, int32_t block, int64_t layer, int which, int64_t head,
-                                       int64_t off) {
-  return kv.base + ((((static_cast<int64_t>(block) * kv.layers + layer) * 2 + which) * kv.kv_heads + head) *
-                        kv.block_size +
-                    off) *
-                       kv.head_dim;
-}
-
 __global__ void RopeStoreKernel(float* q, float* k, const float* v, int64_t q_heads, const float* inv_freq,
                                 DevStepMeta meta, DevKvLayout kv, int64_t layer) {
   const int t = blockIdx.x;
@@ -259,17 +268,20 @@ __global__ void RopeStoreKernel(float* q, float* k, const float* v, int64_t q_he
 }
 
 // One block per (token, query head); each warp walks every kAttnWarps-th
-// position with an online softmax, then the warps merge.
+// position with an online softmax, then the warps merge. Block x takes
+// token list[x] (every token of the step when list is null): decode
+// tokens, whose one query row would leave a tile of attention.cu idle.
 constexpr int kAttnWarps = 4;
 constexpr int kPerLane = static_cast<int>(kMaxHeadDim / kWarp);
 
 __global__ void __launch_bounds__(kAttnWarps* kWarp)
     AttentionKernel(const float* q, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
-                    int64_t qd, int64_t vd, float scale, DevStepMeta meta, DevKvLayout kv, int64_t layer, float* out) {
+                    int64_t qd, int64_t vd, float scale, DevStepMeta meta, DevKvLayout kv, int64_t layer,
+                    const int32_t* list, float* out) {
   __shared__ float qs[kMaxHeadDim];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
   __shared__ float wacc[kAttnWarps][kMaxHeadDim];
-  const int t = blockIdx.x;
+  const int t = list ? list[blockIdx.x] : static_cast<int>(blockIdx.x);
   const int64_t j = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const float* qh = q + (static_cast<int64_t>(t) * q_heads + j) * qd;
@@ -526,6 +538,11 @@ void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream
   }
 }
 
+void LaunchSplitBf16(const float* x, int64_t n, uint16_t* hi, uint16_t* lo, Stream s) {
+  SplitBf16Kernel<<<GridFor(n, 256), 256, 0, S(s)>>>(x, n, reinterpret_cast<__nv_bfloat16*>(hi),
+                                                     reinterpret_cast<__nv_bfloat16*>(lo));
+}
+
 void LaunchDequant(const DevMatrix& w, float* out, Stream s) {
   DequantKernel<<<GridFor(w.rows * w.cols, 256), 256, 0, S(s)>>>(w, out);
 }
@@ -537,10 +554,11 @@ void LaunchRopeAndStore(float* q, float* k, const float* v, int T, int64_t q_hea
 
 void LaunchAttention(const float* q, int T, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
                      int64_t q_dim, int64_t v_dim, float scale, const DevStepMeta& meta, const DevKvLayout& kv,
-                     int64_t layer, float* out, Stream s) {
+                     int64_t layer, float* out, Stream s, const int32_t* list) {
+  if (T <= 0) return;
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(q_heads));
   AttentionKernel<<<grid, kAttnWarps * kWarp, 0, S(s)>>>(q, q_heads, head_start, group, kv_head_start, q_dim, v_dim,
-                                                          scale, meta, kv, layer, out);
+                                                          scale, meta, kv, layer, list, out);
 }
 
 void LaunchMlaRopeStore(float* q, const float* lat, int64_t lat_stride, int64_t rope_at, const float* kvb, int T,

@@ -4,9 +4,13 @@
 //
 // Matrix products: small batches (decode) use a fused kernel that reads each
 // weight row once in its stored dtype and multiplies it against every token
-// of the step; larger batches (prefill, wide decode) convert the matrix to
-// float32 in a scratch buffer and call cuBLAS SGEMM (no TF32), so every
-// product is a float32 product, as the golden outputs need.
+// of the step. Larger batches (prefill, wide decode): bfloat16 weights go
+// through cuBLAS on tensor cores as they lie, against the activations split
+// into two bfloat16 terms (LaunchSplitBf16; two products summed in float32,
+// within 2^-16 of the float32 product, relative), or one term when the
+// engine is told to (--matmul bf16, transformers' own bf16 arithmetic);
+// float32 weights go through SGEMM (no TF32); f16 and FP8 weights are
+// widened to float32 in a scratch buffer for SGEMM.
 //
 // KV cache layout (per rank, float32), the same as the CPU's KvStorage:
 //   [block][layer][k|v][kv_head][position in block][kv_dim]
@@ -103,6 +107,11 @@ void LaunchRmsNorm(const float* x, const DevMatrix& w, const int32_t* rows_index
 // y[t][o] = sum_i x[t][i] * w[o][i], t < T <= kSmallBatch.
 void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream s);
 
+// The n float32 values of x as bfloat16 terms for tensor-core products:
+// hi[i] = x[i] rounded, and when lo is given lo[i] = x[i] - hi[i] rounded
+// (hi + lo is within 2^-16 of x[i], relative). Buffers of uint16_t bits.
+void LaunchSplitBf16(const float* x, int64_t n, uint16_t* hi, uint16_t* lo, Stream s);
+
 // out[r][c] = w[r][c] as float32.
 void LaunchDequant(const DevMatrix& w, float* out, Stream s);
 
@@ -126,9 +135,31 @@ void LaunchMlaRopeStore(float* q, const float* lat, int64_t lat_stride, int64_t 
 // positions 0..positions[t]. Query head j (local) reads local KV head
 // (head_start + j) / group - kv_head_start. q and the cached k are q_dim
 // wide, v v_dim; out is T x q_heads x v_dim; scores are scaled by scale.
+// One block per token and head: the decode path. With `list`, only the T
+// tokens list[0..T) of the step.
 void LaunchAttention(const float* q, int T, int64_t q_heads, int64_t head_start, int64_t group, int64_t kv_head_start,
                      int64_t q_dim, int64_t v_dim, float scale, const DevStepMeta& meta, const DevKvLayout& kv,
-                     int64_t layer, float* out, Stream s);
+                     int64_t layer, float* out, Stream s, const int32_t* list = nullptr);
+
+// Query tiles for LaunchTiledAttention: up to kAttnTile step tokens of one
+// sequence at consecutive positions (a prompt chunk), as (first token,
+// count) pairs.
+inline constexpr int kAttnTile = 64;
+
+// True when LaunchTiledAttention takes these head widths (v_dim a multiple
+// of 4; shared memory within the device's limit).
+bool TiledAttentionFits(int64_t q_dim, int64_t v_dim);
+
+// The same attention as LaunchAttention for the tokens of `n_tiles` tiles
+// (pairs at tiles[2i], tiles[2i + 1]): each block loads a tile's queries
+// once and walks the sequence's cached keys and values in tiles of 32
+// positions (the FlashAttention method: online softmax, nothing of size
+// positions x positions is stored), so a prompt chunk of n tokens reads
+// the cache n/64 times instead of n times. Float32 throughout, as the
+// golden outputs need.
+void LaunchTiledAttention(const float* q, const int32_t* tiles, int n_tiles, int64_t q_heads, int64_t head_start,
+                          int64_t group, int64_t kv_head_start, int64_t q_dim, int64_t v_dim, float scale,
+                          const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, float* out, Stream s);
 
 // Routing of T tokens from the router's logits (T x experts): ids and
 // weights get T x top_k, slot k of token t at t * top_k + k. bias is the

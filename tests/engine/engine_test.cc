@@ -480,6 +480,7 @@ TEST_CASE("engine: usage errors exit 2 naming the flag") {
       {{"--model", model, "--kv-cache-mib", "0"}, "--kv-cache-mib"},
       {{"--model", model, "--dequant-scratch-mib", "0"}, "--dequant-scratch-mib 0 is out of range"},
       {{"--model", model, "--nccl-max-ctas", "65"}, "--nccl-max-ctas 65 is out of range"},
+      {{"--model", model, "--matmul", "fp4"}, "--matmul 'fp4' is not a mode: pass split"},
       {{"--model", model, "--max-step-ms", "-2"}, "--max-step-ms -2 is out of range; pass 0 (off) to 60000"},
       {{"--port", "0"}, "--model"},
   };

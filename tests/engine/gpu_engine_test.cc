@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <thread>
@@ -51,7 +52,8 @@ using test::LoadGolden;
 using test::Top5;
 
 std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch = 8,
-                                       uint64_t dequant_scratch_bytes = kDefaultDequantScratchBytes) {
+                                       uint64_t dequant_scratch_bytes = kDefaultDequantScratchBytes,
+                                       bool bf16_activations = false) {
   auto ckpt = Checkpoint::Open(test::TestData(model));
   REQUIRE(ckpt.ok());
   auto host = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 2);
@@ -65,6 +67,7 @@ std::unique_ptr<ModelRunner> GpuRunner(const std::string& model, int max_batch =
   o.max_batch = max_batch;
   o.max_step_tokens = 256;
   o.dequant_scratch_bytes = dequant_scratch_bytes;
+  o.bf16_activations = bf16_activations;
   auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
   if (!runner.ok()) FAIL(runner.error().ToString());
   Status st = runner.value()->InitCommunicator();
@@ -271,13 +274,13 @@ TEST_CASE("cuda engine: wide batches (cuBLAS path) equal narrow ones", "[gpu]") 
 
 TEST_CASE("cuda engine: products over narrow weights in row slices (a one-byte scratch) equal whole ones", "[gpu]") {
   WSUP_GPU_OR_SKIP();
-  // A one-byte bound leaves the scratch one scale block (FP8) or one row
-  // (bf16) of the widest matrix: every widened product goes in slices,
-  // with a partial last one where the rows are not a multiple. 12 copies
-  // of the prompts, so decode goes through cuBLAS too.
-  for (const std::string model : {"llama-tiny-fp8-block", "llama-tiny-bf16-sharded", "deepseekv3-tiny-fp8-block"}) {
+  // A one-byte bound leaves the scratch one scale block of the widest FP8
+  // matrix: every widened product goes in slices, with a partial last one
+  // where the rows are not a multiple. 12 copies of the prompts, so decode
+  // goes through cuBLAS too. (bfloat16 weights are never widened.)
+  for (const std::string model : {"llama-tiny-fp8-block", "deepseekv3-tiny-fp8-block"}) {
     INFO(model);
-    auto gs = LoadGolden(model == "llama-tiny-bf16-sharded" ? "llama-tiny-f32" : model);
+    auto gs = LoadGolden(model);
     std::vector<Golden> many;
     for (int k = 0; k < 3; ++k) many.insert(many.end(), gs.begin(), gs.end());
     std::vector<std::vector<float>> whole_logits, sliced_logits;
@@ -294,6 +297,97 @@ TEST_CASE("cuda engine: products over narrow weights in row slices (a one-byte s
     INFO("largest prompt logit difference " << worst);
     CHECK(worst < 1e-3f);
   }
+}
+
+// Two long prompts fed in chunks as a scheduler makes them: a chunk of one
+// sequence beside another's, a lone token, chunks across many KV blocks
+// handed out in no order. Returns the logits of the chosen rows of each
+// step, all steps appended.
+std::vector<float> ChunkedPrompts(ModelRunner& r) {
+  std::vector<std::vector<int32_t>> prompts(2);
+  uint32_t x = 12345;
+  for (int i = 0; i < 460; ++i) prompts[0].push_back(static_cast<int32_t>((x = x * 1103515245u + 12345u) >> 24));
+  for (int i = 0; i < 333; ++i) prompts[1].push_back(static_cast<int32_t>((x = x * 1103515245u + 12345u) >> 24));
+  // Sequence 0 takes even blocks from the top down, sequence 1 odd ones
+  // from the bottom up.
+  std::vector<std::vector<int32_t>> tables(2);
+  const int top = (r.num_blocks() - 2) / 2 * 2;
+  for (int b = 0; b < 40; ++b) {
+    tables[0].push_back(static_cast<int32_t>(top - 2 * b));
+    tables[1].push_back(static_cast<int32_t>(2 * b + 1));
+  }
+  // Steps of (sequence, from, to) chunks.
+  const std::vector<std::vector<std::array<int, 3>>> steps = {{{0, 0, 200}, {1, 0, 37}},
+                                                              {{0, 200, 201}, {1, 37, 250}},
+                                                              {{0, 201, 455}},
+                                                              {{1, 250, 251}, {0, 455, 460}, {1, 251, 333}}};
+  std::vector<float> all;
+  for (const auto& chunks : steps) {
+    StepBatch b;
+    for (auto& t : tables) b.block_tables.push_back(&t);
+    for (const auto& [s, from, to] : chunks) {
+      for (int p = from; p < to; ++p) {
+        // Rows compared: each chunk's last, and every 41st position.
+        if (p + 1 == to || p % 41 == 0) b.logit_rows.push_back(static_cast<int32_t>(b.tokens.size()));
+        b.tokens.push_back(prompts[static_cast<size_t>(s)][static_cast<size_t>(p)]);
+        b.positions.push_back(p);
+        b.seq.push_back(s);
+      }
+    }
+    std::vector<float> logits;
+    Status st = r.Step(b, &logits);
+    if (!st.ok()) FAIL(st.error().ToString());
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+float LargestDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  float worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+std::unique_ptr<ModelRunner> CpuRunner(const std::string& model, int max_batch) {
+  auto ckpt = Checkpoint::Open(test::TestData(model));
+  REQUIRE(ckpt.ok());
+  auto host = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 2);
+  REQUIRE(host.ok());
+  std::vector<std::unique_ptr<engine::WeightSource>> w;
+  w.push_back(std::move(*host));
+  RunnerOptions o;
+  o.max_batch = max_batch;
+  o.max_step_tokens = 256;
+  auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
+  if (!runner.ok()) FAIL(runner.error().ToString());
+  REQUIRE(runner.value()->InitCommunicator().ok());
+  REQUIRE(runner.value()->AllocateKv(16 << 20, 16).ok());
+  return std::move(runner.value());
+}
+
+TEST_CASE("cuda engine: prompt chunks through the tiled attention equal the CPU's float32", "[gpu]") {
+  WSUP_GPU_OR_SKIP();
+  // Float32 weights: SGEMM products, so the attention is what differs.
+  auto gpu = ChunkedPrompts(*GpuRunner("llama-tiny-f32", 16));
+  auto cpu = ChunkedPrompts(*CpuRunner("llama-tiny-f32", 16));
+  const float worst = LargestDifference(gpu, cpu);
+  INFO("largest logit difference " << worst << " over " << gpu.size() << " logits");
+  CHECK(worst < 1e-3f);
+}
+
+TEST_CASE("cuda engine: bfloat16 weights on tensor cores - split activations stay near float32, one term does not",
+          "[gpu]") {
+  WSUP_GPU_OR_SKIP();
+  auto cpu = ChunkedPrompts(*CpuRunner("llama-tiny-bf16-sharded", 16));
+  const float split = LargestDifference(ChunkedPrompts(*GpuRunner("llama-tiny-bf16-sharded", 16)), cpu);
+  const float one = LargestDifference(
+      ChunkedPrompts(*GpuRunner("llama-tiny-bf16-sharded", 16, kDefaultDequantScratchBytes, true)), cpu);
+  INFO("largest logit difference from the CPU's float32 products: split " << split << ", one bf16 term " << one);
+  CHECK(split < 1e-3f);
+  // One term rounds every activation to 8 significant bits: it must show,
+  // or the products did not take the bfloat16 path at all.
+  CHECK(one > 4 * split);
 }
 
 TEST_CASE("cuda kv memory: a pool imported ahead is mapped only by MapPool, onto the same memory", "[gpu][kv_pool]") {
