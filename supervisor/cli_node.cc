@@ -235,16 +235,18 @@ void RegisterStart(CLI::App& app, CliContext& ctx) {
 }
 
 void RegisterCheck(CLI::App& app, CliContext& ctx) {
-  auto* c = app.add_subcommand("check", "check a config file: exit 0, or 1 with FILE:LINE:COL: key: what is wrong");
-  auto config = std::make_shared<std::string>();
+  auto* c = app.add_subcommand("check", "check config files: exit 0, or 1 with FILE:LINE:COL: key: what is wrong; "
+                                        "several are checked as one group's members");
+  auto config = std::make_shared<std::vector<std::string>>();
   auto sets = std::make_shared<std::vector<std::string>>();
   auto no_paths = std::make_shared<bool>(false);
-  c->add_option("config", *config, "the config file")->required();
+  c->add_option("config", *config, "the config file; a group's members' files, all of them, to check the group")
+      ->required();
   c->add_option("--set", *sets, "override a key: section.key=value (repeatable)");
   c->add_flag("--no-paths", *no_paths,
               "do not check the model folder, programs and folders on this machine (a config for another one)");
   c->callback([&ctx, config, sets, no_paths] {
-    auto out = CheckConfig(*config, *sets, !*no_paths, JoinPath(SelfDir(), "wsup-holder"));
+    auto out = CheckConfigs(*config, *sets, !*no_paths, JoinPath(SelfDir(), "wsup-holder"));
     (out.exit_code == 0 ? *ctx.out : *ctx.err) << out.output;
     ctx.exit_code = out.exit_code;
   });

@@ -182,6 +182,20 @@ struct Config {
     std::vector<std::string> command;  // overrides binary when not empty
     int64_t ready_timeout_ms = 600'000;
   } holder;
+
+  // One model across several nodes (docs/config.md, [group]): this node is
+  // member `index` of `size`; each member runs parallel.tp ranks of each
+  // side, so the group's tensor-parallel size is tp x size. Members agree
+  // through the etcd cluster at `etcd`. Absent: size 0, a node on its own.
+  struct Group {
+    std::string name;
+    int index = 0;
+    int size = 0;
+    int head = 0;                   // the member whose rank 0 serves HTTP
+    std::vector<std::string> etcd;  // endpoints, "http://HOST:PORT"
+    int64_t lease_ttl_ms = 2000;
+    bool enabled() const { return size > 0; }
+  } group;
 };
 
 // Reads, overrides, checks. `overrides` are "section.key=value" strings as
@@ -250,9 +264,19 @@ std::string DescribeConfig(const Config& config);
 // One error per problem, each "FILE:LINE:COL: KEY: what is wrong; the fix".
 std::vector<Error> CheckConfigPaths(const Config& config, const std::string& default_holder);
 
-// `wsup check CONFIG [--set ...] [--no-paths]`: exit code 0 with a summary,
-// or 1 with one error per line. `check_paths` false checks a config written
-// for another machine (syntax, keys, types, rules only). The CLI prints
+// The members' configs of one group, each loaded: they must name the same
+// group (name, size, head, etcd endpoints), run the same share of ranks
+// (parallel.tp, parallel.expert_parallel) of the same model revision, and
+// hold every index from 0 to size - 1 exactly once. One error per problem,
+// each "FILE:LINE:COL: KEY: what is wrong; the fix". Configs without
+// [group] beside ones with it are an error too.
+std::vector<Error> CheckGroupConfigs(const std::vector<Config>& members);
+
+// `wsup check CONFIG... [--set ...] [--no-paths]`: exit code 0 with a
+// summary, or 1 with one error per line. `check_paths` false checks a
+// config written for another machine (syntax, keys, types, rules only).
+// Several configs are each checked, then, when they have [group], checked
+// together as one group's members (CheckGroupConfigs). The CLI prints
 // `output` (to stdout on 0, stderr on 1).
 struct CheckOutcome {
   int exit_code = 0;
@@ -260,5 +284,7 @@ struct CheckOutcome {
 };
 CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides = {},
                          bool check_paths = false, const std::string& default_holder = "");
+CheckOutcome CheckConfigs(const std::vector<std::string>& paths, const std::vector<std::string>& overrides = {},
+                          bool check_paths = false, const std::string& default_holder = "");
 
 }  // namespace wsup

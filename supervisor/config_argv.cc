@@ -197,7 +197,133 @@ std::string DescribeConfig(const Config& c) {
      << c.probe.jitter_ms << " jitter), timeout " << c.probe.timeout_ms << " ms, trip after " << c.probe.failures
      << ", recover after " << c.probe.successes << (c.probe.comm ? ", comm check on" : "") << "\n";
   os << "front " << c.front.listen.ToString() << ", admin " << c.admin.listen.ToString() << "\n";
+  if (c.group.enabled()) {
+    os << "group " << c.group.name << ": member " << c.group.index << " of " << c.group.size << " (head "
+       << c.group.head << "), tp " << static_cast<int64_t>(c.parallel.tp) * c.group.size << " in all, etcd";
+    for (const auto& e : c.group.etcd) os << " " << e;
+    os << ", lease " << c.group.lease_ttl_ms << " ms\n";
+  }
   return os.str();
+}
+
+namespace {
+
+std::string At(const Config& c, const std::string& key) {
+  auto it = c.where.find(key);
+  return it != c.where.end() ? it->second : c.path + ":1:1";
+}
+
+std::string Etcd(const Config& c) {
+  std::vector<std::string> e = c.group.etcd;
+  std::sort(e.begin(), e.end());
+  std::string s;
+  for (const auto& x : e) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+}  // namespace
+
+std::vector<Error> CheckGroupConfigs(const std::vector<Config>& members) {
+  std::vector<Error> errors;
+  if (members.empty()) return errors;
+  auto fail = [&](const Config& c, const std::string& key, const std::string& what) {
+    errors.push_back(InvalidArgument(At(c, key) + ": " + key + ": " + what));
+  };
+  const Config* first = nullptr;
+  for (const Config& c : members) {
+    if (c.group.enabled()) {
+      first = &c;
+      break;
+    }
+  }
+  if (!first) return errors;  // nodes on their own: nothing ties them together
+  const Config& f = *first;
+  std::map<int, const Config*> by_index;
+  for (const Config& c : members) {
+    if (!c.group.enabled()) {
+      fail(c, "group", "has no [group] while " + f.path + " is member " + std::to_string(f.group.index) +
+                           " of group " + f.group.name + "; add the member's [group], or check it on its own");
+      continue;
+    }
+    if (&c != &f) {
+      // The same group, as every member must name it.
+      if (c.group.name != f.group.name)
+        fail(c, "group.name", "\"" + c.group.name + "\" differs from " + f.path + "'s \"" + f.group.name +
+                                  "\"; members of one group name it alike");
+      if (c.group.size != f.group.size)
+        fail(c, "group.size", std::to_string(c.group.size) + " differs from " + f.path + "'s " +
+                                  std::to_string(f.group.size) + "; every member gives the same size");
+      if (c.group.head != f.group.head)
+        fail(c, "group.head", std::to_string(c.group.head) + " differs from " + f.path + "'s " +
+                                  std::to_string(f.group.head) + "; every member names the same head");
+      if (Etcd(c) != Etcd(f))
+        fail(c, "group.etcd", "[" + Etcd(c) + "] differs from " + f.path + "'s [" + Etcd(f) +
+                                  "]; every member talks to the same etcd cluster");
+      if (c.group.lease_ttl_ms != f.group.lease_ttl_ms)
+        fail(c, "group.lease_ttl_ms", std::to_string(c.group.lease_ttl_ms) + " differs from " + f.path + "'s " +
+                                          std::to_string(f.group.lease_ttl_ms) +
+                                          "; members lapse alike, or a partition is seen at different times");
+      // Sizes that add up: every member runs the same share of each side.
+      if (c.parallel.tp != f.parallel.tp)
+        fail(c, "parallel.tp", std::to_string(c.parallel.tp) + " ranks here, " + std::to_string(f.parallel.tp) +
+                                   " in " + f.path + "; every member runs the same number of ranks of each side (the "
+                                   "group's tp is tp x size)");
+      if (c.parallel.expert_parallel != f.parallel.expert_parallel)
+        fail(c, "parallel.expert_parallel", std::string(c.parallel.expert_parallel ? "true" : "false") +
+                                                " differs from " + f.path +
+                                                "'s; the experts are split one way across the whole group");
+      if (c.model.revision != f.model.revision)
+        fail(c, "model.revision", "\"" + c.model.revision + "\" differs from " + f.path + "'s \"" +
+                                      f.model.revision + "\"; the members' ranks must load the same weights");
+    }
+    auto [it, fresh] = by_index.emplace(c.group.index, &c);
+    if (!fresh)
+      fail(c, "group.index", std::to_string(c.group.index) + " is also " + it->second->path +
+                                 "'s; give each member its own index from 0 to " + std::to_string(f.group.size - 1));
+  }
+  std::string missing;
+  for (int i = 0; i < f.group.size; ++i) {
+    if (!by_index.count(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+  }
+  if (!missing.empty())
+    fail(f, "group.size", std::to_string(f.group.size) + " members, but no config given is member " + missing +
+                              "; give every member's config (wsup check A.toml B.toml ...)");
+  return errors;
+}
+
+CheckOutcome CheckConfigs(const std::vector<std::string>& paths, const std::vector<std::string>& overrides,
+                          bool check_paths, const std::string& default_holder) {
+  if (paths.size() == 1) {
+    CheckOutcome one = CheckConfig(paths[0], overrides, check_paths, default_holder);
+    auto c = one.exit_code == 0 ? LoadConfig(paths[0], overrides) : Result<Config>(Error(Code::kInvalidArgument, ""));
+    if (c.ok() && c->group.enabled())
+      one.output += "group " + c->group.name + ": one member's config given; give every member's (wsup check " +
+                    "A.toml B.toml ...) to check the group whole\n";
+    return one;
+  }
+  CheckOutcome all;
+  std::vector<Config> loaded;
+  for (const auto& p : paths) {
+    CheckOutcome one = CheckConfig(p, overrides, check_paths, default_holder);
+    if (one.exit_code != 0) {
+      all.exit_code = 1;
+      all.output += one.output;
+      continue;
+    }
+    auto c = LoadConfig(p, overrides);
+    if (c.ok()) loaded.push_back(std::move(*c));
+    if (all.exit_code == 0) all.output += one.output;
+  }
+  if (all.exit_code != 0) return all;
+  auto errors = CheckGroupConfigs(loaded);
+  if (!errors.empty()) {
+    all = {1, ""};
+    for (const auto& e : errors) all.output += e.message() + "\n";
+    return all;
+  }
+  if (!loaded.empty() && loaded[0].group.enabled())
+    all.output += "group " + loaded[0].group.name + ": " + std::to_string(loaded.size()) + " members, whole\n";
+  return all;
 }
 
 CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides, bool check_paths,

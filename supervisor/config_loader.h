@@ -58,6 +58,7 @@ inline const std::vector<SectionSpec>& Schema() {
        false, ""},
       {"holder", {"binary", "command", "ready_timeout_ms"}, false, ""},
       {"kv", {"pool_mib", "scratch_mib"}, false, ""},
+      {"group", {"name", "index", "size", "head", "etcd", "lease_ttl_ms"}, false, ""},
   };
   return schema;
 }
@@ -75,6 +76,10 @@ inline constexpr int kMaxHedgePercent = 50;
 inline constexpr int64_t kMaxLayoutBytes = 1LL << 50;      // 1 PiB of layouts per holder: larger is a typo
 inline constexpr int64_t kMaxKvPoolMib = 1LL << 24;        // 16 TiB per rank, the most a holder makes
 inline constexpr int64_t kMaxKvScratchMib = 1LL << 20;     // 1 TiB: larger is a typo
+inline constexpr int64_t kMaxGroupSize = 256;                // nodes in one group
+// etcd grants leases in whole seconds; past ten minutes a partitioned
+// member would serve far too long.
+inline constexpr int64_t kMinLeaseTtlMs = 1000, kMaxLeaseTtlMs = 600'000;
 
 // ---------------------------------------------------------------------------
 // Small helpers for messages.
@@ -235,6 +240,8 @@ class Loader {
   Status CheckRules(Config* c);
   // The node's Unix socket paths fit in sun_path (part of CheckRules).
   Status CheckSocketPaths(const Config& c) const;
+  // [group]: index and head among the members, etcd endpoints, lease.
+  Status CheckGroup(const Config& c) const;
   // Fills c->where for every key of the schema.
   void RecordWhere(Config* c) const {
     for (const SectionSpec& s : Schema()) {

@@ -185,6 +185,24 @@ Status Loader::Read(const toml::table& root, Config* c) {
   const toml::table* kv = Section(root, "kv");
   WSUP_RETURN_IF_ERROR(Int(kv, "kv", "pool_mib", &c->kv.pool_mib, 0, kMaxKvPoolMib));
   WSUP_RETURN_IF_ERROR(Int(kv, "kv", "scratch_mib", &c->kv.scratch_mib, 1, kMaxKvScratchMib));
+
+  // [group]: every key but head and lease_ttl_ms is required once the
+  // section is there.
+  if (const toml::table* g = Section(root, "group")) {
+    WSUP_RETURN_IF_ERROR(Str(g, "group", "name", &c->group.name, true, "name = \"dsv3\""));
+    for (char ch : c->group.name)
+      if (!IsBareKeyChar(ch) && ch != '.')
+        return Err("group.name", "\"" + Printable(c->group.name) +
+                                     "\" has a character other than letters, digits, '.', '_' and '-'; it names the "
+                                     "group's keys in etcd, so pick a plain name");
+    WSUP_RETURN_IF_ERROR(Int(g, "group", "size", &c->group.size, 2, kMaxGroupSize, true, "size = 2"));
+    WSUP_RETURN_IF_ERROR(Int(g, "group", "index", &c->group.index, 0, kMaxGroupSize - 1, true, "index = 0"));
+    WSUP_RETURN_IF_ERROR(Int(g, "group", "head", &c->group.head, 0, kMaxGroupSize - 1));
+    WSUP_RETURN_IF_ERROR(
+        StrArray(g, "group", "etcd", &c->group.etcd, true, "etcd = [\"http://10.0.0.1:2379\"]"));
+    WSUP_RETURN_IF_ERROR(
+        Int(g, "group", "lease_ttl_ms", &c->group.lease_ttl_ms, kMinLeaseTtlMs, kMaxLeaseTtlMs));
+  }
   return Status::Ok();
 }
 
@@ -295,7 +313,39 @@ Status Loader::CheckRules(Config* c) {
   if (c->node.state_dir == c->node.runtime_dir)
     return Err("node.runtime_dir", "is the same folder as node.state_dir; runtime files are removed at boot while "
                                    "the ledger must persist: use two folders");
+  WSUP_RETURN_IF_ERROR(CheckGroup(*c));
   return CheckSocketPaths(*c);
+}
+
+Status Loader::CheckGroup(const Config& c) const {
+  const Config::Group& g = c.group;
+  if (!g.enabled()) return Status::Ok();
+  const std::string members = "allowed: 0 to " + std::to_string(g.size - 1) + " (group.size is " +
+                              std::to_string(g.size) + ")";
+  if (g.index >= g.size) return Err("group.index", std::to_string(g.index) + " is not a member; " + members);
+  if (g.head >= g.size) return Err("group.head", std::to_string(g.head) + " is not a member; " + members);
+  if (g.lease_ttl_ms % 1000 != 0)
+    return Err("group.lease_ttl_ms", std::to_string(g.lease_ttl_ms) +
+                                         " is not whole seconds; etcd grants leases in seconds: write a multiple of 1000");
+  if (g.etcd.empty())
+    return Err("group.etcd", "is empty; the members agree through etcd: list its endpoints, e.g. etcd = "
+                             "[\"http://10.0.0.1:2379\"]");
+  std::set<std::string> seen;
+  for (const std::string& e : g.etcd) {
+    const size_t scheme = e.rfind("http://", 0) == 0 ? 7 : e.rfind("https://", 0) == 0 ? 8 : 0;
+    auto addr = scheme ? ParseListenAddress(std::string_view(e).substr(scheme)) : Result<ListenAddress>(Error(Code::kInvalidArgument, ""));
+    if (!scheme || !addr.ok() || addr->port == 0)
+      return Err("group.etcd", "\"" + Printable(e) +
+                                   "\" is not an etcd endpoint; write http://HOST:PORT or https://HOST:PORT, e.g. "
+                                   "\"http://10.0.0.1:2379\" (no path)");
+    if (!seen.insert(e).second)
+      return Err("group.etcd", "\"" + Printable(e) + "\" is listed twice; list each etcd member once");
+  }
+  if (static_cast<int64_t>(c.parallel.tp) * g.size > 1024)
+    return Err("group.size", std::to_string(g.size) + " members of parallel.tp " + std::to_string(c.parallel.tp) +
+                                 " ranks each make " + std::to_string(static_cast<int64_t>(c.parallel.tp) * g.size) +
+                                 " ranks; at most 1024");
+  return Status::Ok();
 }
 
 Status Loader::CheckSocketPaths(const Config& c) const {

@@ -97,6 +97,12 @@ std::vector<std::pair<std::string, std::string>> ConfigValues(const Config& c) {
   add("holder.ready_timeout_ms", c.holder.ready_timeout_ms);
   add("kv.pool_mib", c.kv.pool_mib);
   add("kv.scratch_mib", c.kv.scratch_mib);
+  add("group.name", c.group.name);
+  add("group.index", c.group.index);
+  add("group.size", c.group.size);
+  add("group.head", c.group.head);
+  add("group.etcd", c.group.etcd);
+  add("group.lease_ttl_ms", c.group.lease_ttl_ms);
   return v;
 }
 

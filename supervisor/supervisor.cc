@@ -32,6 +32,14 @@ Supervisor::Supervisor(std::unique_ptr<Node> node) : node_(std::move(node)) {}
 Supervisor::~Supervisor() = default;
 
 Result<std::unique_ptr<Supervisor>> Supervisor::Create(Config config, SupervisorOptions options) {
+  if (config.group.enabled()) {
+    // Checked by wsup check; run by a later supervisor. Running one member
+    // as if it were alone would serve beside the others' sides.
+    auto it = config.where.find("group.name");
+    return InvalidArgument((it != config.where.end() ? it->second : config.path + ":1:1") +
+                           ": group: this supervisor runs a node on its own and cannot run a member of a group "
+                           "yet; remove [group] to run this node alone (wsup check still checks a group's configs)");
+  }
   auto node = std::make_unique<Node>(std::move(config), std::move(options));
   Status st = node->Start();
   if (!st.ok()) return st.error();

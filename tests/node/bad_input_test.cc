@@ -366,6 +366,22 @@ TEST_CASE("node: each config that cannot work is refused by wsup check with a lo
   }
 }
 
+TEST_CASE("node: a group member's config passes wsup check, and wsup start refuses it before starting anything",
+          "[node][config]") {
+  if (!Have()) return;
+  Node n({"group.name=g", "group.index=0", "group.size=2", "group.etcd=[\"http://127.0.0.1:2379\"]"});
+  auto check = RunTagged(n, n.Argv("check"));
+  INFO(check.output);
+  CHECK(check.exit_code == 0);
+  CHECK(check.output.find("group g: member 0 of 2") != std::string::npos);
+  auto start = RunTagged(n, n.Argv("start"));
+  INFO(start.output);
+  CHECK(start.exit_code == kExitConfig);
+  CHECK(Located(start.output, "group"));
+  CHECK(start.output.find("remove [group] to run this node alone") != std::string::npos);
+  CHECK(n.Processes().empty());
+}
+
 TEST_CASE("node: a state folder on a read-only filesystem: wsup start exits 78, located", "[node][config]") {
   if (!Have()) return;
   Node n;

@@ -645,6 +645,120 @@ TEST_CASE("config: check returns 0 with a summary or 1 with the error", "[config
   CHECK(bad.output.back() == '\n');
 }
 
+// kBase as member `index` of a group of `size`, with `extra` lines in [group].
+std::string Member(int index, int size, const std::string& extra = "") {
+  return std::string(kBase) + "\n[group]\nname = \"g\"\nindex = " + std::to_string(index) + "\nsize = " +
+         std::to_string(size) + "\netcd = [\"http://127.0.0.1:2379\", \"http://127.0.0.1:2380\"]\n" + extra;
+}
+
+TEST_CASE("config: the group table is read and described - bad keys are refused naming them", "[config]") {
+  auto c = ParseConfig(Member(1, 3, "head = 2\nlease_ttl_ms = 5000\n"), "/x/n.toml");
+  REQUIRE(c.ok());
+  CHECK(c->group.enabled());
+  CHECK(c->group.name == "g");
+  CHECK(c->group.index == 1);
+  CHECK(c->group.size == 3);
+  CHECK(c->group.head == 2);
+  CHECK(c->group.lease_ttl_ms == 5000);
+  CHECK(c->group.etcd == std::vector<std::string>{"http://127.0.0.1:2379", "http://127.0.0.1:2380"});
+  CHECK(DescribeConfig(*c).find("group g: member 1 of 3 (head 2), tp 3 in all") != std::string::npos);
+  auto alone = ParseConfig(kBase, "/x/n.toml");
+  REQUIRE(alone.ok());
+  CHECK_FALSE(alone->group.enabled());
+
+  struct Bad {
+    std::string text, key, needle;
+  };
+  const std::string base = std::string(kBase) + "\n[group]\n";
+  const std::vector<Bad> bad = {
+      {Member(3, 3), "group.index", "3 is not a member; allowed: 0 to 2"},
+      {Member(0, 2, "head = 2\n"), "group.head", "2 is not a member"},
+      {Member(0, 1), "group.size", "1 is out of range; allowed: an integer from 2 to 256"},
+      {Member(0, 2, "lease_ttl_ms = 1500\n"), "group.lease_ttl_ms", "not whole seconds"},
+      {Member(0, 2, "lease_ttl_ms = 500\n"), "group.lease_ttl_ms", "out of range"},
+      {base + "name = \"g\"\nindex = 0\nsize = 2\n", "group.etcd", "missing; this key is required in [group]"},
+      {base + "name = \"g\"\nindex = 0\nsize = 2\netcd = []\n", "group.etcd", "is empty; the members agree through etcd"},
+      {base + "name = \"g\"\nindex = 0\nsize = 2\netcd = [\"127.0.0.1:2379\"]\n", "group.etcd",
+       "is not an etcd endpoint; write http://HOST:PORT"},
+      {base + "name = \"g\"\nindex = 0\nsize = 2\netcd = [\"http://a:2379/v3\"]\n", "group.etcd", "not an etcd endpoint"},
+      {base + "name = \"g\"\nindex = 0\nsize = 2\netcd = [\"http://a:2379\", \"http://a:2379\"]\n", "group.etcd",
+       "is listed twice"},
+      {base + "index = 0\nsize = 2\netcd = [\"http://a:2379\"]\n", "group.name", "missing"},
+      {base + "name = \"a b\"\nindex = 0\nsize = 2\netcd = [\"http://a:2379\"]\n", "group.name", "plain name"},
+      {base + "name = \"g\"\nsize = 2\netcd = [\"http://a:2379\"]\n", "group.index", "missing"},
+      {Member(0, 2, "members = 3\n"), "group.members", "unknown key"},
+  };
+  for (const auto& b : bad) {
+    INFO(b.text);
+    auto r = ParseConfig(b.text, "/x/n.toml");
+    REQUIRE_FALSE(r.ok());
+    INFO(r.error().message());
+    const auto e = Split(r.error().message());
+    CHECK(e.key == b.key);
+    CHECK(e.what.find(b.needle) != std::string::npos);
+  }
+}
+
+TEST_CASE("config: a group's configs are checked together - a missing member, a duplicate index, shares that "
+          "differ are named",
+          "[config]") {
+  test::TempDir dir;
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir.Join(name);
+    REQUIRE(WriteFileAtomic(path, text).ok());
+    return path;
+  };
+  const std::string a = write("a.toml", Member(0, 2)), b = write("b.toml", Member(1, 2));
+  auto whole = CheckConfigs({a, b});
+  INFO(whole.output);
+  CHECK(whole.exit_code == 0);
+  CHECK(whole.output.find("group g: 2 members, whole") != std::string::npos);
+  auto one = CheckConfigs({a});
+  CHECK(one.exit_code == 0);
+  CHECK(one.output.find("one member's config given") != std::string::npos);
+
+  struct Bad {
+    std::vector<std::string> files;
+    std::string file, key, needle;
+  };
+  const std::string c3 = write("c.toml", Member(1, 3));
+  const std::string dup = write("dup.toml", Member(0, 2));
+  const std::string tp2 = write("tp2.toml", Member(1, 2) + "\n[parallel]\ntp = 2\n");
+  const std::string other_etcd = write("etcd.toml", std::string(kBase) +
+                                                        "\n[group]\nname = \"g\"\nindex = 1\nsize = 2\netcd = "
+                                                        "[\"http://127.0.0.1:2479\"]\n");
+  const std::string renamed = write("renamed.toml", std::string(kBase) +
+                                                        "\n[group]\nname = \"h\"\nindex = 1\nsize = 2\netcd = "
+                                                        "[\"http://127.0.0.1:2380\", \"http://127.0.0.1:2379\"]\n");
+  const std::string lone = write("lone.toml", kBase);
+  const std::vector<Bad> bad = {
+      {{a, dup}, dup, "group.index", "0 is also " + a + "'s"},
+      {{a, dup}, a, "group.size", "no config given is member 1"},
+      {{a, c3}, c3, "group.size", "3 differs from " + a + "'s 2"},
+      {{a, tp2}, tp2, "parallel.tp", "2 ranks here, 1 in " + a},
+      {{a, other_etcd}, other_etcd, "group.etcd", "every member talks to the same etcd cluster"},
+      {{a, renamed}, renamed, "group.name", "\"h\" differs"},
+      {{a, lone}, lone, "group", "has no [group]"},
+  };
+  for (const auto& x : bad) {
+    auto out = CheckConfigs(x.files);
+    INFO(out.output);
+    CHECK(out.exit_code == 1);
+    bool found = false;
+    std::istringstream lines(out.output);
+    for (std::string line; std::getline(lines, line);) {
+      const auto e = Split(line);
+      if (e.file == x.file && e.key == x.key && e.what.find(x.needle) != std::string::npos) found = true;
+    }
+    CHECK(found);
+  }
+  // The etcd endpoints are a set: the same ones in another order agree.
+  const std::string swapped = write("swapped.toml", std::string(kBase) +
+                                                        "\n[group]\nname = \"g\"\nindex = 1\nsize = 2\netcd = "
+                                                        "[\"http://127.0.0.1:2380\", \"http://127.0.0.1:2379\"]\n");
+  CHECK(CheckConfigs({a, swapped}).exit_code == 0);
+}
+
 // A folder laid out for path checks: a model folder, an executable engine,
 // and a holder program.
 struct PathsDir {
