@@ -128,6 +128,12 @@ void CheckAgainstModel(const Config& c, const AddFn& add, bool weights) {
   const std::string path = JoinPath(m, "config.json");
   auto text = ReadFile(path, kMaxConfigBytes);
   auto mc = text.ok() ? ParseModelConfig(*text, path) : Result<ModelConfig>(text.error());
+  // A group member's ranks are one share of the group's: the model is
+  // split by tp x size (docs/config.md, [group]).
+  const int members = c.group.enabled() ? c.group.size : 1;
+  const int tp = c.parallel.tp * members;
+  const std::string ranks = members > 1 ? "parallel.tp x group.size = " + std::to_string(tp)
+                                        : "parallel.tp = " + std::to_string(tp);
   bool ep_refused = false;
   if (c.parallel.expert_parallel) {
     // Expert parallelism needs routed experts that the ranks can share
@@ -138,11 +144,10 @@ void CheckAgainstModel(const Config& c, const AddFn& add, bool weights) {
     } else if (mc->num_experts <= 0) {
       add("parallel.expert_parallel", "is true, but " + m + " (" + mc->architecture +
                                           ") has no routed experts to partition; remove expert_parallel");
-    } else if (mc->num_experts % c.parallel.tp != 0) {
+    } else if (mc->num_experts % tp != 0) {
       add("parallel.expert_parallel",
-          "is true, but the " + std::to_string(mc->num_experts) + " experts of " + m +
-              " do not divide among parallel.tp = " + std::to_string(c.parallel.tp) +
-              " ranks; choose a tp that divides " + std::to_string(mc->num_experts) +
+          "is true, but the " + std::to_string(mc->num_experts) + " experts of " + m + " do not divide among " +
+              ranks + " ranks; choose a tp that divides " + std::to_string(mc->num_experts) +
               ", or remove expert_parallel to split every expert by tensor parallelism");
     } else {
       ep_refused = false;
@@ -194,15 +199,15 @@ void CheckAgainstModel(const Config& c, const AddFn& add, bool weights) {
   // Tensor parallelism: the holders (checkpoint/sharding.h) and the engines
   // split the tensors by the same rules and refuse a tp that cuts a head,
   // an expert or an FP8 block; the refusal names the sizes that work.
-  if (c.parallel.tp > 1 && !ep_refused && weights) {
+  if (tp > 1 && !ep_refused && weights) {
     auto ckpt = Checkpoint::Open(m);
     if (!ckpt.ok()) {
       add("model.path", ckpt.error().message());
       return;
     }
-    auto plan = PlanShards(*ckpt, ShardSpec{c.parallel.tp, 0, c.parallel.ep(), 0});
+    auto plan = PlanShards(*ckpt, ShardSpec{tp, 0, c.parallel.expert_parallel ? tp : 1, 0});
     if (!plan.ok()) {
-      add("parallel.tp", std::to_string(c.parallel.tp) +
+      add("parallel.tp", (members > 1 ? ranks : std::to_string(tp)) +
                              (c.parallel.expert_parallel ? " with expert parallelism" : "") +
                              " cannot split the model: " + plan.error().message() +
                              "; set parallel.tp to a size this checkpoint can use");

@@ -974,6 +974,25 @@ TEST_CASE("config: check refuses what the model cannot do: a tp that cuts it, pr
   CHECK(lines[0].what.rfind("3 cannot split the model: " + test::TestData("llama-tiny-f32"), 0) == 0);
   CHECK(lines[0].what.find("tp sizes this checkpoint can use: 1, 2, 4") != std::string::npos);
 
+  // A group member's ranks are a share: 3 members of 1 rank cut the model,
+  // 2 members of 2 ranks split it in 4.
+  const std::vector<std::string> group = {model, "group.name=g", "group.index=0",
+                                          "group.etcd=[\"http://127.0.0.1:2379\"]"};
+  auto three = group;
+  three.push_back("group.size=3");
+  auto cut = CheckConfig(path, three, true, d.holder);
+  INFO(cut.output);
+  CHECK(cut.exit_code == 1);
+  lines = Lines(cut);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].key == "parallel.tp");
+  CHECK(lines[0].what.rfind("parallel.tp x group.size = 3 cannot split the model", 0) == 0);
+  auto four = group;
+  four.insert(four.end(), {"group.size=2", "parallel.tp=2"});
+  auto split = CheckConfig(path, four, true, d.holder);
+  INFO(split.output);
+  CHECK(split.exit_code == 0);
+
   // The probe: kBase expects text; these give ids, at the key's line in the file.
   std::string ids_text = WithEngine(d.eng);
   ids_text.replace(ids_text.find("expect = \"world\""), 16, "expect_token_ids = [1, 300, 2]");
