@@ -25,13 +25,15 @@ LAYERS = {
     "gpu": ["common", "checkpoint"],
     "wire": ["common", "checkpoint"],
     "http": ["common"],
+    # A group's coordination: the etcd client.
+    "group": ["common", "http"],
     "state": ["common"],
     "probes": ["common", "http"],
     "holder": ["common", "checkpoint", "gpu", "wire"],
     "client": ["common", "checkpoint", "gpu", "wire"],
     "engine": ["common", "text", "checkpoint", "gpu", "wire", "client", "http"],
     "front": ["common", "http", "wire"],
-    "supervisor": ["common", "checkpoint", "gpu", "wire", "client", "http", "probes", "state"],
+    "supervisor": ["common", "checkpoint", "gpu", "wire", "client", "http", "group", "probes", "state"],
     # What tests and benchmarks share (control and HTTP clients, fd passing,
     # load and drills): it speaks to the processes, never links their insides.
     "testkit": ["common", "checkpoint", "wire", "http"],

@@ -12,11 +12,12 @@ pkgs=(
   libssl-dev libclang-rt-14-dev lld clang-tidy libpcre2-dev libutf8proc-dev libabsl-dev
   python3 python3-numpy python3-pytest python3-jinja2 libdlpack-dev
   curl haproxy wrk systemd
-  prometheus chromium
+  prometheus chromium etcd-server etcd-client
 )
 # prometheus: its promtool checks the supervisor's /metrics (tests/node), and
 # its server scrapes a node through drills (tests/drills). chromium: headless,
-# it renders `wsup report --html` pages in tests.
+# it renders `wsup report --html` pages in tests. etcd: what a group's
+# supervisors agree through (group/etcd.h); tests run a real one.
 
 missing=()
 for p in "${pkgs[@]}"; do

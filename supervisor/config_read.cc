@@ -2,6 +2,8 @@
 // then the rules that tie keys together (config_loader.h).
 #include "supervisor/config_loader.h"
 
+#include "group/etcd.h"
+
 namespace wsup::config_detail {
 
 Status Loader::Read(const toml::table& root, Config* c) {
@@ -332,13 +334,12 @@ Status Loader::CheckGroup(const Config& c) const {
                              "[\"http://10.0.0.1:2379\"]");
   std::set<std::string> seen;
   for (const std::string& e : g.etcd) {
-    const size_t scheme = e.rfind("http://", 0) == 0 ? 7 : e.rfind("https://", 0) == 0 ? 8 : 0;
-    auto addr = scheme ? ParseListenAddress(std::string_view(e).substr(scheme)) : Result<ListenAddress>(Error(Code::kInvalidArgument, ""));
-    if (!scheme || !addr.ok() || addr->port == 0)
-      return Err("group.etcd", "\"" + Printable(e) +
-                                   "\" is not an etcd endpoint; write http://HOST:PORT or https://HOST:PORT, e.g. "
-                                   "\"http://10.0.0.1:2379\" (no path)");
-    if (!seen.insert(e).second)
+    // The client's own rules (group/etcd.h): what it cannot reach is
+    // refused here, not at the first call.
+    auto endpoint = group::ParseEtcdEndpoint(e);
+    if (!endpoint.ok())
+      return Err("group.etcd", "\"" + Printable(e) + "\" is not an etcd endpoint: " + endpoint.error().message());
+    if (!seen.insert(endpoint->ToString()).second)
       return Err("group.etcd", "\"" + Printable(e) + "\" is listed twice; list each etcd member once");
   }
   if (static_cast<int64_t>(c.parallel.tp) * g.size > 1024)
