@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "group/epoch.h"
 #include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
@@ -324,4 +325,91 @@ TEST_CASE("etcd client: an endpoint that is down is passed over - none up names 
   CHECK(down.error().message().find(dead.ToString()) != std::string::npos);
   CHECK(down.error().message().find(etcd.endpoint().ToString()) != std::string::npos);
   CHECK(down.error().message().find("start etcd or check group.etcd") != std::string::npos);
+}
+
+TEST_CASE("etcd client: two members that see the active side die at once - one epoch, one side, applied alike by "
+          "both and by a watcher",
+          "[etcd][group]") {
+  if (!HaveEtcd()) return;
+  using wsup::group::EpochRecord;
+  using wsup::group::EpochTracker;
+  using wsup::group::Side;
+  wsup::test::TempDir dir;
+  Etcd etcd(dir);
+  Loop loop;
+  EtcdClient& c = loop.Client({etcd.endpoint()});
+  WaitReady(loop, c, etcd);
+  const std::string key = wsup::group::EpochKey("g");
+  EpochRecord first;
+  first.epoch = 1;
+  first.active = Side::kPrimary;
+  using R = EtcdClient::PutIfResult;
+  auto created = loop.Await<R>([&](auto done) { c.PutIf(key, 0, wsup::group::EncodeEpoch(first), 0, std::move(done)); });
+  REQUIRE(created.ok());
+  REQUIRE(created->succeeded);
+
+  // Three members read the key; member 2 only watches.
+  std::vector<EpochTracker> members = {EpochTracker(0), EpochTracker(1), EpochTracker(2)};
+  auto read = loop.Await<std::optional<KeyValue>>([&](auto done) { c.Get(key, std::move(done)); });
+  REQUIRE(read.ok());
+  REQUIRE(read->has_value());
+  for (auto& m : members) {
+    auto rec = wsup::group::DecodeEpoch((*read)->value, (*read)->mod_revision);
+    REQUIRE(rec.ok());
+    CHECK(m.Observe(*rec));
+  }
+  std::vector<EpochRecord> watched;
+  // (No REQUIRE inside a loop callback: it would throw through libuv.)
+  std::optional<wsup::Error> watch_error;
+  c.Watch(key, false, (*read)->mod_revision + 1, [&](Result<std::vector<WatchEvent>> r) {
+    if (!r.ok()) return watch_error.emplace(r.error()), void();
+    for (const auto& e : *r) {
+      auto rec = wsup::group::DecodeEpoch(e.kv.value, e.kv.mod_revision);
+      if (!rec.ok()) return watch_error.emplace(rec.error()), void();
+      if (members[2].Observe(*rec)) watched.push_back(*rec);
+    }
+  });
+
+  // Members 0 and 1 both see a primary rank die and propose.
+  std::optional<Result<R>> answers[2];
+  for (int i = 0; i < 2; ++i) {
+    auto p = members[static_cast<size_t>(i)].Propose(Side::kPrimary, "crash seen by member " + std::to_string(i));
+    REQUIRE(p.has_value());
+    c.PutIf(key, p->expect_mod_revision, wsup::group::EncodeEpoch(p->next), 0,
+            [&answers, i](Result<R> r) { answers[i].emplace(std::move(r)); });
+  }
+  REQUIRE(loop.RunUntil([&] { return answers[0] && answers[1]; }));
+  int won = 0;
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(answers[i]->ok());
+    const R& r = **answers[i];
+    won += r.succeeded ? 1 : 0;
+    // What is in etcd now: the proposal itself when it won, the winner's
+    // record when it lost.
+    EpochRecord now;
+    if (r.succeeded) {
+      auto kv = loop.Await<std::optional<KeyValue>>([&](auto done) { c.Get(key, std::move(done)); });
+      REQUIRE(kv.ok());
+      REQUIRE(kv->has_value());
+      auto rec = wsup::group::DecodeEpoch((*kv)->value, (*kv)->mod_revision);
+      REQUIRE(rec.ok());
+      now = *rec;
+    } else {
+      REQUIRE(r.current.has_value());
+      auto rec = wsup::group::DecodeEpoch(r.current->value, r.current->mod_revision);
+      REQUIRE(rec.ok());
+      now = *rec;
+    }
+    members[static_cast<size_t>(i)].Proposed(now);
+  }
+  CHECK(won == 1);
+  REQUIRE(loop.RunUntil([&] { return !watched.empty() || watch_error.has_value(); }));
+  CHECK_FALSE(watch_error.has_value());
+  for (const auto& m : members) {
+    REQUIRE(m.applied().has_value());
+    CHECK(m.applied()->epoch == 2);
+    CHECK(m.applied()->active == Side::kStandby);
+    CHECK(m.applied()->by == members[0].applied()->by);
+  }
+  CHECK(watched.size() == 1);
 }
