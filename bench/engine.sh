@@ -70,27 +70,29 @@ mat = L * (H * (nh * hd + 2 * nkv * hd) + nh * hd * H + 3 * H * I)
 wbytes = eng["holder"]["weights"]["bytes"]
 def flops(n):
     return 2 * mat * n + 4 * (n * (n + 1) // 2) * nh * hd * L
-rows = {p["tokens"]: p["ms"] for p in eng.get("prefill", [])}
-rrows = {p["tokens"]: p["ms"] for p in (rf or {}).get("prefill", [])}
-print(f"Weights: {wbytes / 2**30:.2f} GiB; matrix parameters {mat / 1e9:.2f}B.")
-print()
-print("| prefill, prompt tokens | wsup-engine TTFT (ms) | tokens/s | of the bf16 peak | transformers + SDPA (ms) | tokens/s | wsup-engine slower by |")
-print("|---:|---:|---:|---:|---:|---:|---:|")
-for n, ms in rows.items():
+def table(head, ours, theirs, row):
+    """One markdown table: a row per size we measured, the reference's beside it."""
+    print()
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
+    for size, mine in ours.items():
+        print("| " + " | ".join(row(size, mine, theirs.get(size))) + " |")
+def by(section, key, source):
+    return {p[key]: p for p in (source or {}).get(section, [])}
+def prefill_row(n, p, r):
+    ms = p["ms"]
     share = f"{flops(n) / (ms / 1000) / peak * 100:.1f}%" if peak else "-"
-    r = rrows.get(n)
-    rcol = f"{r:.1f} | {n / (r / 1000):,.0f} | {ms / r:.1f}x" if r else "- | - | -"
-    print(f"| {n:,} | {ms:.1f} | {n / (ms / 1000):,.0f} | {share} | {rcol} |")
-print()
-dec = {d["batch"]: d for d in eng.get("decode", [])}
-rdec = {d["batch"]: d for d in (rf or {}).get("decode", [])}
-print("| decode, batch | wsup-engine tokens/s | ms per step | weight reads of HBM bandwidth | transformers tokens/s | wsup-engine / transformers |")
-print("|---:|---:|---:|---:|---:|---:|")
-for b, d in dec.items():
+    ref = [f"{r['ms']:.1f}", f"{n / (r['ms'] / 1000):,.0f}", f"{ms / r['ms']:.1f}x"] if r else ["-"] * 3
+    return [f"{n:,}", f"{ms:.1f}", f"{n / (ms / 1000):,.0f}", share] + ref
+def decode_row(b, d, r):
     use = f"{wbytes / (d['ms_per_step'] / 1000) / bw * 100:.0f}%" if bw else "-"
-    r = rdec.get(b)
-    rcol = f"{r['tokens_per_s']:.1f} | {d['tokens_per_s'] / r['tokens_per_s']:.2f}x" if r else "- | -"
-    print(f"| {b} | {d['tokens_per_s']:.1f} | {d['ms_per_step']:.2f} | {use} | {rcol} |")
+    ref = [f"{r['tokens_per_s']:.1f}", f"{d['tokens_per_s'] / r['tokens_per_s']:.2f}x"] if r else ["-"] * 2
+    return [str(b), f"{d['tokens_per_s']:.1f}", f"{d['ms_per_step']:.2f}", use] + ref
+print(f"Weights: {wbytes / 2**30:.2f} GiB; matrix parameters {mat / 1e9:.2f}B.")
+table(["prefill, prompt tokens", "wsup-engine TTFT (ms)", "tokens/s", "of the bf16 peak", "transformers + SDPA (ms)",
+       "tokens/s", "wsup-engine slower by"], by("prefill", "tokens", eng), by("prefill", "tokens", rf), prefill_row)
+table(["decode, batch", "wsup-engine tokens/s", "ms per step", "weight reads of HBM bandwidth", "transformers tokens/s",
+       "wsup-engine / transformers"], by("decode", "batch", eng), by("decode", "batch", rf), decode_row)
 if bw:
     print()
     print(f"Floors on this GPU: a decode step reads {wbytes / 2**30:.2f} GiB of weights, {wbytes / bw * 1000:.2f} ms at "
@@ -100,7 +102,7 @@ if rf:
     print(f"transformers: torch {rf['torch']}, bfloat16, attn_implementation sdpa, eager decode with its KV cache.")
 PY
 {
-  echo "Machine: ${gpu:-no GPU}; CPU: ${cpu:-unknown} ($(nproc) cores); device $device; --matmul $matmul; $(date -u +%Y-%m-%d)"
+  echo "Machine: ${gpu:-no GPU}; CPU: ${cpu:-unknown} ($(nproc) cores); device $device; $([ "$device" = cpu ] || echo "--matmul $matmul; ")$(date -u +%Y-%m-%d)"
   echo "Model: $(cat "$out/gen.txt")"
   echo
   cat "$out/side.md"

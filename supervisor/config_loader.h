@@ -242,6 +242,8 @@ class Loader {
   Status CheckSocketPaths(const Config& c) const;
   // [group]: index and head among the members, etcd endpoints, lease.
   Status CheckGroup(const Config& c) const;
+  // A name made of letters, digits, '.', '_' and '-' (`use` says why).
+  Status PlainName(const std::string& key, const std::string& value, const std::string& use) const;
   // Fills c->where for every key of the schema.
   void RecordWhere(Config* c) const {
     for (const SectionSpec& s : Schema()) {

@@ -18,11 +18,7 @@ Status Loader::Read(const toml::table& root, Config* c) {
   WSUP_RETURN_IF_ERROR(Str(node, "node", "name", &c->node.name, true, "name = \"node1\""));
   WSUP_RETURN_IF_ERROR(Str(node, "node", "state_dir", &c->node.state_dir, true, "state_dir = \"/var/lib/wsup\""));
   WSUP_RETURN_IF_ERROR(Str(node, "node", "runtime_dir", &c->node.runtime_dir, true, "runtime_dir = \"/run/wsup\""));
-  for (char ch : c->node.name)
-    if (!IsBareKeyChar(ch) && ch != '.')
-      return Err("node.name", "\"" + Printable(c->node.name) +
-                                  "\" has a character other than letters, digits, '.', '_' and '-'; it is used in "
-                                  "file names and metrics labels, so pick a plain name");
+  WSUP_RETURN_IF_ERROR(PlainName("node.name", c->node.name, "it is used in file names and metrics labels"));
   c->node.state_dir = ResolvePath(dir_, c->node.state_dir);
   c->node.runtime_dir = ResolvePath(dir_, c->node.runtime_dir);
 
@@ -192,11 +188,7 @@ Status Loader::Read(const toml::table& root, Config* c) {
   // section is there.
   if (const toml::table* g = Section(root, "group")) {
     WSUP_RETURN_IF_ERROR(Str(g, "group", "name", &c->group.name, true, "name = \"dsv3\""));
-    for (char ch : c->group.name)
-      if (!IsBareKeyChar(ch) && ch != '.')
-        return Err("group.name", "\"" + Printable(c->group.name) +
-                                     "\" has a character other than letters, digits, '.', '_' and '-'; it names the "
-                                     "group's keys in etcd, so pick a plain name");
+    WSUP_RETURN_IF_ERROR(PlainName("group.name", c->group.name, "it names the group's keys in etcd"));
     WSUP_RETURN_IF_ERROR(Int(g, "group", "size", &c->group.size, 2, kMaxGroupSize, true, "size = 2"));
     WSUP_RETURN_IF_ERROR(Int(g, "group", "index", &c->group.index, 0, kMaxGroupSize - 1, true, "index = 0"));
     WSUP_RETURN_IF_ERROR(Int(g, "group", "head", &c->group.head, 0, kMaxGroupSize - 1));
@@ -317,6 +309,14 @@ Status Loader::CheckRules(Config* c) {
                                    "the ledger must persist: use two folders");
   WSUP_RETURN_IF_ERROR(CheckGroup(*c));
   return CheckSocketPaths(*c);
+}
+
+Status Loader::PlainName(const std::string& key, const std::string& value, const std::string& use) const {
+  for (char ch : value)
+    if (!IsBareKeyChar(ch) && ch != '.')
+      return Err(key, "\"" + Printable(value) + "\" has a character other than letters, digits, '.', '_' and '-'; " +
+                          use + ", so pick a plain name");
+  return Status::Ok();
 }
 
 Status Loader::CheckGroup(const Config& c) const {

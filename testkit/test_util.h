@@ -130,4 +130,9 @@ inline constexpr int kNoReadOnlyMount = 77;
 // mount could be made, -1 when it ran past the limit (it is then killed).
 int RunWithReadOnlyMount(const std::string& dir, const std::function<int()>& body, std::chrono::milliseconds limit);
 
+// A loopback TCP port the kernel had free a moment ago, for programs that
+// take a listen address and cannot report a port they picked (Prometheus,
+// etcd). 0 when no socket could be bound.
+int FreeLoopbackPort();
+
 }  // namespace wsup::test

@@ -45,21 +45,6 @@ constexpr int kCrashes = 3, kHangs = 2, kPlanned = 1;
 constexpr int kHedgeMs = 200;
 constexpr const char* kPrometheus = "/usr/bin/prometheus";
 
-// A loopback port the kernel had free a moment ago: Prometheus takes a
-// listen address, not a socket, and prints no port it picked itself.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 std::string UrlEncode(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
@@ -88,7 +73,8 @@ int AdminPort(const test::Node& n) {
 // Prometheus on a port of its own, scraping the node's /metrics every second.
 class Prometheus {
  public:
-  Prometheus(const test::TempDir& dir, int target_port) : port_(FreePort()) {
+  Prometheus(const test::TempDir& dir, int target_port) : port_(test::FreeLoopbackPort()) {
+    REQUIRE(port_ > 0);
     const std::string config = dir.Join("prometheus.yml");
     std::ofstream(config) << "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\n  evaluation_interval: 1s\n"
                              "scrape_configs:\n  - job_name: wsup\n    static_configs:\n      - targets: ['127.0.0.1:"

@@ -5,11 +5,8 @@
 
 #include <catch2/catch.hpp>
 
-using wsup::group::DecodeEpoch;
-using wsup::group::EncodeEpoch;
-using wsup::group::EpochRecord;
-using wsup::group::EpochTracker;
-using wsup::group::Side;
+using wsup::group::DecodeEpoch, wsup::group::EncodeEpoch, wsup::group::EpochRecord, wsup::group::EpochTracker,
+    wsup::group::Side;
 
 namespace {
 

@@ -5,10 +5,7 @@
 // watch. The parsing of endpoints and base64 needs no etcd.
 #include "group/etcd.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -22,29 +19,12 @@
 
 using namespace std::chrono_literals;
 using wsup::Result;
-using wsup::group::EtcdClient;
-using wsup::group::EtcdEndpoint;
-using wsup::group::KeyValue;
-using wsup::group::WatchEvent;
+namespace group = wsup::group;
+using group::EtcdClient, group::EtcdEndpoint, group::KeyValue, group::WatchEvent;
 
 namespace {
 
 constexpr const char* kEtcd = "/usr/bin/etcd";
-
-// A loopback port the kernel had free a moment ago: etcd takes listen URLs,
-// not sockets.
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // A libuv loop run by the test thread until an answer is in.
 class Loop {
@@ -87,9 +67,9 @@ class Loop {
 // folder.
 class Etcd {
  public:
-  explicit Etcd(const wsup::test::TempDir& dir) : port_(FreePort()) {
+  explicit Etcd(const wsup::test::TempDir& dir) : port_(wsup::test::FreeLoopbackPort()) {
     const std::string client = "http://127.0.0.1:" + std::to_string(port_);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(FreePort());
+    const std::string peer = "http://127.0.0.1:" + std::to_string(wsup::test::FreeLoopbackPort());
     log_ = dir.Join("etcd.log");
     child_ = wsup::test::Child::Start({kEtcd, "--name", "t", "--data-dir", dir.Join("etcd"), "--listen-client-urls",
                                        client, "--advertise-client-urls", client, "--listen-peer-urls", peer,
@@ -129,6 +109,19 @@ void WaitReady(Loop& loop, EtcdClient& c, const Etcd& etcd) {
   INFO(etcd.Log());
   REQUIRE(up);
 }
+
+// A fresh etcd and a client of it on the test's loop, once etcd answers.
+struct Running {
+  wsup::test::TempDir dir;
+  Etcd etcd{dir};
+  Loop loop;
+  EtcdClient* client = nullptr;
+  explicit Running(std::vector<EtcdEndpoint> before = {}) {
+    before.push_back(etcd.endpoint());
+    client = &loop.Client(std::move(before));
+    WaitReady(loop, *client, etcd);
+  }
+};
 
 }  // namespace
 
@@ -178,11 +171,9 @@ TEST_CASE("etcd base64: every byte round-trips, padding of each length, bad text
 TEST_CASE("etcd client: put, get and prefix on a real etcd - bytes of every value kept, absent keys absent",
           "[etcd]") {
   if (!HaveEtcd()) return;
-  wsup::test::TempDir dir;
-  Etcd etcd(dir);
-  Loop loop;
-  EtcdClient& c = loop.Client({etcd.endpoint()});
-  WaitReady(loop, c, etcd);
+  Running run;
+  Loop& loop = run.loop;
+  EtcdClient& c = *run.client;
   const std::string bytes("v\0\xff\n", 4);
   auto rev = loop.Await<int64_t>([&](auto done) { c.Put("/g/a", bytes, 0, std::move(done)); });
   REQUIRE(rev.ok());
@@ -206,11 +197,9 @@ TEST_CASE("etcd client: put, get and prefix on a real etcd - bytes of every valu
 
 TEST_CASE("etcd client: compare-and-put - of two proposals from one revision exactly one wins", "[etcd]") {
   if (!HaveEtcd()) return;
-  wsup::test::TempDir dir;
-  Etcd etcd(dir);
-  Loop loop;
-  EtcdClient& c = loop.Client({etcd.endpoint()});
-  WaitReady(loop, c, etcd);
+  Running run;
+  Loop& loop = run.loop;
+  EtcdClient& c = *run.client;
   using R = EtcdClient::PutIfResult;
   auto first = loop.Await<R>([&](auto done) { c.PutIf("/g/epoch", 0, "1 primary", 0, std::move(done)); });
   REQUIRE(first.ok());
@@ -237,11 +226,9 @@ TEST_CASE("etcd client: compare-and-put - of two proposals from one revision exa
 
 TEST_CASE("etcd client: a lease keeps its keys while renewed, and revoking it deletes them", "[etcd]") {
   if (!HaveEtcd()) return;
-  wsup::test::TempDir dir;
-  Etcd etcd(dir);
-  Loop loop;
-  EtcdClient& c = loop.Client({etcd.endpoint()});
-  WaitReady(loop, c, etcd);
+  Running run;
+  Loop& loop = run.loop;
+  EtcdClient& c = *run.client;
   auto lease = loop.Await<int64_t>([&](auto done) { c.GrantLease(5, std::move(done)); });
   REQUIRE(lease.ok());
   REQUIRE(loop.Await<int64_t>([&](auto done) { c.Put("/g/members/1", "alive", *lease, std::move(done)); }).ok());
@@ -266,11 +253,9 @@ TEST_CASE("etcd client: a watch gets each committed put in order - cancelled it 
           "error",
           "[etcd]") {
   if (!HaveEtcd()) return;
-  wsup::test::TempDir dir;
-  Etcd etcd(dir);
-  Loop loop;
-  EtcdClient& c = loop.Client({etcd.endpoint()});
-  WaitReady(loop, c, etcd);
+  Running run;
+  Loop& loop = run.loop;
+  EtcdClient& c = *run.client;
   std::vector<WatchEvent> seen;
   std::optional<wsup::Error> ended;
   auto on = [&](Result<std::vector<WatchEvent>> r) {
@@ -300,19 +285,18 @@ TEST_CASE("etcd client: a watch gets each committed put in order - cancelled it 
   c.Watch("/g/", true, 0, on);
   REQUIRE(loop.Await<int64_t>([&](auto done) { c.Put("/g/k10", "10", 0, std::move(done)); }).ok());
   REQUIRE(loop.RunUntil([&] { return seen.size() == 4; }));
-  etcd.Stop();
+  run.etcd.Stop();
   REQUIRE(loop.RunUntil([&] { return ended.has_value(); }));
   CHECK(ended->message().find("watch") != std::string::npos);
 }
 
 TEST_CASE("etcd client: an endpoint that is down is passed over - none up names each and the fix", "[etcd]") {
   if (!HaveEtcd()) return;
-  wsup::test::TempDir dir;
-  Etcd etcd(dir);
-  const EtcdEndpoint dead{"127.0.0.1", FreePort()};
-  Loop loop;
-  EtcdClient& c = loop.Client({dead, etcd.endpoint()});
-  WaitReady(loop, c, etcd);
+  const EtcdEndpoint dead{"127.0.0.1", wsup::test::FreeLoopbackPort()};
+  Running run({dead});
+  Loop& loop = run.loop;
+  EtcdClient& c = *run.client;
+  Etcd& etcd = run.etcd;
   for (int i = 0; i < 3; ++i) {
     auto r = loop.Await<int64_t>([&](auto done) { c.Put("/g/x", std::to_string(i), 0, std::move(done)); });
     INFO(i);
@@ -334,11 +318,9 @@ TEST_CASE("etcd client: two members that see the active side die at once - one e
   using wsup::group::EpochRecord;
   using wsup::group::EpochTracker;
   using wsup::group::Side;
-  wsup::test::TempDir dir;
-  Etcd etcd(dir);
-  Loop loop;
-  EtcdClient& c = loop.Client({etcd.endpoint()});
-  WaitReady(loop, c, etcd);
+  Running run;
+  Loop& loop = run.loop;
+  EtcdClient& c = *run.client;
   const std::string key = wsup::group::EpochKey("g");
   EpochRecord first;
   first.epoch = 1;
