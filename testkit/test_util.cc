@@ -104,6 +104,7 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
   // a front start in CI, its log empty. Between fork and exec the child makes
   // only async-signal-safe calls.
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
 
@@ -118,6 +119,7 @@ Child Child::Start(const std::vector<std::string>& argv, const std::string& log_
   }
   for (const auto& [k, v] : env_set) env_text.push_back(k + "=" + v);
   std::vector<char*> envp;
+  envp.reserve(env_text.size() + 1);
   for (auto& e : env_text) envp.push_back(e.data());
   envp.push_back(nullptr);
 
