@@ -63,6 +63,9 @@ def main():
             best = min(timed(lambda: model(ids, logits_to_keep=1))[0] for _ in range(2))
             res["prefill"].append({"tokens": n, "ms": best})
             print(f"transformers prefill {n}: {best:.1f} ms", flush=True)
+        # wsup-bench-engine's decode prompt, as wsup-engine reads it for the
+        # generated checkpoint, which has no tokenizer files (one token per
+        # byte); engine.sh always generates the model it measures.
         text = list("The quick brown fox jumps over".encode())
         for b in [int(v) for v in a.batches.split(",") if v]:
             ids = torch.tensor([text] * b, device=dev)

@@ -291,44 +291,11 @@ std::vector<Error> CheckGroupConfigs(const std::vector<Config>& members) {
   return errors;
 }
 
-CheckOutcome CheckConfigs(const std::vector<std::string>& paths, const std::vector<std::string>& overrides,
-                          bool check_paths, const std::string& default_holder) {
-  if (paths.size() == 1) {
-    CheckOutcome one = CheckConfig(paths[0], overrides, check_paths, default_holder);
-    auto c = one.exit_code == 0 ? LoadConfig(paths[0], overrides) : Result<Config>(Error(Code::kInvalidArgument, ""));
-    if (c.ok() && c->group.enabled())
-      one.output += "group " + c->group.name + ": one member's config given; give every member's (wsup check " +
-                    "A.toml B.toml ...) to check the group whole\n";
-    return one;
-  }
-  CheckOutcome all;
-  std::vector<Config> loaded;
-  for (const auto& p : paths) {
-    CheckOutcome one = CheckConfig(p, overrides, check_paths, default_holder);
-    if (one.exit_code != 0) {
-      all.exit_code = 1;
-      all.output += one.output;
-      continue;
-    }
-    auto c = LoadConfig(p, overrides);
-    if (c.ok()) loaded.push_back(std::move(*c));
-    if (all.exit_code == 0) all.output += one.output;
-  }
-  if (all.exit_code != 0) return all;
-  auto errors = CheckGroupConfigs(loaded);
-  if (!errors.empty()) {
-    all = {1, ""};
-    for (const auto& e : errors) all.output += e.message() + "\n";
-    return all;
-  }
-  if (!loaded.empty() && loaded[0].group.enabled())
-    all.output += "group " + loaded[0].group.name + ": " + std::to_string(loaded.size()) + " members, whole\n";
-  return all;
-}
+namespace {
 
-CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides, bool check_paths,
+// One loaded config's checks and summary (CheckConfig, without the read).
+CheckOutcome CheckLoaded(const Result<Config>& config, const std::string& path, bool check_paths,
                          const std::string& default_holder) {
-  auto config = LoadConfig(path, overrides);
   if (!config.ok()) return {1, config.error().message() + "\n"};
   if (check_paths) {
     auto errors = CheckConfigPaths(*config, default_holder);
@@ -340,6 +307,40 @@ CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>
   }
   return {0, path + ": ok" + (check_paths ? std::string() : std::string(" (paths not checked: --no-paths)")) + "\n" +
                  DescribeConfig(*config)};
+}
+
+}  // namespace
+
+CheckOutcome CheckConfigs(const std::vector<std::string>& paths, const std::vector<std::string>& overrides,
+                          bool check_paths, const std::string& default_holder) {
+  CheckOutcome all;
+  std::vector<Config> loaded;
+  for (const auto& p : paths) {
+    auto c = LoadConfig(p, overrides);  // each file read once
+    CheckOutcome one = CheckLoaded(c, p, check_paths, default_holder);
+    if (one.exit_code != 0) all.exit_code = 1;
+    if (one.exit_code != 0 || all.exit_code == 0) all.output += one.output;
+    if (one.exit_code == 0) loaded.push_back(std::move(*c));
+  }
+  if (all.exit_code != 0 || loaded.empty() || !loaded[0].group.enabled()) return all;
+  if (loaded.size() == 1) {
+    all.output += "group " + loaded[0].group.name + ": one member's config given; give every member's (wsup check " +
+                  "A.toml B.toml ...) to check the group whole\n";
+    return all;
+  }
+  auto errors = CheckGroupConfigs(loaded);
+  if (!errors.empty()) {
+    all = {1, ""};
+    for (const auto& e : errors) all.output += e.message() + "\n";
+    return all;
+  }
+  all.output += "group " + loaded[0].group.name + ": " + std::to_string(loaded.size()) + " members, whole\n";
+  return all;
+}
+
+CheckOutcome CheckConfig(const std::string& path, const std::vector<std::string>& overrides, bool check_paths,
+                         const std::string& default_holder) {
+  return CheckLoaded(LoadConfig(path, overrides), path, check_paths, default_holder);
 }
 
 }  // namespace wsup

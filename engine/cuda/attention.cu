@@ -184,9 +184,6 @@ void LaunchFor(const float* q, const int32_t* tiles, int n_tiles, int64_t q_head
                int64_t kv_head_start, int64_t qd, int64_t vd, float scale, const DevStepMeta& meta,
                const DevKvLayout& kv, int64_t layer, float* out, cudaStream_t s) {
   const size_t bytes = SharedBytes(qd, vd);
-  // Above 48 KiB a kernel must opt in (per device; cheap, and the eager
-  // prompt path is the only caller).
-  cudaFuncSetAttribute(TiledAttentionKernel<VK>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(q_heads));
   TiledAttentionKernel<VK><<<grid, kThreads, bytes, s>>>(q, tiles, q_heads, head_start, group, kv_head_start, qd, vd,
                                                          scale, meta, kv, layer, out);
@@ -199,7 +196,17 @@ bool TiledAttentionFits(int64_t q_dim, int64_t v_dim) {
   int device = 0, limit = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return false;
   if (cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return false;
-  return SharedBytes(q_dim, v_dim) <= static_cast<size_t>(limit);
+  const size_t bytes = SharedBytes(q_dim, v_dim);
+  if (bytes > static_cast<size_t>(limit)) return false;
+  // Above 48 KiB a kernel must opt in, per device: once here, at the
+  // rank's start, not at every launch.
+  const int want = static_cast<int>(bytes);
+  return cudaFuncSetAttribute(TiledAttentionKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, want) ==
+             cudaSuccess &&
+         cudaFuncSetAttribute(TiledAttentionKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, want) ==
+             cudaSuccess &&
+         cudaFuncSetAttribute(TiledAttentionKernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, want) ==
+             cudaSuccess;
 }
 
 void LaunchTiledAttention(const float* q, const int32_t* tiles, int n_tiles, int64_t q_heads, int64_t head_start,

@@ -147,7 +147,8 @@ void LaunchAttention(const float* q, int T, int64_t q_heads, int64_t head_start,
 inline constexpr int kAttnTile = 64;
 
 // True when LaunchTiledAttention takes these head widths (v_dim a multiple
-// of 4; shared memory within the device's limit).
+// of 4; shared memory within the device's limit), having opted the kernel in
+// to that much shared memory on the current device. Call once per rank.
 bool TiledAttentionFits(int64_t q_dim, int64_t v_dim);
 
 // The same attention as LaunchAttention for the tokens of `n_tiles` tiles
