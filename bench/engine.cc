@@ -227,6 +227,9 @@ int main(int argc, char** argv) {
   app.add_option("--prefill", prefill_s, "prompt lengths to time prefill at, comma-separated (none by default)");
   app.add_option("--engine-arg", engine_args, "an argument for wsup-engine (repeat for more), e.g. --engine-arg=--matmul");
   CLI11_PARSE(app, argc, argv);
+  // Each result as it is measured, also into a file: a run cut short by a
+  // time limit still shows how far it got.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const std::vector<int> batches = IntList(batches_s), prefills = IntList(prefill_s);
   if (batches.empty()) Die("--batches: give at least one batch size");
   int64_t vocab = 0;

@@ -62,6 +62,7 @@ Result<std::unique_ptr<ModelRunner>> ModelRunner::Create(const ModelConfig& cfg,
       CudaRankOptions co;
       co.dequant_scratch_bytes = opts.dequant_scratch_bytes;
       co.bf16_activations = opts.bf16_activations;
+      co.float32_attention = opts.float32_attention;
       WSUP_ASSIGN_OR_RETURN(auto rank_engine, MakeCudaRank(dims, w, opts.devices[static_cast<size_t>(rank)], co));
       r->ranks_.push_back(std::move(rank_engine));
     }

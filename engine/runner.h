@@ -52,6 +52,8 @@ struct RunnerOptions {
   // GPU ranks: wide products over bfloat16 weights take the activations
   // in one bfloat16 term instead of two (CudaRankOptions).
   bool bf16_activations = false;
+  // CudaRankOptions::float32_attention.
+  bool float32_attention = false;
   // GPU ranks: the channels each NCCL communicator sets up (each has its
   // buffers); 0: one for a single rank (it only carries the keepalive),
   // NCCL's choice otherwise.

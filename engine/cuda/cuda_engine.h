@@ -41,6 +41,12 @@ struct CudaRankOptions {
   // products, close to float32: the goldens hold); true rounds them to one
   // (half the work, bfloat16 arithmetic as transformers does it in bf16).
   bool bf16_activations = false;
+  // Prompt chunks' attention in float32 on the CUDA cores (attention.cu)
+  // instead of on tensor cores with the same split as the products
+  // (attention_tc.cu). The tensor-core kernel is used wherever it fits
+  // (sm_80 and later, heads up to kMaxHeadDim within the shared memory);
+  // this keeps the other one tested.
+  bool float32_attention = false;
 };
 
 // Binds one rank to weights already on `device` (a cuda arena or

@@ -205,7 +205,10 @@ Status CudaRank::Init(const WeightSource& w) {
     WSUP_RETURN_IF_ERROR(tc_ws_.Alloc(32u << 20, "the cuBLAS workspace"));
     cublasSetWorkspace(tc_blas_, tc_ws_.p, tc_ws_.n);
   }
-  tiled_ok_ = cuda::TiledAttentionFits(d.q_dim, d.v_dim);
+  tc_attention_ = !float32_attention_ && cuda::TcAttentionFits(d.q_dim, d.v_dim, split_terms_);
+  WSUP_CUDA_TRY(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_),
+                "reading the multiprocessor count of cuda:" + std::to_string(device_));
+  tiled_ok_ = tc_attention_ || cuda::TiledAttentionFits(d.q_dim, d.v_dim);
 
   std::vector<float> inv = RopeInvFreq(dims_.head_dim, dims_.theta);
   WSUP_RETURN_IF_ERROR(inv_freq_.Alloc(inv.size(), "rotary frequencies"));
@@ -263,6 +266,10 @@ Status CudaRank::AllocateKv(const KvLayout& layout, int max_tokens, int max_seqs
   WSUP_RETURN_IF_ERROR(proj_.Alloc(T * H, "activations"));
   WSUP_RETURN_IF_ERROR(q_.Alloc(T * nq, "activations"));
   WSUP_RETURN_IF_ERROR(attn_.Alloc(T * static_cast<size_t>(d.local_heads * d.v_dim), "activations"));
+  if (tc_attention_) {
+    WSUP_RETURN_IF_ERROR(
+        attn_part_.Alloc(static_cast<size_t>(cuda::TcAttentionScratchFloats(d.v_dim)), "attention's partial results"));
+  }
   WSUP_RETURN_IF_ERROR(k_.Alloc(T * nkv, "activations"));
   WSUP_RETURN_IF_ERROR(v_.Alloc(T * std::max(nkv, d.family == Family::kDeepseekV3 ? kvb : 0), "activations"));
   WSUP_RETURN_IF_ERROR(gate_.Alloc(T * I, "activations"));

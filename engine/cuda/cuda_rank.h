@@ -107,7 +107,8 @@ class CudaRank : public RankEngine {
       : dims_(d),
         device_(device),
         dequant_cap_elems_(std::max<uint64_t>(o.dequant_scratch_bytes / sizeof(float), 1)),
-        split_terms_(o.bf16_activations ? 1 : 2) {}
+        split_terms_(o.bf16_activations ? 1 : 2),
+        float32_attention_(o.float32_attention) {}
   ~CudaRank() override;
 
   Status Init(const WeightSource& w);
@@ -150,14 +151,24 @@ class CudaRank : public RankEngine {
   // in float32 by cuBLAS (beta 1).
   void TensorCoreMatMul(const DevMatrix& w, const float* x, int T, float* y);
 
-  // An eager step's attention plan, in the pinned metadata: its prompt
-  // chunks as query tiles (LaunchTiledAttention), its lone tokens as a
-  // list for the per-token kernel. Leaves tiled_ false (every token per
-  // token) when nothing forms a tile or the kernel does not fit the heads.
-  void PlanAttention(const StepBatch& b);
+  // How a step's attention runs: with no tiles (a decode graph, or a step
+  // whose tokens form none), every token by the per-token kernel.
+  struct AttentionPlan {
+    int tiles = 0;    // query tiles, at tiles_at_ in the metadata
+    int singles = 0;  // lone tokens, at singles_at_
+    int64_t max_keys = 0;  // the most keys a tile reads (its last position + 1)
+  };
 
-  // The step's attention for layer l into attn_.
-  void Attention(int T, const cuda::DevKvLayout& kv, int64_t l);
+  // An eager step's attention plan, written to the pinned metadata (before
+  // FillMeta's copy): its prompt chunks as query tiles, its lone tokens as
+  // a list for the per-token kernel. No tiles when nothing forms one or no
+  // tiled kernel fits the heads.
+  AttentionPlan PlanAttention(const StepBatch& b);
+
+  // The step's attention for layer l into attn_: tiles on tensor cores
+  // (attention_tc.cu) where that kernel fits, else in float32
+  // (attention.cu).
+  void Attention(int T, const AttentionPlan& plan, const cuda::DevKvLayout& kv, int64_t l);
 
   // Row-major y (T x rows, row stride ldy) = x (T x cols) . a^T for a
   // row-major rows x cols; in cuBLAS's column-major terms: y^T (rows x T)
@@ -179,8 +190,15 @@ class CudaRank : public RankEngine {
 
   // Enqueues a whole step over `T` tokens and `R` logit rows: the metadata
   // copy in, the model, the logits copy out.
-  Status EnqueueStep(int T, int R, bool copy_meta);
+  Status EnqueueStep(int T, int R, bool copy_meta, const AttentionPlan& plan);
 
+  // The q, k and v projections of h_ (one launch for a small batch).
+  void QkvProjections(const Layer& L, int T);
+  // x_ += in . w^T, summed over the ranks first: an attention output or
+  // an MLP's down projection into the residual.
+  Status ProjectAdd(const DevMatrix& w, const float* in, int T);
+  // gate_ = silu(in . gate^T) * (in . up^T).
+  void GateUp(const DevMatrix& gate, const DevMatrix& up, int64_t inter, const float* in, int T);
   // gate_ = silu(gate(in)) * up(in); out = down(gate_).
   void DenseMlp(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, int64_t inter, const float* in,
                 int T, float* out);
@@ -212,10 +230,11 @@ class CudaRank : public RankEngine {
   size_t dequant_elems_ = 0;
   uint64_t dequant_cap_elems_ = 0;
   int split_terms_ = 2;
+  bool float32_attention_ = false;  // CudaRankOptions::float32_attention
   int64_t split_cols_ = 0;  // the widest bfloat16 matrix's columns: the split buffer's row
-  bool tiled_ok_ = false;   // LaunchTiledAttention takes this model's heads
-  bool tiled_ = false;      // this step's PlanAttention found tiles
-  int n_tiles_ = 0, n_singles_ = 0;
+  bool tiled_ok_ = false;   // a tiled attention kernel takes this model's heads
+  bool tc_attention_ = false;  // that kernel is LaunchTcAttention (else LaunchTiledAttention)
+  int sms_ = 1;                // the device's multiprocessors (LaunchTcAttention's key split)
   size_t tiles_at_ = 0, singles_at_ = 0;  // in the metadata, ints
 
   int spare_block_ = 0, block_size_ = 0, cap_ = 0, max_seqs_ = 0, max_blocks_ = 0;
@@ -229,6 +248,7 @@ class CudaRank : public RankEngine {
   DevBuf<int32_t> route_ids_;  // ids (T x top_k), offsets (experts + 1), order (T x top_k)
   DevBuf<DevMatrix> experts_dev_;
   DevBuf<float> inv_freq_, keep_dev_;
+  DevBuf<float> attn_part_;  // LaunchTcAttention's split keys' partial results
   DevBuf<char> blas_ws_, tc_ws_;
   DevBuf<uint16_t> xsplit_;  // split_terms_ x cap_ x split_cols_ bfloat16
   HostBuf<float> logits_host_, keep_host_;

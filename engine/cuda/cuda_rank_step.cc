@@ -30,10 +30,7 @@ Status CudaRank::Forward(const StepBatch& b, std::vector<float>* logits) {
     WSUP_CUDA_TRY(cudaGraphLaunch(g->second, stream_), "replaying the decode graph");
     ++graph_steps_;
   } else {
-    PlanAttention(b);
-    Status st = EnqueueStep(T, R, true);
-    tiled_ = false;  // a capture or replay never plans
-    WSUP_RETURN_IF_ERROR(st);
+    WSUP_RETURN_IF_ERROR(EnqueueStep(T, R, true, PlanAttention(b)));
     ++eager_steps_;
   }
   WSUP_CUDA_TRY(cudaStreamSynchronize(stream_), "the forward step");
@@ -54,12 +51,12 @@ Result<int> CudaRank::CaptureGraphs(int max_batch) {
     StepBatch pad;
     FillPadding(pad, n);
     FillMeta(pad, n);
-    WSUP_RETURN_IF_ERROR(EnqueueStep(n, n, true));
+    WSUP_RETURN_IF_ERROR(EnqueueStep(n, n, true, AttentionPlan{}));
     WSUP_CUDA_TRY(cudaStreamSynchronize(stream_), "the step before capture");
 
     cudaGraph_t graph = nullptr;
     WSUP_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "starting a graph capture");
-    Status st = EnqueueStep(n, n, true);
+    Status st = EnqueueStep(n, n, true, AttentionPlan{});
     cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     if (!st.ok()) {
       if (graph) cudaGraphDestroy(graph);
@@ -113,10 +110,9 @@ void CudaRank::FillMeta(const StepBatch& b, int rows) {
   fill(max_seqs_, nullptr);
 }
 
-void CudaRank::PlanAttention(const StepBatch& b) {
-  tiled_ = false;
-  n_tiles_ = n_singles_ = 0;
-  if (!tiled_ok_) return;
+CudaRank::AttentionPlan CudaRank::PlanAttention(const StepBatch& b) {
+  AttentionPlan plan;
+  if (!tiled_ok_) return plan;
   int32_t* tiles = meta_host_.p + tiles_at_;
   int32_t* singles = meta_host_.p + singles_at_;
   const int T = static_cast<int>(b.tokens.size());
@@ -129,28 +125,36 @@ void CudaRank::PlanAttention(const StepBatch& b) {
       ++n;
     }
     if (n == 1) {
-      singles[n_singles_++] = t;
+      singles[plan.singles++] = t;
     } else {
-      tiles[2 * n_tiles_] = t;
-      tiles[2 * n_tiles_ + 1] = n;
-      ++n_tiles_;
+      tiles[2 * plan.tiles] = t;
+      tiles[2 * plan.tiles + 1] = n;
+      ++plan.tiles;
+      plan.max_keys = std::max<int64_t>(plan.max_keys, int64_t{b.positions[static_cast<size_t>(t)]} + n);
     }
     t += n;
   }
-  tiled_ = n_tiles_ > 0;
+  return plan;
 }
 
-void CudaRank::Attention(int T, const cuda::DevKvLayout& kv, int64_t l) {
+void CudaRank::Attention(int T, const AttentionPlan& plan, const cuda::DevKvLayout& kv, int64_t l) {
   const ModelDims& d = dims_;
   const int64_t group = d.heads / d.kv_heads;
-  if (!tiled_) {
+  if (plan.tiles == 0) {
     cuda::LaunchAttention(q_.p, T, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
                           d.attn_scale, meta_, kv, l, attn_.p, stream_);
     return;
   }
-  cuda::LaunchTiledAttention(q_.p, meta_dev_.p + tiles_at_, n_tiles_, d.local_heads, d.head_start, group,
-                             d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, meta_, kv, l, attn_.p, stream_);
-  cuda::LaunchAttention(q_.p, n_singles_, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
+  if (tc_attention_) {
+    const cuda::TcSplit split = cuda::PlanTcSplit(plan.tiles, d.local_heads, plan.max_keys, sms_);
+    cuda::LaunchTcAttention(q_.p, meta_dev_.p + tiles_at_, plan.tiles, d.local_heads, d.head_start, group,
+                            d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, split_terms_, split, attn_part_.p, meta_,
+                            kv, l, attn_.p, stream_);
+  } else {
+    cuda::LaunchTiledAttention(q_.p, meta_dev_.p + tiles_at_, plan.tiles, d.local_heads, d.head_start, group,
+                               d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, meta_, kv, l, attn_.p, stream_);
+  }
+  cuda::LaunchAttention(q_.p, plan.singles, d.local_heads, d.head_start, group, d.kv_head_start, d.q_dim, d.v_dim,
                         d.attn_scale, meta_, kv, l, attn_.p, stream_, meta_dev_.p + singles_at_);
 }
 
@@ -235,7 +239,7 @@ Status CudaRank::AllReduce(float* p, size_t n) {
   return Status::Ok();
 }
 
-Status CudaRank::EnqueueStep(int T, int R, bool copy_meta) {
+Status CudaRank::EnqueueStep(int T, int R, bool copy_meta, const AttentionPlan& plan) {
   const ModelDims& d = dims_;
   const int64_t H = d.hidden, hd = d.head_dim;
   blas_failed_ = CUBLAS_STATUS_SUCCESS;
@@ -254,9 +258,7 @@ Status CudaRank::EnqueueStep(int T, int R, bool copy_meta) {
     if (d.family == Family::kDeepseekV3) {
       MlaProjections(L, T, kv, l);
     } else {
-      MatMul(L.q, h_.p, T, q_.p);
-      MatMul(L.k, h_.p, T, k_.p);
-      MatMul(L.v, h_.p, T, v_.p);
+      QkvProjections(L, T);
       if (d.qk_norm) {
         // Qwen3: each head's q and k RMS-normalised over head_dim, in place.
         cuda::LaunchRmsNorm(q_.p, L.q_norm, nullptr, T * static_cast<int>(d.local_heads), hd, d.eps, q_.p, stream_);
@@ -265,18 +267,17 @@ Status CudaRank::EnqueueStep(int T, int R, bool copy_meta) {
       }
       cuda::LaunchRopeAndStore(q_.p, k_.p, v_.p, T, d.local_heads, inv_freq_.p, meta_, kv, l, stream_);
     }
-    Attention(T, kv, l);
-    MatMul(L.o, attn_.p, T, proj_.p);
-    WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, static_cast<size_t>(T) * H));
-    cuda::LaunchAdd(x_.p, proj_.p, T * H, stream_);
+    Attention(T, plan, kv, l);
+    WSUP_RETURN_IF_ERROR(ProjectAdd(L.o, attn_.p, T));
     cuda::LaunchRmsNorm(x_.p, L.post_norm, nullptr, T, H, d.eps, h_.p, stream_);
     if (L.moe) {
       Experts(L, T);
+      WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, static_cast<size_t>(T) * H));
+      cuda::LaunchAdd(x_.p, proj_.p, T * H, stream_);
     } else {
-      DenseMlp(L.gate, L.up, L.down, d.local_inter, h_.p, T, proj_.p);
+      GateUp(L.gate, L.up, d.local_inter, h_.p, T);
+      WSUP_RETURN_IF_ERROR(ProjectAdd(L.down, gate_.p, T));
     }
-    WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, static_cast<size_t>(T) * H));
-    cuda::LaunchAdd(x_.p, proj_.p, T * H, stream_);
   }
   if (R > 0) {
     cuda::LaunchRmsNorm(x_.p, final_norm_, meta_.logit_rows, R, H, d.eps, head_in_.p, stream_);
@@ -297,11 +298,46 @@ Status CudaRank::EnqueueStep(int T, int R, bool copy_meta) {
   return Status::Ok();
 }
 
-void CudaRank::DenseMlp(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, int64_t inter, const float* in,
-              int T, float* out) {
+void CudaRank::QkvProjections(const Layer& L, int T) {
+  const DevMatrix* ws[3] = {&L.q, &L.k, &L.v};
+  if (T <= cuda::kSmallBatch && cuda::GemvSmallFuses(ws, 3)) {
+    float* ys[3] = {q_.p, k_.p, v_.p};
+    cuda::LaunchGemvSmallMany(ws, ys, 3, h_.p, T, stream_);
+    return;
+  }
+  MatMul(L.q, h_.p, T, q_.p);
+  MatMul(L.k, h_.p, T, k_.p);
+  MatMul(L.v, h_.p, T, v_.p);
+}
+
+Status CudaRank::ProjectAdd(const DevMatrix& w, const float* in, int T) {
+  // With one rank there is nothing to all-reduce in between, so a small
+  // batch's product adds straight into the residual.
+  if (dims_.tp == 1 && T <= cuda::kSmallBatch) {
+    cuda::LaunchGemvSmallAdd(w, in, T, x_.p, stream_);
+    return Status::Ok();
+  }
+  MatMul(w, in, T, proj_.p);
+  const size_t n = static_cast<size_t>(T) * static_cast<size_t>(dims_.hidden);
+  WSUP_RETURN_IF_ERROR(AllReduce(proj_.p, n));
+  cuda::LaunchAdd(x_.p, proj_.p, static_cast<int64_t>(n), stream_);
+  return Status::Ok();
+}
+
+void CudaRank::GateUp(const DevMatrix& gate, const DevMatrix& up, int64_t inter, const float* in, int T) {
+  const DevMatrix* ws[2] = {&gate, &up};
+  if (T <= cuda::kSmallBatch && cuda::GemvSmallFuses(ws, 2)) {
+    cuda::LaunchGemvSmallSiluGateUp(gate, up, in, T, gate_.p, stream_);
+    return;
+  }
   MatMul(gate, in, T, gate_.p);
   MatMul(up, in, T, up_.p);
   cuda::LaunchSiluMul(gate_.p, up_.p, static_cast<int64_t>(T) * inter, stream_);
+}
+
+void CudaRank::DenseMlp(const DevMatrix& gate, const DevMatrix& up, const DevMatrix& down, int64_t inter, const float* in,
+                        int T, float* out) {
+  GateUp(gate, up, inter, in, T);
   MatMul(down, gate_.p, T, out);
 }
 

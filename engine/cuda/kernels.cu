@@ -175,14 +175,12 @@ struct VecLoad<kDevFp8E4M3> {
 
 constexpr int kGemvWarps = 8;
 
-// Vector path: cols % kVec == 0 and rows 16-byte aligned (checked by the
-// launcher). Scalar path otherwise.
+// acc[t] = lane's share of row `row` of w times x[t], t < T. Vector path:
+// cols % kVec == 0 and rows 16-byte aligned (checked by the launcher);
+// scalar path otherwise.
 template <int DT, bool kVecPath>
-__global__ void __launch_bounds__(kGemvWarps* kWarp) GemvSmallKernel(DevMatrix w, const float* x, int T, float* y) {
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
-  if (row >= w.rows) return;
-  float acc[kSmallBatch];
+__device__ __forceinline__ void RowDot(const DevMatrix& w, int64_t row, const float* x, int T, int lane,
+                                       float (&acc)[kSmallBatch]) {
 #pragma unroll
   for (int t = 0; t < kSmallBatch; ++t) acc[t] = 0.0f;
   if constexpr (kVecPath) {
@@ -214,28 +212,107 @@ __global__ void __launch_bounds__(kGemvWarps* kWarp) GemvSmallKernel(DevMatrix w
       }
     }
   }
+}
+
+// Up to kGemvJobs products over one input in one launch, one warp per
+// output row: a decode step of a small model is as much launches as weight
+// reads (a 2k x 2k bf16 matrix is 3 microseconds of HBM), so the q, k and v
+// projections go in one launch, and gate and up with their SiLU in another.
+constexpr int kGemvJobs = 3;
+enum GemvEpilogue : int {
+  kGemvStore = 0,       // y[m] = x . w[m]^T
+  kGemvAccumulate = 1,  // y[m] += x . w[m]^T (a residual add, as LaunchAdd)
+  kGemvSiluGateUp = 2,  // y[0] = silu(x . w[0]^T) * (x . w[1]^T) (as LaunchSiluMul)
+};
+struct GemvJobs {
+  DevMatrix w[kGemvJobs];
+  float* y[kGemvJobs];
+  int64_t first[kGemvJobs + 1];  // warp rows: matrix m takes [first[m], first[m + 1])
+  int n = 0;
+};
+
+template <int DT, bool kVecPath, int EPI>
+__global__ void __launch_bounds__(kGemvWarps* kWarp) GemvSmallKernel(GemvJobs jobs, const float* x, int T) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kGemvWarps + warp;
+  if (g >= jobs.first[jobs.n]) return;
+  const int m = jobs.n > 1 && g >= jobs.first[1] ? (jobs.n > 2 && g >= jobs.first[2] ? 2 : 1) : 0;
+  const DevMatrix& w = m == 0 ? jobs.w[0] : (m == 1 ? jobs.w[1] : jobs.w[2]);
+  float* y = m == 0 ? jobs.y[0] : (m == 1 ? jobs.y[1] : jobs.y[2]);
+  const int64_t row = g - jobs.first[m];
+  float acc[kSmallBatch];
+  RowDot<DT, kVecPath>(w, row, x, T, lane, acc);
+  if constexpr (EPI == kGemvSiluGateUp) {
+    float up[kSmallBatch];
+    RowDot<DT, kVecPath>(jobs.w[1], row, x, T, lane, up);
 #pragma unroll
-  for (int t = 0; t < kSmallBatch; ++t) {
-    if (t < T) {
-      const float v = WarpSum(acc[t]);
-      if (lane == 0) y[static_cast<int64_t>(t) * w.rows + row] = v;
+    for (int t = 0; t < kSmallBatch; ++t) {
+      if (t < T) {
+        const float gv = WarpSum(acc[t]), uv = WarpSum(up[t]);
+        if (lane == 0) y[static_cast<int64_t>(t) * w.rows + row] = gv / (1.0f + expf(-gv)) * uv;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int t = 0; t < kSmallBatch; ++t) {
+      if (t < T) {
+        const float v = WarpSum(acc[t]);
+        if (lane == 0) {
+          float* out = y + static_cast<int64_t>(t) * w.rows + row;
+          if constexpr (EPI == kGemvAccumulate) {
+            *out += v;
+          } else {
+            *out = v;
+          }
+        }
+      }
     }
   }
 }
 
 template <int DT>
-void GemvSmallFor(const DevMatrix& w, const float* x, int T, float* y, cudaStream_t s) {
+bool GemvAligned(const DevMatrix& w, const float* x) {
   constexpr int V = VecLoad<DT>::kVec;
   constexpr int64_t kBytes = DT == kDevF32 ? 4 : (DT == kDevFp8E4M3 ? 1 : 2);
-  const bool aligned = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       w.cols % V == 0 && (w.cols * kBytes) % 16 == 0 &&
-                       (DT != kDevFp8E4M3 || w.block_cols % 16 == 0);
-  const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps));
+  return reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         w.cols % V == 0 && (w.cols * kBytes) % 16 == 0 && (DT != kDevFp8E4M3 || w.block_cols % 16 == 0);
+}
+
+// Every job's matrix is of dtype DT, with the input's columns.
+template <int DT, int EPI>
+void GemvSmallFor(const GemvJobs& jobs, const float* x, int T, cudaStream_t s) {
+  bool aligned = true;
+  for (int m = 0; m < jobs.n; ++m) aligned = aligned && GemvAligned<DT>(jobs.w[m], x);
+  const dim3 grid(static_cast<unsigned>((jobs.first[jobs.n] + kGemvWarps - 1) / kGemvWarps));
   if (aligned) {
-    GemvSmallKernel<DT, true><<<grid, kGemvWarps * kWarp, 0, s>>>(w, x, T, y);
+    GemvSmallKernel<DT, true, EPI><<<grid, kGemvWarps * kWarp, 0, s>>>(jobs, x, T);
   } else {
-    GemvSmallKernel<DT, false><<<grid, kGemvWarps * kWarp, 0, s>>>(w, x, T, y);
+    GemvSmallKernel<DT, false, EPI><<<grid, kGemvWarps * kWarp, 0, s>>>(jobs, x, T);
   }
+}
+
+template <int EPI>
+void GemvSmallDispatch(const GemvJobs& jobs, const float* x, int T, cudaStream_t s) {
+  switch (jobs.w[0].dtype) {
+    case kDevBf16:
+      return GemvSmallFor<kDevBf16, EPI>(jobs, x, T, s);
+    case kDevF16:
+      return GemvSmallFor<kDevF16, EPI>(jobs, x, T, s);
+    case kDevFp8E4M3:
+      return GemvSmallFor<kDevFp8E4M3, EPI>(jobs, x, T, s);
+    default:
+      return GemvSmallFor<kDevF32, EPI>(jobs, x, T, s);
+  }
+}
+
+GemvJobs OneJob(const DevMatrix& w, float* y) {
+  GemvJobs j;
+  j.w[0] = w;
+  j.y[0] = y;
+  j.first[0] = 0;
+  j.first[1] = w.rows;
+  j.n = 1;
+  return j;
 }
 
 // ---- rotary embedding and the KV cache ----
@@ -526,16 +603,41 @@ void LaunchRmsNorm(const float* x, const DevMatrix& w, const int32_t* rows_index
 }
 
 void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream s) {
-  switch (w.dtype) {
-    case kDevBf16:
-      return GemvSmallFor<kDevBf16>(w, x, T, y, S(s));
-    case kDevF16:
-      return GemvSmallFor<kDevF16>(w, x, T, y, S(s));
-    case kDevFp8E4M3:
-      return GemvSmallFor<kDevFp8E4M3>(w, x, T, y, S(s));
-    default:
-      return GemvSmallFor<kDevF32>(w, x, T, y, S(s));
+  GemvSmallDispatch<kGemvStore>(OneJob(w, y), x, T, S(s));
+}
+
+bool GemvSmallFuses(const DevMatrix* const* ws, int n) {
+  if (n < 1 || n > kGemvJobs) return false;
+  for (int m = 1; m < n; ++m) {
+    if (ws[m]->dtype != ws[0]->dtype || ws[m]->cols != ws[0]->cols) return false;
+    if (ws[0]->dtype == kDevFp8E4M3 &&
+        (ws[m]->block_rows != ws[0]->block_rows || ws[m]->block_cols != ws[0]->block_cols)) {
+      return false;
+    }
   }
+  return true;
+}
+
+void LaunchGemvSmallMany(const DevMatrix* const* ws, float* const* ys, int n, const float* x, int T, Stream s) {
+  GemvJobs jobs;
+  jobs.first[0] = 0;
+  for (int m = 0; m < n; ++m) {
+    jobs.w[m] = *ws[m];
+    jobs.y[m] = ys[m];
+    jobs.first[m + 1] = jobs.first[m] + ws[m]->rows;
+  }
+  jobs.n = n;
+  GemvSmallDispatch<kGemvStore>(jobs, x, T, S(s));
+}
+
+void LaunchGemvSmallAdd(const DevMatrix& w, const float* x, int T, float* y, Stream s) {
+  GemvSmallDispatch<kGemvAccumulate>(OneJob(w, y), x, T, S(s));
+}
+
+void LaunchGemvSmallSiluGateUp(const DevMatrix& gate, const DevMatrix& up, const float* x, int T, float* y, Stream s) {
+  GemvJobs jobs = OneJob(gate, y);
+  jobs.w[1] = up;
+  GemvSmallDispatch<kGemvSiluGateUp>(jobs, x, T, S(s));
 }
 
 void LaunchSplitBf16(const float* x, int64_t n, uint16_t* hi, uint16_t* lo, Stream s) {

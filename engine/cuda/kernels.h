@@ -107,6 +107,18 @@ void LaunchRmsNorm(const float* x, const DevMatrix& w, const int32_t* rows_index
 // y[t][o] = sum_i x[t][i] * w[o][i], t < T <= kSmallBatch.
 void LaunchGemvSmall(const DevMatrix& w, const float* x, int T, float* y, Stream s);
 
+// Fused small-batch products, for the decode step's launches (the same
+// arithmetic as the unfused kernels, so the same bits):
+// - true when LaunchGemvSmallMany and LaunchGemvSmallSiluGateUp take these
+//   n matrices (n <= 3, one dtype and width, FP8 with one block shape);
+// - ys[m] = x . ws[m]^T for each m < n, in one launch;
+// - y += x . w^T (LaunchGemvSmall then LaunchAdd);
+// - y = silu(x . gate^T) * (x . up^T) (two products, then LaunchSiluMul).
+bool GemvSmallFuses(const DevMatrix* const* ws, int n);
+void LaunchGemvSmallMany(const DevMatrix* const* ws, float* const* ys, int n, const float* x, int T, Stream s);
+void LaunchGemvSmallAdd(const DevMatrix& w, const float* x, int T, float* y, Stream s);
+void LaunchGemvSmallSiluGateUp(const DevMatrix& gate, const DevMatrix& up, const float* x, int T, float* y, Stream s);
+
 // The n float32 values of x as bfloat16 terms for tensor-core products:
 // hi[i] = x[i] rounded, and when lo is given lo[i] = x[i] - hi[i] rounded
 // (hi + lo is within 2^-16 of x[i], relative). Buffers of uint16_t bits.
@@ -161,6 +173,38 @@ bool TiledAttentionFits(int64_t q_dim, int64_t v_dim);
 void LaunchTiledAttention(const float* q, const int32_t* tiles, int n_tiles, int64_t q_heads, int64_t head_start,
                           int64_t group, int64_t kv_head_start, int64_t q_dim, int64_t v_dim, float scale,
                           const DevStepMeta& meta, const DevKvLayout& kv, int64_t layer, float* out, Stream s);
+
+// True when LaunchTcAttention takes these head widths with `terms`
+// bfloat16 terms per operand (1 or 2) on the current device: sm_80 or
+// later, shared memory within its limit. Opts the kernel in to that much
+// shared memory. Call once per rank.
+bool TcAttentionFits(int64_t q_dim, int64_t v_dim, int terms);
+
+// How LaunchTcAttention splits each tile's keys over blocks (see
+// attention_tc.cu): `splits` ranges of keys_per_split keys (whole key
+// tiles). The partial results need TcAttentionScratchFloats of scratch;
+// at most kTcMaxPartials (tile, head, range) blocks are planned.
+struct TcSplit {
+  int splits = 1;
+  int64_t keys_per_split = 0;
+};
+inline constexpr int64_t kTcMaxPartials = 1024;
+inline constexpr int64_t kTcMinSplitKeys = 256;
+int64_t TcAttentionScratchFloats(int64_t v_dim);
+// For n_tiles tiles of q_heads heads whose longest reads max_keys keys, on
+// a device of `sms` multiprocessors: splits enough for two blocks a
+// multiprocessor, none when the tiles alone fill it.
+TcSplit PlanTcSplit(int n_tiles, int64_t q_heads, int64_t max_keys, int sms);
+
+// LaunchTiledAttention's attention with both products of each key tile on
+// tensor cores (engine/cuda/attention_tc.cu). terms 2 splits every operand
+// into two bfloat16 terms (within about 2^-16 of float32: the golden
+// outputs hold); terms 1 is bfloat16 arithmetic. With split.splits > 1
+// (and scratch) the keys are split over blocks and merged after.
+void LaunchTcAttention(const float* q, const int32_t* tiles, int n_tiles, int64_t q_heads, int64_t head_start,
+                       int64_t group, int64_t kv_head_start, int64_t q_dim, int64_t v_dim, float scale, int terms,
+                       const TcSplit& split, float* scratch, const DevStepMeta& meta, const DevKvLayout& kv,
+                       int64_t layer, float* out, Stream s);
 
 // Routing of T tokens from the router's logits (T x experts): ids and
 // weights get T x top_k, slot k of token t at t * top_k + k. bias is the
