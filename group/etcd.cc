@@ -156,6 +156,19 @@ struct EtcdClient::WatchState {
   bool ended = false;
 };
 
+Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(uv_loop_t* loop, std::vector<EtcdEndpoint> endpoints,
+                                                       int64_t timeout_ms) {
+  if (endpoints.empty()) {
+    return Error(Code::kInvalidArgument,
+                 "etcd: no endpoints to reach etcd at; list them in group.etcd (\"http://IP:PORT\", etcd's client URLs)");
+  }
+  if (timeout_ms < 1) {
+    return Error(Code::kInvalidArgument,
+                 "etcd: a timeout of " + std::to_string(timeout_ms) + " ms; give each attempt at least 1 ms");
+  }
+  return std::unique_ptr<EtcdClient>(new EtcdClient(loop, std::move(endpoints), timeout_ms));
+}
+
 EtcdClient::EtcdClient(uv_loop_t* loop, std::vector<EtcdEndpoint> endpoints, int64_t timeout_ms)
     : endpoints_(std::move(endpoints)), timeout_ms_(timeout_ms), http_(loop) {}
 
@@ -173,8 +186,8 @@ void EtcdClient::Call(const std::string& path, const json& body, Done<json> done
 }
 
 void EtcdClient::Try(const std::shared_ptr<Attempt>& a) {
-  const size_t n = endpoints_.empty() ? 1 : endpoints_.size();
-  const EtcdEndpoint e = endpoints_.empty() ? EtcdEndpoint{} : endpoints_[(preferred_ + a->tried) % n];
+  const size_t n = endpoints_.size();
+  const EtcdEndpoint e = endpoints_[(preferred_ + a->tried) % n];
   http::ClientRequest req;
   req.method = "POST";
   req.target = a->path;
@@ -304,7 +317,7 @@ void EtcdClient::StartWatch(WatchId id) {
   json create = {{"key", Base64Encode(w->key)}};
   if (!w->range_end.empty()) create["range_end"] = Base64Encode(w->range_end);
   if (w->start_revision > 0) create["start_revision"] = std::to_string(w->start_revision);
-  const EtcdEndpoint e = endpoints_.empty() ? EtcdEndpoint{} : endpoints_[preferred_ % endpoints_.size()];
+  const EtcdEndpoint e = endpoints_[preferred_ % endpoints_.size()];
   http::ClientRequest req;
   req.method = "POST";
   req.target = "/v3/watch";

@@ -77,8 +77,11 @@ class EtcdClient {
   template <typename T>
   using Done = std::function<void(Result<T>)>;
 
-  // timeout_ms bounds each attempt at one endpoint.
-  EtcdClient(uv_loop_t* loop, std::vector<EtcdEndpoint> endpoints, int64_t timeout_ms = 2000);
+  // timeout_ms bounds each attempt at one endpoint. Refuses no endpoints
+  // (every call would have nowhere to go) and a timeout below 1 ms, each
+  // with its fix.
+  static Result<std::unique_ptr<EtcdClient>> Create(uv_loop_t* loop, std::vector<EtcdEndpoint> endpoints,
+                                                    int64_t timeout_ms = 2000);
   ~EtcdClient();
   EtcdClient(const EtcdClient&) = delete;
   EtcdClient& operator=(const EtcdClient&) = delete;
@@ -130,7 +133,9 @@ class EtcdClient {
   void Try(const std::shared_ptr<Attempt>& a);
   void StartWatch(WatchId id);
 
-  std::vector<EtcdEndpoint> endpoints_;
+  EtcdClient(uv_loop_t* loop, std::vector<EtcdEndpoint> endpoints, int64_t timeout_ms);
+
+  std::vector<EtcdEndpoint> endpoints_;  // never empty (Create)
   int64_t timeout_ms_;
   size_t preferred_ = 0;  // the endpoint that answered last
   http::HttpClient http_;

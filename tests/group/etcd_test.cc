@@ -37,7 +37,9 @@ class Loop {
   }
   uv_loop_t* get() { return &loop_; }
   EtcdClient& Client(std::vector<EtcdEndpoint> endpoints) {
-    client_ = std::make_unique<EtcdClient>(&loop_, std::move(endpoints), 2000);
+    auto c = EtcdClient::Create(&loop_, std::move(endpoints), 2000);
+    if (!c.ok()) FAIL(c.error().ToString());
+    client_ = std::move(*c);
     return *client_;
   }
   // Runs the loop until `ready` holds or `limit` passes (every call in
@@ -152,6 +154,18 @@ TEST_CASE("etcd endpoints: http://HOST:PORT with an IP or localhost - anything e
     CHECK(r.error().message().find(words) != std::string::npos);
     CHECK(r.error().message().find("http://HOST:PORT") != std::string::npos);
   }
+}
+
+TEST_CASE("etcd client: no endpoints or a timeout below 1 ms is refused, naming group.etcd or the timeout", "[etcd]") {
+  Loop loop;
+  auto none = EtcdClient::Create(loop.get(), {}, 2000);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.error().code() == wsup::Code::kInvalidArgument);
+  CHECK_THAT(none.error().message(), Catch::Contains("group.etcd"));
+  auto zero = EtcdClient::Create(loop.get(), {EtcdEndpoint{"127.0.0.1", 2379}}, 0);
+  REQUIRE_FALSE(zero.ok());
+  CHECK_THAT(zero.error().message(), Catch::Contains("at least 1 ms"));
+  CHECK(EtcdClient::Create(loop.get(), {EtcdEndpoint{"127.0.0.1", 2379}}, 1).ok());
 }
 
 TEST_CASE("etcd base64: every byte round-trips, padding of each length, bad text refused", "[etcd]") {
