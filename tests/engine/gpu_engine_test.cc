@@ -29,6 +29,7 @@
 #include "engine/runner.h"
 #include "gpu/cuda_driver.h"
 #include "tests/engine/engine_fixture.h"
+#include "tests/engine/tiny_runner.h"
 #include "tests/engine/golden.h"
 #include "tests/gpu_skip.h"
 
@@ -357,20 +358,7 @@ float LargestDifference(const std::vector<float>& a, const std::vector<float>& b
 }
 
 std::unique_ptr<ModelRunner> CpuRunner(const std::string& model, int max_batch) {
-  auto ckpt = Checkpoint::Open(test::TestData(model));
-  REQUIRE(ckpt.ok());
-  auto host = LoadWeightsFromDisk(*ckpt, ShardSpec{1, 0}, 2);
-  REQUIRE(host.ok());
-  std::vector<std::unique_ptr<engine::WeightSource>> w;
-  w.push_back(std::move(*host));
-  RunnerOptions o;
-  o.max_batch = max_batch;
-  o.max_step_tokens = 256;
-  auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
-  if (!runner.ok()) FAIL(runner.error().ToString());
-  REQUIRE(runner.value()->InitCommunicator().ok());
-  REQUIRE(runner.value()->AllocateKv(16 << 20, 16).ok());
-  return std::move(runner.value());
+  return testing::CpuRunner(model, {.threads = 0, .max_batch = max_batch, .max_step_tokens = 256, .kv_bytes = 16 << 20});
 }
 
 TEST_CASE("cuda engine: prompt chunks through the tiled attention kernels equal the CPU's float32 - one bfloat16 term "

@@ -14,6 +14,7 @@
 #include "engine/runner.h"
 #include "tests/engine/golden.h"
 #include "testkit/test_util.h"
+#include "tests/engine/tiny_runner.h"
 
 using namespace wsup;
 using namespace wsup::engine;
@@ -48,21 +49,7 @@ std::string BindRefused(const Checkpoint& ckpt, int tp, const WeightEdit& edit =
 }
 
 std::unique_ptr<ModelRunner> MakeRunner(const std::string& model, int tp, int threads = 1) {
-  auto ckpt = Checkpoint::Open(test::TestData(model));
-  REQUIRE(ckpt.ok());
-  std::vector<std::unique_ptr<engine::WeightSource>> w;
-  for (int r = 0; r < tp; ++r) {
-    auto src = LoadWeightsFromDisk(*ckpt, ShardSpec{tp, r}, 2);
-    if (!src.ok()) FAIL(src.error().ToString());
-    w.push_back(std::move(*src));
-  }
-  RunnerOptions o;
-  o.threads_per_rank = threads;
-  auto runner = ModelRunner::Create(ckpt->config(), std::move(w), o);
-  if (!runner.ok()) FAIL(runner.error().ToString());
-  REQUIRE(runner.value()->InitCommunicator().ok());
-  REQUIRE(runner.value()->AllocateKv(1 << 20, 16).ok());
-  return std::move(runner.value());
+  return testing::CpuRunner(model, {.tp = tp, .threads = threads, .kv_bytes = 1 << 20});
 }
 
 // Prompt pass, then greedy decode, one sequence in blocks 0...
