@@ -243,6 +243,17 @@ void EtcdClient::GetPrefix(const std::string& prefix, Done<std::vector<KeyValue>
        });
 }
 
+void EtcdClient::ReadPrefix(const std::string& prefix, Done<PrefixRead> done) {
+  Call("/v3/kv/range", {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixEnd(prefix))}},
+       [done = std::move(done)](Result<json> r) {
+         if (!r.ok()) return done(r.error());
+         auto kvs = ReadKvs(*r);
+         if (!kvs.ok()) return done(kvs.error());
+         const json& h = (*r)["header"];
+         done(PrefixRead{std::move(*kvs), Num(h, "revision")});
+       });
+}
+
 void EtcdClient::PutIf(const std::string& key, int64_t expect_mod_revision, const std::string& value, int64_t lease,
                        Done<PutIfResult> done) {
   const std::string k = Base64Encode(key);

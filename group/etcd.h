@@ -92,6 +92,13 @@ class EtcdClient {
   void Get(const std::string& key, Done<std::optional<KeyValue>> done);
   // Every key that starts with prefix, in key order.
   void GetPrefix(const std::string& prefix, Done<std::vector<KeyValue>> done);
+  // The same, with the store's revision the read was taken at: a watch
+  // from revision + 1 then misses nothing and repeats nothing.
+  struct PrefixRead {
+    std::vector<KeyValue> kvs;
+    int64_t revision = 0;
+  };
+  void ReadPrefix(const std::string& prefix, Done<PrefixRead> done);
 
   // Puts key = value only if the key's mod_revision is still
   // expect_mod_revision (0: only if the key is absent). succeeded false:

@@ -10,11 +10,15 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "group/epoch.h"
+#include "group/group_link.h"
+#include "http/loop_timer.h"
 #include "testkit/test_util.h"
 
 using namespace std::chrono_literals;
@@ -85,6 +89,8 @@ class Etcd {
     child_.Kill(SIGKILL);
     child_.Wait(10s);
   }
+  // SIGSTOP: etcd unreachable (its port still accepts, nothing answers).
+  void Signal(int sig) { child_.Kill(sig); }
   EtcdEndpoint endpoint() const { return {"127.0.0.1", port_}; }
   std::string Log() const { return wsup::test::ReadAll(log_); }
 
@@ -408,4 +414,73 @@ TEST_CASE("etcd client: two members that see the active side die at once - one e
     CHECK(m.applied()->by == members[0].applied()->by);
   }
   CHECK(watched.size() == 1);
+}
+
+TEST_CASE("group link: members see each other join, republish and go - a crashed member's key goes with its lease, "
+          "and members cut off from etcd stop counting on theirs until it answers again",
+          "[etcd][group]") {
+  if (!HaveEtcd()) return;
+  using wsup::group::GroupLink;
+  using wsup::group::MemberRecord;
+  using wsup::group::MemberView;
+  Running run;
+  Loop& loop = run.loop;
+  wsup::LoopTimerSource timers(loop.get());
+  struct Seen {
+    std::vector<bool> lease;       // each change of the member's own lease
+    std::map<int, bool> members;   // the others' last standing
+    std::vector<std::string> errors;
+    bool valid() const { return !lease.empty() && lease.back(); }
+  };
+  Seen sa, sb;
+  auto make = [&](int index, Seen& s) {
+    GroupLink::Options o;
+    o.group = "g";
+    o.index = index;
+    o.size = 2;
+    o.lease_ttl_ms = 2000;  // etcd's smallest with its default election timeout
+    GroupLink::Hooks h;
+    h.lease = [&s](bool v) { s.lease.push_back(v); };
+    h.member = [&s](const MemberView::Change& c) { s.members[c.index] = c.alive; };
+    h.error = [&s](const wsup::Error& e) { s.errors.push_back(e.message()); };
+    return std::make_unique<GroupLink>(*run.client, timers, wsup::RealClock(), o, h);
+  };
+  auto a = make(0, sa);
+  auto b = make(1, sb);
+  a->Start();
+  b->Start();
+  REQUIRE(loop.RunUntil([&] { return sa.valid() && sb.valid() && sa.members[1] && sb.members[0]; }));
+  CHECK(a->valid());
+  REQUIRE(loop.RunUntil([&] { return a->view().alive_count() == 2; }));
+
+  MemberRecord r;
+  r.epoch = 4;
+  r.primary = "serving";
+  r.standby = "ready";
+  b->Publish(r);
+  REQUIRE(loop.RunUntil([&] { return a->view().Record(1) && a->view().Record(1)->epoch == 4; }));
+  CHECK(a->view().Record(1)->primary == "serving");
+
+  // A crash: b's keepalives stop, its lease is not revoked. Its key goes
+  // when etcd expires the lease.
+  b->Abandon();
+  REQUIRE(loop.RunUntil([&] { return !sa.members[1]; }));
+  CHECK(sa.valid());  // a kept its own
+  b->Start();
+  REQUIRE(loop.RunUntil([&] { return sa.members[1]; }));
+
+  // etcd stops answering: each member's lease can no longer be counted on
+  // within the TTL, though nothing told it so.
+  run.etcd.Signal(SIGSTOP);
+  REQUIRE(loop.RunUntil([&] { return !sa.valid() && !sb.valid(); }));
+  CHECK_FALSE(a->valid());
+  run.etcd.Signal(SIGCONT);
+  // Back: each renews or, when etcd expired the lease meanwhile, rejoins
+  // under a new one; either way both are members again.
+  // (A member's own key comes back to its view through the watch, a little
+  // after the put that made its lease usable.)
+  REQUIRE(loop.RunUntil([&] { return sa.valid() && sb.valid() && sa.members[1] && sb.members[0]; }, 20s));
+  REQUIRE(loop.RunUntil([&] { return a->view().alive_count() == 2 && b->view().alive_count() == 2; }));
+  CHECK(sa.errors.empty());
+  CHECK(sb.errors.empty());
 }
