@@ -164,8 +164,12 @@ Throughput Load(int port, int batch, int max_tokens) {
 
 struct Prefill {
   int tokens = 0;
-  double ms = 0;  // best of two
+  double ms = 0;  // best of two (of one when the first took over kOnceMs)
+  int runs = 0;
 };
+// A prefill slower than this is timed once: a second pass would only
+// double a run that is already far from the goal.
+constexpr double kOnceMs = 20'000;
 
 // A prompt of n token ids (a fixed pseudo-random sequence below vocab),
 // max_tokens 1: the answer comes after the prompt's forward pass and one
@@ -187,6 +191,8 @@ Prefill TimePrefill(int port, int n, int64_t vocab) {
     Http(port, "POST", "/v1/completions", body);
     const double ms = MsSince(t0);
     p.ms = k == 0 ? ms : std::min(p.ms, ms);
+    p.runs = k + 1;
+    if (ms > kOnceMs) break;
   }
   return p;
 }
@@ -316,11 +322,14 @@ int main(int argc, char** argv) {
     md << row;
   }
   if (!pf.empty()) {
-    md << "\n| prefill, prompt tokens | time to first token (ms, best of 2) | prefill tokens/s |\n|---:|---:|---:|\n";
+    md << "\n| prefill, prompt tokens | time to first token (ms, best of the runs) | runs | prefill tokens/s |\n"
+          "|---:|---:|---:|---:|\n";
     for (const auto& p : pf) {
-      std::snprintf(row, sizeof row, "| %d | %.1f | %.0f |\n", p.tokens, p.ms, p.tokens / (p.ms / 1000.0));
+      std::snprintf(row, sizeof row, "| %d | %.1f | %d | %.0f |\n", p.tokens, p.ms, p.runs,
+                    p.tokens / (p.ms / 1000.0));
       md << row;
     }
+    md << "\nEach prompt length is timed twice, once when the first pass took over " << kOnceMs / 1000 << " s.\n";
   }
   if (after.contains("steps")) {
     md << "\nSteps while measuring: " << after["steps"]["graph"] << " replayed from CUDA graphs, "
@@ -328,7 +337,7 @@ int main(int argc, char** argv) {
   }
   std::ofstream(out + "/engine.md") << md.str();
   json prefill_json = json::array();
-  for (const auto& p : pf) prefill_json.push_back({{"tokens", p.tokens}, {"ms", p.ms}});
+  for (const auto& p : pf) prefill_json.push_back({{"tokens", p.tokens}, {"ms", p.ms}, {"runs", p.runs}});
   json decode_json = json::array();
   for (const auto& t : tp) decode_json.push_back({{"batch", t.batch}, {"tokens_per_s", t.tok_s}, {"ms_per_step", t.ms_per_step}});
   json raw = {{"holder", st_holder}, {"disk", st_disk}, {"after_load", after}, {"prefill", prefill_json},

@@ -41,7 +41,6 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "engine/cuda/kernels.h"
@@ -54,7 +53,7 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16;   // query rows a warp owns: one WMMA tile
-constexpr int kKeys = 64;   // keys per tile
+constexpr int kKeys = kTcKeyTile;  // keys per tile
 constexpr int kBfPad = 8;   // bfloat16 rows: a multiple of 8 elements (WMMA), banks spread
 constexpr int kFPad = 4;    // float rows: a multiple of 4 elements (WMMA)
 
@@ -360,25 +359,6 @@ bool TcAttentionFits(int64_t q_dim, int64_t v_dim, int terms) {
 }
 
 int64_t TcAttentionScratchFloats(int64_t v_dim) { return kTcMaxPartials * PartFloats(Round16(v_dim)); }
-
-TcSplit PlanTcSplit(int n_tiles, int64_t q_heads, int64_t max_keys, int sms) {
-  TcSplit sp;
-  const int64_t blocks = static_cast<int64_t>(n_tiles) * q_heads;
-  sp.keys_per_split = (max_keys + kKeys - 1) / kKeys * kKeys;
-  if (blocks <= 0 || max_keys <= 0) return sp;
-  // Enough blocks for two a multiprocessor, each range at least
-  // kTcMinSplitKeys keys (the merge and the partials cost about one range),
-  // within the scratch.
-  const int64_t want = (2 * static_cast<int64_t>(sms) + blocks - 1) / blocks;
-  const int64_t by_keys = max_keys / kTcMinSplitKeys;
-  const int64_t by_scratch = kTcMaxPartials / blocks;
-  const int64_t splits = std::max<int64_t>(1, std::min({want, by_keys, by_scratch}));
-  if (splits == 1) return sp;
-  const int64_t tiles_per = ((max_keys + kKeys - 1) / kKeys + splits - 1) / splits;
-  sp.keys_per_split = tiles_per * kKeys;
-  sp.splits = static_cast<int>((max_keys + sp.keys_per_split - 1) / sp.keys_per_split);
-  return sp;
-}
 
 void LaunchTcAttention(const float* q, const int32_t* tiles, int n_tiles, int64_t q_heads, int64_t head_start,
                        int64_t group, int64_t kv_head_start, int64_t q_dim, int64_t v_dim, float scale, int terms,

@@ -188,6 +188,7 @@ struct TcSplit {
   int splits = 1;
   int64_t keys_per_split = 0;
 };
+inline constexpr int kTcKeyTile = 64;  // keys a block takes at a time
 inline constexpr int64_t kTcMaxPartials = 1024;
 inline constexpr int64_t kTcMinSplitKeys = 256;
 int64_t TcAttentionScratchFloats(int64_t v_dim);
