@@ -16,7 +16,8 @@ GroupLink::GroupLink(EtcdClient& etcd, TimerSource& timers, const Clock& clock, 
       view_(opts_.size),
       tick_(timers.Make()),
       grant_retry_(timers.Make()),
-      read_retry_(timers.Make()) {
+      read_retry_(timers.Make()),
+      put_retry_(timers.Make()) {
   record_.index = opts_.index;
 }
 
@@ -27,6 +28,10 @@ void GroupLink::Start() {
   stopped_ = false;
   *live_ = false;  // answers to an earlier run are not this run's
   live_ = std::make_shared<bool>(true);
+  // A fresh run, as a restarted process: no lease, no key, not valid.
+  lease_ = OwnLease(opts_.lease_ttl_ms, opts_.margin_ms);
+  key_in_ = false;
+  reported_valid_ = false;
   Grant();
   Read();
 }
@@ -37,6 +42,7 @@ void GroupLink::Abandon() {
   tick_->Stop();
   grant_retry_->Stop();
   read_retry_->Stop();
+  put_retry_->Stop();
   if (watch_) etcd_.CancelWatch(*watch_);
   watch_.reset();
   granting_ = renewing_ = false;
@@ -75,10 +81,12 @@ void GroupLink::PutRecord() {
             [this, live = live_, lease](const Result<int64_t>& r) {
               if (!*live) return;
               if (!r.ok()) {
-                // A lease that etcd no longer has refuses the put: the next
-                // keepalive finds it gone and grants another. An unreachable
-                // etcd: the keepalives find out too; the record is put again
-                // with the next grant or publish.
+                // etcd not reached, or the lease is gone there (the next
+                // keepalive finds that out and grants another): the record
+                // is put again after a pause while the lease is this one.
+                put_retry_->Start(kRetryMs, [this, lease] {
+                  if (lease == lease_.id()) PutRecord();
+                });
                 return;
               }
               // The member counts as present once its key is in: only then
@@ -133,10 +141,12 @@ void GroupLink::Tick() {
   if (stopped_) return;
   const int64_t now = clock_.MonotonicMs();
   Refresh();
-  if (now >= lease_.NextKeepAliveMs() && !renewing_) {
-    KeepAlive();
-    // The answer re-arms; meanwhile the validity's end is watched.
-    const int64_t wait = reported_valid_ ? lease_.valid_until_ms() - now : kRetryMs;
+  if (now >= lease_.NextKeepAliveMs()) {
+    if (!renewing_) KeepAlive();
+    // The answer re-arms; meanwhile (an etcd that does not answer holds a
+    // keepalive until its timeout) the validity's end is watched.
+    int64_t wait = kRetryMs;
+    if (reported_valid_) wait = std::min(wait, lease_.valid_until_ms() - now);
     tick_->Start(std::max<int64_t>(1, wait), [this] { Tick(); });
     return;
   }

@@ -14,7 +14,9 @@
 //   a watch    that ends (etcd restarted, the connection broke) is started
 //              again from a fresh read, after kRetryMs.
 // Publish() replaces the member's record; it is put at once when a lease
-// is held, else with the next grant. Abandon() stops everything without
+// is held, else with the next grant; a put that fails is tried again while
+// the lease is the same. The lease counts as usable only once the key is in
+// under it. Abandon() stops everything without
 // revoking the lease: what a crash looks like to the others (tests).
 //
 // Owns its timers and watch; callbacks never run after destruction.
@@ -90,7 +92,7 @@ class GroupLink {
   OwnLease lease_;
   MemberView view_;
   MemberRecord record_;
-  std::unique_ptr<Timer> tick_, grant_retry_, read_retry_;
+  std::unique_ptr<Timer> tick_, grant_retry_, read_retry_, put_retry_;
   std::optional<EtcdClient::WatchId> watch_;
   bool stopped_ = true;
   bool granting_ = false, renewing_ = false;
