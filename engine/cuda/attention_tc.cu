@@ -293,6 +293,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
   }
 
+  // An empty key range ran no loop: its zeroed rows were written by other
+  // lanes, so the warp syncs before each lane reads its row.
+  __syncwarp();
   if (row >= n) return;
   const float* orow = Ow + r * L.o_ld;
   if (gridDim.z == 1) {
