@@ -52,13 +52,11 @@ __global__ void __launch_bounds__(kThreads)
   float* Vs = Kt + qd * kKStride;
   float* Pt = Vs + kKeyTile * vd;
 
-  const int t0 = tiles[2 * blockIdx.x], n = tiles[2 * blockIdx.x + 1];
-  const int64_t j = blockIdx.y;
+  const TileHead th = ReadTileHead(tiles, head_start, group, kv_head_start, meta);
+  const int t0 = th.t0, n = th.n;
+  const int64_t j = th.j, kvh = th.kvh, p0 = th.p0, last = th.last;
+  const int32_t* table = th.table;
   const int tid = static_cast<int>(threadIdx.x), ty = tid / 16, tx = tid % 16;
-  const int64_t kvh = (head_start + j) / group - kv_head_start;
-  const int64_t p0 = meta.positions[t0];
-  const int64_t last = p0 + n - 1;  // the tile's last query position: the last key any row reads
-  const int32_t* table = meta.block_table + static_cast<int64_t>(meta.seq[t0]) * meta.max_blocks;
 
   for (int64_t i = tid; i < kAttnTile * qd; i += kThreads) {
     const int r = static_cast<int>(i / qd);

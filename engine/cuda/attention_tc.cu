@@ -171,13 +171,11 @@ __global__ void __launch_bounds__(kThreads)
   bf16* Vh = reinterpret_cast<bf16*>(smem + L.v_hi);
   bf16* Vl = reinterpret_cast<bf16*>(smem + L.v_lo);
 
-  const int t0 = tiles[2 * blockIdx.x], n = tiles[2 * blockIdx.x + 1];
-  const int64_t j = blockIdx.y;
+  const TileHead th = ReadTileHead(tiles, head_start, group, kv_head_start, meta);
+  const int t0 = th.t0, n = th.n;
+  const int64_t j = th.j, kvh = th.kvh, p0 = th.p0, last = th.last;
+  const int32_t* table = th.table;
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
-  const int64_t kvh = (head_start + j) / group - kv_head_start;
-  const int64_t p0 = meta.positions[t0];
-  const int64_t last = p0 + n - 1;  // the tile's last query position: the last key any row reads
-  const int32_t* table = meta.block_table + static_cast<int64_t>(meta.seq[t0]) * meta.max_blocks;
   // This block's keys: [k_begin, k_end), whole key tiles (all of them
   // unless split). A range past `last` is empty.
   const int64_t k_begin = static_cast<int64_t>(blockIdx.z) * keys_per_split;

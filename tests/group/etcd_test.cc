@@ -25,6 +25,7 @@ using namespace std::chrono_literals;
 using wsup::Result;
 namespace group = wsup::group;
 using group::EtcdClient, group::EtcdEndpoint, group::KeyValue, group::WatchEvent;
+using group::EpochRecord, group::EpochTracker, group::GroupLink, group::MemberRecord, group::MemberView, group::Side;
 
 namespace {
 
@@ -335,9 +336,6 @@ TEST_CASE("etcd client: two members that see the active side die at once - one e
           "both and by a watcher",
           "[etcd][group]") {
   if (!HaveEtcd()) return;
-  using wsup::group::EpochRecord;
-  using wsup::group::EpochTracker;
-  using wsup::group::Side;
   Running run;
   Loop& loop = run.loop;
   EtcdClient& c = *run.client;
@@ -420,9 +418,6 @@ TEST_CASE("group link: members see each other join, republish and go - a crashed
           "and members cut off from etcd stop counting on theirs until it answers again",
           "[etcd][group]") {
   if (!HaveEtcd()) return;
-  using wsup::group::GroupLink;
-  using wsup::group::MemberRecord;
-  using wsup::group::MemberView;
   Running run;
   Loop& loop = run.loop;
   wsup::LoopTimerSource timers(loop.get());

@@ -7,16 +7,7 @@
 #include <string>
 #include <vector>
 
-using wsup::group::DecodeMember;
-using wsup::group::EncodeMember;
-using wsup::group::KeyValue;
-using wsup::group::MemberIndexOf;
-using wsup::group::MemberKey;
-using wsup::group::MemberRecord;
-using wsup::group::MembersPrefix;
-using wsup::group::MemberView;
-using wsup::group::OwnLease;
-using wsup::group::WatchEvent;
+using namespace wsup::group;
 
 namespace {
 
