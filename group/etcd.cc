@@ -236,11 +236,10 @@ void EtcdClient::Get(const std::string& key, Done<std::optional<KeyValue>> done)
 }
 
 void EtcdClient::GetPrefix(const std::string& prefix, Done<std::vector<KeyValue>> done) {
-  Call("/v3/kv/range", {{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(PrefixEnd(prefix))}},
-       [done = std::move(done)](Result<json> r) {
-         if (!r.ok()) return done(r.error());
-         done(ReadKvs(*r));
-       });
+  ReadPrefix(prefix, [done = std::move(done)](Result<PrefixRead> r) {
+    if (!r.ok()) return done(r.error());
+    done(std::move(r->kvs));
+  });
 }
 
 void EtcdClient::ReadPrefix(const std::string& prefix, Done<PrefixRead> done) {

@@ -60,7 +60,7 @@ void GroupLink::Grant() {
   const int64_t sent = clock_.MonotonicMs();
   // etcd takes whole seconds; the config keeps lease_ttl_ms whole seconds.
   const int64_t ttl_s = std::max<int64_t>(1, opts_.lease_ttl_ms / 1000);
-  etcd_.GrantLease(ttl_s, [this, live = live_, sent](Result<int64_t> r) {
+  etcd_.GrantLease(ttl_s, [this, live = live_, sent, ttl_s](Result<int64_t> r) {
     if (!*live) return;
     granting_ = false;
     if (!r.ok()) {
@@ -68,7 +68,7 @@ void GroupLink::Grant() {
       grant_retry_->Start(kRetryMs, [this] { Grant(); });
       return;
     }
-    lease_.Granted(*r, sent, std::max<int64_t>(1, opts_.lease_ttl_ms / 1000));
+    lease_.Granted(*r, sent, ttl_s);
     key_in_ = false;
     PutRecord();
     ArmTick();
@@ -110,7 +110,8 @@ void GroupLink::KeepAlive() {
       // Unreachable: the validity runs out by itself; try again after a
       // pause, or at its end if that is sooner.
       const int64_t now = clock_.MonotonicMs();
-      const int64_t wait = reported_valid_ ? std::clamp<int64_t>(lease_.valid_until_ms() - now, 1, kRetryMs) : kRetryMs;
+      const int64_t wait =
+          reported_valid_ ? std::clamp<int64_t>(lease_.valid_until_ms() - now, 1, kRetryMs) : kRetryMs;
       tick_->Start(wait, [this] { Tick(); });
       return;
     }

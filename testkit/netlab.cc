@@ -31,10 +31,18 @@ Status Ip(const std::vector<std::string>& args) {
   return Status::Ok();
 }
 
+// Where a failure cannot be returned (a destructor, a sweep): said on
+// stderr, and what stays is the next Sweep()'s.
+void Say(const Status& st) {
+  if (!st.ok()) std::fprintf(stderr, "%s\n", st.error().message().c_str());
+}
+
 }  // namespace
 
 Result<std::unique_ptr<NetLab>> NetLab::Create(int nodes) {
-  if (nodes < 1 || nodes > 32) return Error(Code::kInvalidArgument, "netlab: 1 to 32 nodes, not " + std::to_string(nodes));
+  if (nodes < 1 || nodes > 32) {
+    return Error(Code::kInvalidArgument, "netlab: 1 to 32 nodes, not " + std::to_string(nodes));
+  }
   if (::access(kIp, X_OK) != 0) {
     return Error(Code::kUnavailable, std::string("netlab: ") + kIp + " is missing; install iproute2");
   }
@@ -57,7 +65,8 @@ Result<std::unique_ptr<NetLab>> NetLab::Create(int nodes) {
     WSUP_RETURN_IF_ERROR(Ip({"netns", "add", node}));
     lab->nodes_.push_back(node);
     const std::string port = "v" + std::to_string(i);
-    WSUP_RETURN_IF_ERROR(Ip({"-n", lab->switch_, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", node}));
+    WSUP_RETURN_IF_ERROR(
+        Ip({"-n", lab->switch_, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", node}));
     WSUP_RETURN_IF_ERROR(Ip({"-n", lab->switch_, "link", "set", port, "master", "br0"}));
     WSUP_RETURN_IF_ERROR(Ip({"-n", lab->switch_, "link", "set", port, "up"}));
     WSUP_RETURN_IF_ERROR(Ip({"-n", node, "addr", "add", lab->addr(i) + "/24", "dev", "eth0"}));
@@ -68,14 +77,9 @@ Result<std::unique_ptr<NetLab>> NetLab::Create(int nodes) {
 }
 
 NetLab::~NetLab() {
-  // Deleting a namespace deletes its end of each veth pair, and so the
-  // pair. A failure here cannot be returned; what stays is Sweep()'s.
-  for (const auto& n : nodes_) {
-    if (Status st = Ip({"netns", "delete", n}); !st.ok()) std::fprintf(stderr, "%s\n", st.error().message().c_str());
-  }
-  if (Status st = Ip({"netns", "delete", switch_}); !st.ok()) {
-    std::fprintf(stderr, "%s\n", st.error().message().c_str());
-  }
+  // Deleting a namespace deletes its end of each veth pair, and so the pair.
+  for (const auto& n : nodes_) Say(Ip({"netns", "delete", n}));
+  Say(Ip({"netns", "delete", switch_}));
 }
 
 std::string NetLab::addr(int i) const { return "10.213.0." + std::to_string(i + 1); }
@@ -104,9 +108,7 @@ void NetLab::Sweep() {
     if (name.rfind(kPrefix, 0) != 0) continue;
     const pid_t pid = static_cast<pid_t>(std::atoi(name.c_str() + std::string(kPrefix).size()));
     if (pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM)) continue;  // its test still runs
-    if (Status st = Ip({"netns", "delete", name}); !st.ok()) {
-      std::fprintf(stderr, "%s\n", st.error().message().c_str());
-    }
+    Say(Ip({"netns", "delete", name}));
   }
 }
 

@@ -157,6 +157,7 @@ class CudaRank : public RankEngine {
     int tiles = 0;    // query tiles, at tiles_at_ in the metadata
     int singles = 0;  // lone tokens, at singles_at_
     int64_t max_keys = 0;  // the most keys a tile reads (its last position + 1)
+    cuda::TcSplit split;   // LaunchTcAttention's key split, the same for every layer
   };
 
   // An eager step's attention plan, written to the pinned metadata (before

@@ -134,6 +134,7 @@ CudaRank::AttentionPlan CudaRank::PlanAttention(const StepBatch& b) {
     }
     t += n;
   }
+  if (tc_attention_) plan.split = cuda::PlanTcSplit(plan.tiles, dims_.local_heads, plan.max_keys, sms_);
   return plan;
 }
 
@@ -146,10 +147,9 @@ void CudaRank::Attention(int T, const AttentionPlan& plan, const cuda::DevKvLayo
     return;
   }
   if (tc_attention_) {
-    const cuda::TcSplit split = cuda::PlanTcSplit(plan.tiles, d.local_heads, plan.max_keys, sms_);
     cuda::LaunchTcAttention(q_.p, meta_dev_.p + tiles_at_, plan.tiles, d.local_heads, d.head_start, group,
-                            d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, split_terms_, split, attn_part_.p, meta_,
-                            kv, l, attn_.p, stream_);
+                            d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, split_terms_, plan.split, attn_part_.p,
+                            meta_, kv, l, attn_.p, stream_);
   } else {
     cuda::LaunchTiledAttention(q_.p, meta_dev_.p + tiles_at_, plan.tiles, d.local_heads, d.head_start, group,
                                d.kv_head_start, d.q_dim, d.v_dim, d.attn_scale, meta_, kv, l, attn_.p, stream_);
